@@ -1,0 +1,94 @@
+#pragma once
+// Seeded, reproducible random initialisation. The same seed gives the same tensors on every
+// platform: olmax draws with its own transforms over std::mt19937_64 (whose output the standard
+// fixes), not with std::normal_distribution (whose algorithm is implementation-defined).
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <random>
+
+#include "olmax/core/tensor.hpp"
+#include "olmax/detail/third_party.hpp"
+
+namespace olmax {
+
+/// A seeded random stream. Copy it to replay the same numbers (reversible blocks do).
+class Generator {
+public:
+    explicit Generator(std::uint64_t seed = 0) : engine_(seed) {}
+    /// Uniform in [0, 1) with 53 random bits.
+    double uniform() { return double(engine_() >> 11) * 0x1.0p-53; }
+    /// Standard normal (Box-Muller; both values are used).
+    double normal() {
+        if (has_spare_) {
+            has_spare_ = false;
+            return spare_;
+        }
+        double u1 = 0;
+        while (u1 <= 0) u1 = uniform();
+        const double u2 = uniform();
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        spare_ = r * std::sin(2.0 * std::numbers::pi * u2);
+        has_spare_ = true;
+        return r * std::cos(2.0 * std::numbers::pi * u2);
+    }
+    std::uint64_t next_u64() { return engine_(); }
+    /// Uniform integer in [0, n).
+    std::uint64_t below(std::uint64_t n) {
+        check(n > 0, "Generator::below: n must be positive");
+        return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(engine_);
+    }
+
+private:
+    std::mt19937_64 engine_;
+    double spare_ = 0;
+    bool has_spare_ = false;
+};
+
+/// Normal(mean, std^2) samples.
+template <Real T>
+Tensor<T> randn(const Shape& shape, Generator& rng, T mean = T{0}, T std = T{1}) {
+    auto t = Tensor<T>::uninitialized(shape);
+    for (T& v : t) v = mean + std * T(rng.normal());
+    return t;
+}
+
+/// Uniform samples in [low, high).
+template <Real T>
+Tensor<T> rand(const Shape& shape, Generator& rng, T low = T{0}, T high = T{1}) {
+    auto t = Tensor<T>::uninitialized(shape);
+    for (T& v : t) v = low + (high - low) * T(rng.uniform());
+    return t;
+}
+
+/// A (semi-)orthogonal matrix over the last two axes, independently for every leading index
+/// (stacked per-layer weights get a real orthogonal matrix each): QR of a Gaussian matrix with the
+/// signs of R's diagonal folded into Q (Mezzadri 2007), so Q is Haar-distributed. Rows are
+/// orthonormal when rows <= cols, columns otherwise. `gain` scales the result.
+template <Real T>
+Tensor<T> orthogonal(const Shape& shape, Generator& rng, T gain = T{1}) {
+    check<shape_error>(shape.size() >= 2, "orthogonal: needs a shape of rank >= 2, got ", to_string(shape));
+    const std::size_t rows = shape[shape.size() - 2], cols = shape[shape.size() - 1];
+    auto out = Tensor<T>::uninitialized(shape);
+    const std::size_t count = rows * cols ? out.size() / (rows * cols) : 0;
+    const std::size_t big = std::max(rows, cols), small = std::min(rows, cols);
+    using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic>;
+    for (std::size_t m = 0; m < count; ++m) {
+        Mat g(static_cast<Eigen::Index>(big), static_cast<Eigen::Index>(small));
+        for (Eigen::Index j = 0; j < g.cols(); ++j)
+            for (Eigen::Index i = 0; i < g.rows(); ++i) g(i, j) = rng.normal();
+        Eigen::HouseholderQR<Mat> qr(g);
+        Mat q = qr.householderQ() * Mat::Identity(g.rows(), g.cols());
+        const Mat r = qr.matrixQR();
+        for (Eigen::Index j = 0; j < q.cols(); ++j)
+            if (r(j, j) < 0) q.col(j) *= -1.0;
+        T* dst = out.data() + m * rows * cols;
+        for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t j = 0; j < cols; ++j)
+                dst[i * cols + j] = gain * T(rows >= cols ? q(Eigen::Index(i), Eigen::Index(j)) : q(Eigen::Index(j), Eigen::Index(i)));
+    }
+    return out;
+}
+
+}  // namespace olmax

@@ -1,0 +1,61 @@
+#pragma once
+#include <cstddef>
+#include <initializer_list>
+#include <numeric>
+#include <ostream>
+#include <sstream>
+#include <string>
+
+#include "olmax/core/error.hpp"
+#include "olmax/detail/third_party.hpp"
+
+namespace olmax {
+
+/// Extents of a row-major tensor, outermost first. A small vector (xtensor's `svector`): shapes of
+/// up to six dimensions never touch the heap.
+using Shape = xt::svector<std::size_t, 6>;
+
+/// Number of elements of a tensor of this shape (1 for a scalar of rank 0, 0 if any extent is 0).
+inline std::size_t numel(const Shape& shape) {
+    return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
+}
+
+/// Row-major strides, in elements.
+inline Shape row_major_strides(const Shape& shape) {
+    Shape strides(shape.size(), 1);
+    for (std::size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+    return strides;
+}
+
+inline std::string to_string(const Shape& shape) {
+    std::ostringstream out;
+    out << '[';
+    for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+    out << ']';
+    return out.str();
+}
+
+/// Resolves a possibly negative axis (-1 = last) against a rank; throws on out-of-range axes.
+inline std::size_t normalize_axis(long axis, std::size_t rank, std::string_view op) {
+    const long r = static_cast<long>(rank);
+    if (axis < -r || axis >= r)
+        throw shape_error(detail::concat(op, ": axis ", axis, " is out of range for a tensor of rank ", rank));
+    return static_cast<std::size_t>(axis < 0 ? axis + r : axis);
+}
+
+/// NumPy broadcasting of two shapes; throws `shape_error` naming `op` and both shapes.
+inline Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
+    const std::size_t rank = std::max(a.size(), b.size());
+    Shape out(rank, 1);
+    for (std::size_t i = 0; i < rank; ++i) {
+        const std::size_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+        const std::size_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+        if (da != db && da != 1 && db != 1)
+            throw shape_error(detail::concat(op, ": shapes ", to_string(a), " and ", to_string(b),
+                                             " cannot be broadcast together"));
+        out[i] = da == 1 ? db : da;
+    }
+    return out;
+}
+
+}  // namespace olmax

@@ -1,0 +1,255 @@
+#pragma once
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "olmax/core/error.hpp"
+#include "olmax/core/memory.hpp"
+#include "olmax/core/shape.hpp"
+#include "olmax/detail/third_party.hpp"
+
+namespace olmax {
+
+/// Element types a tensor may hold: floating point (differentiable) and integers (token ids, indices).
+template <class T>
+concept Scalar = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+
+/// Element types olmax differentiates: `float` and `double`.
+template <class T>
+concept Real = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+template <class T>
+constexpr std::string_view dtype_name() {
+    if constexpr (std::is_same_v<T, float>) return "float32";
+    else if constexpr (std::is_same_v<T, double>) return "float64";
+    else if constexpr (std::is_same_v<T, std::int32_t>) return "int32";
+    else if constexpr (std::is_same_v<T, std::int64_t>) return "int64";
+    else return "scalar";
+}
+
+/// Contiguous buffer behind a tensor: xtensor's uninitialised vector with olmax's aligned,
+/// counted allocator.
+template <class T>
+using Storage = xt::uvector<T, memory::TrackedAllocator<T>>;
+
+namespace detail {
+
+/// Where the op that produced a tensor sits on an autodiff tape; `tape_id == 0` for tensors that
+/// no recorded op produced (leaves and constants).
+struct NodeHandle {
+    std::uint64_t tape_id = 0;
+    std::size_t index = 0;
+};
+
+template <class T>
+struct TensorImpl {
+    std::shared_ptr<Storage<T>> storage;
+    std::size_t offset = 0;  // in elements; reshape shares storage
+    Shape shape;
+    bool requires_grad = false;
+    bool retains_grad = false;             // non-leaf keeps its gradient after backward
+    std::shared_ptr<Storage<T>> grad;      // same element count as the tensor, or null
+    NodeHandle node;
+
+    T* data() { return storage ? storage->data() + offset : nullptr; }
+    const T* data() const { return storage ? storage->data() + offset : nullptr; }
+    bool is_leaf() const { return node.tape_id == 0; }
+};
+
+}  // namespace detail
+
+/// An owning, contiguous, row-major N-d tensor of `float`, `double` or integers.
+///
+/// `Tensor` is a handle: copies share the buffer (like `torch::Tensor`); `clone()` copies the data.
+/// A tensor with `requires_grad()` takes part in reverse-mode autodiff: ops on it are recorded on
+/// the calling thread's tape, and `backward()` adds gradients into `grad()` of every leaf that
+/// requires grad (gradients accumulate; call `zero_grad()` between steps).
+template <Scalar T>
+class Tensor {
+public:
+    using value_type = T;
+
+    /// An undefined tensor (no buffer); `defined()` is false.
+    Tensor() = default;
+
+    /// A zero-filled tensor of this shape.
+    explicit Tensor(const Shape& shape) : Tensor(uninitialized(shape)) { fill(T{0}); }
+    Tensor(const Shape& shape, T value) : Tensor(uninitialized(shape)) { fill(value); }
+
+    /// A tensor whose elements are left uninitialised (to be overwritten by a kernel).
+    static Tensor uninitialized(const Shape& shape) {
+        Tensor t;
+        t.impl_ = std::make_shared<detail::TensorImpl<T>>();
+        t.impl_->storage = std::make_shared<Storage<T>>(numel(shape));
+        t.impl_->shape = shape;
+        return t;
+    }
+
+    /// A tensor of this shape holding `values` (row-major); the count must match.
+    static Tensor from(const Shape& shape, std::span<const T> values) {
+        check<shape_error>(values.size() == numel(shape), "Tensor::from: ", values.size(),
+                           " values given for shape ", to_string(shape));
+        Tensor t = uninitialized(shape);
+        std::copy(values.begin(), values.end(), t.data());
+        return t;
+    }
+    static Tensor from(const Shape& shape, std::initializer_list<T> values) {
+        return from(shape, std::span<const T>(values.begin(), values.size()));
+    }
+    /// A rank-0 tensor.
+    static Tensor scalar(T value) { return Tensor(Shape{}, value); }
+
+    bool defined() const { return static_cast<bool>(impl_); }
+    const Shape& shape() const { return impl().shape; }
+    std::size_t rank() const { return impl().shape.size(); }
+    std::size_t size() const { return numel(impl().shape); }
+    std::size_t extent(long axis) const { return shape()[normalize_axis(axis, rank(), "Tensor::extent")]; }
+    bool empty() const { return size() == 0; }
+
+    T* data() { return impl().data(); }
+    const T* data() const { return impl().data(); }
+    T* begin() { return data(); }
+    T* end() { return data() + size(); }
+    const T* begin() const { return data(); }
+    const T* end() const { return data() + size(); }
+    std::span<T> span() { return {data(), size()}; }
+    std::span<const T> span() const { return {data(), size()}; }
+
+    /// Element access by multi-index (bounds-checked in rank and extent).
+    template <std::integral... I>
+    T& operator()(I... index) { return data()[flat_index({static_cast<std::size_t>(index)...})]; }
+    template <std::integral... I>
+    const T& operator()(I... index) const { return data()[flat_index({static_cast<std::size_t>(index)...})]; }
+
+    /// The value of a one-element tensor.
+    T item() const {
+        check<shape_error>(size() == 1, "Tensor::item: tensor of shape ", to_string(shape()),
+                           " has ", size(), " elements, expected exactly 1");
+        return data()[0];
+    }
+
+    void fill(T value) { std::fill(begin(), end(), value); }
+
+    /// A non-owning xtensor view of the data, for xtensor algorithms, I/O and printing. It is valid
+    /// while this tensor (or a copy of the handle) lives.
+    auto xt() { return xt::adapt(data(), size(), xt::no_ownership(), std::vector<std::size_t>(shape().begin(), shape().end())); }
+    auto xt() const { return xt::adapt(data(), size(), xt::no_ownership(), std::vector<std::size_t>(shape().begin(), shape().end())); }
+
+    /// A deep copy that does not require grad and is not on the tape.
+    Tensor clone() const {
+        Tensor t = uninitialized(shape());
+        std::copy(begin(), end(), t.data());
+        return t;
+    }
+
+    /// The same buffer, cut from the autodiff graph.
+    Tensor detach() const {
+        Tensor t;
+        t.impl_ = std::make_shared<detail::TensorImpl<T>>();
+        t.impl_->storage = impl().storage;
+        t.impl_->offset = impl().offset;
+        t.impl_->shape = impl().shape;
+        return t;
+    }
+
+    // ---- autodiff (defined in olmax/autodiff/tape.hpp) ---------------------------------------
+    bool requires_grad() const { return defined() && impl_->requires_grad; }
+    /// Marks a leaf tensor as a parameter whose gradient `backward()` computes.
+    Tensor& set_requires_grad(bool value = true) {
+        static_assert(Real<T>, "olmax: only float and double tensors can require grad");
+        check<autodiff_error>(impl().is_leaf(), "set_requires_grad: only leaf tensors (not results of recorded ops) can change requires_grad");
+        impl_->requires_grad = value;
+        return *this;
+    }
+    bool is_leaf() const { return impl().is_leaf(); }
+    /// Keep the gradient of this intermediate (non-leaf) tensor after backward().
+    Tensor& retain_grad() { impl().retains_grad = true; return *this; }
+
+    /// The accumulated gradient, sharing its buffer; undefined when no gradient has reached it.
+    Tensor grad() const {
+        Tensor g;
+        if (!defined() || !impl_->grad) return g;
+        g.impl_ = std::make_shared<detail::TensorImpl<T>>();
+        g.impl_->storage = impl_->grad;
+        g.impl_->shape = impl_->shape;
+        return g;
+    }
+    /// Drops the gradient (the next backward starts from zero).
+    void zero_grad() { if (defined()) impl_->grad.reset(); }
+
+    /// Reverse pass from this one-element tensor (seed 1) through the calling thread's tape.
+    void backward(bool retain_graph = false);
+    /// Reverse pass with an explicit output gradient of this tensor's shape.
+    void backward(const Tensor& grad_output, bool retain_graph = false);
+
+    /// Internal: the shared implementation (used by autodiff and kernels).
+    detail::TensorImpl<T>& impl() const {
+        check<value_error>(static_cast<bool>(impl_), "olmax: operation on an undefined tensor");
+        return *impl_;
+    }
+    const std::shared_ptr<detail::TensorImpl<T>>& impl_ptr() const { return impl_; }
+    static Tensor from_impl(std::shared_ptr<detail::TensorImpl<T>> impl) {
+        Tensor t;
+        t.impl_ = std::move(impl);
+        return t;
+    }
+
+private:
+    std::size_t flat_index(std::initializer_list<std::size_t> index) const {
+        const Shape& s = shape();
+        check<shape_error>(index.size() == s.size(), "Tensor: ", index.size(), " indices for a tensor of rank ", s.size());
+        std::size_t flat = 0, axis = 0;
+        for (std::size_t i : index) {
+            check<shape_error>(i < s[axis], "Tensor: index ", i, " out of range for axis ", axis, " of shape ", to_string(s));
+            flat = flat * s[axis++] + i;
+        }
+        return flat;
+    }
+
+    std::shared_ptr<detail::TensorImpl<T>> impl_;
+};
+
+template <Scalar T>
+Tensor<T> zeros(const Shape& shape) { return Tensor<T>(shape); }
+template <Scalar T>
+Tensor<T> ones(const Shape& shape) { return Tensor<T>(shape, T{1}); }
+template <Scalar T>
+Tensor<T> full(const Shape& shape, T value) { return Tensor<T>(shape, value); }
+template <Scalar T>
+Tensor<T> zeros_like(const Tensor<T>& t) { return Tensor<T>(t.shape()); }
+template <Scalar T>
+Tensor<T> ones_like(const Tensor<T>& t) { return Tensor<T>(t.shape(), T{1}); }
+
+/// A tensor with `0, 1, ..., n-1` (handy for token ids and tests).
+template <Scalar T>
+Tensor<T> arange(std::size_t n) {
+    auto t = Tensor<T>::uninitialized({n});
+    for (std::size_t i = 0; i < n; ++i) t.data()[i] = static_cast<T>(i);
+    return t;
+}
+
+/// Marks a tensor as a trainable leaf: `auto w = olmax::parameter(olmax::randn<float>({256, 256}, rng));`
+template <Real T>
+Tensor<T> parameter(Tensor<T> t) {
+    if (!t.is_leaf()) t = t.detach();
+    t.set_requires_grad(true);
+    return t;
+}
+
+/// Element-wise copy into a tensor of another element type (not differentiable).
+template <Scalar To, Scalar From>
+Tensor<To> cast(const Tensor<From>& t) {
+    auto out = Tensor<To>::uninitialized(t.shape());
+    std::transform(t.begin(), t.end(), out.begin(), [](From v) { return static_cast<To>(v); });
+    return out;
+}
+
+}  // namespace olmax
+
+#include "olmax/autodiff/tape.hpp"

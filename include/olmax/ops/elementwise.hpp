@@ -1,0 +1,266 @@
+#pragma once
+// Element-wise ops with NumPy broadcasting, unary maths and activations; all differentiable.
+
+#include <cmath>
+#include <string_view>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/backend.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax {
+
+namespace detail {
+
+/// Iterates over every element of `out_shape`, calling f(out_index, a_offset, b_offset) where the
+/// operand offsets follow broadcasting (stride 0 along broadcast axes). Rows of the last axis are
+/// handed out to backend threads.
+template <class B, class F>
+void for_each_broadcast(const Shape& out_shape, const Shape& a_shape, const Shape& b_shape, F&& f) {
+    const std::size_t rank = out_shape.size();
+    auto broadcast_strides = [&](const Shape& s) {
+        Shape st(rank, 0);
+        const Shape rs = row_major_strides(s);
+        for (std::size_t i = 0; i < s.size(); ++i) {
+            const std::size_t axis = rank - s.size() + i;
+            st[axis] = s[i] == 1 ? 0 : rs[i];
+        }
+        return st;
+    };
+    const Shape sa = broadcast_strides(a_shape), sb = broadcast_strides(b_shape);
+    const std::size_t inner = rank ? out_shape[rank - 1] : 1;
+    const std::size_t rows = inner ? numel(out_shape) / inner : 0;
+    const std::size_t ia = rank ? sa[rank - 1] : 0, ib = rank ? sb[rank - 1] : 0;
+    B::parallel_for(rows, inner, [&](std::size_t begin, std::size_t end) {
+        for (std::size_t row = begin; row < end; ++row) {
+            std::size_t rem = row, oa = 0, ob = 0;
+            for (std::size_t axis = rank - 1; axis-- > 0;) {
+                const std::size_t idx = rem % out_shape[axis];
+                rem /= out_shape[axis];
+                oa += idx * sa[axis];
+                ob += idx * sb[axis];
+            }
+            for (std::size_t j = 0; j < inner; ++j) f(row * inner + j, oa + j * ia, ob + j * ib);
+        }
+    });
+}
+
+/// Sums `grad` (of a broadcast result shape) down to `shape`, undoing broadcasting.
+template <class B, Real T>
+Tensor<T> sum_to_shape(const Tensor<T>& grad, const Shape& shape) {
+    if (grad.shape() == shape) return grad;
+    Tensor<T> out(shape);
+    const T* g = grad.data();
+    T* o = out.data();
+    // Serial accumulation: several output rows may receive the same target element.
+    for_each_broadcast<backend::cpu_serial>(grad.shape(), shape, grad.shape(),
+                                            [&](std::size_t i, std::size_t target, std::size_t) { o[target] += g[i]; });
+    return out;
+}
+
+/// A differentiable unary op: y = f(x), dx = dy * df(x, y).
+template <class B, Real T, class F, class DF>
+Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
+    auto y = Tensor<T>::uninitialized(x.shape());
+    B::map(x.size(), y.data(), f, x.data());
+    autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [x, y = y.detach(), df](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            auto dx = Tensor<T>::uninitialized(x.shape());
+                            const T *xp = x.data(), *yp = y.data(), *gp = g[0].data();
+                            T* dp = dx.data();
+                            B::parallel_for(x.size(), 4, [&](std::size_t b, std::size_t e) {
+#pragma omp simd
+                                for (std::size_t i = b; i < e; ++i) dp[i] = gp[i] * df(xp[i], yp[i]);
+                            });
+                            sink.add(0, dx);
+                        });
+    return y;
+}
+
+/// A differentiable binary op with broadcasting: y = f(a, b), da = dy * dfa(a, b, y), db = dy * dfb(a, b, y).
+template <class B, Real T, class F, class DFA, class DFB>
+Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& b, F f, DFA dfa, DFB dfb) {
+    const bool same = a.shape() == b.shape();
+    const Shape out_shape = same ? a.shape() : broadcast_shapes(a.shape(), b.shape(), name);
+    auto y = Tensor<T>::uninitialized(out_shape);
+    {
+        const T *ap = a.data(), *bp = b.data();
+        T* yp = y.data();
+        if (same) B::map(y.size(), yp, f, ap, bp);
+        else for_each_broadcast<B>(out_shape, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) { yp[i] = f(ap[ia], bp[ib]); });
+    }
+    const Tensor<T> inputs[2] = {a, b};
+    autodiff::record<T>(name, inputs, std::span<Tensor<T>>(&y, 1),
+                        [a, b, y = y.detach(), dfa, dfb, same](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            const T *ap = a.data(), *bp = b.data(), *yp = y.data(), *gp = g[0].data();
+                            const Shape& os = y.shape();
+                            for (int side = 0; side < 2; ++side) {
+                                if (!sink.needs(side)) continue;
+                                auto full = Tensor<T>::uninitialized(os);
+                                T* dp = full.data();
+                                if (same) {
+                                    B::parallel_for(y.size(), 4, [&](std::size_t lo, std::size_t hi) {
+                                        for (std::size_t i = lo; i < hi; ++i)
+                                            dp[i] = gp[i] * (side == 0 ? dfa(ap[i], bp[i], yp[i]) : dfb(ap[i], bp[i], yp[i]));
+                                    });
+                                } else {
+                                    for_each_broadcast<B>(os, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) {
+                                        dp[i] = gp[i] * (side == 0 ? dfa(ap[ia], bp[ib], yp[i]) : dfb(ap[ia], bp[ib], yp[i]));
+                                    });
+                                }
+                                sink.add(side, sum_to_shape<B>(full, side == 0 ? a.shape() : b.shape()));
+                            }
+                        });
+    return y;
+}
+
+}  // namespace detail
+
+// ---- binary arithmetic -------------------------------------------------------------------------
+
+template <class B = backend::default_backend, Real T>
+Tensor<T> add(const Tensor<T>& a, const Tensor<T>& b) {
+    return detail::binary_op<B>("add", a, b, [](T x, T y) { return x + y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{1}; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> sub(const Tensor<T>& a, const Tensor<T>& b) {
+    return detail::binary_op<B>("sub", a, b, [](T x, T y) { return x - y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{-1}; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> mul(const Tensor<T>& a, const Tensor<T>& b) {
+    return detail::binary_op<B>("mul", a, b, [](T x, T y) { return x * y; }, [](T, T y, T) { return y; }, [](T x, T, T) { return x; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> div(const Tensor<T>& a, const Tensor<T>& b) {
+    return detail::binary_op<B>("div", a, b, [](T x, T y) { return x / y; }, [](T, T y, T) { return T{1} / y; },
+                                [](T, T y, T out) { return -out / y; });
+}
+/// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b`.
+template <class B = backend::default_backend, Real T>
+Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
+    return detail::binary_op<B>("maximum", a, b, [](T x, T y) { return x >= y ? x : y; }, [](T x, T y, T) { return T(x >= y); },
+                                [](T x, T y, T) { return T(!(x >= y)); });
+}
+
+// ---- scalar arithmetic -------------------------------------------------------------------------
+
+template <class B = backend::default_backend, Real T>
+Tensor<T> add_scalar(const Tensor<T>& x, T s) {
+    return detail::unary_op<B>("add_scalar", x, [s](T v) { return v + s; }, [](T, T) { return T{1}; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> scale(const Tensor<T>& x, T s) {
+    return detail::unary_op<B>("scale", x, [s](T v) { return v * s; }, [s](T, T) { return s; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> neg(const Tensor<T>& x) { return scale<B>(x, T{-1}); }
+
+template <Real T> Tensor<T> operator+(const Tensor<T>& a, const Tensor<T>& b) { return add(a, b); }
+template <Real T> Tensor<T> operator-(const Tensor<T>& a, const Tensor<T>& b) { return sub(a, b); }
+template <Real T> Tensor<T> operator*(const Tensor<T>& a, const Tensor<T>& b) { return mul(a, b); }
+template <Real T> Tensor<T> operator/(const Tensor<T>& a, const Tensor<T>& b) { return div(a, b); }
+template <Real T> Tensor<T> operator-(const Tensor<T>& x) { return neg(x); }
+template <Real T> Tensor<T> operator+(const Tensor<T>& x, std::type_identity_t<T> s) { return add_scalar(x, s); }
+template <Real T> Tensor<T> operator+(std::type_identity_t<T> s, const Tensor<T>& x) { return add_scalar(x, s); }
+template <Real T> Tensor<T> operator-(const Tensor<T>& x, std::type_identity_t<T> s) { return add_scalar(x, -s); }
+template <Real T> Tensor<T> operator-(std::type_identity_t<T> s, const Tensor<T>& x) { return add_scalar(neg(x), s); }
+template <Real T> Tensor<T> operator*(const Tensor<T>& x, std::type_identity_t<T> s) { return scale(x, s); }
+template <Real T> Tensor<T> operator*(std::type_identity_t<T> s, const Tensor<T>& x) { return scale(x, s); }
+template <Real T> Tensor<T> operator/(const Tensor<T>& x, std::type_identity_t<T> s) { return scale(x, T{1} / s); }
+
+// ---- unary maths -------------------------------------------------------------------------------
+
+template <class B = backend::default_backend, Real T>
+Tensor<T> exp(const Tensor<T>& x) {
+    return detail::unary_op<B>("exp", x, [](T v) { return std::exp(v); }, [](T, T y) { return y; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> log(const Tensor<T>& x) {
+    return detail::unary_op<B>("log", x, [](T v) { return std::log(v); }, [](T v, T) { return T{1} / v; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> sqrt(const Tensor<T>& x) {
+    return detail::unary_op<B>("sqrt", x, [](T v) { return std::sqrt(v); }, [](T, T y) { return T{0.5} / y; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> rsqrt(const Tensor<T>& x) {
+    return detail::unary_op<B>("rsqrt", x, [](T v) { return T{1} / std::sqrt(v); }, [](T v, T y) { return T{-0.5} * y / v; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> square(const Tensor<T>& x) {
+    return detail::unary_op<B>("square", x, [](T v) { return v * v; }, [](T v, T) { return T{2} * v; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> abs(const Tensor<T>& x) {
+    return detail::unary_op<B>("abs", x, [](T v) { return std::abs(v); }, [](T v, T) { return T((v > 0) - (v < 0)); });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> tanh(const Tensor<T>& x) {
+    return detail::unary_op<B>("tanh", x, [](T v) { return std::tanh(v); }, [](T, T y) { return T{1} - y * y; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> sigmoid(const Tensor<T>& x) {
+    return detail::unary_op<B>("sigmoid", x, [](T v) { return T{1} / (T{1} + std::exp(-v)); }, [](T, T y) { return y * (T{1} - y); });
+}
+/// clip((x + 3) / 6, 0, 1): the QRNN gate of the original Olmax.
+template <class B = backend::default_backend, Real T>
+Tensor<T> hard_sigmoid(const Tensor<T>& x) {
+    return detail::unary_op<B>("hard_sigmoid", x, [](T v) { return std::clamp((v + T{3}) / T{6}, T{0}, T{1}); },
+                               [](T v, T) { return (v > T{-3} && v < T{3}) ? T{1} / T{6} : T{0}; });
+}
+template <class B = backend::default_backend, Real T>
+Tensor<T> relu(const Tensor<T>& x) {
+    return detail::unary_op<B>("relu", x, [](T v) { return v > T{0} ? v : T{0}; }, [](T v, T) { return T(v > T{0}); });
+}
+/// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
+template <class B = backend::default_backend, Real T>
+Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
+    return detail::unary_op<B>("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
+                               [slope](T v, T) { return v < T{0} ? slope : T{1}; });
+}
+namespace detail {
+/// log(1 + e^x) without overflow.
+template <class T>
+T softplus_value(T v) { return v > T{0} ? v + std::log1p(std::exp(-v)) : std::log1p(std::exp(v)); }
+}  // namespace detail
+template <class B = backend::default_backend, Real T>
+Tensor<T> softplus(const Tensor<T>& x) {
+    return detail::unary_op<B>("softplus", x, [](T v) { return detail::softplus_value(v); },
+                               [](T v, T) { return T{1} / (T{1} + std::exp(-v)); });
+}
+/// Mish: x * tanh(softplus(x)) (Misra 2019).
+template <class B = backend::default_backend, Real T>
+Tensor<T> mish(const Tensor<T>& x) {
+    return detail::unary_op<B>("mish", x, [](T v) { return v * std::tanh(detail::softplus_value(v)); },
+                               [](T v, T) {
+                                   const T t = std::tanh(detail::softplus_value(v));
+                                   const T s = T{1} / (T{1} + std::exp(-v));
+                                   return t + v * (T{1} - t * t) * s;
+                               });
+}
+/// Elephant activation 1 / (1 + |x / a|^d) (Lan & Mahmood 2023); a > 0, d > 0.
+template <class B = backend::default_backend, Real T>
+Tensor<T> elephant(const Tensor<T>& x, T a = T{1}, T d = T{4}) {
+    check(a > T{0} && d > T{0}, "elephant: a and d must be positive, got a=", a, " d=", d);
+    return detail::unary_op<B>("elephant", x, [a, d](T v) { return T{1} / (T{1} + std::pow(std::abs(v / a), d)); },
+                               [a, d](T v, T y) {
+                                   const T u = std::abs(v / a);
+                                   if (u == T{0}) return T{0};
+                                   // dy/dx = -d * u^(d-1) * sign(x) / a * y^2
+                                   return -d * std::pow(u, d - T{1}) * (v < T{0} ? T{-1} : T{1}) / a * y * y;
+                               });
+}
+
+/// Fused element-wise map, not recorded on the tape: out[i] = f(in0[i], in1[i], ...), one pass over
+/// memory for a whole chain of maths. All inputs must have the same shape.
+template <class B = backend::default_backend, Real T, class F, class... Rest>
+Tensor<T> map(F f, const Tensor<T>& first, const Rest&... rest) {
+    ((rest.shape() == first.shape() ? void() : throw shape_error("map: inputs of shapes " + to_string(first.shape()) + " and " +
+                                                                 to_string(rest.shape()) + " differ")),
+     ...);
+    auto out = Tensor<T>::uninitialized(first.shape());
+    B::map(first.size(), out.data(), f, first.data(), rest.data()...);
+    return out;
+}
+
+}  // namespace olmax

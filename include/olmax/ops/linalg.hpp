@@ -1,0 +1,95 @@
+#pragma once
+// Matrix products through the backend's GEMM (Eigen on the CPU backends).
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/backend.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax {
+
+namespace detail {
+
+/// How a matmul folds its operands into GEMM calls.
+struct MatmulPlan {
+    std::size_t batch = 1, m = 0, k = 0, n = 0;
+    bool batched_b = false;  // b has its own batch dimension
+    Shape out_shape;
+};
+
+inline MatmulPlan plan_matmul(const Shape& a, const Shape& b) {
+    auto fail = [&] {
+        throw shape_error(concat("matmul: shapes ", to_string(a), " and ", to_string(b),
+                                 " do not multiply (need [..., m, k] x [k, n], or equal batch dims [..., m, k] x [..., k, n])"));
+    };
+    if (a.size() < 2 || b.size() < 2) fail();
+    MatmulPlan p;
+    p.k = a[a.size() - 1];
+    p.m = a[a.size() - 2];
+    if (b[b.size() - 2] != p.k) fail();
+    p.n = b[b.size() - 1];
+    if (b.size() == 2) {  // [..., m, k] x [k, n]: fold leading dims of a into m
+        for (std::size_t i = 0; i + 2 < a.size(); ++i) p.m *= a[i];
+        p.out_shape = a;
+        p.out_shape.back() = p.n;
+        return p;
+    }
+    if (a.size() != b.size()) fail();
+    for (std::size_t i = 0; i + 2 < a.size(); ++i) {
+        if (a[i] != b[i]) fail();
+        p.batch *= a[i];
+    }
+    p.batched_b = true;
+    p.out_shape = a;
+    p.out_shape.back() = p.n;
+    return p;
+}
+
+/// C[batch] = op(A[batch]) op(B[batch]) (+ C when accumulate), batches spread over threads.
+template <class B, Real T>
+void batched_gemm(std::size_t batch, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t a_stride,
+                  const T* b, std::size_t b_stride, T* c, std::size_t c_stride, bool accumulate) {
+    const std::size_t lda = ta ? m : k, ldb = tb ? k : n;
+    const T beta = accumulate ? T{1} : T{0};
+    if (batch == 1) {
+        B::gemm(ta, tb, m, n, k, T{1}, a, lda, b, ldb, beta, c, n);
+        return;
+    }
+    B::parallel_for(batch, m * n * k, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i)
+            B::gemm(ta, tb, m, n, k, T{1}, a + i * a_stride, lda, b + i * b_stride, ldb, beta, c + i * c_stride, n);
+    });
+}
+
+}  // namespace detail
+
+/// Matrix product: `[..., m, k] x [k, n] -> [..., m, n]` (leading dims of `a` folded into one GEMM)
+/// or batched `[..., m, k] x [..., k, n]` with equal batch dims.
+template <class Bk = backend::default_backend, Real T>
+Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
+    using K = backend::kernel_backend_t<Bk, backend::op::matmul>;
+    const auto p = detail::plan_matmul(a.shape(), b.shape());
+    auto y = Tensor<T>::uninitialized(p.out_shape);
+    const std::size_t bs = p.batched_b ? p.k * p.n : 0;
+    detail::batched_gemm<K>(p.batch, false, false, p.m, p.n, p.k, a.data(), p.m * p.k, b.data(), bs, y.data(), p.m * p.n, false);
+    const Tensor<T> inputs[2] = {a, b};
+    autodiff::record<T>("matmul", inputs, std::span<Tensor<T>>(&y, 1), [a, b, p](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+        const T* dy = g[0].data();
+        const std::size_t bs = p.batched_b ? p.k * p.n : 0;
+        if (sink.needs(0)) {  // dA = dY B^T
+            auto da = Tensor<T>::uninitialized(a.shape());
+            detail::batched_gemm<K>(p.batch, false, true, p.m, p.k, p.n, dy, p.m * p.n, b.data(), bs, da.data(), p.m * p.k, false);
+            sink.add(0, da);
+        }
+        if (sink.needs(1)) {  // dB = A^T dY (summed over batches when b is shared)
+            auto db = Tensor<T>::uninitialized(b.shape());
+            if (p.batched_b)
+                detail::batched_gemm<K>(p.batch, true, false, p.k, p.n, p.m, a.data(), p.m * p.k, dy, p.m * p.n, db.data(), p.k * p.n, false);
+            else
+                K::gemm(true, false, p.k, p.n, p.m, T{1}, a.data(), p.k, dy, p.n, T{0}, db.data(), p.n);
+            sink.add(1, db);
+        }
+    });
+    return y;
+}
+
+}  // namespace olmax

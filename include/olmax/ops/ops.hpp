@@ -1,0 +1,5 @@
+#pragma once
+// Module header: every differentiable op.
+#include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/linalg.hpp"
+#include "olmax/ops/reduction.hpp"

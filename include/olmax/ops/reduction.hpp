@@ -1,0 +1,156 @@
+#pragma once
+// Reductions over axes: sum, mean, max; all differentiable.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/backend.hpp"
+#include "olmax/core/tensor.hpp"
+#include "olmax/ops/elementwise.hpp"
+
+namespace olmax {
+
+namespace detail {
+
+/// Splits a shape around one axis into (outer, n, inner) for the row-major loops of a reduction.
+struct AxisSplit {
+    std::size_t outer = 1, n = 1, inner = 1;
+};
+inline AxisSplit split_at(const Shape& s, std::size_t axis) {
+    AxisSplit r;
+    for (std::size_t i = 0; i < axis; ++i) r.outer *= s[i];
+    r.n = s[axis];
+    for (std::size_t i = axis + 1; i < s.size(); ++i) r.inner *= s[i];
+    return r;
+}
+
+inline Shape reduced_shape(const Shape& s, std::size_t axis, bool keepdims) {
+    Shape out;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (i != axis) out.push_back(s[i]);
+        else if (keepdims) out.push_back(1);
+    }
+    return out;
+}
+
+/// Sorted, unique, non-negative axes; empty input means every axis.
+inline std::vector<std::size_t> resolve_axes(std::vector<long> axes, std::size_t rank, std::string_view op) {
+    std::vector<std::size_t> out;
+    if (axes.empty())
+        for (std::size_t i = 0; i < rank; ++i) out.push_back(i);
+    for (long a : axes) out.push_back(normalize_axis(a, rank, op));
+    std::sort(out.begin(), out.end());
+    if (std::adjacent_find(out.begin(), out.end()) != out.end()) throw shape_error(concat(op, ": an axis is repeated"));
+    return out;
+}
+
+/// Sum over one axis (forward only); accumulates in double.
+template <class B, Real T>
+Tensor<T> sum_axis_values(const Tensor<T>& x, std::size_t axis, bool keepdims) {
+    const auto sp = split_at(x.shape(), axis);
+    Tensor<T> out(reduced_shape(x.shape(), axis, keepdims));
+    const T* xp = x.data();
+    T* op = out.data();
+    B::parallel_for(sp.outer * sp.inner, sp.n, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = lo; r < hi; ++r) {
+            const std::size_t o = r / sp.inner, i = r % sp.inner;
+            double acc = 0;
+            for (std::size_t k = 0; k < sp.n; ++k) acc += double(xp[(o * sp.n + k) * sp.inner + i]);
+            op[r] = T(acc);
+        }
+    });
+    return out;
+}
+
+/// Copies `g` (shape with the reduced axis of extent 1 or removed) along `axis` back to `shape`, times `factor`.
+template <class B, Real T>
+Tensor<T> expand_along(const Tensor<T>& g, const Shape& shape, std::size_t axis, T factor) {
+    const auto sp = split_at(shape, axis);
+    auto out = Tensor<T>::uninitialized(shape);
+    const T* gp = g.data();
+    T* op = out.data();
+    B::parallel_for(sp.outer, sp.n * sp.inner, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t o = lo; o < hi; ++o)
+            for (std::size_t k = 0; k < sp.n; ++k)
+                for (std::size_t i = 0; i < sp.inner; ++i) op[(o * sp.n + k) * sp.inner + i] = gp[o * sp.inner + i] * factor;
+    });
+    return out;
+}
+
+template <class B, Real T>
+Tensor<T> sum_one_axis(const Tensor<T>& x, std::size_t axis, bool keepdims, T factor, std::string_view name) {
+    Tensor<T> y = sum_axis_values<B>(x, axis, keepdims);
+    if (factor != T{1}) B::map(y.size(), y.data(), [factor](T v) { return v * factor; }, y.data());
+    autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [shape = x.shape(), axis, factor](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            sink.add(0, expand_along<B>(g[0], shape, axis, factor));
+                        });
+    return y;
+}
+
+}  // namespace detail
+
+/// Sum over `axes` (all axes when empty). `keepdims` keeps reduced axes with extent 1.
+template <class B = backend::default_backend, Real T>
+Tensor<T> sum(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
+    const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "sum");
+    if (ax.empty()) return detail::unary_op<B>("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
+    Tensor<T> y = x;
+    for (std::size_t i = ax.size(); i-- > 0;) y = detail::sum_one_axis<B>(y, ax[i], keepdims, T{1}, "sum");
+    return y;
+}
+
+/// Mean over `axes` (all axes when empty). The mean of zero elements is NaN, as in NumPy.
+template <class B = backend::default_backend, Real T>
+Tensor<T> mean(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
+    const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "mean");
+    if (ax.empty()) return detail::unary_op<B>("mean", x, [](T v) { return v; }, [](T, T) { return T{1}; });
+    Tensor<T> y = x;
+    for (std::size_t i = ax.size(); i-- > 0;) {
+        const std::size_t n = y.shape()[ax[i]];
+        const T factor = n ? T{1} / T(n) : std::numeric_limits<T>::quiet_NaN();
+        y = detail::sum_one_axis<B>(y, ax[i], keepdims, factor, "mean");
+    }
+    return y;
+}
+
+/// Maximum along one axis; the gradient flows to the first maximal element. NaN propagates.
+/// Throws `shape_error` on a zero-length axis (the maximum of nothing is undefined).
+template <class B = backend::default_backend, Real T>
+Tensor<T> max(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
+    const std::size_t a = normalize_axis(axis, x.rank(), "max");
+    const auto sp = detail::split_at(x.shape(), a);
+    check<shape_error>(sp.n > 0, "max: axis ", axis, " of shape ", to_string(x.shape()), " has length 0");
+    auto y = Tensor<T>::uninitialized(detail::reduced_shape(x.shape(), a, keepdims));
+    std::vector<std::size_t> arg(sp.outer * sp.inner);
+    const T* xp = x.data();
+    T* yp = y.data();
+    B::parallel_for(arg.size(), sp.n, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = lo; r < hi; ++r) {
+            const std::size_t o = r / sp.inner, i = r % sp.inner;
+            std::size_t best = 0;
+            T bv = xp[o * sp.n * sp.inner + i];
+            for (std::size_t k = 1; k < sp.n && !std::isnan(bv); ++k) {
+                const T v = xp[(o * sp.n + k) * sp.inner + i];
+                if (v > bv || std::isnan(v)) bv = v, best = k;
+            }
+            yp[r] = bv;
+            arg[r] = best;
+        }
+    });
+    autodiff::record<T>("max", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [shape = x.shape(), sp, arg = std::move(arg)](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            Tensor<T> dx(shape);
+                            for (std::size_t r = 0; r < arg.size(); ++r) {
+                                const std::size_t o = r / sp.inner, i = r % sp.inner;
+                                dx.data()[(o * sp.n + arg[r]) * sp.inner + i] += g[0].data()[r];
+                            }
+                            sink.add(0, dx);
+                        });
+    return y;
+}
+
+}  // namespace olmax
