@@ -3,3 +3,4 @@
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/reduction.hpp"
+#include "olmax/ops/shape.hpp"

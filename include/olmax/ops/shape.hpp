@@ -1,0 +1,230 @@
+#pragma once
+// Shape ops: reshape, transpose (any permutation), slice, concat and constant pad; all
+// differentiable. Every op except reshape copies into a fresh contiguous tensor.
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/backend.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax {
+
+namespace detail::shape_ops {
+
+/// A tensor handle over `t`'s buffer (same storage and offset) with another shape of the same size.
+template <Real T>
+Tensor<T> share_storage(const Tensor<T>& t, const Shape& shape) {
+    auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
+    impl->storage = t.impl().storage;
+    impl->offset = t.impl().offset;
+    impl->shape = shape;
+    return Tensor<T>::from_impl(std::move(impl));
+}
+
+/// Extents before, at and after one axis: the row-major layout is [outer, n, inner].
+struct AxisLayout {
+    std::size_t outer = 1, n = 1, inner = 1;
+};
+inline AxisLayout layout_at(const Shape& s, std::size_t axis) {
+    AxisLayout r;
+    for (std::size_t i = 0; i < axis; ++i) r.outer *= s[i];
+    r.n = s[axis];
+    for (std::size_t i = axis + 1; i < s.size(); ++i) r.inner *= s[i];
+    return r;
+}
+
+/// For every outer index, copies `count` slabs of `inner` elements along the axis from
+/// src[o, src_begin + j] to dst[o, dst_begin + j]; `src_n`/`dst_n` are the axis extents.
+template <class B, class T>
+void copy_along_axis(const T* src, std::size_t src_n, std::size_t src_begin, T* dst, std::size_t dst_n, std::size_t dst_begin,
+                     std::size_t count, std::size_t outer, std::size_t inner) {
+    const std::size_t block = count * inner;
+    if (block == 0) return;
+    B::parallel_for(outer, block, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t o = lo; o < hi; ++o)
+            std::copy_n(src + (o * src_n + src_begin) * inner, block, dst + (o * dst_n + dst_begin) * inner);
+    });
+}
+
+/// dst (of shape in_shape permuted by perm) = src with its axes permuted: dst axis i is src axis perm[i].
+template <class B, class T>
+void permute_copy(const T* src, const Shape& in_shape, const std::vector<std::size_t>& perm, T* dst) {
+    const std::size_t rank = in_shape.size();
+    const std::size_t total = numel(in_shape);
+    if (total == 0) return;
+    if (rank == 0) {
+        dst[0] = src[0];
+        return;
+    }
+    const Shape in_strides = row_major_strides(in_shape);
+    Shape out_shape(rank), stride(rank);  // stride[i]: step in src per step along dst axis i
+    for (std::size_t i = 0; i < rank; ++i) {
+        out_shape[i] = in_shape[perm[i]];
+        stride[i] = in_strides[perm[i]];
+    }
+    const std::size_t inner = out_shape[rank - 1], inner_stride = stride[rank - 1];
+    const std::size_t rows = total / inner;
+    B::parallel_for(rows, inner, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t row = lo; row < hi; ++row) {
+            std::size_t rem = row, base = 0;
+            for (std::size_t axis = rank - 1; axis-- > 0;) {
+                base += (rem % out_shape[axis]) * stride[axis];
+                rem /= out_shape[axis];
+            }
+            T* out = dst + row * inner;
+            for (std::size_t j = 0; j < inner; ++j) out[j] = src[base + j * inner_stride];
+        }
+    });
+}
+
+template <Real T, class F>
+void record_unary(std::string_view name, const Tensor<T>& x, Tensor<T>& y, F&& backward) {
+    autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1), std::forward<F>(backward));
+}
+
+}  // namespace detail::shape_ops
+
+/// The same elements in another shape of equal element count (no copy: the result shares `x`'s
+/// buffer, so writing into one is seen through the other). The gradient is reshaped back.
+template <class B = backend::default_backend, Real T>
+Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
+    check<shape_error>(numel(shape) == x.size(), "reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", x.size(),
+                       " elements) to ", to_string(shape), " (", numel(shape), " elements)");
+    Tensor<T> y = detail::shape_ops::share_storage(x, shape);
+    detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+        sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
+    });
+    return y;
+}
+
+/// Permutes the axes: result axis i is `x`'s axis `perm[i]` (NumPy `transpose(x, perm)`); `perm`
+/// must be a permutation of 0..rank-1. Copies into a contiguous tensor.
+template <class B = backend::default_backend, Real T>
+Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
+    const std::size_t rank = x.rank();
+    std::vector<bool> seen(rank, false);
+    bool valid = perm.size() == rank;
+    for (std::size_t p : perm) {
+        if (!valid) break;
+        valid = p < rank && !seen[p];
+        if (valid) seen[p] = true;
+    }
+    if (!valid) {
+        std::string listed;
+        for (std::size_t i = 0; i < perm.size(); ++i) listed += (i ? ", " : "") + std::to_string(perm[i]);
+        throw shape_error(olmax::detail::concat("transpose: [", listed, "] is not a permutation of the axes of a tensor of shape ",
+                                                to_string(x.shape())));
+    }
+    Shape out_shape(rank);
+    for (std::size_t i = 0; i < rank; ++i) out_shape[i] = x.shape()[perm[i]];
+    auto y = Tensor<T>::uninitialized(out_shape);
+    detail::shape_ops::permute_copy<B>(x.data(), x.shape(), perm, y.data());
+    std::vector<std::size_t> inverse(rank);
+    for (std::size_t i = 0; i < rank; ++i) inverse[perm[i]] = i;
+    detail::shape_ops::record_unary("transpose", x, y,
+                                    [inverse = std::move(inverse), out_shape, in_shape = x.shape()](std::span<const Tensor<T>> g,
+                                                                                                    autodiff::GradientSink<T>& sink) {
+                                        auto dx = Tensor<T>::uninitialized(in_shape);
+                                        detail::shape_ops::permute_copy<B>(g[0].data(), out_shape, inverse, dx.data());
+                                        sink.add(0, dx);
+                                    });
+    return y;
+}
+
+/// Swaps the last two axes (the matrix transpose, batched over leading axes); needs rank >= 2.
+template <class B = backend::default_backend, Real T>
+Tensor<T> transpose(const Tensor<T>& x) {
+    const std::size_t rank = x.rank();
+    check<shape_error>(rank >= 2, "transpose: swapping the last two axes needs rank >= 2, got shape ", to_string(x.shape()));
+    std::vector<std::size_t> perm(rank);
+    for (std::size_t i = 0; i < rank; ++i) perm[i] = i;
+    std::swap(perm[rank - 2], perm[rank - 1]);
+    return transpose<B>(x, std::move(perm));
+}
+
+/// A copy of elements [begin, end) along `axis` (negative counts from the back); needs
+/// begin <= end <= extent. The gradient is zero outside the slice.
+template <class B = backend::default_backend, Real T>
+Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t end) {
+    const std::size_t a = normalize_axis(axis, x.rank(), "slice");
+    const auto lay = detail::shape_ops::layout_at(x.shape(), a);
+    check<shape_error>(begin <= end && end <= lay.n, "slice: range [", begin, ", ", end, ") along axis ", axis, " of shape ",
+                       to_string(x.shape()), " is not within [0, ", lay.n, "] with begin <= end");
+    Shape out_shape = x.shape();
+    out_shape[a] = end - begin;
+    auto y = Tensor<T>::uninitialized(out_shape);
+    detail::shape_ops::copy_along_axis<B>(x.data(), lay.n, begin, y.data(), end - begin, 0, end - begin, lay.outer, lay.inner);
+    detail::shape_ops::record_unary("slice", x, y, [lay, begin, end, in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+        Tensor<T> dx(in_shape);
+        detail::shape_ops::copy_along_axis<B>(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
+        sink.add(0, dx);
+    });
+    return y;
+}
+
+/// Joins tensors along `axis`; all must have the same rank and equal extents on the other axes.
+template <class B = backend::default_backend, Real T>
+Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
+    check<value_error>(!xs.empty(), "concat: needs at least one tensor");
+    const Shape& first = xs[0].shape();
+    const std::size_t a = normalize_axis(axis, first.size(), "concat");
+    Shape out_shape = first;
+    out_shape[a] = 0;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+        const Shape& s = xs[i].shape();
+        bool fits = s.size() == first.size();
+        for (std::size_t d = 0; fits && d < s.size(); ++d) fits = d == a || s[d] == first[d];
+        check<shape_error>(fits, "concat: along axis ", axis, " tensor ", i, " of shape ", to_string(s),
+                           " does not match tensor 0 of shape ", to_string(first));
+        out_shape[a] += s[a];
+    }
+    auto y = Tensor<T>::uninitialized(out_shape);
+    const auto lay = detail::shape_ops::layout_at(out_shape, a);
+    std::vector<std::size_t> offsets;  // start of each input along the axis
+    std::size_t at = 0;
+    for (const auto& x : xs) {
+        offsets.push_back(at);
+        const std::size_t n = x.shape()[a];
+        detail::shape_ops::copy_along_axis<B>(x.data(), n, 0, y.data(), lay.n, at, n, lay.outer, lay.inner);
+        at += n;
+    }
+    std::vector<Shape> shapes;
+    for (const auto& x : xs) shapes.push_back(x.shape());
+    autodiff::record<T>("concat", std::span<const Tensor<T>>(xs), std::span<Tensor<T>>(&y, 1),
+                        [lay, a, offsets = std::move(offsets), shapes = std::move(shapes)](std::span<const Tensor<T>> g,
+                                                                                           autodiff::GradientSink<T>& sink) {
+                            for (std::size_t i = 0; i < shapes.size(); ++i) {
+                                if (!sink.needs(i)) continue;
+                                const std::size_t n = shapes[i][a];
+                                auto dx = Tensor<T>::uninitialized(shapes[i]);
+                                detail::shape_ops::copy_along_axis<B>(g[0].data(), lay.n, offsets[i], dx.data(), n, 0, n, lay.outer, lay.inner);
+                                sink.add(i, dx);
+                            }
+                        });
+    return y;
+}
+
+/// Adds `before` and `after` elements of constant `value` along `axis` (e.g. causal left padding
+/// of a sequence). The gradient is the slice of the output gradient over the original elements.
+template <class B = backend::default_backend, Real T>
+Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, T value = 0) {
+    const std::size_t a = normalize_axis(axis, x.rank(), "pad");
+    const auto lay = detail::shape_ops::layout_at(x.shape(), a);
+    Shape out_shape = x.shape();
+    out_shape[a] = lay.n + before + after;
+    Tensor<T> y(out_shape, value);
+    detail::shape_ops::copy_along_axis<B>(x.data(), lay.n, 0, y.data(), out_shape[a], before, lay.n, lay.outer, lay.inner);
+    detail::shape_ops::record_unary("pad", x, y, [lay, before, padded = out_shape[a], in_shape = x.shape()](std::span<const Tensor<T>> g,
+                                                                                                       autodiff::GradientSink<T>& sink) {
+        auto dx = Tensor<T>::uninitialized(in_shape);
+        detail::shape_ops::copy_along_axis<B>(g[0].data(), padded, before, dx.data(), lay.n, 0, lay.n, lay.outer, lay.inner);
+        sink.add(0, dx);
+    });
+    return y;
+}
+
+}  // namespace olmax

@@ -1,0 +1,155 @@
+#include "test_helpers.hpp"
+
+#include <olmax/ops/shape.hpp>
+
+using olmax::Shape;
+using olmax::Tensor;
+using olmax::testing::check_gradients;
+using Inputs = std::vector<Tensor<double>>;
+
+namespace {
+
+/// 0, 1, 2, ... in the given shape.
+Tensor<double> iota(const Shape& shape) {
+    auto t = Tensor<double>::uninitialized(shape);
+    for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = double(i);
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("reshape shares the buffer, keeps values and differentiates", "[ops][shape]") {
+    auto x = iota({2, 3, 4});
+    auto y = olmax::reshape(x, {6, 4});
+    CHECK(y.shape() == Shape{6, 4});
+    CHECK(y.data() == x.data());  // no copy
+    CHECK(y(5, 3) == 23.0);
+    auto s = olmax::reshape(olmax::reshape(x, {24}), {4, 3, 2});
+    CHECK(s(3, 2, 1) == 23.0);
+    CHECK_THROWS_AS(olmax::reshape(x, {5, 5}), olmax::shape_error);
+    CHECK_THROWS_WITH(olmax::reshape(x, {5, 5}), Catch::Contains("reshape") && Catch::Contains("[2, 3, 4]") && Catch::Contains("[5, 5]"));
+    CHECK(olmax::reshape(Tensor<double>({0, 3}), {3, 0, 7}).size() == 0);
+    CHECK(olmax::reshape(Tensor<double>::scalar(2.0), {1, 1}).item() == 2.0);
+
+    olmax::Generator rng(1);
+    auto res = check_gradients([](const Inputs& v) { return olmax::square(olmax::reshape(v[0], {3, 8})); }, {olmax::randn<double>({2, 3, 4}, rng)});
+    CHECK(res);
+}
+
+TEST_CASE("transpose: matrix, batched and general permutations", "[ops][shape]") {
+    auto m = iota({2, 3});
+    auto mt = olmax::transpose(m);
+    REQUIRE(mt.shape() == Shape{3, 2});
+    for (std::size_t i = 0; i < 2; ++i)
+        for (std::size_t j = 0; j < 3; ++j) CHECK(mt(j, i) == m(i, j));
+
+    auto x = iota({2, 3, 4, 5});
+    const std::vector<std::size_t> perm{2, 0, 3, 1};
+    auto y = olmax::transpose(x, perm);
+    REQUIRE(y.shape() == Shape{4, 2, 5, 3});
+    for (std::size_t a = 0; a < 2; ++a)
+        for (std::size_t b = 0; b < 3; ++b)
+            for (std::size_t c = 0; c < 4; ++c)
+                for (std::size_t d = 0; d < 5; ++d) CHECK(y(c, a, d, b) == x(a, b, c, d));
+
+    auto bt = olmax::transpose(x);  // swaps the last two axes
+    REQUIRE(bt.shape() == Shape{2, 3, 5, 4});
+    CHECK(bt(1, 2, 4, 3) == x(1, 2, 3, 4));
+
+    CHECK_THROWS_AS(olmax::transpose(x, {0, 1, 2}), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::transpose(x, {0, 1, 1, 2}), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::transpose(x, {0, 1, 2, 4}), olmax::shape_error);
+    CHECK_THROWS_WITH(olmax::transpose(x, {0, 0, 1, 2}), Catch::Contains("transpose") && Catch::Contains("[2, 3, 4, 5]"));
+    CHECK_THROWS_AS(olmax::transpose(iota({4})), olmax::shape_error);
+    CHECK(olmax::transpose(Tensor<double>({0, 3})).shape() == Shape{3, 0});
+    CHECK(olmax::transpose(Tensor<double>::scalar(3.0), {}).item() == 3.0);
+
+    olmax::Generator rng(2);
+    CHECK(check_gradients([&](const Inputs& v) { return olmax::transpose(v[0], perm); }, {olmax::randn<double>({2, 3, 2, 3}, rng)}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::matmul(olmax::transpose(v[0]), v[1]); },
+                          {olmax::randn<double>({4, 3}, rng), olmax::randn<double>({4, 2}, rng)}));
+}
+
+TEST_CASE("slice copies a range along an axis", "[ops][shape]") {
+    auto x = iota({3, 4, 2});
+    auto y = olmax::slice(x, 1, 1, 3);
+    REQUIRE(y.shape() == Shape{3, 2, 2});
+    for (std::size_t a = 0; a < 3; ++a)
+        for (std::size_t b = 0; b < 2; ++b)
+            for (std::size_t c = 0; c < 2; ++c) CHECK(y(a, b, c) == x(a, b + 1, c));
+    auto last = olmax::slice(x, -1, 1, 2);
+    REQUIRE(last.shape() == Shape{3, 4, 1});
+    CHECK(last(2, 3, 0) == x(2, 3, 1));
+    CHECK(olmax::slice(x, 0, 2, 2).size() == 0);  // empty range is fine
+    CHECK(olmax::slice(x, 0, 0, 3).shape() == x.shape());
+
+    CHECK_THROWS_AS(olmax::slice(x, 1, 3, 5), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::slice(x, 1, 3, 2), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::slice(x, 3, 0, 1), olmax::shape_error);
+    CHECK_THROWS_WITH(olmax::slice(x, 1, 3, 5), Catch::Contains("slice") && Catch::Contains("[3, 4, 2]"));
+
+    olmax::Generator rng(3);
+    CHECK(check_gradients([](const Inputs& v) { return olmax::slice(v[0], 1, 1, 3); }, {olmax::randn<double>({3, 4, 2}, rng)}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::slice(v[0], 0, 1, 2); }, {olmax::randn<double>({3, 4}, rng)}));
+}
+
+TEST_CASE("concat joins along an axis and splits the gradient", "[ops][shape]") {
+    auto a = iota({2, 1, 3});
+    auto b = olmax::scale(iota({2, 2, 3}), -1.0);
+    auto y = olmax::concat<olmax::backend::default_backend, double>({a, b}, 1);
+    REQUIRE(y.shape() == Shape{2, 3, 3});
+    for (std::size_t i = 0; i < 2; ++i)
+        for (std::size_t k = 0; k < 3; ++k) {
+            CHECK(y(i, 0, k) == a(i, 0, k));
+            CHECK(y(i, 1, k) == b(i, 0, k));
+            CHECK(y(i, 2, k) == b(i, 1, k));
+        }
+    auto z = olmax::concat(std::vector<Tensor<double>>{a, Tensor<double>({2, 0, 3}), a}, -2);
+    CHECK(z.shape() == Shape{2, 2, 3});
+    CHECK(olmax::concat(std::vector<Tensor<double>>{a}, 0).shape() == a.shape());
+
+    CHECK_THROWS_AS(olmax::concat(std::vector<Tensor<double>>{a, iota({3, 1, 3})}, 1), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::concat(std::vector<Tensor<double>>{a, iota({2, 3})}, 1), olmax::shape_error);
+    CHECK_THROWS_WITH(olmax::concat(std::vector<Tensor<double>>{a, iota({3, 1, 3})}, 1),
+                      Catch::Contains("concat") && Catch::Contains("[3, 1, 3]") && Catch::Contains("[2, 1, 3]"));
+    CHECK_THROWS_AS(olmax::concat(std::vector<Tensor<double>>{}, 0), olmax::value_error);
+
+    olmax::Generator rng(4);
+    CHECK(check_gradients([](const Inputs& v) { return olmax::concat(v, 0); },
+                          {olmax::randn<double>({1, 3}, rng), olmax::randn<double>({2, 3}, rng), olmax::randn<double>({3, 3}, rng)}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::concat(std::vector<Tensor<double>>{v[0], v[1], v[0]}, -1); },
+                          {olmax::randn<double>({2, 2}, rng), olmax::randn<double>({2, 3}, rng)}));
+}
+
+TEST_CASE("pad adds constants before and after along an axis", "[ops][shape]") {
+    auto x = iota({2, 3});
+    auto y = olmax::pad(x, 1, 2, 1, -7.0);
+    REQUIRE(y.shape() == Shape{2, 6});
+    const double expect[2][6] = {{-7, -7, 0, 1, 2, -7}, {-7, -7, 3, 4, 5, -7}};
+    for (std::size_t i = 0; i < 2; ++i)
+        for (std::size_t j = 0; j < 6; ++j) CHECK(y(i, j) == expect[i][j]);
+    auto rows = olmax::pad(x, 0, 0, 2);
+    REQUIRE(rows.shape() == Shape{4, 3});
+    CHECK(rows(3, 2) == 0.0);
+    CHECK(rows(1, 2) == 5.0);
+    CHECK(olmax::pad(Tensor<double>({2, 0}), 1, 1, 1, 1.0).shape() == Shape{2, 2});
+    CHECK_THROWS_AS(olmax::pad(x, 2, 1, 1), olmax::shape_error);
+
+    olmax::Generator rng(5);
+    CHECK(check_gradients([](const Inputs& v) { return olmax::pad(v[0], 0, 1, 2, 3.0); }, {olmax::randn<double>({2, 3}, rng)}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::pad(v[0], -1, 2, 0); }, {olmax::randn<double>({2, 3, 2}, rng)}));
+}
+
+TEST_CASE("shape ops pass NaN through and work in float", "[ops][shape]") {
+    auto x = Tensor<float>::from({2, 2}, {1.f, std::numeric_limits<float>::quiet_NaN(), 3.f, 4.f});
+    auto y = olmax::transpose(olmax::pad(olmax::slice(x, 0, 0, 2), 1, 1, 0));
+    REQUIRE(y.shape() == Shape{3, 2});
+    CHECK(std::isnan(y(2, 0)));
+    CHECK(y(2, 1) == 4.f);
+
+    auto w = olmax::parameter(olmax::ones<float>({2, 3}));
+    auto loss = olmax::sum(olmax::concat(std::vector<Tensor<float>>{olmax::reshape(w, {3, 2}), olmax::transpose(w)}, 0));
+    loss.backward();
+    REQUIRE(w.grad().defined());
+    for (float g : w.grad().span()) CHECK(g == 2.f);
+}
