@@ -4,7 +4,39 @@
 
 #include <olmax/olmax.hpp>
 
+#include <cmath>
+#include <initializer_list>
+#include <vector>
+
 namespace olmax_test {
+
+/// Runs `olmax::testing::check_gradients` and CHECKs it, printing the checker's report on failure.
+template <class F>
+void check_gradients(F&& f, const std::vector<olmax::Tensor<double>>& inputs, const olmax::testing::GradientCheckOptions& options = {}) {
+    const auto result = olmax::testing::check_gradients(std::forward<F>(f), inputs, options);
+    INFO(result);
+    CHECK(result.ok);
+    CHECK(result.checked > 0);
+}
+
+/// Normal samples moved at least `margin` away from every point in `kinks` (where the op's
+/// derivative jumps): central differences straddling a kink compare against neither one-sided
+/// derivative, so gradient tests sample smooth neighbourhoods only.
+template <class T = double>
+olmax::Tensor<T> randn_away_from(const olmax::Shape& shape, olmax::Generator& rng, std::initializer_list<double> kinks,
+                                 double margin = 0.1, double scale = 1.0) {
+    auto t = olmax::randn<T>(shape, rng, T{0}, T(scale));
+    for (T& v : t)
+        for (double kink : kinks)
+            if (std::abs(double(v) - kink) < margin) v = T(kink + (double(v) >= kink ? margin : -margin));
+    return t;
+}
+
+/// Uniform samples in [low, high), for ops defined on part of the real line (log, sqrt, division).
+template <class T = double>
+olmax::Tensor<T> uniform(const olmax::Shape& shape, olmax::Generator& rng, double low, double high) {
+    return olmax::rand<T>(shape, rng, T(low), T(high));
+}
 
 /// Largest |a - b| over two tensors of equal shape (REQUIREs the shapes match).
 template <class T>

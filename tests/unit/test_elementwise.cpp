@@ -1,0 +1,221 @@
+// Forward values and double-precision gradient checks for every op in olmax/ops/elementwise.hpp.
+//
+// Inputs of ops with kinks (abs, relu, leaky_relu, hard_sigmoid, maximum, elephant at 0) are drawn
+// at least 0.1 away from the kink: a central difference of step 1e-6 straddling a kink measures
+// neither one-sided derivative, so a check there would test the sampler, not the op. Ops defined on
+// part of the real line (log, sqrt, rsqrt, the divisor of div) get inputs in [0.5, 2).
+#include "test_helpers.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+using olmax::Shape;
+using olmax::Tensor;
+using Inputs = std::vector<Tensor<double>>;
+
+namespace {
+
+/// Pairs of shapes that broadcast, in both directions, with rank-0 and size-1 axes.
+const std::vector<std::pair<Shape, Shape>> broadcast_pairs = {
+    {{3, 4}, {3, 4}},       {{3, 4}, {4}},          {{4}, {3, 4}},    {{2, 3, 4}, {3, 1}}, {{3, 1}, {2, 3, 4}},
+    {{2, 1, 4}, {1, 3, 1}}, {{}, {3, 4}},           {{3, 4}, {}},     {{1}, {3, 4}},       {{3, 1}, {1, 4}},
+    {{}, {}},               {{1, 1}, {2, 1, 3}},    {{5}, {1}},
+};
+
+}  // namespace
+
+TEST_CASE("binary ops: gradients with broadcasting in both directions", "[ops][elementwise][gradcheck]") {
+    olmax::Generator rng(11);
+    for (const auto& [sa, sb] : broadcast_pairs) {
+        INFO("shapes " << olmax::to_string(sa) << " and " << olmax::to_string(sb));
+        const auto a = olmax::randn<double>(sa, rng);
+        const auto b = olmax::randn<double>(sb, rng);
+        const auto b_pos = olmax_test::uniform(sb, rng, 0.5, 2.0);
+        SECTION("add") { olmax_test::check_gradients([](const Inputs& v) { return olmax::add(v[0], v[1]); }, {a, b}); }
+        SECTION("sub") { olmax_test::check_gradients([](const Inputs& v) { return olmax::sub(v[0], v[1]); }, {a, b}); }
+        SECTION("mul") { olmax_test::check_gradients([](const Inputs& v) { return olmax::mul(v[0], v[1]); }, {a, b}); }
+        SECTION("div") { olmax_test::check_gradients([](const Inputs& v) { return olmax::div(v[0], v[1]); }, {a, b_pos}); }
+        SECTION("operators") {
+            olmax_test::check_gradients([](const Inputs& v) { return (v[0] + v[1]) * v[0] - v[1] / (v[1] * v[1] + 1.0); }, {a, b});
+        }
+        SECTION("maximum (|a - b| >= 0.1)") {
+            // Put a and b on disjoint grids (a near k + 0.25, b near k + 0.75): every pair that meets
+            // under broadcasting differs by >= 0.3, so no element sits on the tie a == b.
+            auto a_apart = a.clone(), b_apart = b.clone();
+            for (double& v : a_apart) v = std::floor(v * 2) + 0.25 + 0.1 * std::tanh(v);
+            for (double& v : b_apart) v = std::floor(v * 2) + 0.75 + 0.1 * std::tanh(v);
+            olmax_test::check_gradients([](const Inputs& v) { return olmax::maximum(v[0], v[1]); }, {a_apart, b_apart});
+        }
+    }
+}
+
+TEST_CASE("binary ops: forward values follow NumPy broadcasting", "[ops][elementwise]") {
+    auto a = Tensor<double>::from({2, 1, 3}, {1, 2, 3, 4, 5, 6});
+    auto b = Tensor<double>::from({2, 1}, {10, 20});
+    auto y = olmax::add(a, b);
+    REQUIRE(y.shape() == Shape{2, 2, 3});
+    const double expect[] = {11, 12, 13, 21, 22, 23, 14, 15, 16, 24, 25, 26};
+    for (std::size_t i = 0; i < 12; ++i) CHECK(y.data()[i] == expect[i]);
+    auto m = olmax::maximum(Tensor<double>::from({3}, {1, 5, 3}), Tensor<double>::scalar(2.5));
+    CHECK(m(0) == 2.5);
+    CHECK(m(1) == 5);
+    CHECK(m(2) == 3);
+    auto d = olmax::div(Tensor<double>::scalar(1.0), Tensor<double>::from({2}, {2, 4}));
+    CHECK(d(0) == 0.5);
+    CHECK(d(1) == 0.25);
+}
+
+TEST_CASE("maximum: a tie sends the whole gradient to the first operand", "[ops][elementwise]") {
+    auto a = olmax::parameter(Tensor<double>::from({2}, {1, 2}));
+    auto b = olmax::parameter(Tensor<double>::from({2}, {1, 3}));
+    olmax::sum(olmax::maximum(a, b)).backward();
+    CHECK(a.grad()(0) == 1);
+    CHECK(b.grad()(0) == 0);
+    CHECK(a.grad()(1) == 0);
+    CHECK(b.grad()(1) == 1);
+}
+
+TEST_CASE("scalar ops: add_scalar, scale, neg and the scalar operators", "[ops][elementwise][gradcheck]") {
+    olmax::Generator rng(12);
+    const Inputs in{olmax::randn<double>({3, 5}, rng)};
+    olmax_test::check_gradients([](const Inputs& v) { return olmax::add_scalar(v[0], 1.5); }, in);
+    olmax_test::check_gradients([](const Inputs& v) { return olmax::scale(v[0], -2.5); }, in);
+    olmax_test::check_gradients([](const Inputs& v) { return olmax::neg(v[0]); }, in);
+    olmax_test::check_gradients([](const Inputs& v) { return 2.0 - 3.0 * (-v[0]) / 4.0 + 1.0; }, in);
+    olmax_test::check_gradients([](const Inputs& v) { return (v[0] - 1.0) * 0.5 + (1.0 + v[0]); }, in);
+    auto x = Tensor<double>::from({2}, {1, -2});
+    auto y = 2.0 - x;
+    CHECK(y(0) == 1);
+    CHECK(y(1) == 4);
+    CHECK((x / 4.0)(1) == -0.5);
+}
+
+namespace {
+
+struct UnaryCase {
+    std::string name;
+    Tensor<double> (*op)(const Tensor<double>&);
+    double (*reference)(double);
+    enum Domain { any, positive, off_zero, off_three } domain;
+};
+
+double ref_sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
+double ref_softplus(double v) { return std::log1p(std::exp(v)); }
+
+const std::vector<UnaryCase> unary_cases = {
+    {"exp", [](const Tensor<double>& x) { return olmax::exp(x); }, [](double v) { return std::exp(v); }, UnaryCase::any},
+    {"log", [](const Tensor<double>& x) { return olmax::log(x); }, [](double v) { return std::log(v); }, UnaryCase::positive},
+    {"sqrt", [](const Tensor<double>& x) { return olmax::sqrt(x); }, [](double v) { return std::sqrt(v); }, UnaryCase::positive},
+    {"rsqrt", [](const Tensor<double>& x) { return olmax::rsqrt(x); }, [](double v) { return 1 / std::sqrt(v); }, UnaryCase::positive},
+    {"square", [](const Tensor<double>& x) { return olmax::square(x); }, [](double v) { return v * v; }, UnaryCase::any},
+    {"abs", [](const Tensor<double>& x) { return olmax::abs(x); }, [](double v) { return std::abs(v); }, UnaryCase::off_zero},
+    {"tanh", [](const Tensor<double>& x) { return olmax::tanh(x); }, [](double v) { return std::tanh(v); }, UnaryCase::any},
+    {"sigmoid", [](const Tensor<double>& x) { return olmax::sigmoid(x); }, ref_sigmoid, UnaryCase::any},
+    {"hard_sigmoid", [](const Tensor<double>& x) { return olmax::hard_sigmoid(x); },
+     [](double v) { return std::clamp((v + 3) / 6, 0.0, 1.0); }, UnaryCase::off_three},
+    {"relu", [](const Tensor<double>& x) { return olmax::relu(x); }, [](double v) { return v > 0 ? v : 0.0; }, UnaryCase::off_zero},
+    {"leaky_relu", [](const Tensor<double>& x) { return olmax::leaky_relu(x); }, [](double v) { return v > 0 ? v : 0.01 * v; },
+     UnaryCase::off_zero},
+    {"leaky_relu(0.2)", [](const Tensor<double>& x) { return olmax::leaky_relu(x, 0.2); }, [](double v) { return v > 0 ? v : 0.2 * v; },
+     UnaryCase::off_zero},
+    {"softplus", [](const Tensor<double>& x) { return olmax::softplus(x); }, ref_softplus, UnaryCase::any},
+    {"mish", [](const Tensor<double>& x) { return olmax::mish(x); }, [](double v) { return v * std::tanh(ref_softplus(v)); },
+     UnaryCase::any},
+    {"elephant", [](const Tensor<double>& x) { return olmax::elephant(x); }, [](double v) { return 1 / (1 + std::pow(std::abs(v), 4)); },
+     UnaryCase::off_zero},
+    {"elephant(a=2, d=3)", [](const Tensor<double>& x) { return olmax::elephant(x, 2.0, 3.0); },
+     [](double v) { return 1 / (1 + std::pow(std::abs(v / 2), 3)); }, UnaryCase::off_zero},
+};
+
+Tensor<double> sample(UnaryCase::Domain domain, const Shape& shape, olmax::Generator& rng) {
+    switch (domain) {
+        case UnaryCase::positive: return olmax_test::uniform(shape, rng, 0.5, 2.0);
+        case UnaryCase::off_zero: return olmax_test::randn_away_from(shape, rng, {0.0}, 0.1, 2.0);
+        case UnaryCase::off_three: return olmax_test::randn_away_from(shape, rng, {-3.0, 3.0}, 0.1, 3.0);
+        case UnaryCase::any: break;
+    }
+    return olmax::randn<double>(shape, rng, 0.0, 2.0);
+}
+
+}  // namespace
+
+TEST_CASE("unary ops: forward matches the formula and gradients match central differences", "[ops][elementwise][gradcheck]") {
+    olmax::Generator rng(13);
+    for (const auto& c : unary_cases) {
+        INFO("op " << c.name);
+        for (const Shape& shape : {Shape{}, Shape{1}, Shape{4, 5}, Shape{2, 1, 3}}) {
+            INFO("shape " << olmax::to_string(shape));
+            const auto x = sample(c.domain, shape, rng);
+            const auto y = c.op(x);
+            REQUIRE(y.shape() == x.shape());
+            for (std::size_t i = 0; i < x.size(); ++i) CHECK(y.data()[i] == Approx(c.reference(x.data()[i])).epsilon(1e-12).margin(1e-300));
+            olmax_test::check_gradients([&c](const Inputs& v) { return c.op(v[0]); }, {x});
+        }
+    }
+}
+
+TEST_CASE("unary ops: gradients in the flat tails and the saturated ranges", "[ops][elementwise][gradcheck]") {
+    // Large |x| where naive formulas overflow (softplus, mish, sigmoid) or the slope is tiny.
+    const Inputs in{Tensor<double>::from({6}, {-30, -8, -3.5, 3.5, 8, 30})};
+    for (const auto& c : unary_cases) {
+        if (c.domain == UnaryCase::positive) continue;
+        INFO("op " << c.name);
+        const auto y = c.op(in[0]);
+        for (double v : y) CHECK(std::isfinite(v));
+        olmax_test::check_gradients([&c](const Inputs& v) { return c.op(v[0]); }, in);
+    }
+    auto big = olmax::softplus(Tensor<double>::from({2}, {800, -800}));
+    CHECK(big(0) == 800);
+    CHECK(big(1) == 0);
+}
+
+TEST_CASE("kinks: the documented one-sided derivatives", "[ops][elementwise]") {
+    auto x = olmax::parameter(Tensor<double>::from({5}, {-3, 0, 3, -1, 1}));
+    SECTION("relu'(0) = 0, abs'(0) = 0") {
+        olmax::sum(olmax::relu(x) + olmax::abs(x)).backward();
+        const double expect[] = {-1, 0, 2, -1, 2};
+        for (std::size_t i = 0; i < 5; ++i) CHECK(x.grad()(i) == expect[i]);
+    }
+    SECTION("hard_sigmoid is flat at and beyond +-3") {
+        olmax::sum(olmax::hard_sigmoid(x)).backward();
+        const double expect[] = {0, 1.0 / 6, 0, 1.0 / 6, 1.0 / 6};
+        for (std::size_t i = 0; i < 5; ++i) CHECK(x.grad()(i) == Approx(expect[i]));
+    }
+    SECTION("elephant'(0) = 0") {
+        olmax::sum(olmax::elephant(x)).backward();
+        CHECK(x.grad()(1) == 0);
+        CHECK(x.grad()(3) == Approx(1.0));  // -d u^(d-1) sign(x) / a * y^2 = -4 * 1 * (-1) * 0.25
+    }
+}
+
+TEST_CASE("elephant rejects non-positive a and d", "[ops][elementwise][errors]") {
+    const auto x = Tensor<double>::from({2}, {1, 2});
+    CHECK_THROWS_AS(olmax::elephant(x, 0.0, 4.0), olmax::value_error);
+    CHECK_THROWS_AS(olmax::elephant(x, 1.0, -1.0), olmax::value_error);
+}
+
+TEST_CASE("map: fused, unrecorded element-wise chain", "[ops][elementwise]") {
+    auto a = olmax::parameter(Tensor<double>::from({3}, {1, 2, 3}));
+    auto b = Tensor<double>::from({3}, {4, 5, 6});
+    auto y = olmax::map([](double u, double v) { return u * v + 1; }, a, b);
+    CHECK_FALSE(y.requires_grad());
+    CHECK(y(2) == 19);
+    CHECK_THROWS_AS(olmax::map([](double u, double v) { return u + v; }, a, Tensor<double>({4})), olmax::shape_error);
+}
+
+TEST_CASE("elementwise ops in float agree with double", "[ops][elementwise]") {
+    olmax::Generator rng(14);
+    const auto xd = olmax::randn<double>({64}, rng);
+    const auto xf = olmax::cast<float>(xd);
+    for (const auto& [name, fd, ff] :
+         std::vector<std::tuple<std::string, Tensor<double> (*)(const Tensor<double>&), Tensor<float> (*)(const Tensor<float>&)>>{
+             {"mish", [](const Tensor<double>& x) { return olmax::mish(x); }, [](const Tensor<float>& x) { return olmax::mish(x); }},
+             {"softplus", [](const Tensor<double>& x) { return olmax::softplus(x); }, [](const Tensor<float>& x) { return olmax::softplus(x); }},
+             {"sigmoid", [](const Tensor<double>& x) { return olmax::sigmoid(x); }, [](const Tensor<float>& x) { return olmax::sigmoid(x); }},
+             {"elephant", [](const Tensor<double>& x) { return olmax::elephant(x); }, [](const Tensor<float>& x) { return olmax::elephant(x); }},
+         }) {
+        INFO(name);
+        CHECK(olmax_test::max_abs_diff(fd(xd), olmax::cast<double>(ff(xf))) < 1e-6);
+    }
+}
