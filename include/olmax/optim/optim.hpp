@@ -1,0 +1,7 @@
+#pragma once
+// Module header: parameters with roles, Adam/AdamW, gradient clipping (global norm, unit-wise AGC),
+// learning-rate schedule.
+#include "olmax/optim/adam.hpp"
+#include "olmax/optim/clipping.hpp"
+#include "olmax/optim/param.hpp"
+#include "olmax/optim/schedule.hpp"

@@ -1,0 +1,103 @@
+#pragma once
+// Trainable parameters as optimisers see them: a tensor plus a name (for checkpoints and messages)
+// and a role fixed where the layer creates it. Weight decay groups are chosen by role, never by
+// matching substrings of names (the original decayed only embeddings because every block
+// parameter's scope path contained "norm"; olmax-techniques.md §0 #4).
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "olmax/core/core.hpp"
+
+namespace olmax::optim {
+
+/// What a parameter is for; decides weight decay and the default AGC unit axis.
+enum class ParamRole {
+    weight,      // dense / conv / mixer matrices
+    embedding,   // input or output embedding tables
+    norm_scale,  // scales of normalisation layers (init 1)
+    bias,        // additive biases
+    rezero,      // residual / ReZero gates (scalars)
+    other,       // anything else: never decayed
+};
+
+inline std::string_view to_string(ParamRole role) {
+    switch (role) {
+        case ParamRole::weight: return "weight";
+        case ParamRole::embedding: return "embedding";
+        case ParamRole::norm_scale: return "norm_scale";
+        case ParamRole::bias: return "bias";
+        case ParamRole::rezero: return "rezero";
+        case ParamRole::other: return "other";
+    }
+    return "other";
+}
+
+inline ParamRole parse_param_role(std::string_view text) {
+    for (ParamRole role : {ParamRole::weight, ParamRole::embedding, ParamRole::norm_scale, ParamRole::bias, ParamRole::rezero,
+                           ParamRole::other})
+        if (to_string(role) == text) return role;
+    throw value_error(olmax::detail::concat("parse_param_role: unknown role '", text,
+                                     "' (expected weight, embedding, norm_scale, bias, rezero or other)"));
+}
+
+/// Which roles receive decoupled weight decay.
+enum class WeightDecayPolicy {
+    matrices,         // weight and embedding (the usual "no decay on norms and biases")
+    embeddings_only,  // what the original's HEAD did in effect (PR #100 found it at least as good)
+    all,              // every parameter
+    none,
+};
+
+inline std::string_view to_string(WeightDecayPolicy policy) {
+    switch (policy) {
+        case WeightDecayPolicy::matrices: return "matrices";
+        case WeightDecayPolicy::embeddings_only: return "embeddings_only";
+        case WeightDecayPolicy::all: return "all";
+        case WeightDecayPolicy::none: return "none";
+    }
+    return "none";
+}
+
+inline WeightDecayPolicy parse_weight_decay_policy(std::string_view text) {
+    for (auto policy : {WeightDecayPolicy::matrices, WeightDecayPolicy::embeddings_only, WeightDecayPolicy::all, WeightDecayPolicy::none})
+        if (to_string(policy) == text) return policy;
+    throw value_error(olmax::detail::concat("parse_weight_decay_policy: unknown policy '", text,
+                                     "' (expected matrices, embeddings_only, all or none)"));
+}
+
+inline bool receives_weight_decay(ParamRole role, WeightDecayPolicy policy) {
+    switch (policy) {
+        case WeightDecayPolicy::matrices: return role == ParamRole::weight || role == ParamRole::embedding;
+        case WeightDecayPolicy::embeddings_only: return role == ParamRole::embedding;
+        case WeightDecayPolicy::all: return true;
+        case WeightDecayPolicy::none: return false;
+    }
+    return false;
+}
+
+/// One trainable tensor as the optimiser sees it. `tensor` is a handle: the optimiser updates the
+/// caller's parameter in place and reads its `grad()`.
+template <Real T>
+struct Parameter {
+    std::string name;
+    ParamRole role = ParamRole::weight;
+    Tensor<T> tensor;
+    /// Multiplies the scheduled learning rate for this parameter (per-parameter LR prior).
+    double lr_scale = 1.0;
+    /// Leading axes that index stacked layers: AGC norms never mix different layers.
+    std::size_t stacked_axes = 0;
+    /// The axis that indexes output units for unit-wise AGC (negative counts from the end). The
+    /// default -1 fits olmax's `y = x @ W` layout, W[..., in, out]; tensors of rank <= 1 (after
+    /// the stacked axes) use one unit per element, as in the NFNet reference.
+    long unit_axis = -1;
+};
+
+template <Real T>
+Parameter<T> make_parameter(std::string name, ParamRole role, Tensor<T> tensor, double lr_scale = 1.0) {
+    return Parameter<T>{std::move(name), role, std::move(tensor), lr_scale};
+}
+
+}  // namespace olmax::optim

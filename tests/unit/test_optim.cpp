@@ -1,0 +1,309 @@
+// Optimisers: Adam/AdamW against PyTorch reference values (tests/data/optim_reference_*.txt, made
+// by tools/make_optim_reference.py), clipping and the LR schedule against hand-derived values.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <olmax/optim/optim.hpp>
+
+#include "test_helpers.hpp"
+
+namespace {
+
+using olmax::Shape;
+using olmax::Tensor;
+namespace optim = olmax::optim;
+
+std::filesystem::path test_data_dir() { return std::filesystem::path(__FILE__).parent_path().parent_path() / "data"; }
+
+struct Reference {
+    std::map<std::string, std::string> config;
+    struct Param {
+        std::string name;
+        optim::ParamRole role;
+        Shape shape;
+        std::vector<double> values;
+    };
+    std::vector<Param> params;
+    std::map<std::pair<int, std::string>, std::vector<double>> grads, expected;
+    std::map<int, double> lr;
+    int steps = 0;
+
+    double number(const std::string& key) const { return std::stod(config.at(key)); }
+};
+
+std::vector<double> read_values(std::istringstream& in) {
+    std::string colon;
+    in >> colon;
+    REQUIRE(colon == ":");
+    std::vector<double> out;
+    double v;
+    while (in >> v) out.push_back(v);
+    return out;
+}
+
+Reference load_reference(const std::string& name) {
+    std::ifstream file(test_data_dir() / ("optim_reference_" + name + ".txt"));
+    REQUIRE(file.good());
+    Reference ref;
+    std::string line;
+    while (std::getline(file, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        std::istringstream in(line);
+        std::string kind;
+        in >> kind;
+        if (kind == "config") {
+            std::string kv;
+            while (in >> kv) ref.config[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+        } else if (kind == "param") {
+            Reference::Param p;
+            std::string role, token;
+            in >> p.name >> role;
+            p.role = optim::parse_param_role(role);
+            while (in >> token && token != ":") p.shape.push_back(std::stoul(token));
+            double v;
+            while (in >> v) p.values.push_back(v);
+            ref.params.push_back(p);
+        } else if (kind == "grad" || kind == "expect") {
+            int step;
+            std::string pname;
+            in >> step >> pname;
+            (kind == "grad" ? ref.grads : ref.expected)[{step, pname}] = read_values(in);
+            ref.steps = std::max(ref.steps, step);
+        } else if (kind == "lr") {
+            int step;
+            double lr;
+            in >> step >> lr;
+            ref.lr[step] = lr;
+        }
+    }
+    REQUIRE(ref.steps > 0);
+    return ref;
+}
+
+optim::AdamWConfig config_of(const Reference& ref) {
+    optim::AdamWConfig c;
+    c.schedule.peak_lr = ref.number("peak_lr");
+    c.schedule.warmup_steps = std::int64_t(ref.number("warmup"));
+    c.schedule.exponential_decay = ref.number("decay");
+    c.beta1 = ref.number("beta1");
+    c.beta2 = ref.number("beta2");
+    c.eps = ref.number("eps");
+    c.weight_decay = ref.number("weight_decay");
+    c.decay_policy = optim::WeightDecayPolicy::matrices;
+    c.decay_mode = ref.config.at("optimizer") == "Adam" ? optim::WeightDecayMode::l2 : optim::WeightDecayMode::decoupled;
+    c.max_grad_norm = ref.number("clip_norm");
+    return c;
+}
+
+template <class T>
+void check_against_reference(const std::string& name, double rel_tol) {
+    const Reference ref = load_reference(name);
+    std::vector<optim::Parameter<T>> params;
+    for (const auto& p : ref.params) {
+        std::vector<T> values(p.values.begin(), p.values.end());
+        params.push_back(optim::make_parameter(p.name, p.role, olmax::parameter(Tensor<T>::from(p.shape, std::span<const T>(values)))));
+    }
+    optim::AdamW<T> opt(params, config_of(ref));
+    for (int step = 1; step <= ref.steps; ++step) {
+        INFO(name << " step " << step);
+        CHECK(opt.next_lr() == Approx(ref.lr.at(step)).epsilon(1e-12));
+        opt.zero_grad();
+        for (auto& p : params) {
+            const auto& g = ref.grads.at({step, p.name});
+            // Put the reference gradient in place through the tape: backward of sum(p * g).
+            auto seed = Tensor<T>::uninitialized(p.tensor.shape());
+            std::transform(g.begin(), g.end(), seed.begin(), [](double v) { return T(v); });
+            p.tensor.backward(seed);
+        }
+        opt.step();
+        for (const auto& p : params) {
+            const auto& want = ref.expected.at({step, p.name});
+            for (std::size_t i = 0; i < want.size(); ++i) {
+                INFO(p.name << "[" << i << "]");
+                CHECK(double(p.tensor.data()[i]) == Approx(want[i]).epsilon(rel_tol).margin(rel_tol * 1e-3));
+            }
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("optim: AdamW matches torch.optim.AdamW (float64)", "[optim]") { check_against_reference<double>("adamw", 1e-6); }
+TEST_CASE("optim: Adam with L2 decay matches torch.optim.Adam (float64)", "[optim]") { check_against_reference<double>("adam_l2", 1e-6); }
+TEST_CASE("optim: AdamW + global-norm clipping matches torch clip_grad_norm_ + AdamW", "[optim]") {
+    check_against_reference<double>("adamw_clip", 1e-6);
+}
+TEST_CASE("optim: AdamW on float32 parameters follows the float64 reference", "[optim]") { check_against_reference<float>("adamw", 2e-5); }
+
+TEST_CASE("optim: first AdamW step is bias-corrected (hand-derived)", "[optim]") {
+    // After step 1, m_hat = g and v_hat = g^2, so the update is lr * g / (|g| + eps) = lr * sign(g).
+    auto w = olmax::parameter(Tensor<double>::from({3}, {1.0, -2.0, 0.5}));
+    optim::AdamWConfig c;
+    c.schedule.peak_lr = 0.1;
+    c.eps = 0;
+    optim::AdamW<double> opt({optim::make_parameter("w", optim::ParamRole::weight, w)}, c);
+    w.backward(Tensor<double>::from({3}, {1e-4, -3.0, 7.0}));
+    opt.step();
+    CHECK(w(0) == Approx(0.9));
+    CHECK(w(1) == Approx(-1.9));
+    CHECK(w(2) == Approx(0.4));
+}
+
+TEST_CASE("optim: weight decay follows roles, not names", "[optim]") {
+    // Zero gradients isolate the decoupled decay: p <- p * (1 - lr * wd).
+    auto named_norm = olmax::parameter(Tensor<double>({2, 2}, 1.0));  // a matrix whose name contains "norm"
+    auto scale = olmax::parameter(Tensor<double>({2}, 1.0));
+    auto bias = olmax::parameter(Tensor<double>({2}, 1.0));
+    auto emb = olmax::parameter(Tensor<double>({3, 2}, 1.0));
+    optim::AdamWConfig c;
+    c.schedule.peak_lr = 0.5;
+    c.weight_decay = 0.2;
+    optim::AdamW<double> opt({optim::make_parameter("block/prenorm/w", optim::ParamRole::weight, named_norm),
+                              optim::make_parameter("weight_like_scale", optim::ParamRole::norm_scale, scale),
+                              optim::make_parameter("b", optim::ParamRole::bias, bias),
+                              optim::make_parameter("emb", optim::ParamRole::embedding, emb)},
+                             c);
+    for (auto t : {named_norm, scale, bias, emb}) t.backward(zeros_like(t));
+    opt.step();
+    CHECK(named_norm(0, 0) == Approx(0.9));
+    CHECK(emb(2, 1) == Approx(0.9));
+    CHECK(scale(0) == 1.0);
+    CHECK(bias(1) == 1.0);
+    CHECK(optim::receives_weight_decay(optim::ParamRole::embedding, optim::WeightDecayPolicy::embeddings_only));
+    CHECK_FALSE(optim::receives_weight_decay(optim::ParamRole::weight, optim::WeightDecayPolicy::embeddings_only));
+    CHECK(optim::receives_weight_decay(optim::ParamRole::norm_scale, optim::WeightDecayPolicy::all));
+    CHECK_FALSE(optim::receives_weight_decay(optim::ParamRole::embedding, optim::WeightDecayPolicy::none));
+}
+
+TEST_CASE("optim: LR schedule warmup then exponential decay from the end of warmup", "[optim]") {
+    optim::LrSchedule s{.peak_lr = 0.01, .warmup_steps = 4, .exponential_decay = 0.5};
+    CHECK(s(1) == Approx(0.0025));
+    CHECK(s(2) == Approx(0.005));
+    CHECK(s(4) == Approx(0.01));
+    CHECK(s(5) == Approx(0.005));
+    CHECK(s(7) == Approx(0.00125));
+    s.decay_start = 0;  // the original's behaviour: decay already during warmup
+    CHECK(s(2) == Approx(0.005 * 0.25));
+    optim::LrSchedule floor{.peak_lr = 1.0, .warmup_steps = 0, .exponential_decay = 0.5, .decay_start = -1, .min_lr = 0.1};
+    CHECK(floor(1) == Approx(0.5));
+    CHECK(floor(10) == Approx(0.1));
+    CHECK_THROWS_AS(s(0), olmax::value_error);
+    CHECK_THROWS_AS((optim::LrSchedule{.exponential_decay = 1.5}.validate()), olmax::value_error);
+}
+
+TEST_CASE("optim: unit-wise AGC clips each output unit against its own weight norm", "[optim]") {
+    // W[in=2, out=2]; units are columns (the output axis is last). Column 0: ||W||=5, ||G||=1 ->
+    // limit 0.1*5 = 0.5, factor 0.5. Column 1: ||W||=1, ||G||=0.05 < 0.1: untouched.
+    auto w = Tensor<double>::from({2, 2}, {3.0, 1.0, 4.0, 0.0});
+    auto g = Tensor<double>::from({2, 2}, {0.6, 0.03, 0.8, 0.04});
+    optim::AgcConfig agc{.clip = 0.1};
+    CHECK(optim::adaptive_grad_clip(w, g, agc) == 1);
+    CHECK(g(0, 0) == Approx(0.3));
+    CHECK(g(1, 0) == Approx(0.4));
+    CHECK(g(0, 1) == 0.03);
+    CHECK(g(1, 1) == 0.04);
+
+    SECTION("rows as units when the output axis is 0") {
+        auto g2 = Tensor<double>::from({2, 2}, {0.6, 0.03, 0.8, 0.04});
+        // Row 0: ||W||=sqrt(10), ||G||=sqrt(0.3609); row 1: ||W||=4, ||G||=sqrt(0.6416).
+        optim::adaptive_grad_clip(w, g2, agc, 0, 0);
+        const double f0 = 0.1 * std::sqrt(10.0) / std::sqrt(0.3609), f1 = 0.1 * 4.0 / std::sqrt(0.6416);
+        CHECK(g2(0, 1) == Approx(0.03 * f0));
+        CHECK(g2(1, 0) == Approx(0.8 * f1));
+    }
+    SECTION("vectors clip element-wise and zero weights use the floor") {
+        auto b = Tensor<double>::from({2}, {0.0, 2.0});
+        auto gb = Tensor<double>::from({2}, {1.0, -0.1});
+        optim::adaptive_grad_clip(b, gb, agc);
+        CHECK(gb(0) == Approx(0.1 * 1e-3));
+        CHECK(gb(1) == Approx(-0.1));
+    }
+    SECTION("stacked layers never share a norm") {
+        auto ws = Tensor<double>::from({2, 1, 1}, {1.0, 100.0});
+        auto gs = Tensor<double>::from({2, 1, 1}, {1.0, 1.0});
+        optim::adaptive_grad_clip(ws, gs, agc, 1);
+        CHECK(gs(0, 0, 0) == Approx(0.1));
+        CHECK(gs(1, 0, 0) == 1.0);
+    }
+    auto bad = Tensor<double>({3, 2});
+    CHECK_THROWS_AS(optim::adaptive_grad_clip(w, bad, agc), olmax::shape_error);
+}
+
+TEST_CASE("optim: global-norm clipping scales all gradients together", "[optim]") {
+    auto a = olmax::parameter(Tensor<double>({2}));
+    auto b = olmax::parameter(Tensor<double>({1}));
+    a.backward(Tensor<double>::from({2}, {3.0, 0.0}));
+    b.backward(Tensor<double>::from({1}, {4.0}));
+    std::vector<optim::Parameter<double>> ps{optim::make_parameter("a", optim::ParamRole::weight, a),
+                                             optim::make_parameter("b", optim::ParamRole::bias, b)};
+    CHECK(optim::clip_grad_norm(std::span<const optim::Parameter<double>>(ps), 1.0) == Approx(5.0));
+    CHECK(a.grad()(0) == Approx(3.0 / (5.0 + 1e-6)));
+    CHECK(b.grad()(0) == Approx(4.0 / (5.0 + 1e-6)));
+    CHECK(optim::global_grad_norm(std::span<const optim::Parameter<double>>(ps)) == Approx(1.0));
+}
+
+TEST_CASE("optim: non-finite gradients are refused without touching anything", "[optim]") {
+    auto w = olmax::parameter(Tensor<double>::from({2}, {1.0, 2.0}));
+    optim::AdamW<double> opt({optim::make_parameter("w", optim::ParamRole::weight, w)}, optim::AdamWConfig{});
+    w.backward(Tensor<double>::from({2}, {1.0, std::nan("")}));
+    CHECK_THROWS_AS(opt.step(), optim::non_finite_gradient);
+    CHECK(opt.step_count() == 0);
+    CHECK(w(0) == 1.0);
+    CHECK(w(1) == 2.0);
+}
+
+TEST_CASE("optim: state export/import continues identically", "[optim]") {
+    auto make = [](Tensor<double>& w) {
+        w = olmax::parameter(Tensor<double>::from({3}, {1.0, -1.0, 0.5}));
+        optim::AdamWConfig c;
+        c.schedule = {.peak_lr = 0.1, .warmup_steps = 2, .exponential_decay = 0.1};
+        c.weight_decay = 0.1;
+        return optim::AdamW<double>({optim::make_parameter("w", optim::ParamRole::weight, w)}, c);
+    };
+    auto run_steps = [](optim::AdamW<double>& opt, Tensor<double>& w, int from, int to) {
+        for (int s = from; s < to; ++s) {
+            opt.zero_grad();
+            w.backward(Tensor<double>::from({3}, {std::sin(s + 1.0), std::cos(2.0 * s), 0.3 * s}));
+            opt.step();
+        }
+    };
+    Tensor<double> w1, w2;
+    auto straight = make(w1);
+    run_steps(straight, w1, 0, 6);
+    auto first = make(w2);
+    run_steps(first, w2, 0, 3);
+    const auto state = first.export_state();
+    const auto saved = w2.clone();
+    Tensor<double> w3;
+    auto resumed = make(w3);
+    std::copy(saved.begin(), saved.end(), w3.begin());
+    resumed.import_state(state);
+    CHECK(resumed.step_count() == 3);
+    run_steps(resumed, w3, 3, 6);
+    for (std::size_t i = 0; i < 3; ++i) CHECK(w3.data()[i] == w1.data()[i]);  // bit-identical
+
+    optim::AdamState wrong = state;
+    wrong.slots[0].first_moment = Tensor<double>({4});
+    CHECK_THROWS_AS(resumed.import_state(wrong), olmax::shape_error);
+    wrong = state;
+    wrong.slots[0].name = "v";
+    CHECK_THROWS_AS(resumed.import_state(wrong), olmax::value_error);
+}
+
+TEST_CASE("optim: constructor rejects duplicate names and non-trainable tensors", "[optim]") {
+    auto w = olmax::parameter(Tensor<double>({2}));
+    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("w", optim::ParamRole::weight, w),
+                                          optim::make_parameter("w", optim::ParamRole::weight, olmax::parameter(Tensor<double>({2})))},
+                                         {}),
+                    olmax::value_error);
+    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("c", optim::ParamRole::weight, Tensor<double>({2}))}, {}),
+                    olmax::value_error);
+    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("a", optim::ParamRole::weight, w),
+                                          optim::make_parameter("b", optim::ParamRole::weight, w)},
+                                         {}),
+                    olmax::value_error);
+    CHECK_THROWS_AS(optim::parse_param_role("norm"), olmax::value_error);
+}
