@@ -1,0 +1,140 @@
+// Core throughput of olmax against what the machine and Eigen can do, measured in one run:
+//  * matmul: olmax::matmul (autodiff off) vs raw Eigen GEMM (Eigen::Map + noalias product) on the same
+//    buffers and the same OpenMP thread count; counter FLOP/s (2 m n k per product).
+//  * a fused 4-op element-wise chain out = ((a + b) * c - a) * 0.5 over 3 inputs, vs the STREAM triad
+//    a = b + s c (McCalpin, "STREAM: Sustainable Memory Bandwidth in High Performance Computers") on the
+//    same buffers; counter bytes_per_second counts the bytes the kernel must read and write, the STREAM
+//    convention (16 B/element for the chain, 12 B/element for the triad; write-allocate traffic not counted).
+//
+// Reproduce (see benchmarks/RESULTS.md):
+//   build/benchmarks/bench_core --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//       --benchmark_out=bench_core.json --benchmark_out_format=json
+// `--olmax_quick` shrinks every size (a smoke test that the benchmarks run, not a measurement).
+#include <benchmark/benchmark.h>
+
+#include <olmax/olmax.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using olmax::Tensor;
+
+struct Sizes {
+    std::size_t gemm = 1024;        // m = n = k
+    std::size_t stream = 1u << 25;  // elements per array (>= 2^25, far beyond the last-level cache)
+};
+
+Tensor<float> filled(const olmax::Shape& shape, std::uint64_t seed) {
+    olmax::Generator rng(seed);
+    return olmax::rand<float>(shape, rng, -1.0f, 1.0f);
+}
+
+void add_gemm_counters(benchmark::State& state, std::size_t n) {
+    state.counters["FLOP/s"] = benchmark::Counter(2.0 * double(n) * double(n) * double(n), benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["threads"] = olmax::backend::cpu_openmp::num_threads();
+}
+
+void bm_olmax_matmul(benchmark::State& state, std::size_t n) {
+    const auto a = filled({n, n}, 1), b = filled({n, n}, 2);
+    olmax::autodiff::no_grad no_tape;
+    for (auto _ : state) {
+        auto c = olmax::matmul(a, b);
+        benchmark::DoNotOptimize(c.data());
+        benchmark::ClobberMemory();
+    }
+    add_gemm_counters(state, n);
+}
+
+void bm_eigen_gemm(benchmark::State& state, std::size_t n) {
+    const auto a = filled({n, n}, 1), b = filled({n, n}, 2);
+    auto c = Tensor<float>::uninitialized({n, n});
+    using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const Eigen::Index en = Eigen::Index(n);
+    Eigen::Map<const Mat> A(a.data(), en, en), B(b.data(), en, en);
+    Eigen::Map<Mat> C(c.data(), en, en);
+    for (auto _ : state) {
+        C.noalias() = A * B;
+        benchmark::DoNotOptimize(c.data());
+        benchmark::ClobberMemory();
+    }
+    add_gemm_counters(state, n);
+}
+
+/// The chain: 4 arithmetic ops on 3 inputs, one pass over memory.
+constexpr auto chain = [](float a, float b, float c) { return ((a + b) * c - a) * 0.5f; };
+
+struct StreamBuffers {
+    Tensor<float> a, b, c, out;
+    explicit StreamBuffers(std::size_t n) : a(filled({n}, 3)), b(filled({n}, 4)), c(filled({n}, 5)), out(filled({n}, 6)) {}
+};
+
+void set_bandwidth(benchmark::State& state, std::size_t n, std::size_t arrays) {
+    state.counters["bytes_per_second"] =
+        benchmark::Counter(double(n * arrays * sizeof(float)), benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["threads"] = olmax::backend::cpu_openmp::num_threads();
+}
+
+/// The public op: olmax::map allocates its result tensor on every call, as user code would.
+void bm_olmax_map_chain(benchmark::State& state, const StreamBuffers* buf) {
+    for (auto _ : state) {
+        auto out = olmax::map(chain, buf->a, buf->b, buf->c);
+        benchmark::DoNotOptimize(out.data());
+        benchmark::ClobberMemory();
+    }
+    set_bandwidth(state, buf->a.size(), 4);
+}
+
+/// The same fused kernel (the default backend's map) writing into a preallocated tensor.
+void bm_olmax_map_chain_into(benchmark::State& state, StreamBuffers* buf) {
+    for (auto _ : state) {
+        olmax::backend::default_backend::map(buf->a.size(), buf->out.data(), chain, buf->a.data(), buf->b.data(), buf->c.data());
+        benchmark::DoNotOptimize(buf->out.data());
+        benchmark::ClobberMemory();
+    }
+    set_bandwidth(state, buf->a.size(), 4);
+}
+
+/// STREAM triad out = b + s c with the same OpenMP threads and static partition.
+void bm_stream_triad(benchmark::State& state, StreamBuffers* buf) {
+    const std::size_t n = buf->a.size();
+    float* out = buf->out.data();
+    const float *b = buf->b.data(), *c = buf->c.data();
+    const float s = 3.0f;
+    for (auto _ : state) {
+#pragma omp parallel for simd schedule(static)
+        for (std::size_t i = 0; i < n; ++i) out[i] = b[i] + s * c[i];
+        benchmark::DoNotOptimize(out);
+        benchmark::ClobberMemory();
+    }
+    set_bandwidth(state, n, 3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Sizes sizes;
+    std::vector<char*> args;
+    for (int i = 0; i < argc; ++i) {
+        if (std::strcmp(argv[i], "--olmax_quick") == 0) sizes = {64, 1u << 16};
+        else args.push_back(argv[i]);
+    }
+    int count = int(args.size());
+    benchmark::Initialize(&count, args.data());
+    if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
+
+    StreamBuffers buffers(sizes.stream);
+    const std::string g = std::to_string(sizes.gemm), s = std::to_string(sizes.stream);
+    benchmark::RegisterBenchmark(("matmul/olmax/" + g).c_str(), bm_olmax_matmul, sizes.gemm)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("matmul/eigen/" + g).c_str(), bm_eigen_gemm, sizes.gemm)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("stream/triad/" + s).c_str(), bm_stream_triad, &buffers)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("stream/olmax_map_chain/" + s).c_str(), bm_olmax_map_chain, &buffers)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("stream/olmax_map_chain_into/" + s).c_str(), bm_olmax_map_chain_into, &buffers)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

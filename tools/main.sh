@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The main job: installs missing Debian packages, builds olmax (Release, out of source in build/), and
+# runs the training example build/examples/train_lm when it exists, else the toy demo
+# build/examples/toy_fit (a small MLP fitting sin(x), printing the falling loss).
+# Extra arguments are passed to the program. Usage: bash tools/main.sh [args...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc)
+
+bash tools/install_deps.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+program=toy_fit
+if cmake --build build --target help | grep -qw train_lm; then program=train_lm; fi
+cmake --build build --target "$program" --parallel "$jobs"
+echo "main: running build/examples/$program $*"
+exec "build/examples/$program" "$@"

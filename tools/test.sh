@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls this):
+#  1. installs missing Debian packages (tools/install_deps.sh),
+#  2. Release build in build/ of everything (library tests, packaging tests, examples, benchmarks) and
+#     `ctest -LE slow` (all but the tests labelled slow),
+#  3. AddressSanitizer + UndefinedBehaviorSanitizer build of the tests in build-asan/ and its
+#     `ctest -LE "slow|packaging"` (the packaging checks do not depend on sanitizers).
+# Usage: bash tools/test.sh      (OLMAX_TEST_JOBS=N to change the build parallelism, default nproc)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=${OLMAX_TEST_JOBS:-$(nproc)}
+start=$SECONDS
+
+bash tools/install_deps.sh
+
+echo "== test: Release build (build/)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build --parallel "$jobs"
+(cd build && ctest --output-on-failure -LE slow)
+echo "== test: Release done after $((SECONDS - start)) s"
+
+echo "== test: ASan + UBSan build (build-asan/)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DOLMAX_SANITIZE=ON \
+  -DOLMAX_BUILD_BENCHMARKS=OFF -DOLMAX_BUILD_EXAMPLES=OFF
+cmake --build build-asan --parallel "$jobs"
+# halt_on_error/abort: any report fails the test; UBSan prints a stack for each report.
+(cd build-asan && OMP_NUM_THREADS=2 \
+  ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_stack_use_after_return=1} \
+  UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+  ctest --output-on-failure -LE "slow|packaging")
+echo "== test: all passed in $((SECONDS - start)) s"
