@@ -4,3 +4,7 @@
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/reduction.hpp"
 #include "olmax/ops/shape.hpp"
+#include "olmax/ops/embedding.hpp"
+#include "olmax/ops/conv.hpp"
+#include "olmax/ops/norm.hpp"
+#include "olmax/ops/loss.hpp"

@@ -1,0 +1,162 @@
+#pragma once
+// Causal 1-D convolution over time on [batch, time, channels], with channel groups; all three
+// passes (forward, dx, dw) are GEMMs on time-shifted row blocks, one per (tap, group).
+
+#include <cstddef>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/backend.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax {
+
+namespace detail::conv_ops {
+
+struct ConvDims {
+    std::size_t batch = 0, time = 0, cin = 0, cout = 0, taps = 0, groups = 1;
+    std::size_t cin_group() const { return cin / groups; }
+    std::size_t cout_group() const { return cout / groups; }
+};
+
+template <Real T>
+ConvDims validate(const Tensor<T>& x, const Tensor<T>& w, std::size_t groups) {
+    check<value_error>(groups > 0, "causal_conv1d: groups must be positive, got 0");
+    check<shape_error>(x.rank() == 3, "causal_conv1d: x must have shape [batch, time, channels], got ", to_string(x.shape()));
+    check<shape_error>(w.rank() == 3, "causal_conv1d: w must have shape [K, Cin/groups, Cout], got ", to_string(w.shape()));
+    ConvDims d;
+    d.batch = x.shape()[0];
+    d.time = x.shape()[1];
+    d.cin = x.shape()[2];
+    d.taps = w.shape()[0];
+    d.cout = w.shape()[2];
+    d.groups = groups;
+    check<shape_error>(d.taps > 0, "causal_conv1d: kernel size K = 0 in w of shape ", to_string(w.shape()));
+    check<shape_error>(d.cin % groups == 0 && d.cout % groups == 0, "causal_conv1d: Cin = ", d.cin, " and Cout = ", d.cout,
+                       " must both divide by groups = ", groups, " (x ", to_string(x.shape()), ", w ", to_string(w.shape()), ")");
+    check<shape_error>(w.shape()[1] == d.cin / groups, "causal_conv1d: w of shape ", to_string(w.shape()), " needs Cin/groups = ",
+                       d.cin / groups, " input channels per group for x of shape ", to_string(x.shape()), " and groups = ", groups);
+    return d;
+}
+
+/// out[b, t, group cols] += sum_k x[b, t - s_k, group cols] w[k, :, group cols] with s_k = K-1-k:
+/// for tap k the output rows [s, T) take input rows [0, T - s), a GEMM on offset row blocks.
+template <class B, Real T>
+void forward(const ConvDims& d, const T* x, const T* w, T* out) {
+    const std::size_t cig = d.cin_group(), cog = d.cout_group();
+    auto one_batch = [&](std::size_t b) {
+        for (std::size_t k = 0; k < d.taps; ++k) {
+            const std::size_t shift = d.taps - 1 - k;
+            if (shift >= d.time) continue;
+            for (std::size_t g = 0; g < d.groups; ++g)
+                B::gemm(false, false, d.time - shift, cog, cig, T{1}, x + b * d.time * d.cin + g * cig, d.cin,
+                        w + k * cig * d.cout + g * cog, d.cout, T{1}, out + (b * d.time + shift) * d.cout + g * cog, d.cout);
+        }
+    };
+    if (d.batch == 1) return one_batch(0);
+    B::parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t b = lo; b < hi; ++b) one_batch(b);
+    });
+}
+
+/// dx[b, t - s, group in] += dy[b, t, group out] w[k]^T (batches are independent, one per thread).
+template <class B, Real T>
+void backward_input(const ConvDims& d, const T* dy, const T* w, T* dx) {
+    const std::size_t cig = d.cin_group(), cog = d.cout_group();
+    auto one_batch = [&](std::size_t b) {
+        for (std::size_t k = 0; k < d.taps; ++k) {
+            const std::size_t shift = d.taps - 1 - k;
+            if (shift >= d.time) continue;
+            for (std::size_t g = 0; g < d.groups; ++g)
+                B::gemm(false, true, d.time - shift, cig, cog, T{1}, dy + (b * d.time + shift) * d.cout + g * cog, d.cout,
+                        w + k * cig * d.cout + g * cog, d.cout, T{1}, dx + b * d.time * d.cin + g * cig, d.cin);
+        }
+    };
+    if (d.batch == 1) return one_batch(0);
+    B::parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t b = lo; b < hi; ++b) one_batch(b);
+    });
+}
+
+/// dw[k, :, group out] += sum_b x[b, rows [0, T-s), group in]^T dy[b, rows [s, T), group out]; every
+/// (tap, group) block of dw belongs to one thread, so the batch sum needs no atomics.
+template <class B, Real T>
+void backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw) {
+    const std::size_t cig = d.cin_group(), cog = d.cout_group();
+    const std::size_t blocks = d.taps * d.groups;
+    auto one_block = [&](std::size_t kg) {
+        const std::size_t k = kg / d.groups, g = kg % d.groups, shift = d.taps - 1 - k;
+        if (shift >= d.time) return;
+        for (std::size_t b = 0; b < d.batch; ++b)
+            B::gemm(true, false, cig, cog, d.time - shift, T{1}, x + b * d.time * d.cin + g * cig, d.cin,
+                    dy + (b * d.time + shift) * d.cout + g * cog, d.cout, T{1}, dw + k * cig * d.cout + g * cog, d.cout);
+    };
+    if (blocks == 1) return one_block(0);
+    B::parallel_for(blocks, d.batch * d.time * cig * cog, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t kg = lo; kg < hi; ++kg) one_block(kg);
+    });
+}
+
+template <class B, Real T>
+Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, std::size_t groups) {
+    const ConvDims d = validate(x, w, groups);
+    if (bias)
+        check<shape_error>(bias->rank() == 1 && bias->shape()[0] == d.cout, "causal_conv1d: bias of shape ", to_string(bias->shape()),
+                           " does not match Cout = ", d.cout, " of w ", to_string(w.shape()));
+    Tensor<T> y({d.batch, d.time, d.cout});
+    if (bias) {
+        const T* bp = bias->data();
+        T* yp = y.data();
+        B::parallel_for(d.batch * d.time, d.cout, [&](std::size_t lo, std::size_t hi) {
+            for (std::size_t r = lo; r < hi; ++r) std::copy_n(bp, d.cout, yp + r * d.cout);
+        });
+    }
+    forward<B>(d, x.data(), w.data(), y.data());
+    std::vector<Tensor<T>> inputs{x, w};
+    if (bias) inputs.push_back(*bias);
+    autodiff::record<T>(bias ? "causal_conv1d(bias)" : "causal_conv1d", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
+                        [d, x, w](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            const T* dy = g[0].data();
+                            if (sink.needs(0)) {
+                                Tensor<T> dx(x.shape());
+                                backward_input<B>(d, dy, w.data(), dx.data());
+                                sink.add(0, dx);
+                            }
+                            if (sink.needs(1)) {
+                                Tensor<T> dw(w.shape());
+                                backward_weight<B>(d, x.data(), dy, dw.data());
+                                sink.add(1, dw);
+                            }
+                            if (sink.needs(2)) {  // db[o] = sum over batch and time of dy[., ., o]
+                                auto db = Tensor<T>::uninitialized({d.cout});
+                                T* dbp = db.data();
+                                B::parallel_for(d.cout, d.batch * d.time, [&](std::size_t lo, std::size_t hi) {
+                                    for (std::size_t o = lo; o < hi; ++o) {
+                                        double acc = 0;
+                                        for (std::size_t r = 0; r < d.batch * d.time; ++r) acc += double(dy[r * d.cout + o]);
+                                        dbp[o] = T(acc);
+                                    }
+                                });
+                                sink.add(2, db);
+                            }
+                        });
+    return y;
+}
+
+}  // namespace detail::conv_ops
+
+/// Causal 1-D convolution: x [B, T, Cin], w [K, Cin/groups, Cout] -> [B, T, Cout] with
+///   out[b, t, o] = sum_k sum_c x[b, t - (K-1) + k, g*Cin/groups + c] * w[k, c, o],  g = o / (Cout/groups),
+/// and zeros for times before 0 (left padding K-1), so output t sees only inputs at times <= t.
+/// Note the weight layout: taps first, unlike the original's [Cout, K, Cin].
+template <class B = backend::default_backend, Real T>
+Tensor<T> causal_conv1d(const Tensor<T>& x, const Tensor<T>& w, std::size_t groups = 1) {
+    return detail::conv_ops::conv<backend::kernel_backend_t<B, backend::op::matmul>>(x, w, static_cast<const Tensor<T>*>(nullptr), groups);
+}
+
+/// Causal 1-D convolution plus a bias [Cout] added at every time step.
+template <class B = backend::default_backend, Real T>
+Tensor<T> causal_conv1d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& bias, std::size_t groups = 1) {
+    return detail::conv_ops::conv<backend::kernel_backend_t<B, backend::op::matmul>>(x, w, &bias, groups);
+}
+
+}  // namespace olmax

@@ -1,0 +1,252 @@
+#pragma once
+// Softmax, log-softmax and softmax cross-entropy (with optional z-loss), including the chunked
+// cross-entropy of the original Olmax output head (src/model/loss.py): tokens are processed in
+// chunks so the full [tokens, vocab] logits never exist, and the gradient is computed in the
+// forward pass.
+//
+// Fully masked rows (every entry -inf): softmax gives 0 everywhere, log_softmax gives -inf
+// everywhere, and both pass a zero gradient for such rows instead of NaN. A row with some -inf
+// entries behaves as the limit: probability 0 there, finite gradients everywhere.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/backend.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax {
+
+namespace detail::loss_ops {
+
+/// Calls f(base, stride, n) for every 1-D line of `shape` along `axis` (rows of the softmax).
+template <class B, class F>
+void for_each_line(const Shape& shape, std::size_t axis, F&& f) {
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t i = 0; i < axis; ++i) outer *= shape[i];
+    for (std::size_t i = axis + 1; i < shape.size(); ++i) inner *= shape[i];
+    const std::size_t n = shape[axis];
+    B::parallel_for(outer * inner, n, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t line = lo; line < hi; ++line) f((line / inner) * n * inner + line % inner, inner, n);
+    });
+}
+
+/// Maximum of a line ignoring NaN (NaN then propagates through exp); -inf for an empty line.
+template <class T>
+T line_max(const T* x, std::size_t stride, std::size_t n) {
+    T m = -std::numeric_limits<T>::infinity();
+    for (std::size_t k = 0; k < n; ++k) m = x[k * stride] > m ? x[k * stride] : m;
+    return m;
+}
+
+/// log(sum(exp(x))) of a line in double: -inf for fully masked (or empty) lines.
+template <class T>
+double line_logsumexp(const T* x, std::size_t stride, std::size_t n) {
+    const T m = line_max(x, stride, n);
+    if (m == -std::numeric_limits<T>::infinity()) return -std::numeric_limits<double>::infinity();
+    double s = 0;
+    for (std::size_t k = 0; k < n; ++k) s += std::exp(double(x[k * stride]) - double(m));
+    return double(m) + std::log(s);
+}
+
+/// Per row of logits z [rows, V]: lse (double) and, when `grad` is set, overwrites z with
+/// scale * (softmax(z) * (1 + 2 z_loss lse) - onehot(target)) (the original's dz, §6.7).
+/// Returns sum over rows of (lse - z[target]) and of lse^2 through the out-parameters.
+template <class B, Real T>
+void softmax_xent_rows(T* z, std::size_t rows, std::size_t vocab, const std::int32_t* targets, bool grad, double z_loss, double scale,
+                       double& loss_sum, double& lse_sq_sum) {
+    std::vector<double> loss(rows), lse_sq(rows);
+    B::parallel_for(rows, vocab, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) {
+            T* row = z + i * vocab;
+            const std::size_t t = std::size_t(targets[i]);
+            const double lse = line_logsumexp(row, 1, vocab);
+            loss[i] = lse - double(row[t]);
+            lse_sq[i] = lse * lse;
+            if (!grad) continue;
+            const double p_factor = 1.0 + 2.0 * z_loss * lse;
+            const bool masked = lse == -std::numeric_limits<double>::infinity();
+            for (std::size_t j = 0; j < vocab; ++j) {
+                const double p = masked ? 0.0 : std::exp(double(row[j]) - lse);
+                row[j] = T(scale * (p * p_factor - (j == t ? 1.0 : 0.0)));
+            }
+        }
+    });
+    for (std::size_t i = 0; i < rows; ++i) {  // serial sum: the result does not depend on the thread count
+        loss_sum += loss[i];
+        lse_sq_sum += lse_sq[i];
+    }
+}
+
+inline void check_targets(std::string_view op, const std::int32_t* targets, std::size_t n, std::size_t vocab) {
+    for (std::size_t i = 0; i < n; ++i)
+        check<value_error>(targets[i] >= 0 && std::size_t(targets[i]) < vocab, op, ": target ", targets[i], " at position ", i,
+                           " is out of range for a vocabulary of V=", vocab);
+}
+
+}  // namespace detail::loss_ops
+
+/// Softmax along `axis`, max-shifted for stability. See the file comment for -inf rows.
+template <class B = backend::default_backend, Real T>
+Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
+    const std::size_t a = normalize_axis(axis, x.rank(), "softmax");
+    auto y = Tensor<T>::uninitialized(x.shape());
+    const T* xp = x.data();
+    T* yp = y.data();
+    detail::loss_ops::for_each_line<B>(x.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+        const double lse = detail::loss_ops::line_logsumexp(xp + base, stride, n);
+        const bool masked = lse == -std::numeric_limits<double>::infinity();
+        for (std::size_t k = 0; k < n; ++k) yp[base + k * stride] = masked ? T{0} : T(std::exp(double(xp[base + k * stride]) - lse));
+    });
+    autodiff::record<T>("softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            // dx = y (dy - sum(dy y))
+                            auto dx = Tensor<T>::uninitialized(y.shape());
+                            const T *yp = y.data(), *gp = g[0].data();
+                            T* dp = dx.data();
+                            detail::loss_ops::for_each_line<B>(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+                                double dot = 0;
+                                for (std::size_t k = 0; k < n; ++k) dot += double(gp[base + k * stride]) * double(yp[base + k * stride]);
+                                for (std::size_t k = 0; k < n; ++k) {
+                                    const std::size_t i = base + k * stride;
+                                    dp[i] = yp[i] == T{0} ? T{0} : T(double(yp[i]) * (double(gp[i]) - dot));
+                                }
+                            });
+                            sink.add(0, dx);
+                        });
+    return y;
+}
+
+/// log(softmax(x)) along `axis`, computed as x - logsumexp(x). See the file comment for -inf rows.
+template <class B = backend::default_backend, Real T>
+Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
+    const std::size_t a = normalize_axis(axis, x.rank(), "log_softmax");
+    auto y = Tensor<T>::uninitialized(x.shape());
+    const T* xp = x.data();
+    T* yp = y.data();
+    detail::loss_ops::for_each_line<B>(x.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+        const double lse = detail::loss_ops::line_logsumexp(xp + base, stride, n);
+        const bool masked = lse == -std::numeric_limits<double>::infinity();
+        for (std::size_t k = 0; k < n; ++k)
+            yp[base + k * stride] = masked ? -std::numeric_limits<T>::infinity() : T(double(xp[base + k * stride]) - lse);
+    });
+    autodiff::record<T>("log_softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            // dx = dy - softmax * sum(dy), softmax = exp(y); zero for fully masked lines
+                            auto dx = Tensor<T>::uninitialized(y.shape());
+                            const T *yp = y.data(), *gp = g[0].data();
+                            T* dp = dx.data();
+                            detail::loss_ops::for_each_line<B>(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+                                double total = 0, mass = 0;
+                                for (std::size_t k = 0; k < n; ++k) {
+                                    total += double(gp[base + k * stride]);
+                                    mass += std::exp(double(yp[base + k * stride]));
+                                }
+                                for (std::size_t k = 0; k < n; ++k) {
+                                    const std::size_t i = base + k * stride;
+                                    dp[i] = mass == 0 ? T{0} : T(double(gp[i]) - std::exp(double(yp[i])) * total);
+                                }
+                            });
+                            sink.add(0, dx);
+                        });
+    return y;
+}
+
+/// Mean softmax cross-entropy of `logits` [N, V] against integer `targets` [N] in [0, V), plus
+/// the z-loss z_loss * mean(lse^2) (lse = logsumexp of a row; PaLM's auxiliary loss that keeps the
+/// softmax normaliser near 1). Its gradient per row is (softmax (1 + 2 z_loss lse) - onehot) / N.
+/// N = 0 gives NaN (the mean of nothing), as `mean` does.
+template <class B = backend::default_backend, Real T>
+Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& targets, T z_loss = 0) {
+    check<shape_error>(logits.rank() == 2 && targets.rank() == 1 && targets.shape()[0] == logits.shape()[0],
+                       "cross_entropy: logits must be [N, V] and targets [N], got ", to_string(logits.shape()), " and ",
+                       to_string(targets.shape()));
+    const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
+    detail::loss_ops::check_targets("cross_entropy", targets.data(), n, vocab);
+    // The forward pass works on a copy so the gradient can be formed in the same sweep when needed.
+    const Tensor<T> in[1] = {logits};
+    const bool recording = autodiff::should_record(std::span<const Tensor<T>>(in));
+    Tensor<T> dlogits = recording ? logits.clone() : logits;
+    double loss_sum = 0, lse_sq_sum = 0;
+    detail::loss_ops::softmax_xent_rows<B>(dlogits.data(), n, vocab, targets.data(), recording, double(z_loss), 1.0 / double(n), loss_sum,
+                                           lse_sq_sum);
+    auto y = Tensor<T>::scalar(T((loss_sum + double(z_loss) * lse_sq_sum) / double(n)));
+    if (!recording) return y;
+    autodiff::record<T>("cross_entropy", std::span<const Tensor<T>>(in), std::span<Tensor<T>>(&y, 1),
+                        [dlogits](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            const T s = g[0].item();
+                            auto dx = Tensor<T>::uninitialized(dlogits.shape());
+                            B::map(dx.size(), dx.data(), [s](T v) { return v * s; }, dlogits.data());
+                            sink.add(0, dx);
+                        });
+    return y;
+}
+
+/// Options of `chunked_cross_entropy`.
+struct ChunkedLossOptions {
+    double z_loss = 0;              ///< weight of the z-loss term (gradient only, see below)
+    std::size_t chunk_tokens = 1024;  ///< tokens per chunk: the largest logits buffer is chunk_tokens x V
+};
+
+/// Mean softmax cross-entropy of the output head `hidden [N, F] x w_out [F, V]` against `targets`
+/// [N], without ever holding the [N, V] logits: tokens go in chunks of `chunk_tokens` (the last
+/// one may be shorter), each chunk's logits live in one reused [chunk, V] buffer, lse is
+/// accumulated in double, and the gradients dhidden and dw_out are formed right there in the
+/// forward pass (as the original Olmax does, src/model/loss.py); backward only scales them by the
+/// incoming gradient. As in the original, the returned value EXCLUDES the z-loss term while the
+/// gradient INCLUDES it: dlogits = (softmax (1 + 2 z_loss lse) - onehot) / N. So with z_loss = 0
+/// the value and gradients equal `cross_entropy(matmul(hidden, w_out), targets)`; with z_loss > 0
+/// the gradients equal those of `cross_entropy(..., z_loss)` and the value is that minus
+/// z_loss * mean(lse^2). Memory: O(chunk_tokens V + N F + F V) instead of O(N V).
+template <class Bk = backend::default_backend, Real T>
+Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out, const Tensor<std::int32_t>& targets, ChunkedLossOptions opt = {}) {
+    using K = backend::kernel_backend_t<Bk, backend::op::matmul>;
+    check<value_error>(opt.chunk_tokens > 0, "chunked_cross_entropy: chunk_tokens must be positive, got 0");
+    check<shape_error>(hidden.rank() == 2 && w_out.rank() == 2 && targets.rank() == 1 && hidden.shape()[1] == w_out.shape()[0] &&
+                           targets.shape()[0] == hidden.shape()[0],
+                       "chunked_cross_entropy: needs hidden [N, F], w_out [F, V] and targets [N], got ", to_string(hidden.shape()), ", ",
+                       to_string(w_out.shape()), " and ", to_string(targets.shape()));
+    const std::size_t n = hidden.shape()[0], features = hidden.shape()[1], vocab = w_out.shape()[1];
+    detail::loss_ops::check_targets("chunked_cross_entropy", targets.data(), n, vocab);
+
+    const Tensor<T> inputs[2] = {hidden, w_out};
+    const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
+    const bool need_dh = recording && hidden.requires_grad(), need_dw = recording && w_out.requires_grad();
+    Tensor<T> dhidden = need_dh ? Tensor<T>(hidden.shape()) : Tensor<T>();
+    Tensor<T> dw = need_dw ? Tensor<T>(w_out.shape()) : Tensor<T>();
+    const std::size_t chunk = std::min(opt.chunk_tokens, n);
+    Tensor<T> logits = Tensor<T>::uninitialized({chunk, vocab});  // reused by every chunk
+    const T *hp = hidden.data(), *wp = w_out.data();
+    double loss_sum = 0, lse_sq_sum = 0;
+    for (std::size_t start = 0; start < n; start += chunk) {
+        const std::size_t rows = std::min(chunk, n - start);
+        const T* h_rows = hp + start * features;
+        K::gemm(false, false, rows, vocab, features, T{1}, h_rows, features, wp, vocab, T{0}, logits.data(), vocab);
+        detail::loss_ops::softmax_xent_rows<K>(logits.data(), rows, vocab, targets.data() + start, recording, opt.z_loss, 1.0 / double(n),
+                                               loss_sum, lse_sq_sum);
+        if (need_dh)  // dhidden rows = dlogits w_out^T
+            K::gemm(false, true, rows, features, vocab, T{1}, logits.data(), vocab, wp, vocab, T{0}, dhidden.data() + start * features, features);
+        if (need_dw)  // dw_out += hidden_rows^T dlogits
+            K::gemm(true, false, features, vocab, rows, T{1}, h_rows, features, logits.data(), vocab, T{1}, dw.data(), vocab);
+    }
+    logits = Tensor<T>();
+    auto y = Tensor<T>::scalar(T(loss_sum / double(n)));
+    if (!recording) return y;
+    autodiff::record<T>("chunked_cross_entropy", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
+                        [dhidden, dw](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            const T s = g[0].item();
+                            auto scaled = [s](const Tensor<T>& t) {
+                                auto out = Tensor<T>::uninitialized(t.shape());
+                                K::map(out.size(), out.data(), [s](T v) { return v * s; }, t.data());
+                                return out;
+                            };
+                            if (sink.needs(0) && dhidden.defined()) sink.add(0, scaled(dhidden));
+                            if (sink.needs(1) && dw.defined()) sink.add(1, scaled(dw));
+                        });
+    return y;
+}
+
+}  // namespace olmax

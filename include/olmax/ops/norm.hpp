@@ -1,0 +1,131 @@
+#pragma once
+// Normalisations over the last axis with fused custom backward passes: the original Olmax L2
+// ScaleNorm (x / ||x||_2 * w) and RMSNorm (x / RMS(x) * w).
+
+#include <algorithm>
+#include <cmath>
+#include <string_view>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/backend.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax {
+
+namespace detail::norm_ops {
+
+/// Shared by both norms: per row (all axes but the last) a factor r = factor_of(sum of squares),
+/// out = x * r * w. `clamped` marks rows where r did not depend on x (the eps branch), whose
+/// gradient is then just r * dxhat. `mean_divisor` is 1 for the L2 norm and F for RMS.
+template <class B, Real T, class FactorOf>
+Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& w, FactorOf factor_of, T mean_divisor) {
+    check<shape_error>(x.rank() >= 1, name, ": needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape()));
+    const std::size_t f = x.shape().back();
+    std::size_t rows = 1;
+    for (std::size_t i = 0; i + 1 < x.rank(); ++i) rows *= x.shape()[i];
+    const bool scaled = w.defined();
+    if (scaled)
+        check<shape_error>(w.rank() == 1 && w.shape()[0] == f, name, ": scale of shape ", to_string(w.shape()), " does not match [",
+                           f, "] (the last axis of x of shape ", to_string(x.shape()), ")");
+    auto y = Tensor<T>::uninitialized(x.shape());
+    auto r = Tensor<T>::uninitialized({rows});
+    std::vector<unsigned char> clamped(rows);
+    const T *xp = x.data(), *wp = scaled ? w.data() : nullptr;
+    T *yp = y.data(), *rp = r.data();
+    B::parallel_for(rows, f, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) {
+            const T* row = xp + i * f;
+            double ss = 0;
+            for (std::size_t j = 0; j < f; ++j) ss += double(row[j]) * double(row[j]);
+            bool clamp = false;
+            const T factor = factor_of(ss, clamp);
+            rp[i] = factor;
+            clamped[i] = clamp;
+            T* out = yp + i * f;
+            if (scaled)
+                for (std::size_t j = 0; j < f; ++j) out[j] = row[j] * factor * wp[j];
+            else
+                for (std::size_t j = 0; j < f; ++j) out[j] = row[j] * factor;
+        }
+    });
+    std::vector<Tensor<T>> inputs{x};
+    if (scaled) inputs.push_back(w);
+    autodiff::record<T>(name, std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
+                        [x, w, r, clamped = std::move(clamped), rows, f, scaled, mean_divisor](std::span<const Tensor<T>> g,
+                                                                                              autodiff::GradientSink<T>& sink) {
+                            const T *xp = x.data(), *wp = scaled ? w.data() : nullptr, *rp = r.data(), *gp = g[0].data();
+                            if (sink.needs(0)) {
+                                // xhat = x r: dx = r dxhat - r^3 x sum(dxhat x) / mean_divisor   (Olmax norm.py, §6.2)
+                                auto dx = Tensor<T>::uninitialized(x.shape());
+                                T* dp = dx.data();
+                                B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+                                    for (std::size_t i = lo; i < hi; ++i) {
+                                        const T *row = xp + i * f, *grow = gp + i * f;
+                                        T* out = dp + i * f;
+                                        const T rr = rp[i];
+                                        double dot = 0;
+                                        for (std::size_t j = 0; j < f; ++j) {
+                                            const T dxhat = scaled ? grow[j] * wp[j] : grow[j];
+                                            out[j] = rr * dxhat;
+                                            dot += double(dxhat) * double(row[j]);
+                                        }
+                                        if (clamped[i]) continue;
+                                        const T c = T(double(rr) * double(rr) * double(rr) * dot / double(mean_divisor));
+                                        for (std::size_t j = 0; j < f; ++j) out[j] -= c * row[j];
+                                    }
+                                });
+                                sink.add(0, dx);
+                            }
+                            if (scaled && sink.needs(1)) {  // dw = sum over rows of dy * xhat
+                                auto dw = Tensor<T>::uninitialized({f});
+                                T* dwp = dw.data();
+                                B::parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
+                                    for (std::size_t j = lo; j < hi; ++j) {
+                                        double acc = 0;
+                                        for (std::size_t i = 0; i < rows; ++i) acc += double(gp[i * f + j]) * double(xp[i * f + j]) * double(rp[i]);
+                                        dwp[j] = T(acc);
+                                    }
+                                });
+                                sink.add(1, dw);
+                            }
+                        });
+    return y;
+}
+
+}  // namespace detail::norm_ops
+
+/// The original Olmax L2 ScaleNorm over the last axis: r = 1 / max(||x||_2, eps), out = x r w
+/// (no sqrt(F) factor, no mean subtraction). `w` is [F], or an undefined tensor for no scale.
+/// Fused backward keeping only x and r: dx = r dxhat - r^3 x sum(dxhat x) with dxhat = dy w; rows
+/// whose norm is below eps (r clamped to 1/eps) get dx = r dxhat, the exact gradient there.
+template <class B = backend::default_backend, Real T>
+Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, T eps = T(1e-16)) {
+    check<value_error>(eps > T{0}, "scale_norm: eps must be positive, got ", eps);
+    return detail::norm_ops::normalize<B>(
+        "scale_norm", x, w,
+        [eps](double sum_sq, bool& clamped) {
+            const double norm = std::sqrt(sum_sq);
+            clamped = !(norm > double(eps));
+            return T(1.0 / (clamped && !std::isnan(norm) ? double(eps) : norm));
+        },
+        T{1});
+}
+
+/// RMSNorm over the last axis: out = x / sqrt(mean(x^2) + eps) * w (Zhang & Sennrich 2019);
+/// `w` is [F] or an undefined tensor for no scale. Fused backward:
+/// dx = s dxhat - s^3 x sum(dxhat x) / F with s = 1 / sqrt(mean(x^2) + eps).
+template <class B = backend::default_backend, Real T>
+Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, T eps = T(1e-6)) {
+    check<value_error>(eps >= T{0}, "rms_norm: eps must be non-negative, got ", eps);
+    check<shape_error>(x.rank() >= 1, "rms_norm: needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape()));
+    const double features = double(x.shape().back());
+    return detail::norm_ops::normalize<B>(
+        "rms_norm", x, w,
+        [eps, features](double sum_sq, bool& clamped) {
+            clamped = false;
+            return T(1.0 / std::sqrt(sum_sq / features + double(eps)));
+        },
+        T(features));
+}
+
+}  // namespace olmax
