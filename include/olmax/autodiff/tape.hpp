@@ -298,11 +298,18 @@ struct tensor_arg<Tensor<T>> : std::true_type {
 };
 template <class... Args>
 struct first_real;
-template <class A, class... Rest>
-struct first_real<A, Rest...> {
-    using type = std::conditional_t<tensor_arg<std::remove_cvref_t<A>>::value,
-                                    typename tensor_arg<std::remove_cvref_t<A>>::scalar, typename first_real<Rest...>::type>;
+// Dispatch on a bool (not std::conditional_t, which would name `tensor_arg<A>::scalar` even for a
+// non-tensor argument such as a `double` option and fail to compile).
+template <bool IsTensor, class A, class... Rest>
+struct first_real_step {
+    using type = typename tensor_arg<std::remove_cvref_t<A>>::scalar;
 };
+template <class A, class... Rest>
+struct first_real_step<false, A, Rest...> {
+    using type = typename first_real<Rest...>::type;
+};
+template <class A, class... Rest>
+struct first_real<A, Rest...> : first_real_step<tensor_arg<std::remove_cvref_t<A>>::value, A, Rest...> {};
 template <>
 struct first_real<> {
     using type = void;
@@ -369,13 +376,17 @@ void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_g
     if (!root.requires_grad())
         throw autodiff_error("backward: the tensor does not require grad (no input of the ops that made it requires grad, "
                              "or it was computed under no_grad)");
-    accumulate_grad(root.impl(), grad_output, "backward");
-    if (root.is_leaf()) return;
+    if (grad_output.shape() != root.shape())
+        throw shape_error(olmax::detail::concat("backward: grad_output of shape ", to_string(grad_output.shape()),
+                                                " does not match the tensor's shape ", to_string(root.shape())));
     Tape& tape = current_tape();
     const auto handle = root.impl().node;
-    if (handle.tape_id != tape.id)
+    // Validate before seeding, so a refused backward leaves no partial gradient behind.
+    if (!root.is_leaf() && handle.tape_id != tape.id)
         throw autodiff_error("backward: the tensor was recorded on another tape (an enclosing tape_scope, another thread, "
                              "or a graph that an earlier backward() freed)");
+    accumulate_grad(root.impl(), grad_output, "backward");
+    if (root.is_leaf()) return;
     {
         no_grad guard;  // backward closures compute with plain tensors; they re-enable grad explicitly if they recompute
         for (std::size_t i = handle.index + 1; i-- > 0;) tape.nodes[i]->run_backward();
