@@ -54,9 +54,20 @@ def main():
     device = backend.devices()[0]
     print(f"jax {jax.__version__}, XLA CPU backend {backend.platform_version}")
 
+    # olmax's own compile-options bytes (the ones its PJRT runtime sends) must parse as 1 replica x 1
+    # partition, and every module below is compiled with them.
+    with open(os.path.join(folder, "compile_options.bin"), "rb") as f:
+        options_bytes = f.read()
+    options = xla_client.CompileOptions.ParseFromString(options_bytes)
+    build = options.executable_build_options
+    if (build.num_replicas, build.num_partitions) != (1, 1):
+        print(f"FAIL  compile options {options_bytes.hex()}: parse as replicas={build.num_replicas} "
+              f"partitions={build.num_partitions}, expected 1 x 1")
+        return 1
+    print(f"ok    compile options {options_bytes.hex()}: 1 replica x 1 partition")
+
     def compile_module(text):
-        return backend.compile_and_load(text, executable_devices=backend.devices()[:1],
-                                        compile_options=xla_client.CompileOptions())
+        return backend.compile_and_load(text, executable_devices=backend.devices()[:1], compile_options=options)
 
     def run(executable, inputs):
         out = executable.execute_sharded([jax.device_put(x, device) for x in inputs])

@@ -5,6 +5,7 @@
 // Folder layout: manifest.txt (one block per case), <case>.mlir, <case>.in<i>.bin, <case>.out<i>.bin
 // (raw little-endian float32, row-major). Expected outputs come from olmax's cpu_serial backend
 // (GEMM) and a sequential double-precision scan written here (independent of include/olmax/scan).
+// compile_options.bin holds olmax's serialized CompileOptionsProto (what PJRT_Client_Compile gets).
 
 #include <cmath>
 #include <cstdint>
@@ -17,9 +18,9 @@
 #include <vector>
 
 #include "olmax/backend/cpu_serial.hpp"
-#include "olmax/backend/xla/stablehlo.hpp"
+#include "olmax/backend/xla/xla.hpp"
 
-namespace shlo = olmax::backend::xla::stablehlo;
+namespace shlo = olmax::xla::stablehlo;
 using olmax::backend::cpu_serial;
 
 namespace {
@@ -271,6 +272,10 @@ int main(int argc, char** argv) {
         add_elementwise_and_reduction_cases(cases);
         add_qrnn_cases(cases);
         add_negative_cases(cases);
+        {  // the compile-options bytes the PJRT runtime sends; the runner compiles every case with them
+            std::ofstream options(dir / "compile_options.bin", std::ios::binary);
+            options.write(reinterpret_cast<const char*>(olmax::xla::compile_options_bytes), sizeof olmax::xla::compile_options_bytes);
+        }
         std::ofstream manifest(dir / "manifest.txt");
         for (const auto& c : cases) {
             manifest << "case " << c.name << " " << c.expect << "\n";

@@ -22,7 +22,7 @@
 
 #include "olmax/core/error.hpp"
 
-namespace olmax::backend::xla::stablehlo {
+namespace olmax::xla::stablehlo {
 
 enum class element { f32, i32, i1 };
 
@@ -731,4 +731,4 @@ private:
     std::map<std::string, emitted_module> modules_;
 };
 
-}  // namespace olmax::backend::xla::stablehlo
+}  // namespace olmax::xla::stablehlo
