@@ -1,0 +1,229 @@
+// I/O: archive round trip, checksum/version/truncation rejection, atomic replacement (an
+// interrupted write leaves the previous checkpoint loadable), training checkpoints, .npy
+// interchange with NumPy, progress output.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <olmax/io/io.hpp>
+
+#include "test_helpers.hpp"
+
+namespace {
+
+namespace io = olmax::io;
+namespace optim = olmax::optim;
+using olmax::Tensor;
+
+std::filesystem::path test_data_dir() { return std::filesystem::path(__FILE__).parent_path().parent_path() / "data"; }
+
+std::filesystem::path temp_dir(const std::string& name) {
+    auto dir = std::filesystem::temp_directory_path() / ("olmax-test-io-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+}
+
+std::string read_bytes(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void write_bytes(const std::filesystem::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+
+io::Archive sample_archive() {
+    io::Archive a;
+    a.put("w", Tensor<float>::from({2, 2}, {1.5f, -0.0f, 3e-38f, 1e30f}));
+    a.put("d", Tensor<double>::from({3}, {0.1, -2.0, 1e-300}));
+    a.put_int("step", 42);
+    a.put_text("config", "lr = 0.01\nbatch = 8\n");
+    return a;
+}
+
+struct TinyModel {
+    Tensor<double> w, b;
+    std::unique_ptr<optim::AdamW<double>> opt;
+    explicit TinyModel(double init) {
+        w = olmax::parameter(Tensor<double>({2, 3}, init));
+        b = olmax::parameter(Tensor<double>({3}, -init));
+        optim::AdamWConfig c;
+        c.schedule.peak_lr = 0.05;
+        c.weight_decay = 0.1;
+        opt = std::make_unique<optim::AdamW<double>>(
+            std::vector<optim::Parameter<double>>{optim::make_parameter("w", optim::ParamRole::weight, w),
+                                                  optim::make_parameter("b", optim::ParamRole::bias, b)},
+            c);
+    }
+    void train_step(int s) {
+        opt->zero_grad();
+        auto gw = Tensor<double>({2, 3});
+        for (std::size_t i = 0; i < gw.size(); ++i) gw.data()[i] = std::sin(double(s * 7 + int(i)));
+        w.backward(gw);
+        b.backward(Tensor<double>({3}, 0.3 * s));
+        opt->step();
+    }
+};
+
+}  // namespace
+
+TEST_CASE("io: CRC-32 matches the standard check value", "[io]") {
+    CHECK(io::crc32("123456789") == 0xCBF43926u);  // the catalogued CRC-32/ISO-HDLC check
+    CHECK(io::crc32("") == 0u);
+}
+
+TEST_CASE("io: archive round trip keeps every bit", "[io]") {
+    const auto bytes = sample_archive().serialize();
+    const auto back = io::Archive::deserialize(bytes);
+    CHECK(back.names() == std::vector<std::string>{"w", "d", "step", "config"});
+    auto w = back.get<float>("w");
+    CHECK(w.shape() == olmax::Shape{2, 2});
+    CHECK(std::signbit(w(0, 1)));
+    CHECK(w(1, 0) == 3e-38f);
+    CHECK(back.get<double>("d")(2) == 1e-300);
+    CHECK(back.integer("step") == 42);
+    CHECK(back.text("config") == "lr = 0.01\nbatch = 8\n");
+    CHECK_THROWS_AS(back.get<double>("w"), olmax::value_error);  // wrong type, named
+    CHECK_THROWS_WITH(back.text("missing"), Catch::Contains("missing"));
+}
+
+TEST_CASE("io: corrupt, truncated and wrong-version archives are rejected", "[io]") {
+    const std::string good = sample_archive().serialize();
+    SECTION("a flipped bit fails the checksum") {
+        for (std::size_t pos : {std::size_t(30), good.size() / 2, good.size() - 1}) {
+            std::string bad = good;
+            bad[pos] = char(bad[pos] ^ 0x10);
+            CHECK_THROWS_AS(io::Archive::deserialize(bad), io::format_error);
+        }
+        std::string bad = good;
+        bad[good.size() - 1] = char(bad[good.size() - 1] ^ 1);
+        CHECK_THROWS_WITH(io::Archive::deserialize(bad), Catch::Contains("checksum"));
+    }
+    SECTION("every truncation is rejected") {
+        for (std::size_t n = 0; n < good.size(); n += 7) CHECK_THROWS_AS(io::Archive::deserialize(good.substr(0, n)), io::format_error);
+        CHECK_THROWS_WITH(io::Archive::deserialize(good.substr(0, good.size() - 1)), Catch::Contains("truncated"));
+    }
+    SECTION("wrong magic or version") {
+        std::string bad = good;
+        bad[8] = 2;  // version field (little-endian u32 after the magic)
+        CHECK_THROWS_WITH(io::Archive::deserialize(bad), Catch::Contains("format version 2"));
+        CHECK_THROWS_WITH(io::Archive::deserialize("PK\x03\x04 not a checkpoint at all......"), Catch::Contains("bad magic"));
+        CHECK_THROWS_AS(io::Archive::deserialize(good + "x"), io::format_error);
+    }
+}
+
+TEST_CASE("io: an interrupted write leaves the previous file intact and loadable", "[io]") {
+    const auto dir = temp_dir("atomic");
+    const auto path = dir / "model.olmax";
+    io::save_archive(path, sample_archive());
+    io::Archive newer = sample_archive();
+    newer.put_int("step", 43);
+    const std::string bytes = newer.serialize();
+    for (std::size_t crash_at : {std::size_t(0), std::size_t(10), bytes.size() / 2, bytes.size() - 1}) {
+        CHECK_THROWS_AS(io::write_file_atomically(path, bytes, crash_at), olmax::value_error);
+        CHECK(io::load_archive(path).integer("step") == 42);
+    }
+    io::save_archive(path, newer);
+    CHECK(io::load_archive(path).integer("step") == 43);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("io: checkpoint directory falls back to the newest valid checkpoint", "[io]") {
+    const auto dir = temp_dir("ckptdir");
+    io::CheckpointDirectory ckpts(dir / "run", 2);
+    CHECK_FALSE(ckpts.load_latest().has_value());
+    for (std::int64_t step : {10, 20, 30}) {
+        io::Archive a = sample_archive();
+        a.put_int("step", step);
+        ckpts.save(a, step);
+    }
+    auto files = ckpts.list();
+    REQUIRE(files.size() == 2);  // keep = 2 pruned step 10
+    CHECK(files.front().first == 20);
+    // Damage the newest one: loading reports it and returns step 20.
+    std::string bytes = read_bytes(files.back().second);
+    write_bytes(files.back().second, bytes.substr(0, bytes.size() / 2));
+    auto loaded = ckpts.load_latest();
+    REQUIRE(loaded.has_value());
+    CHECK(loaded->archive.integer("step") == 20);
+    REQUIRE(loaded->rejected.size() == 1);
+    CHECK_THAT(loaded->rejected[0], Catch::Contains("truncated"));
+    // A crashed write of step 40 leaves a temp file that listing ignores.
+    io::Archive a = sample_archive();
+    CHECK_THROWS(io::write_file_atomically(ckpts.file_for(40), a.serialize(), 5));
+    CHECK(ckpts.list().size() == 2);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("io: training checkpoint round trip resumes the optimiser bit-identically", "[io]") {
+    const auto dir = temp_dir("train");
+    TinyModel straight(0.5);
+    for (int s = 0; s < 6; ++s) straight.train_step(s);
+
+    TinyModel first(0.5);
+    for (int s = 0; s < 3; ++s) first.train_step(s);
+    io::TrainingState state{3, "lr = 0.05\n", "position text", "loss 1.0"};
+    io::save_archive(dir / "c.olmax", io::make_checkpoint(*first.opt, state));
+
+    TinyModel resumed(9.0);  // different values, same structure
+    const auto got = io::restore_checkpoint(io::load_archive(dir / "c.olmax"), *resumed.opt);
+    CHECK(got.step == 3);
+    CHECK(got.config_text == "lr = 0.05\n");
+    CHECK(got.data_position == "position text");
+    CHECK(resumed.opt->step_count() == 3);
+    for (int s = 3; s < 6; ++s) resumed.train_step(s);
+    for (std::size_t i = 0; i < 6; ++i) CHECK(resumed.w.data()[i] == straight.w.data()[i]);
+    for (std::size_t i = 0; i < 3; ++i) CHECK(resumed.b.data()[i] == straight.b.data()[i]);
+
+    SECTION("a checkpoint of another model is rejected and changes nothing") {
+        auto other_w = olmax::parameter(Tensor<double>({3, 3}, 1.0));
+        auto other_b = olmax::parameter(Tensor<double>({3}, 2.0));
+        optim::AdamW<double> other({optim::make_parameter("w", optim::ParamRole::weight, other_w),
+                                    optim::make_parameter("b", optim::ParamRole::bias, other_b)},
+                                   {});
+        CHECK_THROWS_AS(io::restore_checkpoint(io::load_archive(dir / "c.olmax"), other), olmax::shape_error);
+        CHECK(other_w(0, 0) == 1.0);
+        CHECK(other_b(0) == 2.0);
+        CHECK(other.step_count() == 0);
+    }
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("io: .npy files interoperate with NumPy", "[io]") {
+    const auto d = io::load_npy<double>(test_data_dir() / "npy_float64_2x3.npy");
+    REQUIRE(d.shape() == olmax::Shape{2, 3});
+    CHECK(d(1, 2) == 1.25);
+    const auto f = io::load_npy<float>(test_data_dir() / "npy_float32_fortran_3x2.npy");  // Fortran order on disk
+    REQUIRE(f.shape() == olmax::Shape{3, 2});
+    CHECK(f(0, 1) == -1.5f);
+    CHECK(f(2, 0) == 1.5f);
+    const auto i = io::load_npy<std::int64_t>(test_data_dir() / "npy_int64_4.npy");
+    CHECK(i(3) == (std::int64_t(1) << 40));
+    CHECK_THROWS_AS(io::load_npy<float>(test_data_dir() / "npy_float64_2x3.npy"), olmax::value_error);
+
+    const auto dir = temp_dir("npy");
+    io::save_npy(dir / "x.npy", d);
+    const auto back = io::load_npy<double>(dir / "x.npy");
+    CHECK(olmax_test::max_abs_diff(back, d) == 0.0);
+    const std::string bytes = read_bytes(dir / "x.npy");
+    write_bytes(dir / "short.npy", bytes.substr(0, bytes.size() - 4));
+    CHECK_THROWS_AS(io::load_npy<double>(dir / "short.npy"), olmax::value_error);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("io: progress bar redraws on a terminal and logs lines otherwise", "[io]") {
+    CHECK(io::format_duration(3725) == "1h02m");
+    CHECK(io::format_duration(65) == "1m05s");
+    CHECK(io::format_duration(-1) == "?");
+    CHECK(io::format_count(12345) == "12.3k");
+    std::ostringstream log;
+    io::ProgressBar plain(log, 10, false, 5);
+    for (int s = 1; s <= 10; ++s) plain.update(s, 2.5, 100.0 * s);
+    const std::string text = log.str();
+    CHECK(std::count(text.begin(), text.end(), '\n') == 2);  // steps 5 and 10
+    CHECK(text.find('\r') == std::string::npos);
+    CHECK_THAT(text, Catch::Contains("step 10/10") && Catch::Contains("loss 2.5000") && Catch::Contains("tok/s"));
+    std::ostringstream tty;
+    io::ProgressBar bar(tty, 10, true);
+    bar.update(10, 1.0, 1000.0);
+    bar.finish();
+    CHECK_THAT(tty.str(), Catch::StartsWith("\r[########################]"));
+}
