@@ -20,8 +20,9 @@ Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
     const std::size_t count = ids.size();
     const std::int32_t* id = ids.data();
     for (std::size_t i = 0; i < count; ++i)
-        check<value_error>(id[i] >= 0 && std::size_t(id[i]) < vocab, "embedding: id ", id[i], " at position ", i,
-                           " is out of range for a table of V=", vocab, " rows (shape ", to_string(table.shape()), ")");
+        if (id[i] < 0 || std::size_t(id[i]) >= vocab)
+            throw value_error(olmax::detail::concat("embedding: id ", id[i], " at position ", i, " is out of range for a table of V=", vocab,
+                                                    " rows (shape ", to_string(table.shape()), ")"));
     Shape out_shape = ids.shape();
     out_shape.push_back(features);
     auto y = Tensor<T>::uninitialized(out_shape);

@@ -3,6 +3,7 @@
 // differentiable. Every op except reshape copies into a fresh contiguous tensor.
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -206,6 +207,12 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
                             }
                         });
     return y;
+}
+
+/// `concat({a, b, c}, axis)` with the element type deduced from a braced list.
+template <class B = backend::default_backend, Real T>
+Tensor<T> concat(std::initializer_list<Tensor<T>> xs, long axis) {
+    return concat<B>(std::vector<Tensor<T>>(xs), axis);
 }
 
 /// Adds `before` and `after` elements of constant `value` along `axis` (e.g. causal left padding
