@@ -1,0 +1,186 @@
+#pragma once
+// The layer contract of olmax::nn, written once and checked at compile time.
+//
+// A *layer* (the "details" type, dlib/LibTorch style) is a plain copyable value type that owns its
+// parameters as `Tensor<T>` handles. It must provide:
+//
+//   using value_type  = float | double;                  // element type of inputs, outputs, parameters
+//   using config_type = olmax::nn::Config;               // what it is built from (usually nn::Config)
+//   static constexpr std::string_view name = "dense";    // its scope in hierarchical parameter names
+//   Layer(const config_type&, olmax::Generator&);        // construct + initialise from a config
+//   Tensor<T> forward(const Tensor<T>& x, const LayerContext&) const;   // differentiable forward
+//   void visit_parameters(ParameterVisitor<T>&);         // every parameter, with name and role
+//
+// Ensures: forward records on the tape with ordinary ops (or a custom op), is deterministic for fixed
+// parameters and context, and adds (never assigns) gradients into its parameters. visit_parameters
+// visits the same parameters in the same order on every call (names are the checkpoint keys and the
+// reversible recompute relies on it); a wrapper may rebind the visited handles (Stack binds each
+// layer's slice of its stacked parameters that way).
+//
+// Optional (detected, never required):
+//   * `inverse(y, ctx)` and `reverse(y, dy, ctx) -> {x, dx}` plus `memory_saving()`: an *invertible*
+//     layer (nn::Reversible); its custom backward rebuilds the input from the output, so containers
+//     keep no activations for it (InvertibleLayer).
+//   * Parameter serialisation is not a per-layer member: nn::save_parameters / load_parameters work
+//     for every conforming layer through visit_parameters (see parameters.hpp).
+//
+// A thin user-facing wrapper (`nn::Module<L>`, `nn::Stack`, `nn::Sequential`) owns a layer and adds
+// `operator()`, parameter listing, zero_grad and save/load.
+
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "olmax/core/random.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax::nn {
+
+/// What a parameter is for, attached where the layer creates it. Optimiser groups (weight decay,
+/// learning-rate multipliers) select by role, never by substrings of names (the original Olmax's
+/// name-based weight-decay exclusion matched every block by accident).
+enum class Role { weight, bias, norm_scale, embedding, scalar };
+
+inline std::string_view role_name(Role role) {
+    switch (role) {
+        case Role::weight: return "weight";
+        case Role::bias: return "bias";
+        case Role::norm_scale: return "norm_scale";
+        case Role::embedding: return "embedding";
+        case Role::scalar: return "scalar";
+    }
+    return "unknown";
+}
+
+/// Inside an nn::Stack: one copy per layer (stored with a leading depth axis) or one copy shared
+/// by every layer (the original's weight-tied MoE expert).
+enum class Sharing { per_layer, tied };
+
+/// Runtime information a layer gets with every forward call.
+struct LayerContext {
+    std::size_t layer_index = 0;  ///< position in the enclosing Stack (the mixer alternates modes by it)
+    std::size_t depth = 1;        ///< number of layers in the enclosing Stack
+};
+
+/// One configuration shared by every layer, like the original's single context object. Fields a
+/// layer does not use are ignored; every layer validates the ones it uses and throws naming itself.
+struct Config {
+    std::size_t features = 256;         ///< F: width of the residual stream
+    std::size_t hidden_features = 0;    ///< inner width of DenseConv; 0 means 2F (the original dense block)
+    std::size_t vocab = 256;            ///< V: embedding rows / output classes (bytes)
+    std::size_t depth = 8;              ///< layers of an nn::Stack built from a config alone
+    std::size_t conv_groups = 1;        ///< groups of CausalConv
+    std::size_t experts = 4;            ///< MoE experts
+    double capacity_factor = 1.25;      ///< MoE capacity = ceil(factor * tokens / experts) per sequence
+    double norm_eps = 1e-16;            ///< ScaleNorm: x / max(||x||, eps)
+    double rms_eps = 1e-6;              ///< RMSNorm epsilon
+    double leaky_slope = 0.01;          ///< leaky-ReLU slope (the original's 0.01)
+    double momentum_beta = 0.5;         ///< MomentumNet coupling beta (in (0, 1])
+    bool bias = false;                  ///< Linear / CausalConv with bias (the original has none)
+    bool reversible_backward = true;    ///< false: same maths, but every activation stays on the tape
+    double z_loss = 0.01;               ///< output head z-loss
+    std::size_t loss_chunk_tokens = 1024;  ///< output head tokens per loss chunk
+    std::uint64_t seed = 0;             ///< wrappers built without a Generator seed one from this
+
+    std::size_t hidden() const { return hidden_features ? hidden_features : 2 * features; }
+};
+
+/// Walks a layer's parameters: `visit("weight", weight_, Role::weight)` for its own and
+/// `visit.child("conv0", conv0_)` for a sub-layer, which prefixes the names ("dense/conv0/weight").
+template <Real T>
+class ParameterVisitor {
+public:
+    using Sink = std::function<void(const std::string& name, Tensor<T>& tensor, Role role, Sharing sharing)>;
+
+    explicit ParameterVisitor(Sink sink, std::string prefix = {}) : sink_(std::move(sink)), prefix_(std::move(prefix)) {}
+
+    void operator()(std::string_view name, Tensor<T>& tensor, Role role, Sharing sharing = Sharing::per_layer) {
+        sink_(join(name), tensor, role, sharing);
+    }
+
+    template <class Child>
+    void child(std::string_view name, Child& layer) {
+        ParameterVisitor sub(sink_, join(name));
+        layer.visit_parameters(sub);
+    }
+
+    const std::string& prefix() const { return prefix_; }
+
+private:
+    std::string join(std::string_view name) const {
+        if (prefix_.empty()) return std::string(name);
+        if (name.empty()) return prefix_;
+        return prefix_ + "/" + std::string(name);
+    }
+
+    Sink sink_;
+    std::string prefix_;
+};
+
+namespace detail {
+
+template <class L>
+concept declares_value_type = requires { typename L::value_type; } && Real<typename L::value_type>;
+template <class L>
+concept declares_config_type = requires { typename L::config_type; };
+template <class L>
+concept declares_name = requires {
+    { L::name } -> std::convertible_to<std::string_view>;
+};
+template <class L>
+concept constructible_from_config = std::constructible_from<L, const typename L::config_type&, Generator&>;
+template <class L>
+concept has_forward = requires(const L& layer, const Tensor<typename L::value_type>& x, const LayerContext& ctx) {
+    { layer.forward(x, ctx) } -> std::same_as<Tensor<typename L::value_type>>;
+};
+template <class L>
+concept has_parameters = requires(L& layer, ParameterVisitor<typename L::value_type>& visit) { layer.visit_parameters(visit); };
+
+}  // namespace detail
+
+/// The layer contract (see the top of this file).
+template <class L>
+concept Layer = detail::declares_value_type<L> && detail::declares_config_type<L> && detail::declares_name<L> &&
+                detail::constructible_from_config<L> && detail::has_forward<L> && detail::has_parameters<L> &&
+                std::copy_constructible<L>;
+
+/// A layer whose input can be rebuilt from its output, with its own memory-free backward:
+/// `reverse(y, dy, ctx)` returns `{x, dx}` and adds parameter gradients (nn::Reversible).
+template <class L>
+concept InvertibleLayer = Layer<L> && requires(const L& layer, const Tensor<typename L::value_type>& y, const LayerContext& ctx) {
+    { layer.inverse(y, ctx) } -> std::same_as<Tensor<typename L::value_type>>;
+    { layer.reverse(y, y, ctx) } -> std::same_as<std::pair<Tensor<typename L::value_type>, Tensor<typename L::value_type>>>;
+    { layer.memory_saving() } -> std::convertible_to<bool>;
+};
+
+/// Checks the layer contract one requirement at a time, so a non-conforming type gets one
+/// plain-English message naming the missing piece. Every wrapper calls it on its template
+/// arguments: `static_assert(nn::assert_layer<Inner>());`.
+template <class L>
+consteval bool assert_layer() {
+    static_assert(detail::declares_value_type<L>,
+                  "olmax::nn layer contract: the layer type must declare `using value_type = float;` or `double` (its element type)");
+    if constexpr (detail::declares_value_type<L>) {
+        static_assert(detail::declares_config_type<L>,
+                      "olmax::nn layer contract: the layer type must declare `using config_type = ...;` (usually olmax::nn::Config)");
+        if constexpr (detail::declares_config_type<L>) {
+            static_assert(detail::declares_name<L>,
+                          "olmax::nn layer contract: the layer type must declare `static constexpr std::string_view name` (its scope in parameter names)");
+            static_assert(detail::constructible_from_config<L>,
+                          "olmax::nn layer contract: the layer type must be constructible from (const config_type&, olmax::Generator&)");
+            static_assert(detail::has_forward<L>,
+                          "olmax::nn layer contract: the layer type must have `Tensor<value_type> forward(const Tensor<value_type>&, "
+                          "const LayerContext&) const`");
+            static_assert(detail::has_parameters<L>,
+                          "olmax::nn layer contract: the layer type must have `void visit_parameters(ParameterVisitor<value_type>&)`");
+            static_assert(std::copy_constructible<L>, "olmax::nn layer contract: the layer type must be copy constructible");
+        }
+    }
+    return Layer<L>;
+}
+
+}  // namespace olmax::nn

@@ -1,0 +1,102 @@
+#pragma once
+// Zero-copy slices along the leading axis, used for the two streams of a reversible state
+// ([2, ...]) and for one layer's slice of a stacked parameter ([depth, ...]).
+
+#include <algorithm>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/core/tensor.hpp"
+#include "olmax/ops/elementwise.hpp"
+
+namespace olmax::nn {
+
+namespace detail {
+
+/// A handle on `base`'s buffer starting `offset` elements in, with `shape`; not on the tape.
+template <Real T>
+Tensor<T> view_of(const Tensor<T>& base, std::size_t offset, const Shape& shape) {
+    auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
+    impl->storage = base.impl().storage;
+    impl->offset = base.impl().offset + offset;
+    impl->shape = shape;
+    return Tensor<T>::from_impl(std::move(impl));
+}
+
+/// Adds `grad` into elements [offset, offset + grad.size()) of `impl`'s gradient buffer (zero-filled
+/// on first use). Lets a slice hand back its gradient without materialising a full-size tensor.
+template <Real T>
+void accumulate_grad_slice(olmax::detail::TensorImpl<T>& impl, std::size_t offset, const Tensor<T>& grad) {
+    const std::size_t total = numel(impl.shape);
+    check<autodiff_error>(offset + grad.size() <= total, "nn: slice gradient of ", grad.size(), " elements at offset ", offset,
+                          " does not fit a tensor of shape ", to_string(impl.shape));
+    if (!impl.grad) {
+        impl.grad = std::make_shared<Storage<T>>(total);
+        std::fill(impl.grad->begin(), impl.grad->end(), T{0});
+    }
+    T* dst = impl.grad->data() + offset;
+    const T* src = grad.data();
+    const std::size_t n = grad.size();
+#pragma omp simd
+    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+inline Shape drop_leading(const Shape& shape) { return Shape(shape.begin() + 1, shape.end()); }
+
+}  // namespace detail
+
+/// `x[index]` along the leading axis, sharing `x`'s buffer. Differentiable: the gradient is added
+/// into the matching slice of `x`'s gradient.
+template <Real T>
+Tensor<T> take_leading(const Tensor<T>& x, std::size_t index) {
+    check<shape_error>(x.rank() >= 1 && index < x.shape()[0], "nn::take_leading: index ", index, " out of range for shape ",
+                       to_string(x.shape()));
+    const Shape inner = detail::drop_leading(x.shape());
+    const std::size_t offset = index * numel(inner);
+    Tensor<T> out = detail::view_of(x, offset, inner);
+    if (!autodiff::should_record(std::span<const Tensor<T>>(&x, 1))) return out;
+    autodiff::record<T>("take_leading", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&out, 1),
+                        [impl = x.impl_ptr(), offset](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            if (sink.needs(0)) detail::accumulate_grad_slice(*impl, offset, g[0]);
+                        });
+    return out;
+}
+
+/// Stacks equal-shaped tensors along a new leading axis (a copy). Differentiable.
+template <Real T>
+Tensor<T> stack_leading(const std::vector<Tensor<T>>& parts) {
+    check<shape_error>(!parts.empty(), "nn::stack_leading: no tensors given");
+    const Shape inner = parts[0].shape();
+    for (const auto& p : parts)
+        check<shape_error>(p.shape() == inner, "nn::stack_leading: shapes ", to_string(inner), " and ", to_string(p.shape()), " differ");
+    Shape shape{parts.size()};
+    shape.insert(shape.end(), inner.begin(), inner.end());
+    auto out = Tensor<T>::uninitialized(shape);
+    const std::size_t n = numel(inner);
+    for (std::size_t i = 0; i < parts.size(); ++i) std::copy(parts[i].begin(), parts[i].end(), out.data() + i * n);
+    autodiff::record<T>("stack_leading", std::span<const Tensor<T>>(parts), std::span<Tensor<T>>(&out, 1),
+                        [count = parts.size(), inner, n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            for (std::size_t i = 0; i < count; ++i)
+                                if (sink.needs(i)) sink.add(i, detail::view_of(g[0], i * n, inner));
+                        });
+    return out;
+}
+
+/// The two-stream state [2, ...] of a reversible network from one input: both streams start as `x`
+/// (the original Olmax feeds the embedding into both).
+template <Real T>
+Tensor<T> two_streams(const Tensor<T>& x) {
+    return stack_leading<T>({x, x});
+}
+
+/// Sum of the two streams of a [2, ...] state (the original's `revnet_out`).
+template <Real T>
+Tensor<T> merge_streams(const Tensor<T>& state) {
+    check<shape_error>(state.rank() >= 1 && state.shape()[0] == 2, "nn::merge_streams: expected a two-stream state [2, ...], got ",
+                       to_string(state.shape()));
+    return take_leading(state, 0) + take_leading(state, 1);
+}
+
+}  // namespace olmax::nn
