@@ -214,6 +214,7 @@ public:
         if (this != &other) {
             release();
             owner_ = std::move(other.owner_);
+            plugin_ = other.plugin_;
             buffer_ = std::exchange(other.buffer_, nullptr);
             dims_ = std::move(other.dims_);
         }

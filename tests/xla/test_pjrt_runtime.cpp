@@ -1,0 +1,168 @@
+// PJRT runtime tests that need no device: plugin loading errors, version check, compile errors,
+// and the whole upload/execute/read-back path against a mock plugin built from test sources.
+// Paths come from the environment (set by tests/xla/CMakeLists.txt):
+//   OLMAX_TEST_MOCK_PJRT_PLUGIN  the mock plugin .so;  OLMAX_TEST_NO_SYMBOL_LIB  a .so without GetPjrtApi.
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "olmax/backend/xla/pjrt_runtime.hpp"
+#include "test_helpers.hpp"
+
+namespace pjrt = olmax::xla::pjrt;
+namespace shlo = olmax::xla::stablehlo;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string env_path(const char* name) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) FAIL(std::string(name) + " is not set (run this test through CTest)");
+    return v;
+}
+
+std::string mock_path() { return env_path("OLMAX_TEST_MOCK_PJRT_PLUGIN"); }
+
+template <class Fn>
+Fn* mock_hook(const char* name) {
+    void* handle = dlopen(mock_path().c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    REQUIRE(handle != nullptr);
+    void* symbol = dlsym(handle, name);
+    REQUIRE(symbol != nullptr);
+    return reinterpret_cast<Fn*>(symbol);
+}
+
+int live_objects() { return mock_hook<int()>("olmax_mock_pjrt_live_objects")(); }
+int order_violations() { return mock_hook<int()>("olmax_mock_pjrt_order_violations")(); }
+
+/// Expects `f` to throw a pjrt_error whose message contains `text`; returns its code.
+template <class F>
+int expect_pjrt_error(F&& f, const std::string& text) {
+    try {
+        f();
+    } catch (const pjrt::pjrt_error& e) {
+        INFO(e.what());
+        CHECK_THAT(e.what(), Contains(text));
+        return e.code();
+    }
+    FAIL("no pjrt_error thrown (expected one mentioning '" + text + "')");
+    return -1;
+}
+
+}  // namespace
+
+TEST_CASE("pjrt: a missing plugin file is a clear error naming the path", "[xla][pjrt]") {
+    const int code = expect_pjrt_error([] { pjrt::plugin::load("/nonexistent/olmax/libno_such_plugin.so"); }, "/nonexistent/olmax/libno_such_plugin.so");
+    CHECK(code == PJRT_Error_Code_NOT_FOUND);
+}
+
+TEST_CASE("pjrt: no path and no OLMAX_PJRT_PLUGIN names the environment variable", "[xla][pjrt]") {
+    const char* saved = std::getenv("OLMAX_PJRT_PLUGIN");
+    const std::string keep = saved ? saved : "";
+    unsetenv("OLMAX_PJRT_PLUGIN");
+    expect_pjrt_error([] { pjrt::plugin::load(); }, "OLMAX_PJRT_PLUGIN");
+    if (saved) setenv("OLMAX_PJRT_PLUGIN", keep.c_str(), 1);
+}
+
+TEST_CASE("pjrt: a shared object without GetPjrtApi is rejected", "[xla][pjrt]") {
+    const int code = expect_pjrt_error([] { pjrt::plugin::load(env_path("OLMAX_TEST_NO_SYMBOL_LIB")); }, "no GetPjrtApi symbol");
+    CHECK(code == PJRT_Error_Code_NOT_FOUND);
+}
+
+TEST_CASE("pjrt: an API major version mismatch is rejected before initialisation", "[xla][pjrt]") {
+    // A private copy of the mock (its own dlopen handle and statics) reporting major version 1.
+    const auto copy = std::filesystem::temp_directory_path() / ("olmax_mock_pjrt_major1_" + std::to_string(::getpid()) + ".so");
+    std::filesystem::copy_file(mock_path(), copy, std::filesystem::copy_options::overwrite_existing);
+    setenv("OLMAX_MOCK_PJRT_MAJOR", "1", 1);
+    const int code = expect_pjrt_error([&] { pjrt::plugin::load(copy.string()); }, "major version mismatch");
+    unsetenv("OLMAX_MOCK_PJRT_MAJOR");
+    std::filesystem::remove(copy);
+    CHECK(code == PJRT_Error_Code_FAILED_PRECONDITION);
+}
+
+TEST_CASE("pjrt: the mock plugin runs emitted modules end to end, once initialised, without leaks", "[xla][pjrt]") {
+    setenv("OLMAX_PJRT_PLUGIN", mock_path().c_str(), 1);
+    const pjrt::plugin& plugin = pjrt::plugin::load();  // through the environment variable
+    CHECK(&plugin == &pjrt::plugin::load(mock_path()));   // one plugin per path: Initialize ran once
+    CHECK(mock_hook<int()>("olmax_mock_pjrt_initialize_calls")() == 1);
+    CHECK(plugin.major_version() == PJRT_API_MAJOR);
+    {
+        auto client = std::make_shared<pjrt::client>(plugin);
+        CHECK(client->platform_name() == "mock");
+        const auto module = shlo::elementwise_binary("add", {2, 3});
+        const std::vector<float> a{1, 2, 3, 4, 5, 6}, b{10, 20, 30, 40, 50, 60};
+        const auto out = client->run(module, {a.data(), b.data()});
+        REQUIRE(out.size() == 1);
+        CHECK(out[0] == std::vector<float>{11, 22, 33, 44, 55, 66});
+        client->run(module, {a.data(), b.data()});
+        CHECK(client->cached_executables() == 1);  // cached by op + shape key
+
+        std::size_t size = 0;
+        const char* bytes = mock_hook<const char*(std::size_t*)>("olmax_mock_pjrt_last_compile_options")(&size);
+        CHECK(std::string(bytes, size) ==
+              std::string(reinterpret_cast<const char*>(olmax::xla::compile_options_bytes), sizeof olmax::xla::compile_options_bytes));
+
+        // Wrong input count is a shape_error before any device call.
+        CHECK_THROWS_AS(client->run(module, {a.data()}), olmax::shape_error);
+
+        // A buffer that outlives the client handle still dies before the client itself.
+        pjrt::device_buffer survivor = client->upload(a.data(), {2, 3});
+        client.reset();
+        CHECK(order_violations() == 0);
+    }
+    CHECK(order_violations() == 0);
+    CHECK(live_objects() == 0);
+}
+
+TEST_CASE("pjrt: a compile error carries the plugin's message and code", "[xla][pjrt]") {
+    pjrt::client client(pjrt::plugin::load(mock_path()));
+    const int code = expect_pjrt_error([&] { client.compile("broken", "module @m { this is not StableHLO }"); }, "no 'func.func public @main'");
+    CHECK(code == PJRT_Error_Code_INVALID_ARGUMENT);
+    CHECK(client.cached_executables() == 0);
+    expect_pjrt_error([&] { client.compile("broken", "module @m { this is not StableHLO }"); }, "PJRT_Client_Compile of broken");
+}
+
+TEST_CASE("pjrt: an asynchronous execution error surfaces when the event is awaited, nothing leaks", "[xla][pjrt]") {
+    const auto copy = std::filesystem::temp_directory_path() / ("olmax_mock_pjrt_failing_" + std::to_string(::getpid()) + ".so");
+    std::filesystem::copy_file(mock_path(), copy, std::filesystem::copy_options::overwrite_existing);
+    setenv("OLMAX_MOCK_PJRT_FAIL_EXECUTE", "1", 1);
+    const pjrt::plugin& failing = pjrt::plugin::load(copy.string());
+    unsetenv("OLMAX_MOCK_PJRT_FAIL_EXECUTE");
+    {
+        pjrt::client client(failing);
+        const auto module = shlo::elementwise_binary("multiply", {4});
+        const std::vector<float> a{1, 2, 3, 4};
+        const int code = expect_pjrt_error([&] { client.run(module, {a.data(), a.data()}); }, "injected device failure");
+        CHECK(code == PJRT_Error_Code_INTERNAL);
+    }
+    void* handle = dlopen(copy.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE(handle != nullptr);
+    CHECK(reinterpret_cast<int (*)()>(dlsym(handle, "olmax_mock_pjrt_live_objects"))() == 0);
+    std::filesystem::remove(copy);
+}
+
+TEST_CASE("pjrt: backend::xla routes float GEMM and sum to the attached device (strict mode: no fallback)", "[xla][pjrt]") {
+    using olmax::backend::xla;
+    auto client = std::make_shared<pjrt::client>(pjrt::plugin::load(mock_path()));
+    pjrt::attach(client);
+    xla::set_strict(true);
+    const std::vector<float> a{1, 2, 3, 4, 5, 6};  // [2,3]
+    const std::vector<float> b{1, 0, 0, 1, 1, 1};  // [3,2]
+    std::vector<float> c(4, 100.0f), expected(4, 100.0f);
+    xla::gemm(false, false, 2, 2, 3, 2.0f, a.data(), 3, b.data(), 2, 0.5f, c.data(), 2);
+    olmax::backend::cpu_serial::gemm(false, false, 2, 2, 3, 2.0f, a.data(), 3, b.data(), 2, 0.5f, expected.data(), 2);
+    CHECK(c == expected);
+    std::vector<float> ct(4), expected_t(4);  // A^T B^T with A read as [3,2] and B as [2,3]
+    xla::gemm(true, true, 2, 2, 3, 1.0f, a.data(), 2, b.data(), 3, 0.0f, ct.data(), 2);
+    olmax::backend::cpu_serial::gemm(true, true, 2, 2, 3, 1.0f, a.data(), 2, b.data(), 3, 0.0f, expected_t.data(), 2);
+    CHECK(ct == expected_t);
+    CHECK(xla::sum(a.data(), a.size()) == 21.0);
+    std::vector<float> y(6);
+    CHECK_THROWS_AS(xla::map(6, y.data(), [](float v) { return v; }, a.data()), olmax::backend::xla_fallback_error);
+    xla::set_strict(false);
+    xla::detach();
+}
