@@ -15,6 +15,10 @@
 // carrying the plugin's message and code.
 
 #include <dlfcn.h>
+
+#if !__has_include(<xla/pjrt/c/pjrt_c_api.h>)
+#error "olmax/backend/xla/pjrt_runtime.hpp needs the PJRT C API header xla/pjrt/c/pjrt_c_api.h: configure with -DOLMAX_PJRT_INCLUDE_DIR=<folder containing xla/> and link olmax::pjrt (docs/xla.md)"
+#endif
 #include <xla/pjrt/c/pjrt_c_api.h>
 
 #include <cstdint>
