@@ -227,3 +227,63 @@ TEST_CASE("io: progress bar redraws on a terminal and logs lines otherwise", "[i
     bar.finish();
     CHECK_THAT(tty.str(), Catch::StartsWith("\r[########################]"));
 }
+
+// ---- typed config (olmax/config) -----------------------------------------------------------
+
+#include <olmax/config/config.hpp>
+
+TEST_CASE("config: file and flags override defaults; printing round-trips", "[io][config]") {
+    namespace config = olmax::config;
+    const auto dir = temp_dir("config");
+    std::ofstream(dir / "run.cfg") << "# a comment\nbatch = 4\nlr=0.02   # trailing comment\n\ndecay_policy = embeddings_only\nresume = false\n";
+    config::TrainConfig c;
+    const std::string cfg_path = (dir / "run.cfg").string();
+    const char* argv[] = {"train_lm", "--lr=0.5", "--config", cfg_path.c_str(), "--sequence", "64", "--data=/tmp/x", "extra"};
+    const auto cl = config::parse_command_line(c, 8, argv);
+    CHECK(c.batch == 4);          // from the file
+    CHECK(c.lr == 0.5);           // the flag wins over the file, whatever the order
+    CHECK(c.sequence == 64);
+    CHECK(c.data == "/tmp/x");
+    CHECK_FALSE(c.resume);
+    CHECK(c.decay_policy == "embeddings_only");
+    CHECK(cl.positional == std::vector<std::string>{"extra"});
+    CHECK(c.optimizer_config().decay_policy == olmax::optim::WeightDecayPolicy::embeddings_only);
+
+    c.prompt = "say \"hi\" # not a comment\n ";
+    const std::string text = config::to_text(c);
+    CHECK_THAT(text, Catch::Contains("lr = 0.5\n") && Catch::Contains("batch = 4\n") && Catch::Contains("resume = false\n"));
+    config::TrainConfig back;
+    config::load_text(back, text);
+    CHECK(config::to_text(back) == text);
+    CHECK(back.prompt == c.prompt);
+    CHECK_THAT(config::help_text<config::TrainConfig>(), Catch::Contains("--grad_accumulation=1"));
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("config: unknown or mistyped keys and bad values are errors naming the key", "[io][config]") {
+    namespace config = olmax::config;
+    config::TrainConfig c;
+    CHECK_THROWS_WITH(config::set_value(c, "lerning_rate", "1", "test"), Catch::Contains("unknown key 'lerning_rate'"));
+    CHECK_THROWS_WITH(config::set_value(c, "bach", "1", "test"), Catch::Contains("did you mean 'batch'"));
+    CHECK_THROWS_WITH(config::set_value(c, "batch", "12x", "test"), Catch::Contains("'batch'") && Catch::Contains("integer"));
+    CHECK_THROWS_WITH(config::set_value(c, "lr", "fast", "test"), Catch::Contains("'lr'"));
+    CHECK_THROWS_WITH(config::set_value(c, "resume", "maybe", "test"), Catch::Contains("'resume'"));
+    CHECK_THROWS_WITH(config::set_value(c, "decay_policy", "norms", "test"), Catch::Contains("matrices"));
+    CHECK_NOTHROW(config::set_value(c, "grad-accumulation", "2", "test"));  // dashes read as underscores
+    CHECK(c.grad_accumulation == 2);
+    const char* argv[] = {"train_lm", "--stpes=10"};
+    CHECK_THROWS_AS(config::parse_command_line(c, 2, argv), config::config_error);
+    const char* argv2[] = {"train_lm", "--resume"};  // a bare bool flag means true
+    c.resume = false;
+    config::parse_command_line(c, 2, argv2);
+    CHECK(c.resume);
+
+    const auto dir = temp_dir("config-bad");
+    std::ofstream(dir / "bad.cfg") << "batch = 4\nbatchsize = 8\n";
+    CHECK_THROWS_WITH(config::load_file(c, dir / "bad.cfg"), Catch::Contains("bad.cfg:2") && Catch::Contains("'batchsize'"));
+    std::ofstream(dir / "nokey.cfg") << "just words\n";
+    CHECK_THROWS_WITH(config::load_file(c, dir / "nokey.cfg"), Catch::Contains("key = value"));
+    c.batch = 0;
+    CHECK_THROWS_WITH(c.validate(), Catch::Contains("'batch'"));
+    std::filesystem::remove_all(dir);
+}
