@@ -75,13 +75,29 @@ struct cpu_openmp {
         });
     }
 
+    /// Sum in double. Above the threshold each thread sums one contiguous piece and the partial
+    /// sums are added in piece order, so the result is the same on every run with the same thread
+    /// count (an OpenMP `reduction` clause combines partials in an unspecified order).
     template <class T>
     static double sum(const T* x, std::size_t n) {
-        double total = 0;
 #if defined(_OPENMP)
-        if (n >= parallel_threshold() && !omp_in_parallel() && num_threads() > 1) {
-#pragma omp parallel for simd reduction(+ : total) schedule(static)
-            for (std::size_t i = 0; i < n; ++i) total += double(x[i]);
+        const int threads = num_threads();
+        if (threads > 1 && n > 1 && !omp_in_parallel() && n >= parallel_threshold()) {
+            const std::size_t pieces = std::min<std::size_t>(n, static_cast<std::size_t>(threads));
+            double partial[max_pieces] = {};
+            const std::size_t used = std::min(pieces, max_pieces);
+            std::size_t teams = used;
+#pragma omp parallel num_threads(static_cast<int>(used))
+            {
+                const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
+                const std::size_t p = static_cast<std::size_t>(omp_get_num_threads());
+#pragma omp single
+                teams = p;  // the runtime may grant fewer threads than asked
+                const std::size_t begin = n * t / p, end = n * (t + 1) / p;
+                partial[t] = cpu_serial::sum(x + begin, end - begin);
+            }
+            double total = 0;
+            for (std::size_t t = 0; t < teams; ++t) total += partial[t];
             return total;
         }
 #endif
@@ -89,6 +105,7 @@ struct cpu_openmp {
     }
 
 private:
+    static constexpr std::size_t max_pieces = 1024;  // partial sums kept on the stack
     static std::atomic<std::size_t>& threshold_ref() {
         static std::atomic<std::size_t> value{1u << 15};
         return value;

@@ -34,10 +34,15 @@ public:
         return r * std::cos(2.0 * std::numbers::pi * u2);
     }
     std::uint64_t next_u64() { return engine_(); }
-    /// Uniform integer in [0, n).
+    /// Uniform integer in [0, n). Rejection sampling on the raw 64-bit output (draws below
+    /// 2^64 mod n are redrawn, leaving a multiple of n equally likely values), not
+    /// std::uniform_int_distribution, whose algorithm differs between standard libraries.
     std::uint64_t below(std::uint64_t n) {
         check(n > 0, "Generator::below: n must be positive");
-        return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(engine_);
+        const std::uint64_t reject_below = (0 - n) % n;  // 2^64 mod n
+        std::uint64_t draw = engine_();
+        while (draw < reject_below) draw = engine_();
+        return draw % n;
     }
 
 private:

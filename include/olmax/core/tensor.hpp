@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <ostream>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -240,6 +242,53 @@ Tensor<T> parameter(Tensor<T> t) {
     if (!t.is_leaf()) t = t.detach();
     t.set_requires_grad(true);
     return t;
+}
+
+namespace detail {
+
+/// NumPy-style nested brackets; axes longer than 2 * `edge` show their first and last `edge`
+/// entries around "..." once the tensor has more than `summarize_above` elements.
+template <Scalar T>
+void print_block(std::ostream& out, const T* data, const Shape& shape, const Shape& strides, std::size_t axis, bool summarize,
+                 std::size_t indent) {
+    constexpr std::size_t edge = 3;
+    auto value = [&](const T& v) -> std::ostream& {
+        if constexpr (sizeof(T) == 1) return out << int(v);  // int8/uint8 as numbers, not characters
+        else return out << v;
+    };
+    if (axis == shape.size()) {
+        value(*data);
+        return;
+    }
+    const std::size_t n = shape[axis];
+    out << '[';
+    for (std::size_t i = 0; i < n; ++i) {
+        if (summarize && n > 2 * edge && i == edge) {
+            out << (axis + 1 == shape.size() ? "..., " : "...,\n" + std::string(indent + 1, ' '));
+            i = n - edge;
+        }
+        if (i > 0 && !(summarize && n > 2 * edge && i == n - edge)) {
+            if (axis + 1 == shape.size()) out << ", ";
+            else out << ',' << std::string(shape.size() - axis - 1, '\n') << std::string(indent + 1, ' ');
+        }
+        print_block(out, data + i * strides[axis], shape, strides, axis + 1, summarize, indent + 1);
+    }
+    out << ']';
+}
+
+}  // namespace detail
+
+/// Prints dtype, shape and values (NumPy-style, summarised above 1000 elements), e.g.
+/// `Tensor<float32>[2, 2] [[1, 2],\n [3, 4]]`; the stream's precision and flags apply.
+template <Scalar T>
+std::ostream& operator<<(std::ostream& out, const Tensor<T>& t) {
+    if (!t.defined()) return out << "Tensor(undefined)";
+    out << "Tensor<" << dtype_name<T>() << ">" << to_string(t.shape());
+    if (t.requires_grad()) out << " requires_grad";
+    out << ' ';
+    if (t.empty()) return out << "[]";
+    detail::print_block(out, t.data(), t.shape(), row_major_strides(t.shape()), 0, t.size() > 1000, 0);
+    return out;
 }
 
 /// Element-wise copy into a tensor of another element type (not differentiable).

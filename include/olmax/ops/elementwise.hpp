@@ -1,8 +1,10 @@
 #pragma once
 // Element-wise ops with NumPy broadcasting, unary maths and activations; all differentiable.
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
+#include <vector>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -34,7 +36,7 @@ void for_each_broadcast(const Shape& out_shape, const Shape& a_shape, const Shap
     B::parallel_for(rows, inner, [&](std::size_t begin, std::size_t end) {
         for (std::size_t row = begin; row < end; ++row) {
             std::size_t rem = row, oa = 0, ob = 0;
-            for (std::size_t axis = rank - 1; axis-- > 0;) {
+            for (std::size_t axis = rank ? rank - 1 : 0; axis-- > 0;) {  // rank 0: no outer axes
                 const std::size_t idx = rem % out_shape[axis];
                 rem /= out_shape[axis];
                 oa += idx * sa[axis];
@@ -45,16 +47,97 @@ void for_each_broadcast(const Shape& out_shape, const Shape& a_shape, const Shap
     });
 }
 
-/// Sums `grad` (of a broadcast result shape) down to `shape`, undoing broadcasting.
+/// out[o, i] = sum_k x[o, k, i] over a row-major [outer, n, inner] block, accumulated in double.
+/// Threads take (outer index, column tile) pairs; each tile walks k with unit-stride inner loops,
+/// so reads stream through memory instead of striding by `inner` per element.
+template <class B, Real T>
+void sum_middle_axis(const T* x, T* out, std::size_t outer, std::size_t n, std::size_t inner) {
+    if (outer * inner == 0) return;
+    if (inner == 1) {
+        if (outer == 1) {
+            out[0] = T(B::sum(x, n));  // one long row: the backend's (parallel) full reduction
+            return;
+        }
+        B::parallel_for(outer, n, [&](std::size_t lo, std::size_t hi) {
+            for (std::size_t o = lo; o < hi; ++o) {
+                const T* row = x + o * n;
+                double acc = 0;
+#pragma omp simd reduction(+ : acc)
+                for (std::size_t k = 0; k < n; ++k) acc += double(row[k]);
+                out[o] = T(acc);
+            }
+        });
+        return;
+    }
+    constexpr std::size_t max_tile = 256;
+    // Narrower tiles when there are few of them, so every thread gets columns to sum.
+    const std::size_t threads = static_cast<std::size_t>(std::max(1, B::num_threads()));
+    const std::size_t tile = std::clamp<std::size_t>((inner / threads + 15) / 16 * 16, 16, max_tile);
+    const std::size_t tiles = (inner + tile - 1) / tile;
+    B::parallel_for(outer * tiles, n * std::min(inner, tile), [&](std::size_t lo, std::size_t hi) {
+        double acc[max_tile];
+        for (std::size_t t = lo; t < hi; ++t) {
+            const std::size_t o = t / tiles, i0 = (t % tiles) * tile, width = std::min(tile, inner - i0);
+            std::fill_n(acc, width, 0.0);
+            const T* base = x + o * n * inner + i0;
+            for (std::size_t k = 0; k < n; ++k) {
+                const T* row = base + k * inner;
+#pragma omp simd
+                for (std::size_t j = 0; j < width; ++j) acc[j] += double(row[j]);
+            }
+            T* dst = out + o * inner + i0;
+            for (std::size_t j = 0; j < width; ++j) dst[j] = T(acc[j]);
+        }
+    });
+}
+
+/// Sums `grad` (of a broadcast result shape) down to `shape`, undoing broadcasting. Consecutive
+/// summed (or kept) axes are merged, then each run of summed axes is one parallel
+/// `sum_middle_axis` pass, innermost first.
 template <class B, Real T>
 Tensor<T> sum_to_shape(const Tensor<T>& grad, const Shape& shape) {
     if (grad.shape() == shape) return grad;
+    const Shape& gs = grad.shape();
+    auto fail = [&] {
+        throw shape_error(concat("sum_to_shape: a gradient of shape ", to_string(gs), " does not broadcast from shape ", to_string(shape)));
+    };
+    if (shape.size() > gs.size()) fail();
+    const std::size_t lead = gs.size() - shape.size();
+    struct Run {
+        std::size_t extent;
+        bool summed;
+    };
+    std::vector<Run> runs;
+    for (std::size_t i = 0; i < gs.size(); ++i) {
+        const std::size_t target = i < lead ? 1 : shape[i - lead];
+        if (target != 1 && target != gs[i]) fail();
+        if (gs[i] == 1) continue;  // nothing to sum, nothing to keep apart
+        const bool summed = target == 1;
+        if (!runs.empty() && runs.back().summed == summed) runs.back().extent *= gs[i];
+        else runs.push_back({gs[i], summed});
+    }
     Tensor<T> out(shape);
-    const T* g = grad.data();
-    T* o = out.data();
-    // Serial accumulation: several output rows may receive the same target element.
-    for_each_broadcast<backend::cpu_serial>(grad.shape(), shape, grad.shape(),
-                                            [&](std::size_t i, std::size_t target, std::size_t) { o[target] += g[i]; });
+    if (grad.empty() || out.empty()) return out;  // a sum over nothing is 0
+    if (std::none_of(runs.begin(), runs.end(), [](const Run& run) { return run.summed; })) {
+        std::copy(grad.begin(), grad.end(), out.begin());  // only extent-1 axes differ ([1, 3] -> [3])
+        return out;
+    }
+    Tensor<T> current = grad;
+    for (std::size_t r = runs.size(); r-- > 0;) {
+        if (!runs[r].summed) continue;
+        std::size_t outer = 1, inner = 1;
+        for (std::size_t j = 0; j < r; ++j) outer *= runs[j].extent;
+        for (std::size_t j = r + 1; j < runs.size(); ++j) inner *= runs[j].extent;
+        const bool last_pass = std::none_of(runs.begin(), runs.begin() + long(r), [](const Run& run) { return run.summed; });
+        Tensor<T> next = last_pass ? out : Tensor<T>::uninitialized({outer * inner});
+        sum_middle_axis<B>(current.data(), next.data(), outer, runs[r].extent, inner);
+        current = next;
+        runs.erase(runs.begin() + long(r));  // the kept runs on either side now touch: multiply them
+        if (r > 0 && r < runs.size() && !runs[r - 1].summed && !runs[r].summed) {
+            runs[r - 1].extent *= runs[r].extent;
+            runs.erase(runs.begin() + long(r));
+        }
+    }
     return out;
 }
 

@@ -1,6 +1,8 @@
 #pragma once
 // Matrix products through the backend's GEMM (Eigen on the CPU backends).
 
+#include <algorithm>
+
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
 #include "olmax/core/tensor.hpp"
@@ -50,8 +52,11 @@ void batched_gemm(std::size_t batch, bool ta, bool tb, std::size_t m, std::size_
                   const T* b, std::size_t b_stride, T* c, std::size_t c_stride, bool accumulate) {
     const std::size_t lda = ta ? m : k, ldb = tb ? k : n;
     const T beta = accumulate ? T{1} : T{0};
-    if (batch == 1) {
-        B::gemm(ta, tb, m, n, k, T{1}, a, lda, b, ldb, beta, c, n);
+    // Fewer batches than threads: one GEMM at a time, each free to use every thread (Eigen's own
+    // OpenMP split). Otherwise batches go to threads and each GEMM runs serially inside the region.
+    if (batch < static_cast<std::size_t>(std::max(2, B::num_threads()))) {
+        for (std::size_t i = 0; i < batch; ++i)
+            B::gemm(ta, tb, m, n, k, T{1}, a + i * a_stride, lda, b + i * b_stride, ldb, beta, c + i * c_stride, n);
         return;
     }
     B::parallel_for(batch, m * n * k, [&](std::size_t lo, std::size_t hi) {

@@ -47,19 +47,57 @@ inline std::vector<std::size_t> resolve_axes(std::vector<long> axes, std::size_t
     return out;
 }
 
+/// (outer, n, inner) around the run of axes [first, first + count): n is the product of the run.
+inline AxisSplit split_run(const Shape& s, std::size_t first, std::size_t count) {
+    AxisSplit r;
+    r.n = 1;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (i < first) r.outer *= s[i];
+        else if (i < first + count) r.n *= s[i];
+        else r.inner *= s[i];
+    }
+    return r;
+}
+
+/// `s` with the axes [first, first + count) set to 1 (keepdims) or removed.
+inline Shape reduced_run_shape(const Shape& s, std::size_t first, std::size_t count, bool keepdims) {
+    Shape out;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (i < first || i >= first + count) out.push_back(s[i]);
+        else if (keepdims) out.push_back(1);
+    }
+    return out;
+}
+
+/// Sum over the consecutive axes [first, first + count) (forward only); accumulates in double.
+template <class B, Real T>
+Tensor<T> sum_run_values(const Tensor<T>& x, std::size_t first, std::size_t count, bool keepdims) {
+    const auto sp = split_run(x.shape(), first, count);
+    Tensor<T> out(reduced_run_shape(x.shape(), first, count, keepdims));
+    sum_middle_axis<B>(x.data(), out.data(), sp.outer, sp.n, sp.inner);
+    return out;
+}
+
 /// Sum over one axis (forward only); accumulates in double.
 template <class B, Real T>
 Tensor<T> sum_axis_values(const Tensor<T>& x, std::size_t axis, bool keepdims) {
-    const auto sp = split_at(x.shape(), axis);
-    Tensor<T> out(reduced_shape(x.shape(), axis, keepdims));
-    const T* xp = x.data();
+    return sum_run_values<B>(x, axis, 1, keepdims);
+}
+
+/// Copies `g` (shape with the run [first, first + count) of extent 1 or removed) along the run
+/// back to `shape`, times `factor`. Rows of the result are spread over threads.
+template <class B, Real T>
+Tensor<T> expand_run(const Tensor<T>& g, const Shape& shape, std::size_t first, std::size_t count, T factor) {
+    const auto sp = split_run(shape, first, count);
+    auto out = Tensor<T>::uninitialized(shape);
+    const T* gp = g.data();
     T* op = out.data();
-    B::parallel_for(sp.outer * sp.inner, sp.n, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t r = lo; r < hi; ++r) {
-            const std::size_t o = r / sp.inner, i = r % sp.inner;
-            double acc = 0;
-            for (std::size_t k = 0; k < sp.n; ++k) acc += double(xp[(o * sp.n + k) * sp.inner + i]);
-            op[r] = T(acc);
+    B::parallel_for(sp.outer * sp.n, sp.inner, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t row = lo; row < hi; ++row) {
+            const T* src = gp + (row / sp.n) * sp.inner;
+            T* dst = op + row * sp.inner;
+#pragma omp simd
+            for (std::size_t i = 0; i < sp.inner; ++i) dst[i] = src[i] * factor;
         }
     });
     return out;
@@ -68,26 +106,44 @@ Tensor<T> sum_axis_values(const Tensor<T>& x, std::size_t axis, bool keepdims) {
 /// Copies `g` (shape with the reduced axis of extent 1 or removed) along `axis` back to `shape`, times `factor`.
 template <class B, Real T>
 Tensor<T> expand_along(const Tensor<T>& g, const Shape& shape, std::size_t axis, T factor) {
-    const auto sp = split_at(shape, axis);
-    auto out = Tensor<T>::uninitialized(shape);
-    const T* gp = g.data();
-    T* op = out.data();
-    B::parallel_for(sp.outer, sp.n * sp.inner, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t o = lo; o < hi; ++o)
-            for (std::size_t k = 0; k < sp.n; ++k)
-                for (std::size_t i = 0; i < sp.inner; ++i) op[(o * sp.n + k) * sp.inner + i] = gp[o * sp.inner + i] * factor;
-    });
-    return out;
+    return expand_run<B>(g, shape, axis, 1, factor);
+}
+
+/// One recorded reduction over the consecutive axes [first, first + count), times `factor`.
+template <class B, Real T>
+Tensor<T> sum_run(const Tensor<T>& x, std::size_t first, std::size_t count, bool keepdims, T factor, std::string_view name) {
+    Tensor<T> y = sum_run_values<B>(x, first, count, keepdims);
+    if (factor != T{1}) B::map(y.size(), y.data(), [factor](T v) { return v * factor; }, y.data());
+    autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [shape = x.shape(), first, count, factor](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            sink.add(0, expand_run<B>(g[0], shape, first, count, factor));
+                        });
+    return y;
 }
 
 template <class B, Real T>
 Tensor<T> sum_one_axis(const Tensor<T>& x, std::size_t axis, bool keepdims, T factor, std::string_view name) {
-    Tensor<T> y = sum_axis_values<B>(x, axis, keepdims);
-    if (factor != T{1}) B::map(y.size(), y.data(), [factor](T v) { return v * factor; }, y.data());
-    autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [shape = x.shape(), axis, factor](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            sink.add(0, expand_along<B>(g[0], shape, axis, factor));
-                        });
+    return sum_run<B>(x, axis, 1, keepdims, factor, name);
+}
+
+/// Sum (mean when `average`) over sorted unique `axes`: each run of consecutive axes is one pass
+/// (all axes of a contiguous tensor: a single reduction over the buffer), last run first so the
+/// axis numbers of earlier runs stay valid when the reduced axes are dropped.
+template <class B, Real T>
+Tensor<T> reduce_runs(const Tensor<T>& x, const std::vector<std::size_t>& axes, bool keepdims, bool average, std::string_view name) {
+    Tensor<T> y = x;
+    for (std::size_t end = axes.size(); end > 0;) {
+        std::size_t begin = end - 1;
+        while (begin > 0 && axes[begin - 1] + 1 == axes[begin]) --begin;
+        const std::size_t first = axes[begin], count = end - begin;
+        T factor{1};
+        if (average) {
+            const std::size_t n = split_run(y.shape(), first, count).n;
+            factor = n ? T{1} / T(n) : std::numeric_limits<T>::quiet_NaN();
+        }
+        y = sum_run<B>(y, first, count, keepdims, factor, name);
+        end = begin;
+    }
     return y;
 }
 
@@ -98,9 +154,7 @@ template <class B = backend::default_backend, Real T>
 Tensor<T> sum(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "sum");
     if (ax.empty()) return detail::unary_op<B>("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
-    Tensor<T> y = x;
-    for (std::size_t i = ax.size(); i-- > 0;) y = detail::sum_one_axis<B>(y, ax[i], keepdims, T{1}, "sum");
-    return y;
+    return detail::reduce_runs<B>(x, ax, keepdims, /*average=*/false, "sum");
 }
 
 /// Mean over `axes` (all axes when empty). The mean of zero elements is NaN, as in NumPy.
@@ -108,13 +162,7 @@ template <class B = backend::default_backend, Real T>
 Tensor<T> mean(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "mean");
     if (ax.empty()) return detail::unary_op<B>("mean", x, [](T v) { return v; }, [](T, T) { return T{1}; });
-    Tensor<T> y = x;
-    for (std::size_t i = ax.size(); i-- > 0;) {
-        const std::size_t n = y.shape()[ax[i]];
-        const T factor = n ? T{1} / T(n) : std::numeric_limits<T>::quiet_NaN();
-        y = detail::sum_one_axis<B>(y, ax[i], keepdims, factor, "mean");
-    }
-    return y;
+    return detail::reduce_runs<B>(x, ax, keepdims, /*average=*/true, "mean");
 }
 
 /// Maximum along one axis; the gradient flows to the first maximal element. NaN propagates.

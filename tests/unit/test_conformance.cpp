@@ -1,0 +1,273 @@
+// Backend conformance suite: ONE list of op tests, instantiated for every backend with
+// TEMPLATE_TEST_CASE; each op's forward value and input gradients are compared with the cpu_serial
+// reference on the same inputs.
+//
+// To add an op: append one `OpCase` to `op_cases<B, T>()` below: a name, the input shapes, the
+// input domain, a tolerance factor and a lambda calling the op on backend `B`. Every backend in
+// the TEMPLATE_TEST_CASE list (and every element type) then runs it, with default threading on
+// large shapes (above cpu_openmp's parallel threshold) and with threading forced on small, odd
+// shapes (threshold 1 and an odd thread count, so partitions are uneven and pieces tiny).
+#include "test_helpers.hpp"
+
+#include <functional>
+#include <string>
+
+using olmax::Shape;
+using olmax::Tensor;
+using olmax::backend::cpu_openmp;
+using olmax::backend::cpu_serial;
+
+namespace {
+
+enum class Domain { normal, positive, away_from_zero };
+
+template <class T>
+struct OpCase {
+    std::string name;
+    std::vector<Shape> large;  ///< shapes whose work crosses cpu_openmp's default parallel threshold
+    std::vector<Shape> small;  ///< small, odd shapes (run with threading forced)
+    Domain domain = Domain::normal;
+    double tolerance = 1;      ///< multiplies the element type's base tolerance (reductions, GEMM: more)
+    std::function<Tensor<T>(const std::vector<Tensor<T>>&)> run;
+};
+
+// ---- THE LIST: add new ops here ----------------------------------------------------------------
+template <class B, class T>
+std::vector<OpCase<T>> op_cases() {
+    using V = const std::vector<Tensor<T>>&;
+    const Shape big{96, 400}, row{400}, col{96, 1}, odd{7, 13}, odd_row{13}, odd_col{7, 1};
+    auto unary = [&](std::string name, Domain d, std::function<Tensor<T>(const Tensor<T>&)> f) {
+        return OpCase<T>{std::move(name), {big}, {odd}, d, 1, [f](V x) { return f(x[0]); }};
+    };
+    return {
+        // element-wise binary, same shape and broadcast both ways
+        {"add", {big, big}, {odd, odd}, Domain::normal, 1, [](V x) { return olmax::add<B>(x[0], x[1]); }},
+        {"add row bcast", {big, row}, {odd, odd_row}, Domain::normal, 4, [](V x) { return olmax::add<B>(x[0], x[1]); }},
+        {"add col bcast", {col, big}, {odd_col, odd}, Domain::normal, 4, [](V x) { return olmax::add<B>(x[0], x[1]); }},
+        {"add rank-0", {Shape{}, big}, {Shape{}, odd}, Domain::normal, 64, [](V x) { return olmax::add<B>(x[0], x[1]); }},
+        {"sub", {big, row}, {odd, odd_row}, Domain::normal, 4, [](V x) { return olmax::sub<B>(x[0], x[1]); }},
+        {"mul", {big, big}, {odd, odd}, Domain::normal, 1, [](V x) { return olmax::mul<B>(x[0], x[1]); }},
+        {"mul outer", {Shape{96, 1}, Shape{1, 400}}, {odd_col, Shape{1, 13}}, Domain::normal, 4, [](V x) { return olmax::mul<B>(x[0], x[1]); }},
+        {"div", {big, col}, {odd, odd_col}, Domain::positive, 4, [](V x) { return olmax::div<B>(x[0], x[1]); }},
+        {"maximum", {big, row}, {odd, odd_row}, Domain::normal, 1, [](V x) { return olmax::maximum<B>(x[0], x[1]); }},
+        // scalar and unary
+        {"add_scalar", {big}, {odd}, Domain::normal, 1, [](V x) { return olmax::add_scalar<B>(x[0], T(0.5)); }},
+        {"scale", {big}, {odd}, Domain::normal, 1, [](V x) { return olmax::scale<B>(x[0], T(-1.5)); }},
+        {"neg", {big}, {odd}, Domain::normal, 1, [](V x) { return olmax::neg<B>(x[0]); }},
+        unary("exp", Domain::normal, [](const Tensor<T>& x) { return olmax::exp<B>(x); }),
+        unary("log", Domain::positive, [](const Tensor<T>& x) { return olmax::log<B>(x); }),
+        unary("sqrt", Domain::positive, [](const Tensor<T>& x) { return olmax::sqrt<B>(x); }),
+        unary("rsqrt", Domain::positive, [](const Tensor<T>& x) { return olmax::rsqrt<B>(x); }),
+        unary("square", Domain::normal, [](const Tensor<T>& x) { return olmax::square<B>(x); }),
+        unary("abs", Domain::away_from_zero, [](const Tensor<T>& x) { return olmax::abs<B>(x); }),
+        unary("tanh", Domain::normal, [](const Tensor<T>& x) { return olmax::tanh<B>(x); }),
+        unary("sigmoid", Domain::normal, [](const Tensor<T>& x) { return olmax::sigmoid<B>(x); }),
+        unary("hard_sigmoid", Domain::normal, [](const Tensor<T>& x) { return olmax::hard_sigmoid<B>(x); }),
+        unary("relu", Domain::away_from_zero, [](const Tensor<T>& x) { return olmax::relu<B>(x); }),
+        unary("leaky_relu", Domain::away_from_zero, [](const Tensor<T>& x) { return olmax::leaky_relu<B>(x, T(0.1)); }),
+        unary("softplus", Domain::normal, [](const Tensor<T>& x) { return olmax::softplus<B>(x); }),
+        unary("mish", Domain::normal, [](const Tensor<T>& x) { return olmax::mish<B>(x); }),
+        unary("elephant", Domain::away_from_zero, [](const Tensor<T>& x) { return olmax::elephant<B>(x, T(1.5), T(3)); }),
+        // reductions
+        {"sum all", {big}, {odd}, Domain::normal, 64, [](V x) { return olmax::sum<B>(x[0]); }},
+        {"sum 1-D", {Shape{100000}}, {Shape{29}}, Domain::normal, 64, [](V x) { return olmax::sum<B>(x[0]); }},
+        {"sum axis 0", {big}, {odd}, Domain::normal, 16, [](V x) { return olmax::sum<B>(x[0], {0}); }},
+        {"sum axis -1 keepdims", {big}, {odd}, Domain::normal, 16, [](V x) { return olmax::sum<B>(x[0], {-1}, true); }},
+        {"sum axes 0,2 of 3-D", {Shape{12, 40, 80}}, {Shape{3, 5, 7}}, Domain::normal, 16,
+         [](V x) { return olmax::sum<B>(x[0], {0, 2}); }},
+        {"mean axes 1,2 of 3-D", {Shape{12, 40, 80}}, {Shape{3, 5, 7}}, Domain::normal, 16,
+         [](V x) { return olmax::mean<B>(x[0], {1, 2}, true); }},
+        {"mean all", {big}, {odd}, Domain::normal, 16, [](V x) { return olmax::mean<B>(x[0]); }},
+        {"max axis -1", {big}, {odd}, Domain::normal, 1, [](V x) { return olmax::max<B>(x[0], -1); }},
+        {"max axis 0", {big}, {odd}, Domain::normal, 1, [](V x) { return olmax::max<B>(x[0], 0, true); }},
+        // matrix products
+        {"matmul 2-D", {Shape{64, 96}, Shape{96, 80}}, {Shape{5, 7}, Shape{7, 3}}, Domain::normal, 64,
+         [](V x) { return olmax::matmul<B>(x[0], x[1]); }},
+        {"matmul N-D x 2-D", {Shape{4, 16, 96}, Shape{96, 80}}, {Shape{3, 5, 7}, Shape{7, 3}}, Domain::normal, 64,
+         [](V x) { return olmax::matmul<B>(x[0], x[1]); }},
+        {"matmul batched", {Shape{6, 32, 48}, Shape{6, 48, 40}}, {Shape{3, 5, 7}, Shape{3, 7, 3}}, Domain::normal, 64,
+         [](V x) { return olmax::matmul<B>(x[0], x[1]); }},
+        {"matmul batched x1", {Shape{1, 64, 96}, Shape{1, 96, 80}}, {Shape{1, 5, 7}, Shape{1, 7, 3}}, Domain::normal, 64,
+         [](V x) { return olmax::matmul<B>(x[0], x[1]); }},
+        // a composite: broadcasting + reduction + GEMM in one graph
+        {"composite", {Shape{64, 96}, Shape{96, 80}, Shape{80}}, {Shape{5, 7}, Shape{7, 3}, Shape{3}}, Domain::normal, 64,
+         [](V x) { return olmax::mean<B>(olmax::tanh<B>(olmax::add<B>(olmax::matmul<B>(x[0], x[1]), x[2])), {0}); }},
+    };
+}
+// -------------------------------------------------------------------------------------------------
+
+/// Forces cpu_openmp to thread even tiny loops, with an odd thread count (uneven pieces), for the
+/// guard's lifetime.
+class ForceThreading {
+public:
+    ForceThreading() : threshold_(cpu_openmp::parallel_threshold()) {
+        cpu_openmp::set_parallel_threshold(1);
+#if defined(_OPENMP)
+        threads_ = omp_get_max_threads();
+        omp_set_num_threads(3);
+#endif
+    }
+    ~ForceThreading() {
+        cpu_openmp::set_parallel_threshold(threshold_);
+#if defined(_OPENMP)
+        omp_set_num_threads(threads_);
+#endif
+    }
+    ForceThreading(const ForceThreading&) = delete;
+    ForceThreading& operator=(const ForceThreading&) = delete;
+
+private:
+    std::size_t threshold_;
+    int threads_ = 1;
+};
+
+template <class T>
+Tensor<T> sample(Domain d, const Shape& shape, olmax::Generator& rng) {
+    switch (d) {
+        case Domain::positive: return olmax_test::uniform<T>(shape, rng, 0.5, 2.0);
+        case Domain::away_from_zero: return olmax_test::randn_away_from<T>(shape, rng, {0.0}, 0.05);
+        case Domain::normal: break;
+    }
+    return olmax::randn<T>(shape, rng);
+}
+
+template <class T>
+struct Outcome {
+    Tensor<T> value;
+    std::vector<Tensor<T>> grads;
+};
+
+/// Forward, then backward with `seed` as the output gradient; the inputs' gradients.
+template <class T>
+Outcome<T> run_case(const OpCase<T>& c, const std::vector<Tensor<T>>& inputs, olmax::Generator seed_rng) {
+    olmax::autodiff::tape_scope scope;
+    std::vector<Tensor<T>> x;
+    for (const auto& in : inputs) x.push_back(olmax::parameter(in.clone()));
+    Outcome<T> out;
+    out.value = c.run(x);
+    out.value.backward(olmax::randn<T>(out.value.shape(), seed_rng));
+    for (const auto& xi : x) out.grads.push_back(xi.grad());
+    return out;
+}
+
+/// |a - b| <= tol * (1 + max |reference|), elementwise with the reference's scale.
+template <class T>
+void check_close(const Tensor<T>& got, const Tensor<T>& reference, double tol, const std::string& what) {
+    INFO(what);
+    REQUIRE(got.defined());
+    REQUIRE(reference.defined());
+    REQUIRE(got.shape() == reference.shape());
+    double scale = 1;
+    for (T v : reference) scale = std::max(scale, std::abs(double(v)));
+    const double diff = olmax_test::max_abs_diff(got, reference);
+    INFO("max |difference| " << diff << ", allowed " << tol * scale);
+    CHECK(diff <= tol * scale);
+}
+
+template <class B, class T>
+void run_conformance(bool small) {
+    const auto cases = op_cases<B, T>();
+    const auto reference = op_cases<cpu_serial, T>();
+    REQUIRE(cases.size() == reference.size());
+    const double base = std::is_same_v<T, float> ? 2e-6 : 1e-14;
+    olmax::Generator rng(small ? 41 : 42);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const auto& c = cases[i];
+        INFO("backend " << B::name << ", op " << c.name << (small ? " (small, forced threading)" : " (large)"));
+        std::vector<Tensor<T>> inputs;
+        for (const Shape& s : small ? c.small : c.large) inputs.push_back(sample<T>(c.domain, s, rng));
+        const olmax::Generator seed_rng(1000 + i);
+        const auto want = run_case(reference[i], inputs, seed_rng);
+        const auto got = [&] {
+            if (!small) return run_case(c, inputs, seed_rng);
+            ForceThreading force;
+            return run_case(c, inputs, seed_rng);
+        }();
+        const double tol = base * c.tolerance;
+        check_close(got.value, want.value, tol, "forward");
+        REQUIRE(got.grads.size() == want.grads.size());
+        for (std::size_t k = 0; k < got.grads.size(); ++k) check_close(got.grads[k], want.grads[k], tol, "gradient of input " + std::to_string(k));
+    }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("conformance: every op matches cpu_serial, forward and backward", "[conformance][backend]", cpu_serial, cpu_openmp,
+                   olmax_test::stub_backend) {
+    olmax::backend::assert_backend<TestType>();
+    SECTION("float, large shapes, default threshold") { run_conformance<TestType, float>(false); }
+    SECTION("double, large shapes, default threshold") { run_conformance<TestType, double>(false); }
+    SECTION("float, small odd shapes, threading forced") { run_conformance<TestType, float>(true); }
+    SECTION("double, small odd shapes, threading forced") { run_conformance<TestType, double>(true); }
+}
+
+TEST_CASE("conformance list crosses cpu_openmp's default parallel threshold", "[conformance][backend]") {
+    // The large shapes must be large enough that cpu_openmp really threads them: the work of an
+    // element-wise op or reduction is its largest operand, of a GEMM m * k * n.
+    olmax::autodiff::no_grad guard;
+    olmax::Generator rng(44);
+    for (const auto& c : op_cases<cpu_openmp, float>()) {
+        INFO(c.name);
+        std::vector<Tensor<float>> x;
+        for (const auto& s : c.large) x.push_back(sample<float>(c.domain, s, rng));
+        std::size_t work = c.run(x).size();
+        for (const auto& t : x) work = std::max(work, t.size());
+        if (x.size() >= 2 && x[0].rank() >= 2 && x[1].rank() >= 2 && x[0].shape().back() == x[1].shape()[x[1].rank() - 2])
+            work = std::max(work, x[0].size() * x[1].shape().back());  // a matrix product
+        CHECK(work >= cpu_openmp::parallel_threshold());
+    }
+}
+
+TEST_CASE("capability query: cpu backends support every op, the stub none, kernels fall back", "[conformance][backend]") {
+    using olmax::backend::kernel_backend_t;
+    using olmax::backend::supports;
+    namespace op = olmax::backend::op;
+    STATIC_REQUIRE(supports<cpu_serial, op::matmul>);
+    STATIC_REQUIRE(supports<cpu_openmp, op::linear_scan>);
+    STATIC_REQUIRE_FALSE(supports<olmax_test::stub_backend, op::matmul>);
+    STATIC_REQUIRE(std::is_same_v<kernel_backend_t<olmax_test::stub_backend, op::matmul>, cpu_serial>);
+    STATIC_REQUIRE(std::is_same_v<kernel_backend_t<cpu_openmp, op::matmul>, cpu_openmp>);
+    STATIC_REQUIRE(olmax::backend::Backend<olmax_test::stub_backend>);
+    STATIC_REQUIRE(std::is_same_v<olmax::backend::default_backend, cpu_openmp>);
+}
+
+TEST_CASE("backend primitives agree: parallel_for covers [0, n) once, sum, map, gemm", "[conformance][backend]") {
+    ForceThreading force;
+    for (std::size_t n : {0u, 1u, 2u, 3u, 5u, 1000u, 100003u}) {
+        INFO("n = " << n);
+        std::vector<int> hits(n, 0);
+        cpu_openmp::parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
+            for (std::size_t i = b; i < e; ++i) ++hits[i];
+        });
+        CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+        olmax::Generator rng(n);
+        const auto x = olmax::randn<float>({n}, rng);
+        const double s_serial = cpu_serial::sum(x.data(), n), s_omp = cpu_openmp::sum(x.data(), n);
+        CHECK(s_omp == Approx(s_serial).margin(1e-9));
+        CHECK(cpu_openmp::sum(x.data(), n) == s_omp);  // deterministic run to run
+        Tensor<float> y1({n}), y2({n});
+        cpu_serial::map(n, y1.data(), [](float v) { return 2 * v + 1; }, x.data());
+        cpu_openmp::map(n, y2.data(), [](float v) { return 2 * v + 1; }, x.data());
+        CHECK(olmax_test::max_abs_diff(y1, y2) == 0);
+    }
+    // Transposed GEMM variants with leading dimensions larger than the matrix.
+    olmax::Generator rng(43);
+    const auto a = olmax::randn<double>({9, 12}, rng), b = olmax::randn<double>({12, 10}, rng);
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+            INFO("ta " << ta << " tb " << tb);
+            // op(A) is 5 x 4 and op(B) is 4 x 6, cut out of the bigger buffers with their leading dims.
+            Tensor<double> c1({5, 8}, 0.5), c2({5, 8}, 0.5);
+            cpu_serial::gemm(ta, tb, 5, 6, 4, 2.0, a.data(), 12, b.data(), 10, 0.5, c1.data(), 8);
+            cpu_openmp::gemm(ta, tb, 5, 6, 4, 2.0, a.data(), 12, b.data(), 10, 0.5, c2.data(), 8);
+            CHECK(olmax_test::max_abs_diff(c1, c2) < 1e-13);
+            double expect = 0;  // element (1, 2) by hand
+            for (std::size_t p = 0; p < 4; ++p) {
+                const double av = ta ? a(p, 1) : a(1, p);
+                const double bv = tb ? b(2, p) : b(p, 2);
+                expect += av * bv;
+            }
+            CHECK(c1(1, 2) == Approx(2 * expect + 0.25));
+            CHECK(c1(1, 7) == 0.5);  // outside the 6 columns: untouched
+        }
+}
