@@ -1,0 +1,226 @@
+// Fast tests of the StableHLO emitter (golden text, structure, shapes, step counts) and of
+// olmax::backend::xla in the backend trait (capabilities, fallback policy). Numerical checks of the
+// emitted modules against a real XLA are in tests/xla (label xla).
+
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+
+#include <olmax/backend/xla/xla.hpp>
+
+#include "test_helpers.hpp"
+
+namespace shlo = olmax::xla::stablehlo;
+using olmax::backend::xla;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::size_t count_of(const std::string& text, const std::string& needle) {
+    std::size_t n = 0;
+    for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    return n;
+}
+
+/// Every SSA value is defined once and before its first use (results `%N` / `%N:k`, arguments,
+/// block arguments), and @main's return types match the module's declared outputs.
+void check_ssa(const shlo::emitted_module& m) {
+    INFO(m.key);
+    std::set<std::string> defined;
+    for (std::size_t i = 0; i < m.inputs.size(); ++i) defined.insert("%arg" + std::to_string(i));
+    const std::regex def(R"(^\s*(%[0-9]+)(:[0-9]+)? = )"), block_args(R"(%b[0-9]+(?=:))"), use(R"(%(arg|b)?[0-9]+)");
+    std::istringstream lines(m.text);
+    std::string line;
+    while (std::getline(lines, line)) {
+        std::smatch d;
+        std::string uses = line;
+        if (std::regex_search(line, d, def)) uses = d.suffix();
+        if (line.find("^bb0(") != std::string::npos) {
+            for (std::sregex_iterator it(line.begin(), line.end(), block_args), end; it != end; ++it) CHECK(defined.insert(it->str()).second);
+            continue;
+        }
+        for (std::sregex_iterator it(uses.begin(), uses.end(), use), end; it != end; ++it) {
+            INFO(line);
+            CHECK(defined.count(it->str()) == 1);
+        }
+        if (!d.empty()) CHECK(defined.insert(d[1].str()).second);
+    }
+    std::string outputs;
+    for (std::size_t i = 0; i < m.outputs.size(); ++i) outputs += (i ? ", " : "") + m.outputs[i].str();
+    CHECK_THAT(m.text, Contains("-> (" + outputs + ") {"));
+    CHECK_THAT(m.text, Contains("\"func.return\"("));
+}
+
+std::vector<shlo::scan_strategy> all_strategies() {
+    return {shlo::scan_strategy::sequential(), shlo::scan_strategy::hillis_steele(), shlo::scan_strategy::chunked_matmul<128>()};
+}
+
+}  // namespace
+
+TEST_CASE("xla emitter: golden text of an element-wise module (generic op form)", "[xla]") {
+    const auto m = shlo::elementwise_binary("add", {2, 3});
+    CHECK(m.key == "binary.add.2x3");
+    CHECK(m.text ==
+          "module @binary {\n"
+          "  func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<2x3xf32>) -> (tensor<2x3xf32>) {\n"
+          "    %0 = \"stablehlo.add\"(%arg0, %arg1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>\n"
+          "    \"func.return\"(%0) : (tensor<2x3xf32>) -> ()\n"
+          "  }\n"
+          "}\n");
+}
+
+TEST_CASE("xla emitter: golden text of a matmul with HIGHEST precision", "[xla]") {
+    const auto m = shlo::matmul(4, 5, 6, false, true);
+    CHECK(m.inputs[1] == shlo::f32({6, 5}));
+    CHECK_THAT(m.text, Contains("%0 = \"stablehlo.dot_general\"(%arg0, %arg1) {dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [], "
+                                "rhs_batching_dimensions = [], lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [1]>, "
+                                "precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]} : "
+                                "(tensor<4x5xf32>, tensor<6x5xf32>) -> tensor<4x6xf32>"));
+}
+
+TEST_CASE("xla emitter: every module is well formed and every dot is HIGHEST precision", "[xla]") {
+    std::vector<shlo::emitted_module> modules{shlo::matmul(3, 4, 5), shlo::batched_matmul(2, 3, 4, 5), shlo::matmul_backward(3, 4, 5),
+                                              shlo::elementwise_unary("exponential", {7}), shlo::reduce(shlo::reduction_kind::max, {3, 4}, {1})};
+    for (const auto& s : all_strategies())
+        for (std::int64_t steps : {1, 129, 300}) {
+            modules.push_back(shlo::scan_forward(s, 2, steps));
+            modules.push_back(shlo::scan_backward(s, 2, steps));
+            modules.push_back(shlo::qrnn_block_forward(s, steps, 4, 3));
+            modules.push_back(shlo::qrnn_block_backward(s, steps, 4, 3));
+        }
+    std::set<std::string> keys;
+    for (const auto& m : modules) {
+        check_ssa(m);
+        CHECK(keys.insert(m.key).second);  // keys name op + shapes uniquely
+        CHECK(count_of(m.text, "precision HIGHEST") == 2 * count_of(m.text, "\"stablehlo.dot_general\""));
+        CHECK(count_of(m.text, "f64") == 0);
+        CHECK(m.text.rfind("module @", 0) == 0);
+        CHECK_THAT(m.text, Contains("func.func public @main("));
+    }
+}
+
+TEST_CASE("xla emitter: Hillis-Steele scan unrolls ceil(log2 T) steps", "[xla]") {
+    for (auto [steps, expected] : std::vector<std::pair<std::int64_t, std::size_t>>{{1, 0}, {2, 1}, {129, 8}, {4096, 12}}) {
+        INFO("T = " << steps);
+        const auto m = shlo::scan_forward(shlo::scan_strategy::hillis_steele(), 2, steps);
+        // One add folds h0 into x_0; each step adds one shifted, gated term.
+        CHECK(count_of(m.text, "\"stablehlo.add\"") == expected + 1);
+        CHECK(count_of(m.text, "\"stablehlo.while\"") == 0);
+    }
+}
+
+TEST_CASE("xla emitter: sequential scan is one stablehlo.while over T steps", "[xla]") {
+    const auto m = shlo::scan_forward(shlo::scan_strategy::sequential(), 3, 50);
+    CHECK(count_of(m.text, "\"stablehlo.while\"") == 1);
+    CHECK(count_of(m.text, "\"stablehlo.return\"") == 2);  // cond and body regions
+    CHECK_THAT(m.text, Contains("dense<50> : tensor<i32>"));
+    CHECK_THAT(m.text, Contains("comparison_direction LT"));
+    CHECK(count_of(m.text, "\"stablehlo.dynamic_update_slice\"") == 1);
+}
+
+TEST_CASE("xla emitter: chunked_matmul<128> uses a per-chunk 128x128 triangular matrix on the matrix unit", "[xla]") {
+    const auto m = shlo::scan_forward(shlo::scan_strategy::chunked_matmul<128>(), 3, 4096);
+    CHECK(m.key == "scan_forward.chunked_matmul128.3x4096");
+    CHECK_THAT(m.text, Contains("tensor<3x32x128x128xf32>"));  // one matrix per (row, chunk)
+    CHECK_THAT(m.text, Contains("\"stablehlo.iota\"() {iota_dimension = 0 : i64} : () -> tensor<128x128xi32>"));
+    CHECK_THAT(m.text, Contains("lhs_batching_dimensions = [0, 1], rhs_batching_dimensions = [0, 1], lhs_contracting_dimensions = [3], "
+                                "rhs_contracting_dimensions = [2]"));
+    CHECK(count_of(m.text, "\"stablehlo.dot_general\"") == 1);
+    CHECK(count_of(m.text, "\"stablehlo.exponential\"") == 0);  // no exp(log-gate) differences: log 0 = -inf
+    CHECK(count_of(m.text, "\"stablehlo.divide\"") == 0);       // no P_i / P_j: underflow
+    // A ragged T is padded to whole chunks and cropped back.
+    const auto ragged = shlo::scan_forward(shlo::scan_strategy::chunked_matmul<128>(), 3, 129);
+    CHECK_THAT(ragged.text, Contains("tensor<3x2x128x128xf32>"));
+    CHECK_THAT(ragged.text, Contains("-> tensor<3x129xf32>"));
+    const auto small = shlo::scan_forward(shlo::scan_strategy::chunked_matmul<8>(), 1, 64);
+    CHECK_THAT(small.text, Contains("tensor<1x8x8x8xf32>"));
+}
+
+TEST_CASE("xla emitter: backward modules compute the reverse adjoint with reversed scans", "[xla]") {
+    const auto m = shlo::scan_backward(shlo::scan_strategy::hillis_steele(), 2, 16);
+    CHECK(m.outputs.size() == 3);
+    CHECK(count_of(m.text, "\"stablehlo.reverse\"") == 3);  // gates and g in, delta out
+    const auto q = shlo::qrnn_block_backward(shlo::scan_strategy::chunked_matmul<128>(), 16, 4, 3);
+    CHECK(q.outputs == std::vector<shlo::tensor_type>{shlo::f32({16, 4}), shlo::f32({4, 6})});
+    CHECK(count_of(q.text, "\"stablehlo.clamp\"") == 1);  // hard sigmoid
+    CHECK(count_of(q.text, "comparison_direction GT") >= 1);
+}
+
+TEST_CASE("xla emitter: bad shapes and sizes throw naming the op", "[xla]") {
+    shlo::function_builder b({shlo::f32({2, 3}), shlo::f32({4, 5})});
+    CHECK_THROWS_WITH(b.dot_general(b.arg(0), b.arg(1), {}, {}, {1}, {0}), Contains("stablehlo.dot_general") && Contains("2x3"));
+    CHECK_THROWS_AS(b.add(b.arg(0), b.arg(1)), olmax::shape_error);
+    CHECK_THROWS_AS(b.reshape(b.arg(0), {7}), olmax::shape_error);
+    CHECK_THROWS_AS(b.slice(b.arg(0), {0, 0}, {3, 3}), olmax::shape_error);
+    CHECK_THROWS_AS(b.broadcast_in_dim(b.arg(0), {2, 4}, {0, 1}), olmax::shape_error);
+    CHECK_THROWS_WITH(shlo::scan_forward(shlo::scan_strategy::hillis_steele(), 0, 8), Contains("scan_forward") && Contains("rows=0"));
+    CHECK_THROWS_AS(shlo::matmul(0, 1, 1), olmax::value_error);
+    CHECK_THROWS_AS(shlo::qrnn_block_forward(shlo::scan_strategy::sequential(), 4, 0, 2), olmax::value_error);
+}
+
+TEST_CASE("xla emitter: module cache emits each key once", "[xla]") {
+    shlo::module_cache cache;
+    int emitted = 0;
+    auto emit = [&] {
+        ++emitted;
+        return shlo::matmul(2, 3, 4);
+    };
+    const auto& a = cache.get("matmul.NN.2x3x4", emit);
+    const auto& b = cache.get("matmul.NN.2x3x4", emit);
+    CHECK(&a == &b);
+    CHECK(emitted == 1);
+    cache.get("matmul.NN.2x3x5", [] { return shlo::matmul(2, 3, 5); });
+    CHECK(cache.size() == 2);
+}
+
+TEST_CASE("xla: compile-options bytes encode 1 replica x 1 partition, device_ordinal -1", "[xla]") {
+    const auto& bytes = olmax::xla::compile_options_bytes;
+    REQUIRE(sizeof bytes == 17);
+    CHECK(bytes[0] == ((3 << 3) | 2));  // field 3 executable_build_options, length-delimited
+    CHECK(bytes[1] == sizeof bytes - 2);
+    CHECK(bytes[2] == ((1 << 3) | 0));  // device_ordinal varint: -1 as ten bytes
+    for (int i = 3; i < 12; ++i) CHECK(bytes[i] == 0xFF);
+    CHECK(bytes[12] == 0x01);
+    CHECK((bytes[13] == ((4 << 3) | 0) && bytes[14] == 1));  // num_replicas = 1
+    CHECK((bytes[15] == ((5 << 3) | 0) && bytes[16] == 1));  // num_partitions = 1
+}
+
+TEST_CASE("backend::xla models the trait and announces its capabilities", "[xla][backend]") {
+    STATIC_REQUIRE(olmax::backend::Backend<xla>);
+    STATIC_REQUIRE(olmax::backend::supports<xla, olmax::backend::op::matmul>);
+    STATIC_REQUIRE(olmax::backend::supports<xla, olmax::backend::op::reduction>);
+    STATIC_REQUIRE_FALSE(olmax::backend::supports<xla, olmax::backend::op::elementwise>);  // lambdas do not lower
+    STATIC_REQUIRE(xla::lowers<olmax::backend::op::linear_scan>);
+    STATIC_REQUIRE(xla::lowers<olmax::backend::op::elementwise>);
+    CHECK(xla::name == "xla");
+}
+
+TEST_CASE("backend::xla without a device: CPU results, one notice per primitive, strict mode throws", "[xla][backend]") {
+    xla::detach();
+    xla::reset_notices();
+    std::vector<std::string> notices;
+    xla::set_notice_sink([&](std::string_view message) { notices.emplace_back(message); });
+
+    const auto a = olmax::Tensor<float>::from({2, 3}, {1, 2, 3, 4, 5, 6});
+    const auto b = olmax::Tensor<float>::from({3, 2}, {1, -1, 2, 0.5f, -3, 1});
+    const auto on_xla = olmax::matmul<xla>(a, b);
+    const auto reference = olmax::matmul<olmax::backend::cpu_serial>(a, b);
+    CHECK(olmax_test::max_abs_diff(on_xla, reference) == 0.0);
+    olmax::matmul<xla>(a, b);
+    REQUIRE(notices.size() == 1);  // once, however often it runs
+    CHECK_THAT(notices[0], Contains("gemm<float>") && Contains("no PJRT device attached"));
+
+    std::vector<double> x{1, 2, 3}, y(3);
+    xla::map(3, y.data(), [](double v) { return 2 * v; }, x.data());
+    CHECK(y == std::vector<double>{2, 4, 6});
+    CHECK(xla::sum(x.data(), 3) == 6.0);
+    CHECK(notices.size() == 3);  // map, sum<double>
+
+    xla::set_strict(true);
+    CHECK_THROWS_AS(olmax::matmul<xla>(a, b), olmax::backend::xla_fallback_error);
+    CHECK_THROWS_WITH(xla::sum(x.data(), 3), Contains("sum<double>") && Contains("strict"));
+    xla::set_strict(false);
+    xla::set_notice_sink(nullptr);
+    xla::reset_notices();
+}
