@@ -64,6 +64,8 @@ enum class Sharing { per_layer, tied };
 struct LayerContext {
     std::size_t layer_index = 0;  ///< position in the enclosing Stack (the mixer alternates modes by it)
     std::size_t depth = 1;        ///< number of layers in the enclosing Stack
+    bool recompute = false;       ///< true while a reversible backward re-runs the forward (side effects such as
+                                  ///< auxiliary losses must not be recorded twice)
 };
 
 /// One configuration shared by every layer, like the original's single context object. Fields a

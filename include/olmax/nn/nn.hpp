@@ -8,5 +8,8 @@
 #include "olmax/nn/linear.hpp"
 #include "olmax/nn/norm.hpp"
 #include "olmax/nn/conv.hpp"
+#include "olmax/nn/mixer.hpp"
+#include "olmax/nn/moe.hpp"
+#include "olmax/nn/embedding.hpp"
 #include "olmax/nn/reversible.hpp"
 #include "olmax/nn/stack.hpp"

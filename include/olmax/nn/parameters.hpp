@@ -27,7 +27,8 @@ struct NamedParameter {
 /// Every parameter of `layer`, in visiting order, names prefixed by `L::name`.
 template <class L>
 std::vector<NamedParameter<typename L::value_type>> parameters(L& layer) {
-    static_assert(assert_layer<L>());
+    static_assert(detail::declares_value_type<L> && detail::declares_name<L> && detail::has_parameters<L>,
+                  "olmax::nn::parameters: the type must declare value_type and name and have visit_parameters(ParameterVisitor<value_type>&)");
     using T = typename L::value_type;
     std::vector<NamedParameter<T>> out;
     ParameterVisitor<T> visit([&](const std::string& name, Tensor<T>& t, Role role, Sharing sharing) {

@@ -46,7 +46,9 @@ std::pair<Tensor<T>, Tensor<T>> recompute_vjp(const F& f, const Tensor<T>& x, co
     autodiff::enable_grad grad_on;
     Tensor<T> leaf = x.detach();
     leaf.set_requires_grad(true);
-    Tensor<T> fx = f.forward(leaf, ctx);
+    LayerContext again = ctx;
+    again.recompute = true;
+    Tensor<T> fx = f.forward(leaf, again);
     if (fx.requires_grad()) fx.backward(seed);
     return {fx.detach(), leaf.grad()};
 }
