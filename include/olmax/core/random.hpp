@@ -76,7 +76,7 @@ Tensor<T> orthogonal(const Shape& shape, Generator& rng, T gain = T{1}) {
     check<shape_error>(shape.size() >= 2, "orthogonal: needs a shape of rank >= 2, got ", to_string(shape));
     const std::size_t rows = shape[shape.size() - 2], cols = shape[shape.size() - 1];
     auto out = Tensor<T>::uninitialized(shape);
-    const std::size_t count = rows * cols ? out.size() / (rows * cols) : 0;
+    const std::size_t count = rows * cols != 0 ? out.size() / (rows * cols) : 0;
     const std::size_t big = std::max(rows, cols), small = std::min(rows, cols);
     using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic>;
     for (std::size_t m = 0; m < count; ++m) {

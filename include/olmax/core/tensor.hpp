@@ -32,6 +32,12 @@ constexpr std::string_view dtype_name() {
     else if constexpr (std::is_same_v<T, double>) return "float64";
     else if constexpr (std::is_same_v<T, std::int32_t>) return "int32";
     else if constexpr (std::is_same_v<T, std::int64_t>) return "int64";
+    else if constexpr (std::is_same_v<T, std::int8_t>) return "int8";
+    else if constexpr (std::is_same_v<T, std::uint8_t>) return "uint8";
+    else if constexpr (std::is_same_v<T, std::int16_t>) return "int16";
+    else if constexpr (std::is_same_v<T, std::uint16_t>) return "uint16";
+    else if constexpr (std::is_same_v<T, std::uint32_t>) return "uint32";
+    else if constexpr (std::is_same_v<T, std::uint64_t>) return "uint64";
     else return "scalar";
 }
 
@@ -261,16 +267,18 @@ void print_block(std::ostream& out, const T* data, const Shape& shape, const Sha
         return;
     }
     const std::size_t n = shape[axis];
+    auto separator = [&] {
+        if (axis + 1 == shape.size()) out << ", ";
+        else out << ',' << std::string(shape.size() - axis - 1, '\n') << std::string(indent + 1, ' ');
+    };
     out << '[';
     for (std::size_t i = 0; i < n; ++i) {
         if (summarize && n > 2 * edge && i == edge) {
-            out << (axis + 1 == shape.size() ? "..., " : "...,\n" + std::string(indent + 1, ' '));
+            separator();
+            out << "...";
             i = n - edge;
         }
-        if (i > 0 && !(summarize && n > 2 * edge && i == n - edge)) {
-            if (axis + 1 == shape.size()) out << ", ";
-            else out << ',' << std::string(shape.size() - axis - 1, '\n') << std::string(indent + 1, ' ');
-        }
+        if (i > 0) separator();
         print_block(out, data + i * strides[axis], shape, strides, axis + 1, summarize, indent + 1);
     }
     out << ']';
