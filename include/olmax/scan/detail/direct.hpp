@@ -1,0 +1,452 @@
+#pragma once
+// Kernels that work on the tensors in place (no tile copy): the channel-vectorised sequential
+// scan, the time-parallel cache-partitioned two-pass scan, their fused backward passes, and the
+// shared-gate chunked matmul. They need one gate per channel (share == 1), except the matmul.
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+
+#include "olmax/core/tensor.hpp"
+#include "olmax/scan/detail/denormals.hpp"
+#include "olmax/scan/detail/problem.hpp"
+
+namespace olmax::scan::detail {
+
+// ---- channel-vectorised sequential -------------------------------------------------------------
+
+/// Channels per task of the vectorised scan: 64 fp32 lanes = 4 AVX-512 vectors of state.
+inline constexpr std::size_t vector_block = 64;
+
+/// [B, T, C]: each task scans `n` contiguous channels of one batch element; per step the state
+/// update is one vector FMA per 16 channels (3 moves per element: read a, read x, write h).
+template <std::size_t N, bool Log, class Acc, class T>
+void vectorized_btc_block(const Geometry& g, const ForwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t cw) {
+    const std::size_t n = N ? N : cw;
+    std::array<Acc, vector_block> state{};
+    for (std::size_t w = 0; w < n; ++w) state[w] = args.h0 ? Acc(args.h0[b * g.channels + c0 + w]) : Acc(0);
+    for (std::size_t s = 0; s < g.time; ++s) {
+        const std::size_t off = g.x_index(b, g.time_of(s), c0);
+        const T* a = args.gates + off;
+        const T* x = args.x + off;
+        T* h = args.h + off;
+#pragma omp simd
+        for (std::size_t w = 0; w < n; ++w) {
+            const Acc v = load_gate<Log, Acc>(a[w]) * state[w] + Acc(x[w]);
+            state[w] = v;
+            h[w] = T(v);
+        }
+    }
+    if (args.h_last)
+        for (std::size_t w = 0; w < n; ++w) args.h_last[b * g.channels + c0 + w] = T(state[w]);
+}
+
+/// [B, C, T]: 16 rows at a time, one step of each per iteration (16 independent FMA chains).
+template <bool Log, class Acc, class T>
+void vectorized_bct_rows(const Geometry& g, const ForwardArgs<T>& args, std::size_t r0, std::size_t rows) {
+    constexpr std::size_t group = 16;
+    std::array<Acc, group> state{};
+    std::array<std::size_t, group> base{};
+    for (std::size_t k = 0; k < rows; ++k) {
+        state[k] = args.h0 ? Acc(args.h0[r0 + k]) : Acc(0);
+        base[k] = (r0 + k) * g.time;
+    }
+    for (std::size_t s = 0; s < g.time; ++s) {
+        const std::size_t t = g.time_of(s);
+        for (std::size_t k = 0; k < rows; ++k) {
+            const std::size_t i = base[k] + t;
+            const Acc v = load_gate<Log, Acc>(args.gates[i]) * state[k] + Acc(args.x[i]);
+            state[k] = v;
+            args.h[i] = T(v);
+        }
+    }
+    if (args.h_last)
+        for (std::size_t k = 0; k < rows; ++k) args.h_last[r0 + k] = T(state[k]);
+}
+
+template <bool Log, class Acc, class B, class T>
+void vectorized_forward_impl(const Geometry& g, const ForwardArgs<T>& args) {
+    if (g.layout == Layout::btc) {
+        const std::size_t blocks = (g.channels + vector_block - 1) / vector_block;
+        B::parallel_for(g.batch * blocks, g.time * vector_block, [&](std::size_t begin, std::size_t end) {
+            denormal_guard guard;
+            for (std::size_t task = begin; task < end; ++task) {
+                const std::size_t b = task / blocks, c0 = (task % blocks) * vector_block;
+                const std::size_t cw = std::min(vector_block, g.channels - c0);
+                if (cw == vector_block) vectorized_btc_block<vector_block, Log, Acc>(g, args, b, c0, cw);
+                else vectorized_btc_block<0, Log, Acc>(g, args, b, c0, cw);
+            }
+        });
+    } else {
+        const std::size_t groups = (g.rows() + 15) / 16;
+        B::parallel_for(groups, g.time * 16, [&](std::size_t begin, std::size_t end) {
+            denormal_guard guard;
+            for (std::size_t grp = begin; grp < end; ++grp)
+                vectorized_bct_rows<Log, Acc>(g, args, grp * 16, std::min<std::size_t>(16, g.rows() - grp * 16));
+        });
+    }
+}
+
+/// Fused backward, one pass, 3 reads (dh, a, h) and 2 writes (dx, da) per element: walking the
+/// forward steps s = T-1 .. 0, g = a(s+1) g + dh(s); dx(s) = g; da(s) = g h(s-1), h(-1) = h0.
+template <bool Log, class Acc, class T>
+void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t n) {
+    std::array<Acc, vector_block> grad{};
+    for (std::size_t w = 0; w < n; ++w) grad[w] = args.dh_last ? Acc(args.dh_last[b * g.channels + c0 + w]) : Acc(0);
+    const std::size_t T_ = g.time;
+    for (std::size_t r = 0; r < T_; ++r) {
+        const std::size_t s = T_ - 1 - r;
+        const std::size_t off = g.x_index(b, g.time_of(s), c0);
+        const std::size_t next = r == 0 ? off : g.x_index(b, g.time_of(s + 1), c0);
+        const std::size_t prev = s == 0 ? off : g.x_index(b, g.time_of(s - 1), c0);
+        const T* dh = args.dh + off;
+        const T* a_next = args.gates + next;
+        const T* a_self = args.gates + off;
+        const T* h_prev = args.h + prev;
+        const T* h0 = args.h0 ? args.h0 + b * g.channels + c0 : nullptr;
+        const bool last_step = r == 0;  // no a(T): the carry there is dh_last, taken with gate 1
+        const bool first_step = s == 0;
+        T* dx = args.dx + off;
+        T* da = args.da + off;
+        const std::size_t lane_stride = g.xc;
+#pragma omp simd
+        for (std::size_t w = 0; w < n; ++w) {
+            const std::size_t i = w * lane_stride;
+            const Acc gate = last_step ? Acc(1) : load_gate<Log, Acc>(a_next[i]);
+            const Acc v = gate * grad[w] + Acc(dh[i]);
+            grad[w] = v;
+            dx[i] = T(v);
+            const Acc hp = first_step ? (h0 ? Acc(h0[w]) : Acc(0)) : Acc(h_prev[i]);
+            Acc d = v * hp;
+            if constexpr (Log) d *= std::exp(Acc(a_self[i]));
+            da[i] = T(d);
+        }
+    }
+    if (args.dh0)
+        for (std::size_t w = 0; w < n; ++w)
+            args.dh0[b * g.channels + c0 + w] = T(load_gate<Log, Acc>(args.gates[g.x_index(b, g.time_of(0), c0 + w)]) * grad[w]);
+}
+
+template <bool Log, class Acc, class B, class T>
+void vectorized_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
+    // btc: lanes are contiguous channels; bct: lanes are rows (stride T), 16 chains at a time.
+    const std::size_t lanes = g.layout == Layout::btc ? vector_block : 16;
+    const std::size_t blocks = (g.channels + lanes - 1) / lanes;
+    B::parallel_for(g.batch * blocks, g.time * lanes, [&](std::size_t begin, std::size_t end) {
+        denormal_guard guard;
+        for (std::size_t task = begin; task < end; ++task) {
+            const std::size_t b = task / blocks, c0 = (task % blocks) * lanes;
+            fused_backward_lanes<Log, Acc>(g, args, b, c0, std::min(lanes, g.channels - c0));
+        }
+    });
+}
+
+// ---- time-parallel, cache-partitioned two-pass scan ---------------------------------------------
+//
+// Time is cut into rounds small enough that a round of every row fits in the L2 caches; a round is
+// cut into segments (tasks = row x segment). Pass 1 reduces each segment to its affine map (A, X)
+// reading a and x from memory; a short serial pass turns the maps into carries; pass 2 rescans each
+// segment from its carry, reading a and x again, now from cache, and writes h. DRAM traffic stays
+// near 3 moves per element (Zhang, Wang & Ross 2020). Eight segments are interleaved per thread so
+// eight independent FMA chains hide the FMA latency of a single long row.
+// The backward runs the same passes over the reversed order with gates taken one step later, and
+// pass 2 also writes da = g h(s-1).
+
+/// Elements per thread in one round of the two-pass scan (about 2^17: a, x and h of a round fit in
+/// a 2 MB L2). Tests lower it to exercise many rounds on small inputs.
+inline std::atomic<std::size_t>& two_pass_round_elements() {
+    static std::atomic<std::size_t> value{std::size_t(1) << 17};
+    return value;
+}
+
+struct Segment {
+    std::size_t row_base;  // offset of the row's time 0
+    std::size_t start;     // first processing index
+    std::size_t length;
+};
+
+template <bool Bwd, bool Log, class Acc, class T>
+struct SegmentPass {
+    const Geometry* g;
+    const T* gates;
+    const T* values;  // x (forward) or dh (backward)
+    const T* h;       // backward: saved h
+    T* out;           // h (forward) or dx (backward)
+    T* da;            // backward only
+    std::ptrdiff_t step;    // signed element step per processing index
+    std::size_t first_off;  // time offset of processing index 0 (times xt)
+
+    std::ptrdiff_t offset(const Segment& seg, std::size_t i) const {
+        return std::ptrdiff_t(seg.row_base + first_off) + std::ptrdiff_t(seg.start + i) * step;
+    }
+
+    /// The affine map of K segments of equal length (interleaved chains).
+    template <std::size_t K>
+    void reduce(const Segment* segs, std::size_t len, Acc* A, Acc* X) const {
+        std::array<const T*, K> ap{}, vp{};
+        std::array<Acc, K> pa, px;
+        const std::ptrdiff_t lag = Bwd ? step : 0;
+        for (std::size_t k = 0; k < K; ++k) {
+            const std::ptrdiff_t o = offset(segs[k], 0);
+            ap[k] = gates + (o - lag);
+            vp[k] = values + o;
+            pa[k] = 1, px[k] = 0;
+        }
+        for (std::size_t i = 0; i < len; ++i) {
+            const std::ptrdiff_t d = std::ptrdiff_t(i) * step;
+            for (std::size_t k = 0; k < K; ++k) {
+                const Acc a = load_gate<Log, Acc>(ap[k][d]);
+                pa[k] *= a;
+                px[k] = a * px[k] + Acc(vp[k][d]);
+            }
+        }
+        for (std::size_t k = 0; k < K; ++k) A[k] = pa[k], X[k] = px[k];
+    }
+
+    /// Rescans K segments of equal length from their carries; returns the final states in `state`.
+    template <std::size_t K>
+    void rescan(const Segment* segs, std::size_t len, Acc* state) const {
+        std::array<const T*, K> ap{}, vp{}, hp{}, self{};
+        std::array<T*, K> op{}, dp{};
+        std::array<Acc, K> st;
+        const std::ptrdiff_t lag = Bwd ? step : 0;
+        for (std::size_t k = 0; k < K; ++k) {
+            const std::ptrdiff_t o = offset(segs[k], 0);
+            ap[k] = gates + (o - lag);
+            self[k] = gates + o;
+            vp[k] = values + o;
+            op[k] = out + o;
+            if constexpr (Bwd) hp[k] = h + (o + step), dp[k] = da + o;
+            st[k] = state[k];
+        }
+        for (std::size_t i = 0; i < len; ++i) {
+            const std::ptrdiff_t d = std::ptrdiff_t(i) * step;
+            for (std::size_t k = 0; k < K; ++k) {
+                const Acc v = load_gate<Log, Acc>(ap[k][d]) * st[k] + Acc(vp[k][d]);
+                st[k] = v;
+                op[k][d] = T(v);
+                if constexpr (Bwd) {
+                    Acc grad_a = v * Acc(hp[k][d]);
+                    if constexpr (Log) grad_a *= std::exp(Acc(self[k][d]));
+                    dp[k][d] = T(grad_a);
+                }
+            }
+        }
+        for (std::size_t k = 0; k < K; ++k) state[k] = st[k];
+    }
+};
+
+template <bool Bwd, bool Log, class Acc, class B, class T>
+void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h, T* out, T* da, const T* init, T* final_state,
+                  const T* h0_for_da, T* dh0) {
+    const std::size_t R = g.rows(), T_ = g.time;
+    const int threads = std::max(1, B::num_threads());
+    // Round: about 2^17 elements per thread over all rows (a, x, h of a round fit in L2).
+    const std::size_t per_thread = two_pass_round_elements().load(std::memory_order_relaxed);
+    const std::size_t round = std::max<std::size_t>(std::min<std::size_t>(1024, per_thread), per_thread * std::size_t(threads) / R);
+    const std::size_t want_tasks = std::size_t(threads) * 8;
+    const std::size_t min_segment = std::min<std::size_t>(256, std::max<std::size_t>(1, per_thread / 64));
+    const std::ptrdiff_t xt = std::ptrdiff_t(g.xt);
+    // Forward processing index i is time time_of(i); backward index r is forward step T-1-r.
+    const bool ascending = Bwd ? g.reverse : !g.reverse;
+    SegmentPass<Bwd, Log, Acc, T> pass{&g, gates, values, h, out, da, ascending ? xt : -xt, ascending ? 0 : (T_ - 1) * g.xt};
+
+    Storage<Acc> carry(R), A(R * 64), X(R * 64), carry_in(R * 64);
+    for (std::size_t r = 0; r < R; ++r) carry[r] = init ? Acc(init[r]) : Acc(0);
+    auto row_base = [&](std::size_t r) { return (r / g.channels) * g.xb + (r % g.channels) * g.xc; };
+    // h0, h_last and dh0 are [batch, channels]: indexed by the row number.
+
+    for (std::size_t s0 = 0; s0 < T_; s0 += round) {
+        const std::size_t L = std::min(round, T_ - s0);
+        std::size_t S = std::min<std::size_t>(64, std::max<std::size_t>(1, (want_tasks + R - 1) / R));
+        S = std::max<std::size_t>(1, std::min(S, L / min_segment));
+        const std::size_t seg_len = (L + S - 1) / S;
+        S = (L + seg_len - 1) / seg_len;
+        const bool first_round = s0 == 0, last_round = s0 + L == T_;
+        auto make = [&](std::size_t task) {
+            const std::size_t k = task / R, r = task % R;
+            const std::size_t start = s0 + k * seg_len;
+            return Segment{row_base(r), start, std::min(seg_len, s0 + L - start)};
+        };
+        // Tasks that touch the global first/last processing index are peeled one element in the
+        // backward (gate before index 0 does not exist; h before forward step 0 is h0).
+        auto special = [&](std::size_t task) {
+            const std::size_t k = task / R;
+            return Bwd && ((first_round && k == 0) || (last_round && k == S - 1));
+        };
+        auto for_groups = [&](std::size_t n, auto&& group8, auto&& single) {
+            B::parallel_for(n, seg_len * 4, [&](std::size_t begin, std::size_t end) {
+                denormal_guard guard;
+                std::size_t task = begin;
+                while (task < end) {
+                    bool grouped = task + 8 <= end;
+                    for (std::size_t j = 0; grouped && j < 8; ++j)
+                        grouped = !special(task + j) && make(task + j).length == make(task).length;
+                    if (grouped) {
+                        group8(task);
+                        task += 8;
+                    } else {
+                        single(task);
+                        ++task;
+                    }
+                }
+            });
+        };
+        // Pass 1 over segments 0 .. S-2 (the last segment's map only feeds the next round, which
+        // pass 2 provides as its final state).
+        const std::size_t reduce_tasks = (S - 1) * R;
+        auto reduce_single = [&](std::size_t task) {
+            Segment seg = make(task);
+            Acc a_map = 1, x_map = 0;
+            if (Bwd && first_round && task / R == 0) {  // index 0: gate 1 (the carry is dh_last)
+                x_map = Acc(values[pass.offset(seg, 0)]);
+                ++seg.start, --seg.length;
+            }
+            Acc a2, x2;
+            pass.template reduce<1>(&seg, seg.length, &a2, &x2);
+            A[task] = a2 * a_map;
+            X[task] = a2 * x_map + x2;
+        };
+        if (reduce_tasks > 0)
+            for_groups(
+                reduce_tasks,
+                [&](std::size_t task) {
+                    std::array<Segment, 8> segs;
+                    for (std::size_t j = 0; j < 8; ++j) segs[j] = make(task + j);
+                    pass.template reduce<8>(segs.data(), segs[0].length, A.data() + task, X.data() + task);
+                },
+                reduce_single);
+        for (std::size_t r = 0; r < R; ++r) {
+            Acc c = carry[r];
+            for (std::size_t k = 0; k < S; ++k) {
+                carry_in[k * R + r] = c;
+                if (k + 1 < S) c = A[k * R + r] * c + X[k * R + r];
+            }
+        }
+        auto rescan_single = [&](std::size_t task) {
+            Segment seg = make(task);
+            Acc st = carry_in[task];
+            const std::size_t k = task / R;
+            if (Bwd && first_round && k == 0) {  // index 0: gate 1 (the carry is dh_last)
+                const std::ptrdiff_t o = pass.offset(seg, 0);
+                st = st + Acc(values[o]);
+                out[o] = T(st);
+                const bool only_step = T_ == 1;  // index 0 is then also forward step 0
+                const Acc hp = only_step ? (h0_for_da ? Acc(h0_for_da[task % R]) : Acc(0)) : Acc(h[o + pass.step]);
+                Acc d = st * hp;
+                if constexpr (Log) d *= std::exp(Acc(gates[o]));
+                da[o] = T(d);
+                ++seg.start, --seg.length;
+            }
+            const bool peel_last = Bwd && last_round && k == S - 1 && seg.length > 0;
+            if (peel_last) --seg.length;
+            pass.template rescan<1>(&seg, seg.length, &st);
+            if (peel_last) {
+                const std::ptrdiff_t o = pass.offset(seg, seg.length);
+                st = load_gate<Log, Acc>(gates[o - pass.step]) * st + Acc(values[o]);
+                out[o] = T(st);
+                Acc d = st * (h0_for_da ? Acc(h0_for_da[task % R]) : Acc(0));
+                if constexpr (Log) d *= std::exp(Acc(gates[o]));
+                da[o] = T(d);
+            }
+            if (k == S - 1) carry[task % R] = st;
+        };
+        for_groups(
+            S * R,
+            [&](std::size_t task) {
+                std::array<Segment, 8> segs;
+                for (std::size_t j = 0; j < 8; ++j) segs[j] = make(task + j);
+                std::array<Acc, 8> st;
+                for (std::size_t j = 0; j < 8; ++j) st[j] = carry_in[task + j];
+                pass.template rescan<8>(segs.data(), segs[0].length, st.data());
+                for (std::size_t j = 0; j < 8; ++j)
+                    if ((task + j) / R == S - 1) carry[(task + j) % R] = st[j];
+            },
+            rescan_single);
+    }
+    if (final_state)
+        for (std::size_t r = 0; r < R; ++r) final_state[r] = T(carry[r]);
+    if (dh0)  // dh0 = a(forward step 0) g(forward step 0)
+        for (std::size_t r = 0; r < R; ++r)
+            dh0[r] = T(load_gate<Log, Acc>(gates[row_base(r) + g.time_of(0) * g.xt]) * carry[r]);
+}
+
+template <bool Log, class Acc, class B, class T>
+void two_pass_forward_impl(const Geometry& g, const ForwardArgs<T>& args) {
+    two_pass_run<false, Log, Acc, B>(g, args.gates, args.x, static_cast<const T*>(nullptr), args.h, static_cast<T*>(nullptr), args.h0,
+                                     args.h_last, static_cast<const T*>(nullptr), static_cast<T*>(nullptr));
+}
+
+template <bool Log, class Acc, class B, class T>
+void two_pass_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
+    two_pass_run<true, Log, Acc, B>(g, args.gates, args.dh, args.h, args.dx, args.da, args.dh_last, static_cast<T*>(nullptr), args.h0,
+                                    args.dh0);
+}
+
+// ---- shared-gate chunked matmul (one gate per head of P channels) -------------------------------
+
+/// Within a chunk of Q steps of one head: H = M X + p carry^T with the Q x Q decay matrix M
+/// (lower-triangular forward, upper-triangular reverse; entries are products of the head's gates
+/// built by row-wise cumulative products) multiplying the chunk's [Q x P] inputs with one GEMM
+/// (B::gemm, Eigen on the CPU backends). Reads x and writes h in place (btc: rows of ld C; bct:
+/// the transposed product with ld T).
+template <bool Log, class B, class T>
+void shared_matmul_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t Q) {
+    const std::size_t H = g.gate_channels, P = g.share, T_ = g.time;
+    const bool btc = g.layout == Layout::btc;
+    B::parallel_for(g.batch * H, T_ * P * Q, [&](std::size_t begin, std::size_t end) {
+        denormal_guard guard;
+        Storage<T> M(Q * Q), decay(Q), gate(Q);
+        Storage<T> carry(P);
+        for (std::size_t task = begin; task < end; ++task) {
+            const std::size_t b = task / H, head = task % H, c0 = head * P;
+            for (std::size_t p = 0; p < P; ++p) carry[p] = args.h0 ? args.h0[b * g.channels + c0 + p] : T(0);
+            const std::size_t chunks = (T_ + Q - 1) / Q;
+            for (std::size_t n = 0; n < chunks; ++n) {
+                // Chunks in processing order; t0 = first time index of the chunk in memory.
+                const std::size_t len = std::min(Q, T_ - n * Q);
+                const std::size_t t0 = g.reverse ? T_ - n * Q - len : n * Q;
+                for (std::size_t i = 0; i < len; ++i) gate[i] = load_gate<Log, T>(args.gates[g.gate_index(b, t0 + i, c0)]);
+                std::fill(M.begin(), M.begin() + std::ptrdiff_t(len * len), T(0));
+                if (!g.reverse) {
+                    for (std::size_t i = 0; i < len; ++i) {
+                        T* row = M.data() + i * len;
+                        const T* above = i > 0 ? row - len : row;
+                        for (std::size_t j = 0; i > 0 && j < i; ++j) row[j] = above[j] * gate[i];
+                        row[i] = 1;
+                        decay[i] = i == 0 ? gate[0] : decay[i - 1] * gate[i];
+                    }
+                } else {
+                    for (std::size_t i = len; i-- > 0;) {
+                        T* row = M.data() + i * len;
+                        for (std::size_t j = i + 1; j < len; ++j) row[j] = row[j + len] * gate[i];
+                        row[i] = 1;
+                        decay[i] = i + 1 == len ? gate[i] : gate[i] * decay[i + 1];
+                    }
+                }
+                const std::size_t xoff = g.x_index(b, t0, c0);
+                if (btc) {
+                    B::gemm(false, false, len, P, len, T(1), M.data(), len, args.x + xoff, g.channels, T(0), args.h + xoff, g.channels);
+                    for (std::size_t i = 0; i < len; ++i) {
+                        T* hr = args.h + xoff + i * g.channels;
+                        for (std::size_t p = 0; p < P; ++p) hr[p] += decay[i] * carry[p];
+                    }
+                    const T* last = args.h + xoff + (g.reverse ? 0 : len - 1) * g.channels;
+                    for (std::size_t p = 0; p < P; ++p) carry[p] = last[p];
+                } else {
+                    B::gemm(false, true, P, len, len, T(1), args.x + xoff, T_, M.data(), len, T(0), args.h + xoff, T_);
+                    for (std::size_t p = 0; p < P; ++p) {
+                        T* hr = args.h + xoff + p * T_;
+                        for (std::size_t i = 0; i < len; ++i) hr[i] += decay[i] * carry[p];
+                        carry[p] = hr[g.reverse ? 0 : len - 1];
+                    }
+                }
+            }
+            if (args.h_last)
+                for (std::size_t p = 0; p < P; ++p) args.h_last[b * g.channels + c0 + p] = carry[p];
+        }
+    });
+}
+
+}  // namespace olmax::scan::detail

@@ -1,0 +1,98 @@
+#pragma once
+// Geometry of one scan call: sizes, strides and the raw pointers every kernel works on.
+
+#include <cmath>
+#include <cstddef>
+#include <string_view>
+
+#include "olmax/core/error.hpp"
+#include "olmax/core/tensor.hpp"
+#include "olmax/scan/options.hpp"
+
+namespace olmax::scan::detail {
+
+/// Sizes and element strides of a scan. A "row" is one (batch, channel) sequence. Gates may be
+/// shared by `share` consecutive channels (heads of `share` channels, Mamba-2 style).
+struct Geometry {
+    std::size_t batch = 0, time = 0, channels = 0, gate_channels = 0, share = 1;
+    Layout layout = Layout::btc;
+    bool reverse = false, log_gates = false;
+    // x/h strides (elements) along batch, time, channel; gate strides along batch, time, gate channel.
+    std::size_t xb = 0, xt = 0, xc = 0, gb = 0, gt = 0, gc = 0;
+
+    std::size_t rows() const { return batch * channels; }
+    std::size_t x_index(std::size_t b, std::size_t t, std::size_t c) const { return b * xb + t * xt + c * xc; }
+    std::size_t gate_index(std::size_t b, std::size_t t, std::size_t c) const { return b * gb + t * gt + (c / share) * gc; }
+    /// Time index of processing step s (the scan runs backwards in time when `reverse`).
+    std::size_t time_of(std::size_t s) const { return reverse ? time - 1 - s : s; }
+};
+
+/// Checks shapes and options and returns the geometry; throws shape_error / value_error naming `op`.
+template <class T>
+Geometry make_geometry(std::string_view op, const Tensor<T>& gates, const Tensor<T>& x, const ScanOptions<T>& opt) {
+    check<value_error>(gates.defined() && x.defined(), op, ": gates and x must be defined tensors");
+    check<shape_error>(x.rank() == 3, op, ": x must have rank 3 ([batch, time, channels] or [batch, channels, time]), got shape ",
+                       to_string(x.shape()));
+    check<shape_error>(gates.rank() == 3, op, ": gates must have rank 3, got shape ", to_string(gates.shape()));
+    Geometry g;
+    g.layout = opt.layout;
+    g.reverse = opt.reverse;
+    g.log_gates = opt.log_gates;
+    const bool btc = opt.layout == Layout::btc;
+    g.batch = x.extent(0);
+    g.time = btc ? x.extent(1) : x.extent(2);
+    g.channels = btc ? x.extent(2) : x.extent(1);
+    g.gate_channels = btc ? gates.extent(2) : gates.extent(1);
+    const std::size_t gate_time = btc ? gates.extent(1) : gates.extent(2);
+    check<value_error>(g.time > 0, op, ": the sequence is empty (T = 0) in x of shape ", to_string(x.shape()));
+    check<value_error>(g.batch > 0 && g.channels > 0, op, ": x of shape ", to_string(x.shape()), " has no rows (batch or channels is 0)");
+    check<shape_error>(gates.extent(0) == g.batch && gate_time == g.time && g.gate_channels > 0 && g.channels % g.gate_channels == 0,
+                       op, ": gates of shape ", to_string(gates.shape()), " do not fit x of shape ", to_string(x.shape()),
+                       " (layout ", btc ? "btc" : "bct", "; gates need the same batch and time and a channel count that divides x's)");
+    g.share = g.channels / g.gate_channels;
+    if (opt.h0.defined())
+        check<shape_error>(opt.h0.rank() == 2 && opt.h0.extent(0) == g.batch && opt.h0.extent(1) == g.channels, op, ": h0 of shape ",
+                           to_string(opt.h0.shape()), " does not match [batch, channels] = [", g.batch, ", ", g.channels, "]");
+    if (opt.chunk) check<value_error>(*opt.chunk >= 1, op, ": chunk size must be >= 1, got ", *opt.chunk);
+    if (btc) {
+        g.xb = g.time * g.channels, g.xt = g.channels, g.xc = 1;
+        g.gb = g.time * g.gate_channels, g.gt = g.gate_channels, g.gc = 1;
+    } else {
+        g.xb = g.channels * g.time, g.xt = 1, g.xc = g.time;
+        g.gb = g.gate_channels * g.time, g.gt = 1, g.gc = g.time;
+    }
+    return g;
+}
+
+/// Raw pointers of a forward call (h0 and h_last may be null).
+template <class T>
+struct ForwardArgs {
+    const T* gates;
+    const T* x;
+    const T* h0;
+    T* h;
+    T* h_last;
+};
+
+/// Raw pointers of a backward call: inputs dh (gradient of h), dh_last (may be null), saved
+/// gates, h and h0 (may be null); outputs dx, da (per channel, shape of x when gates are shared),
+/// dh0 (may be null).
+template <class T>
+struct BackwardArgs {
+    const T* dh;
+    const T* dh_last;
+    const T* gates;
+    const T* h;
+    const T* h0;
+    T* dx;
+    T* da;
+    T* dh0;
+};
+
+template <bool Log, class Acc, class T>
+inline Acc load_gate(T value) {
+    if constexpr (Log) return std::exp(Acc(value));
+    else return Acc(value);
+}
+
+}  // namespace olmax::scan::detail
