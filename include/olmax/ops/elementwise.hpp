@@ -218,11 +218,12 @@ Tensor<T> div(const Tensor<T>& a, const Tensor<T>& b) {
     return detail::binary_op<B>("div", a, b, [](T x, T y) { return x / y; }, [](T, T y, T) { return T{1} / y; },
                                 [](T, T y, T out) { return -out / y; });
 }
-/// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b`.
+/// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b`. A NaN in either
+/// operand gives NaN (as `numpy.maximum`), with the gradient routed to the NaN operand.
 template <class B = backend::default_backend, Real T>
 Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<B>("maximum", a, b, [](T x, T y) { return x >= y ? x : y; }, [](T x, T y, T) { return T(x >= y); },
-                                [](T x, T y, T) { return T(!(x >= y)); });
+    return detail::binary_op<B>("maximum", a, b, [](T x, T y) { return (x >= y || x != x) ? x : y; },
+                                [](T x, T y, T) { return T(x >= y || x != x); }, [](T x, T y, T) { return T(!(x >= y || x != x)); });
 }
 
 // ---- scalar arithmetic -------------------------------------------------------------------------
@@ -293,7 +294,8 @@ Tensor<T> hard_sigmoid(const Tensor<T>& x) {
 }
 template <class B = backend::default_backend, Real T>
 Tensor<T> relu(const Tensor<T>& x) {
-    return detail::unary_op<B>("relu", x, [](T v) { return v > T{0} ? v : T{0}; }, [](T v, T) { return T(v > T{0}); });
+    // !(v <= 0) rather than v > 0: NaN propagates instead of turning into 0.
+    return detail::unary_op<B>("relu", x, [](T v) { return !(v <= T{0}) ? v : T{0}; }, [](T v, T) { return T(v > T{0}); });
 }
 /// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
 template <class B = backend::default_backend, Real T>
