@@ -21,7 +21,6 @@ struct TrainConfig {
     // model
     std::int64_t features = 128;
     std::int64_t depth = 4;
-    std::int64_t kernel = 5;
     // optimisation
     std::int64_t steps = 1000;
     std::int64_t grad_accumulation = 1;
@@ -63,7 +62,6 @@ struct TrainConfig {
             {"sequence", &C::sequence, "bytes per row per step"},
             {"features", &C::features, "model width"},
             {"depth", &C::depth, "number of blocks"},
-            {"kernel", &C::kernel, "causal convolution width"},
             {"steps", &C::steps, "optimiser steps"},
             {"grad_accumulation", &C::grad_accumulation, "micro-batches summed per optimiser step"},
             {"lr", &C::lr, "peak learning rate"},
@@ -104,7 +102,6 @@ struct TrainConfig {
         positive(sequence, "sequence");
         positive(features, "features");
         positive(depth, "depth");
-        positive(kernel, "kernel");
         positive(steps, "steps");
         positive(grad_accumulation, "grad_accumulation");
         positive(eval_batches, "eval_batches");

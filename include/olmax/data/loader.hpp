@@ -49,8 +49,8 @@ struct LoaderConfig {
 
 /// One step's tokens: next-byte prediction, targets[b][s] follows inputs[b][s].
 struct Batch {
-    Tensor<std::int64_t> inputs;   // [batch, sequence]
-    Tensor<std::int64_t> targets;  // [batch, sequence]
+    Tensor<std::int32_t> inputs;   // [batch, sequence] (int32, as nn::Embedding takes)
+    Tensor<std::int32_t> targets;  // [batch, sequence]
     Tensor<float> mask;            // [batch, sequence]: 1 for real targets, 0 for padding
     std::size_t real_targets = 0;
     std::uint64_t epoch = 0;  // the epoch of the document queue after this batch
@@ -140,16 +140,16 @@ public:
     std::optional<Batch> next() {
         if (exhausted()) return std::nullopt;
         const std::size_t B = config_.batch_size, S = config_.sequence_length;
-        Batch batch{Tensor<std::int64_t>::uninitialized({B, S}), Tensor<std::int64_t>::uninitialized({B, S}),
+        Batch batch{Tensor<std::int32_t>::uninitialized({B, S}), Tensor<std::int32_t>::uninitialized({B, S}),
                     Tensor<float>::uninitialized({B, S}), 0, 0};
         for (std::size_t b = 0; b < B; ++b) {
             auto& row = position_.rows[b];
-            std::int64_t* in = batch.inputs.data() + b * S;
-            std::int64_t* tg = batch.targets.data() + b * S;
+            std::int32_t* in = batch.inputs.data() + b * S;
+            std::int32_t* tg = batch.targets.data() + b * S;
             float* mk = batch.mask.data() + b * S;
             std::uint32_t previous = row.last_byte;
             for (std::size_t s = 0; s < S; ++s) {
-                in[s] = previous;
+                in[s] = std::int32_t(previous);
                 const int byte = next_byte(row);
                 if (byte < 0) {  // nothing left anywhere: pad
                     tg[s] = ByteTokenizer::end_of_document;
