@@ -69,6 +69,7 @@ public:
         }
         for (auto& slot : slots_)
             if (slot.sharing == Sharing::per_layer) slot.stored.set_requires_grad(true);
+        bind(worker_, 0, Binding::plain);  // drop layer 0's separate copies; every call rebinds anyway
     }
 
     std::size_t depth() const { return depth_; }
