@@ -1,0 +1,136 @@
+#pragma once
+// The byte-level language model shared by examples/train_lm.cpp and examples/generate.cpp:
+//     bytes -> Embedding -> two streams -> Stack of Reversible(DenseConv<5>, HierarchicalMixer<16>)
+//           -> merge streams -> OutputHead (ScaleNorm, W_out, chunked cross-entropy with z-loss)
+// i.e. the original Olmax's reversible conv/mixer stem at toy size. Sequence lengths must be a
+// multiple of the mixer chunk (16).
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <olmax/config/config.hpp>
+#include <olmax/data/data.hpp>
+#include <olmax/nn/embedding.hpp>
+#include <olmax/nn/mixer.hpp>
+#include <olmax/nn/nn.hpp>
+#include <olmax/olmax.hpp>
+#include <olmax/optim/optim.hpp>
+
+namespace byte_lm {
+
+using T = float;
+constexpr std::size_t conv_kernel = 5;
+constexpr std::size_t mixer_chunk = 16;
+using Block = olmax::nn::Reversible<olmax::nn::DenseConv<conv_kernel, T>, olmax::nn::HierarchicalMixer<mixer_chunk, T>>;
+
+inline olmax::nn::Config layer_config(const olmax::config::TrainConfig& c) {
+    olmax::check<olmax::config::config_error>(c.sequence % std::int64_t(mixer_chunk) == 0, "config: key 'sequence' must be a multiple of ",
+                                              mixer_chunk, " (the mixer chunk), got ", c.sequence);
+    olmax::nn::Config n;
+    n.features = std::size_t(c.features);
+    n.depth = std::size_t(c.depth);
+    n.vocab = olmax::data::ByteTokenizer::vocab_size;
+    n.seed = std::uint64_t(c.seed);
+    return n;
+}
+
+inline olmax::optim::ParamRole role_of(olmax::nn::Role role) {
+    switch (role) {
+        case olmax::nn::Role::weight: return olmax::optim::ParamRole::weight;
+        case olmax::nn::Role::bias: return olmax::optim::ParamRole::bias;
+        case olmax::nn::Role::norm_scale: return olmax::optim::ParamRole::norm_scale;
+        case olmax::nn::Role::embedding: return olmax::optim::ParamRole::embedding;
+        case olmax::nn::Role::scalar: return olmax::optim::ParamRole::rezero;
+    }
+    return olmax::optim::ParamRole::other;
+}
+
+struct Model {
+    olmax::nn::Config config;
+    olmax::Generator rng;
+    olmax::nn::Embedding<T> embedding;
+    olmax::nn::Stack<Block> stack;
+    olmax::nn::OutputHead<T> head;
+
+    explicit Model(const olmax::config::TrainConfig& c)
+        : config(layer_config(c)), rng(config.seed), embedding(config, rng), stack(config, rng), head(config, rng) {}
+
+    /// [B, S] byte ids -> [B, S, F] features.
+    olmax::Tensor<T> hidden(const olmax::Tensor<std::int32_t>& ids) const {
+        return olmax::nn::merge_streams(stack.forward(olmax::nn::two_streams(embedding(ids))));
+    }
+
+    /// Mean training loss (nats per byte, without the z-loss term; its gradient includes it).
+    olmax::Tensor<T> loss(const olmax::data::Batch& batch) const { return head.loss(hidden(batch.inputs), batch.targets); }
+
+    /// Sum of -log p(target) over real (mask 1) targets and their count, without recording.
+    std::pair<double, double> masked_nll(const olmax::data::Batch& batch) const {
+        olmax::autodiff::no_grad guard;
+        const auto logits = head.logits(hidden(batch.inputs));
+        const std::size_t V = logits.shape().back(), n = batch.targets.size();
+        double total = 0, count = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (batch.mask.data()[i] == 0.0f) continue;
+            const T* row = logits.data() + i * V;
+            double top = row[0];
+            for (std::size_t v = 1; v < V; ++v) top = std::max(top, double(row[v]));
+            double sum = 0;
+            for (std::size_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - top);
+            total += top + std::log(sum) - double(row[batch.targets.data()[i]]);
+            count += 1;
+        }
+        return {total, count};
+    }
+
+    /// Every trainable tensor with its role; stacked per-layer tensors carry their depth axis.
+    std::vector<olmax::optim::Parameter<T>> parameters() {
+        std::vector<olmax::optim::Parameter<T>> out;
+        auto add = [&out](auto& layer, bool in_stack) {
+            olmax::nn::ParameterVisitor<T> visit(
+                [&](const std::string& name, olmax::Tensor<T>& tensor, olmax::nn::Role role, olmax::nn::Sharing sharing) {
+                    olmax::optim::Parameter<T> q{name, role_of(role), tensor};
+                    q.stacked_axes = in_stack && sharing == olmax::nn::Sharing::per_layer ? 1 : 0;
+                    if (role == olmax::nn::Role::embedding) q.unit_axis = 0;  // one unit per token row
+                    out.push_back(std::move(q));
+                });
+            visit.child(std::remove_reference_t<decltype(layer)>::name, layer);
+        };
+        add(embedding, false);
+        add(stack, true);
+        add(head, false);
+        return out;
+    }
+
+    /// Next-byte logits after `context` (right-aligned in a window of `sequence` bytes, padded on
+    /// the left with end-of-document bytes, which is how every document starts in training).
+    std::vector<T> next_logits(const std::vector<std::uint8_t>& context, std::size_t sequence) const {
+        olmax::autodiff::no_grad guard;
+        auto ids = olmax::Tensor<std::int32_t>({1, sequence}, std::int32_t(olmax::data::ByteTokenizer::end_of_document));
+        const std::size_t take = std::min(context.size(), sequence);
+        for (std::size_t i = 0; i < take; ++i) ids.data()[sequence - take + i] = context[context.size() - take + i];
+        const auto logits = head.logits(hidden(ids));
+        const std::size_t V = logits.shape().back();
+        const T* last = logits.data() + (sequence - 1) * V;
+        return std::vector<T>(last, last + V);
+    }
+
+    /// `count` sampled bytes continuing `prompt`.
+    std::string sample(const std::string& prompt, std::size_t count, std::size_t sequence, const olmax::data::SamplingConfig& sampling,
+                       olmax::Generator& sampler) const {
+        std::vector<std::uint8_t> context = olmax::data::ByteTokenizer::encode(prompt);
+        context.insert(context.begin(), olmax::data::ByteTokenizer::end_of_document);
+        std::string out;
+        for (std::size_t i = 0; i < count; ++i) {
+            const auto logits = next_logits(context, sequence);
+            const auto byte = std::uint8_t(olmax::data::sample_token(std::span<const T>(logits), sampling, sampler));
+            if (byte == olmax::data::ByteTokenizer::end_of_document) break;
+            context.push_back(byte);
+            out.push_back(char(byte));
+        }
+        return out;
+    }
+};
+
+}  // namespace byte_lm
