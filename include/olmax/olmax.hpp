@@ -1,10 +1,18 @@
 #pragma once
 // olmax: header-only tensors, reverse-mode autodiff and long-context sequence layers.
-// Include this one header; the module headers below are also usable on their own.
+// Include this one header; each module header below is also usable on its own.
 
 #include "olmax/version.hpp"
-#include "olmax/core/core.hpp"
-#include "olmax/autodiff/autodiff.hpp"
-#include "olmax/backend/backend.hpp"
-#include "olmax/ops/ops.hpp"
-#include "olmax/testing/gradient_check.hpp"
+
+#include "olmax/core/core.hpp"          // Tensor, Shape, errors, memory stats, random init
+#include "olmax/autodiff/autodiff.hpp"  // tape, no_grad, custom backward (custom_op, Function<Op>)
+#include "olmax/backend/backend.hpp"    // Backend concept, cpu_serial, cpu_openmp
+#include "olmax/backend/xla/xla.hpp"    // backend::xla trait + StableHLO emitter (PJRT runtime: olmax/backend/xla/pjrt_runtime.hpp)
+#include "olmax/ops/ops.hpp"            // differentiable ops
+#include "olmax/scan/scan.hpp"          // linear-recurrence scans and their strategies
+#include "olmax/nn/nn.hpp"              // layers as template types, Reversible, Stack, Sequential
+#include "olmax/optim/optim.hpp"        // AdamW, clipping, schedules
+#include "olmax/data/data.hpp"          // byte tokenizer, corpus, packing loader, sampling
+#include "olmax/io/io.hpp"              // checkpoints, .npy, progress
+#include "olmax/config/config.hpp"      // typed key=value configuration
+#include "olmax/testing/gradient_check.hpp"  // check_gradients
