@@ -1,0 +1,65 @@
+// Samples text from a checkpoint written by train_lm:
+//     build/examples/generate --checkpoint_dir=runs/train_lm --prompt="The meaning of life"
+//         --sample_bytes=400 --temperature=0.8 --top_k=40 --top_p=0.95
+// The model's shape comes from the config stored in the checkpoint; sampling keys given on the
+// command line (prompt, sample_bytes, temperature, top_k, top_p, seed) override it. A positional
+// argument names a checkpoint file instead of the newest one in --checkpoint_dir.
+
+#include <iostream>
+
+#include <olmax/io/io.hpp>
+
+#include "byte_lm.hpp"
+
+namespace {
+
+namespace config = olmax::config;
+namespace io = olmax::io;
+
+int run(int argc, char** argv) {
+    config::TrainConfig flags;
+    auto cl = config::parse_command_line(flags, argc, argv);
+    if (cl.help) {
+        std::cout << "usage: generate [CHECKPOINT_FILE] [--checkpoint_dir=DIR] [--prompt=TEXT] [--sample_bytes=N] [--temperature=T]"
+                     " [--top_k=K] [--top_p=P] [--seed=S]\n";
+        return 0;
+    }
+    olmax::check<config::config_error>(cl.positional.size() <= 1, "generate: at most one checkpoint file may be given");
+    std::filesystem::path path;
+    io::Archive archive;
+    if (!cl.positional.empty()) {
+        path = cl.positional[0];
+        archive = io::load_archive(path);
+    } else {
+        auto loaded = io::CheckpointDirectory(flags.checkpoint_dir).load_latest();
+        olmax::check(loaded.has_value(), "generate: no valid checkpoint in ", flags.checkpoint_dir, " (train with examples/train_lm first)");
+        for (const auto& why : loaded->rejected) std::cerr << "skipped damaged checkpoint: " << why << "\n";
+        path = loaded->path;
+        archive = std::move(loaded->archive);
+    }
+    // The model as it was trained, then the sampling flags from this command line on top.
+    config::TrainConfig c;
+    config::load_text(c, archive.text("train/config"), path.string());
+    config::parse_command_line(c, argc, argv);
+    c.validate();
+
+    byte_lm::Model model(c);
+    io::restore_parameters(archive, model.parameters());
+    std::cerr << "loaded " << path.string() << " (step " << archive.integer("train/step") << ")\n";
+
+    olmax::Generator sampler(std::uint64_t(c.seed) + 1);
+    const olmax::data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
+    std::cout << c.prompt << model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler) << "\n";
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const olmax::error& e) {
+        std::cerr << "generate: " << e.what() << "\n";
+        return 1;
+    }
+}
