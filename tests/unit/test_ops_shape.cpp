@@ -52,6 +52,25 @@ TEST_CASE("transpose: matrix, batched and general permutations", "[ops][shape]")
             for (std::size_t c = 0; c < 4; ++c)
                 for (std::size_t d = 0; d < 5; ++d) CHECK(y(c, a, d, b) == x(a, b, c, d));
 
+    // Every permutation of a rank-4 tensor with extents around the copy's 16-wide tiles.
+    auto big = iota({3, 20, 2, 35});
+    const Shape big_strides = olmax::row_major_strides(big.shape());
+    std::vector<std::size_t> p{0, 1, 2, 3};
+    do {
+        auto t = olmax::transpose(big, p);
+        const Shape out_strides = olmax::row_major_strides(t.shape());
+        bool same = true;
+        for (std::size_t flat = 0; flat < t.size(); ++flat) {
+            std::size_t rem = flat, src = 0;
+            for (std::size_t axis = 0; axis < 4; ++axis) {
+                src += (rem / out_strides[axis]) * big_strides[p[axis]];
+                rem %= out_strides[axis];
+            }
+            same = same && t.data()[flat] == big.data()[src];
+        }
+        CHECK(same);
+    } while (std::next_permutation(p.begin(), p.end()));
+
     auto bt = olmax::transpose(x);  // swaps the last two axes
     REQUIRE(bt.shape() == Shape{2, 3, 5, 4});
     CHECK(bt(1, 2, 4, 3) == x(1, 2, 3, 4));

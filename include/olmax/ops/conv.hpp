@@ -3,6 +3,9 @@
 // passes (forward, dx, dw) are GEMMs on time-shifted row blocks, one per (tap, group).
 
 #include <cstddef>
+#include <vector>
+#include <algorithm>
+#include <span>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"

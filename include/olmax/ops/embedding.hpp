@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"

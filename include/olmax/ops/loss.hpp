@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <limits>
 #include <vector>
+#include <string_view>
+#include <span>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -243,8 +245,9 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
                                 K::map(out.size(), out.data(), [s](T v) { return v * s; }, t.data());
                                 return out;
                             };
-                            if (sink.needs(0) && dhidden.defined()) sink.add(0, scaled(dhidden));
-                            if (sink.needs(1) && dw.defined()) sink.add(1, scaled(dw));
+                            // The usual seed is 1: then the saved gradients are added as they are.
+                            if (sink.needs(0) && dhidden.defined()) sink.add(0, s == T{1} ? dhidden : scaled(dhidden));
+                            if (sink.needs(1) && dw.defined()) sink.add(1, s == T{1} ? dw : scaled(dw));
                         });
     return y;
 }

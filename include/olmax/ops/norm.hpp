@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string_view>
+#include <vector>
+#include <span>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <span>
+#include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -52,6 +54,8 @@ void copy_along_axis(const T* src, std::size_t src_n, std::size_t src_begin, T* 
 }
 
 /// dst (of shape in_shape permuted by perm) = src with its axes permuted: dst axis i is src axis perm[i].
+/// When the last axes differ (a real transpose), the copy goes in square tiles of the two
+/// contiguous axes (dst's last, src's last) so both sides stay in cache; otherwise rows are copied.
 template <class B, class T>
 void permute_copy(const T* src, const Shape& in_shape, const std::vector<std::size_t>& perm, T* dst) {
     const std::size_t rank = in_shape.size();
@@ -67,17 +71,42 @@ void permute_copy(const T* src, const Shape& in_shape, const std::vector<std::si
         out_shape[i] = in_shape[perm[i]];
         stride[i] = in_strides[perm[i]];
     }
-    const std::size_t inner = out_shape[rank - 1], inner_stride = stride[rank - 1];
-    const std::size_t rows = total / inner;
-    B::parallel_for(rows, inner, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t row = lo; row < hi; ++row) {
-            std::size_t rem = row, base = 0;
-            for (std::size_t axis = rank - 1; axis-- > 0;) {
-                base += (rem % out_shape[axis]) * stride[axis];
-                rem /= out_shape[axis];
+    const Shape out_strides = row_major_strides(out_shape);
+    const std::size_t last = rank - 1;
+    const std::size_t q = static_cast<std::size_t>(std::find(perm.begin(), perm.end(), last) - perm.begin());  // dst axis that is src's last
+    if (q == last) {  // rows stay contiguous on both sides
+        const std::size_t inner = out_shape[last];
+        B::parallel_for(total / inner, inner, [&](std::size_t lo, std::size_t hi) {
+            for (std::size_t row = lo; row < hi; ++row) {
+                std::size_t rem = row, base = 0;
+                for (std::size_t axis = last; axis-- > 0;) {
+                    base += (rem % out_shape[axis]) * stride[axis];
+                    rem /= out_shape[axis];
+                }
+                std::copy_n(src + base, inner, dst + row * inner);
             }
-            T* out = dst + row * inner;
-            for (std::size_t j = 0; j < inner; ++j) out[j] = src[base + j * inner_stride];
+        });
+        return;
+    }
+    constexpr std::size_t tile = 16;  // 16x16 measured best of 8/16/32 on 512^2 and 2048^2 floats
+    const std::size_t nq = out_shape[q], nl = out_shape[last], sl = stride[last], oq = out_strides[q];
+    const std::size_t tiles_q = (nq + tile - 1) / tile, planes = total / (nq * nl);
+    B::parallel_for(planes * tiles_q, tile * nl, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t item = lo; item < hi; ++item) {
+            const std::size_t plane = item / tiles_q, a0 = (item % tiles_q) * tile, a1 = std::min(nq, a0 + tile);
+            std::size_t rem = plane, in_base = 0, out_base = 0;  // offsets of the plane: every dst axis but q and last
+            for (std::size_t axis = last; axis-- > 0;) {
+                if (axis == q) continue;
+                const std::size_t idx = rem % out_shape[axis];
+                rem /= out_shape[axis];
+                in_base += idx * stride[axis];
+                out_base += idx * out_strides[axis];
+            }
+            for (std::size_t b0 = 0; b0 < nl; b0 += tile) {
+                const std::size_t b1 = std::min(nl, b0 + tile);
+                for (std::size_t a = a0; a < a1; ++a)
+                    for (std::size_t b = b0; b < b1; ++b) dst[out_base + a * oq + b] = src[in_base + a + b * sl];
+            }
         }
     });
 }
