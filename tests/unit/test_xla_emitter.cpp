@@ -2,10 +2,11 @@
 // olmax::backend::xla in the backend trait (capabilities, fallback policy). Numerical checks of the
 // emitted modules against a real XLA are in tests/xla (label xla).
 
-#include <map>
-#include <regex>
+#include <cctype>
 #include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <olmax/backend/xla/xla.hpp>
 
@@ -23,28 +24,42 @@ std::size_t count_of(const std::string& text, const std::string& needle) {
     return n;
 }
 
+/// The SSA names on a line, in order: `%12`, `%arg0`, `%b7` (a `#i` result suffix is dropped).
+std::vector<std::string> ssa_names(const std::string& line) {
+    std::vector<std::string> names;
+    for (std::size_t at = line.find('%'); at != std::string::npos; at = line.find('%', at + 1)) {
+        std::size_t end = at + 1;
+        while (end < line.size() && std::isalnum(static_cast<unsigned char>(line[end]))) ++end;
+        if (end > at + 1) names.push_back(line.substr(at, end - at));
+    }
+    return names;
+}
+
 /// Every SSA value is defined once and before its first use (results `%N` / `%N:k`, arguments,
 /// block arguments), and @main's return types match the module's declared outputs.
 void check_ssa(const shlo::emitted_module& m) {
     INFO(m.key);
     std::set<std::string> defined;
-    for (std::size_t i = 0; i < m.inputs.size(); ++i) defined.insert("%arg" + std::to_string(i));
-    const std::regex def(R"(^\s*(%[0-9]+)(:[0-9]+)? = )"), block_args(R"(%b[0-9]+(?=:))"), use(R"(%(arg|b)?[0-9]+)");
     std::istringstream lines(m.text);
     std::string line;
+    std::getline(lines, line);  // module @name {
+    std::getline(lines, line);  // func.func public @main(%arg0: ..., ...)
+    for (const auto& name : ssa_names(line)) CHECK(defined.insert(name).second);
+    CHECK(defined.size() == m.inputs.size());
     while (std::getline(lines, line)) {
-        std::smatch d;
-        std::string uses = line;
-        if (std::regex_search(line, d, def)) uses = d.suffix();
-        if (line.find("^bb0(") != std::string::npos) {
-            for (std::sregex_iterator it(line.begin(), line.end(), block_args), end; it != end; ++it) CHECK(defined.insert(it->str()).second);
+        const auto names = ssa_names(line);
+        if (names.empty()) continue;
+        if (line.find("^bb0(") != std::string::npos) {  // block arguments
+            for (const auto& name : names) CHECK(defined.insert(name).second);
             continue;
         }
-        for (std::sregex_iterator it(uses.begin(), uses.end(), use), end; it != end; ++it) {
+        const std::size_t first = line.find_first_not_of(' ');
+        const bool defines = line.compare(first, 1, "%") == 0;  // "%N = ..." or "%N:k = ..."
+        for (std::size_t i = defines ? 1 : 0; i < names.size(); ++i) {
             INFO(line);
-            CHECK(defined.count(it->str()) == 1);
+            CHECK(defined.count(names[i]) == 1);
         }
-        if (!d.empty()) CHECK(defined.insert(d[1].str()).second);
+        if (defines) CHECK(defined.insert(names[0]).second);
     }
     std::string outputs;
     for (std::size_t i = 0; i < m.outputs.size(); ++i) outputs += (i ? ", " : "") + m.outputs[i].str();
