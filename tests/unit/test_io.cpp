@@ -287,3 +287,99 @@ TEST_CASE("config: unknown or mistyped keys and bad values are errors naming the
     CHECK_THROWS_WITH(c.validate(), Catch::Contains("'batch'"));
     std::filesystem::remove_all(dir);
 }
+
+// ---- the training loop end to end (examples/byte_lm.hpp: the model train_lm uses) -----------
+
+#include "../../examples/byte_lm.hpp"
+
+namespace {
+
+olmax::config::TrainConfig tiny_training_config() {
+    olmax::config::TrainConfig c;
+    c.features = 16;
+    c.depth = 1;
+    c.batch = 4;
+    c.sequence = 16;
+    c.lr = 1e-2;
+    c.warmup = 5;
+    c.lr_decay = 0.0;
+    c.seed = 3;
+    return c;
+}
+
+olmax::data::Documents tiny_corpus() {
+    olmax::data::Documents docs;
+    const char* texts[] = {"the cat sat on the mat. ", "the dog sat on the log. ", "a cat and a dog. ", "the mat and the log. "};
+    for (int rep = 0; rep < 4; ++rep)
+        for (const char* t : texts) docs.push_back(olmax::data::ByteTokenizer::encode(t));
+    return docs;
+}
+
+/// One optimiser step of train_lm's loop; returns the loss.
+double train_step(byte_lm::Model& model, olmax::optim::AdamW<byte_lm::T>& opt, olmax::data::PackedLoader& loader) {
+    olmax::autodiff::tape_scope tape;
+    auto loss = model.loss(*loader.next());
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    return double(loss.item());
+}
+
+}  // namespace
+
+TEST_CASE("train: 50 steps on a tiny corpus lower the loss", "[io][train]") {
+    const auto c = tiny_training_config();
+    byte_lm::Model model(c);
+    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), c.optimizer_config());
+    olmax::data::PackedLoader loader(tiny_corpus(), {4, 16, 3, true, true});
+    double first = 0, last = 0;
+    for (int s = 0; s < 50; ++s) {
+        const double loss = train_step(model, opt, loader);
+        REQUIRE(std::isfinite(loss));
+        if (s < 5) first += loss / 5;
+        if (s >= 45) last += loss / 5;
+    }
+    INFO("mean loss of the first 5 steps " << first << ", of the last 5 " << last);
+    CHECK(first > 4.5);        // about ln 256 = 5.55 at initialisation
+    CHECK(last < first - 2.0);  // the repeated sentences are learnt quickly
+}
+
+TEST_CASE("train: resume from a checkpoint continues bit-identically", "[io][train]") {
+    const auto c = tiny_training_config();
+    const auto dir = temp_dir("resume");
+    const olmax::data::LoaderConfig lc{4, 16, 3, true, true};
+
+    byte_lm::Model straight(c);
+    olmax::optim::AdamW<byte_lm::T> straight_opt(straight.parameters(), c.optimizer_config());
+    olmax::data::PackedLoader straight_data(tiny_corpus(), lc);
+    std::vector<double> straight_losses;
+    for (int s = 0; s < 8; ++s) straight_losses.push_back(train_step(straight, straight_opt, straight_data));
+
+    {
+        byte_lm::Model first(c);
+        olmax::optim::AdamW<byte_lm::T> opt(first.parameters(), c.optimizer_config());
+        olmax::data::PackedLoader data(tiny_corpus(), lc);
+        for (int s = 0; s < 4; ++s) CHECK(train_step(first, opt, data) == straight_losses[std::size_t(s)]);
+        io::CheckpointDirectory(dir).save(
+            io::make_checkpoint(opt, io::TrainingState{4, olmax::config::to_text(c), data.position().to_text(), ""}), 4);
+    }  // the first half's process "ends" here
+
+    auto c2 = c;
+    c2.seed = 99;  // different initial values: everything must come from the checkpoint
+    byte_lm::Model resumed(c2);
+    olmax::optim::AdamW<byte_lm::T> opt(resumed.parameters(), c.optimizer_config());
+    olmax::data::PackedLoader data(tiny_corpus(), lc);
+    auto loaded = io::CheckpointDirectory(dir).load_latest();
+    REQUIRE(loaded.has_value());
+    const auto state = io::restore_checkpoint(loaded->archive, opt);
+    data.restore(olmax::data::DataPosition::from_text(state.data_position));
+    CHECK(state.step == 4);
+    for (int s = 4; s < 8; ++s) CHECK(train_step(resumed, opt, data) == straight_losses[std::size_t(s)]);
+    const auto a = straight_opt.parameters(), b = opt.parameters();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        INFO(a[i].name);
+        CHECK(std::equal(a[i].tensor.begin(), a[i].tensor.end(), b[i].tensor.begin()));  // bit-identical
+    }
+    std::filesystem::remove_all(dir);
+}
