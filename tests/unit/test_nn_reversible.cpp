@@ -132,3 +132,33 @@ TEST_CASE("Stack: a whole stacked model is causal along time", "[nn][stack][caus
             }
     }
 }
+
+TEST_CASE("Reversible with dropout: the recompute replays the same masks", "[nn][reversible][dropout]") {
+    using DropF = nn::Sequential<nn::DenseConv<3, double>, nn::Dropout<double>>;
+    using DropG = nn::Sequential<nn::Linear<double>, nn::Dropout<double>>;
+    using B = nn::Reversible<DropF, DropG>;
+    auto rev_cfg = small_config(true), plain_cfg = small_config(false);
+    rev_cfg.dropout = plain_cfg.dropout = 0.3;
+    nn::Stack<B> rev(rev_cfg, 4), plain(plain_cfg, 4);
+    olmax::Generator data(7);
+    auto x = olmax::randn<double>({2, 2, 6, 4}, data), dy = olmax::randn<double>({2, 2, 6, 4}, data);
+    nn::LayerContext step;
+    step.random_seed = 1234;
+    auto y = rev.forward(x, step);
+    CHECK(max_abs_diff(y, plain.forward(x, step)) == 0);
+    CHECK(max_abs_diff(rev.inverse(y, step), x) < 1e-12);
+    nn::LayerContext other = step;
+    other.random_seed = 99;
+    CHECK(max_abs_diff(rev.forward(x, other), y) > 1e-3);  // another step, other masks
+    nn::LayerContext eval = step;
+    eval.training = false;
+    CHECK(max_abs_diff(rev.forward(x, eval), y) > 1e-3);
+
+    auto xr = olmax::parameter(x.clone()), xp = olmax::parameter(x.clone());
+    rev.forward(xr, step).backward(dy);
+    plain.forward(xp, step).backward(dy);
+    CHECK(max_abs_diff(xr.grad(), xp.grad()) < 1e-10);
+    auto pr = nn::parameters(rev), pp = nn::parameters(plain);
+    for (std::size_t i = 0; i < pr.size(); ++i) CHECK(max_abs_diff(pr[i].tensor.grad(), pp[i].tensor.grad()) < 1e-10);
+    CHECK_THROWS_WITH(nn::Dropout<double>(1.0), Catch::Contains("Dropout"));
+}

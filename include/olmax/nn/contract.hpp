@@ -66,7 +66,36 @@ struct LayerContext {
     std::size_t depth = 1;        ///< number of layers in the enclosing Stack
     bool recompute = false;       ///< true while a reversible backward re-runs the forward (side effects such as
                                   ///< auxiliary losses must not be recorded twice)
+    bool training = true;         ///< dropout and other training-only behaviour on
+    /// Seed of this call's random numbers (dropout). Containers derive a distinct seed per child
+    /// (`child_context`), so the draws are a pure function of (seed, position): a reversible
+    /// recompute replays exactly the same random numbers without saving any generator state.
+    /// Pass a different seed per training step.
+    std::uint64_t random_seed = 0;
 };
+
+/// SplitMix64 finaliser (Steele et al. 2014): mixes a seed with a child index.
+inline std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t child) {
+    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (child + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/// The context a container hands to its child number `child` (its own seed, same everything else).
+inline LayerContext child_context(const LayerContext& ctx, std::size_t child) {
+    LayerContext c = ctx;
+    c.random_seed = mix_seed(ctx.random_seed, child);
+    return c;
+}
+
+/// The context nn::Stack hands to layer `layer` of `depth`.
+inline LayerContext layer_context(const LayerContext& ctx, std::size_t layer, std::size_t depth) {
+    LayerContext c = child_context(ctx, layer);
+    c.layer_index = layer;
+    c.depth = depth;
+    return c;
+}
 
 /// One configuration shared by every layer, like the original's single context object. Fields a
 /// layer does not use are ignored; every layer validates the ones it uses and throws naming itself.
@@ -81,6 +110,7 @@ struct Config {
     double norm_eps = 1e-16;            ///< ScaleNorm: x / max(||x||, eps)
     double rms_eps = 1e-6;              ///< RMSNorm epsilon
     double leaky_slope = 0.01;          ///< leaky-ReLU slope (the original's 0.01)
+    double dropout = 0;                 ///< nn::Dropout drop probability, in [0, 1)
     double momentum_beta = 0.5;         ///< MomentumNet coupling beta (in (0, 1])
     bool bias = false;                  ///< Linear / CausalConv with bias (the original has none)
     bool reversible_backward = true;    ///< false: same maths, but every activation stays on the tape

@@ -5,6 +5,7 @@
 #include "olmax/nn/init.hpp"
 #include "olmax/nn/views.hpp"
 #include "olmax/nn/activation.hpp"
+#include "olmax/nn/dropout.hpp"
 #include "olmax/nn/linear.hpp"
 #include "olmax/nn/norm.hpp"
 #include "olmax/nn/conv.hpp"

@@ -13,8 +13,9 @@
 // inputs, recomputes f once on a detached copy inside a local tape_scope with grad enabled,
 // backpropagates through it (parameter gradients are added into the parameters), and frees that
 // local graph. No activation of the block is kept between forward and backward; nn::Stack uses
-// this to keep activation memory constant in depth. Layers inside must be deterministic (no layer
-// of olmax::nn draws random numbers in forward, so there is no RNG state to replay).
+// this to keep activation memory constant in depth. Random numbers (nn::Dropout) replay exactly:
+// every draw is a function of LayerContext::random_seed, which each step derives the same way in
+// forward, inverse and reverse (child_context), so no generator state has to be saved.
 
 #include <array>
 #include <span>
@@ -125,16 +126,6 @@ void check_state(const Tensor<T>& state, std::string_view layer) {
                        ": expected a two-stream state of shape [2, ...] (see nn::two_streams), got ", to_string(state.shape()));
 }
 
-/// Shared machinery of the coupling blocks: `Steps` is the list of function layers, applied in order.
-template <Real T, class Coupling, class... Fs>
-struct CouplingChain {
-    template <class Tuple>
-    static std::pair<Tensor<T>, Tensor<T>> forward(const Tuple& fs, Tensor<T> s0, Tensor<T> s1, const LayerContext& ctx, double beta) {
-        std::apply([&](const auto&... f) { ((std::tie(s0, s1) = Coupling::forward(f, s0, s1, ctx, beta)), ...); }, fs);
-        return {s0, s1};
-    }
-};
-
 }  // namespace detail
 
 /// Common implementation of Reversible and RevSwap: a chain of coupling steps over function layers.
@@ -158,14 +149,16 @@ public:
     Tensor<T> forward(const Tensor<T>& state, const LayerContext& ctx = {}) const {
         detail::check_state(state, "Reversible");
         if (!memory_saving_) {
-            auto [y0, y1] = detail::CouplingChain<T, Coupling, Fs...>::forward(fs_, take_leading(state, 0), take_leading(state, 1), ctx, beta_);
-            return stack_leading<T>({y0, y1});
+            Tensor<T> s0 = take_leading(state, 0), s1 = take_leading(state, 1);
+            forward_steps(s0, s1, ctx, std::index_sequence_for<Fs...>{});
+            return stack_leading<T>({s0, s1});
         }
         Tensor<T> y;
         {
             autodiff::no_grad guard;
-            auto [y0, y1] = detail::CouplingChain<T, Coupling, Fs...>::forward(fs_, take_leading(state, 0), take_leading(state, 1), ctx, beta_);
-            y = stack_leading<T>({y0, y1});
+            Tensor<T> s0 = take_leading(state, 0), s1 = take_leading(state, 1);
+            forward_steps(s0, s1, ctx, std::index_sequence_for<Fs...>{});
+            y = stack_leading<T>({s0, s1});
         }
         // Parameters are inputs only so that the op records when they alone require grad; their
         // gradients are added by the recompute inside `reverse`, not through the sink.
@@ -214,19 +207,24 @@ public:
     const auto& function() const { return std::get<I>(fs_); }
 
 private:
+    // Step i runs with child_context(ctx, i): its own random seed, identical in forward, inverse and reverse.
+    template <std::size_t... I>
+    void forward_steps(Tensor<T>& s0, Tensor<T>& s1, const LayerContext& ctx, std::index_sequence<I...>) const {
+        ((std::tie(s0, s1) = Coupling::forward(std::get<I>(fs_), s0, s1, child_context(ctx, I), beta_)), ...);
+    }
     template <std::size_t... I>
     void inverse_steps(Tensor<T>& s0, Tensor<T>& s1, const LayerContext& ctx, std::index_sequence<I...>) const {
         constexpr std::size_t n = sizeof...(Fs);
-        ((std::tie(s0, s1) = Coupling::inverse(std::get<n - 1 - I>(fs_), s0, s1, ctx, beta_)), ...);
+        ((std::tie(s0, s1) = Coupling::inverse(std::get<n - 1 - I>(fs_), s0, s1, child_context(ctx, n - 1 - I), beta_)), ...);
     }
     template <std::size_t... I>
     void reverse_steps(Tensor<T>& s0, Tensor<T>& s1, Tensor<T>& d0, Tensor<T>& d1, const LayerContext& ctx, std::index_sequence<I...>) const {
         constexpr std::size_t n = sizeof...(Fs);
-        auto step = [&](const auto& f) {
-            auto r = Coupling::reverse(f, s0, s1, d0, d1, ctx, beta_);
+        auto step = [&](const auto& f, std::size_t i) {
+            auto r = Coupling::reverse(f, s0, s1, d0, d1, child_context(ctx, i), beta_);
             s0 = r.in0, s1 = r.in1, d0 = r.grad0, d1 = r.grad1;
         };
-        (step(std::get<n - 1 - I>(fs_)), ...);
+        (step(std::get<n - 1 - I>(fs_), n - 1 - I), ...);
     }
     template <std::size_t... I>
     void visit_each(ParameterVisitor<T>& visit, std::index_sequence<I...>) {

@@ -15,7 +15,7 @@
 
 namespace olmax::nn {
 
-/// `depth` layers of `Block`, layer l called with LayerContext{l, depth}.
+/// `depth` layers of `Block`, layer l called with layer_context(ctx, l, depth) (index, depth, own seed).
 ///
 /// Parameters: every per-layer parameter of Block is one tensor [depth, ...] named
 /// "stack/*/<block names>" (role kept); each layer is initialised on its own (true per-layer
@@ -74,19 +74,19 @@ public:
 
     std::size_t depth() const { return depth_; }
 
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const {
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         if constexpr (InvertibleLayer<Block>) {
-            if (worker_.memory_saving()) return forward_reversible(x);
+            if (worker_.memory_saving()) return forward_reversible(x, ctx);
         }
         Block block = worker_;
         Tensor<T> h = x;
         for (std::size_t l = 0; l < depth_; ++l) {
             bind(block, l, Binding::recorded);
-            h = block.forward(h, LayerContext{l, depth_});
+            h = block.forward(h, layer_context(ctx, l, depth_));
         }
         return h;
     }
-    Tensor<T> operator()(const Tensor<T>& x) const { return forward(x); }
+    Tensor<T> operator()(const Tensor<T>& x, const LayerContext& ctx = {}) const { return forward(x, ctx); }
 
     /// Stacked and tied parameters (the trainable leaves), named "<prefix>/*/<block names>" and
     /// "<prefix>/<block names>" for tied ones.
@@ -109,7 +109,7 @@ public:
     }
 
     /// Inverse of the whole stack (invertible blocks only): rebuilds the input from the output.
-    Tensor<T> inverse(const Tensor<T>& y) const
+    Tensor<T> inverse(const Tensor<T>& y, const LayerContext& ctx = {}) const
         requires InvertibleLayer<Block>
     {
         autodiff::no_grad guard;
@@ -117,7 +117,7 @@ public:
         Tensor<T> h = y;
         for (std::size_t l = depth_; l-- > 0;) {
             bind(block, l, Binding::plain);
-            h = block.inverse(h, LayerContext{l, depth_});
+            h = block.inverse(h, layer_context(ctx, l, depth_));
         }
         return h;
     }
@@ -158,7 +158,7 @@ private:
         block.visit_parameters(rebind);
     }
 
-    Tensor<T> forward_reversible(const Tensor<T>& x) const
+    Tensor<T> forward_reversible(const Tensor<T>& x, const LayerContext& ctx) const
         requires InvertibleLayer<Block>
     {
         Tensor<T> y;
@@ -168,7 +168,7 @@ private:
             y = x;
             for (std::size_t l = 0; l < depth_; ++l) {
                 bind(block, l, Binding::plain);
-                y = block.forward(y, LayerContext{l, depth_});
+                y = block.forward(y, layer_context(ctx, l, depth_));
             }
         }
         std::vector<Tensor<T>> inputs{x};
@@ -177,14 +177,14 @@ private:
         // stack description; no per-layer activation.
         return autodiff::custom_op<T>(
             "stack_reversible", {y}, std::move(inputs),
-            [self = *this, y_saved = y.detach()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+            [self = *this, y_saved = y.detach(), ctx](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                 Block block = self.worker_;
                 Tensor<T> out = y_saved, dout = g[0];
                 std::vector<Tensor<T>> leaves;
                 for (std::size_t l = self.depth_; l-- > 0;) {
                     leaves.clear();
                     self.bind(block, l, Binding::fresh_leaf, &leaves);
-                    auto [in, din] = block.reverse(out, dout, LayerContext{l, self.depth_});
+                    auto [in, din] = block.reverse(out, dout, layer_context(ctx, l, self.depth_));
                     for (std::size_t i = 0; i < leaves.size(); ++i) {
                         const Slot& slot = self.slots_[i];
                         const Tensor<T> grad = leaves[i].grad();
@@ -225,7 +225,8 @@ public:
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         Tensor<T> h = x;
-        std::apply([&](const auto&... layer) { ((h = layer.forward(h, ctx)), ...); }, layers_);
+        std::size_t i = 0;
+        std::apply([&](const auto&... layer) { ((h = layer.forward(h, child_context(ctx, i++))), ...); }, layers_);
         return h;
     }
     void visit_parameters(ParameterVisitor<T>& visit) { visit_each(visit, std::index_sequence_for<Ls...>{}); }
