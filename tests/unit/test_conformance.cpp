@@ -73,6 +73,10 @@ std::vector<OpCase<T>> op_cases() {
         {"sum 1-D", {Shape{100000}}, {Shape{29}}, Domain::normal, 64, [](V x) { return olmax::sum<B>(x[0]); }},
         {"sum axis 0", {big}, {odd}, Domain::normal, 16, [](V x) { return olmax::sum<B>(x[0], {0}); }},
         {"sum axis -1 keepdims", {big}, {odd}, Domain::normal, 16, [](V x) { return olmax::sum<B>(x[0], {-1}, true); }},
+        // tall: more rows than threads need, so the row-block split of sum_middle_axis runs
+        {"sum axis 0 tall", {Shape{1024, 70}}, {Shape{200, 5}}, Domain::normal, 16, [](V x) { return olmax::sum<B>(x[0], {0}); }},
+        {"add bias tall", {Shape{1024, 70}, Shape{70}}, {Shape{200, 5}, Shape{5}}, Domain::normal, 16,
+         [](V x) { return olmax::add<B>(x[0], x[1]); }},
         {"sum axes 0,2 of 3-D", {Shape{12, 40, 80}}, {Shape{3, 5, 7}}, Domain::normal, 16,
          [](V x) { return olmax::sum<B>(x[0], {0, 2}); }},
         {"mean axes 1,2 of 3-D", {Shape{12, 40, 80}}, {Shape{3, 5, 7}}, Domain::normal, 16,

@@ -48,8 +48,10 @@ void for_each_broadcast(const Shape& out_shape, const Shape& a_shape, const Shap
 }
 
 /// out[o, i] = sum_k x[o, k, i] over a row-major [outer, n, inner] block, accumulated in double.
-/// Threads take (outer index, column tile) pairs; each tile walks k with unit-stride inner loops,
-/// so reads stream through memory instead of striding by `inner` per element.
+/// Rows are read front to back (whole rows, or segments of `max_width` when rows are very long),
+/// each added into a per-item double accumulator, so memory streams sequentially. Work items are
+/// (outer index, column segment, block of rows); rows are split into blocks only when there are
+/// fewer (outer, segment) pairs than threads, and blocks are then combined in a fixed order.
 template <class B, Real T>
 void sum_middle_axis(const T* x, T* out, std::size_t outer, std::size_t n, std::size_t inner) {
     if (outer * inner == 0) return;
@@ -69,26 +71,43 @@ void sum_middle_axis(const T* x, T* out, std::size_t outer, std::size_t n, std::
         });
         return;
     }
-    constexpr std::size_t max_tile = 256;
-    // Narrower tiles when there are few of them, so every thread gets columns to sum.
+    constexpr std::size_t max_width = 4096, min_rows_per_block = 64;
+    const std::size_t width = std::min(inner, max_width);
+    const std::size_t segments = (inner + width - 1) / width;
     const std::size_t threads = static_cast<std::size_t>(std::max(1, B::num_threads()));
-    const std::size_t tile = std::clamp<std::size_t>((inner / threads + 15) / 16 * 16, 16, max_tile);
-    const std::size_t tiles = (inner + tile - 1) / tile;
-    B::parallel_for(outer * tiles, n * std::min(inner, tile), [&](std::size_t lo, std::size_t hi) {
-        double acc[max_tile];
-        for (std::size_t t = lo; t < hi; ++t) {
-            const std::size_t o = t / tiles, i0 = (t % tiles) * tile, width = std::min(tile, inner - i0);
-            std::fill_n(acc, width, 0.0);
-            const T* base = x + o * n * inner + i0;
-            for (std::size_t k = 0; k < n; ++k) {
-                const T* row = base + k * inner;
+    const std::size_t pairs = outer * segments;
+    const std::size_t blocks =
+        pairs >= threads ? 1 : std::max<std::size_t>(1, std::min((threads + pairs - 1) / pairs, n / min_rows_per_block));
+    const std::size_t items = pairs * blocks;
+    std::vector<double> partial(blocks > 1 ? items * width : 0);
+    B::parallel_for(items, (n / blocks + 1) * width, [&](std::size_t lo, std::size_t hi) {
+        std::vector<double> local(blocks > 1 ? 0 : width);
+        for (std::size_t item = lo; item < hi; ++item) {
+            const std::size_t pair = item / blocks, block = item % blocks;
+            const std::size_t o = pair / segments, i0 = (pair % segments) * width, w = std::min(width, inner - i0);
+            const std::size_t k0 = n * block / blocks, k1 = n * (block + 1) / blocks;
+            double* acc = blocks > 1 ? partial.data() + item * width : local.data();
+            std::fill_n(acc, w, 0.0);
+            for (std::size_t k = k0; k < k1; ++k) {
+                const T* row = x + (o * n + k) * inner + i0;
 #pragma omp simd
-                for (std::size_t j = 0; j < width; ++j) acc[j] += double(row[j]);
+                for (std::size_t j = 0; j < w; ++j) acc[j] += double(row[j]);
             }
-            T* dst = out + o * inner + i0;
-            for (std::size_t j = 0; j < width; ++j) dst[j] = T(acc[j]);
+            if (blocks == 1) {
+                T* dst = out + o * inner + i0;
+                for (std::size_t j = 0; j < w; ++j) dst[j] = T(acc[j]);
+            }
         }
     });
+    if (blocks == 1) return;
+    for (std::size_t pair = 0; pair < pairs; ++pair) {  // small: fewer pairs than threads
+        const std::size_t o = pair / segments, i0 = (pair % segments) * width, w = std::min(width, inner - i0);
+        for (std::size_t j = 0; j < w; ++j) {
+            double total = 0;
+            for (std::size_t block = 0; block < blocks; ++block) total += partial[(pair * blocks + block) * width + j];
+            out[o * inner + i0 + j] = T(total);
+        }
+    }
 }
 
 /// Sums `grad` (of a broadcast result shape) down to `shape`, undoing broadcasting. Consecutive
