@@ -134,7 +134,7 @@ ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const 
                   "olmax::scan: unknown strategy tag; use one of the types in olmax/scan/strategies.hpp");
     backend::assert_backend<Backend>();
     using B = backend::kernel_backend_t<Backend, backend::op::linear_scan>;
-    const std::string op = std::string("scan<") + std::string(Strategy::name) + ">";
+    const std::string op = olmax::detail::concat("scan<", Strategy::name, ">");
     const detail::Geometry g = detail::make_geometry(op, gates, x, opt);
     const std::size_t chunk = opt.chunk ? static_cast<std::size_t>(*opt.chunk) : detail::default_chunk<Strategy>();
 

@@ -1,0 +1,352 @@
+// Scan strategy benchmark: every strategy x backend x direction on the same data, the machine's
+// roofline (STREAM triad for the forward's 2 reads + 1 write, a 3-read/2-write kernel for the
+// backward) measured in the same run, and PyTorch CPU peers (benchmarks/scan/torch_peers.py, run
+// with /usr/bin/python3 and the same thread count) merged into the same report.
+//
+//   scan_strategies [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH]
+//
+// Timings are of the kernels on preallocated buffers (forward: run_forward; backward: the fused
+// reverse scan writing dx and da), median of repeats after one warm-up run. Useful traffic:
+// forward 3 values per element (read a, read x, write h), backward 5 (read dh, a, h; write dx, da).
+#include <olmax/olmax.hpp>
+#include <olmax/scan/scan.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <unistd.h>
+#include <vector>
+
+namespace sc = olmax::scan;
+using olmax::Tensor;
+
+namespace {
+
+struct Row {
+    std::string strategy, backend, direction;
+    std::size_t B, T, C;
+    std::string dtype = "float32";
+    double seconds, gbps, roofline_gbps, roofline_fraction, gelem_per_s, max_rel_err;
+};
+
+std::string json_row(const Row& r) {
+    std::ostringstream o;
+    o.precision(6);
+    o << "{\"strategy\": \"" << r.strategy << "\", \"backend\": \"" << r.backend << "\", \"direction\": \"" << r.direction
+      << "\", \"B\": " << r.B << ", \"T\": " << r.T << ", \"C\": " << r.C << ", \"dtype\": \"" << r.dtype << "\", \"seconds\": " << r.seconds
+      << ", \"gbps\": " << r.gbps << ", \"roofline_gbps\": " << r.roofline_gbps << ", \"roofline_fraction\": " << r.roofline_fraction
+      << ", \"gelem_per_s\": " << r.gelem_per_s << ", \"max_rel_err\": " << r.max_rel_err << "}";
+    return o.str();
+}
+
+void print_row(const Row& r) {
+    std::printf("%-34s %-10s %-4s %5zu %9zu %5zu %11.5f %8.2f %6.2f %8.3f %10.2e\n", r.strategy.c_str(), r.backend.c_str(),
+                r.direction.c_str(), r.B, r.T, r.C, r.seconds, r.gbps, r.roofline_fraction, r.gelem_per_s, r.max_rel_err);
+    std::fflush(stdout);
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+/// Median of `repeats` timed runs after one warm-up (fewer repeats for long runs).
+double time_median(const std::function<void()>& f, int repeats) {
+    const double t0 = now();
+    f();
+    const double first = now() - t0;
+    if (first > 2.0) repeats = 1;
+    else if (first > 0.5) repeats = std::min(repeats, 3);
+    std::vector<double> times;
+    for (int i = 0; i < repeats; ++i) {
+        const double s = now();
+        f();
+        times.push_back(now() - s);
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+/// Parallel first-touch buffer of n floats.
+struct Buffer {
+    Tensor<float> t;
+    explicit Buffer(std::size_t n) : t(Tensor<float>::uninitialized({n})) {
+        float* p = t.data();
+#pragma omp parallel for schedule(static)
+        for (std::size_t i = 0; i < n; ++i) p[i] = 1.0f;
+    }
+    float* data() { return t.data(); }
+};
+
+struct Roofline {
+    double triad = 0, r3w2 = 0;
+};
+
+Roofline measure_roofline(std::size_t n) {
+    Buffer a(n), b(n), c(n), d(n), e(n);
+    float *pa = a.data(), *pb = b.data(), *pc = c.data(), *pd = d.data(), *pe = e.data();
+    const float s = 0.5f;
+    const double triad_s = time_median([&] {
+#pragma omp parallel for simd schedule(static)
+        for (std::size_t i = 0; i < n; ++i) pa[i] = pb[i] + s * pc[i];
+    }, 10);
+    const double r3w2_s = time_median([&] {
+#pragma omp parallel for simd schedule(static)
+        for (std::size_t i = 0; i < n; ++i) {
+            const float x = pa[i], y = pb[i], z = pc[i];
+            pd[i] = x + s * y;
+            pe[i] = y * z;
+        }
+    }, 10);
+    return {3.0 * 4 * double(n) / triad_s / 1e9, 5.0 * 4 * double(n) / r3w2_s / 1e9};
+}
+
+struct Problem {
+    std::size_t B, T, C, H;  // H = gate channels (C for per-channel gates)
+    float gate_value;        // < 0: uniform (0, 1) gates
+    Tensor<float> a, x, dh, h_ref, dx_ref, da_ref;
+};
+
+Problem make_problem(std::size_t B, std::size_t T, std::size_t C, std::size_t H, float gate_value) {
+    Problem p{B, T, C, H, gate_value, {}, {}, {}, {}, {}, {}};
+    olmax::Generator rng(42);
+    p.a = gate_value < 0 ? olmax::rand<float>({B, T, H}, rng) : Tensor<float>({B, T, H}, gate_value);
+    p.x = olmax::rand<float>({B, T, C}, rng, -1.0f, 1.0f);
+    p.dh = olmax::rand<float>({B, T, C}, rng, -1.0f, 1.0f);
+    return p;
+}
+
+template <class S, class Bk>
+void forward_kernel(const sc::detail::Geometry& g, const Problem& p, Tensor<float>& h, std::size_t chunk) {
+    sc::detail::run_forward<S, Bk>(g, sc::detail::ForwardArgs<float>{p.a.data(), p.x.data(), nullptr, h.data(), nullptr}, chunk);
+}
+
+template <class S, class Bk>
+void backward_kernel(const sc::detail::Geometry& g, const Problem& p, const Tensor<float>& h, Tensor<float>& dx, Tensor<float>& da,
+                     std::size_t chunk) {
+    sc::detail::run_backward<S, Bk>(
+        g, sc::detail::BackwardArgs<float>{p.dh.data(), nullptr, p.a.data(), h.data(), nullptr, dx.data(), da.data(), nullptr}, chunk);
+}
+
+double normwise_error(const Tensor<float>& got, const Tensor<float>& ref) {
+    double err = 0, scale = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        err = std::max(err, std::abs(double(got.data()[i]) - double(ref.data()[i])));
+        scale = std::max(scale, std::abs(double(ref.data()[i])));
+        if (std::isnan(got.data()[i])) err = INFINITY;
+    }
+    return scale > 0 ? err / scale : err;
+}
+
+void compute_reference(Problem& p) {
+    const auto g = sc::detail::make_geometry<float>("reference", p.a, p.x, {});
+    p.h_ref = Tensor<float>::uninitialized(p.x.shape());
+    p.dx_ref = Tensor<float>::uninitialized(p.x.shape());
+    p.da_ref = Tensor<float>::uninitialized(p.x.shape());
+    forward_kernel<sc::sequential_fp64, olmax::backend::cpu_openmp>(g, p, p.h_ref, 0);
+    backward_kernel<sc::sequential_fp64, olmax::backend::cpu_openmp>(g, p, p.h_ref, p.dx_ref, p.da_ref, 0);
+}
+
+struct Bench {
+    Roofline roof;
+    int repeats;
+    std::vector<Row> rows;
+
+    template <class S, class Bk>
+    void run(Problem& p, const std::string& label_suffix = "", bool backward = true) {
+        const auto g = sc::detail::make_geometry<float>("bench", p.a, p.x, {});
+        const std::size_t chunk = sc::detail::default_chunk<S>();
+        const std::size_t n = p.B * p.T * p.C;
+        std::ostringstream label;  // (ostringstream: GCC 12's -Wrestrict misfires on chained string +)
+        label << S::name;
+        if constexpr (requires { S::chunk; })
+            if (!std::is_same_v<S, sc::log_space>) label << '<' << S::chunk << '>';
+        if (p.H != p.C) label << "[shared P=" << p.C / p.H << ']';
+        label << label_suffix;
+        const std::string name = label.str();
+        auto h = Tensor<float>::uninitialized(p.x.shape());
+        const double fs = time_median([&] { forward_kernel<S, Bk>(g, p, h, chunk); }, repeats);
+        const double fwd_bytes = double(n) * 4 * 2 + double(p.B * p.T * p.H) * 4;
+        Row f{name, std::string(Bk::name), "fwd", p.B, p.T, p.C, "float32", fs, fwd_bytes / fs / 1e9, roof.triad, 0, double(n) / fs / 1e9,
+              normwise_error(h, p.h_ref)};
+        f.roofline_fraction = f.gbps / roof.triad;
+        print_row(f);
+        rows.push_back(f);
+        if (!backward) return;
+        auto dx = Tensor<float>::uninitialized(p.x.shape()), da = Tensor<float>::uninitialized(p.x.shape());
+        const double bs = time_median([&] { backward_kernel<S, Bk>(g, p, p.h_ref, dx, da, chunk); }, repeats);
+        const double bwd_bytes = double(n) * 4 * 4 + double(p.B * p.T * p.H) * 4;
+        Row b{name, std::string(Bk::name), "bwd", p.B, p.T, p.C, "float32", bs, bwd_bytes / bs / 1e9, roof.r3w2, 0, double(n) / bs / 1e9,
+              std::max(normwise_error(dx, p.dx_ref), p.H == p.C ? normwise_error(da, p.da_ref) : 0.0)};
+        b.roofline_fraction = b.gbps / roof.r3w2;
+        print_row(b);
+        rows.push_back(b);
+    }
+};
+
+/// Eigen's GEMM rate on the in-chunk sizes of the shared-gate matmul: [Q x Q] x [Q x P].
+double eigen_gemm_gflops(std::size_t Q, std::size_t P, std::size_t reps) {
+    Tensor<float> L({Q, Q}, 0.5f), X({Q, P}, 1.0f), H({Q, P});
+    const double s = time_median([&] {
+        for (std::size_t r = 0; r < reps; ++r)
+            olmax::backend::cpu_serial::gemm(false, false, Q, P, Q, 1.0f, L.data(), Q, X.data(), P, 0.0f, H.data(), P);
+    }, 5);
+    return 2.0 * double(Q * Q * P) * double(reps) / s / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    bool quick = false, peers = true;
+    std::string json_path, python = "/usr/bin/python3";
+    int threads = 0;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--quick") quick = true;
+        else if (arg == "--no-peers") peers = false;
+        else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
+        else if (arg == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
+        else if (arg == "--python" && i + 1 < argc) python = argv[++i];
+        else {
+            std::fprintf(stderr, "usage: %s [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH]\n", argv[0]);
+            return 2;
+        }
+    }
+#if defined(_OPENMP)
+    if (threads > 0) omp_set_num_threads(threads);
+    threads = omp_get_max_threads();
+#else
+    threads = 1;
+#endif
+    const double start = now();
+    Bench bench;
+    bench.repeats = quick ? 5 : 10;
+    bench.roof = measure_roofline(std::size_t(1) << 25);
+    std::printf("threads %d; roofline: triad (2R1W) %.2f GB/s, 3R2W %.2f GB/s (fp32 arrays of 2^25, median of 10)\n", threads,
+                bench.roof.triad, bench.roof.r3w2);
+    std::printf("%-34s %-10s %-4s %5s %9s %5s %11s %8s %6s %8s %10s\n", "strategy", "backend", "dir", "B", "T", "C", "seconds", "GB/s", "roof",
+                "Gelem/s", "max_rel_err");
+    using omp = olmax::backend::cpu_openmp;
+    using ser = olmax::backend::cpu_serial;
+
+    // 1. Channel-rich, B*T*C = 2^26: the bandwidth targets.
+    {
+        Problem p = make_problem(16, 4096, 1024, 1024, -1);
+        compute_reference(p);
+        bench.run<sc::sequential_vectorized, omp>(p);
+        bench.run<sc::two_pass, omp>(p);
+        bench.run<sc::sequential, omp>(p);
+        if (!quick) {
+            bench.run<sc::sequential_vectorized, ser>(p);
+            bench.run<sc::hillis_steele_chunked<128>, omp>(p);
+            bench.run<sc::blelloch, omp>(p);
+        }
+    }
+    // 2. Gates near 1 (products reach the denormal range): must run as fast as random gates.
+    {
+        Problem p = make_problem(16, 4096, 1024, 1024, 0.9999f);
+        compute_reference(p);
+        bench.run<sc::sequential_vectorized, omp>(p, "[gates=0.9999]");
+        bench.run<sc::two_pass, omp>(p, "[gates=0.9999]", false);
+    }
+    // 3. One long row: the time-parallel strategy.
+    {
+        Problem p = make_problem(1, std::size_t(1) << 24, 1, 1, -1);
+        compute_reference(p);
+        bench.run<sc::two_pass, omp>(p);
+        bench.run<sc::two_pass, ser>(p);
+        bench.run<sc::sequential_vectorized, omp>(p);
+    }
+    // 4. T = 4096, C = 256: every strategy (hillis_steele_chunked vs hillis_steele, matmul forms).
+    auto all_strategies = [&](Problem& p, bool serial_too) {
+        bench.run<sc::sequential, omp>(p);
+        bench.run<sc::sequential_fp64, omp>(p);
+        bench.run<sc::sequential_vectorized, omp>(p);
+        bench.run<sc::two_pass, omp>(p);
+        bench.run<sc::hillis_steele, omp>(p);
+        bench.run<sc::hillis_steele_chunked<128>, omp>(p);
+        bench.run<sc::blelloch, omp>(p);
+        bench.run<sc::chunked_matmul<128>, omp>(p);
+        bench.run<sc::log_space, omp>(p);
+        if (serial_too) {
+            bench.run<sc::sequential_vectorized, ser>(p);
+            bench.run<sc::hillis_steele, ser>(p);
+            bench.run<sc::hillis_steele_chunked<128>, ser>(p);
+        }
+    };
+    {
+        Problem p = make_problem(1, 4096, 256, 256, -1);
+        compute_reference(p);
+        all_strategies(p, true);
+    }
+    // 5. Shared gates (one gate per head of 64 channels): the GEMM form vs the per-channel scans.
+    double gemm_rate = 0, shared_rate = 0;
+    {
+        Problem p = make_problem(4, 4096, 1024, 16, -1);
+        compute_reference(p);
+        bench.run<sc::chunked_matmul<128>, omp>(p, "", false);
+        const Row& r = bench.rows.back();
+        shared_rate = 2.0 * 128 * double(p.B * p.T * p.C) / r.seconds / 1e9;  // in-chunk GEMM flops: 2 Q per element
+        bench.run<sc::sequential_vectorized, omp>(p, "", false);
+        bench.run<sc::two_pass, omp>(p, "", false);
+        gemm_rate = eigen_gemm_gflops(128, 64, 2000) * threads;  // independent GEMMs, one per thread
+    }
+    std::printf("shared-gate chunked_matmul<128>, P=64: %.2f GFLOP/s (in-chunk GEMM flops / whole-scan time) vs Eigen GEMM "
+                "[128x128]x[128x64] x %d threads %.2f GFLOP/s: fraction %.2f\n",
+                shared_rate, threads, gemm_rate, shared_rate / gemm_rate);
+    if (!quick) {
+        for (std::size_t T : {std::size_t(256), std::size_t(65536), std::size_t(1) << 20})
+            for (std::size_t C : {std::size_t(1), std::size_t(64), std::size_t(4096)})
+                for (std::size_t B : {std::size_t(1), std::size_t(16)}) {
+                    if (B * T * C > (std::size_t(1) << 26) || B * T * C < 4096) continue;
+                    Problem p = make_problem(B, T, C, C, -1);
+                    compute_reference(p);
+                    bench.run<sc::sequential_vectorized, omp>(p);
+                    bench.run<sc::two_pass, omp>(p);
+                    if (B * T * C <= (std::size_t(1) << 22)) {
+                        bench.run<sc::hillis_steele, omp>(p);
+                        bench.run<sc::hillis_steele_chunked<128>, omp>(p);
+                        bench.run<sc::blelloch, omp>(p);
+                        bench.run<sc::chunked_matmul<128>, omp>(p);
+                    }
+                }
+    }
+
+    // PyTorch peers, same shapes and threads.
+    std::vector<std::string> peer_rows;
+    if (peers) {
+        const auto script = std::filesystem::path(__FILE__).parent_path() / "torch_peers.py";
+        std::ostringstream out_name;
+        out_name << "/tmp/olmax_scan_torch_peers_" << ::getpid() << ".jsonl";
+        const std::string out = out_name.str();
+        std::ostringstream cmd;
+        cmd << python << " " << script << " --threads " << threads << " --triad " << bench.roof.triad << " --r3w2 " << bench.roof.r3w2
+            << " --out " << out << (quick ? " --quick" : "");
+        std::fflush(stdout);
+        const int rc = std::system(cmd.str().c_str());
+        if (rc != 0) std::printf("PyTorch peers failed (exit %d): %s\n", rc, cmd.str().c_str());
+        std::ifstream in(out);
+        for (std::string line; std::getline(in, line);)
+            if (!line.empty()) peer_rows.push_back(line);
+        std::filesystem::remove(out);
+    }
+
+    if (!json_path.empty()) {
+        std::ofstream out(json_path);
+        out << "{\n  \"threads\": " << threads << ",\n  \"triad_gbps\": " << bench.roof.triad << ",\n  \"r3w2_gbps\": " << bench.roof.r3w2
+            << ",\n  \"shared_gemm_fraction\": " << shared_rate / gemm_rate << ",\n  \"rows\": [\n";
+        bool first = true;
+        for (const Row& r : bench.rows) out << (first ? "" : ",\n") << "    " << json_row(r), first = false;
+        for (const auto& line : peer_rows) out << (first ? "" : ",\n") << "    " << line, first = false;
+        out << "\n  ]\n}\n";
+        std::printf("wrote %s\n", json_path.c_str());
+    }
+    std::printf("total %.1f s\n", now() - start);
+    return 0;
+}

@@ -1,0 +1,87 @@
+#pragma once
+// QRNN layer (Bradbury et al. 2016, "Quasi-Recurrent Neural Networks") on olmax's scan engine.
+//
+// Gates and candidate come from one causal convolution over time ([batch, time, features] in,
+// kernel K taps), split along channels; the forget gate is f = hard_sigmoid(.) as in Olmax.
+// Poolings (c_{-1} = 0):
+//   original  h = f h + z                 (Olmax: z is the raw projection, no (1 - f) factor)
+//   f         h = f h + (1 - f) tanh(z)   (the paper's f-pooling)
+//   fo        c = f c + (1 - f) tanh(z),  h = sigmoid(o) c
+//   ifo       c = f c + sigmoid(i) tanh(z), h = sigmoid(o) c
+// The recurrence runs through olmax::scan::scan<Strategy>, whose custom backward is exact
+// (da_t = g_t h_{t-1}); everything else is ordinary differentiable ops.
+
+#include <cmath>
+#include <string_view>
+
+#include "olmax/backend/backend.hpp"
+#include "olmax/core/random.hpp"
+#include "olmax/nn/contract.hpp"
+#include "olmax/ops/conv.hpp"
+#include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/shape.hpp"
+#include "olmax/scan/scan.hpp"
+
+namespace olmax::nn {
+
+enum class QrnnPooling { original, f, fo, ifo };
+
+template <class Strategy = scan::sequential_vectorized, Real T = float, class B = backend::default_backend>
+class QRNN {
+public:
+    using value_type = T;
+    using config_type = Config;
+    static constexpr std::string_view name = "qrnn";
+
+    /// features -> features, kernel 5 (the original block's convolution), original pooling.
+    QRNN(const Config& config, Generator& rng) : QRNN(config.features, config.features, 5, QrnnPooling::original, rng) {}
+
+    QRNN(std::size_t in_features, std::size_t hidden, std::size_t kernel, QrnnPooling pooling, Generator& rng) : pooling_(pooling) {
+        check<value_error>(in_features > 0 && hidden > 0 && kernel > 0, "nn::QRNN: in_features, hidden and kernel must be positive, got ",
+                           in_features, ", ", hidden, ", ", kernel);
+        hidden_ = hidden;
+        const T std_dev = T(1) / std::sqrt(T(kernel * in_features));
+        weight_ = parameter(randn<T>({kernel, in_features, gate_count() * hidden}, rng, T(0), std_dev));
+        bias_ = parameter(Tensor<T>({gate_count() * hidden}));
+    }
+
+    /// x [batch, time, in_features] -> h [batch, time, hidden].
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const {
+        const Tensor<T> z = causal_conv1d<B>(x, weight_, bias_);
+        auto part = [&](std::size_t i) { return slice<B>(z, 2, i * hidden_, (i + 1) * hidden_); };
+        const Tensor<T> forget = hard_sigmoid<B>(part(1));
+        if (pooling_ == QrnnPooling::original) return scan::scan<Strategy, B>(forget, part(0));
+        const Tensor<T> candidate = tanh<B>(part(0));
+        const Tensor<T> input = pooling_ == QrnnPooling::ifo ? mul<B>(sigmoid<B>(part(3)), candidate)
+                                                             : mul<B>(add_scalar<B>(neg<B>(forget), T(1)), candidate);
+        const Tensor<T> c = scan::scan<Strategy, B>(forget, input);
+        if (pooling_ == QrnnPooling::f) return c;
+        return mul<B>(sigmoid<B>(part(2)), c);
+    }
+
+    void visit_parameters(ParameterVisitor<T>& visit) {
+        visit("weight", weight_, Role::weight);
+        visit("bias", bias_, Role::bias);
+    }
+
+    std::size_t hidden() const { return hidden_; }
+    QrnnPooling pooling() const { return pooling_; }
+
+private:
+    /// Channels of the projection: candidate and forget, plus output and input gates as needed.
+    std::size_t gate_count() const {
+        switch (pooling_) {
+            case QrnnPooling::original:
+            case QrnnPooling::f: return 2;
+            case QrnnPooling::fo: return 3;
+            case QrnnPooling::ifo: return 4;
+        }
+        return 2;
+    }
+
+    QrnnPooling pooling_;
+    std::size_t hidden_ = 0;
+    Tensor<T> weight_, bias_;
+};
+
+}  // namespace olmax::nn
