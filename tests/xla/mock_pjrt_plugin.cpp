@@ -1,7 +1,7 @@
 // A mock PJRT plugin (shared library exporting GetPjrtApi) built from test sources against the same
 // PJRT C API header as olmax's runtime. It checks every args struct_size against the header's
 // constants, records the program and compile options, keeps buffers in host memory and runs a tiny
-// interpreter for the modules olmax emits for add/multiply, plain matmul and a full sum. It counts
+// interpreter for the modules olmax emits for add/multiply, matmul and a full sum. It counts
 // live objects (leaks) and ownership-order violations (a client destroyed before its buffers).
 //
 // Controlled by environment variables read when GetPjrtApi is called:
@@ -149,20 +149,22 @@ PJRT_Error* client_compile(PJRT_Client_Compile_Args* args) {
     std::string text(args->program->code, args->program->code_size);
     if (!contains(text, "func.func public @main"))
         return make_error(PJRT_Error_Code_INVALID_ARGUMENT, "mock: failed to parse the MLIR module: no 'func.func public @main'");
+    // Recognised by olmax's module names (stablehlo.hpp): elementwise_binary add/multiply, matmul,
+    // and reduce over every axis (scalar result); anything else is UNIMPLEMENTED here.
     auto exe = new PJRT_LoadedExecutable;
-    if (contains(text, "\"stablehlo.dot_general\"")) {
+    if (text.rfind("module @matmul ", 0) == 0) {
         exe->op = "matmul";
         exe->transpose_a = contains(text, "lhs_contracting_dimensions = [0]");
         exe->transpose_b = contains(text, "rhs_contracting_dimensions = [1]");
-    } else if (contains(text, "\"stablehlo.reduce\"")) {
+    } else if (text.rfind("module @reduce ", 0) == 0 && contains(text, "\"stablehlo.add\"") && contains(text, "-> (tensor<f32>) {")) {
         exe->op = "sum";
-    } else if (contains(text, "\"stablehlo.add\"")) {
+    } else if (text.rfind("module @binary ", 0) == 0 && contains(text, "\"stablehlo.add\"")) {
         exe->op = "add";
-    } else if (contains(text, "\"stablehlo.multiply\"")) {
+    } else if (text.rfind("module @binary ", 0) == 0 && contains(text, "\"stablehlo.multiply\"")) {
         exe->op = "multiply";
     } else {
         delete exe;
-        return make_error(PJRT_Error_Code_UNIMPLEMENTED, "mock: the mock interpreter runs only add, multiply, matmul and sum");
+        return make_error(PJRT_Error_Code_UNIMPLEMENTED, "mock: the mock interpreter runs only add, multiply, matmul and a full sum");
     }
     exe->program = std::move(text);
     ++live_objects;
