@@ -41,6 +41,12 @@ ConvDims validate(const Tensor<T>& x, const Tensor<T>& w, std::size_t groups) {
     return d;
 }
 
+/// With fewer independent items than threads, loop over them and let each GEMM use the threads.
+template <class B>
+bool few_items(std::size_t items) {
+    return items < std::size_t(std::max(B::num_threads(), 2));
+}
+
 /// out[b, t, group cols] += sum_k x[b, t - s_k, group cols] w[k, :, group cols] with s_k = K-1-k:
 /// for tap k the output rows [s, T) take input rows [0, T - s), a GEMM on offset row blocks.
 template <class B, Real T>
@@ -55,7 +61,10 @@ void forward(const ConvDims& d, const T* x, const T* w, T* out) {
                         w + k * cig * d.cout + g * cog, d.cout, T{1}, out + (b * d.time + shift) * d.cout + g * cog, d.cout);
         }
     };
-    if (d.batch == 1) return one_batch(0);
+    if (few_items<B>(d.batch)) {
+        for (std::size_t b = 0; b < d.batch; ++b) one_batch(b);
+        return;
+    }
     B::parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t b = lo; b < hi; ++b) one_batch(b);
     });
@@ -74,7 +83,10 @@ void backward_input(const ConvDims& d, const T* dy, const T* w, T* dx) {
                         w + k * cig * d.cout + g * cog, d.cout, T{1}, dx + b * d.time * d.cin + g * cig, d.cin);
         }
     };
-    if (d.batch == 1) return one_batch(0);
+    if (few_items<B>(d.batch)) {
+        for (std::size_t b = 0; b < d.batch; ++b) one_batch(b);
+        return;
+    }
     B::parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t b = lo; b < hi; ++b) one_batch(b);
     });
@@ -93,7 +105,10 @@ void backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw) {
             B::gemm(true, false, cig, cog, d.time - shift, T{1}, x + b * d.time * d.cin + g * cig, d.cin,
                     dy + (b * d.time + shift) * d.cout + g * cog, d.cout, T{1}, dw + k * cig * d.cout + g * cog, d.cout);
     };
-    if (blocks == 1) return one_block(0);
+    if (few_items<B>(blocks)) {
+        for (std::size_t kg = 0; kg < blocks; ++kg) one_block(kg);
+        return;
+    }
     B::parallel_for(blocks, d.batch * d.time * cig * cog, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t kg = lo; kg < hi; ++kg) one_block(kg);
     });
