@@ -69,6 +69,18 @@ def main():
     def compile_module(text):
         return backend.compile_and_load(text, executable_devices=backend.devices()[:1], compile_options=options)
 
+    # The portable-artifact path (VHLO bytecode, the only StableHLO form with a compatibility
+    # guarantee): every matching module must serialize to the oldest StableHLO version this jaxlib
+    # supports; a few are compiled and run from that bytecode too.
+    try:
+        import jaxlib.mlir.dialects.stablehlo as stablehlo_dialect
+        vhlo_target = stablehlo_dialect.get_minimum_version()
+    except Exception as e:  # noqa: BLE001 - moved between jax releases
+        vhlo_target = None
+        print(f"note  VHLO check skipped: {e!r}")
+    bytecode_cases = ("scan_forward.chunked_matmul128.3x129", "scan_backward.chunked_matmul128.3x129",
+                      "qrnn_block_backward.chunked_matmul128.129x16x8", "scan_forward.sequential.3x129")
+
     def run(executable, inputs):
         out = executable.execute_sharded([jax.device_put(x, device) for x in inputs])
         return [np.asarray(r[0]) for r in out.disassemble_into_single_device_arrays()]
@@ -117,6 +129,15 @@ def main():
             worst = max(worst, ratio)
             if not np.all(np.isfinite(got64)) or not np.all(error <= RTOL * scale):
                 problems.append(f"output {i}: max |err| {error.max():.3e}, max |err|/scale {ratio:.3e} > {RTOL:g}")
+        if vhlo_target is not None and expect == "match":
+            try:
+                artifact = jex.mlir.serialize_portable_artifact(text, vhlo_target)
+                if name in bytecode_cases:
+                    from_bytecode = run(compile_module(artifact), inputs)
+                    if any(not np.array_equal(a, b) for a, b in zip(from_bytecode, outputs)):
+                        problems.append(f"VHLO {vhlo_target} bytecode gives different results than the text")
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"VHLO serialization to StableHLO {vhlo_target} failed: {e}")
         if expect == "mismatch":
             if problems:
                 print(f"ok    {name}: wrong module detected ({problems[0]})")
@@ -128,6 +149,9 @@ def main():
             print(f"FAIL  {name}: " + "; ".join(problems))
         else:
             print(f"ok    {name}: max |err|/scale {worst:.2e} ({seconds * 1e3:.0f} ms compile+run)")
+    if vhlo_target is not None:
+        print(f"note  every matching module also serialized to VHLO for StableHLO {vhlo_target}; "
+              f"{len(bytecode_cases)} compiled and run from that bytecode")
     print("all cases behaved" if failures == 0 else f"{failures} case(s) failed")
     return 1 if failures else 0
 
