@@ -341,6 +341,24 @@ TEST_CASE("chunked_cross_entropy equals cross_entropy(matmul(hidden, w_out))", "
     }
 }
 
+TEST_CASE("chunked_cross_entropy in float agrees with the unchunked loss", "[ops][nn][loss]") {
+    olmax::Generator rng(25);
+    const std::size_t n = 37, f = 16, v = 300;
+    auto hidden = olmax::randn<float>({n, f}, rng);
+    auto w_out = olmax::randn<float>({f, v}, rng, 0.f, 0.5f);
+    auto targets = Ids::uninitialized({n});
+    for (std::size_t i = 0; i < n; ++i) targets(i) = std::int32_t(rng.below(v));
+    auto h1 = olmax::parameter(hidden.clone()), w1 = olmax::parameter(w_out.clone());
+    auto h2 = olmax::parameter(hidden.clone()), w2 = olmax::parameter(w_out.clone());
+    auto chunked = olmax::chunked_cross_entropy(h1, w1, targets, {0.0, 8});
+    chunked.backward();  // frees the tape, so the second graph is built afterwards
+    auto full = olmax::cross_entropy(olmax::matmul(h2, w2), targets);
+    full.backward();
+    CHECK(chunked.item() == Approx(full.item()).epsilon(1e-5));
+    CHECK(olmax_test::max_abs_diff(h1.grad(), h2.grad()) < 1e-5);
+    CHECK(olmax_test::max_abs_diff(w1.grad(), w2.grad()) < 1e-5);
+}
+
 TEST_CASE("chunked_cross_entropy gradient check: remainder chunk and chunk_tokens > N", "[ops][nn][loss][gradcheck]") {
     olmax::Generator rng(21);
     auto targets = ids_from({7}, {0, 4, 2, 2, 1, 3, 4});
