@@ -88,6 +88,27 @@ PJRT_Error* plugin_initialize(PJRT_Plugin_Initialize_Args* args) {
     return nullptr;
 }
 
+PJRT_Error* plugin_attributes(PJRT_Plugin_Attributes_Args* args) {
+    if (auto e = check_size(args, PJRT_Plugin_Attributes_Args_STRUCT_SIZE, "PJRT_Plugin_Attributes_Args")) return e;
+    static const int64_t version[3] = {1, 9, 3};
+    static PJRT_NamedValue values[2];
+    std::memset(static_cast<void*>(values), 0, sizeof values);
+    values[0].struct_size = values[1].struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    values[0].name = "stablehlo_current_version";
+    values[0].name_size = std::strlen(values[0].name);
+    values[0].type = PJRT_NamedValue_kInt64List;
+    values[0].int64_array_value = version;
+    values[0].value_size = 3;
+    values[1].name = "xla_version";
+    values[1].name_size = std::strlen(values[1].name);
+    values[1].type = PJRT_NamedValue_kInt64;
+    values[1].int64_value = 2;
+    values[1].value_size = 1;
+    args->attributes = values;
+    args->num_attributes = 2;
+    return nullptr;
+}
+
 PJRT_Error* event_destroy(PJRT_Event_Destroy_Args* args) {
     if (auto e = check_size(args, PJRT_Event_Destroy_Args_STRUCT_SIZE, "PJRT_Event_Destroy_Args")) return e;
     if (args->event) {
@@ -297,6 +318,7 @@ __attribute__((visibility("default"))) const PJRT_Api* GetPjrtApi() {
     api.PJRT_Error_Message = error_message;
     api.PJRT_Error_GetCode = error_get_code;
     api.PJRT_Plugin_Initialize = plugin_initialize;
+    api.PJRT_Plugin_Attributes = plugin_attributes;
     api.PJRT_Event_Destroy = event_destroy;
     api.PJRT_Event_Await = event_await;
     api.PJRT_Client_Create = client_create;

@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
         pjrt::client client(plugin, options);
         std::printf("plugin %s (PJRT API %s), platform %s\n", plugin.path().c_str(), plugin.version_string().c_str(),
                     client.platform_name().c_str());
+        for (const auto& [name, value] : plugin.attributes()) std::printf("  %s = %s\n", name.c_str(), value.c_str());
         int failures = 0, ran = 0;
         for (const auto& c : read_manifest(folder)) {
             bool selected = only.empty();

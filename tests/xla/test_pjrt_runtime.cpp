@@ -90,6 +90,9 @@ TEST_CASE("pjrt: the mock plugin runs emitted modules end to end, once initialis
     CHECK(&plugin == &pjrt::plugin::load(mock_path()));   // one plugin per path: Initialize ran once
     CHECK(mock_hook<int()>("olmax_mock_pjrt_initialize_calls")() == 1);
     CHECK(plugin.major_version() == PJRT_API_MAJOR);
+    const auto attributes = plugin.attributes();
+    CHECK(attributes.at("stablehlo_current_version") == "1.9.3");
+    CHECK(attributes.at("xla_version") == "2");
     {
         auto client = std::make_shared<pjrt::client>(plugin);
         CHECK(client->platform_name() == "mock");

@@ -151,6 +151,32 @@ public:
 
     std::string version_string() const { return std::to_string(major_) + "." + std::to_string(minor_); }
 
+    /// PJRT_Plugin_Attributes as text (e.g. "xla_version", "stablehlo_current_version" = "1.9.3",
+    /// "stablehlo_minimum_version"); empty when the plugin does not implement the call.
+    std::map<std::string, std::string> attributes() const {
+        std::map<std::string, std::string> out;
+        const auto offset = offsetof(PJRT_Api, PJRT_Plugin_Attributes);
+        if (offset + sizeof(api_->PJRT_Plugin_Attributes) > api_->struct_size || !api_->PJRT_Plugin_Attributes) return out;
+        auto args = detail::make_args<PJRT_Plugin_Attributes_Args>(PJRT_Plugin_Attributes_Args_STRUCT_SIZE);
+        check(api_->PJRT_Plugin_Attributes(&args), "PJRT_Plugin_Attributes");
+        for (std::size_t i = 0; i < args.num_attributes; ++i) {
+            const PJRT_NamedValue& v = args.attributes[i];
+            std::string text;
+            switch (v.type) {
+                case PJRT_NamedValue_kString: text.assign(v.string_value, v.value_size); break;
+                case PJRT_NamedValue_kInt64: text = std::to_string(v.int64_value); break;
+                case PJRT_NamedValue_kInt64List:
+                    for (std::size_t j = 0; j < v.value_size; ++j) text += (j ? "." : "") + std::to_string(v.int64_array_value[j]);
+                    break;
+                case PJRT_NamedValue_kFloat: text = std::to_string(v.float_value); break;
+                case PJRT_NamedValue_kBool: text = v.bool_value ? "true" : "false"; break;
+                default: text = "?";
+            }
+            out.emplace(std::string(v.name, v.name_size), text);
+        }
+        return out;
+    }
+
     plugin(const plugin&) = delete;
     plugin& operator=(const plugin&) = delete;
 
