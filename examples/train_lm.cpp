@@ -68,6 +68,7 @@ int run(int argc, char** argv) {
     olmax::check<config::config_error>(cl.positional.empty(), "train_lm: unexpected argument '",
                                        cl.positional.empty() ? "" : cl.positional[0], "' (flags are --key=value)");
     c.validate();
+    byte_lm::layer_config(c);  // model-specific checks (sequence vs mixer chunk) before any work
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
     std::cout << "# resolved config\n" << config::to_text(c) << std::flush;
 
@@ -157,10 +158,15 @@ int run(int argc, char** argv) {
     std::cout << "checkpoint: " << (last_checkpoint.empty() ? std::string("(none written in this run)") : last_checkpoint.string()) << "\n";
 
     // ---- loss curve -------------------------------------------------------------------------
-    // The script sits in the source tree: next to this file's folder (CMake compiles with absolute
-    // paths), else relative to the working directory (the repository root).
+    // The script sits in the source tree: found from this file's path (CMake compiles with absolute
+    // paths), else from the executable's (<repo>/build/examples/train_lm), else from the working
+    // directory (the repository root).
     auto script = std::filesystem::path(__FILE__).parent_path().parent_path() / "scripts" / "plot_loss.py";
-    if (!std::filesystem::exists(script)) script = std::filesystem::path("scripts") / "plot_loss.py";
+    std::error_code no_exe;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", no_exe);
+    for (const auto& candidate : {exe.parent_path().parent_path().parent_path() / "scripts" / "plot_loss.py",
+                                  std::filesystem::path("scripts") / "plot_loss.py"})
+        if (!std::filesystem::exists(script)) script = candidate;
     const auto png = std::filesystem::path(c.checkpoint_dir) / "loss.png";
     const std::string plot = "/usr/bin/python3 '" + script.string() + "' '" + metrics_path.string() + "' -o '" + png.string() +
                              "' --baseline " + std::to_string(baseline);

@@ -16,16 +16,16 @@ struct TrainConfig {
     std::string data;  // file or folder; empty = the default corpus (Debian package fortunes)
     double held_out_fraction = 0.05;
     std::int64_t seed = 0;
-    std::int64_t batch = 16;
-    std::int64_t sequence = 128;
+    std::int64_t batch = 8;
+    std::int64_t sequence = 64;
     // model
-    std::int64_t features = 128;
-    std::int64_t depth = 4;
+    std::int64_t features = 64;
+    std::int64_t depth = 2;
     // optimisation
-    std::int64_t steps = 1000;
+    std::int64_t steps = 1500;
     std::int64_t grad_accumulation = 1;
     double lr = 3e-3;
-    std::int64_t warmup = 100;
+    std::int64_t warmup = 50;
     double lr_decay = 1e-4;
     std::int64_t decay_start = -1;
     double min_lr = 0.0;
@@ -37,16 +37,16 @@ struct TrainConfig {
     double agc_clip = 0.0;
     double max_grad_norm = 1.0;
     // evaluation, checkpoints, logging
-    std::int64_t eval_every = 200;
+    std::int64_t eval_every = 250;
     std::int64_t eval_batches = 16;
     std::int64_t checkpoint_every = 500;
     std::string checkpoint_dir = "runs/train_lm";
     std::int64_t keep_checkpoints = 3;
     bool resume = true;
     std::int64_t log_every = 50;
-    std::int64_t threads = 0;
+    std::int64_t threads = 1;
     // sampling at the end
-    std::int64_t sample_bytes = 300;
+    std::int64_t sample_bytes = 200;
     double temperature = 0.8;
     std::int64_t top_k = 0;
     double top_p = 0.95;
@@ -83,7 +83,7 @@ struct TrainConfig {
             {"keep_checkpoints", &C::keep_checkpoints, "checkpoints kept in checkpoint_dir"},
             {"resume", &C::resume, "continue from the newest valid checkpoint in checkpoint_dir"},
             {"log_every", &C::log_every, "steps between log lines when stdout is not a terminal"},
-            {"threads", &C::threads, "OpenMP threads (0: all cores)"},
+            {"threads", &C::threads, "OpenMP threads (0: all cores; 1 is fastest for models this small on a busy machine)"},
             {"sample_bytes", &C::sample_bytes, "bytes to generate after training"},
             {"temperature", &C::temperature, "sampling temperature (0: greedy)"},
             {"top_k", &C::top_k, "sample among the k most likely bytes (0: all)"},
