@@ -311,3 +311,23 @@ TEST_CASE("backends: a reversible stack gives the same values and gradients on c
     auto ps = nn::parameters(serial), pp = nn::parameters(parallel);
     for (std::size_t i = 0; i < ps.size(); ++i) CHECK(max_abs_diff(ps[i].tensor.grad(), pp[i].tensor.grad()) < 1e-12);
 }
+
+TEST_CASE("Module wrapper: call, parameters, zero_grad, save/load", "[nn][module]") {
+    auto cfg = config();
+    nn::Module<nn::Sandwich<nn::DenseConv<3, double>>> a(cfg), b(cfg, olmax::Generator(77));
+    olmax::Generator rng(31);
+    auto x = olmax::randn<double>({1, 5, 4}, rng);
+    auto y = a(x);
+    CHECK(y.shape() == olmax::Shape{1, 5, 4});
+    REQUIRE(a.parameters().size() == 5);
+    CHECK(a.parameters()[1].name == "dense/conv0/weight");
+    olmax::sum(y).backward();
+    CHECK(a.parameters()[1].tensor.grad().defined());
+    a.zero_grad();
+    CHECK_FALSE(a.parameters()[1].tensor.grad().defined());
+    CHECK(max_abs_diff(a(x), b(x)) > 1e-6);
+    std::stringstream file;
+    a.save(file);
+    b.load(file);
+    CHECK(max_abs_diff(a(x), b(x)) == 0);
+}

@@ -146,6 +146,9 @@ public:
 
     /// [2, ...] -> [2, ...]. With memory saving on (the default) one custom op on the tape, whose
     /// backward is `reverse`; otherwise the plain composition of ops (every activation recorded).
+    /// A standalone block's node still holds its input and output state (the tape keeps op inputs
+    /// alive), so a chain of N standalone blocks holds 2N states; nn::Stack runs invertible blocks
+    /// as one op and holds only the stack's input and output, whatever the depth.
     Tensor<T> forward(const Tensor<T>& state, const LayerContext& ctx = {}) const {
         detail::check_state(state, "Reversible");
         if (!memory_saving_) {
