@@ -203,7 +203,9 @@ TEST_CASE("rms_norm is x / sqrt(mean(x^2) + eps) * w", "[ops][nn][norm]") {
     CHECK_THROWS_AS(olmax::rms_norm(x, olmax::randn<double>({2, 3}, rng)), olmax::shape_error);
 
     auto xf = olmax::randn<float>({3, 8}, rng);
-    auto yf = olmax::rms_norm(xf, olmax::ones<float>({8}));
+    auto yf = olmax::rms_norm(xf, olmax::ones<float>({8}), 1e-6);  // a double eps converts to T
+    CHECK(olmax::scale_norm(xf, Tensor<float>(), 1e-12).shape() == xf.shape());
+    CHECK(olmax::cross_entropy(xf, ids_from({3}, {0, 1, 2}), 0.5).item() > 0);
     double ms = 0;
     for (std::size_t f = 0; f < 8; ++f) ms += double(yf(1, f)) * double(yf(1, f)) / 8;
     CHECK(ms == Approx(1.0).epsilon(1e-4));

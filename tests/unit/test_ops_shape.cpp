@@ -169,6 +169,7 @@ TEST_CASE("shape ops pass NaN through, work in float and on a minimal backend", 
     CHECK(olmax::transpose<olmax_test::stub_backend>(olmax::concat<olmax_test::stub_backend>({x, x}, 0)).shape() == Shape{2, 4});
     CHECK(olmax::pad<olmax_test::stub_backend>(olmax::slice<olmax_test::stub_backend>(x, 1, 1, 2), 0, 1, 1).shape() == Shape{4, 1});
     CHECK(olmax::reshape<olmax_test::stub_backend>(x, {4}).shape() == Shape{4});
+    CHECK(olmax::pad(x, 0, 1, 0, 2.5)(0, 1) == 2.5f);  // a double value converts to T
 
     auto w = olmax::parameter(olmax::ones<float>({2, 3}));
     auto loss = olmax::sum(olmax::concat(std::vector<Tensor<float>>{olmax::reshape(w, {3, 2}), olmax::transpose(w)}, 0));

@@ -15,6 +15,7 @@
 #include <vector>
 #include <string_view>
 #include <span>
+#include <type_traits>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -162,7 +163,7 @@ Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
 /// softmax normaliser near 1). Its gradient per row is (softmax (1 + 2 z_loss lse) - onehot) / N.
 /// N = 0 gives NaN (the mean of nothing), as `mean` does.
 template <class B = backend::default_backend, Real T>
-Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& targets, T z_loss = 0) {
+Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& targets, std::type_identity_t<T> z_loss = 0) {
     check<shape_error>(logits.rank() == 2 && targets.rank() == 1 && targets.shape()[0] == logits.shape()[0],
                        "cross_entropy: logits must be [N, V] and targets [N], got ", to_string(logits.shape()), " and ",
                        to_string(targets.shape()));

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 #include <span>
+#include <type_traits>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -101,7 +102,7 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
 /// Fused backward keeping only x and r: dx = r dxhat - r^3 x sum(dxhat x) with dxhat = dy w; rows
 /// whose norm is below eps (r clamped to 1/eps) get dx = r dxhat, the exact gradient there.
 template <class B = backend::default_backend, Real T>
-Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, T eps = T(1e-16)) {
+Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-16)) {
     check<value_error>(eps > T{0}, "scale_norm: eps must be positive, got ", eps);
     return detail::norm_ops::normalize<B>(
         "scale_norm", x, w,
@@ -117,7 +118,7 @@ Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, T eps = T(1e-16)) {
 /// `w` is [F] or an undefined tensor for no scale. Fused backward:
 /// dx = s dxhat - s^3 x sum(dxhat x) / F with s = 1 / sqrt(mean(x^2) + eps).
 template <class B = backend::default_backend, Real T>
-Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, T eps = T(1e-6)) {
+Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-6)) {
     check<value_error>(eps >= T{0}, "rms_norm: eps must be non-negative, got ", eps);
     check<shape_error>(x.rank() >= 1, "rms_norm: needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape()));
     const double features = double(x.shape().back());

@@ -9,6 +9,7 @@
 #include <vector>
 #include <span>
 #include <utility>
+#include <type_traits>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -247,7 +248,7 @@ Tensor<T> concat(std::initializer_list<Tensor<T>> xs, long axis) {
 /// Adds `before` and `after` elements of constant `value` along `axis` (e.g. causal left padding
 /// of a sequence). The gradient is the slice of the output gradient over the original elements.
 template <class B = backend::default_backend, Real T>
-Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, T value = 0) {
+Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, std::type_identity_t<T> value = 0) {
     const std::size_t a = normalize_axis(axis, x.rank(), "pad");
     const auto lay = detail::shape_ops::layout_at(x.shape(), a);
     Shape out_shape = x.shape();
