@@ -11,7 +11,8 @@ jobs=$(nproc)
 bash tools/install_deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 program=toy_fit
-if cmake --build build --target help | grep -qw train_lm; then program=train_lm; fi
+targets=$(cmake --build build --target help)  # captured first: grep -q closing a pipe early would trip pipefail
+if grep -qw train_lm <<<"$targets"; then program=train_lm; fi
 cmake --build build --target "$program" --parallel "$jobs"
 echo "main: running build/examples/$program $*"
 exec "build/examples/$program" "$@"
