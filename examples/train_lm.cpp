@@ -69,7 +69,9 @@ int run(int argc, char** argv) {
                                        cl.positional.empty() ? "" : cl.positional[0], "' (flags are --key=value)");
     c.validate();
     byte_lm::layer_config(c);  // model-specific checks (sequence vs mixer chunk) before any work
+#if defined(_OPENMP)
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
+#endif
     std::cout << "# resolved config\n" << config::to_text(c) << std::flush;
 
     // ---- data -------------------------------------------------------------------------------
