@@ -2,8 +2,6 @@
 
 #include <olmax/nn/nn.hpp>
 
-#if __has_include("olmax/nn/qrnn.hpp")
-
 namespace nn = olmax::nn;
 using olmax::Tensor;
 using olmax_test::max_abs_diff;
@@ -45,4 +43,3 @@ TEST_CASE("QRNNBlock in a reversible Stack: same gradients as plain, causal, gra
     CHECK(olmax::testing::check_gradients([&](const std::vector<Tensor<double>>& in) { return block.forward(in[0], {}); }, {small}));
 }
 
-#endif

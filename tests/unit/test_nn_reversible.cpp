@@ -162,3 +162,23 @@ TEST_CASE("Reversible with dropout: the recompute replays the same masks", "[nn]
     for (std::size_t i = 0; i < pr.size(); ++i) CHECK(max_abs_diff(pr[i].tensor.grad(), pp[i].tensor.grad()) < 1e-10);
     CHECK_THROWS_WITH(nn::Dropout<double>(1.0), Catch::Contains("Dropout"));
 }
+
+TEST_CASE("Stack memory: reversible activation peak does not grow with depth, plain does", "[nn][stack][memory]") {
+    auto peak = [](std::size_t depth, bool reversible) {
+        nn::Stack<Block> stack(small_config(reversible), depth);
+        olmax::Generator data(8);
+        auto x = olmax::parameter(olmax::randn<double>({2, 2, 16, 4}, data));
+        auto dy = olmax::randn<double>({2, 2, 16, 4}, data);
+        std::size_t param_bytes = 0;
+        for (auto& p : nn::parameters(stack)) param_bytes += p.tensor.size() * sizeof(double);
+        const std::size_t before = olmax::memory::stats().current_bytes;
+        olmax::memory::reset_peak();
+        stack.forward(x).backward(dy);
+        return olmax::memory::stats().peak_bytes - before - param_bytes;
+    };
+    const auto rev2 = peak(2, true), rev16 = peak(16, true);
+    const auto plain2 = peak(2, false), plain16 = peak(16, false);
+    CHECK(double(rev16) <= 1.1 * double(rev2));
+    CHECK(double(plain16) > 4.0 * double(plain2));
+    CHECK(rev16 < plain16);
+}

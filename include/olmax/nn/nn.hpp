@@ -14,7 +14,5 @@
 #include "olmax/nn/embedding.hpp"
 #include "olmax/nn/reversible.hpp"
 #include "olmax/nn/stack.hpp"
-// The QRNN layer lives in its own header (scan engine); the block wrapper comes with it when present.
-#if __has_include("olmax/nn/qrnn.hpp")
+#include "olmax/nn/qrnn.hpp"
 #include "olmax/nn/qrnn_block.hpp"
-#endif
