@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <vector>
 #include <cstddef>
 
 #include "olmax/core/tensor.hpp"
@@ -275,21 +276,32 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
             const std::size_t k = task / R;
             return Bwd && ((first_round && k == 0) || (last_round && k == S - 1));
         };
+        // Work items: up to 8 consecutive tasks of equal length run as 8 interleaved chains (a short
+        // group is padded with copies of its last task, whose results are identical and discarded);
+        // peeled tasks run alone.
+        struct Item {
+            std::size_t first, count;
+            bool alone;
+        };
+        std::vector<Item> items;
         auto for_groups = [&](std::size_t n, auto&& group8, auto&& single) {
-            B::parallel_for(n, seg_len * 4, [&](std::size_t begin, std::size_t end) {
+            items.clear();
+            for (std::size_t task = 0; task < n;) {
+                if (special(task)) {
+                    items.push_back({task++, 1, true});
+                    continue;
+                }
+                const std::size_t len = make(task).length;
+                std::size_t count = 1;
+                while (count < 8 && task + count < n && !special(task + count) && make(task + count).length == len) ++count;
+                items.push_back({task, count, false});
+                task += count;
+            }
+            B::parallel_for(items.size(), seg_len * 8 * 4, [&](std::size_t begin, std::size_t end) {
                 denormal_guard guard;
-                std::size_t task = begin;
-                while (task < end) {
-                    bool grouped = task + 8 <= end;
-                    for (std::size_t j = 0; grouped && j < 8; ++j)
-                        grouped = !special(task + j) && make(task + j).length == make(task).length;
-                    if (grouped) {
-                        group8(task);
-                        task += 8;
-                    } else {
-                        single(task);
-                        ++task;
-                    }
+                for (std::size_t i = begin; i < end; ++i) {
+                    if (items[i].alone) single(items[i].first);
+                    else group8(items[i].first, items[i].count);
                 }
             });
         };
@@ -311,10 +323,12 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
         if (reduce_tasks > 0)
             for_groups(
                 reduce_tasks,
-                [&](std::size_t task) {
+                [&](std::size_t task, std::size_t count) {
                     std::array<Segment, 8> segs;
-                    for (std::size_t j = 0; j < 8; ++j) segs[j] = make(task + j);
-                    pass.template reduce<8>(segs.data(), segs[0].length, A.data() + task, X.data() + task);
+                    std::array<Acc, 8> a_map, x_map;
+                    for (std::size_t j = 0; j < 8; ++j) segs[j] = make(task + std::min(j, count - 1));
+                    pass.template reduce<8>(segs.data(), segs[0].length, a_map.data(), x_map.data());
+                    for (std::size_t j = 0; j < count; ++j) A[task + j] = a_map[j], X[task + j] = x_map[j];
                 },
                 reduce_single);
         for (std::size_t r = 0; r < R; ++r) {
@@ -354,13 +368,15 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
         };
         for_groups(
             S * R,
-            [&](std::size_t task) {
+            [&](std::size_t task, std::size_t count) {
                 std::array<Segment, 8> segs;
-                for (std::size_t j = 0; j < 8; ++j) segs[j] = make(task + j);
                 std::array<Acc, 8> st;
-                for (std::size_t j = 0; j < 8; ++j) st[j] = carry_in[task + j];
+                for (std::size_t j = 0; j < 8; ++j) {
+                    segs[j] = make(task + std::min(j, count - 1));
+                    st[j] = carry_in[task + std::min(j, count - 1)];
+                }
                 pass.template rescan<8>(segs.data(), segs[0].length, st.data());
-                for (std::size_t j = 0; j < 8; ++j)
+                for (std::size_t j = 0; j < count; ++j)
                     if ((task + j) / R == S - 1) carry[(task + j) % R] = st[j];
             },
             rescan_single);

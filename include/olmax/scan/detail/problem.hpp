@@ -22,7 +22,9 @@ struct Geometry {
 
     std::size_t rows() const { return batch * channels; }
     std::size_t x_index(std::size_t b, std::size_t t, std::size_t c) const { return b * xb + t * xt + c * xc; }
-    std::size_t gate_index(std::size_t b, std::size_t t, std::size_t c) const { return b * gb + t * gt + (c / share) * gc; }
+    std::size_t gate_index(std::size_t b, std::size_t t, std::size_t c) const {
+        return b * gb + t * gt + (share == 1 ? c : c / share) * gc;  // skip the division in the common case
+    }
     /// Time index of processing step s (the scan runs backwards in time when `reverse`).
     std::size_t time_of(std::size_t s) const { return reverse ? time - 1 - s : s; }
 };

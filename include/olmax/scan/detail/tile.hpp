@@ -260,6 +260,19 @@ struct tile_log_space {
 
 // ---- drivers ---------------------------------------------------------------------------------
 
+/// Visits every (step, lane) of a tile in the order that walks memory contiguously: steps outer
+/// for [B, T, C] (lanes are adjacent channels), lanes outer for [B, C, T] (steps are adjacent).
+template <class F>
+void for_each_in_tile(const Geometry& g, std::size_t steps, std::size_t lanes, F&& f) {
+    if (g.layout == Layout::btc) {
+        for (std::size_t s = 0; s < steps; ++s)
+            for (std::size_t w = 0; w < lanes; ++w) f(s, w);
+    } else {
+        for (std::size_t w = 0; w < lanes; ++w)
+            for (std::size_t s = 0; s < steps; ++s) f(s, w);
+    }
+}
+
 template <bool Log, class Kernel, class Acc, class B, class T>
 void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
     const std::size_t T_ = g.time, W = tile_width(g);
@@ -273,20 +286,15 @@ void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_
             const std::size_t cw = std::min(W, g.channels - c0);
             Acc* a = buffer.data();
             Acc* x = a + T_ * cw;
-            for (std::size_t s = 0; s < T_; ++s) {
+            for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) {
                 const std::size_t t = g.time_of(s);
-                for (std::size_t w = 0; w < cw; ++w) {
-                    a[s * cw + w] = load_gate<Log, Acc>(args.gates[g.gate_index(b, t, c0 + w)]);
-                    x[s * cw + w] = Acc(args.x[g.x_index(b, t, c0 + w)]);
-                }
-            }
+                a[s * cw + w] = load_gate<Log, Acc>(args.gates[g.gate_index(b, t, c0 + w)]);
+                x[s * cw + w] = Acc(args.x[g.x_index(b, t, c0 + w)]);
+            });
             if (args.h0)
                 for (std::size_t w = 0; w < cw; ++w) x[w] += a[w] * Acc(args.h0[b * g.channels + c0 + w]);
             Kernel::run(a, x, T_, cw, chunk, buffer.data() + 2 * T_ * cw);
-            for (std::size_t s = 0; s < T_; ++s) {
-                const std::size_t t = g.time_of(s);
-                for (std::size_t w = 0; w < cw; ++w) args.h[g.x_index(b, t, c0 + w)] = T(x[s * cw + w]);
-            }
+            for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) { args.h[g.x_index(b, g.time_of(s), c0 + w)] = T(x[s * cw + w]); });
             if (args.h_last)
                 for (std::size_t w = 0; w < cw; ++w) args.h_last[b * g.channels + c0 + w] = T(x[(T_ - 1) * cw + w]);
         }
@@ -314,19 +322,17 @@ void tile_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::siz
             const std::size_t cw = std::min(W, g.channels - c0);
             Acc* a = buffer.data();
             Acc* x = a + T_ * cw;
-            for (std::size_t r = 0; r < T_; ++r) {
+            for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
                 const std::size_t s = T_ - 1 - r, t = g.time_of(s);
-                for (std::size_t w = 0; w < cw; ++w) {
-                    a[r * cw + w] = r == 0 ? Acc(0) : load_gate<Log, Acc>(args.gates[g.gate_index(b, g.time_of(s + 1), c0 + w)]);
-                    x[r * cw + w] = Acc(args.dh[g.x_index(b, t, c0 + w)]);
-                }
-            }
+                a[r * cw + w] = r == 0 ? Acc(0) : load_gate<Log, Acc>(args.gates[g.gate_index(b, g.time_of(s + 1), c0 + w)]);
+                x[r * cw + w] = Acc(args.dh[g.x_index(b, t, c0 + w)]);
+            });
             if (args.dh_last)
                 for (std::size_t w = 0; w < cw; ++w) x[w] += Acc(args.dh_last[b * g.channels + c0 + w]);
             Kernel::run(a, x, T_, cw, chunk, buffer.data() + 2 * T_ * cw);
-            for (std::size_t r = 0; r < T_; ++r) {
+            for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
                 const std::size_t s = T_ - 1 - r, t = g.time_of(s);
-                for (std::size_t w = 0; w < cw; ++w) {
+                {
                     const Acc gr = x[r * cw + w];
                     const std::size_t c = c0 + w;
                     const Acc h_prev = s > 0 ? Acc(args.h[g.x_index(b, g.time_of(s - 1), c)])
@@ -336,7 +342,7 @@ void tile_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::siz
                     args.dx[g.x_index(b, t, c)] = T(gr);
                     args.da[g.x_index(b, t, c)] = T(da);
                 }
-            }
+            });
             if (args.dh0)
                 for (std::size_t w = 0; w < cw; ++w)
                     args.dh0[b * g.channels + c0 + w] =
