@@ -106,6 +106,9 @@ int run(int argc, char** argv) {
             std::cout << "resumed from " << loaded->path.string() << " at step " << step << "\n";
         }
     }
+    // A fresh run must not mix its checkpoints with an earlier run's (the newest step would win).
+    olmax::check(step > 0 || checkpoints.list().empty(), c.checkpoint_dir, " holds checkpoints of an earlier run",
+                 c.resume ? ", none of which loads" : "", "; pass --resume=true or choose another --checkpoint_dir");
     std::filesystem::create_directories(c.checkpoint_dir);
     const auto metrics_path = std::filesystem::path(c.checkpoint_dir) / "metrics.csv";
     io::MetricsLog metrics(metrics_path, step > 0);
