@@ -24,8 +24,10 @@ struct ConvDims {
 template <Real T>
 ConvDims validate(const Tensor<T>& x, const Tensor<T>& w, std::size_t groups) {
     check<value_error>(groups > 0, "causal_conv1d: groups must be positive, got 0");
-    check<shape_error>(x.rank() == 3, "causal_conv1d: x must have shape [batch, time, channels], got ", to_string(x.shape()));
-    check<shape_error>(w.rank() == 3, "causal_conv1d: w must have shape [K, Cin/groups, Cout], got ", to_string(w.shape()));
+    if (!(x.rank() == 3))
+        throw shape_error(olmax::detail::concat("causal_conv1d: x must have shape [batch, time, channels], got ", to_string(x.shape())));
+    if (!(w.rank() == 3))
+        throw shape_error(olmax::detail::concat("causal_conv1d: w must have shape [K, Cin/groups, Cout], got ", to_string(w.shape())));
     ConvDims d;
     d.batch = x.shape()[0];
     d.time = x.shape()[1];
@@ -33,11 +35,14 @@ ConvDims validate(const Tensor<T>& x, const Tensor<T>& w, std::size_t groups) {
     d.taps = w.shape()[0];
     d.cout = w.shape()[2];
     d.groups = groups;
-    check<shape_error>(d.taps > 0, "causal_conv1d: kernel size K = 0 in w of shape ", to_string(w.shape()));
-    check<shape_error>(d.cin % groups == 0 && d.cout % groups == 0, "causal_conv1d: Cin = ", d.cin, " and Cout = ", d.cout,
-                       " must both divide by groups = ", groups, " (x ", to_string(x.shape()), ", w ", to_string(w.shape()), ")");
-    check<shape_error>(w.shape()[1] == d.cin / groups, "causal_conv1d: w of shape ", to_string(w.shape()), " needs Cin/groups = ",
-                       d.cin / groups, " input channels per group for x of shape ", to_string(x.shape()), " and groups = ", groups);
+    if (!(d.taps > 0)) throw shape_error(olmax::detail::concat("causal_conv1d: kernel size K = 0 in w of shape ", to_string(w.shape())));
+    if (!(d.cin % groups == 0 && d.cout % groups == 0))
+        throw shape_error(olmax::detail::concat("causal_conv1d: Cin = ", d.cin, " and Cout = ", d.cout, " must both divide by groups = ",
+                                                groups, " (x ", to_string(x.shape()), ", w ", to_string(w.shape()), ")"));
+    if (!(w.shape()[1] == d.cin / groups))
+        throw shape_error(olmax::detail::concat("causal_conv1d: w of shape ", to_string(w.shape()), " needs Cin/groups = ", d.cin / groups,
+                                                " input channels per group for x of shape ", to_string(x.shape()),
+                                                " and groups = ", groups));
     return d;
 }
 
@@ -118,8 +123,9 @@ template <class B, Real T>
 Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, std::size_t groups) {
     const ConvDims d = validate(x, w, groups);
     if (bias)
-        check<shape_error>(bias->rank() == 1 && bias->shape()[0] == d.cout, "causal_conv1d: bias of shape ", to_string(bias->shape()),
-                           " does not match Cout = ", d.cout, " of w ", to_string(w.shape()));
+        if (!(bias->rank() == 1 && bias->shape()[0] == d.cout))
+            throw shape_error(olmax::detail::concat("causal_conv1d: bias of shape ", to_string(bias->shape()),
+                                                    " does not match Cout = ", d.cout, " of w ", to_string(w.shape())));
     Tensor<T> y({d.batch, d.time, d.cout});
     if (bias) {
         const T* bp = bias->data();

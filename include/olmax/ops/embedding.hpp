@@ -16,14 +16,15 @@ namespace olmax {
 /// accumulate). An id outside [0, V) throws `value_error` naming the id and V.
 template <class B = backend::default_backend, Real T>
 Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
-    check<shape_error>(table.rank() == 2, "embedding: the table must have shape [V, F], got ", to_string(table.shape()));
+    if (!(table.rank() == 2))
+        throw shape_error(olmax::detail::concat("embedding: the table must have shape [V, F], got ", to_string(table.shape())));
     const std::size_t vocab = table.shape()[0], features = table.shape()[1];
     const std::size_t count = ids.size();
     const std::int32_t* id = ids.data();
     for (std::size_t i = 0; i < count; ++i)
         if (id[i] < 0 || std::size_t(id[i]) >= vocab)
-            throw value_error(olmax::detail::concat("embedding: id ", id[i], " at position ", i, " is out of range for a table of V=", vocab,
-                                                    " rows (shape ", to_string(table.shape()), ")"));
+            throw value_error(olmax::detail::concat("embedding: id ", id[i], " at position ", i, " is out of range for a table of V=",
+                                                    vocab, " rows (shape ", to_string(table.shape()), ")"));
     Shape out_shape = ids.shape();
     out_shape.push_back(features);
     auto y = Tensor<T>::uninitialized(out_shape);

@@ -164,9 +164,9 @@ Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
 /// N = 0 gives NaN (the mean of nothing), as `mean` does.
 template <class B = backend::default_backend, Real T>
 Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& targets, std::type_identity_t<T> z_loss = 0) {
-    check<shape_error>(logits.rank() == 2 && targets.rank() == 1 && targets.shape()[0] == logits.shape()[0],
-                       "cross_entropy: logits must be [N, V] and targets [N], got ", to_string(logits.shape()), " and ",
-                       to_string(targets.shape()));
+    if (!(logits.rank() == 2 && targets.rank() == 1 && targets.shape()[0] == logits.shape()[0]))
+        throw shape_error(olmax::detail::concat("cross_entropy: logits must be [N, V] and targets [N], got ", to_string(logits.shape()),
+                                                " and ", to_string(targets.shape())));
     const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
     detail::loss_ops::check_targets("cross_entropy", targets.data(), n, vocab);
     // The forward pass works on a copy so the gradient can be formed in the same sweep when needed.
@@ -205,13 +205,15 @@ struct ChunkedLossOptions {
 /// the gradients equal those of `cross_entropy(..., z_loss)` and the value is that minus
 /// z_loss * mean(lse^2). Memory: O(chunk_tokens V + N F + F V) instead of O(N V).
 template <class Bk = backend::default_backend, Real T>
-Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out, const Tensor<std::int32_t>& targets, ChunkedLossOptions opt = {}) {
+Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out, const Tensor<std::int32_t>& targets,
+                                ChunkedLossOptions opt = {}) {
     using K = backend::kernel_backend_t<Bk, backend::op::matmul>;
     check<value_error>(opt.chunk_tokens > 0, "chunked_cross_entropy: chunk_tokens must be positive, got 0");
-    check<shape_error>(hidden.rank() == 2 && w_out.rank() == 2 && targets.rank() == 1 && hidden.shape()[1] == w_out.shape()[0] &&
-                           targets.shape()[0] == hidden.shape()[0],
-                       "chunked_cross_entropy: needs hidden [N, F], w_out [F, V] and targets [N], got ", to_string(hidden.shape()), ", ",
-                       to_string(w_out.shape()), " and ", to_string(targets.shape()));
+    if (!(hidden.rank() == 2 && w_out.rank() == 2 && targets.rank() == 1 && hidden.shape()[1] == w_out.shape()[0] &&
+          targets.shape()[0] == hidden.shape()[0]))
+        throw shape_error(olmax::detail::concat("chunked_cross_entropy: needs hidden [N, F], w_out [F, V] and targets [N], got ",
+                                                to_string(hidden.shape()), ", ", to_string(w_out.shape()), " and ",
+                                                to_string(targets.shape())));
     const std::size_t n = hidden.shape()[0], features = hidden.shape()[1], vocab = w_out.shape()[1];
     detail::loss_ops::check_targets("chunked_cross_entropy", targets.data(), n, vocab);
 
@@ -231,7 +233,8 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
         detail::loss_ops::softmax_xent_rows<K>(logits.data(), rows, vocab, targets.data() + start, recording, opt.z_loss, 1.0 / double(n),
                                                loss_sum, lse_sq_sum);
         if (need_dh)  // dhidden rows = dlogits w_out^T
-            K::gemm(false, true, rows, features, vocab, T{1}, logits.data(), vocab, wp, vocab, T{0}, dhidden.data() + start * features, features);
+            K::gemm(false, true, rows, features, vocab, T{1}, logits.data(), vocab, wp, vocab, T{0}, dhidden.data() + start * features,
+                    features);
         if (need_dw)  // dw_out += hidden_rows^T dlogits
             K::gemm(true, false, features, vocab, rows, T{1}, h_rows, features, logits.data(), vocab, T{1}, dw.data(), vocab);
     }

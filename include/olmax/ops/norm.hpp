@@ -22,14 +22,17 @@ namespace detail::norm_ops {
 /// gradient is then just r * dxhat. `mean_divisor` is 1 for the L2 norm and F for RMS.
 template <class B, Real T, class FactorOf>
 Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& w, FactorOf factor_of, T mean_divisor) {
-    check<shape_error>(x.rank() >= 1, name, ": needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape()));
+    if (!(x.rank() >= 1))
+        throw shape_error(
+            olmax::detail::concat(name, ": needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape())));
     const std::size_t f = x.shape().back();
     std::size_t rows = 1;
     for (std::size_t i = 0; i + 1 < x.rank(); ++i) rows *= x.shape()[i];
     const bool scaled = w.defined();
     if (scaled)
-        check<shape_error>(w.rank() == 1 && w.shape()[0] == f, name, ": scale of shape ", to_string(w.shape()), " does not match [",
-                           f, "] (the last axis of x of shape ", to_string(x.shape()), ")");
+        if (!(w.rank() == 1 && w.shape()[0] == f))
+            throw shape_error(olmax::detail::concat(name, ": scale of shape ", to_string(w.shape()), " does not match [", f,
+                                                    "] (the last axis of x of shape ", to_string(x.shape()), ")"));
     auto y = Tensor<T>::uninitialized(x.shape());
     auto r = Tensor<T>::uninitialized({rows});
     std::vector<unsigned char> clamped(rows);
@@ -85,7 +88,8 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
                                 B::parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
                                     for (std::size_t j = lo; j < hi; ++j) {
                                         double acc = 0;
-                                        for (std::size_t i = 0; i < rows; ++i) acc += double(gp[i * f + j]) * double(xp[i * f + j]) * double(rp[i]);
+                                        for (std::size_t i = 0; i < rows; ++i)
+                                            acc += double(gp[i * f + j]) * double(xp[i * f + j]) * double(rp[i]);
                                         dwp[j] = T(acc);
                                     }
                                 });
@@ -120,7 +124,9 @@ Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_
 template <class B = backend::default_backend, Real T>
 Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-6)) {
     check<value_error>(eps >= T{0}, "rms_norm: eps must be non-negative, got ", eps);
-    check<shape_error>(x.rank() >= 1, "rms_norm: needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape()));
+    if (!(x.rank() >= 1))
+        throw shape_error(
+            olmax::detail::concat("rms_norm: needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape())));
     const double features = double(x.shape().back());
     return detail::norm_ops::normalize<B>(
         "rms_norm", x, w,

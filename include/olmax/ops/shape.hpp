@@ -74,7 +74,8 @@ void permute_copy(const T* src, const Shape& in_shape, const std::vector<std::si
     }
     const Shape out_strides = row_major_strides(out_shape);
     const std::size_t last = rank - 1;
-    const std::size_t q = static_cast<std::size_t>(std::find(perm.begin(), perm.end(), last) - perm.begin());  // dst axis that is src's last
+    const std::size_t q =
+        static_cast<std::size_t>(std::find(perm.begin(), perm.end(), last) - perm.begin());  // dst axis that is src's last
     if (q == last) {  // rows stay contiguous on both sides
         const std::size_t inner = out_shape[last];
         B::parallel_for(total / inner, inner, [&](std::size_t lo, std::size_t hi) {
@@ -123,8 +124,9 @@ void record_unary(std::string_view name, const Tensor<T>& x, Tensor<T>& y, F&& b
 /// buffer, so writing into one is seen through the other). The gradient is reshaped back.
 template <class B = backend::default_backend, Real T>
 Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
-    check<shape_error>(numel(shape) == x.size(), "reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", x.size(),
-                       " elements) to ", to_string(shape), " (", numel(shape), " elements)");
+    if (!(numel(shape) == x.size()))
+        throw shape_error(olmax::detail::concat("reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", x.size(),
+                                                " elements) to ", to_string(shape), " (", numel(shape), " elements)"));
     Tensor<T> y = detail::shape_ops::share_storage(x, shape);
     detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
         sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
@@ -170,7 +172,8 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
 template <class B = backend::default_backend, Real T>
 Tensor<T> transpose(const Tensor<T>& x) {
     const std::size_t rank = x.rank();
-    check<shape_error>(rank >= 2, "transpose: swapping the last two axes needs rank >= 2, got shape ", to_string(x.shape()));
+    if (!(rank >= 2))
+        throw shape_error(olmax::detail::concat("transpose: swapping the last two axes needs rank >= 2, got shape ", to_string(x.shape())));
     std::vector<std::size_t> perm(rank);
     for (std::size_t i = 0; i < rank; ++i) perm[i] = i;
     std::swap(perm[rank - 2], perm[rank - 1]);
@@ -183,17 +186,19 @@ template <class B = backend::default_backend, Real T>
 Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t end) {
     const std::size_t a = normalize_axis(axis, x.rank(), "slice");
     const auto lay = detail::shape_ops::layout_at(x.shape(), a);
-    check<shape_error>(begin <= end && end <= lay.n, "slice: range [", begin, ", ", end, ") along axis ", axis, " of shape ",
-                       to_string(x.shape()), " is not within [0, ", lay.n, "] with begin <= end");
+    if (!(begin <= end && end <= lay.n))
+        throw shape_error(olmax::detail::concat("slice: range [", begin, ", ", end, ") along axis ", axis, " of shape ",
+                                                to_string(x.shape()), " is not within [0, ", lay.n, "] with begin <= end"));
     Shape out_shape = x.shape();
     out_shape[a] = end - begin;
     auto y = Tensor<T>::uninitialized(out_shape);
     detail::shape_ops::copy_along_axis<B>(x.data(), lay.n, begin, y.data(), end - begin, 0, end - begin, lay.outer, lay.inner);
-    detail::shape_ops::record_unary("slice", x, y, [lay, begin, end, in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-        Tensor<T> dx(in_shape);
-        detail::shape_ops::copy_along_axis<B>(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
-        sink.add(0, dx);
-    });
+    detail::shape_ops::record_unary(
+        "slice", x, y, [lay, begin, end, in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+            Tensor<T> dx(in_shape);
+            detail::shape_ops::copy_along_axis<B>(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
+            sink.add(0, dx);
+        });
     return y;
 }
 
@@ -209,8 +214,9 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
         const Shape& s = xs[i].shape();
         bool fits = s.size() == first.size();
         for (std::size_t d = 0; fits && d < s.size(); ++d) fits = d == a || s[d] == first[d];
-        check<shape_error>(fits, "concat: along axis ", axis, " tensor ", i, " of shape ", to_string(s),
-                           " does not match tensor 0 of shape ", to_string(first));
+        if (!fits)
+            throw shape_error(olmax::detail::concat("concat: along axis ", axis, " tensor ", i, " of shape ", to_string(s),
+                                                    " does not match tensor 0 of shape ", to_string(first)));
         out_shape[a] += s[a];
     }
     auto y = Tensor<T>::uninitialized(out_shape);
@@ -232,7 +238,8 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
                                 if (!sink.needs(i)) continue;
                                 const std::size_t n = shapes[i][a];
                                 auto dx = Tensor<T>::uninitialized(shapes[i]);
-                                detail::shape_ops::copy_along_axis<B>(g[0].data(), lay.n, offsets[i], dx.data(), n, 0, n, lay.outer, lay.inner);
+                                detail::shape_ops::copy_along_axis<B>(g[0].data(), lay.n, offsets[i], dx.data(), n, 0, n, lay.outer,
+                                                                      lay.inner);
                                 sink.add(i, dx);
                             }
                         });
