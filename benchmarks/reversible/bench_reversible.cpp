@@ -21,6 +21,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nn = olmax::nn;
@@ -31,7 +32,7 @@ struct Sizes {
     std::size_t batch = 2, sequence = 256, features = 32;
     std::vector<std::size_t> depths{4, 16, 64, 256};
     std::vector<std::size_t> timing_depths{16, 64};
-    int timing_repeats = 5;
+    int timing_repeats = 9;
 };
 
 struct MemoryResult {
@@ -76,19 +77,25 @@ MemoryResult measure_memory(const Sizes& s, std::size_t depth, bool reversible) 
     return r;
 }
 
-double median_step_seconds(const Sizes& s, std::size_t depth, bool reversible) {
-    nn::Stack<Block> stack(make_config(s, reversible), depth);
+/// Median step time of the reversible and the plain stack, alternating the two runs so that load
+/// changes on a shared machine hit both alike.
+std::pair<double, double> median_step_seconds(const Sizes& s, std::size_t depth) {
+    nn::Stack<Block> rev(make_config(s, true), depth), plain(make_config(s, false), depth);
     olmax::Generator rng(3);
     auto x = olmax::randn<float>({2, s.batch, s.sequence, s.features}, rng);
     auto dy = olmax::randn<float>({2, s.batch, s.sequence, s.features}, rng);
-    step(stack, x, dy);  // warm-up
-    std::vector<double> times;
+    step(rev, x, dy);  // warm-up
+    step(plain, x, dy);
+    std::vector<double> rev_times, plain_times;
     for (int i = 0; i < s.timing_repeats; ++i) {
-        nn::zero_grad(stack);
-        times.push_back(step(stack, x, dy));
+        nn::zero_grad(rev);
+        nn::zero_grad(plain);
+        rev_times.push_back(step(rev, x, dy));
+        plain_times.push_back(step(plain, x, dy));
     }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    std::sort(rev_times.begin(), rev_times.end());
+    std::sort(plain_times.begin(), plain_times.end());
+    return {rev_times[rev_times.size() / 2], plain_times[plain_times.size() / 2]};
 }
 
 int main(int argc, char** argv) {
@@ -125,8 +132,7 @@ int main(int argc, char** argv) {
          << ", \"plain\": " << double(plain_last) / double(plain_first) << "},\n  \"time\": [\n";
     for (std::size_t i = 0; i < s.timing_depths.size(); ++i) {
         const std::size_t depth = s.timing_depths[i];
-        const double rev = median_step_seconds(s, depth, true);
-        const double plain = median_step_seconds(s, depth, false);
+        const auto [rev, plain] = median_step_seconds(s, depth);
         json << "    {\"depth\": " << depth << ", \"reversible_seconds\": " << rev << ", \"plain_seconds\": " << plain
              << ", \"ratio\": " << rev / plain << "}" << (i + 1 < s.timing_depths.size() ? "," : "") << "\n";
     }
