@@ -366,3 +366,18 @@ TEST_CASE("the gradient checker catches a missing gradient and a wrong one", "[a
     CHECK_FALSE(r);
     CHECK(r.report.find("input 0") != std::string::npos);
 }
+
+TEST_CASE("backward frees the activations the tape kept alive", "[autodiff][memory]") {
+    auto w = olmax::parameter(Tensor<double>({256}, 0.5));
+    const auto before = olmax::memory::stats().current_bytes;
+    {
+        auto h = olmax::tanh(olmax::exp(w) * w);  // intermediates held by the tape
+        auto loss = olmax::sum(h);
+        CHECK(olmax::memory::stats().current_bytes > before + 3 * 256 * sizeof(double));
+        loss.backward();
+    }
+    // Only w's gradient remains.
+    CHECK(olmax::memory::stats().current_bytes == before + 256 * sizeof(double));
+    w.zero_grad();
+    CHECK(olmax::memory::stats().current_bytes == before);
+}

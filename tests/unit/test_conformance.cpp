@@ -275,3 +275,36 @@ TEST_CASE("backend primitives agree: parallel_for covers [0, n) once, sum, map, 
             CHECK(c1(1, 7) == 0.5);  // outside the 6 columns: untouched
         }
 }
+
+TEST_CASE("cpu_serial GEMM caps Eigen to one thread only for its own call", "[conformance][backend]") {
+#if defined(_OPENMP)
+    struct Restore {
+        int threads = omp_get_max_threads();
+        ~Restore() { omp_set_num_threads(threads); }
+    } restore;
+    omp_set_num_threads(3);
+    {
+        olmax::backend::detail::omp_thread_cap cap(1);
+        CHECK(Eigen::nbThreads() == 1);  // what Eigen's GEMM would use inside cpu_serial::gemm
+    }
+    CHECK(omp_get_max_threads() == 3);
+    olmax::Generator rng(45);
+    const auto a = olmax::randn<double>({70, 80}, rng), b = olmax::randn<double>({80, 90}, rng);
+    Tensor<double> c({70, 90});
+    cpu_serial::gemm(false, false, 70, 90, 80, 1.0, a.data(), 80, b.data(), 90, 0.0, c.data(), 90);
+    CHECK(omp_get_max_threads() == 3);  // restored after the call
+    CHECK(Eigen::nbThreads() == 3);
+    // Inside an OpenMP region the cap is per thread: the other threads keep their setting.
+    int others_ok = 1;
+#pragma omp parallel num_threads(2) reduction(min : others_ok)
+    {
+        if (omp_get_thread_num() == 0) {
+            olmax::backend::detail::omp_thread_cap cap(1);
+            others_ok = omp_get_max_threads() == 1;
+        }
+    }
+    CHECK(others_ok == 1);
+#else
+    SUCCEED("built without OpenMP");
+#endif
+}
