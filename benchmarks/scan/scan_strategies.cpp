@@ -3,7 +3,7 @@
 // backward) measured in the same run, and PyTorch CPU peers (benchmarks/scan/torch_peers.py, run
 // with /usr/bin/python3 and the same thread count) merged into the same report.
 //
-//   scan_strategies [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH]
+//   scan_strategies [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH] [--peers-script PATH]
 //
 // Timings are of the kernels on preallocated buffers (forward: run_forward; backward: the fused
 // reverse scan writing dx and da), median of repeats after one warm-up run. Useful traffic:
@@ -205,6 +205,7 @@ double eigen_gemm_gflops(std::size_t Q, std::size_t P, std::size_t reps) {
 int main(int argc, char** argv) {
     bool quick = false, peers = true;
     std::string json_path, python = "/usr/bin/python3";
+    std::filesystem::path script = std::filesystem::path(__FILE__).parent_path() / "torch_peers.py";
     int threads = 0;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
@@ -213,8 +214,10 @@ int main(int argc, char** argv) {
         else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
         else if (arg == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
         else if (arg == "--python" && i + 1 < argc) python = argv[++i];
+        else if (arg == "--peers-script" && i + 1 < argc) script = argv[++i];
         else {
-            std::fprintf(stderr, "usage: %s [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH] [--peers-script PATH]\n",
+                         argv[0]);
             return 2;
         }
     }
@@ -321,7 +324,6 @@ int main(int argc, char** argv) {
     // PyTorch peers, same shapes and threads.
     std::vector<std::string> peer_rows;
     if (peers) {
-        const auto script = std::filesystem::path(__FILE__).parent_path() / "torch_peers.py";
         std::ostringstream out_name;
         out_name << "/tmp/olmax_scan_torch_peers_" << ::getpid() << ".jsonl";
         const std::string out = out_name.str();
