@@ -381,3 +381,31 @@ TEST_CASE("backward frees the activations the tape kept alive", "[autodiff][memo
     w.zero_grad();
     CHECK(olmax::memory::stats().current_bytes == before);
 }
+
+TEST_CASE("GradientSink::add copies an lvalue gradient and may adopt a temporary one", "[autodiff][custom]") {
+    auto x = olmax::parameter(Tensor<double>::from({2}, {1, 2}));
+    auto y = ad::custom_op("reuses_buffer", x.clone(), {x}, [](const Tensor<double>& dy, GradientSink<double>& g) {
+        Tensor<double> scratch = olmax::scale(dy, 2.0);
+        g.add(0, scratch);   // copied: the closure may keep using its buffer
+        scratch.fill(100);
+        g.add(0, olmax::scale(dy, 3.0));  // a temporary; added on top
+        Tensor<double> last = olmax::scale(dy, 4.0);
+        auto alias = last;   // a second handle: the buffer must not be adopted
+        g.add(0, std::move(last));
+        alias.fill(-1);
+    });
+    y.backward(Tensor<double>::from({2}, {1, 10}));
+    CHECK(x.grad()(0) == 9);
+    CHECK(x.grad()(1) == 90);
+
+    auto z = olmax::parameter(Tensor<double>::from({2}, {1, 2}));
+    auto w = ad::custom_op("adopts", z.clone(), {z}, [](const Tensor<double>& dy, GradientSink<double>& g) {
+        g.add(0, olmax::scale(dy, 5.0));  // first arrival, sole owner: adopted without a copy
+    });
+    const auto seed = Tensor<double>::from({2}, {1, 1});
+    const auto allocations = olmax::memory::stats().allocations;
+    w.backward(seed);
+    CHECK(z.grad()(1) == 5);
+    // The seed's gradient buffer (1 allocation) and scale's result (1); no third for a copy.
+    CHECK(olmax::memory::stats().allocations - allocations == 2);
+}

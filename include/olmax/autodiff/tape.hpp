@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "olmax/backend/cpu_openmp.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax::autodiff {
@@ -121,22 +122,38 @@ public:
     tape_scope& operator=(const tape_scope&) = delete;
 };
 
-/// Adds `grad` into the gradient buffer of `impl` (allocating it on first use).
+/// Adds `grad` into the gradient buffer of `impl` (allocating it on first use). Copies and adds
+/// run on the default backend's threads above its parallel threshold (activation gradients of
+/// long sequences are hundreds of megabytes).
 template <Real T>
 void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::string_view op) {
     if (grad.shape() != impl.shape)
         throw autodiff_error(olmax::detail::concat(op, ": backward produced a gradient of shape ", to_string(grad.shape()),
                                                    " for an input of shape ", to_string(impl.shape)));
     const std::size_t n = grad.size();
+    const T* src = grad.data();
     if (!impl.grad) {
         impl.grad = std::make_shared<Storage<T>>(n);
-        std::copy(grad.begin(), grad.end(), impl.grad->data());
+        backend::cpu_openmp::map(n, impl.grad->data(), [](T v) { return v; }, src);
         return;
     }
     T* dst = impl.grad->data();
-    const T* src = grad.data();
-#pragma omp simd
-    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+    backend::cpu_openmp::map(n, dst, [](T a, T b) { return a + b; }, static_cast<const T*>(dst), src);
+}
+
+/// Same, taking over the buffer of a temporary gradient instead of copying it when nothing else
+/// can see that buffer (first gradient to arrive, sole handle, sole owner of the storage).
+template <Real T>
+void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::string_view op) {
+    if (!impl.grad && grad.defined() && grad.shape() == impl.shape && grad.impl_ptr().use_count() == 1) {
+        auto& source = grad.impl();
+        if (source.offset == 0 && source.storage && source.storage.use_count() == 1 && source.storage->size() == grad.size()) {
+            impl.grad = std::move(source.storage);
+            grad = Tensor<T>();
+            return;
+        }
+    }
+    accumulate_grad(impl, static_cast<const Tensor<T>&>(grad), op);
 }
 
 /// What a backward closure writes into: one slot per op input, in the order they were recorded.
@@ -153,6 +170,11 @@ public:
     void add(std::size_t i, const Tensor<T>& grad) {
         if (!needs(i)) return;
         accumulate_grad(*inputs_[i], grad, op_);
+    }
+    /// A temporary gradient: its buffer becomes the input's gradient when it is the first to arrive.
+    void add(std::size_t i, Tensor<T>&& grad) {
+        if (!needs(i)) return;
+        accumulate_grad(*inputs_[i], std::move(grad), op_);
     }
 
 private:

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
@@ -174,7 +175,7 @@ Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
 #pragma omp simd
                                 for (std::size_t i = b; i < e; ++i) dp[i] = gp[i] * df(xp[i], yp[i]);
                             });
-                            sink.add(0, dx);
+                            sink.add(0, std::move(dx));
                         });
     return y;
 }
@@ -210,7 +211,9 @@ Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& 
                                         dp[i] = gp[i] * (side == 0 ? dfa(ap[ia], bp[ib], yp[i]) : dfb(ap[ia], bp[ib], yp[i]));
                                     });
                                 }
-                                sink.add(side, sum_to_shape<B>(full, side == 0 ? a.shape() : b.shape()));
+                                const Shape& target = side == 0 ? a.shape() : b.shape();
+                                if (full.shape() == target) sink.add(side, std::move(full));  // first arrival: no copy
+                                else sink.add(side, sum_to_shape<B>(full, target));
                             }
                         });
     return y;

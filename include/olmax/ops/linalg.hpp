@@ -2,6 +2,7 @@
 // Matrix products through the backend's GEMM (Eigen on the CPU backends).
 
 #include <algorithm>
+#include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -83,7 +84,7 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
         if (sink.needs(0)) {  // dA = dY B^T
             auto da = Tensor<T>::uninitialized(a.shape());
             detail::batched_gemm<K>(p.batch, false, true, p.m, p.k, p.n, dy, p.m * p.n, b.data(), bs, da.data(), p.m * p.k, false);
-            sink.add(0, da);
+            sink.add(0, std::move(da));
         }
         if (sink.needs(1)) {  // dB = A^T dY (summed over batches when b is shared)
             auto db = Tensor<T>::uninitialized(b.shape());
@@ -91,7 +92,7 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
                 detail::batched_gemm<K>(p.batch, true, false, p.k, p.n, p.m, a.data(), p.m * p.k, dy, p.m * p.n, db.data(), p.k * p.n, false);
             else
                 K::gemm(true, false, p.k, p.n, p.m, T{1}, a.data(), p.k, dy, p.n, T{0}, db.data(), p.n);
-            sink.add(1, db);
+            sink.add(1, std::move(db));
         }
     });
     return y;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
@@ -196,7 +197,7 @@ Tensor<T> max(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
                                 const std::size_t o = r / sp.inner, i = r % sp.inner;
                                 dx.data()[(o * sp.n + arg[r]) * sp.inner + i] += g[0].data()[r];
                             }
-                            sink.add(0, dx);
+                            sink.add(0, std::move(dx));
                         });
     return y;
 }
