@@ -439,3 +439,30 @@ TEST_CASE("nn ops run on a backend with only the required primitives", "[ops][nn
     CHECK(olmax_test::max_abs_diff(olmax::rms_norm<Stub>(h, Tensor<double>()), olmax::rms_norm(h, Tensor<double>())) == 0);
     CHECK(olmax_test::max_abs_diff(olmax::embedding<Stub>(h, t), olmax::embedding(h, t)) == 0);
 }
+
+TEST_CASE("nn ops give the serial results when every loop is threaded", "[ops][nn]") {
+    using olmax::backend::cpu_openmp;
+    using olmax::backend::cpu_serial;
+    struct ThresholdGuard {  // restores the global threshold even if a check throws
+        std::size_t saved = cpu_openmp::parallel_threshold();
+        ~ThresholdGuard() { cpu_openmp::set_parallel_threshold(saved); }
+    } guard;
+    cpu_openmp::set_parallel_threshold(1);  // even the smallest loop goes to the threads
+    olmax::Generator rng(26);
+    auto x = olmax::randn<double>({3, 6, 4}, rng);
+    auto w = olmax::randn<double>({2, 2, 6}, rng);
+    auto b = olmax::randn<double>({6}, rng);
+    auto h = olmax::randn<double>({9, 4}, rng);
+    auto w_out = olmax::randn<double>({4, 5}, rng);
+    auto t = ids_from({9}, {0, 1, 2, 3, 4, 4, 3, 2, 1});
+    CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d<cpu_openmp>(x, w, b, 2), olmax::causal_conv1d<cpu_serial>(x, w, b, 2)) < 1e-12);
+    CHECK(olmax_test::max_abs_diff(olmax::softmax<cpu_openmp>(x, 1), olmax::softmax<cpu_serial>(x, 1)) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax::scale_norm<cpu_openmp>(x, Tensor<double>()), olmax::scale_norm<cpu_serial>(x, Tensor<double>())) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax::embedding<cpu_openmp>(h, t), olmax::embedding<cpu_serial>(h, t)) == 0);
+    CHECK(olmax::chunked_cross_entropy<cpu_openmp>(h, w_out, t, {0.0, 4}).item() ==
+          Approx(olmax::chunked_cross_entropy<cpu_serial>(h, w_out, t, {0.0, 4}).item()).epsilon(1e-14));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::causal_conv1d<cpu_openmp>(v[0], v[1], v[2], 2); }, {x, w, b}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::rms_norm<cpu_openmp>(v[0], v[1]); }, {h, olmax::randn<double>({4}, rng)}));
+    CHECK(check_gradients([&](const Inputs& v) { return olmax::embedding<cpu_openmp>(v[0], t); }, {h}));
+    CHECK(check_gradients([&](const Inputs& v) { return olmax::chunked_cross_entropy<cpu_openmp>(v[0], v[1], t, {0.0, 4}); }, {h, w_out}));
+}

@@ -177,3 +177,21 @@ TEST_CASE("shape ops pass NaN through, work in float and on a minimal backend", 
     REQUIRE(w.grad().defined());
     for (float g : w.grad().span()) CHECK(g == 2.f);
 }
+
+TEST_CASE("shape ops give the serial results when every loop is threaded", "[ops][shape]") {
+    using olmax::backend::cpu_openmp;
+    using olmax::backend::cpu_serial;
+    struct ThresholdGuard {  // restores the global threshold even if a check throws
+        std::size_t saved = cpu_openmp::parallel_threshold();
+        ~ThresholdGuard() { cpu_openmp::set_parallel_threshold(saved); }
+    } guard;
+    cpu_openmp::set_parallel_threshold(1);
+    olmax::Generator rng(6);
+    auto x = olmax::randn<double>({3, 37, 2, 21}, rng);
+    for (const std::vector<std::size_t>& perm : {std::vector<std::size_t>{3, 1, 2, 0}, {0, 3, 2, 1}, {1, 0, 2, 3}})
+        CHECK(olmax_test::max_abs_diff(olmax::transpose<cpu_openmp>(x, perm), olmax::transpose<cpu_serial>(x, perm)) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax::slice<cpu_openmp>(x, 1, 3, 30), olmax::slice<cpu_serial>(x, 1, 3, 30)) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax::pad<cpu_openmp>(x, 2, 1, 2), olmax::pad<cpu_serial>(x, 2, 1, 2)) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax::concat<cpu_openmp>({x, x}, 3), olmax::concat<cpu_serial>({x, x}, 3)) == 0);
+    CHECK(check_gradients([](const Inputs& v) { return olmax::transpose<cpu_openmp>(v[0], {2, 0, 1}); }, {olmax::randn<double>({2, 17, 18}, rng)}));
+}
