@@ -6,6 +6,7 @@
 #include <vector>
 #include <algorithm>
 #include <span>
+#include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -143,12 +144,12 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
                             if (sink.needs(0)) {
                                 Tensor<T> dx(x.shape());
                                 backward_input<B>(d, dy, w.data(), dx.data());
-                                sink.add(0, dx);
+                                sink.add(0, std::move(dx));
                             }
                             if (sink.needs(1)) {
                                 Tensor<T> dw(w.shape());
                                 backward_weight<B>(d, x.data(), dy, dw.data());
-                                sink.add(1, dw);
+                                sink.add(1, std::move(dw));
                             }
                             if (sink.needs(2)) {  // db[o] = sum over batch and time of dy[., ., o]
                                 auto db = Tensor<T>::uninitialized({d.cout});
@@ -160,7 +161,7 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
                                         dbp[o] = T(acc);
                                     }
                                 });
-                                sink.add(2, db);
+                                sink.add(2, std::move(db));
                             }
                         });
     return y;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -49,7 +50,7 @@ Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
                                     for (std::size_t j = lo; j < hi; ++j) row[j] += grow[j];
                                 }
                             });
-                            sink.add(0, dtable);
+                            sink.add(0, std::move(dtable));
                         });
     return y;
 }

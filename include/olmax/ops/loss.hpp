@@ -16,6 +16,7 @@
 #include <string_view>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -118,7 +119,7 @@ Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
                                     dp[i] = yp[i] == T{0} ? T{0} : T(double(yp[i]) * (double(gp[i]) - dot));
                                 }
                             });
-                            sink.add(0, dx);
+                            sink.add(0, std::move(dx));
                         });
     return y;
 }
@@ -153,7 +154,7 @@ Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
                                     dp[i] = mass == 0 ? T{0} : T(double(gp[i]) - std::exp(double(yp[i])) * total);
                                 }
                             });
-                            sink.add(0, dx);
+                            sink.add(0, std::move(dx));
                         });
     return y;
 }
@@ -183,7 +184,7 @@ Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& tar
                             const T s = g[0].item();
                             auto dx = Tensor<T>::uninitialized(dlogits.shape());
                             B::map(dx.size(), dx.data(), [s](T v) { return v * s; }, dlogits.data());
-                            sink.add(0, dx);
+                            sink.add(0, std::move(dx));
                         });
     return y;
 }

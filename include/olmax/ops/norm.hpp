@@ -8,6 +8,7 @@
 #include <vector>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
@@ -80,7 +81,7 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
                                         for (std::size_t j = 0; j < f; ++j) out[j] -= c * row[j];
                                     }
                                 });
-                                sink.add(0, dx);
+                                sink.add(0, std::move(dx));
                             }
                             if (scaled && sink.needs(1)) {  // dw = sum over rows of dy * xhat
                                 auto dw = Tensor<T>::uninitialized({f});
@@ -93,7 +94,7 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
                                         dwp[j] = T(acc);
                                     }
                                 });
-                                sink.add(1, dw);
+                                sink.add(1, std::move(dw));
                             }
                         });
     return y;

@@ -163,7 +163,7 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
                                                                                                     autodiff::GradientSink<T>& sink) {
                                         auto dx = Tensor<T>::uninitialized(in_shape);
                                         detail::shape_ops::permute_copy<B>(g[0].data(), out_shape, inverse, dx.data());
-                                        sink.add(0, dx);
+                                        sink.add(0, std::move(dx));
                                     });
     return y;
 }
@@ -197,7 +197,7 @@ Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t en
         "slice", x, y, [lay, begin, end, in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
             Tensor<T> dx(in_shape);
             detail::shape_ops::copy_along_axis<B>(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
-            sink.add(0, dx);
+            sink.add(0, std::move(dx));
         });
     return y;
 }
@@ -240,7 +240,7 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
                                 auto dx = Tensor<T>::uninitialized(shapes[i]);
                                 detail::shape_ops::copy_along_axis<B>(g[0].data(), lay.n, offsets[i], dx.data(), n, 0, n, lay.outer,
                                                                       lay.inner);
-                                sink.add(i, dx);
+                                sink.add(i, std::move(dx));
                             }
                         });
     return y;
@@ -266,7 +266,7 @@ Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t aft
                                                                                                        autodiff::GradientSink<T>& sink) {
         auto dx = Tensor<T>::uninitialized(in_shape);
         detail::shape_ops::copy_along_axis<B>(g[0].data(), padded, before, dx.data(), lay.n, 0, lay.n, lay.outer, lay.inner);
-        sink.add(0, dx);
+        sink.add(0, std::move(dx));
     });
     return y;
 }
