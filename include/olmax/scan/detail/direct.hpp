@@ -182,24 +182,22 @@ struct SegmentPass {
         return std::ptrdiff_t(seg.row_base + first_off) + std::ptrdiff_t(seg.start + i) * step;
     }
 
+    // The K chains share base pointers and differ by one offset each (K + 4 integer registers; one
+    // pointer per chain and array would spill on x86-64's 16 registers).
+
     /// The affine map of K segments of equal length (interleaved chains).
     template <std::size_t K>
     void reduce(const Segment* segs, std::size_t len, Acc* A, Acc* X) const {
-        std::array<const T*, K> ap{}, vp{};
+        std::array<std::ptrdiff_t, K> off;
         std::array<Acc, K> pa, px;
-        const std::ptrdiff_t lag = Bwd ? step : 0;
-        for (std::size_t k = 0; k < K; ++k) {
-            const std::ptrdiff_t o = offset(segs[k], 0);
-            ap[k] = gates + (o - lag);
-            vp[k] = values + o;
-            pa[k] = 1, px[k] = 0;
-        }
+        const T* gate_base = gates - (Bwd ? step : 0);  // backward: the gate of the previous index
+        for (std::size_t k = 0; k < K; ++k) off[k] = offset(segs[k], 0), pa[k] = 1, px[k] = 0;
         for (std::size_t i = 0; i < len; ++i) {
-            const std::ptrdiff_t d = std::ptrdiff_t(i) * step;
             for (std::size_t k = 0; k < K; ++k) {
-                const Acc a = load_gate<Log, Acc>(ap[k][d]);
+                const Acc a = load_gate<Log, Acc>(gate_base[off[k]]);
                 pa[k] *= a;
-                px[k] = a * px[k] + Acc(vp[k][d]);
+                px[k] = a * px[k] + Acc(values[off[k]]);
+                off[k] += step;
             }
         }
         for (std::size_t k = 0; k < K; ++k) A[k] = pa[k], X[k] = px[k];
@@ -208,30 +206,23 @@ struct SegmentPass {
     /// Rescans K segments of equal length from their carries; returns the final states in `state`.
     template <std::size_t K>
     void rescan(const Segment* segs, std::size_t len, Acc* state) const {
-        std::array<const T*, K> ap{}, vp{}, hp{}, self{};
-        std::array<T*, K> op{}, dp{};
+        std::array<std::ptrdiff_t, K> off;
         std::array<Acc, K> st;
-        const std::ptrdiff_t lag = Bwd ? step : 0;
-        for (std::size_t k = 0; k < K; ++k) {
-            const std::ptrdiff_t o = offset(segs[k], 0);
-            ap[k] = gates + (o - lag);
-            self[k] = gates + o;
-            vp[k] = values + o;
-            op[k] = out + o;
-            if constexpr (Bwd) hp[k] = h + (o + step), dp[k] = da + o;
-            st[k] = state[k];
-        }
+        const T* gate_base = gates - (Bwd ? step : 0);
+        const T* h_prev = Bwd ? h + step : nullptr;  // backward: h at the forward-previous step
+        for (std::size_t k = 0; k < K; ++k) off[k] = offset(segs[k], 0), st[k] = state[k];
         for (std::size_t i = 0; i < len; ++i) {
-            const std::ptrdiff_t d = std::ptrdiff_t(i) * step;
             for (std::size_t k = 0; k < K; ++k) {
-                const Acc v = load_gate<Log, Acc>(ap[k][d]) * st[k] + Acc(vp[k][d]);
+                const std::ptrdiff_t o = off[k];
+                const Acc v = load_gate<Log, Acc>(gate_base[o]) * st[k] + Acc(values[o]);
                 st[k] = v;
-                op[k][d] = T(v);
+                out[o] = T(v);
                 if constexpr (Bwd) {
-                    Acc grad_a = v * Acc(hp[k][d]);
-                    if constexpr (Log) grad_a *= std::exp(Acc(self[k][d]));
-                    dp[k][d] = T(grad_a);
+                    Acc grad_a = v * Acc(h_prev[o]);
+                    if constexpr (Log) grad_a *= std::exp(Acc(gates[o]));
+                    da[o] = T(grad_a);
                 }
+                off[k] = o + step;
             }
         }
         for (std::size_t k = 0; k < K; ++k) state[k] = st[k];
