@@ -38,13 +38,23 @@ struct Row {
     double seconds, gbps, roofline_gbps, roofline_fraction, gelem_per_s, max_rel_err;
 };
 
+/// A JSON number; non-finite values as Python's json module writes them (Infinity, NaN).
+std::string json_number(double v) {
+    if (std::isnan(v)) return "NaN";
+    if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+    std::ostringstream o;
+    o.precision(6);
+    o << v;
+    return o.str();
+}
+
 std::string json_row(const Row& r) {
     std::ostringstream o;
     o.precision(6);
     o << "{\"strategy\": \"" << r.strategy << "\", \"backend\": \"" << r.backend << "\", \"direction\": \"" << r.direction
       << "\", \"B\": " << r.B << ", \"T\": " << r.T << ", \"C\": " << r.C << ", \"dtype\": \"" << r.dtype << "\", \"seconds\": " << r.seconds
       << ", \"gbps\": " << r.gbps << ", \"roofline_gbps\": " << r.roofline_gbps << ", \"roofline_fraction\": " << r.roofline_fraction
-      << ", \"gelem_per_s\": " << r.gelem_per_s << ", \"max_rel_err\": " << r.max_rel_err << "}";
+      << ", \"gelem_per_s\": " << r.gelem_per_s << ", \"max_rel_err\": " << json_number(r.max_rel_err) << "}";
     return o.str();
 }
 
