@@ -20,7 +20,7 @@ def main(argv):
         return 2
     with open(argv[1]) as f:
         report = json.load(f)
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
+    fig, axes = plt.subplots(1, 2, figsize=(15, 9))
     for ax, direction, roof_key, roof_name in ((axes[0], "fwd", "triad_gbps", "triad (2R1W)"),
                                                (axes[1], "bwd", "r3w2_gbps", "3R2W")):
         series = defaultdict(list)
@@ -41,7 +41,7 @@ def main(argv):
         ax.set_ylabel("useful GB/s (fwd 12 B/elt, bwd 20 B/elt)")
         ax.set_title("scan %s, fp32, %d threads" % (direction, report["threads"]))
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=5.5, loc="lower left", ncol=2)
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)  # below: the quick run has few T values
     fig.tight_layout()
     fig.savefig(argv[2], dpi=130)
     print("wrote", argv[2])
