@@ -188,8 +188,8 @@ struct SegmentPass {
     /// The affine map of K segments of equal length (interleaved chains).
     template <std::size_t K>
     void reduce(const Segment* segs, std::size_t len, Acc* A, Acc* X) const {
-        std::array<std::ptrdiff_t, K> off;
-        std::array<Acc, K> pa, px;
+        std::array<std::ptrdiff_t, K> off{};
+        std::array<Acc, K> pa{}, px{};
         const T* gate_base = gates - (Bwd ? step : 0);  // backward: the gate of the previous index
         for (std::size_t k = 0; k < K; ++k) off[k] = offset(segs[k], 0), pa[k] = 1, px[k] = 0;
         for (std::size_t i = 0; i < len; ++i) {
@@ -206,8 +206,8 @@ struct SegmentPass {
     /// Rescans K segments of equal length from their carries; returns the final states in `state`.
     template <std::size_t K>
     void rescan(const Segment* segs, std::size_t len, Acc* state) const {
-        std::array<std::ptrdiff_t, K> off;
-        std::array<Acc, K> st;
+        std::array<std::ptrdiff_t, K> off{};
+        std::array<Acc, K> st{};
         const T* gate_base = gates - (Bwd ? step : 0);
         const T* h_prev = Bwd ? h + step : nullptr;  // backward: h at the forward-previous step
         for (std::size_t k = 0; k < K; ++k) off[k] = offset(segs[k], 0), st[k] = state[k];
@@ -306,7 +306,7 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
                 x_map = Acc(values[pass.offset(seg, 0)]);
                 ++seg.start, --seg.length;
             }
-            Acc a2, x2;
+            Acc a2 = 1, x2 = 0;
             pass.template reduce<1>(&seg, seg.length, &a2, &x2);
             A[task] = a2 * a_map;
             X[task] = a2 * x_map + x2;
@@ -315,8 +315,8 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
             for_groups(
                 reduce_tasks,
                 [&](std::size_t task, std::size_t count) {
-                    std::array<Segment, 8> segs;
-                    std::array<Acc, 8> a_map, x_map;
+                    std::array<Segment, 8> segs{};
+                    std::array<Acc, 8> a_map{}, x_map{};
                     for (std::size_t j = 0; j < 8; ++j) segs[j] = make(task + std::min(j, count - 1));
                     pass.template reduce<8>(segs.data(), segs[0].length, a_map.data(), x_map.data());
                     for (std::size_t j = 0; j < count; ++j) A[task + j] = a_map[j], X[task + j] = x_map[j];
@@ -360,8 +360,8 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
         for_groups(
             S * R,
             [&](std::size_t task, std::size_t count) {
-                std::array<Segment, 8> segs;
-                std::array<Acc, 8> st;
+                std::array<Segment, 8> segs{};
+                std::array<Acc, 8> st{};
                 for (std::size_t j = 0; j < 8; ++j) {
                     segs[j] = make(task + std::min(j, count - 1));
                     st[j] = carry_in[task + std::min(j, count - 1)];
