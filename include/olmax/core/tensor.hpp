@@ -214,7 +214,8 @@ private:
         check<shape_error>(index.size() == s.size(), "Tensor: ", index.size(), " indices for a tensor of rank ", s.size());
         std::size_t flat = 0, axis = 0;
         for (std::size_t i : index) {
-            check<shape_error>(i < s[axis], "Tensor: index ", i, " out of range for axis ", axis, " of shape ", to_string(s));
+            if (i >= s[axis])  // not check(): the message (and its to_string) is built only on failure
+                throw shape_error(detail::concat("Tensor: index ", i, " out of range for axis ", axis, " of shape ", to_string(s)));
             flat = flat * s[axis++] + i;
         }
         return flat;
