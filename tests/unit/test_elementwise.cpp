@@ -219,3 +219,16 @@ TEST_CASE("elementwise ops in float agree with double", "[ops][elementwise]") {
         CHECK(olmax_test::max_abs_diff(fd(xd), olmax::cast<double>(ff(xf))) < 1e-6);
     }
 }
+
+TEST_CASE("map_into writes a fused chain into an existing tensor, also in place", "[ops][elementwise]") {
+    auto a = Tensor<float>::from({4}, {1, 2, 3, 4});
+    auto b = Tensor<float>::from({4}, {5, 6, 7, 8});
+    Tensor<float> out({4});
+    olmax::map_into(out, [](float u, float v) { return (u + v) * 2 - u; }, a, b);
+    CHECK(out(0) == 11);
+    CHECK(out(3) == 20);
+    olmax::map_into(a, [](float u, float v) { return u * v; }, a, b);  // aliasing the output with an input
+    CHECK(a(1) == 12);
+    Tensor<float> wrong({3});
+    CHECK_THROWS_AS(olmax::map_into(wrong, [](float u) { return u; }, a), olmax::shape_error);
+}
