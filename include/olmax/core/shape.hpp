@@ -58,4 +58,21 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view o
     return out;
 }
 
+namespace detail {
+
+/// Extents before, at and after one axis: a row-major tensor is laid out as [outer, n, inner]
+/// around it, which is how every per-axis loop (reductions, slices, concatenation) walks it.
+struct AxisSplit {
+    std::size_t outer = 1, n = 1, inner = 1;
+};
+inline AxisSplit split_at(const Shape& s, std::size_t axis) {
+    AxisSplit r;
+    for (std::size_t i = 0; i < axis; ++i) r.outer *= s[i];
+    r.n = s[axis];
+    for (std::size_t i = axis + 1; i < s.size(); ++i) r.inner *= s[i];
+    return r;
+}
+
+}  // namespace detail
+
 }  // namespace olmax

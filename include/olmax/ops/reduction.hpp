@@ -16,18 +16,6 @@ namespace olmax {
 
 namespace detail {
 
-/// Splits a shape around one axis into (outer, n, inner) for the row-major loops of a reduction.
-struct AxisSplit {
-    std::size_t outer = 1, n = 1, inner = 1;
-};
-inline AxisSplit split_at(const Shape& s, std::size_t axis) {
-    AxisSplit r;
-    for (std::size_t i = 0; i < axis; ++i) r.outer *= s[i];
-    r.n = s[axis];
-    for (std::size_t i = axis + 1; i < s.size(); ++i) r.inner *= s[i];
-    return r;
-}
-
 inline Shape reduced_shape(const Shape& s, std::size_t axis, bool keepdims) {
     Shape out;
     for (std::size_t i = 0; i < s.size(); ++i) {

@@ -29,17 +29,6 @@ Tensor<T> share_storage(const Tensor<T>& t, const Shape& shape) {
     return Tensor<T>::from_impl(std::move(impl));
 }
 
-/// Extents before, at and after one axis: the row-major layout is [outer, n, inner].
-struct AxisLayout {
-    std::size_t outer = 1, n = 1, inner = 1;
-};
-inline AxisLayout layout_at(const Shape& s, std::size_t axis) {
-    AxisLayout r;
-    for (std::size_t i = 0; i < axis; ++i) r.outer *= s[i];
-    r.n = s[axis];
-    for (std::size_t i = axis + 1; i < s.size(); ++i) r.inner *= s[i];
-    return r;
-}
 
 /// For every outer index, copies `count` slabs of `inner` elements along the axis from
 /// src[o, src_begin + j] to dst[o, dst_begin + j]; `src_n`/`dst_n` are the axis extents.
@@ -185,7 +174,7 @@ Tensor<T> transpose(const Tensor<T>& x) {
 template <class B = backend::default_backend, Real T>
 Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t end) {
     const std::size_t a = normalize_axis(axis, x.rank(), "slice");
-    const auto lay = detail::shape_ops::layout_at(x.shape(), a);
+    const auto lay = olmax::detail::split_at(x.shape(), a);
     if (!(begin <= end && end <= lay.n))
         throw shape_error(olmax::detail::concat("slice: range [", begin, ", ", end, ") along axis ", axis, " of shape ",
                                                 to_string(x.shape()), " is not within [0, ", lay.n, "] with begin <= end"));
@@ -220,7 +209,7 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
         out_shape[a] += s[a];
     }
     auto y = Tensor<T>::uninitialized(out_shape);
-    const auto lay = detail::shape_ops::layout_at(out_shape, a);
+    const auto lay = olmax::detail::split_at(out_shape, a);
     std::vector<std::size_t> offsets;  // start of each input along the axis
     std::size_t at = 0;
     for (const auto& x : xs) {
@@ -257,7 +246,7 @@ Tensor<T> concat(std::initializer_list<Tensor<T>> xs, long axis) {
 template <class B = backend::default_backend, Real T>
 Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, std::type_identity_t<T> value = 0) {
     const std::size_t a = normalize_axis(axis, x.rank(), "pad");
-    const auto lay = detail::shape_ops::layout_at(x.shape(), a);
+    const auto lay = olmax::detail::split_at(x.shape(), a);
     Shape out_shape = x.shape();
     out_shape[a] = lay.n + before + after;
     Tensor<T> y(out_shape, value);
