@@ -53,6 +53,19 @@ bool few_items(std::size_t items) {
     return items < std::size_t(std::max(B::num_threads(), 2));
 }
 
+/// Calls one_batch(b) for every batch element; batches go to separate threads when there are
+/// enough of them (the GEMMs inside stay single-threaded then).
+template <class B, class F>
+void for_each_batch(const ConvDims& d, F&& one_batch) {
+    if (few_items<B>(d.batch)) {
+        for (std::size_t b = 0; b < d.batch; ++b) one_batch(b);
+        return;
+    }
+    B::parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t b = lo; b < hi; ++b) one_batch(b);
+    });
+}
+
 /// out[b, t, group cols] += sum_k x[b, t - s_k, group cols] w[k, :, group cols] with s_k = K-1-k:
 /// for tap k the output rows [s, T) take input rows [0, T - s), a GEMM on offset row blocks.
 template <class B, Real T>
@@ -67,13 +80,7 @@ void forward(const ConvDims& d, const T* x, const T* w, T* out) {
                         w + k * cig * d.cout + g * cog, d.cout, T{1}, out + (b * d.time + shift) * d.cout + g * cog, d.cout);
         }
     };
-    if (few_items<B>(d.batch)) {
-        for (std::size_t b = 0; b < d.batch; ++b) one_batch(b);
-        return;
-    }
-    B::parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t b = lo; b < hi; ++b) one_batch(b);
-    });
+    for_each_batch<B>(d, one_batch);
 }
 
 /// dx[b, t - s, group in] += dy[b, t, group out] w[k]^T (batches are independent, one per thread).
@@ -89,13 +96,7 @@ void backward_input(const ConvDims& d, const T* dy, const T* w, T* dx) {
                         w + k * cig * d.cout + g * cog, d.cout, T{1}, dx + b * d.time * d.cin + g * cig, d.cin);
         }
     };
-    if (few_items<B>(d.batch)) {
-        for (std::size_t b = 0; b < d.batch; ++b) one_batch(b);
-        return;
-    }
-    B::parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t b = lo; b < hi; ++b) one_batch(b);
-    });
+    for_each_batch<B>(d, one_batch);
 }
 
 /// dw[k, :, group out] += sum_b x[b, rows [0, T-s), group in]^T dy[b, rows [s, T), group out]; every
