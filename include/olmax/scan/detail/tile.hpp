@@ -273,8 +273,11 @@ void for_each_in_tile(const Geometry& g, std::size_t steps, std::size_t lanes, F
     }
 }
 
-template <bool Log, class Kernel, class Acc, class B, class T>
-void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
+/// Walks every (batch, channel tile) of `g` on the backend's threads, with flush-to-zero on and a
+/// per-thread buffer: body(b, c0, cw, a, x, scratch) gets the tile's batch, first channel, width,
+/// two [T, cw] work arrays and the kernel's scratch space. Forward and backward share it.
+template <class Kernel, class Acc, class B, class Body>
+void for_each_tile(const Geometry& g, std::size_t chunk, Body&& body) {
     const std::size_t T_ = g.time, W = tile_width(g);
     const std::size_t per_batch = (g.channels + W - 1) / W;
     const std::size_t scratch = Kernel::scratch(T_, W, chunk);
@@ -286,18 +289,26 @@ void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_
             const std::size_t cw = std::min(W, g.channels - c0);
             Acc* a = buffer.data();
             Acc* x = a + T_ * cw;
-            for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) {
-                const std::size_t t = g.time_of(s);
-                a[s * cw + w] = load_gate<Log, Acc>(args.gates[g.gate_index(b, t, c0 + w)]);
-                x[s * cw + w] = Acc(args.x[g.x_index(b, t, c0 + w)]);
-            });
-            if (args.h0)
-                for (std::size_t w = 0; w < cw; ++w) x[w] += a[w] * Acc(args.h0[b * g.channels + c0 + w]);
-            Kernel::run(a, x, T_, cw, chunk, buffer.data() + 2 * T_ * cw);
-            for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) { args.h[g.x_index(b, g.time_of(s), c0 + w)] = T(x[s * cw + w]); });
-            if (args.h_last)
-                for (std::size_t w = 0; w < cw; ++w) args.h_last[b * g.channels + c0 + w] = T(x[(T_ - 1) * cw + w]);
+            body(b, c0, cw, a, x, buffer.data() + 2 * T_ * cw);
         }
+    });
+}
+
+template <bool Log, class Kernel, class Acc, class B, class T>
+void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
+    const std::size_t T_ = g.time;
+    for_each_tile<Kernel, Acc, B>(g, chunk, [&](std::size_t b, std::size_t c0, std::size_t cw, Acc* a, Acc* x, Acc* scratch) {
+        for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) {
+            const std::size_t t = g.time_of(s);
+            a[s * cw + w] = load_gate<Log, Acc>(args.gates[g.gate_index(b, t, c0 + w)]);
+            x[s * cw + w] = Acc(args.x[g.x_index(b, t, c0 + w)]);
+        });
+        if (args.h0)
+            for (std::size_t w = 0; w < cw; ++w) x[w] += a[w] * Acc(args.h0[b * g.channels + c0 + w]);
+        Kernel::run(a, x, T_, cw, chunk, scratch);
+        for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) { args.h[g.x_index(b, g.time_of(s), c0 + w)] = T(x[s * cw + w]); });
+        if (args.h_last)
+            for (std::size_t w = 0; w < cw; ++w) args.h_last[b * g.channels + c0 + w] = T(x[(T_ - 1) * cw + w]);
     });
 }
 
@@ -311,43 +322,33 @@ void tile_forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chu
 /// g_r = dh(s) + a(s+1) g_{r-1}; then dx(s) = g, da(s) = g h(s-1) (h(-1) = h0), dh0 = a(0) g(0).
 template <bool Log, class Kernel, class Acc, class B, class T>
 void tile_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
-    const std::size_t T_ = g.time, W = tile_width(g);
-    const std::size_t per_batch = (g.channels + W - 1) / W;
-    const std::size_t scratch = Kernel::scratch(T_, W, chunk);
-    B::parallel_for(g.batch * per_batch, T_ * W * 4, [&](std::size_t begin, std::size_t end) {
-        denormal_guard guard;
-        Storage<Acc> buffer(2 * T_ * W + scratch + 1);
-        for (std::size_t tile = begin; tile < end; ++tile) {
-            const std::size_t b = tile / per_batch, c0 = (tile % per_batch) * W;
-            const std::size_t cw = std::min(W, g.channels - c0);
-            Acc* a = buffer.data();
-            Acc* x = a + T_ * cw;
-            for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
-                const std::size_t s = T_ - 1 - r, t = g.time_of(s);
-                a[r * cw + w] = r == 0 ? Acc(0) : load_gate<Log, Acc>(args.gates[g.gate_index(b, g.time_of(s + 1), c0 + w)]);
-                x[r * cw + w] = Acc(args.dh[g.x_index(b, t, c0 + w)]);
-            });
-            if (args.dh_last)
-                for (std::size_t w = 0; w < cw; ++w) x[w] += Acc(args.dh_last[b * g.channels + c0 + w]);
-            Kernel::run(a, x, T_, cw, chunk, buffer.data() + 2 * T_ * cw);
-            for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
-                const std::size_t s = T_ - 1 - r, t = g.time_of(s);
-                {
-                    const Acc gr = x[r * cw + w];
-                    const std::size_t c = c0 + w;
-                    const Acc h_prev = s > 0 ? Acc(args.h[g.x_index(b, g.time_of(s - 1), c)])
-                                             : (args.h0 ? Acc(args.h0[b * g.channels + c]) : Acc(0));
-                    Acc da = gr * h_prev;
-                    if constexpr (Log) da *= std::exp(Acc(args.gates[g.gate_index(b, t, c)]));
-                    args.dx[g.x_index(b, t, c)] = T(gr);
-                    args.da[g.x_index(b, t, c)] = T(da);
-                }
-            });
-            if (args.dh0)
-                for (std::size_t w = 0; w < cw; ++w)
-                    args.dh0[b * g.channels + c0 + w] =
-                        T(load_gate<Log, Acc>(args.gates[g.gate_index(b, g.time_of(0), c0 + w)]) * x[(T_ - 1) * cw + w]);
-        }
+    const std::size_t T_ = g.time;
+    for_each_tile<Kernel, Acc, B>(g, chunk, [&](std::size_t b, std::size_t c0, std::size_t cw, Acc* a, Acc* x, Acc* scratch) {
+        for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
+            const std::size_t s = T_ - 1 - r, t = g.time_of(s);
+            a[r * cw + w] = r == 0 ? Acc(0) : load_gate<Log, Acc>(args.gates[g.gate_index(b, g.time_of(s + 1), c0 + w)]);
+            x[r * cw + w] = Acc(args.dh[g.x_index(b, t, c0 + w)]);
+        });
+        if (args.dh_last)
+            for (std::size_t w = 0; w < cw; ++w) x[w] += Acc(args.dh_last[b * g.channels + c0 + w]);
+        Kernel::run(a, x, T_, cw, chunk, scratch);
+        for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
+            const std::size_t s = T_ - 1 - r, t = g.time_of(s);
+            {
+                const Acc gr = x[r * cw + w];
+                const std::size_t c = c0 + w;
+                const Acc h_prev = s > 0 ? Acc(args.h[g.x_index(b, g.time_of(s - 1), c)])
+                                         : (args.h0 ? Acc(args.h0[b * g.channels + c]) : Acc(0));
+                Acc da = gr * h_prev;
+                if constexpr (Log) da *= std::exp(Acc(args.gates[g.gate_index(b, t, c)]));
+                args.dx[g.x_index(b, t, c)] = T(gr);
+                args.da[g.x_index(b, t, c)] = T(da);
+            }
+        });
+        if (args.dh0)
+            for (std::size_t w = 0; w < cw; ++w)
+                args.dh0[b * g.channels + c0 + w] =
+                    T(load_gate<Log, Acc>(args.gates[g.gate_index(b, g.time_of(0), c0 + w)]) * x[(T_ - 1) * cw + w]);
     });
 }
 
