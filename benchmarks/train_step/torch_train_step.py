@@ -1,0 +1,235 @@
+#!/usr/bin/python3
+"""PyTorch peer of train_step.cpp: one training step (forward + backward + AdamW with global-norm
+clipping) of the same byte-level model as examples/byte_lm.hpp, on random byte batches.
+
+    /usr/bin/python3 benchmarks/train_step/torch_train_step.py --batch 8 --sequence 64 --features 64 --depth 2 --threads 1
+
+The model is written from the olmax layer definitions (include/olmax/nn/*.hpp), same sizes and
+parameter count:
+  Embedding [256, F]  ->  two streams (x, x)
+  depth x Reversible(DenseConv<5>, HierarchicalMixer<16>) with the additive coupling
+      (a, b) -> (b, a + f(b)) for f = DenseConv, then for f = HierarchicalMixer (RevNet)
+      DenseConv: causal conv K=5 F->2F (no bias) -> ScaleNorm(2F, scale) -> leaky ReLU(0.01) -> causal conv 2F->F
+      HierarchicalMixer<16>: positions grouped [B, S/(16 s), 16, s, F] with stride s = min(16^m, S/16),
+          m = layer mod ceil(log16 S); mix along the 16 with upper-triangular (causal) W0, ScaleNorm(F, scale),
+          leaky ReLU, mix with W1
+  merge (a + b) -> ScaleNorm without scale -> logits = h W_out [F, 256] -> cross-entropy + z-loss 0.01 * mean(lse^2)
+      (the loss value excludes the z-loss term, its gradient includes it, as olmax's chunked loss)
+ScaleNorm is x / max(||x||_2, eps) * w (eps 1e-16), not RMSNorm.
+Optimiser: torch.optim.AdamW(lr 3e-3, betas (0.9, 0.99), eps 1e-8, weight decay 0.01 on matrices and
+the embedding only), torch.nn.utils.clip_grad_norm_(1.0), linear warmup over 50 steps (TrainConfig defaults).
+
+Backward is plain autograd (every activation kept, PyTorch's normal way); --checkpoint wraps every block in
+torch.utils.checkpoint (recompute in backward), the usual PyTorch way to trade time for memory.
+
+Memory: peak_rss_bytes is the growth of the process's peak resident set (VmHWM in /proc/self/status) over
+the FIRST training step, measured from just after the model and optimiser are built. VmHWM never goes
+down, so every configuration must run in a fresh process (run.sh does). footprint_rss_bytes is VmHWM at
+exit minus VmRSS after `import torch` and before the model is built.
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+VOCAB = 256
+CONV_KERNEL = 5
+MIXER_CHUNK = 16
+NORM_EPS = 1e-16
+LEAKY_SLOPE = 0.01
+Z_LOSS = 0.01
+
+
+def proc_status_bytes(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def scale_norm(x, scale):
+    """x / max(||x||_2, eps) * scale over the last axis (olmax::scale_norm)."""
+    y = x / x.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
+    return y if scale is None else y * scale
+
+
+class CausalConv(torch.nn.Module):
+    """out[t] = sum_k x[t - (K-1) + k] w[k]: left zero-padding K-1 then conv1d (weight [Cout, Cin, K])."""
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(cout, cin, CONV_KERNEL) / math.sqrt(CONV_KERNEL * cin))
+
+    def forward(self, x):  # [B, T, C]
+        h = F.pad(x.transpose(1, 2), (CONV_KERNEL - 1, 0))
+        return F.conv1d(h, self.weight).transpose(1, 2)
+
+
+class DenseConv(torch.nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.conv0 = CausalConv(features, 2 * features)
+        self.scale = torch.nn.Parameter(torch.ones(2 * features))
+        self.conv1 = CausalConv(2 * features, features)
+
+    def forward(self, x):
+        return self.conv1(F.leaky_relu(scale_norm(self.conv0(x), self.scale), LEAKY_SLOPE))
+
+
+def mixer_levels(sequence):
+    levels, span = 1, MIXER_CHUNK
+    while span < sequence:
+        levels, span = levels + 1, span * MIXER_CHUNK
+    return levels
+
+
+class HierarchicalMixer(torch.nn.Module):
+    def __init__(self, features, layer_index):
+        super().__init__()
+        self.w0 = torch.nn.Parameter(torch.nn.init.orthogonal_(torch.empty(MIXER_CHUNK, MIXER_CHUNK)))
+        self.w1 = torch.nn.Parameter(torch.nn.init.orthogonal_(torch.empty(MIXER_CHUNK, MIXER_CHUNK)))
+        self.scale = torch.nn.Parameter(torch.ones(features))
+        self.register_buffer("mask", torch.triu(torch.ones(MIXER_CHUNK, MIXER_CHUNK)))  # mask[k, g] = k <= g
+        self.layer_index = layer_index
+
+    def mix(self, grouped, w):  # [B, G, K, s, F]: out[.., g, ..] = sum_{k <= g} in[.., k, ..] W[k, g]
+        return torch.matmul(grouped.permute(0, 1, 3, 4, 2), w * self.mask).permute(0, 1, 4, 2, 3)
+
+    def forward(self, x):
+        batch, sequence, features = x.shape
+        stride = min(MIXER_CHUNK ** (self.layer_index % mixer_levels(sequence)), sequence // MIXER_CHUNK)
+        h = self.mix(x.reshape(batch, sequence // (MIXER_CHUNK * stride), MIXER_CHUNK, stride, features), self.w0)
+        h = F.leaky_relu(scale_norm(h, self.scale), LEAKY_SLOPE)
+        return self.mix(h, self.w1).reshape(x.shape)
+
+
+class Reversible(torch.nn.Module):
+    """RevNet coupling: (a, b) -> (b, a + f(b)) with f = dense, then with f = mixer."""
+
+    def __init__(self, features, layer_index):
+        super().__init__()
+        self.dense = DenseConv(features)
+        self.mixer = HierarchicalMixer(features, layer_index)
+
+    def forward(self, a, b):
+        a, b = b, a + self.dense(b)
+        return b, a + self.mixer(b)
+
+
+class ByteLM(torch.nn.Module):
+    def __init__(self, features, depth, checkpoint):
+        super().__init__()
+        self.embedding = torch.nn.Parameter(torch.randn(VOCAB, features) / features)  # N(0, (1/F)^2), olmax's init
+        self.blocks = torch.nn.ModuleList(Reversible(features, l) for l in range(depth))
+        self.w_out = torch.nn.Parameter(torch.randn(features, VOCAB))
+        self.checkpoint = checkpoint
+
+    def forward(self, inputs, targets):
+        x = F.embedding(inputs, self.embedding)
+        a, b = x, x
+        for block in self.blocks:
+            if self.checkpoint:
+                a, b = torch.utils.checkpoint.checkpoint(block, a, b, use_reentrant=False)
+            else:
+                a, b = block(a, b)
+        logits = scale_norm(a + b, None).reshape(-1, self.w_out.shape[0]) @ self.w_out
+        flat_targets = targets.reshape(-1)
+        lse = torch.logsumexp(logits, dim=-1)
+        cross_entropy = (lse - logits.gather(1, flat_targets[:, None])[:, 0]).mean()
+        return cross_entropy, cross_entropy + Z_LOSS * (lse * lse).mean()
+
+
+def decayed(name):
+    """Weight decay on matrices and the embedding, not on norm scales (olmax's `matrices` policy)."""
+    return not name.endswith("scale")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--sequence", type=int, default=64)
+    p.add_argument("--features", type=int, default=64)
+    p.add_argument("--depth", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every block")
+    p.add_argument("--json", default="")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
+    a = p.parse_args()
+    if a.quick:
+        a.batch, a.sequence, a.features, a.depth, a.repeats, a.warmup = 2, 32, 16, 2, 2, 1
+    if a.sequence % MIXER_CHUNK:
+        sys.exit(f"torch_train_step: --sequence must be a multiple of {MIXER_CHUNK}, got {a.sequence}")
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    rss_at_start = proc_status_bytes("VmRSS")
+
+    model = ByteLM(a.features, a.depth, a.checkpoint)
+    named = list(model.named_parameters())
+    params = sum(t.numel() for _, t in named)
+    opt = torch.optim.AdamW(
+        [{"params": [t for n, t in named if decayed(n)], "weight_decay": 0.01},
+         {"params": [t for n, t in named if not decayed(n)], "weight_decay": 0.0}],
+        lr=3e-3, betas=(0.9, 0.99), eps=1e-8)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 50))
+
+    gen = torch.Generator().manual_seed(1234)
+    batches = [(torch.randint(0, VOCAB, (a.batch, a.sequence), generator=gen),
+                torch.randint(0, VOCAB, (a.batch, a.sequence), generator=gen)) for _ in range(4)]
+    last_loss = [0.0]
+    phases = {"forward_s": [], "backward_s": [], "optimizer_s": []}
+
+    def step(batch):  # phases as in train_step.cpp: forward incl. loss, backward, optimiser incl. clipping
+        t0 = time.perf_counter()
+        loss, with_z = model(*batch)
+        last_loss[0] = loss.item()
+        t1 = time.perf_counter()
+        with_z.backward()
+        t2 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        opt.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+            phases[key].append(value)
+
+    hwm_before_first = proc_status_bytes("VmHWM")
+    step(batches[0])
+    peak_rss = proc_status_bytes("VmHWM") - hwm_before_first
+    for i in range(1, a.warmup + 1):
+        step(batches[i % len(batches)])
+    for values in phases.values():
+        values.clear()
+    seconds = []
+    for r in range(a.repeats):
+        t0 = time.perf_counter()
+        step(batches[r % len(batches)])
+        seconds.append(time.perf_counter() - t0)
+    median = statistics.median(seconds)
+    footprint = proc_status_bytes("VmHWM") - rss_at_start
+    framework = "pytorch-checkpoint" if a.checkpoint else "pytorch"
+    result = dict(framework=framework, torch_version=torch.__version__, batch=a.batch, sequence=a.sequence, features=a.features,
+                  depth=a.depth, threads=a.threads, repeats=a.repeats, seconds_median=median, seconds_min=min(seconds),
+                  seconds_max=max(seconds), **{k: statistics.median(v) for k, v in phases.items()}, tokens_per_s=a.batch * a.sequence / median, peak_rss_bytes=peak_rss,
+                  footprint_rss_bytes=footprint, params=params, last_loss=last_loss[0])
+    print(f"{framework} B={a.batch} S={a.sequence} F={a.features} depth={a.depth} threads={a.threads} params={params}: "
+          f"{median * 1e3:.3f} ms/step (median of {a.repeats}), {result['tokens_per_s']:.0f} tokens/s (forward "
+          f"{result['forward_s'] * 1e3:.2f}, backward {result['backward_s'] * 1e3:.2f}, optimiser {result['optimizer_s'] * 1e3:.2f} ms), "
+          f"peak RSS growth of the first step {peak_rss / 2**20:.2f} MiB, footprint {footprint / 2**20:.2f} MiB")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

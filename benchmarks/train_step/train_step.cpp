@@ -1,0 +1,224 @@
+// One full training step (forward + backward + AdamW update with global-norm clipping) of the main
+// job's byte-level model (examples/byte_lm.hpp, the same code examples/train_lm runs) on random
+// byte batches: median seconds over --repeats steps after warm-up, tokens/s, and peak memory.
+//
+//     build/benchmarks/train_step/train_step --batch=8 --sequence=64 --features=64 --depth=2 --threads=1
+//     build/benchmarks/train_step/train_step --quick --json=/tmp/quick.json
+//
+// Memory, two measures (see benchmarks/train_step/README section in benchmarks/RESULTS.md):
+//   peak_bytes      olmax's counted tensor allocator (olmax::memory::stats) at its highest during one
+//                   steady-state step: parameters + gradients + AdamW moments + activations + scratch.
+//   peak_step_bytes that peak minus the tensor bytes held just before the step (what the step adds).
+//   peak_rss_bytes  growth of the process's peak resident set (VmHWM, /proc/self/status) over the
+//                   FIRST step, measured from just after the model and optimiser are built: the same
+//                   method torch_train_step.py uses, each configuration in a fresh process.
+//   footprint_rss_bytes  VmHWM at exit minus VmRSS before the model was built (model + optimiser +
+//                   every step, including allocator caches).
+// Flags: --key=value or --key value. Output: a table line on stdout and one JSON object (--json).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <olmax/core/memory.hpp>
+
+#include "byte_lm.hpp"
+
+namespace {
+
+struct Options {
+    std::int64_t batch = 8, sequence = 64, features = 64, depth = 2, threads = 1;
+    int repeats = 20, warmup = 3;
+    std::string json;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+    std::cerr << "train_step: " << why
+              << "\nusage: train_step [--batch N] [--sequence N] [--features N] [--depth N] [--threads N] [--repeats N]"
+                 " [--warmup N] [--json PATH] [--quick]\n";
+    std::exit(1);
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i], value;
+        if (arg.rfind("--", 0) != 0) usage("unexpected argument '" + arg + "'");
+        arg = arg.substr(2);
+        if (arg == "quick") {  // seconds-long smoke run (CTest)
+            o.batch = 2, o.sequence = 32, o.features = 16, o.depth = 2, o.repeats = 2, o.warmup = 1;
+            continue;
+        }
+        if (const auto eq = arg.find('='); eq != std::string::npos) {
+            value = arg.substr(eq + 1);
+            arg = arg.substr(0, eq);
+        } else if (i + 1 < argc) {
+            value = argv[++i];
+        } else {
+            usage("flag --" + arg + " needs a value");
+        }
+        auto number = [&]() -> std::int64_t {
+            std::size_t used = 0;
+            long long v = 0;
+            try {
+                v = std::stoll(value, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != value.size() || v < 0) usage("flag --" + arg + " needs a non-negative integer, got '" + value + "'");
+            return v;
+        };
+        if (arg == "batch") o.batch = number();
+        else if (arg == "sequence") o.sequence = number();
+        else if (arg == "features") o.features = number();
+        else if (arg == "depth") o.depth = number();
+        else if (arg == "threads") o.threads = number();
+        else if (arg == "repeats") o.repeats = int(number());
+        else if (arg == "warmup") o.warmup = int(number());
+        else if (arg == "json") o.json = value;
+        else usage("unknown flag --" + arg);
+    }
+    if (o.repeats < 1) usage("--repeats must be at least 1");
+    return o;
+}
+
+/// A "VmHWM:" / "VmRSS:" line of /proc/self/status in bytes (0 where /proc is missing).
+std::size_t proc_status_bytes(const std::string& key) {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind(key + ":", 0) == 0) {
+            std::istringstream fields(line.substr(key.size() + 1));
+            std::size_t kib = 0;
+            fields >> kib;
+            return kib * 1024;
+        }
+    return 0;
+}
+
+olmax::data::Batch random_batch(std::size_t batch, std::size_t sequence, std::mt19937_64& rng) {
+    olmax::data::Batch b;
+    b.inputs = olmax::Tensor<std::int32_t>({batch, sequence});
+    b.targets = olmax::Tensor<std::int32_t>({batch, sequence});
+    b.mask = olmax::Tensor<float>({batch, sequence}, 1.0f);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (std::size_t i = 0; i < batch * sequence; ++i) {
+        b.inputs.data()[i] = byte(rng);
+        b.targets.data()[i] = byte(rng);
+    }
+    b.real_targets = batch * sequence;
+    return b;
+}
+
+int run(int argc, char** argv) {
+    const Options o = parse(argc, argv);
+    const std::size_t rss_at_start = proc_status_bytes("VmRSS");
+    olmax::config::TrainConfig c;  // the main job's defaults (lr, betas, weight decay, clipping, ...)
+    c.batch = o.batch, c.sequence = o.sequence, c.features = o.features, c.depth = o.depth, c.threads = o.threads;
+    c.validate();
+#if defined(_OPENMP)
+    if (c.threads > 0) omp_set_num_threads(int(c.threads));
+#endif
+    byte_lm::Model model(c);
+    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), c.optimizer_config());
+    std::size_t params = 0;
+    for (const auto& p : opt.parameters()) params += p.tensor.size();
+
+    std::mt19937_64 rng(1234);
+    std::vector<olmax::data::Batch> batches;
+    for (int i = 0; i < 4; ++i) batches.push_back(random_batch(std::size_t(o.batch), std::size_t(o.sequence), rng));
+
+    // Each step also records its phases (forward incl. loss; backward incl. freeing the tape;
+    // optimiser incl. clipping and zero_grad) to show where the time goes.
+    using clock = std::chrono::steady_clock;
+    double last_loss = 0;
+    std::vector<double> forward_s, backward_s, optimizer_s;
+    auto step = [&](const olmax::data::Batch& batch) {
+        const auto t0 = clock::now();
+        auto t1 = t0;
+        {
+            olmax::autodiff::tape_scope tape;
+            auto loss = model.loss(batch);
+            last_loss = double(loss.item());
+            t1 = clock::now();
+            loss.backward();
+        }
+        const auto t2 = clock::now();
+        opt.step();
+        opt.zero_grad();
+        const auto t3 = clock::now();
+        forward_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+        backward_s.push_back(std::chrono::duration<double>(t2 - t1).count());
+        optimizer_s.push_back(std::chrono::duration<double>(t3 - t2).count());
+    };
+    auto median_of = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    };
+
+    // First step: peak RSS growth from the built model (comparable to PyTorch's first step, which
+    // also allocates its lazy optimiser state).
+    const std::size_t hwm_before_first = proc_status_bytes("VmHWM");
+    step(batches[0]);
+    const std::size_t peak_rss = proc_status_bytes("VmHWM") - hwm_before_first;
+    for (int i = 1; i < o.warmup; ++i) step(batches[std::size_t(i) % batches.size()]);
+
+    // Counted tensor memory of one steady-state step.
+    const std::size_t held_before = olmax::memory::stats().current_bytes;
+    olmax::memory::reset_peak();
+    step(batches[1]);
+    const std::size_t peak_bytes = olmax::memory::stats().peak_bytes;
+
+    forward_s.clear(), backward_s.clear(), optimizer_s.clear();
+    std::vector<double> seconds;
+    for (int r = 0; r < o.repeats; ++r) {
+        const auto& batch = batches[std::size_t(r) % batches.size()];
+        const auto t0 = clock::now();
+        step(batch);
+        seconds.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    const double median = median_of(seconds);
+    const double tokens_per_s = double(o.batch * o.sequence) / median;
+    const std::size_t footprint_rss = proc_status_bytes("VmHWM") - rss_at_start;
+
+    std::ostringstream json;
+    json << "{\"framework\": \"olmax\", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
+         << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"repeats\": " << o.repeats
+         << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()
+         << ", \"forward_s\": " << median_of(forward_s) << ", \"backward_s\": " << median_of(backward_s)
+         << ", \"optimizer_s\": " << median_of(optimizer_s) << ", \"tokens_per_s\": " << tokens_per_s << ", \"peak_bytes\": " << peak_bytes
+         << ", \"peak_step_bytes\": " << (peak_bytes - held_before) << ", \"peak_rss_bytes\": " << peak_rss
+         << ", \"footprint_rss_bytes\": " << footprint_rss << ", \"params\": " << params << ", \"last_loss\": " << last_loss << "}";
+    std::printf("olmax  B=%lld S=%lld F=%lld depth=%lld threads=%lld params=%zu: %.3f ms/step (median of %d), %.0f tokens/s "
+                "(forward %.2f, backward %.2f, optimiser %.2f ms), tensor peak %.2f MiB (+%.2f MiB in the step), peak RSS growth of the first step %.2f MiB, footprint %.2f MiB\n",
+                static_cast<long long>(o.batch), static_cast<long long>(o.sequence), static_cast<long long>(o.features),
+                static_cast<long long>(o.depth), static_cast<long long>(o.threads), params, median * 1e3, o.repeats, tokens_per_s,
+                median_of(forward_s) * 1e3, median_of(backward_s) * 1e3, median_of(optimizer_s) * 1e3,
+                double(peak_bytes) / 1048576.0, double(peak_bytes - held_before) / 1048576.0, double(peak_rss) / 1048576.0,
+                double(footprint_rss) / 1048576.0);
+    if (!o.json.empty()) {
+        std::ofstream out(o.json);
+        out << json.str() << "\n";
+        if (!out) usage("cannot write " + o.json);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const olmax::error& e) {
+        std::cerr << "train_step: " << e.what() << "\n";
+        return 1;
+    }
+}
