@@ -22,12 +22,17 @@ the embedding only), torch.nn.utils.clip_grad_norm_(1.0), linear warmup over 50 
 Backward is plain autograd (every activation kept, PyTorch's normal way); --checkpoint wraps every block in
 torch.utils.checkpoint (recompute in backward), the usual PyTorch way to trade time for memory.
 
-Memory: peak_rss_bytes is the growth of the process's peak resident set (VmHWM in /proc/self/status) over
-the FIRST training step, measured from just after the model and optimiser are built. VmHWM never goes
-down, so every configuration must run in a fresh process (run.sh does). footprint_rss_bytes is VmHWM at
-exit minus VmRSS after `import torch` and before the model is built.
+Memory (the same method as train_step.cpp): peak_rss_bytes is the growth of the process's peak resident
+set over one steady-state step after warm-up: freed heap pages go back to the OS (glibc malloc_trim),
+the peak is restarted from the current RSS (writing 5 to /proc/self/clear_refs, Linux >= 4.0), then
+VmHWM after the step minus VmRSS before it (/proc/self/status). first_step_rss_bytes is VmHWM growth over
+the first step from just after the model and optimiser are built (includes one-time costs such as lazy
+library initialisation and AdamW's lazily created moments). footprint_rss_bytes is VmHWM at exit minus
+VmRSS after `import torch`, before the model is built. Each configuration runs in a fresh process. (Linux
+counts RSS per thread in batches, so RSS figures are good to ~0.25 MiB.)
 """
 import argparse
+import ctypes
 import json
 import math
 import statistics
@@ -52,6 +57,17 @@ def proc_status_bytes(key):
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def restart_peak_rss():
+    """Gives freed heap pages back to the OS and restarts VmHWM from the current RSS; False where unsupported."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def scale_norm(x, scale):
@@ -204,9 +220,13 @@ def main():
 
     hwm_before_first = proc_status_bytes("VmHWM")
     step(batches[0])
-    peak_rss = proc_status_bytes("VmHWM") - hwm_before_first
-    for i in range(1, a.warmup + 1):
+    first_step_rss = proc_status_bytes("VmHWM") - hwm_before_first
+    for i in range(1, a.warmup):
         step(batches[i % len(batches)])
+    rss_restarted = restart_peak_rss()
+    rss_before = proc_status_bytes("VmRSS")
+    step(batches[1])
+    peak_rss = proc_status_bytes("VmHWM") - rss_before if rss_restarted else None
     for values in phases.values():
         values.clear()
     seconds = []
@@ -219,12 +239,14 @@ def main():
     framework = "pytorch-checkpoint" if a.checkpoint else "pytorch"
     result = dict(framework=framework, torch_version=torch.__version__, batch=a.batch, sequence=a.sequence, features=a.features,
                   depth=a.depth, threads=a.threads, repeats=a.repeats, seconds_median=median, seconds_min=min(seconds),
-                  seconds_max=max(seconds), **{k: statistics.median(v) for k, v in phases.items()}, tokens_per_s=a.batch * a.sequence / median, peak_rss_bytes=peak_rss,
+                  seconds_max=max(seconds), **{k: statistics.median(v) for k, v in phases.items()},
+                  tokens_per_s=a.batch * a.sequence / median, peak_rss_bytes=peak_rss, first_step_rss_bytes=first_step_rss,
                   footprint_rss_bytes=footprint, params=params, last_loss=last_loss[0])
     print(f"{framework} B={a.batch} S={a.sequence} F={a.features} depth={a.depth} threads={a.threads} params={params}: "
           f"{median * 1e3:.3f} ms/step (median of {a.repeats}), {result['tokens_per_s']:.0f} tokens/s (forward "
           f"{result['forward_s'] * 1e3:.2f}, backward {result['backward_s'] * 1e3:.2f}, optimiser {result['optimizer_s'] * 1e3:.2f} ms), "
-          f"peak RSS growth of the first step {peak_rss / 2**20:.2f} MiB, footprint {footprint / 2**20:.2f} MiB")
+          f"peak RSS growth of a step {(peak_rss or 0) / 2**20:.2f} MiB (first step {first_step_rss / 2**20:.2f} MiB), "
+          f"footprint {footprint / 2**20:.2f} MiB")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f)

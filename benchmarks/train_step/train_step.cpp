@@ -5,15 +5,18 @@
 //     build/benchmarks/train_step/train_step --batch=8 --sequence=64 --features=64 --depth=2 --threads=1
 //     build/benchmarks/train_step/train_step --quick --json=/tmp/quick.json
 //
-// Memory, two measures (see benchmarks/train_step/README section in benchmarks/RESULTS.md):
-//   peak_bytes      olmax's counted tensor allocator (olmax::memory::stats) at its highest during one
-//                   steady-state step: parameters + gradients + AdamW moments + activations + scratch.
+// Memory (the same method in torch_train_step.py; see benchmarks/RESULTS.md):
+//   peak_rss_bytes  growth of the process's peak resident set over one steady-state step (after
+//                   warm-up): freed heap pages are returned to the OS (malloc_trim), the peak is
+//                   restarted from the current RSS (writing 5 to /proc/self/clear_refs, Linux >= 4.0),
+//                   then VmHWM after the step minus VmRSS before it (/proc/self/status).
+//   first_step_rss_bytes  VmHWM growth over the first step, from just after the model and optimiser
+//                   are built (includes one-time costs: lazy library initialisation, first-touch pages).
+//                   (Linux counts RSS per thread in batches, so RSS figures are good to ~0.25 MiB.)
+//   footprint_rss_bytes  VmHWM at exit minus VmRSS before the model was built.
+//   peak_bytes      olmax's counted tensor allocator (olmax::memory::stats) at its highest during the
+//                   same steady-state step: parameters + gradients + AdamW moments + activations.
 //   peak_step_bytes that peak minus the tensor bytes held just before the step (what the step adds).
-//   peak_rss_bytes  growth of the process's peak resident set (VmHWM, /proc/self/status) over the
-//                   FIRST step, measured from just after the model and optimiser are built: the same
-//                   method torch_train_step.py uses, each configuration in a fresh process.
-//   footprint_rss_bytes  VmHWM at exit minus VmRSS before the model was built (model + optimiser +
-//                   every step, including allocator caches).
 // Flags: --key=value or --key value. Output: a table line on stdout and one JSON object (--json).
 
 #include <algorithm>
@@ -26,6 +29,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <malloc.h>  // malloc_trim (glibc)
 
 #include <olmax/core/memory.hpp>
 
@@ -103,6 +108,16 @@ std::size_t proc_status_bytes(const std::string& key) {
     return 0;
 }
 
+/// Gives freed heap pages back to the OS and restarts VmHWM from the current RSS; false where the
+/// kernel does not support resetting the peak (then steady-state RSS peaks are not measured).
+bool restart_peak_rss() {
+    malloc_trim(0);
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+    clear.flush();
+    return bool(clear);
+}
+
 olmax::data::Batch random_batch(std::size_t batch, std::size_t sequence, std::mt19937_64& rng) {
     olmax::data::Batch b;
     b.inputs = olmax::Tensor<std::int32_t>({batch, sequence});
@@ -167,14 +182,17 @@ int run(int argc, char** argv) {
     // also allocates its lazy optimiser state).
     const std::size_t hwm_before_first = proc_status_bytes("VmHWM");
     step(batches[0]);
-    const std::size_t peak_rss = proc_status_bytes("VmHWM") - hwm_before_first;
+    const std::size_t first_step_rss = proc_status_bytes("VmHWM") - hwm_before_first;
     for (int i = 1; i < o.warmup; ++i) step(batches[std::size_t(i) % batches.size()]);
 
-    // Counted tensor memory of one steady-state step.
+    // Resident and counted tensor memory of one steady-state step.
+    const bool rss_restarted = restart_peak_rss();
+    const std::size_t rss_before = proc_status_bytes("VmRSS");
     const std::size_t held_before = olmax::memory::stats().current_bytes;
     olmax::memory::reset_peak();
     step(batches[1]);
     const std::size_t peak_bytes = olmax::memory::stats().peak_bytes;
+    const std::size_t peak_rss = rss_restarted ? proc_status_bytes("VmHWM") - rss_before : 0;
 
     forward_s.clear(), backward_s.clear(), optimizer_s.clear();
     std::vector<double> seconds;
@@ -195,14 +213,18 @@ int run(int argc, char** argv) {
          << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()
          << ", \"forward_s\": " << median_of(forward_s) << ", \"backward_s\": " << median_of(backward_s)
          << ", \"optimizer_s\": " << median_of(optimizer_s) << ", \"tokens_per_s\": " << tokens_per_s << ", \"peak_bytes\": " << peak_bytes
-         << ", \"peak_step_bytes\": " << (peak_bytes - held_before) << ", \"peak_rss_bytes\": " << peak_rss
+         << ", \"peak_step_bytes\": " << (peak_bytes - held_before)
+         << ", \"peak_rss_bytes\": " << (rss_restarted ? std::to_string(peak_rss) : "null")
+         << ", \"first_step_rss_bytes\": " << first_step_rss
          << ", \"footprint_rss_bytes\": " << footprint_rss << ", \"params\": " << params << ", \"last_loss\": " << last_loss << "}";
     std::printf("olmax  B=%lld S=%lld F=%lld depth=%lld threads=%lld params=%zu: %.3f ms/step (median of %d), %.0f tokens/s "
-                "(forward %.2f, backward %.2f, optimiser %.2f ms), tensor peak %.2f MiB (+%.2f MiB in the step), peak RSS growth of the first step %.2f MiB, footprint %.2f MiB\n",
+                "(forward %.2f, backward %.2f, optimiser %.2f ms), tensor peak %.2f MiB (+%.2f MiB in the step), "
+                "peak RSS growth of a step %.2f MiB (first step %.2f MiB), footprint %.2f MiB\n",
                 static_cast<long long>(o.batch), static_cast<long long>(o.sequence), static_cast<long long>(o.features),
                 static_cast<long long>(o.depth), static_cast<long long>(o.threads), params, median * 1e3, o.repeats, tokens_per_s,
                 median_of(forward_s) * 1e3, median_of(backward_s) * 1e3, median_of(optimizer_s) * 1e3,
-                double(peak_bytes) / 1048576.0, double(peak_bytes - held_before) / 1048576.0, double(peak_rss) / 1048576.0,
+                double(peak_bytes) / 1048576.0, double(peak_bytes - held_before) / 1048576.0,
+                double(peak_rss) / 1048576.0, double(first_step_rss) / 1048576.0,
                 double(footprint_rss) / 1048576.0);
     if (!o.json.empty()) {
         std::ofstream out(o.json);
