@@ -162,6 +162,52 @@ class ByteLM(torch.nn.Module):
         return cross_entropy, cross_entropy + Z_LOSS * (lse * lse).mean()
 
 
+def median_ms(repeats, f):
+    f()
+    ms = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
+def profile(a, model, targets):
+    """Each part of the model alone, forward only and forward + backward (train_step --profile prints the same rows)."""
+    torch.manual_seed(7)
+    dense, mixer = DenseConv(a.features), HierarchicalMixer(a.features, 0)
+    x = torch.randn(a.batch, a.sequence, a.features)
+
+    def forward_only(f):
+        def run():
+            with torch.no_grad():
+                f(x)
+        return median_ms(a.repeats, run)
+
+    def forward_backward(f):
+        def run():
+            leaf = x.detach().requires_grad_(True)
+            y = f(leaf)
+            y.backward(torch.ones_like(y))
+        return median_ms(a.repeats, run)
+
+    def stack(a_b):
+        a_, b_ = a_b, a_b
+        for block in model.blocks:
+            a_, b_ = block(a_, b_)
+        return a_ + b_
+
+    def head(h):
+        logits = scale_norm(h, None).reshape(-1, h.shape[-1]) @ model.w_out
+        lse = torch.logsumexp(logits, dim=-1)
+        return (lse - logits.gather(1, targets.reshape(-1)[:, None])[:, 0]).mean() + Z_LOSS * (lse * lse).mean()
+
+    print(f"pytorch profile B={a.batch} S={a.sequence} F={a.features} depth={a.depth} threads={a.threads} (median of {a.repeats})")
+    for what, f in (("DenseConv<5> F->2F->F", dense), ("HierarchicalMixer<16> layer 0", mixer),
+                    ("Stack of depth Reversible blocks", stack), ("OutputHead: norm + W_out + loss", head)):
+        print(f"  {what:34} forward {forward_only(f):8.3f} ms   forward+backward {forward_backward(f):8.3f} ms")
+
+
 def decayed(name):
     """Weight decay on matrices and the embedding, not on norm scales (olmax's `matrices` policy)."""
     return not name.endswith("scale")
@@ -179,6 +225,7 @@ def main():
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every block")
     p.add_argument("--json", default="")
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
+    p.add_argument("--profile", action="store_true", help="per-layer timings instead of the step benchmark")
     a = p.parse_args()
     if a.quick:
         a.batch, a.sequence, a.features, a.depth, a.repeats, a.warmup = 2, 32, 16, 2, 2, 1
@@ -200,6 +247,9 @@ def main():
     gen = torch.Generator().manual_seed(1234)
     batches = [(torch.randint(0, VOCAB, (a.batch, a.sequence), generator=gen),
                 torch.randint(0, VOCAB, (a.batch, a.sequence), generator=gen)) for _ in range(4)]
+    if a.profile:
+        profile(a, model, batches[0][1])
+        return
     last_loss = [0.0]
     phases = {"forward_s": [], "backward_s": [], "optimizer_s": []}
 

@@ -42,12 +42,13 @@ struct Options {
     std::int64_t batch = 8, sequence = 64, features = 64, depth = 2, threads = 1;
     int repeats = 20, warmup = 3;
     std::string json;
+    bool profile = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "train_step: " << why
               << "\nusage: train_step [--batch N] [--sequence N] [--features N] [--depth N] [--threads N] [--repeats N]"
-                 " [--warmup N] [--json PATH] [--quick]\n";
+                 " [--warmup N] [--json PATH] [--quick] [--profile]\n";
     std::exit(1);
 }
 
@@ -57,6 +58,10 @@ Options parse(int argc, char** argv) {
         std::string arg = argv[i], value;
         if (arg.rfind("--", 0) != 0) usage("unexpected argument '" + arg + "'");
         arg = arg.substr(2);
+        if (arg == "profile") {  // per-layer timings instead of the step benchmark
+            o.profile = true;
+            continue;
+        }
         if (arg == "quick") {  // seconds-long smoke run (CTest)
             o.batch = 2, o.sequence = 32, o.features = 16, o.depth = 2, o.repeats = 2, o.warmup = 1;
             continue;
@@ -132,6 +137,82 @@ olmax::data::Batch random_batch(std::size_t batch, std::size_t sequence, std::mt
     return b;
 }
 
+/// Median milliseconds of `repeats` calls of f after one warm-up call.
+template <class F>
+double median_ms(int repeats, F&& f) {
+    f();
+    std::vector<double> ms;
+    for (int r = 0; r < repeats; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+/// Where a step's time goes: each part of the model alone, forward only (no tape) and forward +
+/// backward, on [batch, sequence, features] inputs (torch_train_step.py --profile prints the same rows).
+void profile(const Options& o, const olmax::config::TrainConfig& c, byte_lm::Model& model, const olmax::data::Batch& batch) {
+    using olmax::Tensor;
+    using T = byte_lm::T;
+    const olmax::nn::Config n = byte_lm::layer_config(c);
+    olmax::Generator rng(7);
+    const olmax::nn::DenseConv<byte_lm::conv_kernel, T> dense(n, rng);
+    const olmax::nn::HierarchicalMixer<byte_lm::mixer_chunk, T> mixer(n, rng);
+    const Tensor<T> x = olmax::randn<T>({std::size_t(o.batch), std::size_t(o.sequence), std::size_t(o.features)}, rng);
+    const Tensor<T> seed = olmax::ones_like(x);
+    auto forward_only = [&](auto&& f) {
+        return median_ms(o.repeats, [&] {
+            olmax::autodiff::no_grad guard;
+            f(x);
+        });
+    };
+    auto forward_backward = [&](auto&& f) {  // a leaf input, as the reversible recompute does
+        return median_ms(o.repeats, [&] {
+            olmax::autodiff::tape_scope tape;
+            Tensor<T> leaf = x.detach();
+            leaf.set_requires_grad(true);
+            f(leaf).backward(seed);
+        });
+    };
+    auto row = [](const char* what, double fwd, double both) {
+        std::printf("  %-34s forward %8.3f ms   forward+backward %8.3f ms\n", what, fwd, both);
+    };
+    std::printf("olmax profile B=%lld S=%lld F=%lld depth=%lld threads=%lld (median of %d)\n", static_cast<long long>(o.batch),
+                static_cast<long long>(o.sequence), static_cast<long long>(o.features), static_cast<long long>(o.depth),
+                static_cast<long long>(o.threads), o.repeats);
+    row("DenseConv<5> F->2F->F", forward_only([&](const Tensor<T>& v) { return dense.forward(v); }),
+        forward_backward([&](const Tensor<T>& v) { return dense.forward(v); }));
+    olmax::nn::LayerContext layer0;
+    row("HierarchicalMixer<16> layer 0", forward_only([&](const Tensor<T>& v) { return mixer.forward(v, layer0); }),
+        forward_backward([&](const Tensor<T>& v) { return mixer.forward(v, layer0); }));
+    const Tensor<T> state = olmax::nn::two_streams(x);
+    const double stack_fwd = median_ms(o.repeats, [&] {
+        olmax::autodiff::no_grad guard;
+        model.stack.forward(state);
+    });
+    const double stack_both = median_ms(o.repeats, [&] {
+        olmax::autodiff::tape_scope tape;
+        Tensor<T> leaf = state.detach();
+        leaf.set_requires_grad(true);
+        model.stack.forward(leaf).backward(olmax::ones_like(state));
+    });
+    row("Stack of depth Reversible blocks", stack_fwd, stack_both);
+    const double head_fwd = median_ms(o.repeats, [&] {
+        olmax::autodiff::no_grad guard;
+        model.head.loss(x, batch.targets);
+    });
+    const double head_both = median_ms(o.repeats, [&] {
+        olmax::autodiff::tape_scope tape;
+        Tensor<T> leaf = x.detach();
+        leaf.set_requires_grad(true);
+        model.head.loss(leaf, batch.targets).backward();
+    });
+    row("OutputHead: norm + W_out + loss", head_fwd, head_both);
+    for (auto& p : model.parameters()) p.tensor.zero_grad();
+}
+
 int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const std::size_t rss_at_start = proc_status_bytes("VmRSS");
@@ -153,6 +234,11 @@ int run(int argc, char** argv) {
     // Each step also records its phases (forward incl. loss; backward incl. freeing the tape;
     // optimiser incl. clipping and zero_grad) to show where the time goes.
     using clock = std::chrono::steady_clock;
+    if (o.profile) {
+        profile(o, c, model, batches[0]);
+        return 0;
+    }
+
     double last_loss = 0;
     std::vector<double> forward_s, backward_s, optimizer_s;
     auto step = [&](const olmax::data::Batch& batch) {
