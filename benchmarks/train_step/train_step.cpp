@@ -43,12 +43,14 @@ struct Options {
     int repeats = 20, warmup = 3;
     std::string json;
     bool profile = false;
+    std::int64_t parallel_threshold = -1;  // -1: the backend's default
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "train_step: " << why
               << "\nusage: train_step [--batch N] [--sequence N] [--features N] [--depth N] [--threads N] [--repeats N]"
-                 " [--warmup N] [--json PATH] [--quick] [--profile]\n";
+                 " [--warmup N] [--json PATH] [--quick] [--profile]\n"
+                 "       [--parallel_threshold WORK]  (olmax::backend::cpu_openmp's serial/parallel cut-off; diagnosis only)\n";
     std::exit(1);
 }
 
@@ -93,6 +95,7 @@ Options parse(int argc, char** argv) {
         else if (arg == "repeats") o.repeats = int(number());
         else if (arg == "warmup") o.warmup = int(number());
         else if (arg == "json") o.json = value;
+        else if (arg == "parallel_threshold") o.parallel_threshold = number();
         else usage("unknown flag --" + arg);
     }
     if (o.repeats < 1) usage("--repeats must be at least 1");
@@ -222,6 +225,7 @@ int run(int argc, char** argv) {
 #if defined(_OPENMP)
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
 #endif
+    if (o.parallel_threshold >= 0) olmax::backend::cpu_openmp::set_parallel_threshold(std::size_t(o.parallel_threshold));
     byte_lm::Model model(c);
     olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), c.optimizer_config());
     std::size_t params = 0;
@@ -296,6 +300,7 @@ int run(int argc, char** argv) {
     std::ostringstream json;
     json << "{\"framework\": \"olmax\", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
          << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"repeats\": " << o.repeats
+         << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
          << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()
          << ", \"forward_s\": " << median_of(forward_s) << ", \"backward_s\": " << median_of(backward_s)
          << ", \"optimizer_s\": " << median_of(optimizer_s) << ", \"tokens_per_s\": " << tokens_per_s << ", \"peak_bytes\": " << peak_bytes
