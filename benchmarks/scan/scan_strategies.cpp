@@ -4,6 +4,7 @@
 // with /usr/bin/python3 and the same thread count) merged into the same report.
 //
 //   scan_strategies [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH] [--peers-script PATH]
+//                   [--filter TEXT]   (only the olmax rows whose strategy label contains TEXT)
 //
 // Timings are of the kernels on preallocated buffers (forward: run_forward; backward: the fused
 // reverse scan writing dx and da), median of repeats after one warm-up run. Useful traffic:
@@ -166,6 +167,7 @@ void compute_reference(Problem& p) {
 struct Bench {
     Roofline roof;
     int repeats;
+    std::string filter;
     std::vector<Row> rows;
 
     template <class S, class Bk>
@@ -180,6 +182,7 @@ struct Bench {
         if (p.H != p.C) label << "[shared P=" << p.C / p.H << ']';
         label << label_suffix;
         const std::string name = label.str();
+        if (!filter.empty() && name.find(filter) == std::string::npos) return;
         auto h = Tensor<float>::uninitialized(p.x.shape());
         const double fs = time_median([&] { forward_kernel<S, Bk>(g, p, h, chunk); }, repeats);
         const double fwd_bytes = double(n) * 4 * 2 + double(p.B * p.T * p.H) * 4;
@@ -214,7 +217,7 @@ double eigen_gemm_gflops(std::size_t Q, std::size_t P, std::size_t reps) {
 
 int main(int argc, char** argv) {
     bool quick = false, peers = true;
-    std::string json_path, python = "/usr/bin/python3";
+    std::string json_path, filter, python = "/usr/bin/python3";
     std::filesystem::path script = std::filesystem::path(__FILE__).parent_path() / "torch_peers.py";
     int threads = 0;
     for (int i = 1; i < argc; ++i) {
@@ -225,8 +228,9 @@ int main(int argc, char** argv) {
         else if (arg == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
         else if (arg == "--python" && i + 1 < argc) python = argv[++i];
         else if (arg == "--peers-script" && i + 1 < argc) script = argv[++i];
+        else if (arg == "--filter" && i + 1 < argc) filter = argv[++i];
         else {
-            std::fprintf(stderr, "usage: %s [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH] [--peers-script PATH]\n",
+            std::fprintf(stderr, "usage: %s [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH] [--peers-script PATH] [--filter TEXT]\n",
                          argv[0]);
             return 2;
         }
@@ -240,6 +244,7 @@ int main(int argc, char** argv) {
     const double start = now();
     Bench bench;
     bench.repeats = quick ? 5 : 10;
+    bench.filter = filter;
     bench.roof = measure_roofline(std::size_t(1) << 25);
     std::printf("threads %d; roofline: triad (2R1W) %.2f GB/s, 3R2W %.2f GB/s (fp32 arrays of 2^25, median of 10)\n", threads,
                 bench.roof.triad, bench.roof.r3w2);
@@ -303,14 +308,16 @@ int main(int argc, char** argv) {
     {
         Problem p = make_problem(4, 4096, 1024, 16, -1);
         compute_reference(p);
+        const std::size_t before = bench.rows.size();
         bench.run<sc::chunked_matmul<128>, omp>(p, "", false);
-        const Row& r = bench.rows.back();
-        shared_rate = 2.0 * 128 * double(p.B * p.T * p.C) / r.seconds / 1e9;  // in-chunk GEMM flops: 2 Q per element
+        if (bench.rows.size() > before)  // (not filtered out)
+            shared_rate = 2.0 * 128 * double(p.B * p.T * p.C) / bench.rows.back().seconds / 1e9;  // in-chunk GEMM flops: 2 Q per element
         bench.run<sc::sequential_vectorized, omp>(p, "", false);
         bench.run<sc::two_pass, omp>(p, "", false);
         gemm_rate = eigen_gemm_gflops(128, 64, 2000) * threads;  // independent GEMMs, one per thread
     }
-    std::printf("shared-gate chunked_matmul<128>, P=64: %.2f GFLOP/s (in-chunk GEMM flops / whole-scan time) vs Eigen GEMM "
+    if (shared_rate > 0)
+        std::printf("shared-gate chunked_matmul<128>, P=64: %.2f GFLOP/s (in-chunk GEMM flops / whole-scan time) vs Eigen GEMM "
                 "[128x128]x[128x64] x %d threads %.2f GFLOP/s: fraction %.2f\n",
                 shared_rate, threads, gemm_rate, shared_rate / gemm_rate);
     if (!quick) {

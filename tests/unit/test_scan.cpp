@@ -143,6 +143,33 @@ TEST_CASE("scan: two_pass over many rounds and segments equals the reference", "
     round = saved;
 }
 
+TEST_CASE("scan: two_pass with cache-line-staggered segments and a short last round equals the reference", "[scan]") {
+    // Rounds of 1024 steps per thread: segments of >= 128 steps are lengthened to an odd number of
+    // cache lines, so full rounds and the shorter last round partition T differently.
+    auto& round = sc::detail::two_pass_round_elements();
+    const std::size_t saved = round.load();
+    round = 1024;
+    check_against_reference<sc::two_pass, olmax::backend::cpu_openmp, float>(false, 1, 1, 1e-5);
+    check_against_reference<sc::two_pass, olmax::backend::cpu_serial, double>(false, 1, 1, 1e-12);
+    olmax::Generator rng(5);
+    for (bool reverse : {false, true}) {  // one long row (in-register block kernels), forward and backward
+        Tensor<double> a = olmax::rand<double>({1, 20000, 1}, rng), x = uniform_pm1<double>({1, 20000, 1}, rng);
+        Tensor<double> h0 = uniform_pm1<double>({1, 1}, rng);
+        Tensor<double> r = uniform_pm1<double>({1, 20000, 1}, rng);
+        auto grads = [&]<class S>(S) {  // h, then dL/da, dL/dx, dL/dh0 for L = sum(h * r)
+            Tensor<double> ga = a.clone(), gx = x.clone(), gh0 = h0.clone();
+            for (auto* t : {&ga, &gx, &gh0}) t->set_requires_grad(true);
+            Tensor<double> h = sc::scan<S>(ga, gx, {.h0 = gh0, .reverse = reverse});
+            h.backward(r);
+            return std::vector<Tensor<double>>{h, ga.grad(), gx.grad(), gh0.grad()};
+        };
+        const auto ours = grads(sc::two_pass{}), ref = grads(sc::sequential_fp64{});
+        INFO("reverse " << reverse);
+        for (std::size_t i = 0; i < ours.size(); ++i) CHECK(rel_error(ours[i], ref[i]) <= 1e-12);
+    }
+    round = saved;
+}
+
 TEMPLATE_TEST_CASE("scan: chunk sizes that do not divide T", "[scan]", sc::hillis_steele_chunked<128>, sc::chunked_matmul<128>, sc::log_space) {
     olmax::Generator rng(11);
     for (long chunk : {1L, 3L, 16L, 200L}) {

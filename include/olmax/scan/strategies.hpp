@@ -48,7 +48,8 @@ struct hillis_steele {
 };
 
 /// The "Faster QRNN" variant: the first log2(K) doubling steps replaced by one O(T) in-chunk
-/// window computation, then doubling at offsets K, 2K, ... Error: O((K + log T) eps).
+/// prefix pass, then doubling at offsets K, 2K, ... over the ceil(T/K) chunk ends, and one fix-up
+/// pass: O(T + (T/K) log(T/K)) work. Error: O((K + log T) eps).
 template <std::size_t K = 128>
 struct hillis_steele_chunked {
     static_assert(K > 0, "olmax::scan::hillis_steele_chunked: chunk size must be positive");

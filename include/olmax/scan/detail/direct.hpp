@@ -6,26 +6,41 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <vector>
 #include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "olmax/core/tensor.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 #include "olmax/scan/detail/problem.hpp"
+#include "olmax/scan/detail/vector_block.hpp"
 
 namespace olmax::scan::detail {
 
 // ---- channel-vectorised sequential -------------------------------------------------------------
 
-/// Channels per task of the vectorised scan: 64 fp32 lanes = 4 AVX-512 vectors of state.
+/// Channels per task of the vectorised scan, at least: 64 fp32 lanes = 4 AVX-512 vectors of state.
 inline constexpr std::size_t vector_block = 64;
 
+/// Channels per task of the [B, T, C] vectorised scans: as wide as the rows allow (up to 2048
+/// channels, an 8 KB fp32 state that stays in L1) while leaving >= 4 tasks per thread. Wide spans
+/// matter: each step then reads and writes whole contiguous runs of a row, which the hardware
+/// prefetchers follow, instead of 256-byte pieces one row-stride apart (a new page every step
+/// when C >= 1024, as narrow blocks did at 0.55 of triad).
+inline std::size_t vector_span(const Geometry& g, int threads) {
+    std::size_t width = std::min<std::size_t>(g.channels, 2048);
+    auto tasks = [&](std::size_t w) { return g.batch * ((g.channels + w - 1) / w); };
+    while (width > vector_block && tasks(width) < 4 * std::size_t(std::max(threads, 1)))
+        width = std::max(vector_block, (width / 2 + 15) / 16 * 16);
+    return width;
+}
+
 /// [B, T, C]: each task scans `n` contiguous channels of one batch element; per step the state
-/// update is one vector FMA per 16 channels (3 moves per element: read a, read x, write h).
-template <std::size_t N, bool Log, class Acc, class T>
-void vectorized_btc_block(const Geometry& g, const ForwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t cw) {
-    const std::size_t n = N ? N : cw;
-    std::array<Acc, vector_block> state{};
+/// update is one vector FMA per 16 channels (3 moves per element: read a, read x, write h). The
+/// state lives in a small per-thread buffer (L1).
+template <bool Log, class Acc, class T>
+void vectorized_btc_span(const Geometry& g, const ForwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t n, Acc* state) {
     for (std::size_t w = 0; w < n; ++w) state[w] = args.h0 ? Acc(args.h0[b * g.channels + c0 + w]) : Acc(0);
     for (std::size_t s = 0; s < g.time; ++s) {
         const std::size_t off = g.x_index(b, g.time_of(s), c0);
@@ -69,14 +84,14 @@ void vectorized_bct_rows(const Geometry& g, const ForwardArgs<T>& args, std::siz
 template <bool Log, class Acc, class B, class T>
 void vectorized_forward_impl(const Geometry& g, const ForwardArgs<T>& args) {
     if (g.layout == Layout::btc) {
-        const std::size_t blocks = (g.channels + vector_block - 1) / vector_block;
-        B::parallel_for(g.batch * blocks, g.time * vector_block, [&](std::size_t begin, std::size_t end) {
+        const std::size_t span = vector_span(g, B::num_threads());
+        const std::size_t blocks = (g.channels + span - 1) / span;
+        B::parallel_for(g.batch * blocks, g.time * span, [&](std::size_t begin, std::size_t end) {
             denormal_guard guard;
+            Storage<Acc> state(span);
             for (std::size_t task = begin; task < end; ++task) {
-                const std::size_t b = task / blocks, c0 = (task % blocks) * vector_block;
-                const std::size_t cw = std::min(vector_block, g.channels - c0);
-                if (cw == vector_block) vectorized_btc_block<vector_block, Log, Acc>(g, args, b, c0, cw);
-                else vectorized_btc_block<0, Log, Acc>(g, args, b, c0, cw);
+                const std::size_t b = task / blocks, c0 = (task % blocks) * span;
+                vectorized_btc_span<Log, Acc>(g, args, b, c0, std::min(span, g.channels - c0), state.data());
             }
         });
     } else {
@@ -92,8 +107,7 @@ void vectorized_forward_impl(const Geometry& g, const ForwardArgs<T>& args) {
 /// Fused backward, one pass, 3 reads (dh, a, h) and 2 writes (dx, da) per element: walking the
 /// forward steps s = T-1 .. 0, g = a(s+1) g + dh(s); dx(s) = g; da(s) = g h(s-1), h(-1) = h0.
 template <bool Log, class Acc, class T>
-void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t n) {
-    std::array<Acc, vector_block> grad{};
+void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t n, Acc* grad) {
     for (std::size_t w = 0; w < n; ++w) grad[w] = args.dh_last ? Acc(args.dh_last[b * g.channels + c0 + w]) : Acc(0);
     const std::size_t T_ = g.time;
     for (std::size_t r = 0; r < T_; ++r) {
@@ -131,14 +145,16 @@ void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::s
 
 template <bool Log, class Acc, class B, class T>
 void vectorized_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
-    // btc: lanes are contiguous channels; bct: lanes are rows (stride T), 16 chains at a time.
-    const std::size_t lanes = g.layout == Layout::btc ? vector_block : 16;
+    // btc: lanes are contiguous channels (wide spans, see vector_span); bct: lanes are rows
+    // (stride T), 16 chains at a time.
+    const std::size_t lanes = g.layout == Layout::btc ? vector_span(g, B::num_threads()) : 16;
     const std::size_t blocks = (g.channels + lanes - 1) / lanes;
     B::parallel_for(g.batch * blocks, g.time * lanes, [&](std::size_t begin, std::size_t end) {
         denormal_guard guard;
+        Storage<Acc> grad(lanes);
         for (std::size_t task = begin; task < end; ++task) {
             const std::size_t b = task / blocks, c0 = (task % blocks) * lanes;
-            fused_backward_lanes<Log, Acc>(g, args, b, c0, std::min(lanes, g.channels - c0));
+            fused_backward_lanes<Log, Acc>(g, args, b, c0, std::min(lanes, g.channels - c0), grad.data());
         }
     });
 }
@@ -185,9 +201,18 @@ struct SegmentPass {
     // The K chains share base pointers and differ by one offset each (K + 4 integer registers; one
     // pointer per chain and array would spill on x86-64's 16 registers).
 
+    /// Rows whose steps are adjacent in memory (|step| = 1) run one segment at a time through
+    /// in-register block scans (vector_block.hpp) instead of interleaved scalar chains.
+    static constexpr bool block_kernels = !Log && std::is_same_v<T, Acc> && block_scan_available<Acc>;
+    bool use_blocks() const { return block_kernels && (step == 1 || step == -1); }
+
     /// The affine map of K segments of equal length (interleaved chains).
     template <std::size_t K>
     void reduce(const Segment* segs, std::size_t len, Acc* A, Acc* X) const {
+        if constexpr (K == 1 && block_kernels) {
+            if (step == 1) return reduce_blocks<false>(segs[0], len, *A, *X);
+            if (step == -1) return reduce_blocks<true>(segs[0], len, *A, *X);
+        }
         std::array<std::ptrdiff_t, K> off{};
         std::array<Acc, K> pa{}, px{};
         const T* gate_base = gates - (Bwd ? step : 0);  // backward: the gate of the previous index
@@ -206,6 +231,10 @@ struct SegmentPass {
     /// Rescans K segments of equal length from their carries; returns the final states in `state`.
     template <std::size_t K>
     void rescan(const Segment* segs, std::size_t len, Acc* state) const {
+        if constexpr (K == 1 && block_kernels) {
+            if (step == 1) return rescan_blocks<false>(segs[0], len, *state);
+            if (step == -1) return rescan_blocks<true>(segs[0], len, *state);
+        }
         std::array<std::ptrdiff_t, K> off{};
         std::array<Acc, K> st{};
         const T* gate_base = gates - (Bwd ? step : 0);
@@ -227,6 +256,69 @@ struct SegmentPass {
         }
         for (std::size_t k = 0; k < K; ++k) state[k] = st[k];
     }
+
+#if (defined(__GNUC__) && __GNUC__ >= 12) || defined(__clang__)
+    /// reduce<1> on one segment with adjacent steps: per block of N steps one in-register scan,
+    /// then (A, X) <- (a_blk A, a_blk X + x_blk) with the block's total map.
+    template <bool Descending>
+    void reduce_blocks(const Segment& seg, std::size_t len, Acc& A, Acc& X) const {
+        constexpr std::size_t N = block_lanes<Acc>;
+        const T* gate_base = gates - (Bwd ? step : 0);
+        std::ptrdiff_t o = offset(seg, 0);
+        Acc pa = 1, px = 0;
+        std::size_t i = 0;
+        for (; i + N <= len; i += N, o += step * std::ptrdiff_t(N)) {
+            block_of<Acc> a, x;
+            load_steps<Descending>(gate_base + o, a);
+            load_steps<Descending>(values + o, x);
+            scan_block<Acc>(a, x);
+            px = a[N - 1] * px + x[N - 1];
+            pa *= a[N - 1];
+        }
+        for (; i < len; ++i, o += step) {
+            const Acc a = gate_base[o];
+            pa *= a;
+            px = a * px + values[o];
+        }
+        A = pa, X = px;
+    }
+
+    /// rescan<1> on one segment with adjacent steps: h_blk = x_blk + a_blk * carry, carry = last lane.
+    template <bool Descending>
+    void rescan_blocks(const Segment& seg, std::size_t len, Acc& state) const {
+        constexpr std::size_t N = block_lanes<Acc>;
+        const T* gate_base = gates - (Bwd ? step : 0);
+        std::ptrdiff_t o = offset(seg, 0);
+        Acc st = state;
+        std::size_t i = 0;
+        for (; i + N <= len; i += N, o += step * std::ptrdiff_t(N)) {
+            block_of<Acc> a, x;
+            load_steps<Descending>(gate_base + o, a);
+            load_steps<Descending>(values + o, x);
+            scan_block<Acc>(a, x);
+            const block_of<Acc> v = x + a * st;
+            st = v[N - 1];
+            store_steps<Descending>(out + o, v);
+            if constexpr (Bwd) {
+                block_of<Acc> h_prev;
+                load_steps<Descending>(h + o + step, h_prev);
+                store_steps<Descending>(da + o, h_prev * v);
+            }
+        }
+        for (; i < len; ++i, o += step) {
+            const Acc v = gate_base[o] * st + values[o];
+            st = v;
+            out[o] = v;
+            if constexpr (Bwd) da[o] = v * h[o + step];
+        }
+        state = st;
+    }
+#else
+    template <bool Descending>
+    void reduce_blocks(const Segment&, std::size_t, Acc&, Acc&) const {}
+    template <bool Descending>
+    void rescan_blocks(const Segment&, std::size_t, Acc&) const {}
+#endif
 };
 
 template <bool Bwd, bool Log, class Acc, class B, class T>
@@ -249,12 +341,25 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
     auto row_base = [&](std::size_t r) { return (r / g.channels) * g.xb + (r % g.channels) * g.xc; };
     // h0, h_last and dh0 are [batch, channels]: indexed by the row number.
 
-    for (std::size_t s0 = 0; s0 < T_; s0 += round) {
-        const std::size_t L = std::min(round, T_ - s0);
+    // Segments per round and their length for a round of L steps (equal lengths, the last may be short).
+    auto partition = [&](std::size_t L) {
         std::size_t S = std::min<std::size_t>(64, std::max<std::size_t>(1, (want_tasks + R - 1) / R));
         S = std::max<std::size_t>(1, std::min(S, L / min_segment));
         const std::size_t seg_len = (L + S - 1) / S;
-        S = (L + seg_len - 1) / seg_len;
+        return std::pair{(L + seg_len - 1) / seg_len, seg_len};
+    };
+    // Full rounds get a segment length whose byte stride is an odd number of cache lines: with a
+    // power-of-two stride the interleaved chains of a row all map to the same L1 set (64 KB apart
+    // for 2^14-step segments) and evict each other -- 5-6x slower, measured at T = 2^24.
+    auto [full_segments, full_length] = partition(round);
+    const std::size_t step_bytes = g.xt * sizeof(T);
+    if (full_segments > 1 && full_length * step_bytes >= 512)
+        while ((full_length * step_bytes / 64) % 2 == 0) ++full_length;
+    const std::size_t full_round = full_segments * full_length;
+    for (std::size_t s0 = 0; s0 < T_; s0 += full_round) {
+        const std::size_t L = std::min(full_round, T_ - s0);
+        const auto shape = L == full_round ? std::pair{full_segments, full_length} : partition(L);
+        const std::size_t S = shape.first, seg_len = shape.second;
         const bool first_round = s0 == 0, last_round = s0 + L == T_;
         auto make = [&](std::size_t task) {
             const std::size_t k = task / R, r = task % R;
@@ -278,7 +383,7 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
         auto for_groups = [&](std::size_t n, auto&& group8, auto&& single) {
             items.clear();
             for (std::size_t task = 0; task < n;) {
-                if (special(task)) {
+                if (pass.use_blocks() || special(task)) {
                     items.push_back({task++, 1, true});
                     continue;
                 }

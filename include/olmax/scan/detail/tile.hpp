@@ -75,77 +75,51 @@ struct tile_hillis_steele {
     static void run(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t, Acc*) { doubling_steps(a, x, T, W, 1); }
 };
 
-/// The "Faster QRNN" form: the first log2(K) doubling steps replaced by one O(T) pass that gives
-/// every step the composition of its last K steps directly (window = suffix of the previous chunk
-/// composed with the prefix of the current chunk), then doubling continues at offsets K, 2K, ...
+/// The "Faster QRNN" form: the first log2(K) doubling steps are replaced by one O(T) in-chunk
+/// pass (every step gets the composition of its chunk's prefix), and the doubling continues at
+/// offsets K, 2K, 4K, ... on the chunk ends only: position c0 + i of chunk c needs the scan up to
+/// the end of chunk c - 1, and nothing else, so doubling the other K - 1 positions of each chunk
+/// (as the original did, O(T log(T/K)) work) adds no information. Here: O(T + (T/K) log(T/K))
+/// work in three steps -- in-chunk prefix, Hillis-Steele over the ceil(T/K) chunk ends, one fix-up
+/// pass h = local + (chunk prefix gate) * (previous chunk end).
 struct tile_hillis_steele_chunked {
-    static std::size_t scratch(std::size_t, std::size_t W, std::size_t K) { return 4 * K * W; }
+    static std::size_t scratch(std::size_t T, std::size_t W, std::size_t K) { return 2 * ((T + K - 1) / K) * W; }
     template <class Acc>
     static void run(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t K, Acc* scratch) {
-        Acc* prefix_gate = scratch;             // P_s = a_c0 ... a_s
-        Acc* prefix_scan = scratch + K * W;     // scan of the chunk from a zero state
-        Acc* suffix_gate = scratch + 2 * K * W; // S_j = a_j ... a_{c0-1} (previous chunk)
-        Acc* suffix_scan = scratch + 3 * K * W; // composition of steps j .. c0-1 applied to 0
         const std::size_t chunks = (T + K - 1) / K;
-        // Chunks from last to first: a chunk reads the original values of itself and its predecessor.
-        for (std::size_t c = chunks; c-- > 0;) {
+        Acc* end_gate = scratch;           // [chunk][lane]: product of the chunk's gates
+        Acc* end_scan = scratch + chunks * W;  // [chunk][lane]: the chunk's scan from a zero state
+        // 1. In-chunk prefix, in place: x_s <- scan of the chunk up to s, a_s <- product of its gates.
+        for (std::size_t c = 0; c < chunks; ++c) {
             const std::size_t c0 = c * K, len = std::min(K, T - c0);
-            for (std::size_t i = 0; i < len; ++i) {
-                const Acc* as = a + (c0 + i) * W;
-                const Acc* xs = x + (c0 + i) * W;
-                Acc* pg = prefix_gate + i * W;
-                Acc* ps = prefix_scan + i * W;
-                if (i == 0) {
-                    for (std::size_t w = 0; w < W; ++w) pg[w] = as[w], ps[w] = xs[w];
-                } else {
-                    const Acc* pg_prev = pg - W;
-                    const Acc* ps_prev = ps - W;
-#pragma omp simd
-                    for (std::size_t w = 0; w < W; ++w) {
-                        pg[w] = pg_prev[w] * as[w];
-                        ps[w] = as[w] * ps_prev[w] + xs[w];
-                    }
-                }
-            }
-            if (c > 0) {
-                // suffix index k = j - (c0 - K) for j in (c0 - K, c0); k = K means the empty suffix.
-                const std::size_t p0 = c0 - K;
-                Acc* sg_end = suffix_gate + (K - 1) * W;
-                Acc* ss_end = suffix_scan + (K - 1) * W;
-                const Acc* a_last = a + (c0 - 1) * W;
-                const Acc* x_last = x + (c0 - 1) * W;
-                for (std::size_t w = 0; w < W; ++w) sg_end[w] = a_last[w], ss_end[w] = x_last[w];
-                for (std::size_t k = K - 1; k-- > 1;) {
-                    const Acc* aj = a + (p0 + k) * W;
-                    const Acc* xj = x + (p0 + k) * W;
-                    Acc* sg = suffix_gate + k * W;
-                    Acc* ss = suffix_scan + k * W;
-#pragma omp simd
-                    for (std::size_t w = 0; w < W; ++w) {
-                        ss[w] = ss[w + W] + sg[w + W] * xj[w];
-                        sg[w] = aj[w] * sg[w + W];
-                    }
-                }
-            }
-            for (std::size_t i = 0; i < len; ++i) {
-                Acc* as = a + (c0 + i) * W;
+            for (std::size_t i = 1; i < len; ++i) {
                 Acc* xs = x + (c0 + i) * W;
-                const Acc* pg = prefix_gate + i * W;
-                const Acc* ps = prefix_scan + i * W;
-                if (c == 0 || i == K - 1) {
-                    for (std::size_t w = 0; w < W; ++w) as[w] = pg[w], xs[w] = ps[w];
-                } else {
-                    const Acc* sg = suffix_gate + (i + 1) * W;  // window start j = c0 + i - K + 1 -> k = i + 1
-                    const Acc* ss = suffix_scan + (i + 1) * W;
+                Acc* as = a + (c0 + i) * W;
+                const Acc* xp = xs - W;
+                const Acc* ap = as - W;
 #pragma omp simd
-                    for (std::size_t w = 0; w < W; ++w) {
-                        xs[w] = ps[w] + pg[w] * ss[w];
-                        as[w] = pg[w] * sg[w];
-                    }
+                for (std::size_t w = 0; w < W; ++w) {
+                    xs[w] += as[w] * xp[w];
+                    as[w] *= ap[w];
                 }
+            }
+            const std::size_t last = (c0 + len - 1) * W;
+            for (std::size_t w = 0; w < W; ++w) end_gate[c * W + w] = a[last + w], end_scan[c * W + w] = x[last + w];
+        }
+        // 2. Hillis-Steele doubling over the chunk ends (offsets K, 2K, ... in steps): end_scan[c]
+        //    becomes h at the end of chunk c.
+        doubling_steps(end_gate, end_scan, chunks, W, 1);
+        // 3. Fix-up: h_s = local_s + P_s * h(end of the previous chunk).
+        for (std::size_t c = 1; c < chunks; ++c) {
+            const std::size_t c0 = c * K, len = std::min(K, T - c0);
+            const Acc* carry = end_scan + (c - 1) * W;
+            for (std::size_t i = 0; i < len; ++i) {
+                Acc* xs = x + (c0 + i) * W;
+                const Acc* as = a + (c0 + i) * W;
+#pragma omp simd
+                for (std::size_t w = 0; w < W; ++w) xs[w] += as[w] * carry[w];
             }
         }
-        doubling_steps(a, x, T, W, K);
     }
 };
 
@@ -260,6 +234,10 @@ struct tile_log_space {
 
 // ---- drivers ---------------------------------------------------------------------------------
 
+/// True when a tile's lanes are adjacent in memory for x, h and the gates ([B, T, C], one gate per
+/// channel): the copies in and out of a tile then run as contiguous vector loops.
+inline bool contiguous_lanes(const Geometry& g) { return g.layout == Layout::btc && g.share == 1; }
+
 /// Visits every (step, lane) of a tile in the order that walks memory contiguously: steps outer
 /// for [B, T, C] (lanes are adjacent channels), lanes outer for [B, C, T] (steps are adjacent).
 template <class F>
@@ -298,15 +276,36 @@ template <bool Log, class Kernel, class Acc, class B, class T>
 void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
     const std::size_t T_ = g.time;
     for_each_tile<Kernel, Acc, B>(g, chunk, [&](std::size_t b, std::size_t c0, std::size_t cw, Acc* a, Acc* x, Acc* scratch) {
-        for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) {
-            const std::size_t t = g.time_of(s);
-            a[s * cw + w] = load_gate<Log, Acc>(args.gates[g.gate_index(b, t, c0 + w)]);
-            x[s * cw + w] = Acc(args.x[g.x_index(b, t, c0 + w)]);
-        });
+        if (contiguous_lanes(g)) {  // rows of the tile are contiguous runs of memory: vectorised copies
+            for (std::size_t s = 0; s < T_; ++s) {
+                const std::size_t off = g.x_index(b, g.time_of(s), c0);
+                const T* gs = args.gates + off;
+                const T* xs = args.x + off;
+                Acc* as = a + s * cw;
+                Acc* ys = x + s * cw;
+#pragma omp simd
+                for (std::size_t w = 0; w < cw; ++w) as[w] = load_gate<Log, Acc>(gs[w]), ys[w] = Acc(xs[w]);
+            }
+        } else {
+            for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) {
+                const std::size_t t = g.time_of(s);
+                a[s * cw + w] = load_gate<Log, Acc>(args.gates[g.gate_index(b, t, c0 + w)]);
+                x[s * cw + w] = Acc(args.x[g.x_index(b, t, c0 + w)]);
+            });
+        }
         if (args.h0)
             for (std::size_t w = 0; w < cw; ++w) x[w] += a[w] * Acc(args.h0[b * g.channels + c0 + w]);
         Kernel::run(a, x, T_, cw, chunk, scratch);
-        for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) { args.h[g.x_index(b, g.time_of(s), c0 + w)] = T(x[s * cw + w]); });
+        if (contiguous_lanes(g)) {
+            for (std::size_t s = 0; s < T_; ++s) {
+                T* hs = args.h + g.x_index(b, g.time_of(s), c0);
+                const Acc* ys = x + s * cw;
+#pragma omp simd
+                for (std::size_t w = 0; w < cw; ++w) hs[w] = T(ys[w]);
+            }
+        } else {
+            for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) { args.h[g.x_index(b, g.time_of(s), c0 + w)] = T(x[s * cw + w]); });
+        }
         if (args.h_last)
             for (std::size_t w = 0; w < cw; ++w) args.h_last[b * g.channels + c0 + w] = T(x[(T_ - 1) * cw + w]);
     });
@@ -324,27 +323,57 @@ template <bool Log, class Kernel, class Acc, class B, class T>
 void tile_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
     const std::size_t T_ = g.time;
     for_each_tile<Kernel, Acc, B>(g, chunk, [&](std::size_t b, std::size_t c0, std::size_t cw, Acc* a, Acc* x, Acc* scratch) {
-        for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
-            const std::size_t s = T_ - 1 - r, t = g.time_of(s);
-            a[r * cw + w] = r == 0 ? Acc(0) : load_gate<Log, Acc>(args.gates[g.gate_index(b, g.time_of(s + 1), c0 + w)]);
-            x[r * cw + w] = Acc(args.dh[g.x_index(b, t, c0 + w)]);
-        });
+        if (contiguous_lanes(g)) {  // see tile_forward_impl
+            for (std::size_t r = 0; r < T_; ++r) {
+                const std::size_t s = T_ - 1 - r;
+                const T* dhs = args.dh + g.x_index(b, g.time_of(s), c0);
+                const T* gs = r == 0 ? nullptr : args.gates + g.x_index(b, g.time_of(s + 1), c0);
+                Acc* ar = a + r * cw;
+                Acc* xr = x + r * cw;
+#pragma omp simd
+                for (std::size_t w = 0; w < cw; ++w) ar[w] = gs ? load_gate<Log, Acc>(gs[w]) : Acc(0), xr[w] = Acc(dhs[w]);
+            }
+        } else {
+            for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
+                const std::size_t s = T_ - 1 - r, t = g.time_of(s);
+                a[r * cw + w] = r == 0 ? Acc(0) : load_gate<Log, Acc>(args.gates[g.gate_index(b, g.time_of(s + 1), c0 + w)]);
+                x[r * cw + w] = Acc(args.dh[g.x_index(b, t, c0 + w)]);
+            });
+        }
         if (args.dh_last)
             for (std::size_t w = 0; w < cw; ++w) x[w] += Acc(args.dh_last[b * g.channels + c0 + w]);
         Kernel::run(a, x, T_, cw, chunk, scratch);
-        for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
-            const std::size_t s = T_ - 1 - r, t = g.time_of(s);
-            {
+        if (contiguous_lanes(g)) {
+            for (std::size_t r = 0; r < T_; ++r) {
+                const std::size_t s = T_ - 1 - r;
+                const std::size_t off = g.x_index(b, g.time_of(s), c0);
+                const T* h_prev = s > 0 ? args.h + g.x_index(b, g.time_of(s - 1), c0) : nullptr;
+                const T* h0 = args.h0 ? args.h0 + b * g.channels + c0 : nullptr;
+                const T* gs = args.gates + off;
+                const Acc* gr = x + r * cw;
+                T* dx = args.dx + off;
+                T* da = args.da + off;
+#pragma omp simd
+                for (std::size_t w = 0; w < cw; ++w) {
+                    const Acc hp = h_prev ? Acc(h_prev[w]) : (h0 ? Acc(h0[w]) : Acc(0));
+                    Acc d = gr[w] * hp;
+                    if constexpr (Log) d *= std::exp(Acc(gs[w]));
+                    dx[w] = T(gr[w]);
+                    da[w] = T(d);
+                }
+            }
+        } else {
+            for_each_in_tile(g, T_, cw, [&](std::size_t r, std::size_t w) {
+                const std::size_t s = T_ - 1 - r, t = g.time_of(s), c = c0 + w;
                 const Acc gr = x[r * cw + w];
-                const std::size_t c = c0 + w;
                 const Acc h_prev = s > 0 ? Acc(args.h[g.x_index(b, g.time_of(s - 1), c)])
                                          : (args.h0 ? Acc(args.h0[b * g.channels + c]) : Acc(0));
                 Acc da = gr * h_prev;
                 if constexpr (Log) da *= std::exp(Acc(args.gates[g.gate_index(b, t, c)]));
                 args.dx[g.x_index(b, t, c)] = T(gr);
                 args.da[g.x_index(b, t, c)] = T(da);
-            }
-        });
+            });
+        }
         if (args.dh0)
             for (std::size_t w = 0; w < cw; ++w)
                 args.dh0[b * g.channels + c0 + w] =

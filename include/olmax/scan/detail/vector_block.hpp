@@ -1,0 +1,95 @@
+#pragma once
+// One 64-byte vector of consecutive time steps of a single row, scanned in registers.
+//
+// A row whose steps are adjacent in memory (C = 1 in [B, T, C], any row of [B, C, T]) cannot be
+// vectorised across channels, and one scalar FMA chain per row is latency-bound (4 cycles per
+// step). Here a vector of N consecutive steps is scanned in place by log2(N) Hillis-Steele steps
+// on lane shifts (lane i takes the composition of lanes i-d .. i), after which lane i holds the
+// block's affine map up to step i: h_i = x_i + a_i h_in. Only the carry h_in -> h_{N-1} remains
+// serial: one FMA and one lane broadcast per N steps.
+//
+// Written with the GCC/Clang vector extensions (`vector_size`, `__builtin_shufflevector`, GCC >= 12
+// or Clang), which lower to AVX-512, AVX2 or SSE as the target allows; other compilers, and types
+// other than float and double, use the scalar kernels (`block_scan_available` is false).
+
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+namespace olmax::scan::detail {
+
+#if (defined(__GNUC__) && __GNUC__ >= 12) || defined(__clang__)
+
+template <class Acc>
+inline constexpr bool block_scan_available = std::is_same_v<Acc, float> || std::is_same_v<Acc, double>;
+
+typedef float block_f32 __attribute__((vector_size(64)));
+typedef double block_f64 __attribute__((vector_size(64)));
+
+template <class Acc>
+using block_of = std::conditional_t<std::is_same_v<Acc, float>, block_f32, block_f64>;
+
+/// Lanes of a block: 16 floats or 8 doubles.
+template <class Acc>
+inline constexpr std::size_t block_lanes = 64 / sizeof(Acc);
+
+// Vectors are passed by reference throughout: 64-byte vector parameters and return values change
+// the calling convention with the target's ISA (GCC's -Wpsabi), references do not.
+
+/// out: lane i <- lane i - D of v (lanes below D take `fill`).
+template <std::size_t D, class V, std::size_t... I>
+void block_shift(const V& v, const V& fill, V& out, std::index_sequence<I...>) {
+    out = __builtin_shufflevector(v, fill, (I < D ? int(sizeof...(I) + I) : int(I - D))...);
+}
+
+template <class V, std::size_t... I>
+void block_reverse(V& v, std::index_sequence<I...>) {
+    v = __builtin_shufflevector(v, v, int(sizeof...(I) - 1 - I)...);
+}
+
+/// Loads the N processing steps that start at `p`: p, p+1, ... (ascending) or p, p-1, ...
+/// (descending, i.e. the memory p-N+1 .. p in reversed lane order).
+template <bool Descending, class Acc>
+void load_steps(const Acc* p, block_of<Acc>& v) {
+    constexpr std::size_t N = block_lanes<Acc>;
+    std::memcpy(&v, Descending ? p - (N - 1) : p, sizeof v);
+    if constexpr (Descending) block_reverse(v, std::make_index_sequence<N>{});
+}
+
+template <bool Descending, class Acc>
+void store_steps(Acc* p, const block_of<Acc>& v) {
+    constexpr std::size_t N = block_lanes<Acc>;
+    block_of<Acc> w = v;
+    if constexpr (Descending) block_reverse(w, std::make_index_sequence<N>{});
+    std::memcpy(Descending ? p - (N - 1) : p, &w, sizeof w);
+}
+
+/// In place: x_i <- x_i + a_i x_{i-1} + ... (the scan of the block from a zero state), a_i <- a_0 ... a_i.
+template <class Acc>
+void scan_block(block_of<Acc>& a, block_of<Acc>& x) {
+    constexpr std::size_t N = block_lanes<Acc>;
+    using V = block_of<Acc>;
+    const V zero = V{} * Acc(0), one = zero + Acc(1);
+    constexpr auto lanes = std::make_index_sequence<N>{};
+    V shifted;
+    auto step = [&]<std::size_t D>(std::integral_constant<std::size_t, D>) {
+        block_shift<D>(x, zero, shifted, lanes);
+        x += a * shifted;
+        block_shift<D>(a, one, shifted, lanes);
+        a *= shifted;
+    };
+    step(std::integral_constant<std::size_t, 1>{});
+    step(std::integral_constant<std::size_t, 2>{});
+    step(std::integral_constant<std::size_t, 4>{});
+    if constexpr (N > 8) step(std::integral_constant<std::size_t, 8>{});
+}
+
+#else
+
+template <class Acc>
+inline constexpr bool block_scan_available = false;
+
+#endif
+
+}  // namespace olmax::scan::detail
