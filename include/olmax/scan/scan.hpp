@@ -88,6 +88,13 @@ void run_forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chun
             return;
         }
     }
+    if constexpr (is_hs_chunked<S>::value) {
+        if (contiguous_lanes(g)) {
+            if (g.log_gates) hs_chunked_forward_impl<true, Acc, B>(g, args, chunk);
+            else hs_chunked_forward_impl<false, Acc, B>(g, args, chunk);
+            return;
+        }
+    }
     if constexpr (is_chunked_matmul<S>::value) {
         if (g.share > 1) {
             if (g.log_gates) shared_matmul_forward_impl<true, B>(g, args, chunk);
@@ -111,6 +118,13 @@ void run_backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t ch
                 if (g.log_gates) two_pass_backward_impl<true, Acc, B>(g, args);
                 else two_pass_backward_impl<false, Acc, B>(g, args);
             }
+            return;
+        }
+    }
+    if constexpr (is_hs_chunked<S>::value) {
+        if (contiguous_lanes(g)) {
+            if (g.log_gates) hs_chunked_backward_impl<true, Acc, B>(g, args, chunk);
+            else hs_chunked_backward_impl<false, Acc, B>(g, args, chunk);
             return;
         }
     }

@@ -14,6 +14,7 @@
 #include "olmax/core/tensor.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 #include "olmax/scan/detail/problem.hpp"
+#include "olmax/scan/detail/tile.hpp"
 #include "olmax/scan/detail/vector_block.hpp"
 
 namespace olmax::scan::detail {
@@ -494,6 +495,127 @@ template <bool Log, class Acc, class B, class T>
 void two_pass_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
     two_pass_run<true, Log, Acc, B>(g, args.gates, args.dh, args.h, args.dx, args.da, args.dh_last, static_cast<T*>(nullptr), args.h0,
                                     args.dh0);
+}
+
+// ---- Hillis-Steele over chunk ends, in place ([B, T, C], one gate per channel) --------------------
+//
+// hillis_steele_chunked<K> without a tile copy: per span of contiguous channels, pass 1 scans every
+// chunk of K steps from a zero state (the first from the initial state) straight into the output
+// and keeps each chunk's gate product and end value; Hillis-Steele doubling over the ceil(T/K)
+// chunk ends (doubling_steps of the tile engine: offsets K, 2K, ... in steps) turns the end values
+// into the true states; pass 2 adds (gate product since the chunk start) * (previous chunk's end)
+// to every step, recomputing the product from the gates. 5 moves per element forward (read a, x,
+// write h; read a, h and write h again, mostly from cache), against the tile form's copy in, the
+// in-chunk pass and the copy out.
+// The backward is the same walk over processing steps r = 0 .. T-1 = forward steps T-1 .. 0, whose
+// gate is the gate of the forward step after (none for r = 0: the initial state dh_last enters
+// with gate 1), writing dx = g and, in pass 2, da = g h(s-1).
+
+template <bool Bwd, bool Log, class Acc, class B, class T>
+void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T* init, T* out, T* final_state, const T* h,
+                    const T* h0, T* da, T* dh0, std::size_t K) {
+    const std::size_t T_ = g.time, span = vector_span(g, B::num_threads());
+    const std::size_t blocks = (g.channels + span - 1) / span, chunks = (T_ + K - 1) / K;
+    // Memory time of processing step r.
+    auto time_at = [&](std::size_t r) { return Bwd ? g.time_of(T_ - 1 - r) : g.time_of(r); };
+    B::parallel_for(g.batch * blocks, T_ * span * 4, [&](std::size_t begin, std::size_t end) {
+        denormal_guard guard;
+        Storage<Acc> scratch(2 * chunks * span + 2 * span);
+        for (std::size_t task = begin; task < end; ++task) {
+            const std::size_t b = task / blocks, c0 = (task % blocks) * span, n = std::min(span, g.channels - c0);
+            Acc* end_gate = scratch.data();
+            Acc* end_scan = end_gate + chunks * span;
+            Acc* state = end_scan + chunks * span;
+            Acc* product = state + span;
+            // Gates of step r: forward a(t(r)); backward a(t(r - 1)), none (gate 1) for r = 0.
+            auto gate_row = [&](std::size_t r) -> const T* {
+                if (Bwd && r == 0) return nullptr;
+                return gates + g.x_index(b, time_at(Bwd ? r - 1 : r), c0);
+            };
+            for (std::size_t c = 0; c < chunks; ++c) {
+                const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
+                for (std::size_t w = 0; w < n; ++w) {
+                    state[w] = c == 0 && init ? Acc(init[b * g.channels + c0 + w]) : Acc(0);
+                    product[w] = 1;
+                }
+                for (std::size_t r = r0; r < r0 + len; ++r) {
+                    const std::size_t off = g.x_index(b, time_at(r), c0);
+                    const T* a = gate_row(r);
+                    const T* v = values + off;
+                    T* o = out + off;
+                    if (a) {
+#pragma omp simd
+                        for (std::size_t w = 0; w < n; ++w) {
+                            const Acc gate = load_gate<Log, Acc>(a[w]);
+                            state[w] = gate * state[w] + Acc(v[w]);
+                            product[w] *= gate;
+                            o[w] = T(state[w]);
+                        }
+                    } else {
+#pragma omp simd
+                        for (std::size_t w = 0; w < n; ++w) {
+                            state[w] += Acc(v[w]);
+                            o[w] = T(state[w]);
+                        }
+                    }
+                }
+                for (std::size_t w = 0; w < n; ++w) end_gate[c * n + w] = product[w], end_scan[c * n + w] = state[w];
+            }
+            doubling_steps(end_gate, end_scan, chunks, n, 1);
+            for (std::size_t c = Bwd ? 0 : 1; c < chunks; ++c) {
+                const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
+                const Acc* carry = c > 0 ? end_scan + (c - 1) * n : nullptr;
+                for (std::size_t w = 0; w < n; ++w) product[w] = 1;
+                for (std::size_t r = r0; r < r0 + len; ++r) {
+                    const std::size_t off = g.x_index(b, time_at(r), c0);
+                    const T* a = gate_row(r);
+                    T* o = out + off;
+                    if (carry) {
+                        if (a) {
+#pragma omp simd
+                            for (std::size_t w = 0; w < n; ++w) {
+                                product[w] *= load_gate<Log, Acc>(a[w]);
+                                o[w] = T(Acc(o[w]) + product[w] * carry[w]);
+                            }
+                        } else {
+#pragma omp simd
+                            for (std::size_t w = 0; w < n; ++w) o[w] = T(Acc(o[w]) + product[w] * carry[w]);
+                        }
+                    }
+                    if constexpr (Bwd) {  // da(s) = g(s) h(s-1), h(-1) = h0; log gates: times a(s)
+                        const std::size_t s = T_ - 1 - r;
+                        const T* hp = s > 0 ? h + g.x_index(b, g.time_of(s - 1), c0) : (h0 ? h0 + b * g.channels + c0 : nullptr);
+                        const T* a_self = gates + off;
+                        T* d = da + off;
+#pragma omp simd
+                        for (std::size_t w = 0; w < n; ++w) {
+                            Acc v = hp ? Acc(o[w]) * Acc(hp[w]) : Acc(0);
+                            if constexpr (Log) v *= std::exp(Acc(a_self[w]));
+                            d[w] = T(v);
+                        }
+                    }
+                }
+            }
+            const Acc* last = end_scan + (chunks - 1) * n;
+            if (final_state)
+                for (std::size_t w = 0; w < n; ++w) final_state[b * g.channels + c0 + w] = T(last[w]);
+            if (dh0)  // dh0 = a(forward step 0) g(forward step 0), the last processing step
+                for (std::size_t w = 0; w < n; ++w)
+                    dh0[b * g.channels + c0 + w] = T(load_gate<Log, Acc>(gates[g.x_index(b, g.time_of(0), c0 + w)]) * last[w]);
+        }
+    });
+}
+
+template <bool Log, class Acc, class B, class T>
+void hs_chunked_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t K) {
+    hs_chunked_run<false, Log, Acc, B>(g, args.gates, args.x, args.h0, args.h, args.h_last, static_cast<const T*>(nullptr),
+                                       static_cast<const T*>(nullptr), static_cast<T*>(nullptr), static_cast<T*>(nullptr), K);
+}
+
+template <bool Log, class Acc, class B, class T>
+void hs_chunked_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::size_t K) {
+    hs_chunked_run<true, Log, Acc, B>(g, args.gates, args.dh, args.dh_last, args.dx, static_cast<T*>(nullptr), args.h, args.h0, args.da,
+                                      args.dh0, K);
 }
 
 // ---- shared-gate chunked matmul (one gate per head of P channels) -------------------------------

@@ -29,6 +29,10 @@ struct Geometry {
     std::size_t time_of(std::size_t s) const { return reverse ? time - 1 - s : s; }
 };
 
+/// True when adjacent channels are adjacent in memory for x, h and the gates ([B, T, C], one gate
+/// per channel): kernels then run contiguous vector loops across channels at every step.
+inline bool contiguous_lanes(const Geometry& g) { return g.layout == Layout::btc && g.share == 1; }
+
 /// Checks shapes and options and returns the geometry; throws shape_error / value_error naming `op`.
 template <class T>
 Geometry make_geometry(std::string_view op, const Tensor<T>& gates, const Tensor<T>& x, const ScanOptions<T>& opt) {

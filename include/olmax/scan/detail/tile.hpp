@@ -234,10 +234,6 @@ struct tile_log_space {
 
 // ---- drivers ---------------------------------------------------------------------------------
 
-/// True when a tile's lanes are adjacent in memory for x, h and the gates ([B, T, C], one gate per
-/// channel): the copies in and out of a tile then run as contiguous vector loops.
-inline bool contiguous_lanes(const Geometry& g) { return g.layout == Layout::btc && g.share == 1; }
-
 /// Visits every (step, lane) of a tile in the order that walks memory contiguously: steps outer
 /// for [B, T, C] (lanes are adjacent channels), lanes outer for [B, C, T] (steps are adjacent).
 template <class F>
