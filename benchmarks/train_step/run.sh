@@ -9,6 +9,14 @@
 #     QUICK=1 benchmarks/train_step/run.sh build-trainbench # tiny sizes, seconds (checks the plumbing)
 #
 # Output: benchmarks/train_step/results.json (OUT=path to change it).
+#
+# Debian's python3-torch 1.13 does its matmuls through libblas.so.3, which is the unoptimised reference
+# BLAS unless OpenBLAS is installed. When OpenBLAS is found in OPENBLAS_DIR (default: Debian's
+# /usr/lib/x86_64-linux-gnu/openblas-pthread) and the system BLAS is not already OpenBLAS, PyTorch also
+# runs with it on LD_LIBRARY_PATH (rows "pytorch+openblas", OPENBLAS_NUM_THREADS = threads). Without
+# installing it system-wide:
+#     apt-get download libopenblas0-pthread && dpkg -x libopenblas0-pthread_*.deb /tmp/openblas
+#     OPENBLAS_DIR=/tmp/openblas/usr/lib/x86_64-linux-gnu/openblas-pthread benchmarks/train_step/run.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -17,6 +25,8 @@ case "$build" in /*) ;; *) build="$repo/$build" ;; esac
 binary="$build/benchmarks/train_step/train_step"
 python=/usr/bin/python3  # Debian's python3-torch lives here, not in a pyenv python
 out="${OUT:-$here/results.json}"
+openblas="${OPENBLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-pthread}"
+if [ ! -e "$openblas/libblas.so.3" ] || readlink -f /lib/x86_64-linux-gnu/libblas.so.3 | grep -q openblas; then openblas=""; fi
 [ -x "$binary" ] || { echo "run.sh: no $binary; build it: cmake --build $build --target train_step" >&2; exit 1; }
 
 # name batch sequence features depth repeats. "default" is TrainConfig's (examples/train_lm);
@@ -30,15 +40,22 @@ threads_list=(${THREADS:-1 2})
 
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg); OpenBLAS rows: ${openblas:-none}"
 i=0
 for config in "${configs[@]}"; do
   read -r name batch sequence features depth repeats <<<"$config"
   for threads in "${threads_list[@]}"; do
     flags=(--batch "$batch" --sequence "$sequence" --features "$features" --depth "$depth" --threads "$threads" --repeats "$repeats")
-    "$binary" "${flags[@]}" --json "$scratch/$i-olmax.json"
-    "$python" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-pytorch.json"
-    "$python" "$here/torch_train_step.py" "${flags[@]}" --checkpoint --json "$scratch/$i-pytorch-checkpoint.json"
+    "$binary" "${flags[@]}" --json "$scratch/$i-a-olmax.json"
+    "$python" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b-pytorch.json"
+    if [ -n "$openblas" ]; then
+      LD_LIBRARY_PATH="$openblas" OPENBLAS_NUM_THREADS="$threads" "$python" "$here/torch_train_step.py" "${flags[@]}" \
+        --json "$scratch/$i-c-pytorch-openblas.json"
+      LD_LIBRARY_PATH="$openblas" OPENBLAS_NUM_THREADS="$threads" "$python" "$here/torch_train_step.py" "${flags[@]}" \
+        --checkpoint --json "$scratch/$i-d-pytorch-checkpoint.json"
+    else
+      "$python" "$here/torch_train_step.py" "${flags[@]}" --checkpoint --json "$scratch/$i-d-pytorch-checkpoint.json"
+    fi
     for f in "$scratch/$i"-*.json; do
       "$python" -c 'import json, sys; r = json.load(open(sys.argv[1])); r["config"] = sys.argv[2]; json.dump(r, open(sys.argv[1], "w"))' \
         "$f" "$name"
@@ -54,27 +71,27 @@ out, scratch = sys.argv[1], sys.argv[2]
 order = lambda f: (int(os.path.basename(f).split("-")[0]), f)
 rows = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(scratch, "*.json")), key=order)]
 key = lambda r: (r["config"], r["batch"], r["sequence"], r["features"], r["depth"], r["threads"])
-by = {(key(r), r["framework"]): r for r in rows}
 mib = lambda b: float("nan") if b is None else b / 2**20
+tensor_peak = lambda r: f"{mib(r['peak_bytes']):.1f}" if "peak_bytes" in r else "-"
 ratio = lambda a, b: float("nan") if a is None or not b else a / b
 ok = True
-print(f"\n{'config':10} {'B':>2} {'S':>4} {'F':>3} {'L':>3} {'thr':>3} {'params':>8} | tokens/s: {'olmax':>7} {'pytorch':>7} {'ckpt':>7} |"
-      f" {'ol/pt':>5} {'ol/ck':>5} | step peak RSS MiB: {'olmax':>6} {'pytorch':>7} {'ckpt':>6} | {'ol/pt':>5} {'ol/ck':>5} |"
-      f" olmax tensor peak MiB")
+print(f"\n{'config':10} {'B':>2} {'S':>4} {'F':>3} {'L':>3} {'thr':>3} {'params':>8} {'framework':27} {'ms/step':>8} {'tokens/s':>8}"
+      f" {'olmax/this':>10} | {'step peak RSS MiB':>17} {'this/olmax':>10} | {'olmax tensor peak MiB':>21}")
 for k in dict.fromkeys(key(r) for r in rows):
-    o, p, c = by[(k, "olmax")], by[(k, "pytorch")], by[(k, "pytorch-checkpoint")]
-    if not (o["params"] == p["params"] == c["params"]):
-        print(f"PARAMETER COUNTS DIFFER for {k}: olmax {o['params']}, pytorch {p['params']}, checkpoint {c['params']}")
-        ok = False
+    group = [r for r in rows if key(r) == k]
+    olmax = next(r for r in group if r["framework"] == "olmax")
     name, batch, sequence, features, depth, threads = k
-    print(f"{name:10} {batch:>2} {sequence:>4} {features:>3} {depth:>3} {threads:>3} {o['params']:>8} |"
-          f"           {o['tokens_per_s']:>7.0f} {p['tokens_per_s']:>7.0f} {c['tokens_per_s']:>7.0f} |"
-          f" {ratio(o['tokens_per_s'], p['tokens_per_s']):>5.2f} {ratio(o['tokens_per_s'], c['tokens_per_s']):>5.2f} |"
-          f"                    {mib(o['peak_rss_bytes']):>6.1f} {mib(p['peak_rss_bytes']):>7.1f} {mib(c['peak_rss_bytes']):>6.1f} |"
-          f" {ratio(o['peak_rss_bytes'], p['peak_rss_bytes']):>5.2f} {ratio(o['peak_rss_bytes'], c['peak_rss_bytes']):>5.2f} |"
-          f" {mib(o['peak_bytes']):>8.1f}")
-print("\nstep peak RSS: VmHWM growth over one steady-state step after malloc_trim + clear_refs (fresh process per row);"
-      " ckpt: PyTorch with torch.utils.checkpoint per block; tensor peak: olmax::memory::stats() during that step")
+    for r in group:
+        if r["params"] != olmax["params"]:
+            print(f"PARAMETER COUNTS DIFFER for {k}: olmax {olmax['params']}, {r['framework']} {r['params']}")
+            ok = False
+        print(f"{name:10} {batch:>2} {sequence:>4} {features:>3} {depth:>3} {threads:>3} {r['params']:>8} {r['framework']:27}"
+              f" {r['seconds_median'] * 1e3:>8.2f} {r['tokens_per_s']:>8.0f} {ratio(olmax['tokens_per_s'], r['tokens_per_s']):>10.2f} |"
+              f" {mib(r['peak_rss_bytes']):>17.1f} {ratio(r['peak_rss_bytes'], olmax['peak_rss_bytes']):>10.2f} |"
+              f" {tensor_peak(r):>21}")
+print("\nolmax/this: olmax tokens/s over the row's (> 1: olmax faster); this/olmax: the row's step peak RSS over olmax's"
+      " (> 1: olmax smaller). Step peak RSS: VmHWM growth over one steady-state step after malloc_trim + clear_refs,"
+      " fresh process per row. checkpoint: torch.utils.checkpoint per block. Tensor peak: olmax::memory::stats() in that step.")
 json.dump({"machine": f"{platform.machine()}, {os.cpu_count()} cores", "results": rows}, open(out, "w"), indent=1)
 print(f"wrote {out}")
 sys.exit(0 if ok else 1)

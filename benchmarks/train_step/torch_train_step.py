@@ -59,6 +59,15 @@ def proc_status_bytes(key):
     return 0
 
 
+def loaded_blas():
+    """Path of the BLAS library this process loaded (Debian's python3-torch calls whatever libblas.so.3
+    resolves to: the reference BLAS by default, OpenBLAS when installed or put on LD_LIBRARY_PATH)."""
+    torch.randn(64, 64) @ torch.randn(64, 64)
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "blas" in line.split()[-1]}
+    return ",".join(sorted(paths)) or "none"
+
+
 def restart_peak_rss():
     """Gives freed heap pages back to the OS and restarts VmHWM from the current RSS; False where unsupported."""
     ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -286,8 +295,9 @@ def main():
         seconds.append(time.perf_counter() - t0)
     median = statistics.median(seconds)
     footprint = proc_status_bytes("VmHWM") - rss_at_start
-    framework = "pytorch-checkpoint" if a.checkpoint else "pytorch"
-    result = dict(framework=framework, torch_version=torch.__version__, batch=a.batch, sequence=a.sequence, features=a.features,
+    blas = loaded_blas()
+    framework = ("pytorch-checkpoint" if a.checkpoint else "pytorch") + ("+openblas" if "openblas" in blas else "")
+    result = dict(framework=framework, torch_version=torch.__version__, blas=blas, batch=a.batch, sequence=a.sequence, features=a.features,
                   depth=a.depth, threads=a.threads, repeats=a.repeats, seconds_median=median, seconds_min=min(seconds),
                   seconds_max=max(seconds), **{k: statistics.median(v) for k, v in phases.items()},
                   tokens_per_s=a.batch * a.sequence / median, peak_rss_bytes=peak_rss, first_step_rss_bytes=first_step_rss,
