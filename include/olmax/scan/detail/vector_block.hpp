@@ -37,52 +37,56 @@ inline constexpr std::size_t block_lanes = 64 / sizeof(Acc);
 // Vectors are passed by reference throughout: 64-byte vector parameters and return values change
 // the calling convention with the target's ISA (GCC's -Wpsabi), references do not.
 
-/// out: lane i <- lane i - D of v (lanes below D take `fill`).
+/// out: lane i <- lane i - D of v (lanes below D take `fill`, whose lanes are all equal). Written
+/// as a window of the concatenation (fill, v) so it lowers to one lane-align (valignd).
 template <std::size_t D, class V, std::size_t... I>
-void block_shift(const V& v, const V& fill, V& out, std::index_sequence<I...>) {
-    out = __builtin_shufflevector(v, fill, (I < D ? int(sizeof...(I) + I) : int(I - D))...);
+[[gnu::always_inline]] inline void block_shift(const V& v, const V& fill, V& out, std::index_sequence<I...>) {
+    out = __builtin_shufflevector(fill, v, int(sizeof...(I) - D + I)...);
 }
 
 template <class V, std::size_t... I>
-void block_reverse(V& v, std::index_sequence<I...>) {
+[[gnu::always_inline]] inline void block_reverse(V& v, std::index_sequence<I...>) {
     v = __builtin_shufflevector(v, v, int(sizeof...(I) - 1 - I)...);
 }
 
 /// Loads the N processing steps that start at `p`: p, p+1, ... (ascending) or p, p-1, ...
 /// (descending, i.e. the memory p-N+1 .. p in reversed lane order).
 template <bool Descending, class Acc>
-void load_steps(const Acc* p, block_of<Acc>& v) {
+[[gnu::always_inline]] inline void load_steps(const Acc* p, block_of<Acc>& v) {
     constexpr std::size_t N = block_lanes<Acc>;
     std::memcpy(&v, Descending ? p - (N - 1) : p, sizeof v);
     if constexpr (Descending) block_reverse(v, std::make_index_sequence<N>{});
 }
 
 template <bool Descending, class Acc>
-void store_steps(Acc* p, const block_of<Acc>& v) {
+[[gnu::always_inline]] inline void store_steps(Acc* p, const block_of<Acc>& v) {
     constexpr std::size_t N = block_lanes<Acc>;
     block_of<Acc> w = v;
     if constexpr (Descending) block_reverse(w, std::make_index_sequence<N>{});
     std::memcpy(Descending ? p - (N - 1) : p, &w, sizeof w);
 }
 
+/// One Hillis-Steele step at lane offset D: (a_i, x_i) <- (a_i a_{i-D}, x_i + a_i x_{i-D}).
+template <std::size_t D, class V>
+[[gnu::always_inline]] inline void block_doubling_step(V& a, V& x, const V& zero, const V& one) {
+    constexpr auto lanes = std::make_index_sequence<sizeof(V) / sizeof(a[0])>{};
+    V shifted;
+    block_shift<D>(x, zero, shifted, lanes);
+    x += a * shifted;
+    block_shift<D>(a, one, shifted, lanes);
+    a *= shifted;
+}
+
 /// In place: x_i <- x_i + a_i x_{i-1} + ... (the scan of the block from a zero state), a_i <- a_0 ... a_i.
+/// Always inlined: an out-of-line call spills both vectors and costs more than the scan (measured).
 template <class Acc>
-void scan_block(block_of<Acc>& a, block_of<Acc>& x) {
-    constexpr std::size_t N = block_lanes<Acc>;
+[[gnu::always_inline]] inline void scan_block(block_of<Acc>& a, block_of<Acc>& x) {
     using V = block_of<Acc>;
     const V zero = V{} * Acc(0), one = zero + Acc(1);
-    constexpr auto lanes = std::make_index_sequence<N>{};
-    V shifted;
-    auto step = [&]<std::size_t D>(std::integral_constant<std::size_t, D>) {
-        block_shift<D>(x, zero, shifted, lanes);
-        x += a * shifted;
-        block_shift<D>(a, one, shifted, lanes);
-        a *= shifted;
-    };
-    step(std::integral_constant<std::size_t, 1>{});
-    step(std::integral_constant<std::size_t, 2>{});
-    step(std::integral_constant<std::size_t, 4>{});
-    if constexpr (N > 8) step(std::integral_constant<std::size_t, 8>{});
+    block_doubling_step<1>(a, x, zero, one);
+    block_doubling_step<2>(a, x, zero, one);
+    block_doubling_step<4>(a, x, zero, one);
+    if constexpr (block_lanes<Acc> > 8) block_doubling_step<8>(a, x, zero, one);
 }
 
 #else
