@@ -8,7 +8,9 @@
 #     benchmarks/train_step/run.sh build-trainbench         # another CMake build folder
 #     QUICK=1 benchmarks/train_step/run.sh build-trainbench # tiny sizes, seconds (checks the plumbing)
 #
-# Output: benchmarks/train_step/results.json (OUT=path to change it).
+# Output: benchmarks/train_step/results.json (OUT=path to change it). Each measurement stops repeating
+# after MAX_SECONDS (default 20) of timed steps, at least 3 steps, so a run on an overloaded machine
+# (where OpenMP fork-join with more threads than free cores can take seconds per step) stays bounded.
 #
 # Debian's python3-torch 1.13 does its matmuls through libblas.so.3, which is the unoptimised reference
 # BLAS unless OpenBLAS is installed. When OpenBLAS is found in OPENBLAS_DIR (default: Debian's
@@ -45,7 +47,8 @@ i=0
 for config in "${configs[@]}"; do
   read -r name batch sequence features depth repeats <<<"$config"
   for threads in "${threads_list[@]}"; do
-    flags=(--batch "$batch" --sequence "$sequence" --features "$features" --depth "$depth" --threads "$threads" --repeats "$repeats")
+    flags=(--batch "$batch" --sequence "$sequence" --features "$features" --depth "$depth" --threads "$threads" --repeats "$repeats"
+           --max_seconds "${MAX_SECONDS:-20}")
     "$binary" "${flags[@]}" --json "$scratch/$i-a-olmax.json"
     "$python" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b-pytorch.json"
     if [ -n "$openblas" ]; then

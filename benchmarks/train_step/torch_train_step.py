@@ -231,6 +231,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--max_seconds", type=float, default=60, help="stop repeating once the timed steps took this long (>= 3 steps)")
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every block")
     p.add_argument("--json", default="")
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
@@ -290,9 +291,12 @@ def main():
         values.clear()
     seconds = []
     for r in range(a.repeats):
+        if r >= 3 and sum(seconds) >= a.max_seconds:
+            break
         t0 = time.perf_counter()
         step(batches[r % len(batches)])
         seconds.append(time.perf_counter() - t0)
+    a.repeats = len(seconds)
     median = statistics.median(seconds)
     footprint = proc_status_bytes("VmHWM") - rss_at_start
     blas = loaded_blas()

@@ -41,6 +41,7 @@ namespace {
 struct Options {
     std::int64_t batch = 8, sequence = 64, features = 64, depth = 2, threads = 1;
     int repeats = 20, warmup = 3;
+    double max_seconds = 60;  // stop repeating once the timed steps took this long (at least 3 steps)
     std::string json;
     bool profile = false;
     std::int64_t parallel_threshold = -1;  // -1: the backend's default
@@ -49,7 +50,7 @@ struct Options {
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "train_step: " << why
               << "\nusage: train_step [--batch N] [--sequence N] [--features N] [--depth N] [--threads N] [--repeats N]"
-                 " [--warmup N] [--json PATH] [--quick] [--profile]\n"
+                 " [--warmup N] [--max_seconds S] [--json PATH] [--quick] [--profile]\n"
                  "       [--parallel_threshold WORK]  (olmax::backend::cpu_openmp's serial/parallel cut-off; diagnosis only)\n";
     std::exit(1);
 }
@@ -95,6 +96,7 @@ Options parse(int argc, char** argv) {
         else if (arg == "repeats") o.repeats = int(number());
         else if (arg == "warmup") o.warmup = int(number());
         else if (arg == "json") o.json = value;
+        else if (arg == "max_seconds") o.max_seconds = double(number());
         else if (arg == "parallel_threshold") o.parallel_threshold = number();
         else usage("unknown flag --" + arg);
     }
@@ -286,12 +288,15 @@ int run(int argc, char** argv) {
 
     forward_s.clear(), backward_s.clear(), optimizer_s.clear();
     std::vector<double> seconds;
-    for (int r = 0; r < o.repeats; ++r) {
+    double timed = 0;
+    for (int r = 0; r < o.repeats && (r < 3 || timed < o.max_seconds); ++r) {
         const auto& batch = batches[std::size_t(r) % batches.size()];
         const auto t0 = clock::now();
         step(batch);
         seconds.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+        timed += seconds.back();
     }
+    const int repeats = int(seconds.size());
     std::sort(seconds.begin(), seconds.end());
     const double median = median_of(seconds);
     const double tokens_per_s = double(o.batch * o.sequence) / median;
@@ -299,7 +304,7 @@ int run(int argc, char** argv) {
 
     std::ostringstream json;
     json << "{\"framework\": \"olmax\", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
-         << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"repeats\": " << o.repeats
+         << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
          << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()
          << ", \"forward_s\": " << median_of(forward_s) << ", \"backward_s\": " << median_of(backward_s)
@@ -312,7 +317,7 @@ int run(int argc, char** argv) {
                 "(forward %.2f, backward %.2f, optimiser %.2f ms), tensor peak %.2f MiB (+%.2f MiB in the step), "
                 "peak RSS growth of a step %.2f MiB (first step %.2f MiB), footprint %.2f MiB\n",
                 static_cast<long long>(o.batch), static_cast<long long>(o.sequence), static_cast<long long>(o.features),
-                static_cast<long long>(o.depth), static_cast<long long>(o.threads), params, median * 1e3, o.repeats, tokens_per_s,
+                static_cast<long long>(o.depth), static_cast<long long>(o.threads), params, median * 1e3, repeats, tokens_per_s,
                 median_of(forward_s) * 1e3, median_of(backward_s) * 1e3, median_of(optimizer_s) * 1e3,
                 double(peak_bytes) / 1048576.0, double(peak_bytes - held_before) / 1048576.0,
                 double(peak_rss) / 1048576.0, double(first_step_rss) / 1048576.0,
