@@ -29,6 +29,7 @@ python=/usr/bin/python3  # Debian's python3-torch lives here, not in a pyenv pyt
 out="${OUT:-$here/results.json}"
 openblas="${OPENBLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-pthread}"
 if [ ! -e "$openblas/libblas.so.3" ] || readlink -f /lib/x86_64-linux-gnu/libblas.so.3 | grep -q openblas; then openblas=""; fi
+"$python" -c "import torch" 2>/dev/null || { echo "run.sh: $python cannot import torch (apt-get install python3-torch)" >&2; exit 77; }
 [ -x "$binary" ] || { echo "run.sh: no $binary; build it: cmake --build $build --target train_step" >&2; exit 1; }
 
 # name batch sequence features depth repeats. "default" is TrainConfig's (examples/train_lm);
