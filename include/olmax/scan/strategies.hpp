@@ -26,17 +26,19 @@ struct sequential_fp64 {
     static constexpr std::string_view name = "sequential_fp64";
 };
 
-/// The fastest CPU form for many rows: sequential in time, vectorised across 64 contiguous
-/// channels ([B, T, C]) or 16 interleaved rows ([B, C, T]), parallel over batch x channel
-/// blocks; fused one-pass backward (3 reads, 2 writes per element). Same rounding as sequential.
+/// The fastest CPU form for many rows: sequential in time, vectorised across spans of up to 2048
+/// contiguous channels ([B, T, C]) or 16 interleaved rows ([B, C, T]), parallel over batch x
+/// channel spans; fused one-pass backward (3 reads, 2 writes per element). Same rounding as
+/// sequential.
 /// Gates shared across channels fall back to the tile engine.
 struct sequential_vectorized {
     static constexpr std::string_view name = "sequential_vectorized";
 };
 
 /// Time-parallel, cache-partitioned two-pass scan for few long rows (reduce-then-scan on
-/// L2-sized rounds, eight interleaved chains per thread); fused backward. Error: the sequential
-/// bound plus one re-association per segment boundary.
+/// L2-sized rounds; rows with adjacent steps run in-register 16-step block scans, others eight
+/// interleaved chains per thread); fused backward. Error: the sequential bound plus one
+/// re-association per segment boundary and O(log 16 eps) inside a block.
 struct two_pass {
     static constexpr std::string_view name = "two_pass";
 };
