@@ -217,6 +217,51 @@ def profile(a, model, targets):
         print(f"  {what:34} forward {forward_only(f):8.3f} ms   forward+backward {forward_backward(f):8.3f} ms")
 
 
+def check(folder):
+    """Loads the parameters and batch that `train_step --dump folder` wrote, computes the loss and the
+    gradients in float64 and compares them with olmax's (float32). Returns the process exit status."""
+    import os
+    import numpy as np
+
+    load = lambda name: torch.from_numpy(np.load(os.path.join(folder, name))).double()
+    conv0 = load("stack__dense__conv0__weight.npy")  # [L, K, F, 2F], olmax's tap-first layout
+    depth, features = conv0.shape[0], conv0.shape[2]
+    model = ByteLM(features, depth, checkpoint=False).double()
+    olmax_names = {"embedding": "embedding__table", "w_out": "head__w_out"}
+    for l, block in enumerate(model.blocks):
+        olmax_names.update({f"blocks.{l}.dense.conv0.weight": ("stack__dense__conv0__weight", l),
+                            f"blocks.{l}.dense.scale": ("stack__dense__norm__scale", l),
+                            f"blocks.{l}.dense.conv1.weight": ("stack__dense__conv1__weight", l),
+                            f"blocks.{l}.mixer.w0": ("stack__mixer__w0", l), f"blocks.{l}.mixer.w1": ("stack__mixer__w1", l),
+                            f"blocks.{l}.mixer.scale": ("stack__mixer__norm__scale", l)})
+
+    def olmax_tensor(name, suffix):
+        source = olmax_names[name]
+        t = load(source + suffix) if isinstance(source, str) else load(source[0] + suffix)[source[1]]
+        return t.permute(2, 1, 0) if name.endswith("conv0.weight") or name.endswith("conv1.weight") else t  # -> [Cout, Cin, K]
+
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in named.items():
+            p.copy_(olmax_tensor(name, ".npy"))
+    inputs = torch.from_numpy(np.load(os.path.join(folder, "inputs.npy"))).long()
+    targets = torch.from_numpy(np.load(os.path.join(folder, "targets.npy"))).long()
+    loss, with_z = model(inputs, targets)
+    with_z.backward()
+    olmax_loss = float(open(os.path.join(folder, "loss.txt")).read())
+    worst, ok = 0.0, abs(loss.item() - olmax_loss) <= 1e-5 * abs(loss.item())
+    print(f"loss: pytorch (float64) {loss.item():.8f}, olmax (float32) {olmax_loss:.8f}")
+    for name, p in named.items():
+        g = olmax_tensor(name, ".grad.npy")
+        error = ((p.grad - g).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
+        worst = max(worst, error)
+        if error > 1e-4:
+            print(f"gradient of {name}: max |difference| / max |gradient| = {error:.2e}")
+            ok = False
+    print(f"{len(named)} parameter gradients, worst max |difference| / max |gradient| = {worst:.2e}: {'match' if ok else 'MISMATCH'}")
+    return 0 if ok else 1
+
+
 def decayed(name):
     """Weight decay on matrices and the embedding, not on norm scales (olmax's `matrices` policy)."""
     return not name.endswith("scale")
@@ -236,7 +281,10 @@ def main():
     p.add_argument("--json", default="")
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
     p.add_argument("--profile", action="store_true", help="per-layer timings instead of the step benchmark")
+    p.add_argument("--check", metavar="DIR", help="compare loss and gradients with `train_step --dump DIR` and exit")
     a = p.parse_args()
+    if a.check:
+        sys.exit(check(a.check))
     if a.quick:
         a.batch, a.sequence, a.features, a.depth, a.repeats, a.warmup = 2, 32, 16, 2, 2, 1
     if a.sequence % MIXER_CHUNK:

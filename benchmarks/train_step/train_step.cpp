@@ -23,7 +23,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -33,6 +35,7 @@
 #include <malloc.h>  // malloc_trim (glibc)
 
 #include <olmax/core/memory.hpp>
+#include <olmax/io/npy.hpp>
 
 #include "byte_lm.hpp"
 
@@ -43,6 +46,7 @@ struct Options {
     int repeats = 20, warmup = 3;
     double max_seconds = 60;  // stop repeating once the timed steps took this long (at least 3 steps)
     std::string json;
+    std::string dump;  // folder: parameters, one batch, its loss and gradients as .npy (torch_train_step.py --check)
     bool profile = false;
     std::int64_t parallel_threshold = -1;  // -1: the backend's default
 };
@@ -50,7 +54,7 @@ struct Options {
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "train_step: " << why
               << "\nusage: train_step [--batch N] [--sequence N] [--features N] [--depth N] [--threads N] [--repeats N]"
-                 " [--warmup N] [--max_seconds S] [--json PATH] [--quick] [--profile]\n"
+                 " [--warmup N] [--max_seconds S] [--json PATH] [--quick] [--profile] [--dump DIR]\n"
                  "       [--parallel_threshold WORK]  (olmax::backend::cpu_openmp's serial/parallel cut-off; diagnosis only)\n";
     std::exit(1);
 }
@@ -96,6 +100,7 @@ Options parse(int argc, char** argv) {
         else if (arg == "repeats") o.repeats = int(number());
         else if (arg == "warmup") o.warmup = int(number());
         else if (arg == "json") o.json = value;
+        else if (arg == "dump") o.dump = value;
         else if (arg == "max_seconds") o.max_seconds = double(number());
         else if (arg == "parallel_threshold") o.parallel_threshold = number();
         else usage("unknown flag --" + arg);
@@ -218,6 +223,31 @@ void profile(const Options& o, const olmax::config::TrainConfig& c, byte_lm::Mod
     for (auto& p : model.parameters()) p.tensor.zero_grad();
 }
 
+/// Writes the initial parameters, one batch, its loss (value without the z-loss term) and the
+/// parameter gradients into `folder`, so torch_train_step.py --check can verify that the PyTorch
+/// model computes the same function. File names: the parameter name with '/' -> "__", '*' dropped.
+void dump(const std::filesystem::path& folder, byte_lm::Model& model, const olmax::data::Batch& batch) {
+    std::filesystem::create_directories(folder);
+    auto file = [&](std::string name, const char* suffix) {
+        std::string out;
+        for (char ch : name)
+            if (ch == '/') out += "__";
+            else if (ch != '*') out += ch;
+        while (out.find("____") != std::string::npos) out.replace(out.find("____"), 4, "__");
+        return folder / (out + suffix);
+    };
+    auto params = model.parameters();
+    for (const auto& p : params) olmax::io::save_npy(file(p.name, ".npy"), p.tensor);
+    olmax::io::save_npy(folder / "inputs.npy", batch.inputs);
+    olmax::io::save_npy(folder / "targets.npy", batch.targets);
+    olmax::autodiff::tape_scope tape;
+    auto loss = model.loss(batch);
+    loss.backward();
+    std::ofstream(folder / "loss.txt") << std::setprecision(9) << double(loss.item()) << "\n";
+    for (const auto& p : params) olmax::io::save_npy(file(p.name, ".grad.npy"), p.tensor.grad());
+    for (auto& p : params) p.tensor.zero_grad();
+}
+
 int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const std::size_t rss_at_start = proc_status_bytes("VmRSS");
@@ -240,6 +270,11 @@ int run(int argc, char** argv) {
     // Each step also records its phases (forward incl. loss; backward incl. freeing the tape;
     // optimiser incl. clipping and zero_grad) to show where the time goes.
     using clock = std::chrono::steady_clock;
+    if (!o.dump.empty()) {
+        dump(o.dump, model, batches[0]);
+        std::printf("train_step: wrote parameters, a batch, its loss and gradients to %s\n", o.dump.c_str());
+        return 0;
+    }
     if (o.profile) {
         profile(o, c, model, batches[0]);
         return 0;
