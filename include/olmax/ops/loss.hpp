@@ -91,20 +91,32 @@ inline void check_targets(std::string_view op, const std::int32_t* targets, std:
                            " is out of range for a vocabulary of V=", vocab);
 }
 
+/// softmax (Log = false) or log_softmax (Log = true) of every line along axis `a`, max-shifted
+/// through the line's logsumexp; a line of -inf (lse = -inf) gives 0 / -inf.
+template <bool Log, class B, class T>
+Tensor<T> softmax_lines(const Tensor<T>& x, std::size_t a) {
+    auto y = Tensor<T>::uninitialized(x.shape());
+    const T* xp = x.data();
+    T* yp = y.data();
+    for_each_line<B>(x.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+        const double lse = line_logsumexp(xp + base, stride, n);
+        const bool masked = lse == -std::numeric_limits<double>::infinity();
+        for (std::size_t k = 0; k < n; ++k) {
+            const double shifted = double(xp[base + k * stride]) - lse;
+            if constexpr (Log) yp[base + k * stride] = masked ? -std::numeric_limits<T>::infinity() : T(shifted);
+            else yp[base + k * stride] = masked ? T{0} : T(std::exp(shifted));
+        }
+    });
+    return y;
+}
+
 }  // namespace detail::loss_ops
 
 /// Softmax along `axis`, max-shifted for stability. See the file comment for -inf rows.
 template <class B = backend::default_backend, Real T>
 Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
     const std::size_t a = normalize_axis(axis, x.rank(), "softmax");
-    auto y = Tensor<T>::uninitialized(x.shape());
-    const T* xp = x.data();
-    T* yp = y.data();
-    detail::loss_ops::for_each_line<B>(x.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
-        const double lse = detail::loss_ops::line_logsumexp(xp + base, stride, n);
-        const bool masked = lse == -std::numeric_limits<double>::infinity();
-        for (std::size_t k = 0; k < n; ++k) yp[base + k * stride] = masked ? T{0} : T(std::exp(double(xp[base + k * stride]) - lse));
-    });
+    auto y = detail::loss_ops::softmax_lines<false, B>(x, a);
     autodiff::record<T>("softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             // dx = y (dy - sum(dy y))
@@ -128,15 +140,7 @@ Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
 template <class B = backend::default_backend, Real T>
 Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
     const std::size_t a = normalize_axis(axis, x.rank(), "log_softmax");
-    auto y = Tensor<T>::uninitialized(x.shape());
-    const T* xp = x.data();
-    T* yp = y.data();
-    detail::loss_ops::for_each_line<B>(x.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
-        const double lse = detail::loss_ops::line_logsumexp(xp + base, stride, n);
-        const bool masked = lse == -std::numeric_limits<double>::infinity();
-        for (std::size_t k = 0; k < n; ++k)
-            yp[base + k * stride] = masked ? -std::numeric_limits<T>::infinity() : T(double(xp[base + k * stride]) - lse);
-    });
+    auto y = detail::loss_ops::softmax_lines<true, B>(x, a);
     autodiff::record<T>("log_softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             // dx = dy - softmax * sum(dy), softmax = exp(y); zero for fully masked lines

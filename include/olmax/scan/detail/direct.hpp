@@ -37,6 +37,22 @@ inline std::size_t vector_span(const Geometry& g, int threads) {
     return width;
 }
 
+/// Runs body(b, c0, n, scratch) for every span of `span` contiguous channels (n in the last one
+/// may be smaller) on the backend's threads, with flush-to-zero on and `scratch_size` elements of
+/// per-thread scratch.
+template <class Acc, class B, class Body>
+void for_each_channel_span(const Geometry& g, std::size_t span, std::size_t scratch_size, Body&& body) {
+    const std::size_t blocks = (g.channels + span - 1) / span;
+    B::parallel_for(g.batch * blocks, g.time * span, [&](std::size_t begin, std::size_t end) {
+        denormal_guard guard;
+        Storage<Acc> scratch(scratch_size);
+        for (std::size_t task = begin; task < end; ++task) {
+            const std::size_t b = task / blocks, c0 = (task % blocks) * span;
+            body(b, c0, std::min(span, g.channels - c0), scratch.data());
+        }
+    });
+}
+
 /// [B, T, C]: each task scans `n` contiguous channels of one batch element; per step the state
 /// update is one vector FMA per 16 channels (3 moves per element: read a, read x, write h). The
 /// state lives in a small per-thread buffer (L1).
@@ -86,14 +102,8 @@ template <bool Log, class Acc, class B, class T>
 void vectorized_forward_impl(const Geometry& g, const ForwardArgs<T>& args) {
     if (g.layout == Layout::btc) {
         const std::size_t span = vector_span(g, B::num_threads());
-        const std::size_t blocks = (g.channels + span - 1) / span;
-        B::parallel_for(g.batch * blocks, g.time * span, [&](std::size_t begin, std::size_t end) {
-            denormal_guard guard;
-            Storage<Acc> state(span);
-            for (std::size_t task = begin; task < end; ++task) {
-                const std::size_t b = task / blocks, c0 = (task % blocks) * span;
-                vectorized_btc_span<Log, Acc>(g, args, b, c0, std::min(span, g.channels - c0), state.data());
-            }
+        for_each_channel_span<Acc, B>(g, span, span, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* state) {
+            vectorized_btc_span<Log, Acc>(g, args, b, c0, n, state);
         });
     } else {
         const std::size_t groups = (g.rows() + 15) / 16;
@@ -149,14 +159,8 @@ void vectorized_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
     // btc: lanes are contiguous channels (wide spans, see vector_span); bct: lanes are rows
     // (stride T), 16 chains at a time.
     const std::size_t lanes = g.layout == Layout::btc ? vector_span(g, B::num_threads()) : 16;
-    const std::size_t blocks = (g.channels + lanes - 1) / lanes;
-    B::parallel_for(g.batch * blocks, g.time * lanes, [&](std::size_t begin, std::size_t end) {
-        denormal_guard guard;
-        Storage<Acc> grad(lanes);
-        for (std::size_t task = begin; task < end; ++task) {
-            const std::size_t b = task / blocks, c0 = (task % blocks) * lanes;
-            fused_backward_lanes<Log, Acc>(g, args, b, c0, std::min(lanes, g.channels - c0), grad.data());
-        }
+    for_each_channel_span<Acc, B>(g, lanes, lanes, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* grad) {
+        fused_backward_lanes<Log, Acc>(g, args, b, c0, n, grad);
     });
 }
 
@@ -514,95 +518,89 @@ void two_pass_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
 template <bool Bwd, bool Log, class Acc, class B, class T>
 void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T* init, T* out, T* final_state, const T* h,
                     const T* h0, T* da, T* dh0, std::size_t K) {
-    const std::size_t T_ = g.time, span = vector_span(g, B::num_threads());
-    const std::size_t blocks = (g.channels + span - 1) / span, chunks = (T_ + K - 1) / K;
+    const std::size_t T_ = g.time, span = vector_span(g, B::num_threads()), chunks = (T_ + K - 1) / K;
     // Memory time of processing step r.
     auto time_at = [&](std::size_t r) { return Bwd ? g.time_of(T_ - 1 - r) : g.time_of(r); };
-    B::parallel_for(g.batch * blocks, T_ * span * 4, [&](std::size_t begin, std::size_t end) {
-        denormal_guard guard;
-        Storage<Acc> scratch(2 * chunks * span + 2 * span);
-        for (std::size_t task = begin; task < end; ++task) {
-            const std::size_t b = task / blocks, c0 = (task % blocks) * span, n = std::min(span, g.channels - c0);
-            Acc* end_gate = scratch.data();
-            Acc* end_scan = end_gate + chunks * span;
-            Acc* state = end_scan + chunks * span;
-            Acc* product = state + span;
-            // Gates of step r: forward a(t(r)); backward a(t(r - 1)), none (gate 1) for r = 0.
-            auto gate_row = [&](std::size_t r) -> const T* {
-                if (Bwd && r == 0) return nullptr;
-                return gates + g.x_index(b, time_at(Bwd ? r - 1 : r), c0);
-            };
-            for (std::size_t c = 0; c < chunks; ++c) {
-                const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
-                for (std::size_t w = 0; w < n; ++w) {
-                    state[w] = c == 0 && init ? Acc(init[b * g.channels + c0 + w]) : Acc(0);
-                    product[w] = 1;
+    for_each_channel_span<Acc, B>(g, span, 2 * chunks * span + 2 * span, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* scratch) {
+        Acc* end_gate = scratch;
+        Acc* end_scan = end_gate + chunks * span;
+        Acc* state = end_scan + chunks * span;
+        Acc* product = state + span;
+        // Gates of step r: forward a(t(r)); backward a(t(r - 1)), none (gate 1) for r = 0.
+        auto gate_row = [&](std::size_t r) -> const T* {
+            if (Bwd && r == 0) return nullptr;
+            return gates + g.x_index(b, time_at(Bwd ? r - 1 : r), c0);
+        };
+        for (std::size_t c = 0; c < chunks; ++c) {
+            const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
+            for (std::size_t w = 0; w < n; ++w) {
+                state[w] = c == 0 && init ? Acc(init[b * g.channels + c0 + w]) : Acc(0);
+                product[w] = 1;
+            }
+            for (std::size_t r = r0; r < r0 + len; ++r) {
+                const std::size_t off = g.x_index(b, time_at(r), c0);
+                const T* a = gate_row(r);
+                const T* v = values + off;
+                T* o = out + off;
+                if (a) {
+#pragma omp simd
+                    for (std::size_t w = 0; w < n; ++w) {
+                        const Acc gate = load_gate<Log, Acc>(a[w]);
+                        state[w] = gate * state[w] + Acc(v[w]);
+                        product[w] *= gate;
+                        o[w] = T(state[w]);
+                    }
+                } else {
+#pragma omp simd
+                    for (std::size_t w = 0; w < n; ++w) {
+                        state[w] += Acc(v[w]);
+                        o[w] = T(state[w]);
+                    }
                 }
-                for (std::size_t r = r0; r < r0 + len; ++r) {
-                    const std::size_t off = g.x_index(b, time_at(r), c0);
-                    const T* a = gate_row(r);
-                    const T* v = values + off;
-                    T* o = out + off;
+            }
+            for (std::size_t w = 0; w < n; ++w) end_gate[c * n + w] = product[w], end_scan[c * n + w] = state[w];
+        }
+        doubling_steps(end_gate, end_scan, chunks, n, 1);
+        for (std::size_t c = Bwd ? 0 : 1; c < chunks; ++c) {
+            const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
+            const Acc* carry = c > 0 ? end_scan + (c - 1) * n : nullptr;
+            for (std::size_t w = 0; w < n; ++w) product[w] = 1;
+            for (std::size_t r = r0; r < r0 + len; ++r) {
+                const std::size_t off = g.x_index(b, time_at(r), c0);
+                const T* a = gate_row(r);
+                T* o = out + off;
+                if (carry) {
                     if (a) {
 #pragma omp simd
                         for (std::size_t w = 0; w < n; ++w) {
-                            const Acc gate = load_gate<Log, Acc>(a[w]);
-                            state[w] = gate * state[w] + Acc(v[w]);
-                            product[w] *= gate;
-                            o[w] = T(state[w]);
+                            product[w] *= load_gate<Log, Acc>(a[w]);
+                            o[w] = T(Acc(o[w]) + product[w] * carry[w]);
                         }
                     } else {
 #pragma omp simd
-                        for (std::size_t w = 0; w < n; ++w) {
-                            state[w] += Acc(v[w]);
-                            o[w] = T(state[w]);
-                        }
+                        for (std::size_t w = 0; w < n; ++w) o[w] = T(Acc(o[w]) + product[w] * carry[w]);
                     }
                 }
-                for (std::size_t w = 0; w < n; ++w) end_gate[c * n + w] = product[w], end_scan[c * n + w] = state[w];
-            }
-            doubling_steps(end_gate, end_scan, chunks, n, 1);
-            for (std::size_t c = Bwd ? 0 : 1; c < chunks; ++c) {
-                const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
-                const Acc* carry = c > 0 ? end_scan + (c - 1) * n : nullptr;
-                for (std::size_t w = 0; w < n; ++w) product[w] = 1;
-                for (std::size_t r = r0; r < r0 + len; ++r) {
-                    const std::size_t off = g.x_index(b, time_at(r), c0);
-                    const T* a = gate_row(r);
-                    T* o = out + off;
-                    if (carry) {
-                        if (a) {
+                if constexpr (Bwd) {  // da(s) = g(s) h(s-1), h(-1) = h0; log gates: times a(s)
+                    const std::size_t s = T_ - 1 - r;
+                    const T* hp = s > 0 ? h + g.x_index(b, g.time_of(s - 1), c0) : (h0 ? h0 + b * g.channels + c0 : nullptr);
+                    const T* a_self = gates + off;
+                    T* d = da + off;
 #pragma omp simd
-                            for (std::size_t w = 0; w < n; ++w) {
-                                product[w] *= load_gate<Log, Acc>(a[w]);
-                                o[w] = T(Acc(o[w]) + product[w] * carry[w]);
-                            }
-                        } else {
-#pragma omp simd
-                            for (std::size_t w = 0; w < n; ++w) o[w] = T(Acc(o[w]) + product[w] * carry[w]);
-                        }
-                    }
-                    if constexpr (Bwd) {  // da(s) = g(s) h(s-1), h(-1) = h0; log gates: times a(s)
-                        const std::size_t s = T_ - 1 - r;
-                        const T* hp = s > 0 ? h + g.x_index(b, g.time_of(s - 1), c0) : (h0 ? h0 + b * g.channels + c0 : nullptr);
-                        const T* a_self = gates + off;
-                        T* d = da + off;
-#pragma omp simd
-                        for (std::size_t w = 0; w < n; ++w) {
-                            Acc v = hp ? Acc(o[w]) * Acc(hp[w]) : Acc(0);
-                            if constexpr (Log) v *= std::exp(Acc(a_self[w]));
-                            d[w] = T(v);
-                        }
+                    for (std::size_t w = 0; w < n; ++w) {
+                        Acc v = hp ? Acc(o[w]) * Acc(hp[w]) : Acc(0);
+                        if constexpr (Log) v *= std::exp(Acc(a_self[w]));
+                        d[w] = T(v);
                     }
                 }
             }
-            const Acc* last = end_scan + (chunks - 1) * n;
-            if (final_state)
-                for (std::size_t w = 0; w < n; ++w) final_state[b * g.channels + c0 + w] = T(last[w]);
-            if (dh0)  // dh0 = a(forward step 0) g(forward step 0), the last processing step
-                for (std::size_t w = 0; w < n; ++w)
-                    dh0[b * g.channels + c0 + w] = T(load_gate<Log, Acc>(gates[g.x_index(b, g.time_of(0), c0 + w)]) * last[w]);
         }
+        const Acc* last = end_scan + (chunks - 1) * n;
+        if (final_state)
+            for (std::size_t w = 0; w < n; ++w) final_state[b * g.channels + c0 + w] = T(last[w]);
+        if (dh0)  // dh0 = a(forward step 0) g(forward step 0), the last processing step
+            for (std::size_t w = 0; w < n; ++w)
+                dh0[b * g.channels + c0 + w] = T(load_gate<Log, Acc>(gates[g.x_index(b, g.time_of(0), c0 + w)]) * last[w]);
     });
 }
 
