@@ -44,6 +44,7 @@ threads_list=(${THREADS:-1 2})
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg); OpenBLAS rows: ${openblas:-none}"
+load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 i=0
 for config in "${configs[@]}"; do
   read -r name batch sequence features depth repeats <<<"$config"
@@ -69,7 +70,7 @@ for config in "${configs[@]}"; do
 done
 echo "# end $(date -u +%FT%TZ), load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$python" - "$out" "$scratch" <<'EOF'
+LOAD_START="$load_start" LOAD_END="$(cut -d' ' -f1-3 /proc/loadavg)" "$python" - "$out" "$scratch" <<'EOF'
 import glob, json, os, platform, sys
 out, scratch = sys.argv[1], sys.argv[2]
 order = lambda f: (int(os.path.basename(f).split("-")[0]), f)
@@ -96,7 +97,8 @@ for k in dict.fromkeys(key(r) for r in rows):
 print("\nolmax/this: olmax tokens/s over the row's (> 1: olmax faster); this/olmax: the row's step peak RSS over olmax's"
       " (> 1: olmax smaller). Step peak RSS: VmHWM growth over one steady-state step after malloc_trim + clear_refs,"
       " fresh process per row. checkpoint: torch.utils.checkpoint per block. Tensor peak: olmax::memory::stats() in that step.")
-json.dump({"machine": f"{platform.machine()}, {os.cpu_count()} cores", "results": rows}, open(out, "w"), indent=1)
+json.dump({"machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_average_start": os.environ["LOAD_START"],
+           "load_average_end": os.environ["LOAD_END"], "results": rows}, open(out, "w"), indent=1)
 print(f"wrote {out}")
 sys.exit(0 if ok else 1)
 EOF
