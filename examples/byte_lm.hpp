@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -132,5 +133,17 @@ struct Model {
         return out;
     }
 };
+
+/// The body of the programs' main(): runs `run`, and reports an olmax error (bad flag, bad config,
+/// corrupt checkpoint, ...) as one line "program: message" with exit status 1 instead of a crash.
+template <class Run>
+int main_reporting_errors(const char* program, Run&& run, int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const olmax::error& e) {
+        std::cerr << program << ": " << e.what() << "\n";
+        return 1;
+    }
+}
 
 }  // namespace byte_lm

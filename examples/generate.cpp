@@ -55,11 +55,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const olmax::error& e) {
-        std::cerr << "generate: " << e.what() << "\n";
-        return 1;
-    }
-}
+int main(int argc, char** argv) { return byte_lm::main_reporting_errors("generate", run, argc, argv); }
