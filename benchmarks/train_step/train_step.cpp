@@ -12,8 +12,8 @@
 //                   then VmHWM after the step minus VmRSS before it (/proc/self/status).
 //   first_step_rss_bytes  VmHWM growth over the first step, from just after the model and optimiser
 //                   are built (includes one-time costs: lazy library initialisation, first-touch pages).
-//                   (Linux counts RSS per thread in batches, so RSS figures are good to ~0.25 MiB.)
 //   footprint_rss_bytes  VmHWM at exit minus VmRSS before the model was built.
+//                   (Linux counts RSS per thread in batches, so RSS figures are good to ~0.25 MiB.)
 //   peak_bytes      olmax's counted tensor allocator (olmax::memory::stats) at its highest during the
 //                   same steady-state step: parameters + gradients + AdamW moments + activations.
 //   peak_step_bytes that peak minus the tensor bytes held just before the step (what the step adds).
