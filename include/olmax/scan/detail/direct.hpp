@@ -25,14 +25,14 @@ namespace olmax::scan::detail {
 inline constexpr std::size_t vector_block = 64;
 
 /// Channels per task of the [B, T, C] vectorised scans: as wide as the rows allow (up to 2048
-/// channels, an 8 KB fp32 state that stays in L1) while leaving >= 4 tasks per thread. Wide spans
+/// channels, an 8 KB fp32 state that stays in L1) while leaving a task for every thread. Wide spans
 /// matter: each step then reads and writes whole contiguous runs of a row, which the hardware
 /// prefetchers follow, instead of 256-byte pieces one row-stride apart (a new page every step
 /// when C >= 1024, as narrow blocks did at 0.55 of triad).
 inline std::size_t vector_span(const Geometry& g, int threads) {
     std::size_t width = std::min<std::size_t>(g.channels, 2048);
     auto tasks = [&](std::size_t w) { return g.batch * ((g.channels + w - 1) / w); };
-    while (width > vector_block && tasks(width) < 4 * std::size_t(std::max(threads, 1)))
+    while (width > vector_block && tasks(width) < std::size_t(std::max(threads, 1)))
         width = std::max(vector_block, (width / 2 + 15) / 16 * 16);
     return width;
 }
@@ -117,10 +117,13 @@ void vectorized_forward_impl(const Geometry& g, const ForwardArgs<T>& args) {
 
 /// Fused backward, one pass, 3 reads (dh, a, h) and 2 writes (dx, da) per element: walking the
 /// forward steps s = T-1 .. 0, g = a(s+1) g + dh(s); dx(s) = g; da(s) = g h(s-1), h(-1) = h0.
-template <bool Log, class Acc, class T>
-void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t n, Acc* grad) {
+/// UnitStride: lanes are adjacent in memory ([B, T, C]); the compiler then emits plain vector
+/// loads instead of strided gathers (4-6x faster in cache, measured).
+template <bool Log, bool UnitStride, class Acc, class T>
+void fused_backward_lanes_impl(const Geometry& g, const BackwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t n, Acc* grad) {
     for (std::size_t w = 0; w < n; ++w) grad[w] = args.dh_last ? Acc(args.dh_last[b * g.channels + c0 + w]) : Acc(0);
-    const std::size_t T_ = g.time;
+    const std::size_t T_ = g.time, lane_stride = UnitStride ? 1 : g.xc;
+    const T* h0 = args.h0 ? args.h0 + b * g.channels + c0 : nullptr;
     for (std::size_t r = 0; r < T_; ++r) {
         const std::size_t s = T_ - 1 - r;
         const std::size_t off = g.x_index(b, g.time_of(s), c0);
@@ -130,13 +133,23 @@ void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::s
         const T* a_next = args.gates + next;
         const T* a_self = args.gates + off;
         const T* h_prev = args.h + prev;
-        const T* h0 = args.h0 ? args.h0 + b * g.channels + c0 : nullptr;
-        const bool last_step = r == 0;  // no a(T): the carry there is dh_last, taken with gate 1
-        const bool first_step = s == 0;
         T* dx = args.dx + off;
         T* da = args.da + off;
-        const std::size_t lane_stride = g.xc;
+        if (r > 0 && s > 0) {  // every step but the two ends: no conditions in the vector loop
 #pragma omp simd
+            for (std::size_t w = 0; w < n; ++w) {
+                const std::size_t i = w * lane_stride;
+                const Acc v = load_gate<Log, Acc>(a_next[i]) * grad[w] + Acc(dh[i]);
+                grad[w] = v;
+                dx[i] = T(v);
+                Acc d = v * Acc(h_prev[i]);
+                if constexpr (Log) d *= std::exp(Acc(a_self[i]));
+                da[i] = T(d);
+            }
+            continue;
+        }
+        const bool last_step = r == 0;  // no a(T): the carry there is dh_last, taken with gate 1
+        const bool first_step = s == 0;
         for (std::size_t w = 0; w < n; ++w) {
             const std::size_t i = w * lane_stride;
             const Acc gate = last_step ? Acc(1) : load_gate<Log, Acc>(a_next[i]);
@@ -152,6 +165,12 @@ void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::s
     if (args.dh0)
         for (std::size_t w = 0; w < n; ++w)
             args.dh0[b * g.channels + c0 + w] = T(load_gate<Log, Acc>(args.gates[g.x_index(b, g.time_of(0), c0 + w)]) * grad[w]);
+}
+
+template <bool Log, class Acc, class T>
+void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::size_t b, std::size_t c0, std::size_t n, Acc* grad) {
+    if (g.xc == 1) fused_backward_lanes_impl<Log, true>(g, args, b, c0, n, grad);
+    else fused_backward_lanes_impl<Log, false>(g, args, b, c0, n, grad);
 }
 
 template <bool Log, class Acc, class B, class T>
@@ -586,11 +605,15 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
                     const T* hp = s > 0 ? h + g.x_index(b, g.time_of(s - 1), c0) : (h0 ? h0 + b * g.channels + c0 : nullptr);
                     const T* a_self = gates + off;
                     T* d = da + off;
+                    if (hp) {
 #pragma omp simd
-                    for (std::size_t w = 0; w < n; ++w) {
-                        Acc v = hp ? Acc(o[w]) * Acc(hp[w]) : Acc(0);
-                        if constexpr (Log) v *= std::exp(Acc(a_self[w]));
-                        d[w] = T(v);
+                        for (std::size_t w = 0; w < n; ++w) {
+                            Acc v = Acc(o[w]) * Acc(hp[w]);
+                            if constexpr (Log) v *= std::exp(Acc(a_self[w]));
+                            d[w] = T(v);
+                        }
+                    } else {
+                        std::fill(d, d + n, T(0));
                     }
                 }
             }
