@@ -522,17 +522,16 @@ void two_pass_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
 
 // ---- Hillis-Steele over chunk ends, in place ([B, T, C], one gate per channel) --------------------
 //
-// hillis_steele_chunked<K> without a tile copy: per span of contiguous channels, pass 1 scans every
-// chunk of K steps from a zero state (the first from the initial state) straight into the output
-// and keeps each chunk's gate product and end value; Hillis-Steele doubling over the ceil(T/K)
-// chunk ends (doubling_steps of the tile engine: offsets K, 2K, ... in steps) turns the end values
-// into the true states; pass 2 adds (gate product since the chunk start) * (previous chunk's end)
-// to every step, recomputing the product from the gates. 5 moves per element forward (read a, x,
-// write h; read a, h and write h again, mostly from cache), against the tile form's copy in, the
-// in-chunk pass and the copy out.
+// hillis_steele_chunked<K> without a tile copy, reduce-then-scan: per span of contiguous channels,
+// pass 1 reduces every chunk of K steps to its affine map (gate product, scan from a zero state;
+// the first chunk from the initial state), reading a and x only; Hillis-Steele doubling over the
+// ceil(T/K) chunk maps (doubling_steps of the tile engine: offsets K, 2K, ... in steps) gives the
+// true state at every chunk end; pass 2 rescans each chunk from the previous chunk's end, writing
+// h. 5 moves per element (read a, x twice, the second time mostly from cache; write h once),
+// against the tile form's copy in, in-chunk pass, doubling steps and copy out.
 // The backward is the same walk over processing steps r = 0 .. T-1 = forward steps T-1 .. 0, whose
 // gate is the gate of the forward step after (none for r = 0: the initial state dh_last enters
-// with gate 1), writing dx = g and, in pass 2, da = g h(s-1).
+// with gate 1); its pass 2 is the fused one-pass backward (dx = g, da = g h(s-1)).
 
 template <bool Bwd, bool Log, class Acc, class B, class T>
 void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T* init, T* out, T* final_state, const T* h,
@@ -550,12 +549,38 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
             if (Bwd && r == 0) return nullptr;
             return gates + g.x_index(b, time_at(Bwd ? r - 1 : r), c0);
         };
+        auto initial_state = [&](Acc* st) {
+            for (std::size_t w = 0; w < n; ++w) st[w] = init ? Acc(init[b * g.channels + c0 + w]) : Acc(0);
+        };
+        // Pass 1: the affine map of every chunk.
         for (std::size_t c = 0; c < chunks; ++c) {
             const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
-            for (std::size_t w = 0; w < n; ++w) {
-                state[w] = c == 0 && init ? Acc(init[b * g.channels + c0 + w]) : Acc(0);
-                product[w] = 1;
+            if (c == 0) initial_state(state);
+            else std::fill(state, state + n, Acc(0));
+            std::fill(product, product + n, Acc(1));
+            for (std::size_t r = r0; r < r0 + len; ++r) {
+                const T* a = gate_row(r);
+                const T* v = values + g.x_index(b, time_at(r), c0);
+                if (a) {
+#pragma omp simd
+                    for (std::size_t w = 0; w < n; ++w) {
+                        const Acc gate = load_gate<Log, Acc>(a[w]);
+                        state[w] = gate * state[w] + Acc(v[w]);
+                        product[w] *= gate;
+                    }
+                } else {
+#pragma omp simd
+                    for (std::size_t w = 0; w < n; ++w) state[w] += Acc(v[w]);
+                }
             }
+            for (std::size_t w = 0; w < n; ++w) end_gate[c * n + w] = product[w], end_scan[c * n + w] = state[w];
+        }
+        doubling_steps(end_gate, end_scan, chunks, n, 1);
+        // Pass 2: rescan every chunk from the true state before it.
+        for (std::size_t c = 0; c < chunks; ++c) {
+            const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
+            if (c == 0) initial_state(state);
+            else std::copy(end_scan + (c - 1) * n, end_scan + c * n, state);
             for (std::size_t r = r0; r < r0 + len; ++r) {
                 const std::size_t off = g.x_index(b, time_at(r), c0);
                 const T* a = gate_row(r);
@@ -564,9 +589,7 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
                 if (a) {
 #pragma omp simd
                     for (std::size_t w = 0; w < n; ++w) {
-                        const Acc gate = load_gate<Log, Acc>(a[w]);
-                        state[w] = gate * state[w] + Acc(v[w]);
-                        product[w] *= gate;
+                        state[w] = load_gate<Log, Acc>(a[w]) * state[w] + Acc(v[w]);
                         o[w] = T(state[w]);
                     }
                 } else {
@@ -574,30 +597,6 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
                     for (std::size_t w = 0; w < n; ++w) {
                         state[w] += Acc(v[w]);
                         o[w] = T(state[w]);
-                    }
-                }
-            }
-            for (std::size_t w = 0; w < n; ++w) end_gate[c * n + w] = product[w], end_scan[c * n + w] = state[w];
-        }
-        doubling_steps(end_gate, end_scan, chunks, n, 1);
-        for (std::size_t c = Bwd ? 0 : 1; c < chunks; ++c) {
-            const std::size_t r0 = c * K, len = std::min(K, T_ - r0);
-            const Acc* carry = c > 0 ? end_scan + (c - 1) * n : nullptr;
-            for (std::size_t w = 0; w < n; ++w) product[w] = 1;
-            for (std::size_t r = r0; r < r0 + len; ++r) {
-                const std::size_t off = g.x_index(b, time_at(r), c0);
-                const T* a = gate_row(r);
-                T* o = out + off;
-                if (carry) {
-                    if (a) {
-#pragma omp simd
-                        for (std::size_t w = 0; w < n; ++w) {
-                            product[w] *= load_gate<Log, Acc>(a[w]);
-                            o[w] = T(Acc(o[w]) + product[w] * carry[w]);
-                        }
-                    } else {
-#pragma omp simd
-                        for (std::size_t w = 0; w < n; ++w) o[w] = T(Acc(o[w]) + product[w] * carry[w]);
                     }
                 }
                 if constexpr (Bwd) {  // da(s) = g(s) h(s-1), h(-1) = h0; log gates: times a(s)
@@ -608,9 +607,9 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
                     if (hp) {
 #pragma omp simd
                         for (std::size_t w = 0; w < n; ++w) {
-                            Acc v = Acc(o[w]) * Acc(hp[w]);
-                            if constexpr (Log) v *= std::exp(Acc(a_self[w]));
-                            d[w] = T(v);
+                            Acc grad_a = state[w] * Acc(hp[w]);
+                            if constexpr (Log) grad_a *= std::exp(Acc(a_self[w]));
+                            d[w] = T(grad_a);
                         }
                     } else {
                         std::fill(d, d + n, T(0));
