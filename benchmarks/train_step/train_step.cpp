@@ -367,11 +367,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const olmax::error& e) {
-        std::cerr << "train_step: " << e.what() << "\n";
-        return 1;
-    }
-}
+int main(int argc, char** argv) { return byte_lm::main_reporting_errors("train_step", run, argc, argv); }
