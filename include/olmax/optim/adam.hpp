@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "olmax/backend/cpu_openmp.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/optim/clipping.hpp"
 #include "olmax/optim/param.hpp"
@@ -111,10 +112,16 @@ public:
         for (const auto& p : params_) {
             const Tensor<T> g = p.tensor.grad();
             if (!g.defined()) continue;
-            for (T v : g)
-                if (!std::isfinite(double(v)))
-                    throw non_finite_gradient(olmax::detail::concat("AdamW::step: non-finite gradient in parameter '", p.name, "' at step ",
-                                                             step_ + 1, "; parameters were not updated"));
+            // sum of g * 0 is NaN exactly when some g is NaN or Inf; a reduction vectorises, an
+            // early-exit search does not.
+            const T* gp = g.data();
+            const std::size_t n = g.size();
+            double probe = 0;
+#pragma omp simd reduction(+ : probe)
+            for (std::size_t i = 0; i < n; ++i) probe += double(gp[i]) * 0.0;
+            if (!std::isfinite(probe))
+                throw non_finite_gradient(olmax::detail::concat("AdamW::step: non-finite gradient in parameter '", p.name, "' at step ",
+                                                         step_ + 1, "; parameters were not updated"));
         }
         StepReport report;
         report.step = step_ + 1;
@@ -177,16 +184,25 @@ private:
         double* m = slot.first_moment.data();
         double* v = slot.second_moment.data();
         const std::size_t n = p.tensor.size();
-        for (std::size_t i = 0; i < n; ++i) {
-            double param = double(w[i]);
-            double grad = double(g[i]);
-            if (decoupled) param *= 1.0 - lr * wd;
-            else grad += wd * param;
-            m[i] = m[i] * b1 + (1.0 - b1) * grad;
-            v[i] = v[i] * b2 + (1.0 - b2) * grad * grad;
-            const double denom = std::sqrt(v[i]) / bias_correction2_sqrt + config_.eps;
-            w[i] = T(param - step_size * (m[i] / denom));
-        }
+        const double eps = config_.eps;
+        // Element-wise and independent: split across the default backend's threads (same result
+        // for any thread count).
+        auto run = [&]<bool Decoupled>(std::size_t begin, std::size_t end) {
+            for (std::size_t i = begin; i < end; ++i) {
+                double param = double(w[i]);
+                double grad = double(g[i]);
+                if constexpr (Decoupled) param *= 1.0 - lr * wd;
+                else grad += wd * param;
+                m[i] = m[i] * b1 + (1.0 - b1) * grad;
+                v[i] = v[i] * b2 + (1.0 - b2) * grad * grad;
+                const double denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
+                w[i] = T(param - step_size * (m[i] / denom));
+            }
+        };
+        backend::default_backend::parallel_for(n, 16, [&](std::size_t begin, std::size_t end) {
+            if (decoupled) run.template operator()<true>(begin, end);
+            else run.template operator()<false>(begin, end);
+        });
     }
 
     std::vector<Parameter<T>> params_;
