@@ -27,41 +27,44 @@ struct AgcConfig {
 
 namespace detail {
 
-/// For a tensor of this shape, the unit (output row) each flat element belongs to and the unit count.
+/// How AGC's units lie in a row-major tensor: elements are [stack][before][unit][after] (stack = the
+/// stacked axes, unit = the unit axis, before / after = the fan-in axes around it), so the unit of
+/// an element is stack * units_per_stack + unit and every unit's fan-in is `before` runs of `after`
+/// contiguous elements.
+struct UnitLayout {
+    std::size_t stack = 1, before = 1, units_per_stack = 1, after = 1;
+    std::size_t units() const { return stack * units_per_stack; }
+
+    /// Calls f(unit, offset, length) for every contiguous run of one unit's elements.
+    template <class F>
+    void for_each_run(F&& f) const {
+        for (std::size_t s = 0; s < stack; ++s)
+            for (std::size_t b = 0; b < before; ++b)
+                for (std::size_t u = 0; u < units_per_stack; ++u)
+                    f(s * units_per_stack + u, ((s * before + b) * units_per_stack + u) * after, after);
+    }
+};
+
 /// Units are indexed by the stacked axes and `unit_axis`; the norm runs over the remaining axes.
-inline std::vector<std::size_t> unit_index_of_elements(const Shape& shape, std::size_t stacked_axes, long unit_axis,
-                                                       std::size_t& unit_count) {
+/// Tensors with at most one non-stacked axis are vectors: one unit per element.
+inline UnitLayout unit_layout(const Shape& shape, std::size_t stacked_axes, long unit_axis) {
     const std::size_t rank = shape.size();
     check<shape_error>(stacked_axes <= rank, "adaptive_grad_clip: ", stacked_axes, " stacked axes for a tensor of shape ",
                        olmax::to_string(shape));
-    std::vector<bool> keeps(rank, false);
-    for (std::size_t a = 0; a < stacked_axes; ++a) keeps[a] = true;
+    UnitLayout layout;
+    for (std::size_t a = 0; a < stacked_axes; ++a) layout.stack *= shape[a];
     if (rank - stacked_axes <= 1) {
-        for (std::size_t a = stacked_axes; a < rank; ++a) keeps[a] = true;  // vectors: one unit per element
-    } else {
-        const long r = long(rank);
-        const long axis = unit_axis < 0 ? unit_axis + r : unit_axis;
-        check<shape_error>(axis >= long(stacked_axes) && axis < r, "adaptive_grad_clip: unit axis ", unit_axis,
-                           " is outside the non-stacked axes of shape ", olmax::to_string(shape));
-        keeps[std::size_t(axis)] = true;
+        if (rank > stacked_axes) layout.units_per_stack = shape[stacked_axes];
+        return layout;
     }
-    unit_count = 1;
-    for (std::size_t a = 0; a < rank; ++a)
-        if (keeps[a]) unit_count *= shape[a];
-    const std::size_t n = numel(shape);
-    std::vector<std::size_t> unit(n);
-    std::vector<std::size_t> index(rank, 0);
-    for (std::size_t flat = 0; flat < n; ++flat) {
-        std::size_t u = 0;
-        for (std::size_t a = 0; a < rank; ++a)
-            if (keeps[a]) u = u * shape[a] + index[a];
-        unit[flat] = u;
-        for (std::size_t a = rank; a-- > 0;) {  // advance the row-major multi-index
-            if (++index[a] < shape[a]) break;
-            index[a] = 0;
-        }
-    }
-    return unit;
+    const long r = long(rank);
+    const long axis = unit_axis < 0 ? unit_axis + r : unit_axis;
+    check<shape_error>(axis >= long(stacked_axes) && axis < r, "adaptive_grad_clip: unit axis ", unit_axis,
+                       " is outside the non-stacked axes of shape ", olmax::to_string(shape));
+    for (std::size_t a = stacked_axes; a < std::size_t(axis); ++a) layout.before *= shape[a];
+    layout.units_per_stack = shape[std::size_t(axis)];
+    for (std::size_t a = std::size_t(axis) + 1; a < rank; ++a) layout.after *= shape[a];
+    return layout;
 }
 
 }  // namespace detail
@@ -74,15 +77,20 @@ std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const Ag
                        " differs from gradient shape ", olmax::to_string(grad.shape()));
     check(config.clip >= 0, "adaptive_grad_clip: clip must be >= 0, got ", config.clip);
     if (config.clip == 0 || param.empty()) return 0;
-    std::size_t units = 0;
-    const auto unit = detail::unit_index_of_elements(param.shape(), stacked_axes, unit_axis, units);
+    const detail::UnitLayout layout = detail::unit_layout(param.shape(), stacked_axes, unit_axis);
+    const std::size_t units = layout.units();
     std::vector<double> param_sq(units, 0.0), grad_sq(units, 0.0);
     const P* p = param.data();
     G* g = grad.data();
-    for (std::size_t i = 0; i < param.size(); ++i) {
-        param_sq[unit[i]] += double(p[i]) * double(p[i]);
-        grad_sq[unit[i]] += double(g[i]) * double(g[i]);
-    }
+    layout.for_each_run([&](std::size_t unit, std::size_t offset, std::size_t length) {
+        double ps = 0, gs = 0;
+        for (std::size_t i = offset; i < offset + length; ++i) {
+            ps += double(p[i]) * double(p[i]);
+            gs += double(g[i]) * double(g[i]);
+        }
+        param_sq[unit] += ps;
+        grad_sq[unit] += gs;
+    });
     std::vector<double> factor(units, 1.0);
     std::size_t clipped = 0;
     for (std::size_t u = 0; u < units; ++u) {
@@ -94,7 +102,9 @@ std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const Ag
         }
     }
     if (clipped)
-        for (std::size_t i = 0; i < grad.size(); ++i) g[i] = G(double(g[i]) * factor[unit[i]]);
+        layout.for_each_run([&](std::size_t unit, std::size_t offset, std::size_t length) {
+            for (std::size_t i = offset; i < offset + length; ++i) g[i] = G(double(g[i]) * factor[unit]);
+        });
     return clipped;
 }
 
@@ -105,7 +115,12 @@ double global_grad_norm(std::span<const Parameter<T>> params) {
     for (const auto& p : params) {
         const Tensor<T> g = p.tensor.grad();
         if (!g.defined()) continue;
-        for (T v : g) sum_sq += double(v) * double(v);
+        const T* gp = g.data();
+        const std::size_t n = g.size();
+        double partial = 0;
+#pragma omp simd reduction(+ : partial)
+        for (std::size_t i = 0; i < n; ++i) partial += double(gp[i]) * double(gp[i]);
+        sum_sq += partial;
     }
     return std::sqrt(sum_sq);
 }
