@@ -67,4 +67,29 @@ struct stub_backend {
     static double sum(const T* x, std::size_t n) { return olmax::backend::cpu_serial::sum(x, n); }
 };
 
+/// Forces cpu_openmp to thread even tiny loops, with an odd thread count (uneven pieces), for the
+/// guard's lifetime; restores both settings even if a check throws.
+class ForceThreading {
+public:
+    ForceThreading() : threshold_(olmax::backend::cpu_openmp::parallel_threshold()) {
+        olmax::backend::cpu_openmp::set_parallel_threshold(1);
+#if defined(_OPENMP)
+        threads_ = omp_get_max_threads();
+        omp_set_num_threads(3);
+#endif
+    }
+    ~ForceThreading() {
+        olmax::backend::cpu_openmp::set_parallel_threshold(threshold_);
+#if defined(_OPENMP)
+        omp_set_num_threads(threads_);
+#endif
+    }
+    ForceThreading(const ForceThreading&) = delete;
+    ForceThreading& operator=(const ForceThreading&) = delete;
+
+private:
+    std::size_t threshold_;
+    int threads_ = 1;
+};
+
 }  // namespace olmax_test

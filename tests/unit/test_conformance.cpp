@@ -100,31 +100,6 @@ std::vector<OpCase<T>> op_cases() {
 }
 // -------------------------------------------------------------------------------------------------
 
-/// Forces cpu_openmp to thread even tiny loops, with an odd thread count (uneven pieces), for the
-/// guard's lifetime.
-class ForceThreading {
-public:
-    ForceThreading() : threshold_(cpu_openmp::parallel_threshold()) {
-        cpu_openmp::set_parallel_threshold(1);
-#if defined(_OPENMP)
-        threads_ = omp_get_max_threads();
-        omp_set_num_threads(3);
-#endif
-    }
-    ~ForceThreading() {
-        cpu_openmp::set_parallel_threshold(threshold_);
-#if defined(_OPENMP)
-        omp_set_num_threads(threads_);
-#endif
-    }
-    ForceThreading(const ForceThreading&) = delete;
-    ForceThreading& operator=(const ForceThreading&) = delete;
-
-private:
-    std::size_t threshold_;
-    int threads_ = 1;
-};
-
 template <class T>
 Tensor<T> sample(Domain d, const Shape& shape, olmax::Generator& rng) {
     switch (d) {
@@ -184,7 +159,7 @@ void run_conformance(bool small) {
         const auto want = run_case(reference[i], inputs, seed_rng);
         const auto got = [&] {
             if (!small) return run_case(c, inputs, seed_rng);
-            ForceThreading force;
+            olmax_test::ForceThreading force;
             return run_case(c, inputs, seed_rng);
         }();
         const double tol = base * c.tolerance;
@@ -236,7 +211,7 @@ TEST_CASE("capability query: cpu backends support every op, the stub none, kerne
 }
 
 TEST_CASE("backend primitives agree: parallel_for covers [0, n) once, sum, map, gemm", "[conformance][backend]") {
-    ForceThreading force;
+    olmax_test::ForceThreading force;
     for (std::size_t n : {0u, 1u, 2u, 3u, 5u, 1000u, 100003u}) {
         INFO("n = " << n);
         std::vector<int> hits(n, 0);

@@ -443,11 +443,7 @@ TEST_CASE("nn ops run on a backend with only the required primitives", "[ops][nn
 TEST_CASE("nn ops give the serial results when every loop is threaded", "[ops][nn]") {
     using olmax::backend::cpu_openmp;
     using olmax::backend::cpu_serial;
-    struct ThresholdGuard {  // restores the global threshold even if a check throws
-        std::size_t saved = cpu_openmp::parallel_threshold();
-        ~ThresholdGuard() { cpu_openmp::set_parallel_threshold(saved); }
-    } guard;
-    cpu_openmp::set_parallel_threshold(1);  // even the smallest loop goes to the threads
+    olmax_test::ForceThreading force;  // even the smallest loop goes to the threads
     olmax::Generator rng(26);
     auto x = olmax::randn<double>({3, 6, 4}, rng);
     auto w = olmax::randn<double>({2, 2, 6}, rng);

@@ -181,11 +181,7 @@ TEST_CASE("shape ops pass NaN through, work in float and on a minimal backend", 
 TEST_CASE("shape ops give the serial results when every loop is threaded", "[ops][shape]") {
     using olmax::backend::cpu_openmp;
     using olmax::backend::cpu_serial;
-    struct ThresholdGuard {  // restores the global threshold even if a check throws
-        std::size_t saved = cpu_openmp::parallel_threshold();
-        ~ThresholdGuard() { cpu_openmp::set_parallel_threshold(saved); }
-    } guard;
-    cpu_openmp::set_parallel_threshold(1);
+    olmax_test::ForceThreading force;  // even the smallest loop goes to the threads
     olmax::Generator rng(6);
     auto x = olmax::randn<double>({3, 37, 2, 21}, rng);
     for (const std::vector<std::size_t>& perm : {std::vector<std::size_t>{3, 1, 2, 0}, {0, 3, 2, 1}, {1, 0, 2, 3}})

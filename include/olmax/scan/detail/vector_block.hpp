@@ -82,7 +82,7 @@ template <std::size_t D, class V>
 template <class Acc>
 [[gnu::always_inline]] inline void scan_block(block_of<Acc>& a, block_of<Acc>& x) {
     using V = block_of<Acc>;
-    const V zero = V{} * Acc(0), one = zero + Acc(1);
+    const V zero{}, one = zero + Acc(1);
     block_doubling_step<1>(a, x, zero, one);
     block_doubling_step<2>(a, x, zero, one);
     block_doubling_step<4>(a, x, zero, one);
