@@ -71,25 +71,14 @@ struct stub_backend {
 /// guard's lifetime; restores both settings even if a check throws.
 class ForceThreading {
 public:
-    ForceThreading() : threshold_(olmax::backend::cpu_openmp::parallel_threshold()) {
-        olmax::backend::cpu_openmp::set_parallel_threshold(1);
-#if defined(_OPENMP)
-        threads_ = omp_get_max_threads();
-        omp_set_num_threads(3);
-#endif
-    }
-    ~ForceThreading() {
-        olmax::backend::cpu_openmp::set_parallel_threshold(threshold_);
-#if defined(_OPENMP)
-        omp_set_num_threads(threads_);
-#endif
-    }
+    ForceThreading() { olmax::backend::cpu_openmp::set_parallel_threshold(1); }
+    ~ForceThreading() { olmax::backend::cpu_openmp::set_parallel_threshold(threshold_); }
     ForceThreading(const ForceThreading&) = delete;
     ForceThreading& operator=(const ForceThreading&) = delete;
 
 private:
-    std::size_t threshold_;
-    int threads_ = 1;
+    std::size_t threshold_ = olmax::backend::cpu_openmp::parallel_threshold();
+    olmax::backend::detail::omp_thread_cap threads_{3};  // saves and restores the thread count
 };
 
 }  // namespace olmax_test

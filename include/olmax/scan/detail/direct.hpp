@@ -293,9 +293,7 @@ struct SegmentPass {
         std::size_t i = 0;
         for (; i + N <= len; i += N, o += step * std::ptrdiff_t(N)) {
             block_of<Acc> a, x;
-            load_steps<Descending>(gate_base + o, a);
-            load_steps<Descending>(values + o, x);
-            scan_block<Acc>(a, x);
+            load_and_scan_block<Descending>(gate_base + o, values + o, a, x);
             px = a[N - 1] * px + x[N - 1];
             pa *= a[N - 1];
         }
@@ -317,9 +315,7 @@ struct SegmentPass {
         std::size_t i = 0;
         for (; i + N <= len; i += N, o += step * std::ptrdiff_t(N)) {
             block_of<Acc> a, x;
-            load_steps<Descending>(gate_base + o, a);
-            load_steps<Descending>(values + o, x);
-            scan_block<Acc>(a, x);
+            load_and_scan_block<Descending>(gate_base + o, values + o, a, x);
             const block_of<Acc> v = x + a * st;
             st = v[N - 1];
             store_steps<Descending>(out + o, v);

@@ -89,6 +89,15 @@ template <class Acc>
     if constexpr (block_lanes<Acc> > 8) block_doubling_step<8>(a, x, zero, one);
 }
 
+/// Loads the N steps of gates and values that start at the given pointers (see load_steps) and
+/// scans them: on return lane i holds the block's map up to step i.
+template <bool Descending, class Acc>
+[[gnu::always_inline]] inline void load_and_scan_block(const Acc* gates, const Acc* values, block_of<Acc>& a, block_of<Acc>& x) {
+    load_steps<Descending>(gates, a);
+    load_steps<Descending>(values, x);
+    scan_block<Acc>(a, x);
+}
+
 #else
 
 template <class Acc>
