@@ -5,6 +5,7 @@
 // i.e. the original Olmax's reversible conv/mixer stem at toy size. Sequence lengths must be a
 // multiple of the mixer chunk (16).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -48,6 +49,11 @@ inline olmax::optim::ParamRole role_of(olmax::nn::Role role) {
     return olmax::optim::ParamRole::other;
 }
 
+/// Row shards per batch: one per thread when `data_parallel` is on (see Model::accumulate_gradients).
+inline std::size_t shards_for(const olmax::config::TrainConfig& c) {
+    return c.data_parallel ? std::size_t(std::max(olmax::backend::default_backend::num_threads(), 1)) : 1;
+}
+
 struct Model {
     olmax::nn::Config config;
     olmax::Generator rng;
@@ -65,6 +71,37 @@ struct Model {
 
     /// Mean training loss (nats per byte, without the z-loss term; its gradient includes it).
     olmax::Tensor<T> loss(const olmax::data::Batch& batch) const { return head.loss(hidden(batch.inputs), batch.targets); }
+
+    /// Forward and backward of the training loss on `batch`, gradients (times `scale`, e.g.
+    /// 1 / grad_accumulation) added to the parameters; returns the batch's mean loss. With
+    /// `shards` > 1 the batch's rows are split into that many shards differentiated at the same time
+    /// on the default backend's threads (olmax::autodiff::data_parallel_backward): each shard's loss
+    /// is weighted by its share of the rows, so the sum is the batch mean and the gradient equals the
+    /// one-shard gradient up to rounding (deterministic for a given shard count).
+    double accumulate_gradients(const olmax::data::Batch& batch, std::size_t shards, double scale) {
+        const std::size_t rows = batch.inputs.shape()[0];
+        shards = std::clamp<std::size_t>(shards, 1, rows);
+        if (shards == 1) {
+            olmax::autodiff::tape_scope tape;
+            auto batch_loss = loss(batch);
+            const double value = double(batch_loss.item());
+            if (scale != 1.0) batch_loss = batch_loss * T(scale);
+            batch_loss.backward();
+            return value;
+        }
+        std::vector<olmax::Tensor<T>> tensors;
+        for (const auto& p : parameters()) tensors.push_back(p.tensor);
+        std::vector<double> shard_means(shards);  // each shard writes its own slot
+        olmax::autodiff::data_parallel_backward<T>(tensors, shards, [&](std::size_t s) {
+            const std::size_t begin = rows * s / shards, end = rows * (s + 1) / shards;
+            const auto shard_loss = loss(olmax::data::batch_rows(batch, begin, end));
+            shard_means[s] = double(shard_loss.item());
+            return shard_loss * T(scale * double(end - begin) / double(rows));
+        });
+        double value = 0;
+        for (std::size_t s = 0; s < shards; ++s) value += shard_means[s] * double(rows * (s + 1) / shards - rows * s / shards) / double(rows);
+        return value;
+    }
 
     /// Sum of -log p(target) over real (mask 1) targets and their count, without recording.
     std::pair<double, double> masked_nll(const olmax::data::Batch& batch) const {

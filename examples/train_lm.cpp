@@ -118,19 +118,14 @@ int run(int argc, char** argv) {
 
     // ---- training loop ----------------------------------------------------------------------
     const double tokens_per_step = double(c.batch * c.sequence * c.grad_accumulation);
+    const std::size_t shards = byte_lm::shards_for(c);
     io::ProgressBar progress(std::cout, c.steps, io::stdout_is_terminal(), c.log_every, step);
     double tokens_this_run = 0, last_eval = std::nan("");
     std::filesystem::path last_checkpoint;
     while (step < c.steps) {
         double loss_sum = 0;
-        for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro) {
-            olmax::autodiff::tape_scope tape;
-            const auto batch = *loader.next();
-            auto loss = model.loss(batch);
-            loss_sum += double(loss.item());
-            if (c.grad_accumulation > 1) loss = loss * byte_lm::T(1.0 / double(c.grad_accumulation));
-            loss.backward();
-        }
+        for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro)
+            loss_sum += model.accumulate_gradients(*loader.next(), shards, 1.0 / double(c.grad_accumulation));
         const double loss = loss_sum / double(c.grad_accumulation);
         try {
             olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "train_lm: the loss is ", loss, " at step ", step + 1);

@@ -58,6 +58,10 @@ for config in "${configs[@]}"; do
         --json "$scratch/$i-c-pytorch-openblas.json"
       LD_LIBRARY_PATH="$openblas" OPENBLAS_NUM_THREADS="$threads" "$python" "$here/torch_train_step.py" "${flags[@]}" \
         --checkpoint --json "$scratch/$i-d-pytorch-checkpoint.json"
+      if [ "$threads" -gt 1 ]; then  # PyTorch's threads with single-threaded OpenBLAS (no oversubscription)
+        LD_LIBRARY_PATH="$openblas" OPENBLAS_NUM_THREADS=1 "$python" "$here/torch_train_step.py" "${flags[@]}" \
+          --json "$scratch/$i-e-pytorch-openblas1.json"
+      fi
     else
       "$python" "$here/torch_train_step.py" "${flags[@]}" --checkpoint --json "$scratch/$i-d-pytorch-checkpoint.json"
     fi

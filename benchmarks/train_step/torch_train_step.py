@@ -35,6 +35,7 @@ import argparse
 import ctypes
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -220,7 +221,6 @@ def profile(a, model, targets):
 def check(folder):
     """Loads the parameters and batch that `train_step --dump folder` wrote, computes the loss and the
     gradients in float64 and compares them with olmax's (float32). Returns the process exit status."""
-    import os
     import numpy as np
 
     load = lambda name: torch.from_numpy(np.load(os.path.join(folder, name))).double()
@@ -349,6 +349,8 @@ def main():
     footprint = proc_status_bytes("VmHWM") - rss_at_start
     blas = loaded_blas()
     framework = ("pytorch-checkpoint" if a.checkpoint else "pytorch") + ("+openblas" if "openblas" in blas else "")
+    if "openblas" in blas and a.threads > 1 and os.environ.get("OPENBLAS_NUM_THREADS") == "1":
+        framework += "(1 blas thread)"  # torch's threads only: OpenBLAS's own would oversubscribe the cores
     result = dict(framework=framework, torch_version=torch.__version__, blas=blas, batch=a.batch, sequence=a.sequence, features=a.features,
                   depth=a.depth, threads=a.threads, repeats=a.repeats, seconds_median=median, seconds_min=min(seconds),
                   seconds_max=max(seconds), **{k: statistics.median(v) for k, v in phases.items()},

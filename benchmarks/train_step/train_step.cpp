@@ -49,13 +49,15 @@ struct Options {
     std::string dump;  // folder: parameters, one batch, its loss and gradients as .npy (torch_train_step.py --check)
     bool profile = false;
     std::int64_t parallel_threshold = -1;  // -1: the backend's default
+    bool data_parallel = true;             // TrainConfig::data_parallel (rows split over threads)
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "train_step: " << why
               << "\nusage: train_step [--batch N] [--sequence N] [--features N] [--depth N] [--threads N] [--repeats N]"
                  " [--warmup N] [--max_seconds S] [--json PATH] [--quick] [--profile] [--dump DIR]\n"
-                 "       [--parallel_threshold WORK]  (olmax::backend::cpu_openmp's serial/parallel cut-off; diagnosis only)\n";
+                 "       [--parallel_threshold WORK]  (olmax::backend::cpu_openmp's serial/parallel cut-off; diagnosis only)\n"
+                 "       [--data_parallel 0|1]  (1, the default as in train_lm: with threads > 1 each thread runs a shard of the batch)\n";
     std::exit(1);
 }
 
@@ -103,6 +105,7 @@ Options parse(int argc, char** argv) {
         else if (arg == "dump") o.dump = value;
         else if (arg == "max_seconds") o.max_seconds = double(number());
         else if (arg == "parallel_threshold") o.parallel_threshold = number();
+        else if (arg == "data_parallel") o.data_parallel = number() != 0;
         else usage("unknown flag --" + arg);
     }
     if (o.repeats < 1) usage("--repeats must be at least 1");
@@ -253,6 +256,7 @@ int run(int argc, char** argv) {
     const std::size_t rss_at_start = proc_status_bytes("VmRSS");
     olmax::config::TrainConfig c;  // the main job's defaults (lr, betas, weight decay, clipping, ...)
     c.batch = o.batch, c.sequence = o.sequence, c.features = o.features, c.depth = o.depth, c.threads = o.threads;
+    c.data_parallel = o.data_parallel;
     c.validate();
 #if defined(_OPENMP)
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
@@ -268,7 +272,9 @@ int run(int argc, char** argv) {
     for (int i = 0; i < 4; ++i) batches.push_back(random_batch(std::size_t(o.batch), std::size_t(o.sequence), rng));
 
     // Each step also records its phases (forward incl. loss; backward incl. freeing the tape;
-    // optimiser incl. clipping and zero_grad) to show where the time goes.
+    // optimiser incl. clipping and zero_grad) to show where the time goes. With data-parallel
+    // shards the threads' forwards and backwards overlap: the whole of it is counted as backward.
+    const std::size_t shards = byte_lm::shards_for(c);
     using clock = std::chrono::steady_clock;
     if (!o.dump.empty()) {
         dump(o.dump, model, batches[0]);
@@ -285,7 +291,9 @@ int run(int argc, char** argv) {
     auto step = [&](const olmax::data::Batch& batch) {
         const auto t0 = clock::now();
         auto t1 = t0;
-        {
+        if (shards > 1) {
+            last_loss = model.accumulate_gradients(batch, shards, 1.0);
+        } else {
             olmax::autodiff::tape_scope tape;
             auto loss = model.loss(batch);
             last_loss = double(loss.item());
@@ -339,7 +347,7 @@ int run(int argc, char** argv) {
 
     std::ostringstream json;
     json << "{\"framework\": \"olmax\", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
-         << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"repeats\": " << repeats
+         << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"shards\": " << shards << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
          << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()
          << ", \"forward_s\": " << median_of(forward_s) << ", \"backward_s\": " << median_of(backward_s)
@@ -348,11 +356,11 @@ int run(int argc, char** argv) {
          << ", \"peak_rss_bytes\": " << (rss_restarted ? std::to_string(peak_rss) : "null")
          << ", \"first_step_rss_bytes\": " << first_step_rss
          << ", \"footprint_rss_bytes\": " << footprint_rss << ", \"params\": " << params << ", \"last_loss\": " << last_loss << "}";
-    std::printf("olmax  B=%lld S=%lld F=%lld depth=%lld threads=%lld params=%zu: %.3f ms/step (median of %d), %.0f tokens/s "
+    std::printf("olmax  B=%lld S=%lld F=%lld depth=%lld threads=%lld shards=%zu params=%zu: %.3f ms/step (median of %d), %.0f tokens/s "
                 "(forward %.2f, backward %.2f, optimiser %.2f ms), tensor peak %.2f MiB (+%.2f MiB in the step), "
                 "peak RSS growth of a step %.2f MiB (first step %.2f MiB), footprint %.2f MiB\n",
                 static_cast<long long>(o.batch), static_cast<long long>(o.sequence), static_cast<long long>(o.features),
-                static_cast<long long>(o.depth), static_cast<long long>(o.threads), params, median * 1e3, repeats, tokens_per_s,
+                static_cast<long long>(o.depth), static_cast<long long>(o.threads), shards, params, median * 1e3, repeats, tokens_per_s,
                 median_of(forward_s) * 1e3, median_of(backward_s) * 1e3, median_of(optimizer_s) * 1e3,
                 double(peak_bytes) / 1048576.0, double(peak_bytes - held_before) / 1048576.0,
                 double(peak_rss) / 1048576.0, double(first_step_rss) / 1048576.0,

@@ -326,14 +326,14 @@ struct SingleThread {
 #endif
 };
 
-/// One optimiser step of train_lm's loop; returns the loss.
-double train_step(byte_lm::Model& model, olmax::optim::AdamW<byte_lm::T>& opt, olmax::data::PackedLoader& loader) {
-    olmax::autodiff::tape_scope tape;
-    auto loss = model.loss(*loader.next());
-    loss.backward();
+/// One optimiser step of train_lm's loop (the batch's rows split into `shards` data-parallel
+/// shards); returns the loss.
+double train_step(byte_lm::Model& model, olmax::optim::AdamW<byte_lm::T>& opt, olmax::data::PackedLoader& loader,
+                  std::size_t shards = 1) {
+    const double loss = model.accumulate_gradients(*loader.next(), shards, 1.0);
     opt.step();
     opt.zero_grad();
-    return double(loss.item());
+    return loss;
 }
 
 }  // namespace
@@ -395,4 +395,47 @@ TEST_CASE("train: resume from a checkpoint continues bit-identically", "[io][tra
         CHECK(std::equal(a[i].tensor.begin(), a[i].tensor.end(), b[i].tensor.begin()));  // bit-identical
     }
     std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("train: data-parallel steps on two threads are deterministic and follow one-shard training", "[io][train][data_parallel]") {
+    olmax::backend::detail::omp_thread_cap two_threads(2);
+    const auto c = tiny_training_config();
+    const olmax::data::LoaderConfig lc{4, 16, 3, true, true};
+    struct Run {
+        std::vector<double> losses;
+        std::vector<olmax::Tensor<byte_lm::T>> params;
+    };
+    auto run = [&](std::size_t shards) {
+        byte_lm::Model model(c);
+        olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), c.optimizer_config());
+        olmax::data::PackedLoader data(tiny_corpus(), lc);
+        Run r;
+        for (int s = 0; s < 6; ++s) r.losses.push_back(train_step(model, opt, data, shards));
+        for (const auto& p : opt.parameters()) r.params.push_back(p.tensor.clone());
+        return r;
+    };
+    const Run one = run(1), two = run(2), again = run(2);
+    for (std::size_t s = 0; s < one.losses.size(); ++s) {
+        CHECK(two.losses[s] == again.losses[s]);                       // bit-identical for a given shard count
+        CHECK(two.losses[s] == Approx(one.losses[s]).epsilon(1e-5));  // float32 rounding, 6 Adam steps
+    }
+    for (std::size_t i = 0; i < one.params.size(); ++i) CHECK(std::equal(two.params[i].begin(), two.params[i].end(), again.params[i].begin()));
+
+    // One batch's gradients: two shards equal one up to float32 rounding (relative to each tensor's largest).
+    auto gradients = [&](std::size_t shards) {
+        byte_lm::Model model(c);
+        olmax::data::PackedLoader data(tiny_corpus(), lc);
+        model.accumulate_gradients(*data.next(), shards, 1.0);
+        std::vector<olmax::Tensor<byte_lm::T>> out;
+        for (const auto& p : model.parameters()) out.push_back(p.tensor.grad());
+        return out;
+    };
+    const auto g1 = gradients(1), g2 = gradients(2);
+    REQUIRE(g1.size() == g2.size());
+    for (std::size_t i = 0; i < g1.size(); ++i) {
+        REQUIRE(g2[i].defined());
+        double largest = 0;
+        for (auto v : g1[i]) largest = std::max(largest, double(std::abs(v)));
+        CHECK(olmax_test::max_abs_diff(g1[i], g2[i]) <= 1e-5 * largest);
+    }
 }

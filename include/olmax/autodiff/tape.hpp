@@ -24,9 +24,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -122,6 +124,51 @@ public:
     tape_scope& operator=(const tape_scope&) = delete;
 };
 
+/// RAII: while alive on this thread, gradients that backward passes add into the listed tensors
+/// (typically the parameters) go into buffers of this object instead of the tensors' own `grad()`.
+/// Threads that differentiate shards of one batch at the same time each hold one, so none writes
+/// the shared parameters' gradients (`data_parallel_backward` sums the buffers afterwards in a fixed
+/// order). Intermediate tensors are private to the thread that made them and need no redirect.
+template <Real T>
+class private_gradients {
+public:
+    explicit private_gradients(std::span<const Tensor<T>> shared) : previous_(active()) {
+        for (const auto& t : shared)
+            if (t.defined()) buffers_.emplace(&t.impl(), nullptr);
+        active() = this;
+    }
+    ~private_gradients() { active() = previous_; }
+    private_gradients(const private_gradients&) = delete;
+    private_gradients& operator=(const private_gradients&) = delete;
+
+    /// The gradient collected for `t` (undefined when none arrived or `t` was not listed).
+    Tensor<T> grad(const Tensor<T>& t) const {
+        const auto it = t.defined() ? buffers_.find(&t.impl()) : buffers_.end();
+        if (it == buffers_.end() || !it->second) return {};
+        auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
+        impl->storage = it->second;
+        impl->shape = t.shape();
+        return Tensor<T>::from_impl(std::move(impl));
+    }
+
+    /// The gradient buffer of `impl` on this thread: a buffer of the innermost active scope that
+    /// lists it, else the tensor's own.
+    static std::shared_ptr<Storage<T>>& buffer_of(olmax::detail::TensorImpl<T>& impl) {
+        for (private_gradients* scope = active(); scope != nullptr; scope = scope->previous_)
+            if (const auto it = scope->buffers_.find(&impl); it != scope->buffers_.end()) return it->second;
+        return impl.grad;
+    }
+
+private:
+    static private_gradients*& active() {
+        thread_local private_gradients* scope = nullptr;
+        return scope;
+    }
+
+    private_gradients* previous_;
+    std::unordered_map<const olmax::detail::TensorImpl<T>*, std::shared_ptr<Storage<T>>> buffers_;
+};
+
 /// Adds `grad` into the gradient buffer of `impl` (allocating it on first use). Copies and adds
 /// run on the default backend's threads above its parallel threshold (activation gradients of
 /// long sequences are hundreds of megabytes).
@@ -132,12 +179,13 @@ void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, 
                                                    " for an input of shape ", to_string(impl.shape)));
     const std::size_t n = grad.size();
     const T* src = grad.data();
-    if (!impl.grad) {
-        impl.grad = std::make_shared<Storage<T>>(n);
-        backend::cpu_openmp::map(n, impl.grad->data(), [](T v) { return v; }, src);
+    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
+    if (!buffer) {
+        buffer = std::make_shared<Storage<T>>(n);
+        backend::cpu_openmp::map(n, buffer->data(), [](T v) { return v; }, src);
         return;
     }
-    T* dst = impl.grad->data();
+    T* dst = buffer->data();
     backend::cpu_openmp::map(n, dst, [](T a, T b) { return a + b; }, static_cast<const T*>(dst), src);
 }
 
@@ -145,10 +193,11 @@ void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, 
 /// can see that buffer (first gradient to arrive, sole handle, sole owner of the storage).
 template <Real T>
 void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::string_view op) {
-    if (!impl.grad && grad.defined() && grad.shape() == impl.shape && grad.impl_ptr().use_count() == 1) {
+    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
+    if (!buffer && grad.defined() && grad.shape() == impl.shape && grad.impl_ptr().use_count() == 1) {
         auto& source = grad.impl();
         if (source.offset == 0 && source.storage && source.storage.use_count() == 1 && source.storage->size() == grad.size()) {
-            impl.grad = std::move(source.storage);
+            buffer = std::move(source.storage);
             grad = Tensor<T>();
             return;
         }

@@ -45,6 +45,7 @@ struct TrainConfig {
     bool resume = true;
     std::int64_t log_every = 50;
     std::int64_t threads = 1;
+    bool data_parallel = true;
     // sampling at the end
     std::int64_t sample_bytes = 200;
     double temperature = 0.8;
@@ -83,7 +84,9 @@ struct TrainConfig {
             {"keep_checkpoints", &C::keep_checkpoints, "checkpoints kept in checkpoint_dir"},
             {"resume", &C::resume, "continue from the newest valid checkpoint in checkpoint_dir"},
             {"log_every", &C::log_every, "steps between log lines when stdout is not a terminal"},
-            {"threads", &C::threads, "OpenMP threads (0: all cores; 1 is fastest for models this small on a busy machine)"},
+            {"threads", &C::threads, "OpenMP threads (0: all cores)"},
+            {"data_parallel", &C::data_parallel,
+             "with several threads, split each batch's rows over them (one forward/backward per thread) instead of each op"},
             {"sample_bytes", &C::sample_bytes, "bytes to generate after training"},
             {"temperature", &C::temperature, "sampling temperature (0: greedy)"},
             {"top_k", &C::top_k, "sample among the k most likely bytes (0: all)"},

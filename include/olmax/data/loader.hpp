@@ -11,6 +11,7 @@
 // The loader's whole state is a `DataPosition` (text, stored in checkpoints): restoring it
 // continues the exact same sequence of batches.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -55,6 +56,23 @@ struct Batch {
     std::size_t real_targets = 0;
     std::uint64_t epoch = 0;  // the epoch of the document queue after this batch
 };
+
+/// Rows [begin, end) of `batch` (copies), e.g. one thread's shard in data-parallel training.
+inline Batch batch_rows(const Batch& batch, std::size_t begin, std::size_t end) {
+    check<shape_error>(batch.inputs.rank() == 2 && begin < end && end <= batch.inputs.shape()[0], "data::batch_rows: rows [", begin, ", ",
+                       end, ") of a batch of shape ", to_string(batch.inputs.shape()));
+    const std::size_t sequence = batch.inputs.shape()[1], offset = begin * sequence, count = (end - begin) * sequence;
+    Batch out;
+    out.inputs = Tensor<std::int32_t>({end - begin, sequence});
+    out.targets = Tensor<std::int32_t>({end - begin, sequence});
+    out.mask = Tensor<float>({end - begin, sequence});
+    std::copy_n(batch.inputs.data() + offset, count, out.inputs.data());
+    std::copy_n(batch.targets.data() + offset, count, out.targets.data());
+    std::copy_n(batch.mask.data() + offset, count, out.mask.data());
+    for (std::size_t i = 0; i < count; ++i) out.real_targets += out.mask.data()[i] != 0.0f;
+    out.epoch = batch.epoch;
+    return out;
+}
 
 /// Everything needed to continue a loader exactly where it was.
 struct DataPosition {

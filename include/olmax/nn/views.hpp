@@ -32,11 +32,12 @@ void accumulate_grad_slice(olmax::detail::TensorImpl<T>& impl, std::size_t offse
     const std::size_t total = numel(impl.shape);
     check<autodiff_error>(offset + grad.size() <= total, "nn: slice gradient of ", grad.size(), " elements at offset ", offset,
                           " does not fit a tensor of shape ", to_string(impl.shape));
-    if (!impl.grad) {
-        impl.grad = std::make_shared<Storage<T>>(total);
-        std::fill(impl.grad->begin(), impl.grad->end(), T{0});
+    std::shared_ptr<Storage<T>>& buffer = autodiff::private_gradients<T>::buffer_of(impl);  // this thread's, see data_parallel_backward
+    if (!buffer) {
+        buffer = std::make_shared<Storage<T>>(total);
+        std::fill(buffer->begin(), buffer->end(), T{0});
     }
-    T* dst = impl.grad->data() + offset;
+    T* dst = buffer->data() + offset;
     const T* src = grad.data();
     const std::size_t n = grad.size();
 #pragma omp simd
