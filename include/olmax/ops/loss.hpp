@@ -21,6 +21,7 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/detail/third_party.hpp"
 
 namespace olmax {
 
@@ -56,27 +57,54 @@ double line_logsumexp(const T* x, std::size_t stride, std::size_t n) {
     return double(m) + std::log(s);
 }
 
+/// exp of n contiguous values in place, vectorised: Eigen's packet exp (AVX-512 / AVX2 / SSE),
+/// within a few ulp of std::exp and an order of magnitude faster than a scalar libm loop.
+template <Real T>
+void exp_in_place(T* x, std::size_t n) {
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> values(x, Eigen::Index(n));
+    values = values.exp();
+}
+
 /// Per row of logits z [rows, V]: lse (double) and, when `grad` is set, overwrites z with
 /// scale * (softmax(z) * (1 + 2 z_loss lse) - onehot(target)) (the original's dz, §6.7).
 /// Returns sum over rows of (lse - z[target]) and of lse^2 through the out-parameters.
+/// One exp per logit: e = exp(z - max) (in place when `grad`, else in a scratch row), lse =
+/// max + log(sum e) with the sum in double, softmax = e / sum e.
 template <class B, Real T>
 void softmax_xent_rows(T* z, std::size_t rows, std::size_t vocab, const std::int32_t* targets, bool grad, double z_loss, double scale,
                        double& loss_sum, double& lse_sq_sum) {
     std::vector<double> loss(rows), lse_sq(rows);
     B::parallel_for(rows, vocab, [&](std::size_t lo, std::size_t hi) {
+        std::vector<T> scratch(grad ? 0 : vocab);
         for (std::size_t i = lo; i < hi; ++i) {
             T* row = z + i * vocab;
             const std::size_t t = std::size_t(targets[i]);
-            const double lse = line_logsumexp(row, 1, vocab);
-            loss[i] = lse - double(row[t]);
+            const T top = line_max(row, 1, vocab);
+            if (top == -std::numeric_limits<T>::infinity()) {  // fully masked row: zero probabilities
+                loss[i] = -std::numeric_limits<double>::infinity() - double(row[t]);
+                lse_sq[i] = std::numeric_limits<double>::infinity();
+                if (grad) {
+                    std::fill(row, row + vocab, T{0});
+                    row[t] = T(-scale);
+                }
+                continue;
+            }
+            const T target_logit = row[t];
+            T* e = grad ? row : scratch.data();
+#pragma omp simd
+            for (std::size_t j = 0; j < vocab; ++j) e[j] = row[j] - top;
+            exp_in_place(e, vocab);
+            double sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (std::size_t j = 0; j < vocab; ++j) sum += double(e[j]);
+            const double lse = double(top) + std::log(sum);
+            loss[i] = lse - double(target_logit);
             lse_sq[i] = lse * lse;
             if (!grad) continue;
-            const double p_factor = 1.0 + 2.0 * z_loss * lse;
-            const bool masked = lse == -std::numeric_limits<double>::infinity();
-            for (std::size_t j = 0; j < vocab; ++j) {
-                const double p = masked ? 0.0 : std::exp(double(row[j]) - lse);
-                row[j] = T(scale * (p * p_factor - (j == t ? 1.0 : 0.0)));
-            }
+            const T factor = T(scale * (1.0 + 2.0 * z_loss * lse) / sum);
+#pragma omp simd
+            for (std::size_t j = 0; j < vocab; ++j) row[j] *= factor;
+            row[t] -= T(scale);
         }
     });
     for (std::size_t i = 0; i < rows; ++i) {  // serial sum: the result does not depend on the thread count
