@@ -5,6 +5,7 @@
 //     G_i <- G_i * min(1, clip * max(||W_i||, param_floor) / max(||G_i||, grad_floor)),
 // with Frobenius norms over the unit's fan-in.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -108,19 +109,45 @@ std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const Ag
     return clipped;
 }
 
+namespace detail {
+
+/// Sum of squares in double. In double a float's square cannot overflow (3.4e38^2 < 1.8e308 even
+/// summed over 10^9 elements), so for float gradients the sum is non-finite exactly when some
+/// element is NaN or Inf.
+template <Real T>
+double sum_of_squares(const T* x, std::size_t n) {
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (std::size_t i = 0; i < n; ++i) sum += double(x[i]) * double(x[i]);
+    return sum;
+}
+
+/// Whether every element is finite: sum of x * 0 is NaN exactly when some x is NaN or Inf (a
+/// reduction vectorises, an early-exit search does not).
+template <Real T>
+bool all_finite(const T* x, std::size_t n) {
+    double probe = 0;
+#pragma omp simd reduction(+ : probe)
+    for (std::size_t i = 0; i < n; ++i) probe += double(x[i]) * 0.0;
+    return std::isfinite(probe);
+}
+
+/// torch.nn.utils.clip_grad_norm_'s factor min(1, max_norm / (norm + 1e-6)) (the 1e-6 is
+/// PyTorch's, kept for matching references); 1 when clipping is off or the norm is not finite.
+inline double clip_coefficient(double norm, double max_norm) {
+    if (max_norm <= 0 || !std::isfinite(norm)) return 1.0;
+    return std::min(1.0, max_norm / (norm + 1e-6));
+}
+
+}  // namespace detail
+
 /// The L2 norm of all gradients together (undefined gradients count as zero).
 template <Real T>
 double global_grad_norm(std::span<const Parameter<T>> params) {
     double sum_sq = 0;
     for (const auto& p : params) {
         const Tensor<T> g = p.tensor.grad();
-        if (!g.defined()) continue;
-        const T* gp = g.data();
-        const std::size_t n = g.size();
-        double partial = 0;
-#pragma omp simd reduction(+ : partial)
-        for (std::size_t i = 0; i < n; ++i) partial += double(gp[i]) * double(gp[i]);
-        sum_sq += partial;
+        if (g.defined()) sum_sq += detail::sum_of_squares(g.data(), g.size());
     }
     return std::sqrt(sum_sq);
 }
@@ -130,13 +157,15 @@ double global_grad_norm(std::span<const Parameter<T>> params) {
 template <Real T>
 double clip_grad_norm(std::span<const Parameter<T>> params, double max_norm) {
     const double norm = global_grad_norm(params);
-    if (max_norm <= 0 || !std::isfinite(norm)) return norm;
-    const double coef = max_norm / (norm + 1e-6);  // the 1e-6 is PyTorch's, kept for matching references
+    const double coef = detail::clip_coefficient(norm, max_norm);
     if (coef >= 1.0) return norm;
     for (const auto& p : params) {
         Tensor<T> g = p.tensor.grad();
         if (!g.defined()) continue;
-        for (T& v : g) v = T(double(v) * coef);
+        T* gp = g.data();
+        const std::size_t n = g.size();
+#pragma omp simd
+        for (std::size_t i = 0; i < n; ++i) gp[i] = T(double(gp[i]) * coef);
     }
     return norm;
 }
