@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <random>
 #include <sstream>
 
 #include <olmax/optim/optim.hpp>
@@ -253,6 +255,133 @@ TEST_CASE("optim: non-finite gradients are refused without touching anything", "
     CHECK(opt.step_count() == 0);
     CHECK(w(0) == 1.0);
     CHECK(w(1) == 2.0);
+}
+
+TEST_CASE("optim: gradients overflowing the norm are finite, NaN/Inf are refused on every path", "[optim]") {
+    auto w = olmax::parameter(Tensor<double>::from({3}, {1.0, 2.0, 3.0}));
+    optim::AdamWConfig c;
+    c.max_grad_norm = 1.0;
+    optim::AdamW<double> opt({optim::make_parameter("w", optim::ParamRole::weight, w)}, c);
+    // (5e154)^2 overflows the sum of squares, yet every gradient is finite: the step runs (with an
+    // infinite norm, so global clipping stays off) and moves w by lr against the gradient's sign
+    // (v = 1e-3 g^2 still fits a double).
+    w.backward(Tensor<double>::from({3}, {5e154, -5e154, 0.0}));
+    const auto report = opt.step();
+    CHECK(std::isinf(report.grad_norm));
+    CHECK(opt.step_count() == 1);
+    CHECK(w(0) == Approx(1.0 - 1e-3));
+    CHECK(w(1) == Approx(2.0 + 1e-3));
+    CHECK(w(2) == 3.0);
+    for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL})
+        for (double agc : {0.0, 0.01}) {
+            INFO("gradient " << bad << ", agc " << agc);
+            auto a = olmax::parameter(Tensor<float>::from({20}, std::vector<float>(20, 0.5f)));
+            auto b = olmax::parameter(Tensor<float>::from({2}, {1.0f, 2.0f}));
+            optim::AdamWConfig cf;
+            cf.max_grad_norm = 1.0;
+            cf.agc.clip = agc;
+            optim::AdamW<float> o({optim::make_parameter("a", optim::ParamRole::weight, a), optim::make_parameter("b", optim::ParamRole::bias, b)},
+                                  cf);
+            std::vector<float> ga(20, 3.0f);
+            a.backward(Tensor<float>::from({20}, ga));
+            b.backward(Tensor<float>::from({2}, {0.5f, float(bad)}));
+            CHECK_THROWS_WITH(o.step(), Catch::Contains("parameter 'b'"));
+            CHECK(o.step_count() == 0);
+            CHECK(a.grad()(0) == 3.0f);  // not clipped either
+            CHECK(a(0) == 0.5f);
+            CHECK(b(0) == 1.0f);
+        }
+}
+
+TEST_CASE("optim: AdamW results do not depend on the thread count or on tensor sizes", "[optim]") {
+    // Sizes around the SIMD width (tails), uneven thread pieces that start mid-tensor, clipping
+    // active, decoupled and L2 decay: every element must come out bit-identical, and equal to the
+    // scalar formula of torch.optim.AdamW to rounding.
+    for (auto mode : {optim::WeightDecayMode::decoupled, optim::WeightDecayMode::l2}) {
+        auto run = [&](bool threaded, std::vector<std::vector<float>>& grads_after) {
+            std::mt19937 rng(7);
+            std::normal_distribution<float> normal(0.0f, 1.0f);
+            std::vector<optim::Parameter<float>> params;
+            for (std::size_t n : {1, 3, 7, 8, 9, 17, 33, 250}) {
+                std::vector<float> values(n);
+                for (auto& v : values) v = normal(rng);
+                params.push_back(optim::make_parameter("p" + std::to_string(n), n % 2 ? optim::ParamRole::weight : optim::ParamRole::bias,
+                                                       olmax::parameter(Tensor<float>::from({n}, values))));
+            }
+            optim::AdamWConfig c;
+            c.schedule.peak_lr = 0.05;
+            c.weight_decay = 0.1;
+            c.max_grad_norm = 2.0;
+            c.decay_mode = mode;
+            optim::AdamW<float> opt(params, c);
+            std::optional<olmax_test::ForceThreading> force;
+            if (threaded) force.emplace();
+            for (int step = 0; step < 4; ++step) {
+                opt.zero_grad();
+                for (auto& p : params) {
+                    std::vector<float> g(p.tensor.size());
+                    for (auto& v : g) v = normal(rng);
+                    p.tensor.backward(Tensor<float>::from(p.tensor.shape(), g));
+                }
+                opt.step();
+            }
+            grads_after.clear();
+            for (auto& p : params) grads_after.emplace_back(p.tensor.grad().begin(), p.tensor.grad().end());
+            std::vector<float> out;
+            for (auto& p : params) out.insert(out.end(), p.tensor.begin(), p.tensor.end());
+            return out;
+        };
+        std::vector<std::vector<float>> grads_serial, grads_threaded;
+        const auto serial = run(false, grads_serial);
+        const auto threaded = run(true, grads_threaded);
+        REQUIRE(serial.size() == threaded.size());
+        for (std::size_t i = 0; i < serial.size(); ++i) CHECK(serial[i] == threaded[i]);
+        CHECK(grads_serial == grads_threaded);
+    }
+}
+
+TEST_CASE("optim: every element follows the scalar AdamW formula, tails included", "[optim]") {
+    const std::size_t n = 37;
+    std::vector<double> w0(n), g1(n), g2(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        w0[i] = std::sin(0.3 * double(i)) + 0.1;
+        g1[i] = std::cos(0.7 * double(i)) * 2.0;
+        g2[i] = std::sin(1.1 * double(i) + 0.5) * 3.0;
+    }
+    auto w = olmax::parameter(Tensor<double>::from({n}, w0));
+    optim::AdamWConfig c;
+    c.schedule.peak_lr = 0.01;
+    c.weight_decay = 0.05;
+    c.max_grad_norm = 5.0;
+    optim::AdamW<double> opt({optim::make_parameter("w", optim::ParamRole::weight, w)}, c);
+    std::vector<double> want = w0, m(n, 0.0), v(n, 0.0);
+    int t = 0;
+    for (const auto* g : {&g1, &g2}) {
+        ++t;
+        opt.zero_grad();
+        w.backward(Tensor<double>::from({n}, *g));
+        const double lr = c.schedule(t);
+        double sum_sq = 0;
+        for (double x : *g) sum_sq += x * x;
+        const double scale = std::min(1.0, c.max_grad_norm / (std::sqrt(sum_sq) + 1e-6));
+        CHECK(scale < 1.0);  // clipping is active on both steps
+        const auto report = opt.step();
+        CHECK(report.grad_norm == Approx(std::sqrt(sum_sq)).epsilon(1e-14));
+        for (std::size_t i = 0; i < n; ++i) {
+            const double grad = (*g)[i] * scale;
+            want[i] *= 1.0 - lr * c.weight_decay;
+            m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * grad;
+            v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * grad * grad;
+            const double denom = std::sqrt(v[i]) / std::sqrt(1.0 - std::pow(c.beta2, t)) + c.eps;
+            want[i] -= lr / (1.0 - std::pow(c.beta1, t)) * m[i] / denom;
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+            INFO("step " << t << " element " << i);
+            CHECK(w.data()[i] == Approx(want[i]).epsilon(1e-13).margin(1e-15));
+        }
+        // Global-norm clipping is applied as the gradients are read; the stored ones stay as given.
+        CHECK(w.grad()(0) == (*g)[0]);
+    }
 }
 
 TEST_CASE("optim: state export/import continues identically", "[optim]") {
