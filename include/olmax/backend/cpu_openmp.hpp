@@ -69,10 +69,7 @@ struct cpu_openmp {
 
     template <class T, class F, class... In>
     static void map(std::size_t n, T* out, F f, const In*... in) {
-        parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
-#pragma omp simd
-            for (std::size_t i = b; i < e; ++i) out[i] = f(in[i]...);
-        });
+        parallel_for(n, 1, [&](std::size_t b, std::size_t e) { cpu_serial::map(e - b, out + b, f, (in + b)...); });
     }
 
     /// Sum in double. Above the threshold each thread sums one contiguous piece and the partial

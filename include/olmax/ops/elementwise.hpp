@@ -170,11 +170,7 @@ Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
                         [x, y = y.detach(), df](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             auto dx = Tensor<T>::uninitialized(x.shape());
                             const T *xp = x.data(), *yp = y.data(), *gp = g[0].data();
-                            T* dp = dx.data();
-                            B::parallel_for(x.size(), 4, [&](std::size_t b, std::size_t e) {
-#pragma omp simd
-                                for (std::size_t i = b; i < e; ++i) dp[i] = gp[i] * df(xp[i], yp[i]);
-                            });
+                            B::map(x.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
                             sink.add(0, std::move(dx));
                         });
     return y;
@@ -201,11 +197,10 @@ Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& 
                                 if (!sink.needs(side)) continue;
                                 auto full = Tensor<T>::uninitialized(os);
                                 T* dp = full.data();
-                                if (same) {
-                                    B::parallel_for(y.size(), 4, [&](std::size_t lo, std::size_t hi) {
-                                        for (std::size_t i = lo; i < hi; ++i)
-                                            dp[i] = gp[i] * (side == 0 ? dfa(ap[i], bp[i], yp[i]) : dfb(ap[i], bp[i], yp[i]));
-                                    });
+                                if (same && side == 0) {
+                                    B::map(y.size(), dp, [dfa](T gi, T ai, T bi, T yi) { return gi * dfa(ai, bi, yi); }, gp, ap, bp, yp);
+                                } else if (same) {
+                                    B::map(y.size(), dp, [dfb](T gi, T ai, T bi, T yi) { return gi * dfb(ai, bi, yi); }, gp, ap, bp, yp);
                                 } else {
                                     for_each_broadcast<B>(os, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) {
                                         dp[i] = gp[i] * (side == 0 ? dfa(ap[ia], bp[ib], yp[i]) : dfb(ap[ia], bp[ib], yp[i]));

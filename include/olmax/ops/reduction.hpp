@@ -81,12 +81,24 @@ Tensor<T> expand_run(const Tensor<T>& g, const Shape& shape, std::size_t first, 
     auto out = Tensor<T>::uninitialized(shape);
     const T* gp = g.data();
     T* op = out.data();
+    if (sp.inner == 1) {  // rows of one element (e.g. the gradient of a full sum): fill runs of n
+        B::parallel_for(sp.outer * sp.n, 1, [&](std::size_t lo, std::size_t hi) {
+            for (std::size_t row = lo; row < hi;) {
+                const std::size_t o = row / sp.n, stop = std::min(hi, (o + 1) * sp.n);
+                std::fill(op + row, op + stop, T(gp[o] * factor));
+                row = stop;
+            }
+        });
+        return out;
+    }
     B::parallel_for(sp.outer * sp.n, sp.inner, [&](std::size_t lo, std::size_t hi) {
+        const std::size_t n = sp.n, inner = sp.inner;  // locals: stores to dst cannot change them
+        const T scale = factor;
         for (std::size_t row = lo; row < hi; ++row) {
-            const T* src = gp + (row / sp.n) * sp.inner;
-            T* dst = op + row * sp.inner;
+            const T* src = gp + (row / n) * inner;
+            T* dst = op + row * inner;
 #pragma omp simd
-            for (std::size_t i = 0; i < sp.inner; ++i) dst[i] = src[i] * factor;
+            for (std::size_t i = 0; i < inner; ++i) dst[i] = src[i] * scale;
         }
     });
     return out;
