@@ -40,19 +40,25 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
     const T *xp = x.data(), *wp = scaled ? w.data() : nullptr;
     T *yp = y.data(), *rp = r.data();
     B::parallel_for(rows, f, [&](std::size_t lo, std::size_t hi) {
+        const std::size_t n = f;  // locals throughout: the compiler must see that stores cannot change them
+        const T* scale = wp;
         for (std::size_t i = lo; i < hi; ++i) {
-            const T* row = xp + i * f;
+            const T* row = xp + i * n;
             double ss = 0;
-            for (std::size_t j = 0; j < f; ++j) ss += double(row[j]) * double(row[j]);
+#pragma omp simd reduction(+ : ss)
+            for (std::size_t j = 0; j < n; ++j) ss += double(row[j]) * double(row[j]);
             bool clamp = false;
             const T factor = factor_of(ss, clamp);
             rp[i] = factor;
             clamped[i] = clamp;
-            T* out = yp + i * f;
-            if (scaled)
-                for (std::size_t j = 0; j < f; ++j) out[j] = row[j] * factor * wp[j];
-            else
-                for (std::size_t j = 0; j < f; ++j) out[j] = row[j] * factor;
+            T* out = yp + i * n;
+            if (scale) {
+#pragma omp simd
+                for (std::size_t j = 0; j < n; ++j) out[j] = row[j] * factor * scale[j];
+            } else {
+#pragma omp simd
+                for (std::size_t j = 0; j < n; ++j) out[j] = row[j] * factor;
+            }
         }
     });
     std::vector<Tensor<T>> inputs{x};
@@ -66,19 +72,32 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
                                 auto dx = Tensor<T>::uninitialized(x.shape());
                                 T* dp = dx.data();
                                 B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+                                    const std::size_t n = f;
+                                    const T* scale = wp;
+                                    const double divisor = double(mean_divisor);
                                     for (std::size_t i = lo; i < hi; ++i) {
-                                        const T *row = xp + i * f, *grow = gp + i * f;
-                                        T* out = dp + i * f;
+                                        const T *row = xp + i * n, *grow = gp + i * n;
+                                        T* out = dp + i * n;
                                         const T rr = rp[i];
                                         double dot = 0;
-                                        for (std::size_t j = 0; j < f; ++j) {
-                                            const T dxhat = scaled ? grow[j] * wp[j] : grow[j];
-                                            out[j] = rr * dxhat;
-                                            dot += double(dxhat) * double(row[j]);
+                                        if (scale) {
+#pragma omp simd reduction(+ : dot)
+                                            for (std::size_t j = 0; j < n; ++j) {
+                                                const T dxhat = grow[j] * scale[j];
+                                                out[j] = rr * dxhat;
+                                                dot += double(dxhat) * double(row[j]);
+                                            }
+                                        } else {
+#pragma omp simd reduction(+ : dot)
+                                            for (std::size_t j = 0; j < n; ++j) {
+                                                out[j] = rr * grow[j];
+                                                dot += double(grow[j]) * double(row[j]);
+                                            }
                                         }
                                         if (clamped[i]) continue;
-                                        const T c = T(double(rr) * double(rr) * double(rr) * dot / double(mean_divisor));
-                                        for (std::size_t j = 0; j < f; ++j) out[j] -= c * row[j];
+                                        const T c = T(double(rr) * double(rr) * double(rr) * dot / divisor);
+#pragma omp simd
+                                        for (std::size_t j = 0; j < n; ++j) out[j] -= c * row[j];
                                     }
                                 });
                                 sink.add(0, std::move(dx));
@@ -86,13 +105,19 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
                             if (scaled && sink.needs(1)) {  // dw = sum over rows of dy * xhat
                                 auto dw = Tensor<T>::uninitialized({f});
                                 T* dwp = dw.data();
+                                // Each thread owns a run of columns and walks the rows in order (contiguous
+                                // reads; every column's sum runs over rows 0..rows-1 whatever the thread count).
                                 B::parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
-                                    for (std::size_t j = lo; j < hi; ++j) {
-                                        double acc = 0;
-                                        for (std::size_t i = 0; i < rows; ++i)
-                                            acc += double(gp[i * f + j]) * double(xp[i * f + j]) * double(rp[i]);
-                                        dwp[j] = T(acc);
+                                    const std::size_t n = f, count = rows;
+                                    std::vector<double> acc(hi - lo, 0.0);
+                                    double* a = acc.data();
+                                    for (std::size_t i = 0; i < count; ++i) {
+                                        const T *grow = gp + i * n + lo, *row = xp + i * n + lo;
+                                        const double rr = double(rp[i]);
+#pragma omp simd
+                                        for (std::size_t j = 0; j < hi - lo; ++j) a[j] += double(grow[j]) * double(row[j]) * rr;
                                     }
+                                    for (std::size_t j = lo; j < hi; ++j) dwp[j] = T(acc[j - lo]);
                                 });
                                 sink.add(1, std::move(dw));
                             }
