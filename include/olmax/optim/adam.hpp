@@ -72,9 +72,10 @@ template <bool Decoupled, Real T>
 #endif
 
 /// Updates elements [0, n): whole batches in place, the last partial batch through zero-padded
-/// copies (the same code, so the same rounding).
+/// copies (the same code, so the same rounding). `c` is a copy so that the compiler knows the
+/// stores to the moments cannot change it and keeps the constants in registers.
 template <bool Decoupled, Real T>
-void adam_update_range(T* w, const T* g, double* m, double* v, std::size_t n, const AdamCoefficients& c) {
+void adam_update_range(T* w, const T* g, double* m, double* v, std::size_t n, const AdamCoefficients c) {
     constexpr std::size_t lanes = xsimd::batch<double>::size;
     std::size_t i = 0;
     for (; i + lanes <= n; i += lanes) adam_update_batch<Decoupled>(w + i, g + i, m + i, v + i, c);
