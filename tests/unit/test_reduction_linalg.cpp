@@ -171,3 +171,33 @@ TEST_CASE("matmul: shapes that do not multiply throw shape_error naming both", "
         }
     }
 }
+
+TEST_CASE("contract_axis: equals moving the axis last, matmul and back; gradients", "[ops][linalg][gradcheck]") {
+    olmax::Generator rng(31);
+    struct Case {
+        olmax::Shape shape;
+        std::size_t axis, n;
+    };
+    for (const auto& c : {Case{{2, 3, 4, 5}, 2, 3}, Case{{4, 3}, 0, 2}, Case{{3, 4}, 1, 5}, Case{{2, 5, 3, 2, 2}, 2, 3}}) {
+        INFO("shape " << olmax::to_string(c.shape) << " axis " << c.axis);
+        const auto x = olmax::randn<double>(c.shape, rng);
+        const auto w = olmax::randn<double>({c.shape[c.axis], c.n}, rng);
+        std::vector<std::size_t> to_last, back;
+        for (std::size_t i = 0; i < c.shape.size(); ++i)
+            if (i != c.axis) to_last.push_back(i);
+        to_last.push_back(c.axis);
+        back.assign(c.shape.size(), 0);
+        for (std::size_t i = 0; i < to_last.size(); ++i) back[to_last[i]] = i;
+        const auto reference = olmax::transpose(olmax::matmul(olmax::transpose(x, to_last), w), back);
+        CHECK(olmax_test::max_abs_diff(olmax::contract_axis(x, w, c.axis), reference) < 1e-12);
+        olmax_test::check_gradients([&](const Inputs& v) { return olmax::contract_axis(v[0], v[1], c.axis); }, {x, w});
+    }
+    {  // threads: many blocks spread over threads give the same values and weight gradient
+        olmax_test::ForceThreading threads;
+        const auto x = olmax::randn<double>({9, 4, 6}, rng);
+        const auto w = olmax::randn<double>({4, 4}, rng);
+        olmax_test::check_gradients([&](const Inputs& v) { return olmax::contract_axis(v[0], v[1], 1); }, {x, w});
+    }
+    CHECK_THROWS_AS(olmax::contract_axis(olmax::randn<double>({2, 3}, rng), olmax::randn<double>({2, 2}, rng), 1), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::contract_axis(olmax::randn<double>({2, 3}, rng), olmax::randn<double>({3, 2}, rng), 2), olmax::shape_error);
+}

@@ -80,12 +80,9 @@ public:
     }
 
 private:
-    /// [B, G, K, s, F] -> same shape, out[.., g, ..] = sum_{k <= g} in[.., k, ..] W[k, g].
-    Tensor<T> mix(const Tensor<T>& grouped, const Tensor<T>& w) const {
-        Tensor<T> last = transpose<B>(grouped, {0, 1, 3, 4, 2});  // [B, G, s, F, K]
-        Tensor<T> mixed = matmul<B>(last, mul<B>(w, mask_));
-        return transpose<B>(mixed, {0, 1, 4, 2, 3});
-    }
+    /// [B, G, K, s, F] -> same shape, out[.., g, ..] = sum_{k <= g} in[.., k, ..] W[k, g]: one
+    /// [K, K] x [K, s F] GEMM per group on the grouped layout itself.
+    Tensor<T> mix(const Tensor<T>& grouped, const Tensor<T>& w) const { return contract_axis<B>(grouped, mul<B>(w, mask_), 2); }
 
     Tensor<T> w0_, w1_, scale_, mask_;
     T eps_, slope_;

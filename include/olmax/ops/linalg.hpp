@@ -98,4 +98,43 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
     return y;
 }
 
+/// Contraction of one axis with a matrix: x [..., K, ...] (K at `axis`) and w [K, N] give
+/// y [..., N, ...] with y[pre, n, post] = sum_k x[pre, k, post] w[k, n]. Each `pre` block is one
+/// GEMM w^T [N, K] x X_pre [K, post] on x's own layout, so no transposed copies are made (a
+/// matmul would need the axis moved last and back: two copies each way).
+template <class Bk = backend::default_backend, Real T>
+Tensor<T> contract_axis(const Tensor<T>& x, const Tensor<T>& w, std::size_t axis) {
+    using K = backend::kernel_backend_t<Bk, backend::op::matmul>;
+    if (!(axis < x.rank() && w.rank() == 2 && w.shape()[0] == x.shape()[axis]))
+        throw shape_error(detail::concat("contract_axis: x of shape ", to_string(x.shape()), " (axis ", axis, ") and w of shape ",
+                                         to_string(w.shape()), " do not contract (need w [x.shape[axis], N])"));
+    const std::size_t k = w.shape()[0], n = w.shape()[1];
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t i = 0; i < axis; ++i) outer *= x.shape()[i];
+    for (std::size_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape()[i];
+    Shape out_shape = x.shape();
+    out_shape[axis] = n;
+    auto y = Tensor<T>::uninitialized(out_shape);
+    // y_o [n, inner] = w^T x_o
+    detail::batched_gemm<K>(outer, true, false, n, inner, k, w.data(), 0, x.data(), k * inner, y.data(), n * inner, false);
+    const Tensor<T> inputs[2] = {x, w};
+    autodiff::record<T>("contract_axis", inputs, std::span<Tensor<T>>(&y, 1),
+                        [x, w, outer, inner, k, n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            const T* dy = g[0].data();
+                            if (sink.needs(0)) {  // dx_o [k, inner] = w dy_o
+                                auto dx = Tensor<T>::uninitialized(x.shape());
+                                detail::batched_gemm<K>(outer, false, false, k, inner, n, w.data(), 0, dy, n * inner, dx.data(), k * inner, false);
+                                sink.add(0, std::move(dx));
+                            }
+                            if (sink.needs(1)) {  // dw [k, n] = sum_o x_o dy_o^T, summed in order of o (thread-count independent)
+                                auto dw = Tensor<T>(w.shape());
+                                for (std::size_t o = 0; o < outer; ++o)
+                                    K::gemm(false, true, k, n, inner, T{1}, x.data() + o * k * inner, inner, dy + o * n * inner, inner, T{1},
+                                            dw.data(), n);
+                                sink.add(1, std::move(dw));
+                            }
+                        });
+    return y;
+}
+
 }  // namespace olmax
