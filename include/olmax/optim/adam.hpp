@@ -203,12 +203,18 @@ public:
         // The global norm's pass is also the non-finite check: a parameter's sum of squares is
         // non-finite when one of its gradients is, or (double gradients only) when squares of
         // finite gradients above ~1e154 overflow, which the element-wise check tells apart.
+        std::vector<std::pair<const T*, std::size_t>> arrays;
+        std::vector<std::size_t> owners;
+        for (std::size_t i = 0; i < params_.size(); ++i)
+            if (grads[i].defined()) {
+                arrays.emplace_back(grads[i].data(), grads[i].size());
+                owners.push_back(i);
+            }
+        const std::vector<double> sums = detail::sums_of_squares<T>(arrays);
         double sum_sq = 0;
-        for (std::size_t i = 0; i < params_.size(); ++i) {
-            if (!grads[i].defined()) continue;
-            const double partial = detail::sum_of_squares(grads[i].data(), grads[i].size());
-            if (!std::isfinite(partial) && !detail::all_finite(grads[i].data(), grads[i].size())) throw_non_finite(i);
-            sum_sq += partial;
+        for (std::size_t a = 0; a < arrays.size(); ++a) {
+            if (!std::isfinite(sums[a]) && !detail::all_finite(arrays[a].first, arrays[a].second)) throw_non_finite(owners[a]);
+            sum_sq += sums[a];
         }
         report.grad_norm = std::sqrt(sum_sq);
         update_all(grads, report.lr, detail::clip_coefficient(report.grad_norm, config_.max_grad_norm));

@@ -9,8 +9,10 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "olmax/backend/cpu_openmp.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/optim/param.hpp"
 
@@ -122,6 +124,33 @@ double sum_of_squares(const T* x, std::size_t n) {
     return sum;
 }
 
+/// Contiguous elements whose squares are summed together; fixed, so that sums do not depend on
+/// the thread count.
+inline constexpr std::size_t norm_block = std::size_t(1) << 15;
+
+/// The sums of squares of several arrays (pointer, length), computed in blocks of `norm_block`
+/// elements shared by the default backend's threads; each array's sum adds its blocks' sums in
+/// order, so the result is the same for every thread count.
+template <Real T>
+std::vector<double> sums_of_squares(std::span<const std::pair<const T*, std::size_t>> arrays) {
+    std::vector<std::size_t> first_block(arrays.size() + 1, 0);
+    for (std::size_t a = 0; a < arrays.size(); ++a)
+        first_block[a + 1] = first_block[a] + (arrays[a].second + norm_block - 1) / norm_block;
+    std::vector<double> block_sums(first_block.back(), 0.0);
+    backend::default_backend::parallel_for(block_sums.size(), norm_block, [&](std::size_t begin, std::size_t end) {
+        std::size_t a = std::size_t(std::upper_bound(first_block.begin(), first_block.end(), begin) - first_block.begin()) - 1;
+        for (std::size_t b = begin; b < end; ++b) {
+            while (b >= first_block[a + 1]) ++a;
+            const std::size_t offset = (b - first_block[a]) * norm_block;
+            block_sums[b] = sum_of_squares(arrays[a].first + offset, std::min(norm_block, arrays[a].second - offset));
+        }
+    });
+    std::vector<double> sums(arrays.size(), 0.0);
+    for (std::size_t a = 0; a < arrays.size(); ++a)
+        for (std::size_t b = first_block[a]; b < first_block[a + 1]; ++b) sums[a] += block_sums[b];
+    return sums;
+}
+
 /// Whether every element is finite: sum of x * 0 is NaN exactly when some x is NaN or Inf (a
 /// reduction vectorises, an early-exit search does not).
 template <Real T>
@@ -144,11 +173,15 @@ inline double clip_coefficient(double norm, double max_norm) {
 /// The L2 norm of all gradients together (undefined gradients count as zero).
 template <Real T>
 double global_grad_norm(std::span<const Parameter<T>> params) {
+    std::vector<Tensor<T>> grads;  // holds the gradients alive while their pointers are used
+    std::vector<std::pair<const T*, std::size_t>> arrays;
+    for (const auto& p : params)
+        if (Tensor<T> g = p.tensor.grad(); g.defined()) {
+            arrays.emplace_back(g.data(), g.size());
+            grads.push_back(std::move(g));
+        }
     double sum_sq = 0;
-    for (const auto& p : params) {
-        const Tensor<T> g = p.tensor.grad();
-        if (g.defined()) sum_sq += detail::sum_of_squares(g.data(), g.size());
-    }
+    for (double s : detail::sums_of_squares<T>(arrays)) sum_sq += s;
     return std::sqrt(sum_sq);
 }
 
