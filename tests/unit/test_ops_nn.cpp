@@ -144,6 +144,43 @@ TEST_CASE("causal_conv1d rejects bad shapes and handles empty sizes", "[ops][nn]
     CHECK(olmax::causal_conv1d(Tensor<double>({0, 3, 4}), olmax::randn<double>({2, 4, 3}, rng)).shape() == Shape{0, 3, 3});
 }
 
+TEST_CASE("DenseConv's fused ScaleNorm + leaky-ReLU matches the two ops, values and gradients", "[ops][nn][conv][gradcheck]") {
+    using olmax::backend::cpu_openmp;
+    using olmax::backend::cpu_serial;
+    olmax::Generator rng(27);
+    const double eps = 1e-3, slope = 0.1;
+    auto h = olmax::randn<double>({2, 3, 6}, rng);
+    for (std::size_t f = 0; f < 6; ++f) h(1, 2, f) = 1e-4 * double(f);  // a clamped row: its norm is below eps
+    const auto w = olmax::randn<double>({6}, rng);                        // signed scale: both leaky branches
+    const auto seed = olmax::randn<double>({2, 3, 6}, rng);
+    auto fused = [&](const Tensor<double>& a, const Tensor<double>& b) {
+        return olmax::nn::detail::scale_norm_leaky_relu<cpu_serial>(a, b, eps, slope);
+    };
+    auto two_ops = [&](const Tensor<double>& a, const Tensor<double>& b) { return olmax::leaky_relu(olmax::scale_norm(a, b, eps), slope); };
+    auto grads = [&](auto&& f) {
+        auto hp = olmax::parameter(h.clone()), wp = olmax::parameter(w.clone());
+        f(hp, wp).backward(seed);
+        return std::pair{hp.grad().clone(), wp.grad().clone()};
+    };
+    CHECK(olmax_test::max_abs_diff(fused(h, w), two_ops(h, w)) < 1e-15);
+    const auto [dh_fused, dw_fused] = grads(fused);
+    const auto [dh_ref, dw_ref] = grads(two_ops);
+    CHECK(olmax_test::max_abs_diff(dh_fused, dh_ref) < 1e-12);
+    CHECK(olmax_test::max_abs_diff(dw_fused, dw_ref) < 1e-12);
+    {
+        olmax_test::ForceThreading force;
+        const auto [dh_threads, dw_threads] = grads([&](const Tensor<double>& a, const Tensor<double>& b) {
+            return olmax::nn::detail::scale_norm_leaky_relu<cpu_openmp>(a, b, eps, slope);
+        });
+        CHECK(olmax_test::max_abs_diff(dh_threads, dh_fused) == 0);
+        CHECK(olmax_test::max_abs_diff(dw_threads, dw_fused) == 0);
+    }
+    // finite differences away from the leaky kink and the eps clamp (no zero or tiny rows)
+    CHECK(check_gradients([&](const Inputs& v) { return fused(v[0], v[1]); }, {olmax::randn<double>({2, 3, 6}, rng), w}));
+    CHECK_THROWS_AS(fused(h, olmax::randn<double>({5}, rng)), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::nn::detail::scale_norm_leaky_relu<cpu_serial>(h, w, 0.0, slope), olmax::value_error);
+}
+
 // ---- norms -------------------------------------------------------------------------------------
 
 TEST_CASE("scale_norm is x / ||x||_2 * w over the last axis", "[ops][nn][norm]") {

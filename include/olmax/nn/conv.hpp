@@ -1,8 +1,13 @@
 #pragma once
 // Causal convolutions along time (axis -2 of [B, T, F]) and the original's dense block.
 
+#include <cmath>
+#include <span>
 #include <string_view>
+#include <utility>
+#include <vector>
 
+#include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
@@ -48,6 +53,107 @@ private:
     std::size_t groups_;
 };
 
+namespace detail {
+
+/// leaky_relu(scale_norm(h, scale, eps), slope) over the last axis as one op, with the two ops'
+/// maths (olmax/ops/norm.hpp, olmax/ops/elementwise.hpp): r = 1 / max(||h||_2, eps) per row,
+/// z = h r w, out = z for z >= 0 and slope z below. Backward: dz = dout (slope where z < 0), then
+/// ScaleNorm's dh = r dzhat - r^3 h sum(dzhat h) with dzhat = dz w (dh = r dzhat on clamped rows)
+/// and dw = sum over rows of dz h r. It keeps only h and r for the backward (z is recomputed with
+/// the forward's expression, so its sign is the forward's): one [rows, F] tensor less on the tape
+/// than the two ops, and the element loops are branch-free so they vectorise.
+template <class B, Real T>
+Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T eps, T slope) {
+    check<value_error>(eps > T{0}, "nn::DenseConv: the norm's eps must be positive, got ", eps);
+    check<shape_error>(h.rank() >= 1 && scale.rank() == 1 && scale.shape()[0] == h.shape().back(), "nn::DenseConv: norm scale of shape ",
+                       to_string(scale.shape()), " does not match the last axis of ", to_string(h.shape()));
+    const std::size_t f = h.shape().back();
+    std::size_t rows = 1;
+    for (std::size_t i = 0; i + 1 < h.rank(); ++i) rows *= h.shape()[i];
+    auto out = Tensor<T>::uninitialized(h.shape());
+    auto r = Tensor<T>::uninitialized({rows});
+    std::vector<unsigned char> clamped(rows);
+    {
+        const T *hp = h.data(), *wp = scale.data();
+        T *op = out.data(), *rp = r.data();
+        B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+            for (std::size_t i = lo; i < hi; ++i) {
+                const T* row = hp + i * f;
+                double sum_sq = 0;
+#pragma omp simd reduction(+ : sum_sq)
+                for (std::size_t j = 0; j < f; ++j) sum_sq += double(row[j]) * double(row[j]);
+                const double norm = std::sqrt(sum_sq);
+                const bool clamp = !(norm > double(eps));
+                const T factor = T(1.0 / (clamp && !std::isnan(norm) ? double(eps) : norm));
+                rp[i] = factor;
+                clamped[i] = clamp;
+                T* o = op + i * f;
+                const T negative_slope = slope;  // a local: the select then needs no conditional load, so it vectorises
+#pragma omp simd
+                for (std::size_t j = 0; j < f; ++j) {
+                    const T z = row[j] * factor * wp[j], leaky = negative_slope * z;
+                    o[j] = z < T{0} ? leaky : z;
+                }
+            }
+        });
+    }
+    const Tensor<T> inputs[2] = {h, scale};
+    autodiff::record<T>("scale_norm_leaky_relu", inputs, std::span<Tensor<T>>(&out, 1),
+                        [h, scale, r, clamped = std::move(clamped), rows, f, slope](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            const bool need_dh = sink.needs(0), need_dw = sink.needs(1);
+                            if (!need_dh && !need_dw) return;
+                            const T *hp = h.data(), *wp = scale.data(), *rp = r.data(), *gp = g[0].data();
+                            auto dz_tensor = Tensor<T>::uninitialized(h.shape());
+                            auto dh = need_dh ? Tensor<T>::uninitialized(h.shape()) : Tensor<T>();
+                            T *dz = dz_tensor.data(), *dhp = need_dh ? dh.data() : nullptr;
+                            B::parallel_for(rows, 4 * f, [&](std::size_t lo, std::size_t hi) {
+                                for (std::size_t i = lo; i < hi; ++i) {
+                                    const T *row = hp + i * f, *grow = gp + i * f;
+                                    T* dzr = dz + i * f;
+                                    const T rr = rp[i], negative_slope = slope;
+#pragma omp simd
+                                    for (std::size_t j = 0; j < f; ++j) {
+                                        const T z = row[j] * rr * wp[j], dy = grow[j], leaky = dy * negative_slope;
+                                        dzr[j] = z < T{0} ? leaky : dy;
+                                    }
+                                    if (!need_dh) continue;
+                                    T* o = dhp + i * f;
+                                    double dot = 0;
+#pragma omp simd reduction(+ : dot)
+                                    for (std::size_t j = 0; j < f; ++j) {
+                                        const T dzhat = dzr[j] * wp[j];
+                                        o[j] = rr * dzhat;
+                                        dot += double(dzhat) * double(row[j]);
+                                    }
+                                    if (clamped[i]) continue;
+                                    const T c = T(double(rr) * double(rr) * double(rr) * dot);
+#pragma omp simd
+                                    for (std::size_t j = 0; j < f; ++j) o[j] -= c * row[j];
+                                }
+                            });
+                            if (need_dh) sink.add(0, std::move(dh));
+                            if (need_dw) {  // per column, rows summed in order in double (columns side by side vectorise)
+                                auto dw = Tensor<T>::uninitialized({f});
+                                T* dwp = dw.data();
+                                B::parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
+                                    std::vector<double> acc(hi - lo, 0.0);
+                                    double* a = acc.data();
+                                    for (std::size_t i = 0; i < rows; ++i) {
+                                        const T *dzr = dz + i * f + lo, *row = hp + i * f + lo;
+                                        const double ri = double(rp[i]);
+#pragma omp simd
+                                        for (std::size_t j = 0; j < hi - lo; ++j) a[j] += double(dzr[j]) * double(row[j]) * ri;
+                                    }
+                                    for (std::size_t j = lo; j < hi; ++j) dwp[j] = T(acc[j - lo]);
+                                });
+                                sink.add(1, std::move(dw));
+                            }
+                        });
+    return out;
+}
+
+}  // namespace detail
+
 /// The original dense block: conv(K, F -> H) -> ScaleNorm + leaky-ReLU -> conv(K, H -> F),
 /// H = Config::hidden() (2F by default).
 template <std::size_t K, Real T = float, class B = backend::default_backend>
@@ -66,7 +172,7 @@ public:
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         Tensor<T> h = conv0_.forward(x, ctx);
-        h = leaky_relu<B>(scale_norm<B>(h, mid_scale_, eps_), slope_);
+        h = detail::scale_norm_leaky_relu<B>(h, mid_scale_, eps_, slope_);  // = leaky_relu(scale_norm(h, scale, eps), slope)
         return conv1_.forward(h, ctx);
     }
     void visit_parameters(ParameterVisitor<T>& visit) {
