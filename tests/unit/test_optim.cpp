@@ -230,6 +230,36 @@ TEST_CASE("optim: unit-wise AGC clips each output unit against its own weight no
         CHECK(gs(0, 0, 0) == Approx(0.1));
         CHECK(gs(1, 0, 0) == 1.0);
     }
+    SECTION("stacked matrices with the unit axis last follow the per-unit definition") {
+        // W[stack=2, in=3, out=5]: unit (s, o) has fan-in W[s, :, o].
+        const std::size_t S = 2, I = 3, O = 5;
+        std::vector<double> wv(S * I * O), gv(S * I * O);
+        for (std::size_t i = 0; i < wv.size(); ++i) {
+            wv[i] = std::sin(1.3 * double(i)) * (i % 4 == 0 ? 0.01 : 1.0);
+            gv[i] = std::cos(0.9 * double(i));
+        }
+        auto wt = Tensor<double>::from({S, I, O}, wv);
+        auto gt = Tensor<double>::from({S, I, O}, gv);
+        const optim::AgcConfig strict{.clip = 1.0};
+        std::size_t want_clipped = 0;
+        std::vector<double> want = gv;
+        for (std::size_t st = 0; st < S; ++st)
+            for (std::size_t o = 0; o < O; ++o) {
+                double ws = 0, gs = 0;
+                for (std::size_t i = 0; i < I; ++i) {
+                    ws += wv[(st * I + i) * O + o] * wv[(st * I + i) * O + o];
+                    gs += gv[(st * I + i) * O + o] * gv[(st * I + i) * O + o];
+                }
+                const double limit = strict.clip * std::max(std::sqrt(ws), strict.param_floor);
+                if (std::sqrt(gs) <= limit) continue;
+                ++want_clipped;
+                for (std::size_t i = 0; i < I; ++i) want[(st * I + i) * O + o] *= limit / std::sqrt(gs);
+            }
+        REQUIRE(want_clipped > 0);
+        REQUIRE(want_clipped < S * O);  // both kinds of unit
+        CHECK(optim::adaptive_grad_clip(wt, gt, strict, 1) == want_clipped);
+        for (std::size_t i = 0; i < want.size(); ++i) CHECK(gt.data()[i] == Approx(want[i]).epsilon(1e-12));
+    }
     auto bad = Tensor<double>({3, 2});
     CHECK_THROWS_AS(optim::adaptive_grad_clip(w, bad, agc), olmax::shape_error);
 }

@@ -46,6 +46,15 @@ struct UnitLayout {
                 for (std::size_t u = 0; u < units_per_stack; ++u)
                     f(s * units_per_stack + u, ((s * before + b) * units_per_stack + u) * after, after);
     }
+
+    /// For `after == 1`: calls f(a + first unit, b + first unit, offset, units_per_stack) for every
+    /// row of elements that holds one element of each unit of a stack entry (a, b: per-unit arrays).
+    template <class F>
+    void for_each_row(F&& f, double* a, double* b) const {
+        for (std::size_t s = 0; s < stack; ++s)
+            for (std::size_t r = 0; r < before; ++r)
+                f(a + s * units_per_stack, b + s * units_per_stack, (s * before + r) * units_per_stack, units_per_stack);
+    }
 };
 
 /// Units are indexed by the stacked axes and `unit_axis`; the norm runs over the remaining axes.
@@ -85,15 +94,28 @@ std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const Ag
     std::vector<double> param_sq(units, 0.0), grad_sq(units, 0.0);
     const P* p = param.data();
     G* g = grad.data();
-    layout.for_each_run([&](std::size_t unit, std::size_t offset, std::size_t length) {
-        double ps = 0, gs = 0;
-        for (std::size_t i = offset; i < offset + length; ++i) {
-            ps += double(p[i]) * double(p[i]);
-            gs += double(g[i]) * double(g[i]);
-        }
-        param_sq[unit] += ps;
-        grad_sq[unit] += gs;
-    });
+    // With the unit axis last (the usual W[..., in, out]) every run is one element: walk whole
+    // rows instead, accumulating all units of a row at once (vectorised; the same sums in the same
+    // order as run by run).
+    const bool unit_axis_last = layout.after == 1;
+    if (unit_axis_last)
+        layout.for_each_row([&](double* unit_param_sq, double* unit_grad_sq, std::size_t offset, std::size_t length) {
+#pragma omp simd
+            for (std::size_t u = 0; u < length; ++u) {
+                unit_param_sq[u] += double(p[offset + u]) * double(p[offset + u]);
+                unit_grad_sq[u] += double(g[offset + u]) * double(g[offset + u]);
+            }
+        }, param_sq.data(), grad_sq.data());
+    else
+        layout.for_each_run([&](std::size_t unit, std::size_t offset, std::size_t length) {
+            double ps = 0, gs = 0;
+            for (std::size_t i = offset; i < offset + length; ++i) {
+                ps += double(p[i]) * double(p[i]);
+                gs += double(g[i]) * double(g[i]);
+            }
+            param_sq[unit] += ps;
+            grad_sq[unit] += gs;
+        });
     std::vector<double> factor(units, 1.0);
     std::size_t clipped = 0;
     for (std::size_t u = 0; u < units; ++u) {
@@ -104,7 +126,12 @@ std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const Ag
             ++clipped;
         }
     }
-    if (clipped)
+    if (clipped && unit_axis_last)
+        layout.for_each_row([&](double* unit_factor, double*, std::size_t offset, std::size_t length) {
+#pragma omp simd
+            for (std::size_t u = 0; u < length; ++u) g[offset + u] = G(double(g[offset + u]) * unit_factor[u]);
+        }, factor.data(), factor.data());
+    else if (clipped)
         layout.for_each_run([&](std::size_t unit, std::size_t offset, std::size_t length) {
             for (std::size_t i = offset; i < offset + length; ++i) g[i] = G(double(g[i]) * factor[unit]);
         });
