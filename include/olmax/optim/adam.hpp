@@ -44,18 +44,18 @@ struct AdamCoefficients {
     double step_size = 0, bias_correction2_sqrt = 1, eps = 0;
 };
 
-/// Updates `xsimd::batch<double>::size` consecutive elements. Every multiply-add is spelled out
-/// (fma / fnma), so the compiler has nothing left to contract differently in different copies:
-/// an element's result never depends on which batch, thread or tail it falls in.
 // GCC 12's _mm512_sqrt_pd (reached through xsimd::sqrt) reads a deliberately undefined register and
 // reports it as uninitialised when inlined (GCC bug 105593, fixed in GCC 13).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-template <bool Decoupled, Real T>
+/// Updates `xsimd::batch<double, Arch>::size` consecutive elements. Lanes are independent and every
+/// element, tails included, goes through this one sequence of operations, so its result does not
+/// depend on the batch, thread or tail it falls in (tests/unit/test_optim.cpp checks thread counts).
+template <bool Decoupled, class Arch, Real T>
 [[gnu::always_inline]] inline void adam_update_batch(T* w, const T* g, double* m, double* v, const AdamCoefficients& c) {
-    using batch = xsimd::batch<double>;
+    using batch = xsimd::batch<double, Arch>;
     batch grad = batch::load_unaligned(g) * c.grad_scale;
     batch param = batch::load_unaligned(w);
     if constexpr (Decoupled) param = param * c.decay;
@@ -73,12 +73,14 @@ template <bool Decoupled, Real T>
 
 /// Updates elements [0, n): whole batches in place, the last partial batch through zero-padded
 /// copies (the same code, so the same rounding). `c` is a copy so that the compiler knows the
-/// stores to the moments cannot change it and keeps the constants in registers.
-template <bool Decoupled, Real T>
+/// stores to the moments cannot change it and keeps the constants in registers. `Arch` (the
+/// instruction set this translation unit is compiled for) is part of the function's name, so
+/// translation units built for different CPUs never share one instantiation.
+template <bool Decoupled, Real T, class Arch = xsimd::default_arch>
 void adam_update_range(T* w, const T* g, double* m, double* v, std::size_t n, const AdamCoefficients c) {
-    constexpr std::size_t lanes = xsimd::batch<double>::size;
+    constexpr std::size_t lanes = xsimd::batch<double, Arch>::size;
     std::size_t i = 0;
-    for (; i + lanes <= n; i += lanes) adam_update_batch<Decoupled>(w + i, g + i, m + i, v + i, c);
+    for (; i + lanes <= n; i += lanes) adam_update_batch<Decoupled, Arch>(w + i, g + i, m + i, v + i, c);
     if (i == n) return;
     const std::size_t rest = n - i;
     T w_tail[lanes] = {}, g_tail[lanes] = {};
@@ -87,7 +89,7 @@ void adam_update_range(T* w, const T* g, double* m, double* v, std::size_t n, co
     std::copy_n(g + i, rest, g_tail);
     std::copy_n(m + i, rest, m_tail);
     std::copy_n(v + i, rest, v_tail);
-    adam_update_batch<Decoupled>(w_tail, g_tail, m_tail, v_tail, c);
+    adam_update_batch<Decoupled, Arch>(w_tail, g_tail, m_tail, v_tail, c);
     std::copy_n(w_tail, rest, w + i);
     std::copy_n(m_tail, rest, m + i);
     std::copy_n(v_tail, rest, v + i);
