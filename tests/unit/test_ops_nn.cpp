@@ -144,6 +144,34 @@ TEST_CASE("causal_conv1d rejects bad shapes and handles empty sizes", "[ops][nn]
     CHECK(olmax::causal_conv1d(Tensor<double>({0, 3, 4}), olmax::randn<double>({2, 4, 3}, rng)).shape() == Shape{0, 3, 3});
 }
 
+TEST_CASE("causal_conv1d gradients do not depend on the thread split (taps cut into column pieces)", "[ops][nn][conv]") {
+    using olmax::backend::cpu_openmp;
+    using olmax::backend::cpu_serial;
+    olmax::Generator rng(28);
+    struct Case {
+        std::size_t batch, time, cin, cout, taps, groups;
+    };
+    // 5 and 4 (tap, group) blocks on 3 threads: dw's columns are cut into uneven pieces; K > T too
+    for (const Case c : {Case{2, 6, 4, 5, 5, 1}, Case{3, 3, 4, 6, 4, 1}, Case{2, 5, 6, 4, 2, 2}}) {
+        const auto x = olmax::randn<double>({c.batch, c.time, c.cin}, rng);
+        const auto w = olmax::randn<double>({c.taps, c.cin / c.groups, c.cout}, rng);
+        const auto b = olmax::randn<double>({c.cout}, rng);
+        const auto seed = olmax::randn<double>({c.batch, c.time, c.cout}, rng);
+        auto grads = [&](auto backend) {
+            using B = decltype(backend);
+            auto xp = olmax::parameter(x.clone()), wp = olmax::parameter(w.clone()), bp = olmax::parameter(b.clone());
+            olmax::causal_conv1d<B>(xp, wp, bp, c.groups).backward(seed);
+            return std::vector<Tensor<double>>{xp.grad().clone(), wp.grad().clone(), bp.grad().clone()};
+        };
+        const auto serial = grads(cpu_serial{});
+        olmax_test::ForceThreading force;
+        const auto threaded = grads(cpu_openmp{});
+        for (std::size_t i = 0; i < 3; ++i) CHECK(olmax_test::max_abs_diff(threaded[i], serial[i]) < 1e-12);
+        const auto naive_y = naive_conv(x, w, c.groups, &b);
+        CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d<cpu_openmp>(x, w, b, c.groups), naive_y) < 1e-12);
+    }
+}
+
 TEST_CASE("DenseConv's fused ScaleNorm + leaky-ReLU matches the two ops, values and gradients", "[ops][nn][conv][gradcheck]") {
     using olmax::backend::cpu_openmp;
     using olmax::backend::cpu_serial;
