@@ -44,7 +44,7 @@ struct TrainConfig {
     std::int64_t keep_checkpoints = 3;
     bool resume = true;
     std::int64_t log_every = 50;
-    std::int64_t threads = 1;
+    std::int64_t threads = 2;
     bool data_parallel = true;
     // sampling at the end
     std::int64_t sample_bytes = 200;
@@ -84,7 +84,7 @@ struct TrainConfig {
             {"keep_checkpoints", &C::keep_checkpoints, "checkpoints kept in checkpoint_dir"},
             {"resume", &C::resume, "continue from the newest valid checkpoint in checkpoint_dir"},
             {"log_every", &C::log_every, "steps between log lines when stdout is not a terminal"},
-            {"threads", &C::threads, "OpenMP threads (0: all cores)"},
+            {"threads", &C::threads, "OpenMP threads (0: all cores); results are deterministic for a given count"},
             {"data_parallel", &C::data_parallel,
              "with several threads, split each batch's rows over them (one forward/backward per thread) instead of each op"},
             {"sample_bytes", &C::sample_bytes, "bytes to generate after training"},

@@ -132,22 +132,7 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
                                 }
                             });
                             if (need_dh) sink.add(0, std::move(dh));
-                            if (need_dw) {  // per column, rows summed in order in double (columns side by side vectorise)
-                                auto dw = Tensor<T>::uninitialized({f});
-                                T* dwp = dw.data();
-                                B::parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
-                                    std::vector<double> acc(hi - lo, 0.0);
-                                    double* a = acc.data();
-                                    for (std::size_t i = 0; i < rows; ++i) {
-                                        const T *dzr = dz + i * f + lo, *row = hp + i * f + lo;
-                                        const double ri = double(rp[i]);
-#pragma omp simd
-                                        for (std::size_t j = 0; j < hi - lo; ++j) a[j] += double(dzr[j]) * double(row[j]) * ri;
-                                    }
-                                    for (std::size_t j = lo; j < hi; ++j) dwp[j] = T(acc[j - lo]);
-                                });
-                                sink.add(1, std::move(dw));
-                            }
+                            if (need_dw) sink.add(1, olmax::detail::norm_ops::scale_gradient<B>(dz, hp, rp, rows, f));
                         });
     return out;
 }

@@ -18,6 +18,28 @@ namespace olmax {
 
 namespace detail::norm_ops {
 
+/// Gradient of a norm's scale w [f] from rows of dy, x [rows, f] and the rows' factors r:
+/// dw[j] = sum_i dy[i, j] x[i, j] r[i] in double. Each thread owns a run of columns and walks the
+/// rows in order (contiguous reads; every column sums rows 0..rows-1 whatever the thread count).
+template <class B, Real T>
+Tensor<T> scale_gradient(const T* dy, const T* x, const T* r, std::size_t rows, std::size_t f) {
+    auto dw = Tensor<T>::uninitialized({f});
+    T* dwp = dw.data();
+    B::parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
+        const std::size_t n = f, count = rows;  // locals: stores cannot change them
+        std::vector<double> acc(hi - lo, 0.0);
+        double* a = acc.data();
+        for (std::size_t i = 0; i < count; ++i) {
+            const T *dy_row = dy + i * n + lo, *x_row = x + i * n + lo;
+            const double ri = double(r[i]);
+#pragma omp simd
+            for (std::size_t j = 0; j < hi - lo; ++j) a[j] += double(dy_row[j]) * double(x_row[j]) * ri;
+        }
+        for (std::size_t j = lo; j < hi; ++j) dwp[j] = T(acc[j - lo]);
+    });
+    return dw;
+}
+
 /// Shared by both norms: per row (all axes but the last) a factor r = factor_of(sum of squares),
 /// out = x * r * w. `clamped` marks rows where r did not depend on x (the eps branch), whose
 /// gradient is then just r * dxhat. `mean_divisor` is 1 for the L2 norm and F for RMS.
@@ -103,23 +125,7 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
                                 sink.add(0, std::move(dx));
                             }
                             if (scaled && sink.needs(1)) {  // dw = sum over rows of dy * xhat
-                                auto dw = Tensor<T>::uninitialized({f});
-                                T* dwp = dw.data();
-                                // Each thread owns a run of columns and walks the rows in order (contiguous
-                                // reads; every column's sum runs over rows 0..rows-1 whatever the thread count).
-                                B::parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
-                                    const std::size_t n = f, count = rows;
-                                    std::vector<double> acc(hi - lo, 0.0);
-                                    double* a = acc.data();
-                                    for (std::size_t i = 0; i < count; ++i) {
-                                        const T *grow = gp + i * n + lo, *row = xp + i * n + lo;
-                                        const double rr = double(rp[i]);
-#pragma omp simd
-                                        for (std::size_t j = 0; j < hi - lo; ++j) a[j] += double(grow[j]) * double(row[j]) * rr;
-                                    }
-                                    for (std::size_t j = lo; j < hi; ++j) dwp[j] = T(acc[j - lo]);
-                                });
-                                sink.add(1, std::move(dw));
+                                sink.add(1, scale_gradient<B>(gp, xp, rp, rows, f));
                             }
                         });
     return y;
