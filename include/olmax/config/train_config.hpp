@@ -22,7 +22,7 @@ struct TrainConfig {
     std::int64_t features = 64;
     std::int64_t depth = 2;
     // optimisation
-    std::int64_t steps = 1500;
+    std::int64_t steps = 10000;
     std::int64_t grad_accumulation = 1;
     double lr = 3e-3;
     std::int64_t warmup = 50;
