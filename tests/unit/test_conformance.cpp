@@ -89,6 +89,8 @@ std::vector<OpCase<T>> op_cases() {
          [](V x) { return olmax::matmul<B>(x[0], x[1]); }},
         {"matmul N-D x 2-D", {Shape{4, 16, 96}, Shape{96, 80}}, {Shape{3, 5, 7}, Shape{7, 3}}, Domain::normal, 64,
          [](V x) { return olmax::matmul<B>(x[0], x[1]); }},
+        {"contract_axis (middle axis)", {Shape{32, 16, 64}, Shape{16, 16}}, {Shape{3, 4, 5}, Shape{4, 3}}, Domain::normal, 64,
+         [](V x) { return olmax::contract_axis<B>(x[0], x[1], 1); }},
         {"matmul batched", {Shape{6, 32, 48}, Shape{6, 48, 40}}, {Shape{3, 5, 7}, Shape{3, 7, 3}}, Domain::normal, 64,
          [](V x) { return olmax::matmul<B>(x[0], x[1]); }},
         {"matmul batched x1", {Shape{1, 64, 96}, Shape{1, 96, 80}}, {Shape{1, 5, 7}, Shape{1, 7, 3}}, Domain::normal, 64,
