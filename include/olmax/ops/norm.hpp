@@ -83,9 +83,8 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
             }
         }
     });
-    std::vector<Tensor<T>> inputs{x};
-    if (scaled) inputs.push_back(w);
-    autodiff::record<T>(name, std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
+    const Tensor<T> inputs[2] = {x, w};  // w only when scaled
+    autodiff::record<T>(name, std::span<const Tensor<T>>(inputs, scaled ? 2 : 1), std::span<Tensor<T>>(&y, 1),
                         [x, w, r, clamped = std::move(clamped), rows, f, scaled, mean_divisor](std::span<const Tensor<T>> g,
                                                                                               autodiff::GradientSink<T>& sink) {
                             const T *xp = x.data(), *wp = scaled ? w.data() : nullptr, *rp = r.data(), *gp = g[0].data();
