@@ -92,14 +92,14 @@ struct Model {
         std::vector<olmax::Tensor<T>> tensors;
         for (const auto& p : parameters()) tensors.push_back(p.tensor);
         std::vector<double> shard_means(shards);  // each shard writes its own slot
+        auto share = [&](std::size_t s) { return double(rows * (s + 1) / shards - rows * s / shards) / double(rows); };
         olmax::autodiff::data_parallel_backward<T>(tensors, shards, [&](std::size_t s) {
-            const std::size_t begin = rows * s / shards, end = rows * (s + 1) / shards;
-            const auto shard_loss = loss(olmax::data::batch_rows(batch, begin, end));
+            const auto shard_loss = loss(olmax::data::batch_rows(batch, rows * s / shards, rows * (s + 1) / shards));
             shard_means[s] = double(shard_loss.item());
-            return shard_loss * T(scale * double(end - begin) / double(rows));
+            return shard_loss * T(scale * share(s));
         });
         double value = 0;
-        for (std::size_t s = 0; s < shards; ++s) value += shard_means[s] * double(rows * (s + 1) / shards - rows * s / shards) / double(rows);
+        for (std::size_t s = 0; s < shards; ++s) value += shard_means[s] * share(s);
         return value;
     }
 
