@@ -1,7 +1,6 @@
 #pragma once
 // Causal convolutions along time (axis -2 of [B, T, F]) and the original's dense block.
 
-#include <cmath>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -82,9 +81,8 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
                 double sum_sq = 0;
 #pragma omp simd reduction(+ : sum_sq)
                 for (std::size_t j = 0; j < f; ++j) sum_sq += double(row[j]) * double(row[j]);
-                const double norm = std::sqrt(sum_sq);
-                const bool clamp = !(norm > double(eps));
-                const T factor = T(1.0 / (clamp && !std::isnan(norm) ? double(eps) : norm));
+                bool clamp = false;
+                const T factor = olmax::detail::norm_ops::l2_factor(sum_sq, eps, clamp);
                 rp[i] = factor;
                 clamped[i] = clamp;
                 T* o = op + i * f;
@@ -103,35 +101,25 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
                             const bool need_dh = sink.needs(0), need_dw = sink.needs(1);
                             if (!need_dh && !need_dw) return;
                             const T *hp = h.data(), *wp = scale.data(), *rp = r.data(), *gp = g[0].data();
+                            // dz = dout through the leaky-ReLU (its sign from the forward's z), then ScaleNorm's gradients.
                             auto dz_tensor = Tensor<T>::uninitialized(h.shape());
-                            auto dh = need_dh ? Tensor<T>::uninitialized(h.shape()) : Tensor<T>();
-                            T *dz = dz_tensor.data(), *dhp = need_dh ? dh.data() : nullptr;
-                            B::parallel_for(rows, 4 * f, [&](std::size_t lo, std::size_t hi) {
+                            T* dz = dz_tensor.data();
+                            B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+                                const std::size_t n = f;
+                                const T negative_slope = slope;
                                 for (std::size_t i = lo; i < hi; ++i) {
-                                    const T *row = hp + i * f, *grow = gp + i * f;
-                                    T* dzr = dz + i * f;
-                                    const T rr = rp[i], negative_slope = slope;
+                                    const T *row = hp + i * n, *grow = gp + i * n;
+                                    T* dzr = dz + i * n;
+                                    const T rr = rp[i];
 #pragma omp simd
-                                    for (std::size_t j = 0; j < f; ++j) {
+                                    for (std::size_t j = 0; j < n; ++j) {
                                         const T z = row[j] * rr * wp[j], dy = grow[j], leaky = dy * negative_slope;
                                         dzr[j] = z < T{0} ? leaky : dy;
                                     }
-                                    if (!need_dh) continue;
-                                    T* o = dhp + i * f;
-                                    double dot = 0;
-#pragma omp simd reduction(+ : dot)
-                                    for (std::size_t j = 0; j < f; ++j) {
-                                        const T dzhat = dzr[j] * wp[j];
-                                        o[j] = rr * dzhat;
-                                        dot += double(dzhat) * double(row[j]);
-                                    }
-                                    if (clamped[i]) continue;
-                                    const T c = T(double(rr) * double(rr) * double(rr) * dot);
-#pragma omp simd
-                                    for (std::size_t j = 0; j < f; ++j) o[j] -= c * row[j];
                                 }
                             });
-                            if (need_dh) sink.add(0, std::move(dh));
+                            if (need_dh)
+                                sink.add(0, olmax::detail::norm_ops::input_gradient<B>(dz, hp, wp, rp, clamped.data(), h.shape(), 1.0));
                             if (need_dw) sink.add(1, olmax::detail::norm_ops::scale_gradient<B>(dz, hp, rp, rows, f));
                         });
     return out;

@@ -40,6 +40,56 @@ Tensor<T> scale_gradient(const T* dy, const T* x, const T* r, std::size_t rows, 
     return dw;
 }
 
+/// Input gradient of a norm out = x r w (w null: no scale) from dy, x, the rows' factors r and
+/// their clamp flags (Olmax norm.py, §6.2): with dxhat = dy w, dx = r dxhat - r^3 x sum(dxhat x) /
+/// mean_divisor, and dx = r dxhat on clamped rows (r did not depend on x there).
+template <class B, Real T>
+Tensor<T> input_gradient(const T* dy, const T* x, const T* w, const T* r, const unsigned char* clamped, const Shape& shape,
+                         double mean_divisor) {
+    const std::size_t f = shape.back(), rows = f ? numel(shape) / f : 0;
+    auto dx = Tensor<T>::uninitialized(shape);
+    T* dp = dx.data();
+    B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+        const std::size_t n = f;  // locals throughout: the compiler must see that stores cannot change them
+        const T* scale = w;
+        const double divisor = mean_divisor;
+        for (std::size_t i = lo; i < hi; ++i) {
+            const T *row = x + i * n, *grow = dy + i * n;
+            T* out = dp + i * n;
+            const T rr = r[i];
+            double dot = 0;
+            if (scale) {
+#pragma omp simd reduction(+ : dot)
+                for (std::size_t j = 0; j < n; ++j) {
+                    const T dxhat = grow[j] * scale[j];
+                    out[j] = rr * dxhat;
+                    dot += double(dxhat) * double(row[j]);
+                }
+            } else {
+#pragma omp simd reduction(+ : dot)
+                for (std::size_t j = 0; j < n; ++j) {
+                    out[j] = rr * grow[j];
+                    dot += double(grow[j]) * double(row[j]);
+                }
+            }
+            if (clamped[i]) continue;
+            const T c = T(double(rr) * double(rr) * double(rr) * dot / divisor);
+#pragma omp simd
+            for (std::size_t j = 0; j < n; ++j) out[j] -= c * row[j];
+        }
+    });
+    return dx;
+}
+
+/// ScaleNorm's row factor r = 1 / max(||x||_2, eps) from the row's sum of squares; `clamped` when
+/// eps won (a NaN norm stays NaN).
+template <Real T>
+T l2_factor(double sum_sq, T eps, bool& clamped) {
+    const double norm = std::sqrt(sum_sq);
+    clamped = !(norm > double(eps));
+    return T(1.0 / (clamped && !std::isnan(norm) ? double(eps) : norm));
+}
+
 /// Shared by both norms: per row (all axes but the last) a factor r = factor_of(sum of squares),
 /// out = x * r * w. `clamped` marks rows where r did not depend on x (the eps branch), whose
 /// gradient is then just r * dxhat. `mean_divisor` is 1 for the L2 norm and F for RMS.
@@ -89,39 +139,7 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
                                                                                               autodiff::GradientSink<T>& sink) {
                             const T *xp = x.data(), *wp = scaled ? w.data() : nullptr, *rp = r.data(), *gp = g[0].data();
                             if (sink.needs(0)) {
-                                // xhat = x r: dx = r dxhat - r^3 x sum(dxhat x) / mean_divisor   (Olmax norm.py, §6.2)
-                                auto dx = Tensor<T>::uninitialized(x.shape());
-                                T* dp = dx.data();
-                                B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
-                                    const std::size_t n = f;
-                                    const T* scale = wp;
-                                    const double divisor = double(mean_divisor);
-                                    for (std::size_t i = lo; i < hi; ++i) {
-                                        const T *row = xp + i * n, *grow = gp + i * n;
-                                        T* out = dp + i * n;
-                                        const T rr = rp[i];
-                                        double dot = 0;
-                                        if (scale) {
-#pragma omp simd reduction(+ : dot)
-                                            for (std::size_t j = 0; j < n; ++j) {
-                                                const T dxhat = grow[j] * scale[j];
-                                                out[j] = rr * dxhat;
-                                                dot += double(dxhat) * double(row[j]);
-                                            }
-                                        } else {
-#pragma omp simd reduction(+ : dot)
-                                            for (std::size_t j = 0; j < n; ++j) {
-                                                out[j] = rr * grow[j];
-                                                dot += double(grow[j]) * double(row[j]);
-                                            }
-                                        }
-                                        if (clamped[i]) continue;
-                                        const T c = T(double(rr) * double(rr) * double(rr) * dot / divisor);
-#pragma omp simd
-                                        for (std::size_t j = 0; j < n; ++j) out[j] -= c * row[j];
-                                    }
-                                });
-                                sink.add(0, std::move(dx));
+                                sink.add(0, input_gradient<B>(gp, xp, wp, rp, clamped.data(), x.shape(), double(mean_divisor)));
                             }
                             if (scaled && sink.needs(1)) {  // dw = sum over rows of dy * xhat
                                 sink.add(1, scale_gradient<B>(gp, xp, rp, rows, f));
@@ -141,11 +159,7 @@ Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_
     check<value_error>(eps > T{0}, "scale_norm: eps must be positive, got ", eps);
     return detail::norm_ops::normalize<B>(
         "scale_norm", x, w,
-        [eps](double sum_sq, bool& clamped) {
-            const double norm = std::sqrt(sum_sq);
-            clamped = !(norm > double(eps));
-            return T(1.0 / (clamped && !std::isnan(norm) ? double(eps) : norm));
-        },
+        [eps](double sum_sq, bool& clamped) { return detail::norm_ops::l2_factor(sum_sq, T(eps), clamped); },
         T{1});
 }
 
