@@ -27,9 +27,41 @@ constexpr std::size_t conv_kernel = 5;
 constexpr std::size_t mixer_chunk = 16;
 using Block = olmax::nn::Reversible<olmax::nn::DenseConv<conv_kernel, T>, olmax::nn::HierarchicalMixer<mixer_chunk, T>>;
 
+/// Trainable parameters of the model for this config, from the layers' shapes (checked against
+/// the real model in tests/unit/test_programs.cpp): per block conv0 [K, F, 2F] + its norm scale [2F]
+/// + conv1 [K, 2F, F] + the mixer's two [16, 16] matrices and scale [F]; the embedding [256, F] and
+/// the output head's [F, 256]. In double: the configs checked here may be far beyond 2^64 bytes.
+inline double parameter_count(const olmax::config::TrainConfig& c) {
+    const double F = double(c.features), K = double(conv_kernel), M = double(mixer_chunk), V = olmax::data::ByteTokenizer::vocab_size;
+    return double(c.depth) * (4 * K * F * F + 3 * F + 2 * M * M) + 2 * V * F;
+}
+
+/// Bytes a training run of this config needs at its peak, roughly: per parameter its value and
+/// gradient (fp32), AdamW's two moments (fp64) and the copies a checkpoint save holds (64 B in
+/// all); per token and feature the activations the reversible stack keeps plus those of one
+/// block's recomputation (about 48 floats, flat in depth); per token the logits' chunk (3 floats
+/// per vocabulary entry).
+inline double estimated_training_bytes(const olmax::config::TrainConfig& c) {
+    const double tokens = double(c.batch) * double(c.sequence);
+    return 64 * parameter_count(c) + 192 * tokens * double(c.features) + 12 * tokens * double(olmax::data::ByteTokenizer::vocab_size);
+}
+
+/// Refuses a config whose model and batch do not fit in the memory this machine has free, before
+/// anything is allocated (a clear error instead of std::bad_alloc or the OOM killer).
+inline void check_fits_in_memory(const olmax::config::TrainConfig& c) {
+    const double need = estimated_training_bytes(c);
+    const std::size_t available = olmax::memory::available_bytes();
+    olmax::check<olmax::config::config_error>(
+        available == 0 || need <= double(available), "config: the model (features ", c.features, ", depth ", c.depth, ": ",
+        parameter_count(c), " parameters) with batch ", c.batch, " x sequence ", c.sequence, " needs about ",
+        olmax::detail::human_bytes(need), ", more than the ", olmax::detail::human_bytes(double(available)),
+        " of memory available; reduce --features, --depth, --batch or --sequence");
+}
+
 inline olmax::nn::Config layer_config(const olmax::config::TrainConfig& c) {
     olmax::check<olmax::config::config_error>(c.sequence % std::int64_t(mixer_chunk) == 0, "config: key 'sequence' must be a multiple of ",
                                               mixer_chunk, " (the mixer chunk), got ", c.sequence);
+    check_fits_in_memory(c);
     olmax::nn::Config n;
     n.features = std::size_t(c.features);
     n.depth = std::size_t(c.depth);
@@ -170,17 +202,5 @@ struct Model {
         return out;
     }
 };
-
-/// The body of the programs' main(): runs `run`, and reports an olmax error (bad flag, bad config,
-/// corrupt checkpoint, ...) as one line "program: message" with exit status 1 instead of a crash.
-template <class Run>
-int main_reporting_errors(const char* program, Run&& run, int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const olmax::error& e) {
-        std::cerr << program << ": " << e.what() << "\n";
-        return 1;
-    }
-}
 
 }  // namespace byte_lm

@@ -5,6 +5,7 @@
 // command line (prompt, sample_bytes, temperature, top_k, top_p, seed) override it. A positional
 // argument names a checkpoint file instead of the newest one in --checkpoint_dir.
 
+#include <algorithm>
 #include <iostream>
 
 #include <olmax/io/io.hpp>
@@ -24,16 +25,34 @@ int run(int argc, char** argv) {
                      " [--top_k=K] [--top_p=P] [--seed=S]\n";
         return 0;
     }
-    olmax::check<config::config_error>(cl.positional.size() <= 1, "generate: at most one checkpoint file may be given");
+    olmax::check<config::config_error>(cl.positional.size() <= 1, "at most one checkpoint file may be given");
+    // The model's shape and training keys come from the checkpoint; changing them here could only
+    // fail to load or silently mean nothing.
+    static const std::vector<std::string> sampling_keys{"checkpoint_dir", "prompt", "sample_bytes", "temperature", "top_k", "top_p", "seed"};
+    for (const auto& key : cl.keys)
+        olmax::check<config::config_error>(std::find(sampling_keys.begin(), sampling_keys.end(), key) != sampling_keys.end(), "--", key,
+                                           " is fixed by the checkpoint; generate takes --checkpoint_dir, --prompt, --sample_bytes,"
+                                           " --temperature, --top_k, --top_p and --seed");
     std::filesystem::path path;
     io::Archive archive;
     if (!cl.positional.empty()) {
         path = cl.positional[0];
+        const std::string problem = config::detail::path_problem(path.string(), config::PathKind::input_file);
+        olmax::check<config::config_error>(problem.empty() && !path.empty(), "checkpoint file '", path.string(), "' ",
+                                           path.empty() ? "is empty" : problem);
         archive = io::load_archive(path);
     } else {
-        auto loaded = io::CheckpointDirectory(flags.checkpoint_dir).load_latest();
-        olmax::check(loaded.has_value(), "generate: no valid checkpoint in ", flags.checkpoint_dir, " (train with examples/train_lm first)");
-        for (const auto& why : loaded->rejected) std::cerr << "skipped damaged checkpoint: " << why << "\n";
+        io::CheckpointDirectory directory(flags.checkpoint_dir);
+        std::vector<std::string> notices, rejected;
+        const auto files = directory.list(&notices);
+        for (const auto& notice : notices) std::cerr << "checkpoint folder: " << notice << "\n";
+        auto loaded = directory.load_latest(&rejected);
+        if (!loaded) {
+            for (const auto& why : rejected) std::cerr << "rejected checkpoint " << why << "\n";
+            throw olmax::value_error(olmax::detail::concat("no valid checkpoint in ", flags.checkpoint_dir,
+                                                           files.empty() ? " (train with examples/train_lm first)" : " (reasons above)"));
+        }
+        for (const auto& why : loaded->rejected) std::cerr << "skipped damaged checkpoint " << why << "\n";
         path = loaded->path;
         archive = std::move(loaded->archive);
     }
@@ -41,6 +60,7 @@ int run(int argc, char** argv) {
     config::TrainConfig c;
     config::load_text(c, archive.text("train/config"), path.string());
     config::parse_command_line(c, argc, argv);
+    c.data.clear();  // the training data is not needed (and may not be on this machine)
     c.validate();
 
     byte_lm::Model model(c);
@@ -55,4 +75,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return byte_lm::main_reporting_errors("generate", run, argc, argv); }
+int main(int argc, char** argv) { return olmax::config::run_program("generate", run, argc, argv); }

@@ -4,8 +4,9 @@
 //     build/examples/train_lm --help
 // Shows a progress bar (plain log lines when stdout is not a terminal), evaluates on held-out
 // documents, writes checkpoints (resumed automatically), metrics.csv and loss.png into
-// --checkpoint_dir, and prints samples at the end. Exit status: 0 done, 1 bad usage or input,
-// 3 training diverged (NaN/Inf; the last good checkpoint is kept).
+// --checkpoint_dir, and prints samples at the end. Exit status (olmax/config/program.hpp): 0 done,
+// 1 bad input or another failure, 2 bad usage (flags), 3 training diverged (NaN/Inf; the last good
+// checkpoint is kept).
 
 #include <cmath>
 #include <cstdio>
@@ -62,13 +63,14 @@ int run(int argc, char** argv) {
     config::TrainConfig c;
     const auto cl = config::parse_command_line(c, argc, argv);
     if (cl.help) {
-        std::cout << "usage: train_lm [--config=FILE] [--key=value ...]\n\n" << config::help_text<config::TrainConfig>();
+        std::cout << "usage: train_lm [--config=FILE] [--key=value ...]\n\n" << config::help_text<config::TrainConfig>()
+                  << "\nexit status: 0 done, 1 failure, 2 usage error, 3 training diverged\n";
         return 0;
     }
-    olmax::check<config::config_error>(cl.positional.empty(), "train_lm: unexpected argument '",
-                                       cl.positional.empty() ? "" : cl.positional[0], "' (flags are --key=value)");
+    olmax::check<config::config_error>(cl.positional.empty(), "unexpected argument '", cl.positional.empty() ? "" : cl.positional[0],
+                                       "' (flags are --key=value)");
     c.validate();
-    byte_lm::layer_config(c);  // model-specific checks (sequence vs mixer chunk) before any work
+    byte_lm::layer_config(c);  // model-specific checks (sequence vs mixer chunk, memory) before any work
 #if defined(_OPENMP)
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
 #endif
@@ -77,13 +79,17 @@ int run(int argc, char** argv) {
     // ---- data -------------------------------------------------------------------------------
     const std::filesystem::path data_path = c.data.empty() ? data::default_corpus_path() : std::filesystem::path(c.data);
     const auto corpus = data::read_corpus(data_path);
+    for (const auto& line : corpus.report()) std::cout << "data: " << line << "\n";
     auto split = data::split_documents(corpus, c.held_out_fraction, std::uint64_t(c.seed));
-    olmax::check(!split.held_out.empty() && !split.train.empty(), "train_lm: need at least two documents in ", data_path.string());
+    olmax::check(!split.held_out.empty() && !split.train.empty(), "cannot split ", data_path.string(),
+                 " into training and held-out text (", corpus.documents.size(), " documents, ", corpus.total_bytes(), " bytes)");
     const double baseline = unigram_baseline(split.train, split.held_out);
     std::size_t held_bytes = 0;
     for (const auto& d : split.held_out) held_bytes += d.size();
     std::cout << "corpus " << data_path.string() << ": " << corpus.files.size() << " files, " << corpus.documents.size() << " documents, "
-              << corpus.total_bytes() << " bytes; held out " << split.held_out.size() << " documents (" << held_bytes << " bytes)\n";
+              << corpus.total_bytes() << " bytes; held out "
+              << (split.by_position ? std::string("the last ") : std::to_string(split.held_out.size()) + " documents (") << held_bytes
+              << (split.by_position ? " bytes of the single document\n" : " bytes)\n");
     std::printf("unigram baseline on held-out bytes: %.4f nats/byte (%.3f bits/byte)\n", baseline, baseline / std::log(2.0));
     data::PackedLoader loader(split.train, {std::size_t(c.batch), std::size_t(c.sequence), std::uint64_t(c.seed), true, true});
 
@@ -96,19 +102,35 @@ int run(int argc, char** argv) {
               << c.features << " features, " << parameter_count << " parameters\n";
 
     io::CheckpointDirectory checkpoints(c.checkpoint_dir, std::size_t(c.keep_checkpoints));
+    for (const auto& name : checkpoints.remove_stale_temporaries())
+        std::cout << "removed " << name << " (left by a save that was interrupted)\n";
+    std::vector<std::string> notices;
+    const auto existing = checkpoints.list(&notices);
+    for (const auto& notice : notices) std::cout << "checkpoint folder: " << notice << "\n";
     std::int64_t step = 0;
-    if (c.resume) {
-        if (auto loaded = checkpoints.load_latest()) {
-            for (const auto& why : loaded->rejected) std::cout << "skipped damaged checkpoint: " << why << "\n";
+    if (c.resume && !existing.empty()) {
+        std::vector<std::string> rejected;
+        auto loaded = checkpoints.load_latest(&rejected);
+        if (loaded) {
+            for (const auto& why : loaded->rejected) std::cout << "skipped damaged checkpoint " << why << "\n";
             const auto state = io::restore_checkpoint(loaded->archive, opt);
             loader.restore(data::DataPosition::from_text(state.data_position));
             step = state.step;
             std::cout << "resumed from " << loaded->path.string() << " at step " << step << "\n";
+        } else {
+            // Training afresh here would mix this run's checkpoints with the damaged ones.
+            for (const auto& why : rejected) std::cerr << "rejected checkpoint " << why << "\n";
+            throw olmax::value_error(olmax::detail::concat("none of the ", existing.size(), " checkpoints in ", c.checkpoint_dir,
+                                                           " loads (reasons above); remove them or choose another --checkpoint_dir"));
         }
     }
     // A fresh run must not mix its checkpoints with an earlier run's (the newest step would win).
-    olmax::check(step > 0 || checkpoints.list().empty(), c.checkpoint_dir, " holds checkpoints of an earlier run",
-                 c.resume ? ", none of which loads" : "", "; pass --resume=true or choose another --checkpoint_dir");
+    olmax::check(step > 0 || existing.empty(), c.checkpoint_dir, " holds ", existing.size(),
+                 " checkpoints of an earlier run; pass --resume=true to continue it or choose another --checkpoint_dir");
+    if (c.dry_run) {
+        std::cout << "dry run: flags, data, model" << (step > 0 ? " and checkpoint" : "") << " are fine; not training\n";
+        return 0;
+    }
     std::filesystem::create_directories(c.checkpoint_dir);
     const auto metrics_path = std::filesystem::path(c.checkpoint_dir) / "metrics.csv";
     io::MetricsLog metrics(metrics_path, step > 0);
@@ -128,7 +150,7 @@ int run(int argc, char** argv) {
             loss_sum += model.accumulate_gradients(*loader.next(), shards, 1.0 / double(c.grad_accumulation));
         const double loss = loss_sum / double(c.grad_accumulation);
         try {
-            olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "train_lm: the loss is ", loss, " at step ", step + 1);
+            olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "the loss is ", loss, " at step ", step + 1);
             opt.step();
         } catch (const optim::non_finite_gradient& e) {
             progress.message(std::string("training diverged: ") + e.what());
@@ -170,7 +192,9 @@ int run(int argc, char** argv) {
     const auto png = std::filesystem::path(c.checkpoint_dir) / "loss.png";
     const std::string plot = "/usr/bin/python3 '" + script.string() + "' '" + metrics_path.string() + "' -o '" + png.string() +
                              "' --baseline " + std::to_string(baseline);
-    if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3") && std::system((plot + " > /dev/null").c_str()) == 0)
+    if (!c.plot)
+        ;
+    else if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3") && std::system((plot + " > /dev/null").c_str()) == 0)
         std::cout << "loss curve: " << png.string() << "\n";
     else
         std::cout << "loss curve not drawn; run: " << plot << "\n";
@@ -187,4 +211,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return byte_lm::main_reporting_errors("train_lm", run, argc, argv); }
+int main(int argc, char** argv) { return olmax::config::run_program("train_lm", run, argc, argv); }

@@ -26,8 +26,9 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -
   -DOLMAX_BUILD_BENCHMARKS=OFF -DOLMAX_BUILD_EXAMPLES=OFF
 cmake --build build-asan --parallel "$jobs"
 # halt_on_error/abort: any report fails the test; UBSan prints a stack for each report.
+# allocator_may_return_null: the tests ask for impossible buffers and expect olmax::allocation_error.
 (cd build-asan && OMP_NUM_THREADS=2 \
-  ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_stack_use_after_return=1} \
+  ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_stack_use_after_return=1:allocator_may_return_null=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
   ctest --output-on-failure -LE "slow|packaging|compile_fail")
 echo "== test: all passed in $((SECONDS - start)) s"

@@ -375,4 +375,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return byte_lm::main_reporting_errors("train_step", run, argc, argv); }
+int main(int argc, char** argv) { return olmax::config::run_program("train_step", run, argc, argv); }

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <olmax/io/io.hpp>
 
 #include "test_helpers.hpp"
@@ -285,6 +287,87 @@ TEST_CASE("config: unknown or mistyped keys and bad values are errors naming the
     CHECK_THROWS_WITH(config::load_file(c, dir / "nokey.cfg"), Catch::Contains("key = value"));
     c.batch = 0;
     CHECK_THROWS_WITH(c.validate(), Catch::Contains("'batch'"));
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("config: every number has a declared range, checked when set and when validated", "[io][config]") {
+    namespace config = olmax::config;
+    config::TrainConfig c;
+    for (const auto& f : config::TrainConfig::fields())
+        if (f.is_number()) {
+            INFO(f.key);
+            CHECK_FALSE(f.range_text().empty());  // the fuzz test draws its cases from these ranges
+        }
+    CHECK_THROWS_WITH(config::set_value(c, "eval_every", "0", "test"), Catch::Contains("'eval_every'") && Catch::Contains("[1, "));
+    CHECK_THROWS_WITH(config::set_value(c, "batch", "99999999999999999999", "test"), Catch::Contains("'batch'") && Catch::Contains("[1, 65536]"));
+    CHECK_THROWS_WITH(config::set_value(c, "held_out_fraction", "0", "test"), Catch::Contains("(0, 0.5]"));
+    CHECK_THROWS_WITH(config::set_value(c, "beta2", "1", "test"), Catch::Contains("[0, 1)"));
+    CHECK_NOTHROW(config::set_value(c, "beta2", "0.999", "test"));
+    CHECK_NOTHROW(config::set_value(c, "decay_start", "-1", "test"));
+    CHECK_THROWS(config::set_value(c, "decay_start", "-2", "test"));
+    c.checkpoint_every = -3;  // set in code: validate() catches it
+    CHECK_THROWS_WITH(c.validate(), Catch::Contains("'checkpoint_every' must be in [1, "));
+    CHECK_THAT(config::help_text<config::TrainConfig>(), Catch::Contains("[1, 65536]") && Catch::Contains("(0, 0.5]"));
+}
+
+TEST_CASE("config: path flags are checked for their kind without throwing filesystem errors", "[io][config]") {
+    namespace config = olmax::config;
+    using config::PathKind;
+    using config::detail::path_problem;
+    const auto dir = temp_dir("config-paths");
+    std::ofstream(dir / "file.txt") << "x";
+    const std::string file = (dir / "file.txt").string(), folder = dir.string();
+    CHECK(path_problem(file, PathKind::input) == "");
+    CHECK(path_problem(folder, PathKind::input) == "");
+    CHECK(path_problem("", PathKind::input) == "");  // the program's default
+    CHECK(path_problem(file + "/below", PathKind::input) == "does not exist");
+    CHECK(path_problem("/dev/null", PathKind::input) == "is neither a file nor a folder");
+    CHECK(path_problem(folder, PathKind::input_file) == "is a folder, expected a file");
+    CHECK(path_problem((dir / "new" / "deeper").string(), PathKind::output_folder) == "");
+    CHECK(path_problem(folder, PathKind::output_folder) == "");
+    CHECK(path_problem(file, PathKind::output_folder) == "is a file, expected a folder");
+    CHECK_THAT(path_problem(file + "/run/x", PathKind::output_folder), Catch::Contains("lies under") && Catch::Contains("file.txt"));
+    CHECK(path_problem("", PathKind::output_folder) == "is empty, expected a folder");
+    config::TrainConfig c;
+    c.checkpoint_dir = file;
+    CHECK_THROWS_WITH(c.validate(), Catch::Contains("'checkpoint_dir'") && Catch::Contains("is a file"));
+    const char* folder_as_config[] = {"train_lm", nullptr};
+    const std::string flag = "--config=" + folder;
+    folder_as_config[1] = flag.c_str();
+    CHECK_THROWS_WITH(config::parse_command_line(c, 2, folder_as_config), Catch::Contains("is a folder"));
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("checkpoint folder: unparsable names are skipped with a notice, stale temporaries removed", "[io]") {
+    namespace io = olmax::io;
+    const auto dir = temp_dir("ckpt-hygiene");
+    io::CheckpointDirectory folder(dir, 2);
+    io::Archive a;
+    a.put_int("x", 1);
+    folder.save(a, 7);
+    std::ofstream(dir / "ckpt-99999999999999999999.olmax") << "stray";
+    std::filesystem::create_directory(dir / "ckpt-0000000009.olmax");  // a folder with a checkpoint's name
+    std::ofstream(dir / ".ckpt-0000000008.olmax.tmp-999999999-1") << "interrupted";           // writer gone
+    const std::string own = ".ckpt-0000000008.olmax.tmp-" + std::to_string(::getppid()) + "-1";  // writer alive
+    std::ofstream(dir / own) << "in progress";
+    std::vector<std::string> notices;
+    const auto files = folder.list(&notices);
+    REQUIRE(files.size() == 1);
+    CHECK(files[0].first == 7);
+    REQUIRE(notices.size() == 2);
+    CHECK_THAT(notices[0] + notices[1], Catch::Contains("does not fit in 64 bits") && Catch::Contains("not a regular file"));
+    const auto removed = folder.remove_stale_temporaries();
+    CHECK(removed == std::vector<std::string>{".ckpt-0000000008.olmax.tmp-999999999-1"});
+    CHECK(std::filesystem::exists(dir / own));
+    std::vector<std::string> rejected;
+    CHECK(folder.load_latest(&rejected).has_value());
+    std::ofstream(folder.file_for(7), std::ios::trunc) << "damaged";
+    CHECK_FALSE(folder.load_latest(&rejected).has_value());
+    REQUIRE(rejected.size() == 1);
+    CHECK_THAT(rejected[0], Catch::StartsWith("ckpt-0000000007.olmax: "));
+    std::ofstream(dir / "not_a_folder") << "x";
+    CHECK_THROWS_WITH(io::CheckpointDirectory(dir / "not_a_folder").list(), Catch::Contains("is not a folder"));
+    CHECK_THROWS_WITH(io::load_archive(dir), Catch::Contains("is a folder"));
     std::filesystem::remove_all(dir);
 }
 

@@ -204,3 +204,25 @@ TEST_CASE("memory::stats counts tensor storage", "[tensor][memory]") {
     }
     CHECK(olmax::memory::stats().current_bytes == before.current_bytes);
 }
+
+TEST_CASE("shapes whose element count overflows, and buffers that cannot be had, are olmax errors", "[tensor][errors]") {
+    constexpr std::size_t two_pow_62 = std::size_t{1} << 62;
+    // 2^62 * 4 wraps to 0 in 64 bits: must be refused, not turned into an empty buffer.
+    CHECK_THROWS_AS(olmax::numel({two_pow_62, 4}), olmax::shape_error);
+    CHECK_THROWS_AS(Tensor<float>::uninitialized({two_pow_62, 4}), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::zeros<float>({std::size_t{1} << 33, std::size_t{1} << 31}), olmax::shape_error);
+    CHECK_THROWS_WITH(olmax::zeros<float>({std::size_t{1} << 33, std::size_t{1} << 31}),
+                      Catch::Contains("[8589934592, 2147483648]") && Catch::Contains("64 bits"));
+    // A zero extent still makes an empty tensor, however large the others.
+    CHECK(olmax::numel({two_pow_62, 4, 0}) == 0);
+    CHECK(olmax::numel({}) == 1);
+    // The count fits, the bytes do not (2^62 floats = 2^64 bytes), or no machine has them (2^50 floats).
+    CHECK_THROWS_AS(Tensor<float>::uninitialized({two_pow_62}), olmax::allocation_error);
+    CHECK_THROWS_WITH(olmax::zeros<float>({std::size_t{1} << 25, std::size_t{1} << 25}),
+                      Catch::Contains("[33554432, 33554432]") && Catch::Contains("4 PiB") && Catch::Contains("out of memory"));
+    const auto before = olmax::memory::stats().current_bytes;
+    CHECK_THROWS_AS(Tensor<double>(olmax::Shape{std::size_t{1} << 47}), olmax::allocation_error);
+    CHECK(olmax::memory::stats().current_bytes == before);  // nothing half-allocated is counted
+    CHECK(olmax::detail::human_bytes(512) == "512 B");
+    CHECK(olmax::detail::human_bytes(1.5 * 1024 * 1024 * 1024) == "1.5 GiB");
+}

@@ -3,3 +3,4 @@
 // errors) and the training run's config.
 #include "olmax/config/key_value.hpp"
 #include "olmax/config/train_config.hpp"
+#include "olmax/config/program.hpp"

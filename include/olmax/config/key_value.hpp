@@ -2,7 +2,8 @@
 // Typed configuration: a plain struct with defaults, overridden from a `key = value` file and from
 // `--key=value` command-line flags. The struct lists its keys once (`static fields()`, member
 // pointers with a help line); an unknown or mistyped key, or a value that does not parse, is an
-// error naming the key (the original silently ignored extra keys; olmax-techniques.md §0 #11).
+// error naming the key (the original Olmax silently ignored extra keys), and so is a number outside
+// the key's declared range.
 //
 //     struct MyConfig {
 //         std::int64_t steps = 100;
@@ -27,7 +28,10 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <system_error>
 #include <vector>
+
+#include <unistd.h>  // access(): may this process read or write a path
 
 #include "olmax/core/error.hpp"
 
@@ -39,6 +43,18 @@ public:
     using value_error::value_error;
 };
 
+/// What a string field names on the file system (checked by `validate_fields`).
+enum class PathKind {
+    none,           // not a path
+    input,          // an existing, readable file or folder; empty means the program's default
+    input_file,     // an existing, readable regular file; empty means the program's default
+    output_folder,  // a folder, created when missing: must not be a file nor lie under one
+};
+
+/// One key of a config struct: its member, help line and the values it accepts. The accepted
+/// range of a number reads as a chain: `Field<C>{"batch", &C::batch, "rows per step"}.in(1, 1 << 20)`.
+/// A field without a range accepts every value of its type; each number should have one (the
+/// command-line fuzz test draws its boundary cases from these ranges).
 template <class Struct>
 struct Field {
     using Member = std::variant<std::int64_t Struct::*, double Struct::*, std::string Struct::*, bool Struct::*>;
@@ -46,6 +62,37 @@ struct Field {
     Member member;
     std::string help;
     std::vector<std::string> choices = {};  // allowed values of a string field (empty = any)
+    double lower = -std::numeric_limits<double>::infinity();  // numbers: accepted interval
+    double upper = std::numeric_limits<double>::infinity();
+    bool lower_open = false, upper_open = false;             // whether the bound itself is excluded
+    PathKind path = PathKind::none;
+
+    Field at_least(double v) const { return bounded(v, false, upper, upper_open); }
+    Field greater_than(double v) const { return bounded(v, true, upper, upper_open); }
+    Field at_most(double v) const { return bounded(lower, lower_open, v, false); }
+    Field less_than(double v) const { return bounded(lower, lower_open, v, true); }
+    Field in(double low, double high) const { return at_least(low).at_most(high); }
+    Field names(PathKind kind) const {
+        Field f = *this;
+        f.path = kind;
+        return f;
+    }
+
+    bool is_number() const {
+        return std::holds_alternative<std::int64_t Struct::*>(member) || std::holds_alternative<double Struct::*>(member);
+    }
+    bool accepts(double v) const {
+        return (lower_open ? v > lower : v >= lower) && (upper_open ? v < upper : v <= upper);
+    }
+    /// "[1, 1048576]", "(0, 1)", ">= 0", or "" when any value goes.
+    std::string range_text() const;
+
+private:
+    Field bounded(double low, bool low_open, double high, bool high_open) const {
+        Field f = *this;
+        f.lower = low, f.lower_open = low_open, f.upper = high, f.upper_open = high_open;
+        return f;
+    }
 };
 
 namespace detail {
@@ -81,6 +128,12 @@ inline std::string format_double(double v) {
         if (std::strtod(shorter.str().c_str(), nullptr) == v) return shorter.str();
     }
     return out.str();
+}
+
+/// A bound as text: integers without a fraction, other values shortest round-trip.
+inline std::string format_bound(double v) {
+    if (std::abs(v) < 9.007199254740992e15 && v == std::floor(v)) return std::to_string(static_cast<long long>(v));
+    return format_double(v);
 }
 
 /// Strings with surrounding spaces, '#', quotes or line breaks are written in double quotes with
@@ -128,6 +181,16 @@ inline std::string_view strip_comment(std::string_view line) {
 
 }  // namespace detail
 
+template <class Struct>
+std::string Field<Struct>::range_text() const {
+    const bool has_lower = std::isfinite(lower), has_upper = std::isfinite(upper);
+    if (has_lower && has_upper)
+        return (lower_open ? "(" : "[") + detail::format_bound(lower) + ", " + detail::format_bound(upper) + (upper_open ? ")" : "]");
+    if (has_lower) return (lower_open ? "> " : ">= ") + detail::format_bound(lower);
+    if (has_upper) return (upper_open ? "< " : "<= ") + detail::format_bound(upper);
+    return "";
+}
+
 /// The field with this key (dashes read as underscores), or an error suggesting the closest key.
 template <class Struct>
 const Field<Struct>& find_field(std::string_view key, std::string_view source) {
@@ -146,6 +209,79 @@ const Field<Struct>& find_field(std::string_view key, std::string_view source) {
     throw config_error(olmax::detail::concat("config: unknown key '", key, "' in ", source, hint));
 }
 
+namespace detail {
+template <class Struct>
+std::string range_or_int64(const Field<Struct>& field) {
+    const std::string range = field.range_text();
+    return range.empty() ? "[-9223372036854775808, 9223372036854775807]" : range;
+}
+
+/// Why `text` does not name what `kind` asks for, or "" when it does. Never throws: every
+/// file-system query takes an error code (a path under a file, a loop of links, a missing
+/// permission are answers, not exceptions).
+inline std::string path_problem(const std::string& text, PathKind kind) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    switch (kind) {
+        case PathKind::none: return "";
+        case PathKind::input:
+        case PathKind::input_file: {
+            if (text.empty()) return "";
+            const fs::file_status status = fs::status(text, ec);
+            if (!fs::exists(status)) return ec && ec != std::errc::no_such_file_or_directory ? "cannot be reached (" + ec.message() + ")" : "does not exist";
+            if (kind == PathKind::input_file && fs::is_directory(status)) return "is a folder, expected a file";
+            if (!fs::is_regular_file(status) && !(kind == PathKind::input && fs::is_directory(status)))
+                return kind == PathKind::input ? "is neither a file nor a folder" : "is not a regular file";
+            if (::access(text.c_str(), R_OK) != 0) return "is not readable";
+            return "";
+        }
+        case PathKind::output_folder: {
+            if (text.empty()) return "is empty, expected a folder";
+            // The first part of the path that exists must be a folder we may write in.
+            const fs::path path(text);
+            for (fs::path at = path;; at = at.parent_path()) {
+                const fs::path probe = at.empty() ? fs::path(".") : at;
+                const fs::file_status status = fs::status(probe, ec);
+                if (fs::exists(status)) {
+                    if (!fs::is_directory(status))
+                        return at == path ? "is a file, expected a folder" : "lies under " + probe.string() + ", which is a file, not a folder";
+                    if (::access(probe.c_str(), W_OK | X_OK) != 0) return at == path ? "is not writable" : "cannot be created in " + probe.string() + " (not writable)";
+                    return "";
+                }
+                if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+                    return "cannot be reached (" + ec.message() + ")";
+                if (at.empty() || at == at.parent_path()) return "cannot be created";
+            }
+        }
+    }
+    return "";
+}
+}  // namespace detail
+
+/// Checks every field against its declared range and path kind (values set in code, or defaults,
+/// never went through `set_value`); the first problem is a `config_error` naming the key.
+template <class Struct>
+void validate_fields(const Struct& config) {
+    for (const auto& f : Struct::fields()) {
+        std::visit(
+            [&](auto member) {
+                using V = std::remove_cvref_t<decltype(config.*member)>;
+                if constexpr (std::is_same_v<V, std::int64_t> || std::is_same_v<V, double>) {
+                    const double v = double(config.*member);
+                    if (!std::isfinite(v) || !f.accepts(v))
+                        throw config_error(olmax::detail::concat("config: key '", f.key, "' must be in ", f.range_text(), ", got ", config.*member));
+                } else if constexpr (std::is_same_v<V, std::string>) {
+                    const std::string problem = detail::path_problem(config.*member, f.path);
+                    if (!problem.empty())
+                        throw config_error(olmax::detail::concat("config: key '", f.key, "': '", config.*member, "' ", problem));
+                    if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), config.*member) == f.choices.end())
+                        throw config_error(olmax::detail::concat("config: key '", f.key, "' has the unknown value '", config.*member, "'"));
+                }
+            },
+            f.member);
+    }
+}
+
 /// Sets one key from its text value; errors name the key, the source and the expected type.
 template <class Struct>
 void set_value(Struct& config, std::string_view key, std::string_view value, std::string_view source) {
@@ -160,13 +296,16 @@ void set_value(Struct& config, std::string_view key, std::string_view value, std
             if constexpr (std::is_same_v<V, std::int64_t>) {
                 std::int64_t v = 0;
                 const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-                if (ec != std::errc() || end != value.data() + value.size() || value.empty()) fail("an integer");
+                if (ec != std::errc() || end != value.data() + value.size() || value.empty())
+                    fail(ec == std::errc::result_out_of_range ? "an integer in " + detail::range_or_int64(field) : std::string("an integer"));
+                if (!field.accepts(double(v))) fail("an integer in " + field.range_text());
                 config.*member = v;
             } else if constexpr (std::is_same_v<V, double>) {
                 const std::string text(value);
                 char* end = nullptr;
                 const double v = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
                 if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) fail("a finite number");
+                if (!field.accepts(v)) fail("a number in " + field.range_text());
                 config.*member = v;
             } else if constexpr (std::is_same_v<V, bool>) {
                 if (value == "true" || value == "1" || value == "yes" || value == "on") config.*member = true;
@@ -190,6 +329,9 @@ void set_value(Struct& config, std::string_view key, std::string_view value, std
 /// Reads `key = value` lines; '#' starts a comment; blank lines are skipped.
 template <class Struct>
 void load_file(Struct& config, const std::filesystem::path& path) {
+    const std::string problem = detail::path_problem(path.string(), PathKind::input_file);
+    if (!problem.empty() || path.empty())
+        throw config_error(olmax::detail::concat("config: config file '", path.string(), "' ", path.empty() ? "is empty, expected a file" : problem));
     std::ifstream in(path);
     if (!in.good()) throw config_error(olmax::detail::concat("config: cannot open config file ", path.string()));
     std::string line;
@@ -248,6 +390,7 @@ std::string help_text(const Struct& defaults = Struct{}) {
     for (const auto& f : Struct::fields()) {
         std::getline(values, line);
         out << "  --" << std::left << std::setw(34) << (f.key + "=" + line.substr(f.key.size() + 3)) << ' ' << f.help;
+        if (const std::string range = f.range_text(); !range.empty()) out << " " << range;
         if (!f.choices.empty()) {
             out << " (";
             for (std::size_t i = 0; i < f.choices.size(); ++i) out << (i ? "|" : "") << f.choices[i];
@@ -262,6 +405,7 @@ struct CommandLine {
     bool help = false;                      // --help or -h was given
     std::vector<std::string> positional;    // arguments that are not flags
     std::string config_file;                // --config=PATH, if any
+    std::vector<std::string> keys;          // keys set by flags (dashes read as underscores), in order
 };
 
 /// Applies `--config=FILE` first (wherever it appears), then every `--key=value` / `--key value`
@@ -291,11 +435,17 @@ CommandLine parse_command_line(Struct& config, int argc, const char* const* argv
             if (i + 1 >= argc) throw config_error(olmax::detail::concat("config: flag --", key, " needs a value"));
             value = argv[++i];
         }
-        if (key == "config") cl.config_file = value;
+        if (key == "config") {
+            if (value.empty()) throw config_error("config: flag --config needs a file name");
+            cl.config_file = value;
+        }
         else flags.emplace_back(std::move(key), std::move(value));
     }
     if (!cl.config_file.empty()) load_file(config, cl.config_file);
-    for (const auto& [key, value] : flags) set_value(config, key, value, "the command line (--" + key + ")");
+    for (const auto& [key, value] : flags) {
+        set_value(config, key, value, "the command line (--" + key + ")");
+        cl.keys.push_back(find_field<Struct>(key, "the command line").key);
+    }
     return cl;
 }
 

@@ -46,6 +46,8 @@ struct TrainConfig {
     std::int64_t log_every = 50;
     std::int64_t threads = 2;
     bool data_parallel = true;
+    bool dry_run = false;
+    bool plot = true;
     // sampling at the end
     std::int64_t sample_bytes = 200;
     double temperature = 0.8;
@@ -55,68 +57,58 @@ struct TrainConfig {
 
     static const std::vector<Field<TrainConfig>>& fields() {
         using C = TrainConfig;
+        // Upper bounds are far beyond what fits in memory or time; the model's own check
+        // (byte_lm::check_fits_in_memory) refuses sizes this machine cannot hold.
+        constexpr double steps_max = 1e12, size_max = 1 << 20;
         static const std::vector<Field<C>> f{
-            {"data", &C::data, "text file or folder to train on (empty: the Debian `fortunes` corpus)"},
-            {"held_out_fraction", &C::held_out_fraction, "fraction of documents held out for evaluation"},
-            {"seed", &C::seed, "seed for initialisation, data order and sampling"},
-            {"batch", &C::batch, "rows per step (each row is a packed stream of documents)"},
-            {"sequence", &C::sequence, "bytes per row per step"},
-            {"features", &C::features, "model width"},
-            {"depth", &C::depth, "number of blocks"},
-            {"steps", &C::steps, "optimiser steps"},
-            {"grad_accumulation", &C::grad_accumulation, "micro-batches summed per optimiser step"},
-            {"lr", &C::lr, "peak learning rate"},
-            {"warmup", &C::warmup, "linear warmup steps"},
-            {"lr_decay", &C::lr_decay, "exponential decay rate per step after decay_start"},
-            {"decay_start", &C::decay_start, "first decayed step (-1: end of warmup)"},
-            {"min_lr", &C::min_lr, "floor of the decayed learning rate"},
-            {"beta1", &C::beta1, "Adam first-moment decay"},
-            {"beta2", &C::beta2, "Adam second-moment decay"},
-            {"eps", &C::eps, "Adam epsilon"},
-            {"weight_decay", &C::weight_decay, "decoupled weight decay"},
-            {"decay_policy", &C::decay_policy, "which parameter roles are decayed", {"matrices", "embeddings_only", "all", "none"}},
-            {"agc_clip", &C::agc_clip, "unit-wise adaptive gradient clipping ratio (0: off)"},
-            {"max_grad_norm", &C::max_grad_norm, "global gradient-norm clip (0: off)"},
-            {"eval_every", &C::eval_every, "steps between held-out evaluations"},
-            {"eval_batches", &C::eval_batches, "held-out batches per evaluation"},
-            {"checkpoint_every", &C::checkpoint_every, "steps between checkpoints"},
-            {"checkpoint_dir", &C::checkpoint_dir, "folder for checkpoints, metrics.csv and loss.png"},
-            {"keep_checkpoints", &C::keep_checkpoints, "checkpoints kept in checkpoint_dir"},
-            {"resume", &C::resume, "continue from the newest valid checkpoint in checkpoint_dir"},
-            {"log_every", &C::log_every, "steps between log lines when stdout is not a terminal"},
-            {"threads", &C::threads, "OpenMP threads (0: all cores); results are deterministic for a given count"},
-            {"data_parallel", &C::data_parallel,
-             "with several threads, split each batch's rows over them (one forward/backward per thread) instead of each op"},
-            {"sample_bytes", &C::sample_bytes, "bytes to generate after training"},
-            {"temperature", &C::temperature, "sampling temperature (0: greedy)"},
-            {"top_k", &C::top_k, "sample among the k most likely bytes (0: all)"},
-            {"top_p", &C::top_p, "nucleus sampling mass"},
-            {"prompt", &C::prompt, "text the samples start from"},
+            Field<C>{"data", &C::data, "text file or folder to train on (empty: the Debian `fortunes` corpus)"}.names(PathKind::input),
+            Field<C>{"held_out_fraction", &C::held_out_fraction, "fraction of documents (of bytes, for one document) held out for evaluation"}
+                .greater_than(0).at_most(0.5),
+            Field<C>{"seed", &C::seed, "seed for initialisation, data order and sampling"}.at_least(0),
+            Field<C>{"batch", &C::batch, "rows per step (each row is a packed stream of documents)"}.in(1, 1 << 16),
+            Field<C>{"sequence", &C::sequence, "bytes per row per step (a multiple of 16)"}.in(16, size_max),
+            Field<C>{"features", &C::features, "model width"}.in(1, 1 << 16),
+            Field<C>{"depth", &C::depth, "number of blocks"}.in(1, 1 << 12),
+            Field<C>{"steps", &C::steps, "optimiser steps"}.in(1, steps_max),
+            Field<C>{"grad_accumulation", &C::grad_accumulation, "micro-batches summed per optimiser step"}.in(1, 1 << 16),
+            Field<C>{"lr", &C::lr, "peak learning rate"}.greater_than(0).at_most(10),
+            Field<C>{"warmup", &C::warmup, "linear warmup steps"}.in(0, steps_max),
+            Field<C>{"lr_decay", &C::lr_decay, "exponential decay rate per step after decay_start"}.at_least(0).less_than(1),
+            Field<C>{"decay_start", &C::decay_start, "first decayed step (-1: end of warmup)"}.in(-1, steps_max),
+            Field<C>{"min_lr", &C::min_lr, "floor of the decayed learning rate"}.in(0, 10),
+            Field<C>{"beta1", &C::beta1, "Adam first-moment decay"}.at_least(0).less_than(1),
+            Field<C>{"beta2", &C::beta2, "Adam second-moment decay"}.at_least(0).less_than(1),
+            Field<C>{"eps", &C::eps, "Adam epsilon"}.greater_than(0).at_most(1),
+            Field<C>{"weight_decay", &C::weight_decay, "decoupled weight decay"}.in(0, 10),
+            Field<C>{"decay_policy", &C::decay_policy, "which parameter roles are decayed", {"matrices", "embeddings_only", "all", "none"}},
+            Field<C>{"agc_clip", &C::agc_clip, "unit-wise adaptive gradient clipping ratio (0: off)"}.in(0, 1e6),
+            Field<C>{"max_grad_norm", &C::max_grad_norm, "global gradient-norm clip (0: off)"}.in(0, 1e12),
+            Field<C>{"eval_every", &C::eval_every, "steps between held-out evaluations"}.in(1, steps_max),
+            Field<C>{"eval_batches", &C::eval_batches, "held-out batches per evaluation"}.in(1, size_max),
+            Field<C>{"checkpoint_every", &C::checkpoint_every, "steps between checkpoints"}.in(1, steps_max),
+            Field<C>{"checkpoint_dir", &C::checkpoint_dir, "folder for checkpoints, metrics.csv and loss.png"}.names(PathKind::output_folder),
+            Field<C>{"keep_checkpoints", &C::keep_checkpoints, "checkpoints kept in checkpoint_dir"}.in(1, 1000),
+            Field<C>{"resume", &C::resume, "continue from the newest valid checkpoint in checkpoint_dir"},
+            Field<C>{"log_every", &C::log_every, "steps between log lines when stdout is not a terminal"}.in(1, steps_max),
+            Field<C>{"threads", &C::threads, "OpenMP threads (0: all cores); results are deterministic for a given count"}.in(0, 1024),
+            Field<C>{"data_parallel", &C::data_parallel,
+                     "with several threads, split each batch's rows over them (one forward/backward per thread) instead of each op"},
+            Field<C>{"dry_run", &C::dry_run, "check the flags, read the data, build the model and load the checkpoint, then stop"},
+            Field<C>{"plot", &C::plot, "draw loss.png at the end (python3 with matplotlib)"},
+            Field<C>{"sample_bytes", &C::sample_bytes, "bytes to generate after training"}.in(0, size_max),
+            Field<C>{"temperature", &C::temperature, "sampling temperature (0: greedy)"}.in(0, 100),
+            Field<C>{"top_k", &C::top_k, "sample among the k most likely bytes (0: all)"}.in(0, 256),
+            Field<C>{"top_p", &C::top_p, "nucleus sampling mass"}.greater_than(0).at_most(1),
+            Field<C>{"prompt", &C::prompt, "text the samples start from"},
         };
         return f;
     }
 
-    /// Range checks that types alone cannot express; errors name the key.
+    /// Every key in its declared range and path kind (see fields()), plus the checks that span
+    /// keys; errors name the key.
     void validate() const {
-        auto positive = [](std::int64_t v, const char* key) {
-            check<config_error>(v > 0, "config: key '", key, "' must be positive, got ", v);
-        };
-        positive(batch, "batch");
-        positive(sequence, "sequence");
-        positive(features, "features");
-        positive(depth, "depth");
-        positive(steps, "steps");
-        positive(grad_accumulation, "grad_accumulation");
-        positive(eval_batches, "eval_batches");
-        positive(keep_checkpoints, "keep_checkpoints");
-        check<config_error>(held_out_fraction > 0 && held_out_fraction < 1, "config: key 'held_out_fraction' must be in (0, 1), got ",
-                            held_out_fraction);
-        check<config_error>(lr > 0, "config: key 'lr' must be positive, got ", lr);
-        check<config_error>(warmup >= 0 && threads >= 0 && top_k >= 0 && sample_bytes >= 0,
-                            "config: warmup, threads, top_k and sample_bytes must be >= 0");
-        check<config_error>(lr_decay >= 0 && lr_decay < 1, "config: key 'lr_decay' must be in [0, 1), got ", lr_decay);
-        check<config_error>(top_p > 0 && top_p <= 1, "config: key 'top_p' must be in (0, 1], got ", top_p);
-        check<config_error>(temperature >= 0, "config: key 'temperature' must be >= 0, got ", temperature);
+        validate_fields(*this);
+        check<config_error>(min_lr <= lr, "config: key 'min_lr' (", min_lr, ") must not exceed 'lr' (", lr, ")");
     }
 
     optim::AdamWConfig optimizer_config() const {

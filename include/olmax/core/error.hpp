@@ -1,4 +1,5 @@
 #pragma once
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -30,12 +31,29 @@ public:
     using error::error;
 };
 
+/// A tensor buffer could not be allocated (the message names the shape and the bytes asked for).
+class allocation_error : public error {
+public:
+    using error::error;
+};
+
 namespace detail {
 
 template <class... Parts>
 std::string concat(const Parts&... parts) {
     std::ostringstream out;
     (out << ... << parts);
+    return out.str();
+}
+
+/// "1.5 GiB", "512 B": a byte count for messages.
+inline std::string human_bytes(double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB"};
+    std::size_t unit = 0;
+    while (bytes >= 1024 && unit + 1 < std::size(units)) bytes /= 1024, ++unit;
+    std::ostringstream out;
+    out.precision(unit == 0 ? 0 : 3);
+    out << (unit == 0 ? std::fixed : std::defaultfloat) << bytes << ' ' << units[unit];
     return out.str();
 }
 

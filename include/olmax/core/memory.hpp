@@ -1,7 +1,12 @@
 #pragma once
 #include <atomic>
 #include <cstddef>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
+
+#include <unistd.h>  // sysconf
 
 #include "olmax/detail/third_party.hpp"
 
@@ -48,6 +53,43 @@ inline void reset_peak() {
     c.peak.store(c.current.load());
 }
 
+namespace detail {
+inline std::size_t system_available_bytes() {
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+        char line[256];
+        unsigned long long kib = 0;
+        bool found = false;
+        while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+        std::fclose(f);
+        if (found) return static_cast<std::size_t>(kib) * 1024;
+    }
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+#endif
+    return 0;
+}
+}  // namespace detail
+
+/// Memory this process may plan to use: what the operating system could give it now without
+/// swapping (`MemAvailable` of /proc/meminfo on Linux, else the physical memory), capped by the
+/// environment variable `OLMAX_MEMORY_LIMIT_MIB` when it holds a positive number (to share a
+/// machine, or to keep tests small); 0 when nothing can be read. Programs check a model's estimated
+/// footprint against it before allocating, so that an absurd size is a clear error instead of
+/// `std::bad_alloc` or the kernel's OOM killer.
+inline std::size_t available_bytes() {
+    std::size_t bytes = detail::system_available_bytes();
+    if (const char* limit = std::getenv("OLMAX_MEMORY_LIMIT_MIB")) {
+        char* end = nullptr;
+        const unsigned long long mib = std::strtoull(limit, &end, 10);
+        if (end != limit && *end == '\0' && mib > 0 && mib < (1ull << 40)) {
+            const std::size_t cap = static_cast<std::size_t>(mib) << 20;
+            bytes = bytes == 0 ? cap : std::min(bytes, cap);
+        }
+    }
+    return bytes;
+}
+
 /// Alignment of every tensor buffer: one cache line, enough for AVX-512 loads.
 inline constexpr std::size_t alignment = 64;
 
@@ -62,6 +104,7 @@ struct TrackedAllocator {
 
     T* allocate(std::size_t n) {
         if (n == 0) return nullptr;
+        if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();  // n * sizeof(T) would wrap
         void* p = xsimd::aligned_malloc(n * sizeof(T), alignment);
         if (!p) throw std::bad_alloc();
         detail::on_allocate(n * sizeof(T));

@@ -15,9 +15,26 @@ namespace olmax {
 /// up to six dimensions never touch the heap.
 using Shape = xt::svector<std::size_t, 6>;
 
+inline std::string to_string(const Shape& shape) {
+    std::ostringstream out;
+    out << '[';
+    for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+    out << ']';
+    return out.str();
+}
+
 /// Number of elements of a tensor of this shape (1 for a scalar of rank 0, 0 if any extent is 0).
+/// Throws `shape_error` when the count does not fit in `std::size_t`: a wrapped product would give
+/// a tiny buffer for a huge shape, and element access would then write out of bounds.
 inline std::size_t numel(const Shape& shape) {
-    return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
+    std::size_t n = 1;
+    bool overflow = false;
+    for (std::size_t extent : shape) {
+        if (extent == 0) return 0;  // an empty tensor, whatever the other extents
+        overflow |= __builtin_mul_overflow(n, extent, &n);
+    }
+    if (overflow) throw shape_error("shape " + to_string(shape) + " has more elements than fit in 64 bits");
+    return n;
 }
 
 /// Row-major strides, in elements.
@@ -25,14 +42,6 @@ inline Shape row_major_strides(const Shape& shape) {
     Shape strides(shape.size(), 1);
     for (std::size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
     return strides;
-}
-
-inline std::string to_string(const Shape& shape) {
-    std::ostringstream out;
-    out << '[';
-    for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-    out << ']';
-    return out.str();
 }
 
 /// Resolves a possibly negative axis (-1 = last) against a rank; throws on out-of-range axes.

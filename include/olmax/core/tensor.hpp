@@ -91,10 +91,18 @@ public:
     Tensor(const Shape& shape, T value) : Tensor(uninitialized(shape)) { fill(value); }
 
     /// A tensor whose elements are left uninitialised (to be overwritten by a kernel).
+    /// Throws `shape_error` when the element count overflows and `allocation_error` (naming the shape
+    /// and the bytes) when the memory cannot be had.
     static Tensor uninitialized(const Shape& shape) {
+        const std::size_t n = numel(shape);
         Tensor t;
         t.impl_ = std::make_shared<detail::TensorImpl<T>>();
-        t.impl_->storage = std::make_shared<Storage<T>>(numel(shape));
+        try {
+            t.impl_->storage = std::make_shared<Storage<T>>(n);
+        } catch (const std::bad_alloc&) {
+            throw allocation_error(detail::concat("cannot allocate a ", dtype_name<T>(), " tensor of shape ", to_string(shape), " (",
+                                                  detail::human_bytes(double(n) * double(sizeof(T))), "): out of memory"));
+        }
         t.impl_->shape = shape;
         return t;
     }

@@ -304,6 +304,11 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
 inline void save_archive(const std::filesystem::path& path, const Archive& archive) { write_file_atomically(path, archive.serialize()); }
 
 inline Archive load_archive(const std::filesystem::path& path) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    check(std::filesystem::exists(status), "load_archive: ", path.string(), " does not exist");
+    check(std::filesystem::is_regular_file(status), "load_archive: ", path.string(),
+          std::filesystem::is_directory(status) ? " is a folder, expected a checkpoint file" : " is not a regular file");
     std::ifstream in(path, std::ios::binary);
     check(in.good(), "load_archive: cannot open ", path.string());
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -6,6 +6,8 @@
 // one that is valid, so a damaged newest file falls back to the previous good one.
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +15,9 @@
 #include <regex>
 #include <string>
 #include <vector>
+
+#include <signal.h>  // kill(pid, 0): does the writer of a temporary file still run
+#include <unistd.h>
 
 #include "olmax/io/archive.hpp"
 #include "olmax/optim/adam.hpp"
@@ -118,18 +123,61 @@ public:
         return dir_ / name;
     }
 
-    /// Checkpoint files, oldest step first.
-    std::vector<std::pair<std::int64_t, std::filesystem::path>> list() const {
+    /// Checkpoint files, oldest step first. Other names are ignored; a name that looks like a
+    /// checkpoint but whose step does not parse (e.g. does not fit in 64 bits) is skipped, with a
+    /// line in `*notices` when given. A path that exists but is not a folder is an error.
+    std::vector<std::pair<std::int64_t, std::filesystem::path>> list(std::vector<std::string>* notices = nullptr) const {
+        namespace fs = std::filesystem;
         std::vector<std::pair<std::int64_t, std::filesystem::path>> out;
-        if (!std::filesystem::is_directory(dir_)) return out;
+        std::error_code ec;
+        const auto status = fs::status(dir_, ec);
+        if (!fs::exists(status)) return out;
+        check(fs::is_directory(status), "checkpoint folder ", dir_.string(), " is not a folder");
         static const std::regex pattern(R"(ckpt-(\d+)\.olmax)");
-        for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+        fs::directory_iterator it(dir_, ec);
+        check(!ec, "cannot list the checkpoint folder ", dir_.string(), ": ", ec.message());
+        for (; it != fs::directory_iterator(); it.increment(ec)) {
             std::smatch m;
-            const std::string name = entry.path().filename().string();
-            if (entry.is_regular_file() && std::regex_match(name, m, pattern)) out.emplace_back(std::stoll(m[1].str()), entry.path());
+            const std::string name = it->path().filename().string();
+            if (!std::regex_match(name, m, pattern)) continue;
+            std::int64_t step = 0;
+            const std::string digits = m[1].str();
+            const auto [end, parse] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+            std::error_code kind_ec;
+            if (!it->is_regular_file(kind_ec)) {
+                if (notices) notices->push_back(name + " skipped: not a regular file");
+            } else if (parse != std::errc() || end != digits.data() + digits.size()) {
+                if (notices) notices->push_back(name + " skipped: its step number does not fit in 64 bits");
+            } else {
+                out.emplace_back(step, it->path());
+            }
         }
+        check(!ec, "cannot list the checkpoint folder ", dir_.string(), ": ", ec.message());
         std::sort(out.begin(), out.end());
         return out;
+    }
+
+    /// Removes the temporary files that saves interrupted by a crash or kill left behind
+    /// (`.<name>.tmp-<pid>-<n>`, see write_file_atomically), except those of a process that still
+    /// runs (a save in progress). Returns the names removed.
+    std::vector<std::string> remove_stale_temporaries() const {
+        namespace fs = std::filesystem;
+        std::vector<std::string> removed;
+        std::error_code ec;
+        if (!fs::is_directory(dir_, ec)) return removed;
+        static const std::regex pattern(R"(\.ckpt-\d+\.olmax\.tmp-(\d+)-\d+)");
+        for (fs::directory_iterator it(dir_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+            std::smatch m;
+            const std::string name = it->path().filename().string();
+            if (!std::regex_match(name, m, pattern)) continue;
+            long pid = 0;
+            const std::string pid_text = m[1].str();
+            std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+            const bool writer_alive = pid > 0 && pid != long(::getpid()) && (::kill(pid_t(pid), 0) == 0 || errno == EPERM);
+            std::error_code remove_ec;
+            if (!writer_alive && fs::remove(it->path(), remove_ec)) removed.push_back(name);
+        }
+        return removed;
     }
 
     /// Writes atomically, then removes the oldest files beyond `keep` (never the one just written).
@@ -151,17 +199,19 @@ public:
         std::vector<std::string> rejected;  // newer files that failed to load, with the reason
     };
 
-    /// The newest checkpoint that loads cleanly, or nullopt when there is none.
-    std::optional<Loaded> load_latest() const {
+    /// The newest checkpoint that loads cleanly, or nullopt when there is none; `rejected`
+    /// (when given) receives one line per file that did not load, naming it and the reason.
+    std::optional<Loaded> load_latest(std::vector<std::string>* rejected_out = nullptr) const {
         auto files = list();
         std::vector<std::string> rejected;
         for (auto it = files.rbegin(); it != files.rend(); ++it) {
             try {
                 return Loaded{it->second, load_archive(it->second), rejected};
-            } catch (const value_error& e) {
-                rejected.push_back(e.what());
+            } catch (const std::exception& e) {  // a damaged file is a reason to fall back, never to stop
+                rejected.push_back(it->second.filename().string() + ": " + e.what());
             }
         }
+        if (rejected_out) *rejected_out = std::move(rejected);
         return std::nullopt;
     }
 

@@ -1,0 +1,483 @@
+// train_lm and generate as a user runs them: every mistake the issue tracker saw (zero or negative
+// intervals, absurd sizes, paths of the wrong kind, stray or damaged checkpoint files) and a fuzzed
+// command line drawn from the flag table itself. The contract (olmax/config/program.hpp): never a
+// signal; exit 0 on success, 2 for a usage error, 1 for any other failure (train_lm: 3 when
+// training diverged), with one line "program: message" as the last line on stderr.
+#include <catch2/catch.hpp>
+
+#include <olmax/config/config.hpp>
+
+#include <byte_lm.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+namespace config = olmax::config;
+
+namespace {
+
+struct Outcome {
+    bool exited = false;     // exited normally (not killed by a signal)
+    int code = -1;           // exit status when exited
+    int signal = 0;          // the signal that ended it otherwise
+    bool timed_out = false;  // killed by this harness after the time limit
+    std::string out, err;
+    std::string command;
+
+    std::string last_error_line() const {
+        std::istringstream in(err);
+        std::string line, last;
+        while (std::getline(in, line))
+            if (!line.empty()) last = line;
+        return last;
+    }
+    std::string describe() const {
+        std::ostringstream s;
+        s << command << "\n  -> " << (timed_out ? "timed out" : exited ? "exit " + std::to_string(code) : "signal " + std::to_string(signal))
+          << "\n  stderr: " << err.substr(0, 2000) << "\n  stdout tail: " << out.substr(out.size() > 1500 ? out.size() - 1500 : 0);
+        return s.str();
+    }
+};
+
+std::string read_file(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+}
+
+/// A program under test: its executable and the name it reports errors under.
+struct Program {
+    std::string path, name;
+};
+
+Program program(const char* variable, const char* name) {
+    const char* path = std::getenv(variable);
+    if (!path) FAIL(variable << " is not set: run these tests through CTest (tests/programs/CMakeLists.txt sets it)");
+    return {path, name};
+}
+Program train_lm_program() { return program("OLMAX_TRAIN_LM", "train_lm"); }
+Program generate_program() { return program("OLMAX_GENERATE", "generate"); }
+
+/// Runs `program args...` in `workdir` with stdin closed and a time limit; never throws on the
+/// program's failure.
+Outcome run(const Program& tested, const std::vector<std::string>& args, const fs::path& workdir, int timeout_seconds = 180) {
+    const std::string& program = tested.path;
+    Outcome o;
+    o.command = program;
+    for (const auto& a : args) o.command += " '" + a + "'";
+    const fs::path out_file = workdir / ".stdout", err_file = workdir / ".stderr";
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(program.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        if (::chdir(workdir.c_str()) != 0) ::_exit(126);
+        const int in = ::open("/dev/null", O_RDONLY), out = ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+                  err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (in < 0 || out < 0 || err < 0) ::_exit(126);
+        ::dup2(in, 0), ::dup2(out, 1), ::dup2(err, 2);
+        ::execv(program.c_str(), argv.data());
+        ::_exit(127);
+    }
+    REQUIRE(pid > 0);
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+    for (;;) {
+        const pid_t done = ::waitpid(pid, &status, WNOHANG);
+        if (done == pid) break;
+        if (std::chrono::steady_clock::now() > deadline) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &status, 0);
+            o.timed_out = true;
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    o.exited = !o.timed_out && WIFEXITED(status);
+    if (o.exited) o.code = WEXITSTATUS(status);
+    else if (WIFSIGNALED(status)) o.signal = WTERMSIG(status);
+    o.out = read_file(out_file);
+    o.err = read_file(err_file);
+    return o;
+}
+
+/// A unique, empty folder removed at the end of the test.
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        static int counter = 0;
+        path = fs::temp_directory_path() / ("olmax_programs_" + std::to_string(::getpid()) + "_" + std::to_string(++counter));
+        fs::remove_all(path);
+        fs::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+};
+
+/// A small fortune-format corpus (documents separated by lines holding "%").
+std::string fortune_corpus() {
+    std::string text;
+    std::mt19937 rng(7);
+    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "slept", "under", "warm", "sun", "while", "birds", "sang"};
+    for (int doc = 0; doc < 60; ++doc) {
+        for (int w = 0; w < 25; ++w) text += std::string(words[rng() % 16]) + (w % 9 == 8 ? "\n" : " ");
+        text += "\n%\n";
+    }
+    return text;
+}
+
+/// Flags that make every run tiny: two steps of a 8-wide depth-1 model, no plot.
+std::vector<std::string> tiny_run(const fs::path& corpus, const fs::path& checkpoints) {
+    return {"--data=" + corpus.string(), "--checkpoint_dir=" + checkpoints.string(), "--steps=2", "--batch=2", "--sequence=16",
+            "--features=8", "--depth=1", "--eval_every=1", "--eval_batches=1", "--checkpoint_every=1", "--sample_bytes=4",
+            "--log_every=1", "--threads=1", "--plot=false"};
+}
+
+std::vector<std::string> with(std::vector<std::string> base, std::initializer_list<std::string> more) {
+    base.insert(base.end(), more);
+    return base;
+}
+
+/// The contract every run must keep, whatever its input.
+void check_contract(const Outcome& o, const Program& tested, bool diverging_allowed = false) {
+    const std::string& program = tested.name;
+    INFO(o.describe());
+    REQUIRE_FALSE(o.timed_out);
+    REQUIRE(o.exited);  // never a signal
+    CHECK((o.code == 0 || o.code == 1 || o.code == 2 || (diverging_allowed && o.code == 3)));
+    CHECK(o.err.find(program + ": " + program + ":") == std::string::npos);
+    if (o.code == 1 || o.code == 2) {
+        const std::string last = o.last_error_line();
+        CHECK(last.rfind(program + ": ", 0) == 0);
+    }
+}
+
+Outcome expect_usage_error(const Program& program, const std::vector<std::string>& args, const fs::path& dir, const std::string& needle) {
+    const Outcome o = run(program, args, dir);
+    check_contract(o, program);
+    INFO(o.describe());
+    CHECK(o.code == 2);
+    CHECK_THAT(o.last_error_line(), Catch::Contains(needle));
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("train_lm: intervals of zero or below, absurd sizes and malformed numbers are usage errors", "[programs]") {
+    const Program train_lm = train_lm_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    const auto base = tiny_run(dir.path / "corpus.txt", dir.path / "run");
+    // Each was a SIGFPE, a silent acceptance or a std::bad_alloc abort.
+    expect_usage_error(train_lm, with(base, {"--eval_every=0"}), dir.path, "'eval_every'");
+    expect_usage_error(train_lm, with(base, {"--checkpoint_every=0"}), dir.path, "'checkpoint_every'");
+    expect_usage_error(train_lm, with(base, {"--log_every=-5"}), dir.path, "'log_every'");
+    expect_usage_error(train_lm, with(base, {"--keep_checkpoints=-1"}), dir.path, "'keep_checkpoints'");
+    expect_usage_error(train_lm, with(base, {"--batch=4611686018427387904"}), dir.path, "'batch'");
+    expect_usage_error(train_lm, with(base, {"--batch=99999999999999999999"}), dir.path, "'batch'");
+    expect_usage_error(train_lm, with(base, {"--features=65536", "--depth=4096"}), dir.path, "memory available");
+    expect_usage_error(train_lm, with(base, {"--batch=65536", "--sequence=1048576"}), dir.path, "memory available");
+    expect_usage_error(train_lm, with(base, {"--sequence=17"}), dir.path, "multiple of 16");
+    expect_usage_error(train_lm, with(base, {"--lr=nan"}), dir.path, "'lr'");
+    expect_usage_error(train_lm, with(base, {"--min_lr=1", "--lr=0.1"}), dir.path, "'min_lr'");
+    expect_usage_error(train_lm, with(base, {"--no_such_flag=1"}), dir.path, "unknown key");
+    expect_usage_error(train_lm, with(base, {"stray_argument"}), dir.path, "unexpected argument");
+    expect_usage_error(train_lm, with(base, {"--steps"}), dir.path, "needs a value");
+}
+
+TEST_CASE("train_lm: paths of the wrong kind are usage errors, not filesystem exceptions", "[programs]") {
+    const Program train_lm = train_lm_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    write_file(dir.path / "a_file", "x");
+    const auto base = tiny_run(dir.path / "corpus.txt", dir.path / "run");
+    expect_usage_error(train_lm, with(base, {"--checkpoint_dir=" + (dir.path / "a_file").string()}), dir.path, "is a file");
+    expect_usage_error(train_lm, with(base, {"--checkpoint_dir=" + (dir.path / "a_file" / "run").string()}), dir.path, "which is a file");
+    expect_usage_error(train_lm, with(base, {"--data=" + (dir.path / "missing.txt").string()}), dir.path, "does not exist");
+    expect_usage_error(train_lm, with(base, {"--data=/dev/null"}), dir.path, "neither a file nor a folder");
+    expect_usage_error(train_lm, with(base, {"--config=" + dir.path.string()}), dir.path, "is a folder");
+    expect_usage_error(train_lm, with(base, {"--config="}), dir.path, "--config needs a file");
+    expect_usage_error(train_lm, with(base, {"--config=" + (dir.path / "none.cfg").string()}), dir.path, "does not exist");
+}
+
+TEST_CASE("train_lm: a new checkpoint folder under missing parents is created and a dry run touches nothing", "[programs]") {
+    const Program train_lm = train_lm_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    const auto nested = dir.path / "a" / "b" / "run";
+    const Outcome dry = run(train_lm, with(tiny_run(dir.path / "corpus.txt", nested), {"--dry_run=true"}), dir.path);
+    check_contract(dry, train_lm);
+    CHECK(dry.code == 0);
+    CHECK_THAT(dry.out, Catch::Contains("dry run"));
+    CHECK_FALSE(fs::exists(nested));
+    const Outcome real = run(train_lm, tiny_run(dir.path / "corpus.txt", nested), dir.path);
+    check_contract(real, train_lm);
+    CHECK(real.code == 0);
+    CHECK(fs::exists(nested / "ckpt-0000000002.olmax"));
+}
+
+TEST_CASE("checkpoint folder hygiene: stray names, interrupted saves, nothing valid left", "[programs]") {
+    const Program train_lm = train_lm_program(), generate = generate_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    const fs::path run_dir = dir.path / "run";
+    const auto base = tiny_run(dir.path / "corpus.txt", run_dir);
+    REQUIRE(run(train_lm, base, dir.path).code == 0);
+
+    // A name whose step does not fit in 64 bits (was std::stoll out of range: SIGABRT in both
+    // programs) and a temporary file left by a save that was killed (its writer pid is gone).
+    write_file(run_dir / "ckpt-99999999999999999999.olmax", "junk");
+    write_file(run_dir / ".ckpt-0000000003.olmax.tmp-999999999-1", std::string(1000, 'x'));
+    const Outcome resumed = run(train_lm, with(base, {"--steps=3"}), dir.path);
+    check_contract(resumed, train_lm);
+    CHECK(resumed.code == 0);
+    CHECK_THAT(resumed.out, Catch::Contains("ckpt-99999999999999999999.olmax skipped"));
+    CHECK_THAT(resumed.out, Catch::Contains("removed .ckpt-0000000003.olmax.tmp-999999999-1"));
+    CHECK_THAT(resumed.out, Catch::Contains("resumed from"));
+    CHECK_FALSE(fs::exists(run_dir / ".ckpt-0000000003.olmax.tmp-999999999-1"));
+
+    const Outcome sampled = run(generate, {"--checkpoint_dir=" + run_dir.string(), "--sample_bytes=8"}, dir.path);
+    check_contract(sampled, generate);
+    CHECK(sampled.code == 0);
+    CHECK_THAT(sampled.err, Catch::Contains("ckpt-99999999999999999999.olmax skipped"));
+
+    // generate given a folder, a missing file, a damaged file as its checkpoint.
+    expect_usage_error(generate, {run_dir.string()}, dir.path, "is a folder");
+    expect_usage_error(generate, {(dir.path / "none.olmax").string()}, dir.path, "does not exist");
+    write_file(dir.path / "damaged.olmax", "not a checkpoint");
+    const Outcome damaged = run(generate, {(dir.path / "damaged.olmax").string()}, dir.path);
+    check_contract(damaged, generate);
+    CHECK(damaged.code == 1);
+
+    // Every checkpoint damaged: both programs say why each file was rejected.
+    for (const auto& entry : fs::directory_iterator(run_dir))
+        if (entry.path().extension() == ".olmax" && entry.path().filename().string().size() == 21) write_file(entry.path(), "damaged");
+    const Outcome none_valid = run(train_lm, with(base, {"--steps=4"}), dir.path);
+    check_contract(none_valid, train_lm);
+    CHECK(none_valid.code == 1);
+    CHECK_THAT(none_valid.err, Catch::Contains("none of the 3 checkpoints") && Catch::Contains("ckpt-0000000003.olmax: ") &&
+                                   Catch::Contains("ckpt-0000000001.olmax: ") && Catch::Contains("reading the magic"));
+    CHECK(none_valid.err.find("--resume=true") == std::string::npos);
+    const Outcome none_for_generate = run(generate, {"--checkpoint_dir=" + run_dir.string()}, dir.path);
+    check_contract(none_for_generate, generate);
+    CHECK(none_for_generate.code == 1);
+    CHECK_THAT(none_for_generate.err, Catch::Contains("ckpt-0000000002.olmax: "));
+
+    // A fresh run (resume off) refuses a folder that holds another run's checkpoints.
+    const Outcome fresh = run(train_lm, with(base, {"--resume=false"}), dir.path);
+    check_contract(fresh, train_lm);
+    CHECK(fresh.code == 1);
+    CHECK_THAT(fresh.err, Catch::Contains("--resume=true to continue"));
+}
+
+TEST_CASE("byte_lm: the memory estimate counts the model's real parameters", "[programs]") {
+    for (auto [features, depth] : {std::pair{8, 1}, std::pair{16, 3}, std::pair{24, 2}}) {
+        config::TrainConfig c;
+        c.features = features;
+        c.depth = depth;
+        c.sequence = 16;
+        byte_lm::Model model(c);
+        double real = 0;
+        for (const auto& p : model.parameters()) real += double(p.tensor.size());
+        CHECK(byte_lm::parameter_count(c) == real);
+    }
+    config::TrainConfig absurd;
+    absurd.features = 1 << 16;
+    absurd.depth = 1 << 12;
+    CHECK_THROWS_AS(byte_lm::check_fits_in_memory(absurd), config::config_error);
+}
+
+namespace {
+
+/// One fuzzed value of one flag and whether the flag table accepts it.
+struct Case {
+    std::string key, value;
+    bool in_range;  // false: the program must answer with a usage error (exit 2)
+};
+
+std::string number_text(double v, bool integer) {
+    if (integer) {
+        if (v >= 9.2e18) return "9223372036854775807";
+        if (v <= -9.2e18) return "-9223372036854775808";
+        return std::to_string(static_cast<long long>(v));
+    }
+    std::ostringstream s;
+    s.precision(17);
+    s << v;
+    return s.str();
+}
+
+/// Boundary, malformed and seeded random values for every key of the flag table: a new flag is
+/// covered without editing this test.
+std::vector<Case> fuzz_cases(const fs::path& dir, std::uint64_t seed) {
+    std::vector<Case> cases;
+    std::mt19937_64 rng(seed);
+    for (const auto& f : config::TrainConfig::fields()) {
+        const bool integer = std::holds_alternative<std::int64_t config::TrainConfig::*>(f.member);
+        if (f.is_number()) {
+            auto add = [&](double v) {
+                const std::string text = number_text(v, integer);
+                const double parsed = integer ? double(std::stoll(text)) : std::stod(text);
+                cases.push_back({f.key, text, f.accepts(parsed)});
+            };
+            for (double v : {0.0, 1.0, -1.0, 0.5, 1e300, -1e300}) add(v);
+            if (integer) {
+                cases.push_back({f.key, "9223372036854775807", f.accepts(9223372036854775807.0)});
+                cases.push_back({f.key, "99999999999999999999", false});  // beyond 64 bits
+                cases.push_back({f.key, "1.5", false});
+            } else {
+                for (const char* bad : {"nan", "inf", "-inf", "1e400"}) cases.push_back({f.key, bad, false});
+            }
+            const double step = integer ? 1.0 : 1e-9;
+            if (std::isfinite(f.lower)) add(f.lower), add(f.lower - std::max(step, std::abs(f.lower) * 1e-6));
+            if (std::isfinite(f.upper)) add(f.upper), add(f.upper + std::max(step, std::abs(f.upper) * 1e-6));
+            // Two random values inside the range, log-uniform in magnitude (sizes spread over decades).
+            const double low = std::isfinite(f.lower) ? f.lower : -1e6, high = std::isfinite(f.upper) ? f.upper : 1e6;
+            for (int i = 0; i < 2; ++i) {
+                const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+                double v = low >= 0 ? std::exp(std::log1p(low) + u * (std::log1p(high) - std::log1p(low))) - 1 : low + u * (high - low);
+                v = std::clamp(v, low, high);
+                if (integer) v = std::round(v);
+                if (f.accepts(v)) add(v);
+            }
+            for (const char* bad : {"", "abc", "12abc", "0x10"}) cases.push_back({f.key, bad, false});
+        } else if (std::holds_alternative<bool config::TrainConfig::*>(f.member)) {
+            for (const char* good : {"true", "false", "1", "0", "yes", "off"}) cases.push_back({f.key, good, true});
+            for (const char* bad : {"", "maybe", "2", "truee"}) cases.push_back({f.key, bad, false});
+        } else if (!f.choices.empty()) {
+            for (const auto& c : f.choices) cases.push_back({f.key, c, true});
+            for (const char* bad : {"", "bogus", "MATRICES"}) cases.push_back({f.key, bad, false});
+        } else if (f.path == config::PathKind::input || f.path == config::PathKind::input_file) {
+            cases.push_back({f.key, (dir / "corpus.txt").string(), true});
+            if (f.path == config::PathKind::input) cases.push_back({f.key, (dir / "corpus_folder").string(), true});
+            cases.push_back({f.key, (dir / "missing").string(), false});
+            cases.push_back({f.key, (dir / "corpus.txt" / "below_a_file").string(), false});
+            cases.push_back({f.key, "/dev/null", false});
+        } else if (f.path == config::PathKind::output_folder) {
+            cases.push_back({f.key, (dir / "new" / "nested" / "run").string(), true});
+            cases.push_back({f.key, "", false});
+            cases.push_back({f.key, (dir / "corpus.txt").string(), false});
+            cases.push_back({f.key, (dir / "corpus.txt" / "run").string(), false});
+        } else {  // free text
+            for (std::string text : {std::string(), std::string(5000, 'a'), std::string("\xff\xfe\x01 \n\t%"), std::string("--steps=1")})
+                cases.push_back({f.key, text, true});
+        }
+    }
+    return cases;
+}
+
+}  // namespace
+
+TEST_CASE("fuzzed command line: every flag with boundary, malformed and random values", "[programs][fuzz]") {
+    const Program train_lm = train_lm_program(), generate = generate_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    fs::create_directories(dir.path / "corpus_folder" / "sub");
+    write_file(dir.path / "corpus_folder" / "sub" / "a.txt", fortune_corpus());
+    const auto cases = fuzz_cases(dir.path, 20261123);
+    REQUIRE(cases.size() > 300);
+
+    // train_lm with --dry_run (flags, data, model, checkpoint checked; no training), the fuzzed flag
+    // last so it wins. In-range values must never be refused as usage errors of their own key.
+    std::size_t accepted = 0;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const Case& c = cases[i];
+        const auto base = tiny_run(dir.path / "corpus.txt", dir.path / ("run" + std::to_string(i)));
+        const Outcome o = run(train_lm, with(base, {"--dry_run=true", "--" + c.key + "=" + c.value}), dir.path);
+        INFO("case " << i << ": --" << c.key << "='" << c.value << "' (" << (c.in_range ? "in range" : "out of range") << ")");
+        check_contract(o, train_lm);
+        INFO(o.describe());
+        if (!c.in_range) {
+            CHECK(o.code == 2);
+        } else if (o.code == 2) {
+            // Only a check beyond the table (memory, sequence % 16, min_lr <= lr) may refuse it.
+            CHECK((o.err.find("memory") != std::string::npos || o.err.find("multiple of") != std::string::npos ||
+                   o.err.find("min_lr") != std::string::npos));
+        }
+        accepted += o.code == 0;
+    }
+    CHECK(accepted > cases.size() / 3);
+
+    // Real two-step runs with each in-range value that keeps the run small: every numeric key at
+    // its lower bound, small upper bounds, and every bool, choice and path case.
+    std::size_t trained = 0;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const Case& c = cases[i];
+        const auto& field = config::find_field<config::TrainConfig>(c.key, "test");
+        if (!c.in_range || c.key == "dry_run") continue;
+        if (field.is_number()) {
+            const double v = std::stod(c.value);
+            const bool small_bound = (v == field.lower) || (v == field.upper && field.upper <= 64);
+            if (!small_bound) continue;
+        }
+        const auto base = tiny_run(dir.path / "corpus.txt", dir.path / ("real" + std::to_string(i)));
+        const Outcome o = run(train_lm, with(base, {"--" + c.key + "=" + c.value}), dir.path);
+        INFO("real run " << i << ": --" << c.key << "='" << c.value << "'");
+        check_contract(o, train_lm, /*diverging_allowed=*/true);
+        trained += o.code == 0;
+    }
+    CHECK(trained > 20);
+
+    // generate from one checkpoint with every out-of-range value (usage error) and every lower bound.
+    const fs::path run_dir = dir.path / "for_generate";
+    REQUIRE(run(train_lm, tiny_run(dir.path / "corpus.txt", run_dir), dir.path).code == 0);
+    for (const Case& c : cases) {
+        const auto& field = config::find_field<config::TrainConfig>(c.key, "test");
+        const bool lower_bound = c.in_range && field.is_number() && std::stod(c.value) == field.lower;
+        if (c.in_range && !lower_bound) continue;
+        const Outcome o = run(generate, {"--checkpoint_dir=" + run_dir.string(), "--sample_bytes=4", "--" + c.key + "=" + c.value}, dir.path);
+        INFO("generate --" << c.key << "='" << c.value << "'");
+        check_contract(o, generate);
+        if (!c.in_range) CHECK(o.code == 2);
+    }
+}
+
+TEST_CASE("train_lm trains on a plain text file, a folder with a link loop, CRLF fortunes and JSON Lines", "[programs]") {
+    const Program train_lm = train_lm_program();
+    TempDir dir;
+    std::string book;
+    for (int i = 0; i < 300; ++i) book += "Line " + std::to_string(i) + " of a long book without any separators.\n";
+    write_file(dir.path / "book.txt", book);
+    std::string crlf;
+    for (char ch : fortune_corpus()) crlf += ch == '\n' ? std::string("\r\n") : std::string(1, ch);
+    write_file(dir.path / "crlf.txt", crlf);
+    std::string jsonl;
+    for (int i = 0; i < 40; ++i) jsonl += "{\"id\": " + std::to_string(i) + ", \"text\": \"document " + std::to_string(i) + " says \\\"hi\\\"\\nbye\"}\n";
+    jsonl += "not json\n";
+    write_file(dir.path / "dump.jsonl", jsonl);
+    fs::create_directories(dir.path / "tree" / "sub");
+    write_file(dir.path / "tree" / "sub" / "a.txt", book);
+    write_file(dir.path / "tree" / "blob.bin", std::string("\0\1\2\3binary", 10));
+    fs::create_directory_symlink(dir.path / "tree", dir.path / "tree" / "sub" / "loop");
+    for (const std::string data : {"book.txt", "crlf.txt", "dump.jsonl", "tree"}) {
+        const Outcome o = run(train_lm, tiny_run(dir.path / data, dir.path / ("run_" + data)), dir.path);
+        INFO(data);
+        check_contract(o, train_lm);
+        CHECK(o.code == 0);
+        CHECK_THAT(o.out, Catch::Contains("held-out loss"));
+        if (data == "book.txt") CHECK_THAT(o.out, Catch::Contains("of the single document"));
+        if (data == "dump.jsonl") CHECK_THAT(o.out, Catch::Contains("data: ") && Catch::Contains("skipped 1 of 41"));
+        if (data == "tree") CHECK_THAT(o.out, Catch::Contains("blob.bin") && Catch::Contains("loop"));
+    }
+}
