@@ -70,15 +70,19 @@ inline olmax::nn::Config layer_config(const olmax::config::TrainConfig& c) {
     return n;
 }
 
-inline olmax::optim::ParamRole role_of(olmax::nn::Role role) {
-    switch (role) {
-        case olmax::nn::Role::weight: return olmax::optim::ParamRole::weight;
-        case olmax::nn::Role::bias: return olmax::optim::ParamRole::bias;
-        case olmax::nn::Role::norm_scale: return olmax::optim::ParamRole::norm_scale;
-        case olmax::nn::Role::embedding: return olmax::optim::ParamRole::embedding;
-        case olmax::nn::Role::scalar: return olmax::optim::ParamRole::rezero;
-    }
-    return olmax::optim::ParamRole::other;
+/// The optimiser settings of a training config. Lives with the program, not in olmax::config:
+/// config sits beside optim in the library's layering and does not include it.
+inline olmax::optim::AdamWConfig optimizer_config(const olmax::config::TrainConfig& c) {
+    olmax::optim::AdamWConfig o;
+    o.schedule = olmax::optim::LrSchedule{c.lr, c.warmup, c.lr_decay, c.decay_start, c.min_lr};
+    o.beta1 = c.beta1;
+    o.beta2 = c.beta2;
+    o.eps = c.eps;
+    o.weight_decay = c.weight_decay;
+    o.decay_policy = olmax::optim::parse_weight_decay_policy(c.decay_policy);
+    o.agc.clip = c.agc_clip;
+    o.max_grad_norm = c.max_grad_norm;
+    return o;
 }
 
 /// Row shards per batch: one per thread when `data_parallel` is on (see Model::accumulate_gradients).
@@ -160,7 +164,7 @@ struct Model {
         auto add = [&out](auto& layer, bool in_stack) {
             olmax::nn::ParameterVisitor<T> visit(
                 [&](const std::string& name, olmax::Tensor<T>& tensor, olmax::nn::Role role, olmax::nn::Sharing sharing) {
-                    olmax::optim::Parameter<T> q{name, role_of(role), tensor};
+                    olmax::optim::Parameter<T> q{name, role, tensor};
                     q.stacked_axes = in_stack && sharing == olmax::nn::Sharing::per_layer ? 1 : 0;
                     if (role == olmax::nn::Role::embedding) q.unit_axis = 0;  // one unit per token row
                     out.push_back(std::move(q));

@@ -95,7 +95,7 @@ int run(int argc, char** argv) {
 
     // ---- model, optimiser, resume ----------------------------------------------------------
     byte_lm::Model model(c);
-    optim::AdamW<byte_lm::T> opt(model.parameters(), c.optimizer_config());
+    optim::AdamW<byte_lm::T> opt(model.parameters(), byte_lm::optimizer_config(c));
     std::size_t parameter_count = 0;
     for (const auto& p : opt.parameters()) parameter_count += p.tensor.size();
     std::cout << "model: " << c.depth << " x reversible(dense conv " << byte_lm::conv_kernel << ", mixer " << byte_lm::mixer_chunk << "), "

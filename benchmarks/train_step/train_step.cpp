@@ -263,7 +263,7 @@ int run(int argc, char** argv) {
 #endif
     if (o.parallel_threshold >= 0) olmax::backend::cpu_openmp::set_parallel_threshold(std::size_t(o.parallel_threshold));
     byte_lm::Model model(c);
-    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), c.optimizer_config());
+    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), byte_lm::optimizer_config(c));
     std::size_t params = 0;
     for (const auto& p : opt.parameters()) params += p.tensor.size();
 

@@ -417,7 +417,7 @@ TEST_CASE("fuzzed command line: every flag with boundary, malformed and random v
         }
         accepted += o.code == 0;
     }
-    CHECK(accepted > cases.size() / 3);
+    CHECK(accepted > cases.size() / 4);  // about a third of the cases are in range
 
     // Real two-step runs with each in-range value that keeps the run small: every numeric key at
     // its lower bound, small upper bounds, and every bool, choice and path case.

@@ -51,8 +51,8 @@ struct TinyModel {
         c.schedule.peak_lr = 0.05;
         c.weight_decay = 0.1;
         opt = std::make_unique<optim::AdamW<double>>(
-            std::vector<optim::Parameter<double>>{optim::make_parameter("w", optim::ParamRole::weight, w),
-                                                  optim::make_parameter("b", optim::ParamRole::bias, b)},
+            std::vector<optim::Parameter<double>>{optim::make_parameter("w", olmax::nn::Role::weight, w),
+                                                  optim::make_parameter("b", olmax::nn::Role::bias, b)},
             c);
     }
     void train_step(int s) {
@@ -178,8 +178,8 @@ TEST_CASE("io: training checkpoint round trip resumes the optimiser bit-identica
     SECTION("a checkpoint of another model is rejected and changes nothing") {
         auto other_w = olmax::parameter(Tensor<double>({3, 3}, 1.0));
         auto other_b = olmax::parameter(Tensor<double>({3}, 2.0));
-        optim::AdamW<double> other({optim::make_parameter("w", optim::ParamRole::weight, other_w),
-                                    optim::make_parameter("b", optim::ParamRole::bias, other_b)},
+        optim::AdamW<double> other({optim::make_parameter("w", olmax::nn::Role::weight, other_w),
+                                    optim::make_parameter("b", olmax::nn::Role::bias, other_b)},
                                    {});
         CHECK_THROWS_AS(io::restore_checkpoint(io::load_archive(dir / "c.olmax"), other), olmax::shape_error);
         CHECK(other_w(0, 0) == 1.0);
@@ -187,6 +187,63 @@ TEST_CASE("io: training checkpoint round trip resumes the optimiser bit-identica
         CHECK(other.step_count() == 0);
     }
     std::filesystem::remove_all(dir);
+}
+
+// tests/data/checkpoint_v1_adamw_double.olmax was written by olmax at commit 956204d, before the
+// optimiser reached checkpoints through StateDict: AdamW<double> over w [2, 3] and b [3] after two
+// steps, TrainingState{2, "lr = 0.05\n", "position text", "note"}. The interface changed, the file
+// format must not: it loads, and saving what it loaded gives the same bytes.
+TEST_CASE("io: a checkpoint written before the StateDict interface loads and re-saves byte-identically", "[io]") {
+    const auto file = test_data_dir() / "checkpoint_v1_adamw_double.olmax";
+    const io::Archive archive = io::load_archive(file);
+    auto w = olmax::parameter(Tensor<double>({2, 3}, 9.0));
+    auto b = olmax::parameter(Tensor<double>({3}, 9.0));
+    optim::AdamWConfig c;
+    c.schedule.peak_lr = 0.05;
+    c.weight_decay = 0.1;
+    optim::AdamW<double> opt({optim::make_parameter("w", olmax::nn::Role::weight, w), optim::make_parameter("b", olmax::nn::Role::bias, b)},
+                             c);
+    const auto state = io::restore_checkpoint(archive, opt);
+    CHECK(state.step == 2);
+    CHECK(state.config_text == "lr = 0.05\n");
+    CHECK(state.data_position == "position text");
+    CHECK(state.note == "note");
+    CHECK(opt.step_count() == 2);
+    const auto stored_w = archive.get<double>("param/w");
+    CHECK(std::equal(w.begin(), w.end(), stored_w.begin()));
+    const auto moments = opt.state_dict().get<Tensor<double>>("b/second_moment", "test");
+    const auto stored_moments = archive.get<double>("optim/b/second_moment");
+    CHECK(std::equal(moments.begin(), moments.end(), stored_moments.begin()));
+    CHECK(io::make_checkpoint(opt, state).serialize() == read_bytes(file));
+}
+
+TEST_CASE("io: the optimiser reaches checkpoints through its StateDict, which it refuses when foreign", "[io]") {
+    TinyModel model(0.5);
+    for (int s = 0; s < 2; ++s) model.train_step(s);
+    const olmax::StateDict state = model.opt->state_dict();
+    std::vector<std::string> names;
+    for (const auto& e : state) names.push_back(e.name);
+    CHECK(names == std::vector<std::string>{"step", "w/step", "w/first_moment", "w/second_moment", "b/step", "b/first_moment",
+                                            "b/second_moment"});
+    CHECK(std::get<std::int64_t>(*state.find("step")) == 2);
+
+    TinyModel fresh(1.0);
+    auto refused = [&](const olmax::StateDict& bad) {
+        CHECK_THROWS_AS(fresh.opt->load_state_dict(bad), olmax::error);
+        CHECK(fresh.opt->step_count() == 0);  // nothing changed
+    };
+    olmax::StateDict missing;  // no "b/second_moment"
+    olmax::StateDict wrong_type, extra = state;
+    for (const auto& e : state) {
+        if (e.name != "b/second_moment") missing.add(e.name, e.value);
+        wrong_type.add(e.name, e.name == "w/step" ? olmax::StateDict::Value(Tensor<double>({1}, 1.0)) : e.value);
+    }
+    extra.add("c/step", std::int64_t{1});
+    refused(missing);
+    refused(wrong_type);
+    refused(extra);
+    fresh.opt->load_state_dict(state);
+    CHECK(fresh.opt->step_count() == 2);
 }
 
 TEST_CASE("io: .npy files interoperate with NumPy", "[io]") {
@@ -249,7 +306,6 @@ TEST_CASE("config: file and flags override defaults; printing round-trips", "[io
     CHECK_FALSE(c.resume);
     CHECK(c.decay_policy == "embeddings_only");
     CHECK(cl.positional == std::vector<std::string>{"extra"});
-    CHECK(c.optimizer_config().decay_policy == olmax::optim::WeightDecayPolicy::embeddings_only);
 
     c.prompt = "say \"hi\" # not a comment\n ";
     const std::string text = config::to_text(c);
@@ -375,6 +431,22 @@ TEST_CASE("checkpoint folder: unparsable names are skipped with a notice, stale 
 
 #include "../../examples/byte_lm.hpp"
 
+TEST_CASE("train: byte_lm::optimizer_config maps the config's optimiser keys", "[io][config]") {
+    olmax::config::TrainConfig c;
+    c.lr = 0.02;
+    c.warmup = 7;
+    c.beta2 = 0.95;
+    c.decay_policy = "embeddings_only";
+    c.agc_clip = 0.5;
+    const auto o = byte_lm::optimizer_config(c);
+    CHECK(o.schedule.peak_lr == 0.02);
+    CHECK(o.schedule.warmup_steps == 7);
+    CHECK(o.beta2 == 0.95);
+    CHECK(o.decay_policy == olmax::optim::WeightDecayPolicy::embeddings_only);
+    CHECK(o.agc.clip == 0.5);
+    CHECK(o.max_grad_norm == c.max_grad_norm);
+}
+
 namespace {
 
 olmax::config::TrainConfig tiny_training_config() {
@@ -425,7 +497,7 @@ TEST_CASE("train: 50 steps on a tiny corpus lower the loss", "[io][train]") {
     SingleThread one_thread;
     const auto c = tiny_training_config();
     byte_lm::Model model(c);
-    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), c.optimizer_config());
+    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), byte_lm::optimizer_config(c));
     olmax::data::PackedLoader loader(tiny_corpus(), {4, 16, 3, true, true});
     double first = 0, last = 0;
     for (int s = 0; s < 50; ++s) {
@@ -446,14 +518,14 @@ TEST_CASE("train: resume from a checkpoint continues bit-identically", "[io][tra
     const olmax::data::LoaderConfig lc{4, 16, 3, true, true};
 
     byte_lm::Model straight(c);
-    olmax::optim::AdamW<byte_lm::T> straight_opt(straight.parameters(), c.optimizer_config());
+    olmax::optim::AdamW<byte_lm::T> straight_opt(straight.parameters(), byte_lm::optimizer_config(c));
     olmax::data::PackedLoader straight_data(tiny_corpus(), lc);
     std::vector<double> straight_losses;
     for (int s = 0; s < 8; ++s) straight_losses.push_back(train_step(straight, straight_opt, straight_data));
 
     {
         byte_lm::Model first(c);
-        olmax::optim::AdamW<byte_lm::T> opt(first.parameters(), c.optimizer_config());
+        olmax::optim::AdamW<byte_lm::T> opt(first.parameters(), byte_lm::optimizer_config(c));
         olmax::data::PackedLoader data(tiny_corpus(), lc);
         for (int s = 0; s < 4; ++s) CHECK(train_step(first, opt, data) == straight_losses[std::size_t(s)]);
         io::CheckpointDirectory(dir).save(
@@ -463,7 +535,7 @@ TEST_CASE("train: resume from a checkpoint continues bit-identically", "[io][tra
     auto c2 = c;
     c2.seed = 99;  // different initial values: everything must come from the checkpoint
     byte_lm::Model resumed(c2);
-    olmax::optim::AdamW<byte_lm::T> opt(resumed.parameters(), c.optimizer_config());
+    olmax::optim::AdamW<byte_lm::T> opt(resumed.parameters(), byte_lm::optimizer_config(c));
     olmax::data::PackedLoader data(tiny_corpus(), lc);
     auto loaded = io::CheckpointDirectory(dir).load_latest();
     REQUIRE(loaded.has_value());
@@ -490,7 +562,7 @@ TEST_CASE("train: data-parallel steps on two threads are deterministic and follo
     };
     auto run = [&](std::size_t shards) {
         byte_lm::Model model(c);
-        olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), c.optimizer_config());
+        olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), byte_lm::optimizer_config(c));
         olmax::data::PackedLoader data(tiny_corpus(), lc);
         Run r;
         for (int s = 0; s < 6; ++s) r.losses.push_back(train_step(model, opt, data, shards));

@@ -24,7 +24,7 @@ struct Reference {
     std::map<std::string, std::string> config;
     struct Param {
         std::string name;
-        optim::ParamRole role;
+        olmax::nn::Role role;
         Shape shape;
         std::vector<double> values;
     };
@@ -63,7 +63,7 @@ Reference load_reference(const std::string& name) {
             Reference::Param p;
             std::string role, token;
             in >> p.name >> role;
-            p.role = optim::parse_param_role(role);
+            p.role = olmax::nn::parse_role(role);
             while (in >> token && token != ":") p.shape.push_back(std::stoul(token));
             double v;
             while (in >> v) p.values.push_back(v);
@@ -146,7 +146,7 @@ TEST_CASE("optim: first AdamW step is bias-corrected (hand-derived)", "[optim]")
     optim::AdamWConfig c;
     c.schedule.peak_lr = 0.1;
     c.eps = 0;
-    optim::AdamW<double> opt({optim::make_parameter("w", optim::ParamRole::weight, w)}, c);
+    optim::AdamW<double> opt({optim::make_parameter("w", olmax::nn::Role::weight, w)}, c);
     w.backward(Tensor<double>::from({3}, {1e-4, -3.0, 7.0}));
     opt.step();
     CHECK(w(0) == Approx(0.9));
@@ -163,10 +163,10 @@ TEST_CASE("optim: weight decay follows roles, not names", "[optim]") {
     optim::AdamWConfig c;
     c.schedule.peak_lr = 0.5;
     c.weight_decay = 0.2;
-    optim::AdamW<double> opt({optim::make_parameter("block/prenorm/w", optim::ParamRole::weight, named_norm),
-                              optim::make_parameter("weight_like_scale", optim::ParamRole::norm_scale, scale),
-                              optim::make_parameter("b", optim::ParamRole::bias, bias),
-                              optim::make_parameter("emb", optim::ParamRole::embedding, emb)},
+    optim::AdamW<double> opt({optim::make_parameter("block/prenorm/w", olmax::nn::Role::weight, named_norm),
+                              optim::make_parameter("weight_like_scale", olmax::nn::Role::norm_scale, scale),
+                              optim::make_parameter("b", olmax::nn::Role::bias, bias),
+                              optim::make_parameter("emb", olmax::nn::Role::embedding, emb)},
                              c);
     for (auto t : {named_norm, scale, bias, emb}) t.backward(zeros_like(t));
     opt.step();
@@ -174,10 +174,17 @@ TEST_CASE("optim: weight decay follows roles, not names", "[optim]") {
     CHECK(emb(2, 1) == Approx(0.9));
     CHECK(scale(0) == 1.0);
     CHECK(bias(1) == 1.0);
-    CHECK(optim::receives_weight_decay(optim::ParamRole::embedding, optim::WeightDecayPolicy::embeddings_only));
-    CHECK_FALSE(optim::receives_weight_decay(optim::ParamRole::weight, optim::WeightDecayPolicy::embeddings_only));
-    CHECK(optim::receives_weight_decay(optim::ParamRole::norm_scale, optim::WeightDecayPolicy::all));
-    CHECK_FALSE(optim::receives_weight_decay(optim::ParamRole::embedding, optim::WeightDecayPolicy::none));
+    CHECK(optim::receives_weight_decay(olmax::nn::Role::embedding, optim::WeightDecayPolicy::embeddings_only));
+    CHECK_FALSE(optim::receives_weight_decay(olmax::nn::Role::weight, optim::WeightDecayPolicy::embeddings_only));
+    CHECK(optim::receives_weight_decay(olmax::nn::Role::norm_scale, optim::WeightDecayPolicy::all));
+    CHECK_FALSE(optim::receives_weight_decay(olmax::nn::Role::embedding, optim::WeightDecayPolicy::none));
+    // The layers' roles are the optimiser's: the default policy decays matrices and embeddings only.
+    using olmax::nn::Role;
+    for (Role role : {Role::weight, Role::bias, Role::norm_scale, Role::embedding, Role::scalar, Role::other}) {
+        INFO(olmax::nn::role_name(role));
+        CHECK(olmax::nn::parse_role(olmax::nn::role_name(role)) == role);
+        CHECK(optim::receives_weight_decay(role, optim::WeightDecayPolicy::matrices) == (role == Role::weight || role == Role::embedding));
+    }
 }
 
 TEST_CASE("optim: LR schedule warmup then exponential decay from the end of warmup", "[optim]") {
@@ -269,8 +276,8 @@ TEST_CASE("optim: global-norm clipping scales all gradients together", "[optim]"
     auto b = olmax::parameter(Tensor<double>({1}));
     a.backward(Tensor<double>::from({2}, {3.0, 0.0}));
     b.backward(Tensor<double>::from({1}, {4.0}));
-    std::vector<optim::Parameter<double>> ps{optim::make_parameter("a", optim::ParamRole::weight, a),
-                                             optim::make_parameter("b", optim::ParamRole::bias, b)};
+    std::vector<optim::Parameter<double>> ps{optim::make_parameter("a", olmax::nn::Role::weight, a),
+                                             optim::make_parameter("b", olmax::nn::Role::bias, b)};
     CHECK(optim::clip_grad_norm(std::span<const optim::Parameter<double>>(ps), 1.0) == Approx(5.0));
     CHECK(a.grad()(0) == Approx(3.0 / (5.0 + 1e-6)));
     CHECK(b.grad()(0) == Approx(4.0 / (5.0 + 1e-6)));
@@ -279,7 +286,7 @@ TEST_CASE("optim: global-norm clipping scales all gradients together", "[optim]"
 
 TEST_CASE("optim: non-finite gradients are refused without touching anything", "[optim]") {
     auto w = olmax::parameter(Tensor<double>::from({2}, {1.0, 2.0}));
-    optim::AdamW<double> opt({optim::make_parameter("w", optim::ParamRole::weight, w)}, optim::AdamWConfig{});
+    optim::AdamW<double> opt({optim::make_parameter("w", olmax::nn::Role::weight, w)}, optim::AdamWConfig{});
     w.backward(Tensor<double>::from({2}, {1.0, std::nan("")}));
     CHECK_THROWS_AS(opt.step(), optim::non_finite_gradient);
     CHECK(opt.step_count() == 0);
@@ -291,7 +298,7 @@ TEST_CASE("optim: gradients overflowing the norm are finite, NaN/Inf are refused
     auto w = olmax::parameter(Tensor<double>::from({3}, {1.0, 2.0, 3.0}));
     optim::AdamWConfig c;
     c.max_grad_norm = 1.0;
-    optim::AdamW<double> opt({optim::make_parameter("w", optim::ParamRole::weight, w)}, c);
+    optim::AdamW<double> opt({optim::make_parameter("w", olmax::nn::Role::weight, w)}, c);
     // (5e154)^2 overflows the sum of squares, yet every gradient is finite: the step runs (with an
     // infinite norm, so global clipping stays off) and moves w by lr against the gradient's sign
     // (v = 1e-3 g^2 still fits a double).
@@ -310,7 +317,7 @@ TEST_CASE("optim: gradients overflowing the norm are finite, NaN/Inf are refused
             optim::AdamWConfig cf;
             cf.max_grad_norm = 1.0;
             cf.agc.clip = agc;
-            optim::AdamW<float> o({optim::make_parameter("a", optim::ParamRole::weight, a), optim::make_parameter("b", optim::ParamRole::bias, b)},
+            optim::AdamW<float> o({optim::make_parameter("a", olmax::nn::Role::weight, a), optim::make_parameter("b", olmax::nn::Role::bias, b)},
                                   cf);
             std::vector<float> ga(20, 3.0f);
             a.backward(Tensor<float>::from({20}, ga));
@@ -335,7 +342,7 @@ TEST_CASE("optim: AdamW results do not depend on the thread count or on tensor s
             for (std::size_t n : {1, 3, 7, 8, 9, 17, 33, 250, 70001}) {  // 70001: three blocks of the norm's sum
                 std::vector<float> values(n);
                 for (auto& v : values) v = normal(rng);
-                params.push_back(optim::make_parameter("p" + std::to_string(n), n % 2 ? optim::ParamRole::weight : optim::ParamRole::bias,
+                params.push_back(optim::make_parameter("p" + std::to_string(n), n % 2 ? olmax::nn::Role::weight : olmax::nn::Role::bias,
                                                        olmax::parameter(Tensor<float>::from({n}, values))));
             }
             optim::AdamWConfig c;
@@ -385,7 +392,7 @@ TEST_CASE("optim: every element follows the scalar AdamW formula, tails included
     c.schedule.peak_lr = 0.01;
     c.weight_decay = 0.05;
     c.max_grad_norm = 5.0;
-    optim::AdamW<double> opt({optim::make_parameter("w", optim::ParamRole::weight, w)}, c);
+    optim::AdamW<double> opt({optim::make_parameter("w", olmax::nn::Role::weight, w)}, c);
     std::vector<double> want = w0, m(n, 0.0), v(n, 0.0);
     int t = 0;
     for (const auto* g : {&g1, &g2}) {
@@ -422,7 +429,7 @@ TEST_CASE("optim: state export/import continues identically", "[optim]") {
         optim::AdamWConfig c;
         c.schedule = {.peak_lr = 0.1, .warmup_steps = 2, .exponential_decay = 0.1};
         c.weight_decay = 0.1;
-        return optim::AdamW<double>({optim::make_parameter("w", optim::ParamRole::weight, w)}, c);
+        return optim::AdamW<double>({optim::make_parameter("w", olmax::nn::Role::weight, w)}, c);
     };
     auto run_steps = [](optim::AdamW<double>& opt, Tensor<double>& w, int from, int to) {
         for (int s = from; s < to; ++s) {
@@ -456,15 +463,15 @@ TEST_CASE("optim: state export/import continues identically", "[optim]") {
 
 TEST_CASE("optim: constructor rejects duplicate names and non-trainable tensors", "[optim]") {
     auto w = olmax::parameter(Tensor<double>({2}));
-    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("w", optim::ParamRole::weight, w),
-                                          optim::make_parameter("w", optim::ParamRole::weight, olmax::parameter(Tensor<double>({2})))},
+    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("w", olmax::nn::Role::weight, w),
+                                          optim::make_parameter("w", olmax::nn::Role::weight, olmax::parameter(Tensor<double>({2})))},
                                          {}),
                     olmax::value_error);
-    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("c", optim::ParamRole::weight, Tensor<double>({2}))}, {}),
+    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("c", olmax::nn::Role::weight, Tensor<double>({2}))}, {}),
                     olmax::value_error);
-    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("a", optim::ParamRole::weight, w),
-                                          optim::make_parameter("b", optim::ParamRole::weight, w)},
+    CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("a", olmax::nn::Role::weight, w),
+                                          optim::make_parameter("b", olmax::nn::Role::weight, w)},
                                          {}),
                     olmax::value_error);
-    CHECK_THROWS_AS(optim::parse_param_role("norm"), olmax::value_error);
+    CHECK_THROWS_AS(olmax::nn::parse_role("norm"), olmax::value_error);
 }

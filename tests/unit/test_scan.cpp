@@ -215,6 +215,54 @@ TEMPLATE_TEST_CASE("scan: log gates equal linear gates", "[scan]", OLMAX_SCAN_ST
     }
 }
 
+// ---- the dispatch table (scan/detail/dispatch.hpp) ----------------------------------------------
+
+namespace {
+
+/// The kernel families a strategy is declared to run: with gates per channel in [B, T, C] and in
+/// [B, C, T] (forward and backward alike), and with gates shared by heads (forward, backward).
+struct DeclaredRoute {
+    std::string contiguous, strided, shared_forward, shared_backward;
+};
+
+template <class S>
+void check_route(const DeclaredRoute& want) {
+    using sc::detail::Pass;
+    auto geometry = [](sc::Layout layout, std::size_t heads) {
+        const bool btc = layout == sc::Layout::btc;
+        Tensor<double> x(btc ? Shape{1, 8, 4} : Shape{1, 4, 8}), a(btc ? Shape{1, 8, heads} : Shape{1, heads, 8});
+        return sc::detail::make_geometry<double>("route", a, x, {.layout = layout});
+    };
+    for (sc::Layout layout : {sc::Layout::btc, sc::Layout::bct}) {
+        INFO(S::name << " layout=" << (layout == sc::Layout::btc ? "btc" : "bct"));
+        const auto per_channel = geometry(layout, 4);
+        const std::string& want_per_channel = layout == sc::Layout::btc ? want.contiguous : want.strided;
+        CHECK(std::string(sc::detail::family_name<S>(per_channel, Pass::forward)) == want_per_channel);
+        CHECK(std::string(sc::detail::family_name<S>(per_channel, Pass::backward)) == want_per_channel);
+        const auto shared = geometry(layout, 2);
+        CHECK(std::string(sc::detail::family_name<S>(shared, Pass::forward)) == want.shared_forward);
+        CHECK(std::string(sc::detail::family_name<S>(shared, Pass::backward)) == want.shared_backward);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("scan: the dispatch table runs each strategy's declared forward and backward kernels", "[scan]") {
+    // Shared gates: every backward is the sequential tile kernel (the reason is in dispatch.hpp's
+    // tile_route); a change of any entry must show up here.
+    const std::string seq = "tile_sequential";
+    check_route<sc::sequential>({seq, seq, seq, seq});
+    check_route<sc::sequential_fp64>({seq, seq, seq, seq});
+    check_route<sc::sequential_vectorized>({"sequential_vectorized", "sequential_vectorized", seq, seq});
+    check_route<sc::two_pass>({"two_pass", "two_pass", seq, seq});
+    check_route<sc::hillis_steele>({"tile_hillis_steele", "tile_hillis_steele", "tile_hillis_steele", seq});
+    check_route<sc::hillis_steele_chunked<128>>({"hillis_steele_chunked", "tile_hillis_steele_chunked", "tile_hillis_steele_chunked", seq});
+    check_route<sc::blelloch>({"tile_blelloch", "tile_blelloch", "tile_blelloch", seq});
+    check_route<sc::chunked_matmul<128>>({"tile_chunked_matmul", "tile_chunked_matmul", "shared_gate_matmul", seq});
+    check_route<sc::log_space>({"tile_log_space", "tile_log_space", "tile_log_space", seq});
+    STATIC_REQUIRE_FALSE(sc::detail::is_strategy<int>);
+}
+
 // ---- gradients -----------------------------------------------------------------------------
 
 template <class S>

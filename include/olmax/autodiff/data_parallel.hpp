@@ -22,8 +22,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "olmax/autodiff/gradient_sink.hpp"
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/default.hpp"
+#include "olmax/core/tensor.hpp"
 
 namespace olmax::autodiff {
 

@@ -1,14 +1,17 @@
 #pragma once
-// Reverse-mode autodiff on a per-thread tape (a Wengert list).
+// Reverse-mode autodiff on a per-thread tape (a Wengert list): recording ops (`record`), nested
+// tapes (`tape_scope`) and the reverse pass (`autodiff::backward`, and the definitions of
+// `Tensor<T>::backward`, which core/tensor.hpp only declares; see docs/ARCHITECTURE.md).
 //
 // Semantics, stated once:
-//  * Recording. While grad mode is on (the default; see `no_grad`) every op whose inputs include a
-//    tensor that requires grad appends one node to the calling thread's current tape. Each thread
-//    has its own tape stack; a graph must be built and differentiated on one thread. Kernels inside
-//    an op may use many threads; that is invisible to the tape.
+//  * Recording. While grad mode is on (the default; see `no_grad` in grad_mode.hpp) every op whose
+//    inputs include a tensor that requires grad appends one node to the calling thread's current
+//    tape. Each thread has its own tape stack; a graph must be built and differentiated on one
+//    thread. Kernels inside an op may use many threads; that is invisible to the tape.
 //  * Accumulation. Gradients are *added* into `grad()` of every tensor they reach, never
-//    overwritten. Leaves keep their gradient until `zero_grad()`; an intermediate tensor's gradient
-//    is freed as soon as its producing node has run (unless `retain_grad()`).
+//    overwritten (gradient_sink.hpp). Leaves keep their gradient until `zero_grad()`; an
+//    intermediate tensor's gradient is freed as soon as its producing node has run (unless
+//    `retain_grad()`).
 //  * Lifetime. `backward()` walks the tape from the root's node down to the first node, then frees
 //    the whole tape (unless `retain_graph`). A later op or backward that reaches a tensor of a freed
 //    graph throws `autodiff_error` instead of silently dropping gradient. Code that evaluates without
@@ -16,23 +19,22 @@
 //  * Nesting. `tape_scope` pushes a fresh tape: ops inside record there and a backward inside
 //    differentiates only them; gradients reaching tensors from the enclosing tape are accumulated
 //    into those tensors and go no further. Reversible blocks recompute their forward this way.
-//  * Custom backward passes, two ways on the same tape: `custom_op` (a value plus a closure that
-//    adds into input gradients) and `Function<Op>` (static forward/backward with a `Context`).
+//  * Custom backward passes, two ways on the same tape (custom_op.hpp): `custom_op` (a value plus a
+//    closure that adds into input gradients) and `Function<Op>` (static forward/backward with a
+//    `Context`).
 
-#include <any>
 #include <atomic>
+#include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "olmax/backend/cpu_openmp.hpp"
+#include "olmax/autodiff/grad_mode.hpp"
+#include "olmax/autodiff/gradient_sink.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax::autodiff {
@@ -59,19 +61,20 @@ inline std::uint64_t next_tape_id() {
     return counter.fetch_add(1, std::memory_order_relaxed);
 }
 
-struct ThreadState {
-    std::vector<std::unique_ptr<Tape>> stack;  // unique_ptr: references stay valid while nested tapes are pushed
-    bool grad_enabled = true;
-    ThreadState() { stack.push_back(std::make_unique<Tape>(Tape{next_tape_id(), {}})); }
-};
-
-inline ThreadState& thread_state() {
-    thread_local ThreadState state;
-    return state;
+/// This thread's tapes, outermost first; never empty (the root tape is made on first use).
+/// unique_ptr: references to a tape stay valid while nested tapes are pushed.
+inline std::vector<std::unique_ptr<Tape>>& tape_stack() {
+    thread_local std::vector<std::unique_ptr<Tape>> stack = [] {
+        std::vector<std::unique_ptr<Tape>> root;
+        root.push_back(std::make_unique<Tape>(Tape{next_tape_id(), {}}));
+        return root;
+    }();
+    return stack;
 }
 
+/// Whether the node `handle` points at is on one of this thread's live tapes.
 inline bool is_live(const olmax::detail::NodeHandle& handle) {
-    for (const auto& tape : thread_state().stack)
+    for (const auto& tape : tape_stack())
         if (tape->id == handle.tape_id) return true;
     return false;
 }
@@ -79,7 +82,7 @@ inline bool is_live(const olmax::detail::NodeHandle& handle) {
 }  // namespace detail
 
 /// The tape ops record on right now (the innermost `tape_scope`, else the thread's root tape).
-inline Tape& current_tape() { return *detail::thread_state().stack.back(); }
+inline Tape& current_tape() { return *detail::tape_stack().back(); }
 /// Number of nodes on the current tape.
 inline std::size_t tape_size() { return current_tape().nodes.size(); }
 /// Frees every node of the current tape (and with them the activations they keep alive).
@@ -89,146 +92,13 @@ inline void clear_tape() {
     tape.id = detail::next_tape_id();
 }
 
-inline bool is_grad_enabled() { return detail::thread_state().grad_enabled; }
-
-/// RAII: ops inside record nothing (evaluation, sampling, optimiser updates).
-class no_grad {
-public:
-    no_grad() : previous_(detail::thread_state().grad_enabled) { detail::thread_state().grad_enabled = false; }
-    ~no_grad() { detail::thread_state().grad_enabled = previous_; }
-    no_grad(const no_grad&) = delete;
-    no_grad& operator=(const no_grad&) = delete;
-
-private:
-    bool previous_;
-};
-
-/// RAII: turns recording back on, e.g. inside a custom backward that recomputes its forward.
-class enable_grad {
-public:
-    enable_grad() : previous_(detail::thread_state().grad_enabled) { detail::thread_state().grad_enabled = true; }
-    ~enable_grad() { detail::thread_state().grad_enabled = previous_; }
-    enable_grad(const enable_grad&) = delete;
-    enable_grad& operator=(const enable_grad&) = delete;
-
-private:
-    bool previous_;
-};
-
 /// RAII: a fresh nested tape; its nodes are freed when the scope ends.
 class tape_scope {
 public:
-    tape_scope() { detail::thread_state().stack.push_back(std::make_unique<Tape>(Tape{detail::next_tape_id(), {}})); }
-    ~tape_scope() { detail::thread_state().stack.pop_back(); }
+    tape_scope() { detail::tape_stack().push_back(std::make_unique<Tape>(Tape{detail::next_tape_id(), {}})); }
+    ~tape_scope() { detail::tape_stack().pop_back(); }
     tape_scope(const tape_scope&) = delete;
     tape_scope& operator=(const tape_scope&) = delete;
-};
-
-/// RAII: while alive on this thread, gradients that backward passes add into the listed tensors
-/// (typically the parameters) go into buffers of this object instead of the tensors' own `grad()`.
-/// Threads that differentiate shards of one batch at the same time each hold one, so none writes
-/// the shared parameters' gradients (`data_parallel_backward` sums the buffers afterwards in a fixed
-/// order). Intermediate tensors are private to the thread that made them and need no redirect.
-template <Real T>
-class private_gradients {
-public:
-    explicit private_gradients(std::span<const Tensor<T>> shared) : previous_(active()) {
-        for (const auto& t : shared)
-            if (t.defined()) buffers_.emplace(&t.impl(), nullptr);
-        active() = this;
-    }
-    ~private_gradients() { active() = previous_; }
-    private_gradients(const private_gradients&) = delete;
-    private_gradients& operator=(const private_gradients&) = delete;
-
-    /// The gradient collected for `t` (undefined when none arrived or `t` was not listed).
-    Tensor<T> grad(const Tensor<T>& t) const {
-        const auto it = t.defined() ? buffers_.find(&t.impl()) : buffers_.end();
-        if (it == buffers_.end() || !it->second) return {};
-        auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
-        impl->storage = it->second;
-        impl->shape = t.shape();
-        return Tensor<T>::from_impl(std::move(impl));
-    }
-
-    /// The gradient buffer of `impl` on this thread: a buffer of the innermost active scope that
-    /// lists it, else the tensor's own.
-    static std::shared_ptr<Storage<T>>& buffer_of(olmax::detail::TensorImpl<T>& impl) {
-        for (private_gradients* scope = active(); scope != nullptr; scope = scope->previous_)
-            if (const auto it = scope->buffers_.find(&impl); it != scope->buffers_.end()) return it->second;
-        return impl.grad;
-    }
-
-private:
-    static private_gradients*& active() {
-        thread_local private_gradients* scope = nullptr;
-        return scope;
-    }
-
-    private_gradients* previous_;
-    std::unordered_map<const olmax::detail::TensorImpl<T>*, std::shared_ptr<Storage<T>>> buffers_;
-};
-
-/// Adds `grad` into the gradient buffer of `impl` (allocating it on first use). Copies and adds
-/// run on the default backend's threads above its parallel threshold (activation gradients of
-/// long sequences are hundreds of megabytes).
-template <Real T>
-void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::string_view op) {
-    if (grad.shape() != impl.shape)
-        throw autodiff_error(olmax::detail::concat(op, ": backward produced a gradient of shape ", to_string(grad.shape()),
-                                                   " for an input of shape ", to_string(impl.shape)));
-    const std::size_t n = grad.size();
-    const T* src = grad.data();
-    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
-    if (!buffer) {
-        buffer = std::make_shared<Storage<T>>(n);
-        backend::cpu_openmp::map(n, buffer->data(), [](T v) { return v; }, src);
-        return;
-    }
-    T* dst = buffer->data();
-    backend::cpu_openmp::map(n, dst, [](T a, T b) { return a + b; }, static_cast<const T*>(dst), src);
-}
-
-/// Same, taking over the buffer of a temporary gradient instead of copying it when nothing else
-/// can see that buffer (first gradient to arrive, sole handle, sole owner of the storage).
-template <Real T>
-void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::string_view op) {
-    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
-    if (!buffer && grad.defined() && grad.shape() == impl.shape && grad.impl_ptr().use_count() == 1) {
-        auto& source = grad.impl();
-        if (source.offset == 0 && source.storage && source.storage.use_count() == 1 && source.storage->size() == grad.size()) {
-            buffer = std::move(source.storage);
-            grad = Tensor<T>();
-            return;
-        }
-    }
-    accumulate_grad(impl, static_cast<const Tensor<T>&>(grad), op);
-}
-
-/// What a backward closure writes into: one slot per op input, in the order they were recorded.
-template <Real T>
-class GradientSink {
-public:
-    GradientSink(std::span<const std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs, std::string_view op)
-        : inputs_(inputs), op_(op) {}
-
-    std::size_t size() const { return inputs_.size(); }
-    /// Whether input `i` wants a gradient (skip the work when it does not).
-    bool needs(std::size_t i) const { return i < inputs_.size() && inputs_[i] != nullptr; }
-    /// Adds `grad` to input `i`'s gradient; ignored when the input does not require grad.
-    void add(std::size_t i, const Tensor<T>& grad) {
-        if (!needs(i)) return;
-        accumulate_grad(*inputs_[i], grad, op_);
-    }
-    /// A temporary gradient: its buffer becomes the input's gradient when it is the first to arrive.
-    void add(std::size_t i, Tensor<T>&& grad) {
-        if (!needs(i)) return;
-        accumulate_grad(*inputs_[i], std::move(grad), op_);
-    }
-
-private:
-    std::span<const std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs_;
-    std::string_view op_;
 };
 
 /// A backward closure: receives the gradient of every output (zeros where none arrived) and adds
@@ -314,133 +184,6 @@ void record(std::string_view name, std::span<const Tensor<T>> inputs, std::span<
     }
 }
 
-/// Lambda-level custom backward: returns `value` recorded as the result of `inputs`; `backward`
-/// is called as `backward(grad_output, grads)` and must `grads.add(i, ...)` for each input.
-///
-///     auto y = olmax::autodiff::custom_op("cube", cube_values, {x},
-///         [x](const Tensor<double>& dy, GradientSink<double>& g) { g.add(0, 3 * x * x * dy); });
-template <Real T, class F>
-    requires std::invocable<F&, const Tensor<T>&, GradientSink<T>&>
-Tensor<T> custom_op(std::string_view name, Tensor<T> value, std::initializer_list<Tensor<T>> inputs, F&& backward) {
-    std::vector<Tensor<T>> in(inputs);
-    if (!should_record(std::span<const Tensor<T>>(in))) return value;
-    if (!value.is_leaf() || value.requires_grad()) value = value.detach();
-    record<T>(name, in, std::span<Tensor<T>>(&value, 1),
-              [fn = std::forward<F>(backward)](std::span<const Tensor<T>> g, GradientSink<T>& sink) mutable { fn(g[0], sink); });
-    return value;
-}
-
-/// Multi-output form: `backward(std::span<const Tensor<T>> grad_outputs, grads)`.
-template <Real T, class F>
-    requires std::invocable<F&, std::span<const Tensor<T>>, GradientSink<T>&>
-std::vector<Tensor<T>> custom_op(std::string_view name, std::vector<Tensor<T>> values, std::vector<Tensor<T>> inputs, F&& backward) {
-    if (!should_record(std::span<const Tensor<T>>(inputs))) return values;
-    for (auto& v : values)
-        if (!v.is_leaf() || v.requires_grad()) v = v.detach();
-    record<T>(name, inputs, values, BackwardFn<T>(std::forward<F>(backward)));
-    return values;
-}
-
-/// Everything a class-level custom op (`Function<Op>`) keeps between forward and backward.
-template <Real T>
-class Context {
-public:
-    /// Tensors the backward needs (inputs, outputs or anything computed in forward).
-    template <class... Ts>
-    void save_for_backward(const Ts&... tensors) { (saved_.push_back(tensors), ...); }
-    const std::vector<Tensor<T>>& saved_tensors() const { return saved_; }
-    /// Whether input `i` (counting tensor arguments of `forward`, in order) needs a gradient.
-    bool needs_input_grad(std::size_t i) const { return i < needs_.size() && needs_[i]; }
-    /// Non-tensor state (sizes, options) by name.
-    std::map<std::string, std::any, std::less<>> saved_data;
-
-    std::vector<bool> needs_;  // set by Function::apply
-
-private:
-    std::vector<Tensor<T>> saved_;
-};
-
-namespace detail {
-template <class A>
-struct tensor_arg : std::false_type {};
-template <Real T>
-struct tensor_arg<Tensor<T>> : std::true_type {
-    using scalar = T;
-};
-template <class... Args>
-struct first_real;
-// Dispatch on a bool (not std::conditional_t, which would name `tensor_arg<A>::scalar` even for a
-// non-tensor argument such as a `double` option and fail to compile).
-template <bool IsTensor, class A, class... Rest>
-struct first_real_step {
-    using type = typename tensor_arg<std::remove_cvref_t<A>>::scalar;
-};
-template <class A, class... Rest>
-struct first_real_step<false, A, Rest...> {
-    using type = typename first_real<Rest...>::type;
-};
-template <class A, class... Rest>
-struct first_real<A, Rest...> : first_real_step<tensor_arg<std::remove_cvref_t<A>>::value, A, Rest...> {};
-template <>
-struct first_real<> {
-    using type = void;
-};
-}  // namespace detail
-
-/// Class-level custom backward (the LibTorch `autograd::Function` shape):
-///
-///     struct Cube : olmax::autodiff::Function<Cube> {
-///         template <class T> static Tensor<T> forward(Context<T>& ctx, const Tensor<T>& x) {
-///             ctx.save_for_backward(x); return x * x * x; }
-///         template <class T> static std::vector<Tensor<T>> backward(Context<T>& ctx, std::vector<Tensor<T>> dy) {
-///             const auto& x = ctx.saved_tensors()[0]; return {3 * x * x * dy[0]}; }
-///     };
-///     auto y = Cube::apply(x);
-///
-/// `forward` runs with recording off and returns a `Tensor<T>` or a `std::vector<Tensor<T>>`;
-/// `backward` returns one gradient per tensor argument of `forward` (undefined = none).
-template <class Derived>
-struct Function {
-    template <class... Args>
-    static auto apply(Args&&... args) {
-        using T = typename detail::first_real<Args...>::type;
-        static_assert(!std::is_void_v<T>, "olmax::autodiff::Function::apply needs at least one Tensor<float> or Tensor<double> argument");
-        std::vector<Tensor<T>> inputs;
-        auto collect = [&](const auto& a) {
-            if constexpr (detail::tensor_arg<std::remove_cvref_t<decltype(a)>>::value) inputs.push_back(a);
-        };
-        (collect(args), ...);
-        auto ctx = std::make_shared<Context<T>>();
-        for (const auto& t : inputs) ctx->needs_.push_back(t.defined() && t.requires_grad());
-        const bool rec = should_record(std::span<const Tensor<T>>(inputs));
-        auto result = [&] {
-            no_grad guard;
-            return Derived::forward(*ctx, std::forward<Args>(args)...);
-        }();
-        using Result = decltype(result);
-        static_assert(std::is_same_v<Result, Tensor<T>> || std::is_same_v<Result, std::vector<Tensor<T>>>,
-                      "olmax::autodiff::Function: forward must return Tensor<T> or std::vector<Tensor<T>>");
-        if (!rec) return result;
-        std::vector<Tensor<T>> outs;
-        if constexpr (std::is_same_v<Result, Tensor<T>>) outs.push_back(result);
-        else outs = result;
-        for (auto& o : outs)
-            if (!o.is_leaf() || o.requires_grad()) o = o.detach();
-        const std::size_t n_inputs = inputs.size();
-        record<T>(typeid(Derived).name(), inputs, outs,
-                  [ctx, n_inputs](std::span<const Tensor<T>> g, GradientSink<T>& sink) {
-                      std::vector<Tensor<T>> grads_in = Derived::backward(*ctx, std::vector<Tensor<T>>(g.begin(), g.end()));
-                      if (grads_in.size() != n_inputs)
-                          throw autodiff_error(olmax::detail::concat(typeid(Derived).name(), "::backward returned ", grads_in.size(),
-                                                                     " gradients for ", n_inputs, " tensor inputs"));
-                      for (std::size_t i = 0; i < n_inputs; ++i)
-                          if (grads_in[i].defined()) sink.add(i, grads_in[i]);
-                  });
-        if constexpr (std::is_same_v<Result, Tensor<T>>) return outs[0];
-        else return outs;
-    }
-};
-
 /// Runs the reverse pass from `root` seeded with `grad_output`.
 template <Real T>
 void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_graph = false) {
@@ -467,6 +210,11 @@ void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_g
 
 }  // namespace olmax::autodiff
 
+// The member functions core/tensor.hpp declares. They are defined here, not in core, because core
+// sits below autodiff (docs/ARCHITECTURE.md, "Layers"): a translation unit that calls
+// `t.backward()` must include this header (olmax/autodiff/autodiff.hpp and olmax/olmax.hpp do);
+// without it the call compiles against the declaration and the link reports an undefined
+// `olmax::Tensor<T>::backward`.
 namespace olmax {
 
 template <Scalar T>

@@ -3,3 +3,4 @@
 #include "olmax/backend/concept.hpp"
 #include "olmax/backend/cpu_openmp.hpp"
 #include "olmax/backend/cpu_serial.hpp"
+#include "olmax/backend/default.hpp"

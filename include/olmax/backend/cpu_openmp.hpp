@@ -6,14 +6,31 @@
 
 #include "olmax/backend/concept.hpp"
 #include "olmax/backend/cpu_serial.hpp"
+#include "olmax/backend/detail/thread_pool.hpp"
 #include "olmax/detail/third_party.hpp"
 
 namespace olmax::backend {
 
-/// The default backend: OpenMP threads over contiguous, statically partitioned ranges once the
-/// work exceeds `parallel_threshold()` (below it the thread start-up costs more than it saves).
-/// Nested calls (already inside a parallel region) run serially, so olmax never oversubscribes;
-/// Eigen's GEMM likewise runs single-threaded when called inside a parallel region.
+/// The default backend: loops cut into contiguous chunks that run on the calling thread and the
+/// workers of a small pool of its own (`detail::thread_pool`) once the work exceeds
+/// `parallel_threshold()` (below it the hand-off costs more than it saves).
+///
+/// Why not OpenMP regions (this backend's name is historical; OpenMP remains its thread-count
+/// control and its `simd` loops): on a machine whose cores are shared with other processes an
+/// OpenMP region's end barrier waits a whole time slice for a descheduled worker that also holds
+/// half of the work, and libgomp's idle workers spin between regions. Here the caller takes chunks
+/// itself and never waits for a worker that has not started, so a busy machine costs at most the
+/// serial speed (measured in benchmarks/RESULTS.md, "Threads under contention").
+///
+/// Thread count: `num_threads()` follows OpenMP's setting on the calling thread (OMP_NUM_THREADS,
+/// omp_set_num_threads; train_lm's --threads), so existing controls keep working.
+/// Determinism: chunk boundaries depend only on n and the thread count, never on which thread runs
+/// a chunk or when, so results are bit-identical for a given thread count.
+/// Nested calls (inside a chunk, or inside a user's OpenMP region) run serially: no
+/// oversubscription; inside a chunk `num_threads()` still reports the loop's thread count.
+/// GEMM: large products are cut into blocks of rows (or columns) of C, each computed by
+/// single-threaded Eigen and run through the same pool (Eigen's own parallel GEMM makes its threads
+/// busy-wait on each other's packed panels, which collapses under contention).
 struct cpu_openmp {
     static constexpr std::string_view name = "cpu_openmp";
     template <class Op>
@@ -23,10 +40,15 @@ struct cpu_openmp {
     static std::size_t parallel_threshold() { return threshold_ref().load(std::memory_order_relaxed); }
     static void set_parallel_threshold(std::size_t work) { threshold_ref().store(work, std::memory_order_relaxed); }
 
+    /// Chunks per thread of a parallel loop: more than one, so that a thread slowed down by another
+    /// process leaves its remaining chunks to the others; few, so that per-chunk costs stay small.
+    static constexpr std::size_t chunks_per_thread = 4;
+
     static void* allocate(std::size_t bytes) { return cpu_serial::allocate(bytes); }
     static void deallocate(void* p, std::size_t bytes) { cpu_serial::deallocate(p, bytes); }
 
     static int num_threads() {
+        if (const int in_loop = detail::this_thread_region().threads) return in_loop;
 #if defined(_OPENMP)
         return omp_get_max_threads();
 #else
@@ -34,37 +56,51 @@ struct cpu_openmp {
 #endif
     }
 
-    /// Calls body(begin, end) on contiguous pieces of [0, n), one per thread.
+    /// The chunks a parallel loop over n items is cut into at the current thread count (1: serial).
+    /// Depends on n and the thread count only.
+    static std::size_t chunk_count(std::size_t n, std::size_t work_per_item) {
+        const int threads = num_threads();
+        if (threads < 2 || n < 2 || nested() || n * std::max<std::size_t>(work_per_item, 1) < parallel_threshold()) return 1;
+        return std::min<std::size_t>(n, std::size_t(threads) * chunks_per_thread);
+    }
+
+    /// Calls body(begin, end) on contiguous chunks of [0, n) that together cover it exactly once.
     template <class F>
     static void parallel_for(std::size_t n, std::size_t work_per_item, F&& body) {
         if (n == 0) return;
-#if defined(_OPENMP)
-        const int threads = num_threads();
-        if (threads > 1 && n > 1 && !omp_in_parallel() && n * std::max<std::size_t>(work_per_item, 1) >= parallel_threshold()) {
-            const std::size_t pieces = std::min<std::size_t>(n, static_cast<std::size_t>(threads));
-#pragma omp parallel num_threads(static_cast<int>(pieces))
-            {
-                const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
-                const std::size_t p = static_cast<std::size_t>(omp_get_num_threads());
-                const std::size_t begin = n * t / p, end = n * (t + 1) / p;
-                if (begin < end) body(begin, end);
-            }
+        const std::size_t chunks = chunk_count(n, work_per_item);
+        if (chunks == 1) {
+            body(std::size_t{0}, n);
             return;
         }
-#endif
-        (void)work_per_item;
-        body(std::size_t{0}, n);
+        auto chunk = [&](std::size_t c) { body(detail::chunk_begin(n, chunks, c), detail::chunk_begin(n, chunks, c + 1)); };
+        detail::thread_pool::shared().run(chunks, num_threads(), chunk);
     }
 
-    /// Eigen's GEMM with its own OpenMP parallelisation (it detects nesting and goes serial).
+    /// Single-threaded Eigen on blocks of C run through the pool (see the struct's comment); below
+    /// the threshold, or nested, one single-threaded Eigen call.
     template <class T>
     static void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a, std::size_t lda,
                      const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
-        if (m * n * k < parallel_threshold()) {
+        const int threads = num_threads();
+        // Blocks of at least min_block rows/columns keep Eigen's kernel efficient and its packing of
+        // the other operand (repeated per block) small against the block's arithmetic.
+        constexpr std::size_t min_block = 64;
+        const bool by_rows = m >= n;
+        const std::size_t extent = by_rows ? m : n;
+        const std::size_t blocks = std::min(std::size_t(threads) * 2, extent / min_block);
+        if (threads < 2 || nested() || blocks < 2 || m * n * k < parallel_threshold()) {
             cpu_serial::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
             return;
         }
-        detail::eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        auto block = [&](std::size_t i) {
+            const std::size_t lo = detail::chunk_begin(extent, blocks, i), hi = detail::chunk_begin(extent, blocks, i + 1);
+            if (by_rows)  // rows lo..hi of C: rows of op(A) (columns of A when transposed)
+                cpu_serial::gemm(trans_a, trans_b, hi - lo, n, k, alpha, trans_a ? a + lo : a + lo * lda, lda, b, ldb, beta, c + lo * ldc, ldc);
+            else  // columns lo..hi of C: columns of op(B) (rows of B when transposed)
+                cpu_serial::gemm(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, trans_b ? b + lo * ldb : b + lo, ldb, beta, c + lo, ldc);
+        };
+        detail::thread_pool::shared().run(blocks, threads, block);
     }
 
     template <class T, class F, class... In>
@@ -72,37 +108,34 @@ struct cpu_openmp {
         parallel_for(n, 1, [&](std::size_t b, std::size_t e) { cpu_serial::map(e - b, out + b, f, (in + b)...); });
     }
 
-    /// Sum in double. Above the threshold each thread sums one contiguous piece and the partial
-    /// sums are added in piece order, so the result is the same on every run with the same thread
-    /// count (an OpenMP `reduction` clause combines partials in an unspecified order).
+    /// Sum in double. Above the threshold each chunk sums its contiguous piece and the partial sums
+    /// are added in chunk order, so the result is the same on every run with the same thread count.
     template <class T>
     static double sum(const T* x, std::size_t n) {
-#if defined(_OPENMP)
-        const int threads = num_threads();
-        if (threads > 1 && n > 1 && !omp_in_parallel() && n >= parallel_threshold()) {
-            const std::size_t pieces = std::min<std::size_t>(n, static_cast<std::size_t>(threads));
-            double partial[max_pieces] = {};
-            const std::size_t used = std::min(pieces, max_pieces);
-            std::size_t teams = used;
-#pragma omp parallel num_threads(static_cast<int>(used))
-            {
-                const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
-                const std::size_t p = static_cast<std::size_t>(omp_get_num_threads());
-#pragma omp single
-                teams = p;  // the runtime may grant fewer threads than asked
-                const std::size_t begin = n * t / p, end = n * (t + 1) / p;
-                partial[t] = cpu_serial::sum(x + begin, end - begin);
-            }
-            double total = 0;
-            for (std::size_t t = 0; t < teams; ++t) total += partial[t];
-            return total;
-        }
-#endif
-        return cpu_serial::sum(x, n);
+        const std::size_t chunks = std::min(chunk_count(n, 1), max_pieces);
+        if (chunks == 1) return cpu_serial::sum(x, n);
+        double partial[max_pieces];
+        auto chunk = [&](std::size_t c) {
+            const std::size_t begin = detail::chunk_begin(n, chunks, c);
+            partial[c] = cpu_serial::sum(x + begin, detail::chunk_begin(n, chunks, c + 1) - begin);
+        };
+        detail::thread_pool::shared().run(chunks, num_threads(), chunk);
+        double total = 0;
+        for (std::size_t c = 0; c < chunks; ++c) total += partial[c];
+        return total;
     }
 
 private:
     static constexpr std::size_t max_pieces = 1024;  // partial sums kept on the stack
+    /// Inside one of our chunks, or inside a user's OpenMP region.
+    static bool nested() {
+        if (detail::this_thread_region().threads) return true;
+#if defined(_OPENMP)
+        return omp_in_parallel();
+#else
+        return false;
+#endif
+    }
     static std::atomic<std::size_t>& threshold_ref() {
         static std::atomic<std::size_t> value{1u << 15};
         return value;

@@ -228,7 +228,11 @@ inline std::string path_problem(const std::string& text, PathKind kind) {
         case PathKind::input_file: {
             if (text.empty()) return "";
             const fs::file_status status = fs::status(text, ec);
-            if (!fs::exists(status)) return ec && ec != std::errc::no_such_file_or_directory ? "cannot be reached (" + ec.message() + ")" : "does not exist";
+            if (!fs::exists(status)) {
+                // ENOTDIR: a part of the path is a file, so nothing exists below it.
+                const bool missing = !ec || ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory;
+                return missing ? "does not exist" : "cannot be reached (" + ec.message() + ")";
+            }
             if (kind == PathKind::input_file && fs::is_directory(status)) return "is a folder, expected a file";
             if (!fs::is_regular_file(status) && !(kind == PathKind::input && fs::is_directory(status)))
                 return kind == PathKind::input ? "is neither a file nor a folder" : "is not a regular file";
@@ -304,7 +308,9 @@ void set_value(Struct& config, std::string_view key, std::string_view value, std
                 const std::string text(value);
                 char* end = nullptr;
                 const double v = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
-                if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) fail("a finite number");
+                // Decimal notation only: strtod also reads hexadecimal ("0x10" = 16) and "infinity".
+                const bool decimal = text.find_first_not_of("0123456789+-.eE") == std::string::npos;
+                if (text.empty() || !decimal || end != text.c_str() + text.size() || !std::isfinite(v)) fail("a finite number");
                 if (!field.accepts(v)) fail("a number in " + field.range_text());
                 config.*member = v;
             } else if constexpr (std::is_same_v<V, bool>) {

@@ -1,13 +1,15 @@
 #pragma once
 // The training run's settings (examples/train_lm), with defaults sized for a few minutes on 2 CPU
-// cores. Printed at start and stored in every checkpoint (`to_text`).
+// cores. Printed at start and stored in every checkpoint (`to_text`). Plain values only: config sits
+// beside optim and does not include it, so turning these keys into an optim::AdamWConfig is the
+// program's job (byte_lm::optimizer_config in examples/byte_lm.hpp).
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "olmax/config/key_value.hpp"
-#include "olmax/optim/adam.hpp"
+#include "olmax/core/error.hpp"
 
 namespace olmax::config {
 
@@ -109,19 +111,6 @@ struct TrainConfig {
     void validate() const {
         validate_fields(*this);
         check<config_error>(min_lr <= lr, "config: key 'min_lr' (", min_lr, ") must not exceed 'lr' (", lr, ")");
-    }
-
-    optim::AdamWConfig optimizer_config() const {
-        optim::AdamWConfig c;
-        c.schedule = optim::LrSchedule{lr, warmup, lr_decay, decay_start, min_lr};
-        c.beta1 = beta1;
-        c.beta2 = beta2;
-        c.eps = eps;
-        c.weight_decay = weight_decay;
-        c.decay_policy = optim::parse_weight_decay_policy(decay_policy);
-        c.agc.clip = agc_clip;
-        c.max_grad_norm = max_grad_norm;
-        return c;
     }
 };
 

@@ -1,7 +1,9 @@
 #pragma once
-// Module header: tensors, shapes, errors, memory statistics, random initialisation.
+// Module header: tensors, shapes, errors, memory statistics, random initialisation, state
+// dictionaries (named state that optimisers export and checkpoints store).
 #include "olmax/core/error.hpp"
 #include "olmax/core/memory.hpp"
 #include "olmax/core/random.hpp"
 #include "olmax/core/shape.hpp"
+#include "olmax/core/state_dict.hpp"
 #include "olmax/core/tensor.hpp"

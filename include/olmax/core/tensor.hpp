@@ -174,7 +174,11 @@ public:
         return t;
     }
 
-    // ---- autodiff (defined in olmax/autodiff/tape.hpp) ---------------------------------------
+    // ---- autodiff ------------------------------------------------------------------------------
+    // The gradient bookkeeping below is plain data on the tensor. The reverse pass is not: the two
+    // `backward` overloads are declared here and defined in olmax/autodiff/tape.hpp, because core
+    // sits below autodiff and must not include it (docs/ARCHITECTURE.md, "Layers"). Code that calls
+    // `backward()` includes olmax/autodiff/autodiff.hpp (olmax/olmax.hpp does).
     bool requires_grad() const { return defined() && impl_->requires_grad; }
     /// Marks a leaf tensor as a parameter whose gradient `backward()` computes.
     Tensor& set_requires_grad(bool value = true) {
@@ -199,9 +203,11 @@ public:
     /// Drops the gradient (the next backward starts from zero).
     void zero_grad() { if (defined()) impl_->grad.reset(); }
 
-    /// Reverse pass from this one-element tensor (seed 1) through the calling thread's tape.
+    /// Reverse pass from this one-element tensor (seed 1) through the calling thread's tape
+    /// (defined in olmax/autodiff/tape.hpp).
     void backward(bool retain_graph = false);
-    /// Reverse pass with an explicit output gradient of this tensor's shape.
+    /// Reverse pass with an explicit output gradient of this tensor's shape (defined in
+    /// olmax/autodiff/tape.hpp).
     void backward(const Tensor& grad_output, bool retain_graph = false);
 
     /// Internal: the shared implementation (used by autodiff and kernels).
@@ -317,5 +323,3 @@ Tensor<To> cast(const Tensor<From>& t) {
 }
 
 }  // namespace olmax
-
-#include "olmax/autodiff/tape.hpp"

@@ -1,7 +1,7 @@
 #pragma once
 // Byte-level tokenizer: every byte is its own token (vocab 256), as in the original's
 // "the-char-pile" setting. Documents are separated by an end-of-document byte; the original used
-// byte 4 (ASCII EOT, olmax-techniques.md §2), which ordinary text does not contain.
+// byte 4 (ASCII EOT, its data pipeline's document separator), which ordinary text does not contain.
 
 #include <cstdint>
 #include <string>

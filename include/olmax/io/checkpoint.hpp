@@ -4,27 +4,73 @@
 // every name, shape and type before changing anything, so a rejected file leaves the model and
 // optimiser as they were. `CheckpointDirectory` keeps the last few checkpoints and loads the newest
 // one that is valid, so a damaged newest file falls back to the previous good one.
+//
+// io does not include optim (they are siblings; docs/ARCHITECTURE.md, "Layers"): a checkpoint takes
+// the optimiser through `CheckpointOptimizer`, a concept over named parameters and a `StateDict`
+// (core/state_dict.hpp) that optim::AdamW models. Archive entries: "param/<name>" per parameter,
+// "optim/<entry>" per state entry in the optimiser's order (AdamW: "optim/step", then
+// "optim/<name>/step", "optim/<name>/first_moment", "optim/<name>/second_moment"), and the
+// "olmax/..." and "train/..." entries below.
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <ranges>
 #include <regex>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include <signal.h>  // kill(pid, 0): does the writer of a temporary file still run
 #include <unistd.h>
 
+#include "olmax/core/core.hpp"
 #include "olmax/io/archive.hpp"
-#include "olmax/optim/adam.hpp"
 
 namespace olmax::io {
 
-/// What a checkpoint holds besides parameters and optimiser moments.
+namespace detail {
+/// The element type of `p.tensor`.
+template <class P>
+using named_tensor_value_t = typename std::remove_cvref_t<decltype(std::declval<const P&>().tensor)>::value_type;
+}  // namespace detail
+
+/// A trainable tensor with its name: members `name` (a string) and `tensor` (Tensor<float> or
+/// Tensor<double>), as optim::Parameter and nn::NamedParameter have. Checkpoints store it as
+/// "param/<name>".
+template <class P>
+concept NamedTensor = requires(const P& p) {
+    { p.name } -> std::convertible_to<std::string>;
+    requires Real<detail::named_tensor_value_t<P>>;
+    requires std::same_as<std::remove_cvref_t<decltype(p.tensor)>, Tensor<detail::named_tensor_value_t<P>>>;
+};
+
+/// A range of named tensors (a std::vector<optim::Parameter<T>>, a model's parameters()).
+template <class R>
+concept NamedTensorRange = std::ranges::forward_range<const R> && NamedTensor<std::ranges::range_value_t<const R>>;
+
+/// What a checkpoint needs from an optimiser: its parameters with their names, and its own state
+/// as a StateDict it can export and load back. `load_state_dict` must check everything before it
+/// changes anything (restore_checkpoint relies on it for its all-or-nothing promise).
+template <class O>
+concept CheckpointOptimizer = requires(const O& optimizer, O& target, const StateDict& state) {
+    typename O::value_type;
+    requires Real<typename O::value_type>;
+    { optimizer.parameters() } -> NamedTensorRange;
+    requires std::same_as<detail::named_tensor_value_t<std::ranges::range_value_t<decltype(optimizer.parameters())>>,
+                          typename O::value_type>;
+    { optimizer.state_dict() } -> std::same_as<StateDict>;
+    target.load_state_dict(state);
+};
+
+/// What a checkpoint holds besides parameters and optimiser state.
 struct TrainingState {
     std::int64_t step = 0;
     std::string config_text;    // the resolved config (key = value lines)
@@ -32,8 +78,9 @@ struct TrainingState {
     std::string note;           // free text (metrics, ...)
 };
 
-template <Real T>
-Archive make_checkpoint(const optim::AdamW<T>& optimizer, const TrainingState& state) {
+template <CheckpointOptimizer O>
+Archive make_checkpoint(const O& optimizer, const TrainingState& state) {
+    using T = typename O::value_type;
     Archive a;
     a.put_text("olmax/kind", "training_checkpoint");
     a.put_text("olmax/param_dtype", std::string(dtype_name<T>()));
@@ -41,70 +88,105 @@ Archive make_checkpoint(const optim::AdamW<T>& optimizer, const TrainingState& s
     a.put_text("train/config", state.config_text);
     a.put_text("train/data_position", state.data_position);
     a.put_text("train/note", state.note);
-    for (const auto& p : optimizer.parameters()) a.put("param/" + p.name, p.tensor);
-    const auto opt = optimizer.export_state();
-    a.put_int("optim/step", opt.step);
-    for (const auto& s : opt.slots) {
-        a.put_int("optim/" + s.name + "/step", s.step);
-        a.put("optim/" + s.name + "/first_moment", s.first_moment);
-        a.put("optim/" + s.name + "/second_moment", s.second_moment);
+    for (const auto& p : optimizer.parameters()) a.put("param/" + std::string(p.name), p.tensor);
+    for (const auto& entry : optimizer.state_dict()) {
+        const std::string key = "optim/" + entry.name;
+        std::visit(
+            [&]<class V>(const V& value) {
+                if constexpr (std::is_same_v<V, std::int64_t>) a.put_int(key, value);
+                else a.put(key, value);
+            },
+            entry.value);
     }
     return a;
 }
 
-/// Copies the archive's parameters into `params` (in place) after checking all of them.
-template <Real T>
-void restore_parameters(const Archive& a, const std::vector<optim::Parameter<T>>& params) {
+namespace detail {
+
+/// Reads and checks every parameter of `params` from the archive without changing them: present,
+/// of the model's element type and shape. `who` names the caller in errors.
+template <NamedTensorRange R>
+auto read_parameters(const Archive& a, const R& params, std::string_view who) {
+    using T = named_tensor_value_t<std::ranges::range_value_t<const R>>;
     std::vector<Tensor<T>> loaded;
     for (const auto& p : params) {
-        const std::string key = "param/" + p.name;
-        check(a.contains(key), "restore_parameters: checkpoint has no parameter '", p.name, "'");
-        check(a.entry(key).kind == detail::kind_of<T>(), "restore_parameters: parameter '", p.name, "' is stored as ",
-              detail::kind_name(a.entry(key).kind), ", the model uses ", dtype_name<T>());
-        Tensor<T> t = a.get<T>(key);
-        check<shape_error>(t.shape() == p.tensor.shape(), "restore_parameters: parameter '", p.name, "' has shape ",
-                           olmax::to_string(t.shape()), " in the checkpoint, ", olmax::to_string(p.tensor.shape()), " in the model");
-        loaded.push_back(std::move(t));
+        const std::string name(p.name), key = "param/" + name;
+        check(a.contains(key), who, ": checkpoint has no parameter '", name, "'");
+        const Archive::Entry& e = a.entry(key);
+        check(e.kind == kind_of<T>(), who, ": parameter '", name, "' is stored as ", kind_name(e.kind), ", the model uses ",
+              dtype_name<T>());
+        check<shape_error>(e.shape == p.tensor.shape(), who, ": parameter '", name, "' has shape ", olmax::to_string(e.shape),
+                           " in the checkpoint, ", olmax::to_string(p.tensor.shape()), " in the model");
+        loaded.push_back(a.get<T>(key));
     }
-    for (std::size_t i = 0; i < params.size(); ++i) {
-        Tensor<T> target = params[i].tensor;
+    return loaded;
+}
+
+/// Copies values read by read_parameters into the parameters (in place; cannot fail).
+template <NamedTensorRange R, Real T>
+void assign_parameters(const R& params, const std::vector<Tensor<T>>& loaded) {
+    std::size_t i = 0;
+    for (const auto& p : params) {
+        Tensor<T> target = p.tensor;  // a handle: writes go to the caller's parameter
         std::copy(loaded[i].begin(), loaded[i].end(), target.begin());
+        ++i;
     }
 }
 
+/// Reads the optimiser state stored under `prefix`, entry by entry as `like` (the optimiser's
+/// current state) names them, checking each entry's presence, type and shape; changes nothing.
+inline StateDict read_state(const Archive& a, const std::string& prefix, const StateDict& like, std::string_view who) {
+    StateDict loaded;
+    for (const auto& entry : like) {
+        const std::string key = prefix + entry.name;
+        check(a.contains(key), who, ": checkpoint has no optimiser state '", key, "' (saved for another model or optimiser?)");
+        const Archive::Entry& stored = a.entry(key);
+        std::visit(
+            [&]<class V>(const V& current) {
+                if constexpr (std::is_same_v<V, std::int64_t>) {
+                    check(stored.kind == EntryKind::int64 && stored.shape.empty(), who, ": optimiser state '", key,
+                          "' is not an int64 scalar");
+                    loaded.add(entry.name, a.integer(key));
+                } else {
+                    using U = typename V::value_type;
+                    check(stored.kind == kind_of<U>(), who, ": optimiser state '", key, "' is stored as ", kind_name(stored.kind),
+                          ", expected ", dtype_name<U>());
+                    check<shape_error>(stored.shape == current.shape(), who, ": optimiser state '", key, "' has shape ",
+                                       olmax::to_string(stored.shape), " in the checkpoint, ", olmax::to_string(current.shape()),
+                                       " in the optimiser");
+                    loaded.add(entry.name, a.get<U>(key));
+                }
+            },
+            entry.value);
+    }
+    return loaded;
+}
+
+}  // namespace detail
+
+/// Copies the archive's parameters into `params` (in place) after checking all of them.
+template <NamedTensorRange R>
+void restore_parameters(const Archive& a, const R& params) {
+    detail::assign_parameters(params, detail::read_parameters(a, params, "restore_parameters"));
+}
+
 /// Restores parameters and optimiser state; returns the step, config and data position. Throws
-/// (changing nothing) when the archive does not fit this model.
-template <Real T>
-TrainingState restore_checkpoint(const Archive& a, optim::AdamW<T>& optimizer) {
+/// (changing nothing) when the archive does not fit this model: everything is read and checked
+/// first, then the optimiser loads its state (which checks before changing), and only then are the
+/// parameters overwritten, a copy that cannot fail.
+template <CheckpointOptimizer O>
+TrainingState restore_checkpoint(const Archive& a, O& optimizer) {
+    constexpr std::string_view who = "restore_checkpoint";
     check(a.contains("olmax/kind") && a.text("olmax/kind") == "training_checkpoint", "restore_checkpoint: not a training checkpoint");
-    optim::AdamState opt;
-    opt.step = a.integer("optim/step");
-    for (const auto& p : optimizer.parameters()) {
-        const std::string prefix = "optim/" + p.name + "/";
-        check(a.contains(prefix + "step"), "restore_checkpoint: no optimiser state for parameter '", p.name, "'");
-        opt.slots.push_back(optim::SlotState{p.name, a.integer(prefix + "step"), a.get<double>(prefix + "first_moment"),
-                                             a.get<double>(prefix + "second_moment")});
-    }
-    // Validate everything first: import_state checks the state, a dry run checks the parameters.
-    {
-        optim::AdamW<T> probe(optimizer.parameters(), optimizer.config());
-        probe.import_state(opt);
-    }
-    for (const auto& p : optimizer.parameters()) {
-        const std::string key = "param/" + p.name;
-        check(a.contains(key), "restore_checkpoint: checkpoint has no parameter '", p.name, "'");
-        check(a.entry(key).kind == detail::kind_of<T>() && a.entry(key).shape == p.tensor.shape(),
-              "restore_checkpoint: parameter '", p.name, "' has type ", detail::kind_name(a.entry(key).kind), " shape ",
-              olmax::to_string(a.entry(key).shape), " in the checkpoint, ", dtype_name<T>(), " ", olmax::to_string(p.tensor.shape()),
-              " in the model");
-    }
-    restore_parameters(a, optimizer.parameters());
-    optimizer.import_state(opt);
+    const StateDict optimizer_state = detail::read_state(a, "optim/", optimizer.state_dict(), who);
+    const auto parameters = detail::read_parameters(a, optimizer.parameters(), who);
     TrainingState state;
     state.step = a.integer("train/step");
     state.config_text = a.text("train/config");
     state.data_position = a.text("train/data_position");
     state.note = a.text("train/note");
+    optimizer.load_state_dict(optimizer_state);
+    detail::assign_parameters(optimizer.parameters(), parameters);
     return state;
 }
 

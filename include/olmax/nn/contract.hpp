@@ -37,24 +37,9 @@
 
 #include "olmax/core/random.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/nn/role.hpp"
 
 namespace olmax::nn {
-
-/// What a parameter is for, attached where the layer creates it. Optimiser groups (weight decay,
-/// learning-rate multipliers) select by role, never by substrings of names (the original Olmax's
-/// name-based weight-decay exclusion matched every block by accident).
-enum class Role { weight, bias, norm_scale, embedding, scalar };
-
-inline std::string_view role_name(Role role) {
-    switch (role) {
-        case Role::weight: return "weight";
-        case Role::bias: return "bias";
-        case Role::norm_scale: return "norm_scale";
-        case Role::embedding: return "embedding";
-        case Role::scalar: return "scalar";
-    }
-    return "unknown";
-}
 
 /// Inside an nn::Stack: one copy per layer (stored with a leading depth axis) or one copy shared
 /// by every layer (the original's weight-tied MoE expert).

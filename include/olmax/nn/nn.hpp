@@ -1,5 +1,6 @@
 #pragma once
 // Module header: layers as template types, reversible blocks and depth stacking.
+#include "olmax/nn/role.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/parameters.hpp"
 #include "olmax/nn/init.hpp"

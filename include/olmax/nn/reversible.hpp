@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "olmax/autodiff/custom_op.hpp"
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/views.hpp"

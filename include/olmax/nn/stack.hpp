@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "olmax/autodiff/custom_op.hpp"
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/parameters.hpp"

@@ -2,8 +2,10 @@
 // Adam / AdamW with bias correction (Kingma & Ba 2015, Algorithm 1; decoupled weight decay from
 // Loshchilov & Hutter 2019). The arithmetic follows torch.optim.AdamW step by step so the
 // reference values in tests/data/ (made by tools/make_optim_reference.py) match to rounding. The
-// original Olmax never ran its bias correction (olmax-techniques.md §0 #3); here every EMA is
-// debiased with t counted from 1. Moments are kept in double, as the original did since PR #104.
+// original Olmax never ran its bias correction (its `ema()` read the momentum type and discarded
+// it, so the debiased branch never ran); here every EMA is debiased, m / (1 - beta1^t) and
+// v / (1 - beta2^t) with t counted from 1. Moments are kept in double, as the original did since
+// its PR #104.
 //
 // Speed: a step streams ~44 bytes per float parameter (parameter, gradient, two double moments in;
 // parameter and moments out), so it is written to be bound by that traffic: one pass over the
@@ -17,12 +19,13 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
 
-#include "olmax/backend/cpu_openmp.hpp"
+#include "olmax/backend/default.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/optim/clipping.hpp"
 #include "olmax/optim/param.hpp"
@@ -156,6 +159,8 @@ struct AdamState {
 template <Real T>
 class AdamW {
 public:
+    using value_type = T;
+
     AdamW(std::vector<Parameter<T>> params, AdamWConfig config) : params_(std::move(params)), config_(std::move(config)) {
         config_.validate();
         std::set<std::string> names;
@@ -252,6 +257,37 @@ public:
         }
         slots_ = std::move(restored);
         step_ = state.step;
+    }
+
+    /// The state as named entries, the form checkpoints store (olmax/io/checkpoint.hpp): "step",
+    /// then per parameter "<name>/step", "<name>/first_moment" and "<name>/second_moment", in
+    /// parameter order. The moment tensors share this optimiser's buffers, which the next step
+    /// changes: clone them (or use export_state) to keep a snapshot.
+    StateDict state_dict() const {
+        StateDict entries;
+        entries.add("step", step_);
+        for (const auto& s : slots_) {
+            entries.add(s.name + "/step", s.step);
+            entries.add(s.name + "/first_moment", s.first_moment);
+            entries.add(s.name + "/second_moment", s.second_moment);
+        }
+        return entries;
+    }
+
+    /// Restores a state in `state_dict()`'s form for the same parameter set. Checks every entry
+    /// (present, of the right type and shape, no entry this optimiser does not know) before
+    /// changing anything.
+    void load_state_dict(const StateDict& entries) {
+        constexpr std::string_view who = "AdamW::load_state_dict";
+        AdamState state;
+        state.step = entries.get<std::int64_t>("step", who);
+        for (const auto& s : slots_)
+            state.slots.push_back(SlotState{s.name, entries.get<std::int64_t>(s.name + "/step", who),
+                                            entries.get<Tensor<double>>(s.name + "/first_moment", who),
+                                            entries.get<Tensor<double>>(s.name + "/second_moment", who)});
+        check(entries.size() == 1 + 3 * slots_.size(), who, ": ", entries.size(), " entries for an optimiser of ", slots_.size(),
+              " parameters (expected ", 1 + 3 * slots_.size(), "): the state is of another model or optimiser");
+        import_state(state);
     }
 
 private:

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "olmax/backend/cpu_openmp.hpp"
+#include "olmax/backend/default.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/optim/param.hpp"
 

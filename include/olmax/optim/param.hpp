@@ -1,8 +1,9 @@
 #pragma once
 // Trainable parameters as optimisers see them: a tensor plus a name (for checkpoints and messages)
 // and a role fixed where the layer creates it. Weight decay groups are chosen by role, never by
-// matching substrings of names (the original decayed only embeddings because every block
-// parameter's scope path contained "norm"; olmax-techniques.md §0 #4).
+// matching substrings of names (the original skipped every parameter whose scope path contained
+// "norm" or "rezero"; every block parameter lives under a ".../prenorm:0/..." scope, so in effect
+// it decayed only the input and output embeddings).
 
 #include <cstddef>
 #include <string>
@@ -10,38 +11,9 @@
 #include <vector>
 
 #include "olmax/core/core.hpp"
+#include "olmax/nn/role.hpp"
 
 namespace olmax::optim {
-
-/// What a parameter is for; decides weight decay and the default AGC unit axis.
-enum class ParamRole {
-    weight,      // dense / conv / mixer matrices
-    embedding,   // input or output embedding tables
-    norm_scale,  // scales of normalisation layers (init 1)
-    bias,        // additive biases
-    rezero,      // residual / ReZero gates (scalars)
-    other,       // anything else: never decayed
-};
-
-inline std::string_view to_string(ParamRole role) {
-    switch (role) {
-        case ParamRole::weight: return "weight";
-        case ParamRole::embedding: return "embedding";
-        case ParamRole::norm_scale: return "norm_scale";
-        case ParamRole::bias: return "bias";
-        case ParamRole::rezero: return "rezero";
-        case ParamRole::other: return "other";
-    }
-    return "other";
-}
-
-inline ParamRole parse_param_role(std::string_view text) {
-    for (ParamRole role : {ParamRole::weight, ParamRole::embedding, ParamRole::norm_scale, ParamRole::bias, ParamRole::rezero,
-                           ParamRole::other})
-        if (to_string(role) == text) return role;
-    throw value_error(olmax::detail::concat("parse_param_role: unknown role '", text,
-                                     "' (expected weight, embedding, norm_scale, bias, rezero or other)"));
-}
 
 /// Which roles receive decoupled weight decay.
 enum class WeightDecayPolicy {
@@ -68,10 +40,11 @@ inline WeightDecayPolicy parse_weight_decay_policy(std::string_view text) {
                                      "' (expected matrices, embeddings_only, all or none)"));
 }
 
-inline bool receives_weight_decay(ParamRole role, WeightDecayPolicy policy) {
+/// Whether parameters of `role` receive weight decay under `policy` (roles: nn::Role, nn/role.hpp).
+inline bool receives_weight_decay(nn::Role role, WeightDecayPolicy policy) {
     switch (policy) {
-        case WeightDecayPolicy::matrices: return role == ParamRole::weight || role == ParamRole::embedding;
-        case WeightDecayPolicy::embeddings_only: return role == ParamRole::embedding;
+        case WeightDecayPolicy::matrices: return role == nn::Role::weight || role == nn::Role::embedding;
+        case WeightDecayPolicy::embeddings_only: return role == nn::Role::embedding;
         case WeightDecayPolicy::all: return true;
         case WeightDecayPolicy::none: return false;
     }
@@ -83,7 +56,7 @@ inline bool receives_weight_decay(ParamRole role, WeightDecayPolicy policy) {
 template <Real T>
 struct Parameter {
     std::string name;
-    ParamRole role = ParamRole::weight;
+    nn::Role role = nn::Role::weight;
     Tensor<T> tensor;
     /// Multiplies the scheduled learning rate for this parameter (per-parameter LR prior).
     double lr_scale = 1.0;
@@ -96,7 +69,7 @@ struct Parameter {
 };
 
 template <Real T>
-Parameter<T> make_parameter(std::string name, ParamRole role, Tensor<T> tensor, double lr_scale = 1.0) {
+Parameter<T> make_parameter(std::string name, nn::Role role, Tensor<T> tensor, double lr_scale = 1.0) {
     return Parameter<T>{std::move(name), role, std::move(tensor), lr_scale};
 }
 

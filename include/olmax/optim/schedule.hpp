@@ -1,6 +1,6 @@
 #pragma once
 // Learning-rate schedule: linear warmup, then exponential decay that starts after warmup by default
-// (the original started decaying at step 0, inside warmup; olmax-techniques.md §0 #8).
+// (the original's (1 - 3e-6)^step decay started at step 0, inside warmup).
 
 #include <algorithm>
 #include <cmath>

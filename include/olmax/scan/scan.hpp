@@ -16,127 +16,22 @@
 // da over their head. The original Olmax used g_t h_t for the gate gradient, which is wrong.
 // Saved state: the gates, h and h0 (handles to tensors that exist anyway), so O(B T C) memory;
 // no log T intermediates.
+//
+// Which kernel family runs a strategy, forward and backward, on each geometry: the strategy table
+// in scan/detail/dispatch.hpp.
 
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/backend.hpp"
 #include "olmax/core/tensor.hpp"
-#include "olmax/scan/detail/direct.hpp"
+#include "olmax/scan/detail/dispatch.hpp"
 #include "olmax/scan/detail/problem.hpp"
-#include "olmax/scan/detail/tile.hpp"
 #include "olmax/scan/options.hpp"
 #include "olmax/scan/strategies.hpp"
 
 namespace olmax::scan {
-
-namespace detail {
-
-template <class S, class... Candidates>
-constexpr bool is_one_of = (std::is_same_v<S, Candidates> || ...);
-
-template <class S>
-struct is_hs_chunked : std::false_type {};
-template <std::size_t K>
-struct is_hs_chunked<hillis_steele_chunked<K>> : std::true_type {};
-template <class S>
-struct is_chunked_matmul : std::false_type {};
-template <std::size_t C>
-struct is_chunked_matmul<chunked_matmul<C>> : std::true_type {};
-
-template <class S>
-constexpr bool is_strategy = is_one_of<S, sequential, sequential_fp64, sequential_vectorized, two_pass, hillis_steele, blelloch, log_space> ||
-                             is_hs_chunked<S>::value || is_chunked_matmul<S>::value;
-
-/// The accumulator: double for the fp64 reference and the log-space form, else the storage type.
-template <class S, class T>
-using accumulator_t = std::conditional_t<is_one_of<S, sequential_fp64, log_space>, double, T>;
-
-template <class S>
-constexpr std::size_t default_chunk() {
-    if constexpr (requires { S::chunk; }) return S::chunk;
-    else return 0;
-}
-
-/// The tile kernel a strategy uses on the tile engine.
-template <class S>
-auto tile_kernel_of() {
-    if constexpr (std::is_same_v<S, hillis_steele>) return tile_hillis_steele{};
-    else if constexpr (is_hs_chunked<S>::value) return tile_hillis_steele_chunked{};
-    else if constexpr (std::is_same_v<S, blelloch>) return tile_blelloch{};
-    else if constexpr (is_chunked_matmul<S>::value) return tile_chunked_matmul{};
-    else if constexpr (std::is_same_v<S, log_space>) return tile_log_space{};
-    else return tile_sequential{};
-}
-
-template <class S, class B, class T>
-void run_forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
-    using Acc = accumulator_t<S, T>;
-    using Kernel = decltype(tile_kernel_of<S>());
-    constexpr bool direct = is_one_of<S, sequential_vectorized, two_pass>;
-    if constexpr (direct) {
-        if (g.share == 1) {
-            if constexpr (std::is_same_v<S, sequential_vectorized>) {
-                if (g.log_gates) vectorized_forward_impl<true, Acc, B>(g, args);
-                else vectorized_forward_impl<false, Acc, B>(g, args);
-            } else {
-                if (g.log_gates) two_pass_forward_impl<true, Acc, B>(g, args);
-                else two_pass_forward_impl<false, Acc, B>(g, args);
-            }
-            return;
-        }
-    }
-    if constexpr (is_hs_chunked<S>::value) {
-        if (contiguous_lanes(g)) {
-            if (g.log_gates) hs_chunked_forward_impl<true, Acc, B>(g, args, chunk);
-            else hs_chunked_forward_impl<false, Acc, B>(g, args, chunk);
-            return;
-        }
-    }
-    if constexpr (is_chunked_matmul<S>::value) {
-        if (g.share > 1) {
-            if (g.log_gates) shared_matmul_forward_impl<true, B>(g, args, chunk);
-            else shared_matmul_forward_impl<false, B>(g, args, chunk);
-            return;
-        }
-    }
-    tile_forward<Kernel, Acc, B>(g, args, chunk);
-}
-
-template <class S, class B, class T>
-void run_backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
-    using Acc = accumulator_t<S, T>;
-    constexpr bool direct = is_one_of<S, sequential_vectorized, two_pass>;
-    if constexpr (direct) {
-        if (g.share == 1) {
-            if constexpr (std::is_same_v<S, sequential_vectorized>) {
-                if (g.log_gates) vectorized_backward_impl<true, Acc, B>(g, args);
-                else vectorized_backward_impl<false, Acc, B>(g, args);
-            } else {
-                if (g.log_gates) two_pass_backward_impl<true, Acc, B>(g, args);
-                else two_pass_backward_impl<false, Acc, B>(g, args);
-            }
-            return;
-        }
-    }
-    if constexpr (is_hs_chunked<S>::value) {
-        if (contiguous_lanes(g)) {
-            if (g.log_gates) hs_chunked_backward_impl<true, Acc, B>(g, args, chunk);
-            else hs_chunked_backward_impl<false, Acc, B>(g, args, chunk);
-            return;
-        }
-    }
-    // Shared gates: the per-channel reverse scan with the sequential tile kernel, da summed per head.
-    if (g.share > 1) {
-        tile_backward<tile_sequential, Acc, B>(g, args, chunk);
-        return;
-    }
-    tile_backward<decltype(tile_kernel_of<S>()), Acc, B>(g, args, chunk);
-}
-
-}  // namespace detail
 
 /// Scans h_t = a_t h_{t-1} + x_t with strategy `Strategy` on backend `Backend`, returning h (shape of
 /// x) and the final state h_last ([batch, channels], the state after the last processed step).

@@ -50,7 +50,7 @@ struct xla {
     template <class Op>
     static constexpr bool supports = std::is_same_v<Op, op::matmul> || std::is_same_v<Op, op::reduction>;
 
-    /// Capability query: op families the StableHLO emitter lowers (olmax/backend/xla/stablehlo.hpp:
+    /// Capability query: op families the StableHLO emitter lowers (olmax/backend/xla/stablehlo/:
     /// matmul / batched matmul, element-wise, reductions, linear scans and the QRNN block, forward
     /// and backward). Those reached through `supports` above run on the device automatically; the
     /// rest run through the PJRT runtime's module API (`olmax::xla::pjrt::client::run`).

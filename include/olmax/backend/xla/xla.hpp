@@ -4,4 +4,4 @@
 // the modules is a separate header, olmax/backend/xla/pjrt_runtime.hpp: it needs the PJRT C API
 // header (target olmax::pjrt, CMake option OLMAX_PJRT_INCLUDE_DIR). See docs/xla.md.
 #include "olmax/backend/xla/backend.hpp"
-#include "olmax/backend/xla/stablehlo.hpp"
+#include "olmax/backend/xla/stablehlo/stablehlo.hpp"

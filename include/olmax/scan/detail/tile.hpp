@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <string_view>
 
 #include "olmax/core/tensor.hpp"
 #include "olmax/scan/detail/denormals.hpp"
@@ -32,6 +33,7 @@ inline std::size_t tile_width(const Geometry& g) {
 
 /// h_s = a_s h_{s-1} + x_s, one step after another.
 struct tile_sequential {
+    static constexpr std::string_view name = "tile_sequential";
     static std::size_t scratch(std::size_t, std::size_t, std::size_t) { return 0; }
     template <class Acc>
     static void run(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t, Acc*) {
@@ -70,6 +72,7 @@ void doubling_steps(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t fi
 }
 
 struct tile_hillis_steele {
+    static constexpr std::string_view name = "tile_hillis_steele";
     static std::size_t scratch(std::size_t, std::size_t, std::size_t) { return 0; }
     template <class Acc>
     static void run(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t, Acc*) { doubling_steps(a, x, T, W, 1); }
@@ -83,6 +86,7 @@ struct tile_hillis_steele {
 /// work in three steps -- in-chunk prefix, Hillis-Steele over the ceil(T/K) chunk ends, one fix-up
 /// pass h = local + (chunk prefix gate) * (previous chunk end).
 struct tile_hillis_steele_chunked {
+    static constexpr std::string_view name = "tile_hillis_steele_chunked";
     static std::size_t scratch(std::size_t T, std::size_t W, std::size_t K) { return 2 * ((T + K - 1) / K) * W; }
     template <class Acc>
     static void run(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t K, Acc* scratch) {
@@ -127,6 +131,7 @@ struct tile_hillis_steele_chunked {
 /// i with i+1 a multiple of 2d; the down-sweep completes positions i = 3d-1, 5d-1, ... from the
 /// finished prefix at i-d. The carry into a prefix is zero, so the down-sweep needs no gate products.
 struct tile_blelloch {
+    static constexpr std::string_view name = "tile_blelloch";
     static std::size_t scratch(std::size_t, std::size_t, std::size_t) { return 0; }
     template <class Acc>
     static void run(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t, Acc*) {
@@ -162,6 +167,7 @@ struct tile_blelloch {
 /// by row-wise cumulative products (L[i][j] = L[i-1][j] a_i), never by dividing cumulative products
 /// or by differences of cumulative logs, so zero and tiny gates are exact.
 struct tile_chunked_matmul {
+    static constexpr std::string_view name = "tile_chunked_matmul";
     static std::size_t scratch(std::size_t, std::size_t, std::size_t Q) { return Q * Q + 2 * Q; }
     template <class Acc>
     static void run(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t Q, Acc* scratch) {
@@ -200,6 +206,7 @@ struct tile_chunked_matmul {
 /// log|x_j| - c_j over positive / negative x_j (the sign split makes it valid for any real x).
 /// Needs gates >= 0 (log of a negative gate is NaN). Computes in the accumulator type (double).
 struct tile_log_space {
+    static constexpr std::string_view name = "tile_log_space";
     static std::size_t scratch(std::size_t, std::size_t, std::size_t) { return 0; }
     template <class Acc>
     static void run(Acc* a, Acc* x, std::size_t T, std::size_t W, std::size_t K, Acc*) {
@@ -382,5 +389,20 @@ void tile_backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t c
     if (g.log_gates) tile_backward_impl<true, Kernel, Acc, B>(g, args, chunk);
     else tile_backward_impl<false, Kernel, Acc, B>(g, args, chunk);
 }
+
+/// The tile engine with tile kernel `Kernel` as a kernel family of the dispatch table (dispatch.hpp):
+/// any geometry, forward and backward.
+template <class Kernel>
+struct tile_family {
+    static constexpr std::string_view name = Kernel::name;
+    template <class Acc, class B, class T>
+    static void forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
+        tile_forward<Kernel, Acc, B>(g, args, chunk);
+    }
+    template <class Acc, class B, class T>
+    static void backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
+        tile_backward<Kernel, Acc, B>(g, args, chunk);
+    }
+};
 
 }  // namespace olmax::scan::detail

@@ -1,0 +1,128 @@
+#pragma once
+// Where gradients go: `accumulate_grad` adds one gradient into a tensor's gradient buffer,
+// `GradientSink` is what a backward closure writes its input gradients into, and
+// `private_gradients` redirects the buffers of chosen tensors for one thread (data parallelism).
+//
+// Gradients are always *added*, never assigned: a tensor used twice receives the sum. The adds run
+// on the default backend (olmax/backend/default.hpp), above its parallel threshold on several
+// threads: activation gradients of long sequences are hundreds of megabytes.
+
+#include <memory>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "olmax/backend/default.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax::autodiff {
+
+/// RAII: while alive on this thread, gradients that backward passes add into the listed tensors
+/// (typically the parameters) go into buffers of this object instead of the tensors' own `grad()`.
+/// Threads that differentiate shards of one batch at the same time each hold one, so none writes
+/// the shared parameters' gradients (`data_parallel_backward` sums the buffers afterwards in a fixed
+/// order). Intermediate tensors are private to the thread that made them and need no redirect.
+template <Real T>
+class private_gradients {
+public:
+    explicit private_gradients(std::span<const Tensor<T>> shared) : previous_(active()) {
+        for (const auto& t : shared)
+            if (t.defined()) buffers_.emplace(&t.impl(), nullptr);
+        active() = this;
+    }
+    ~private_gradients() { active() = previous_; }
+    private_gradients(const private_gradients&) = delete;
+    private_gradients& operator=(const private_gradients&) = delete;
+
+    /// The gradient collected for `t` (undefined when none arrived or `t` was not listed).
+    Tensor<T> grad(const Tensor<T>& t) const {
+        const auto it = t.defined() ? buffers_.find(&t.impl()) : buffers_.end();
+        if (it == buffers_.end() || !it->second) return {};
+        auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
+        impl->storage = it->second;
+        impl->shape = t.shape();
+        return Tensor<T>::from_impl(std::move(impl));
+    }
+
+    /// The gradient buffer of `impl` on this thread: a buffer of the innermost active scope that
+    /// lists it, else the tensor's own.
+    static std::shared_ptr<Storage<T>>& buffer_of(olmax::detail::TensorImpl<T>& impl) {
+        for (private_gradients* scope = active(); scope != nullptr; scope = scope->previous_)
+            if (const auto it = scope->buffers_.find(&impl); it != scope->buffers_.end()) return it->second;
+        return impl.grad;
+    }
+
+private:
+    static private_gradients*& active() {
+        thread_local private_gradients* scope = nullptr;
+        return scope;
+    }
+
+    private_gradients* previous_;
+    std::unordered_map<const olmax::detail::TensorImpl<T>*, std::shared_ptr<Storage<T>>> buffers_;
+};
+
+/// Adds `grad` into the gradient buffer of `impl` (allocating it on first use). `op` names the op
+/// whose backward produced the gradient, for the error a wrong shape raises.
+template <Real T>
+void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::string_view op) {
+    if (grad.shape() != impl.shape)
+        throw autodiff_error(olmax::detail::concat(op, ": backward produced a gradient of shape ", to_string(grad.shape()),
+                                                   " for an input of shape ", to_string(impl.shape)));
+    using B = backend::default_backend;
+    const std::size_t n = grad.size();
+    const T* src = grad.data();
+    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
+    if (!buffer) {
+        buffer = std::make_shared<Storage<T>>(n);
+        B::map(n, buffer->data(), [](T v) { return v; }, src);
+        return;
+    }
+    T* dst = buffer->data();
+    B::map(n, dst, [](T a, T b) { return a + b; }, static_cast<const T*>(dst), src);
+}
+
+/// Same, taking over the buffer of a temporary gradient instead of copying it when nothing else
+/// can see that buffer (first gradient to arrive, sole handle, sole owner of the storage).
+template <Real T>
+void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::string_view op) {
+    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
+    if (!buffer && grad.defined() && grad.shape() == impl.shape && grad.impl_ptr().use_count() == 1) {
+        auto& source = grad.impl();
+        if (source.offset == 0 && source.storage && source.storage.use_count() == 1 && source.storage->size() == grad.size()) {
+            buffer = std::move(source.storage);
+            grad = Tensor<T>();
+            return;
+        }
+    }
+    accumulate_grad(impl, static_cast<const Tensor<T>&>(grad), op);
+}
+
+/// What a backward closure writes into: one slot per op input, in the order they were recorded.
+template <Real T>
+class GradientSink {
+public:
+    GradientSink(std::span<const std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs, std::string_view op)
+        : inputs_(inputs), op_(op) {}
+
+    std::size_t size() const { return inputs_.size(); }
+    /// Whether input `i` wants a gradient (skip the work when it does not).
+    bool needs(std::size_t i) const { return i < inputs_.size() && inputs_[i] != nullptr; }
+    /// Adds `grad` to input `i`'s gradient; ignored when the input does not require grad.
+    void add(std::size_t i, const Tensor<T>& grad) {
+        if (!needs(i)) return;
+        accumulate_grad(*inputs_[i], grad, op_);
+    }
+    /// A temporary gradient: its buffer becomes the input's gradient when it is the first to arrive.
+    void add(std::size_t i, Tensor<T>&& grad) {
+        if (!needs(i)) return;
+        accumulate_grad(*inputs_[i], std::move(grad), op_);
+    }
+
+private:
+    std::span<const std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs_;
+    std::string_view op_;
+};
+
+}  // namespace olmax::autodiff
