@@ -42,6 +42,9 @@ int run(int argc, char** argv) {
                                            path.empty() ? "is empty" : problem);
         archive = io::load_archive(path);
     } else {
+        // A folder (which may not exist yet: then there is simply no checkpoint), never a file.
+        const std::string problem = config::detail::path_problem(flags.checkpoint_dir, config::PathKind::output_folder);
+        olmax::check<config::config_error>(problem.empty(), "config: key 'checkpoint_dir': '", flags.checkpoint_dir, "' ", problem);
         io::CheckpointDirectory directory(flags.checkpoint_dir);
         std::vector<std::string> notices, rejected;
         const auto files = directory.list(&notices);
