@@ -192,12 +192,12 @@ int run(int argc, char** argv) {
     const auto png = std::filesystem::path(c.checkpoint_dir) / "loss.png";
     const std::string plot = "/usr/bin/python3 '" + script.string() + "' '" + metrics_path.string() + "' -o '" + png.string() +
                              "' --baseline " + std::to_string(baseline);
-    if (!c.plot)
-        ;
-    else if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3") && std::system((plot + " > /dev/null").c_str()) == 0)
-        std::cout << "loss curve: " << png.string() << "\n";
-    else
-        std::cout << "loss curve not drawn; run: " << plot << "\n";
+    if (c.plot) {
+        if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3") && std::system((plot + " > /dev/null").c_str()) == 0)
+            std::cout << "loss curve: " << png.string() << "\n";
+        else
+            std::cout << "loss curve not drawn; run: " << plot << "\n";
+    }
 
     // ---- samples ----------------------------------------------------------------------------
     olmax::Generator sampler(std::uint64_t(c.seed) + 1);
