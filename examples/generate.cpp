@@ -49,7 +49,7 @@ int run(int argc, char** argv) {
         std::vector<std::string> notices, rejected;
         const auto files = directory.list(&notices);
         for (const auto& notice : notices) std::cerr << "checkpoint folder: " << notice << "\n";
-        auto loaded = directory.load_latest(&rejected);
+        auto loaded = directory.load_latest(files, &rejected);
         if (!loaded) {
             for (const auto& why : rejected) std::cerr << "rejected checkpoint " << why << "\n";
             throw olmax::value_error(olmax::detail::concat("no valid checkpoint in ", flags.checkpoint_dir,

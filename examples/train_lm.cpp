@@ -110,7 +110,7 @@ int run(int argc, char** argv) {
     std::int64_t step = 0;
     if (c.resume && !existing.empty()) {
         std::vector<std::string> rejected;
-        auto loaded = checkpoints.load_latest(&rejected);
+        auto loaded = checkpoints.load_latest(existing, &rejected);
         if (loaded) {
             for (const auto& why : loaded->rejected) std::cout << "skipped damaged checkpoint " << why << "\n";
             const auto state = io::restore_checkpoint(loaded->archive, opt);

@@ -286,9 +286,10 @@ void validate_fields(const Struct& config) {
     }
 }
 
-/// Sets one key from its text value; errors name the key, the source and the expected type.
+/// Sets one key from its text value and returns its field; errors name the key, the source and the
+/// expected type.
 template <class Struct>
-void set_value(Struct& config, std::string_view key, std::string_view value, std::string_view source) {
+const Field<Struct>& set_value(Struct& config, std::string_view key, std::string_view value, std::string_view source) {
     const Field<Struct>& field = find_field<Struct>(key, source);
     value = detail::trim(value);
     auto fail = [&](std::string_view expected) {
@@ -330,6 +331,7 @@ void set_value(Struct& config, std::string_view key, std::string_view value, std
             }
         },
         field.member);
+    return field;
 }
 
 /// Reads `key = value` lines; '#' starts a comment; blank lines are skipped.
@@ -448,10 +450,7 @@ CommandLine parse_command_line(Struct& config, int argc, const char* const* argv
         else flags.emplace_back(std::move(key), std::move(value));
     }
     if (!cl.config_file.empty()) load_file(config, cl.config_file);
-    for (const auto& [key, value] : flags) {
-        set_value(config, key, value, "the command line (--" + key + ")");
-        cl.keys.push_back(find_field<Struct>(key, "the command line").key);
-    }
+    for (const auto& [key, value] : flags) cl.keys.push_back(set_value(config, key, value, "the command line (--" + key + ")").key);
     return cl;
 }
 

@@ -281,10 +281,14 @@ public:
         std::vector<std::string> rejected;  // newer files that failed to load, with the reason
     };
 
+    using Listing = std::vector<std::pair<std::int64_t, std::filesystem::path>>;
+
     /// The newest checkpoint that loads cleanly, or nullopt when there is none; `rejected`
     /// (when given) receives one line per file that did not load, naming it and the reason.
-    std::optional<Loaded> load_latest(std::vector<std::string>* rejected_out = nullptr) const {
-        auto files = list();
+    std::optional<Loaded> load_latest(std::vector<std::string>* rejected_out = nullptr) const { return load_latest(list(), rejected_out); }
+
+    /// The same among `files`, a `list()` the caller already made (no second walk of the folder).
+    std::optional<Loaded> load_latest(const Listing& files, std::vector<std::string>* rejected_out = nullptr) const {
         std::vector<std::string> rejected;
         for (auto it = files.rbegin(); it != files.rend(); ++it) {
             try {
