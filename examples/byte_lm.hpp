@@ -87,7 +87,7 @@ inline olmax::optim::AdamWConfig optimizer_config(const olmax::config::TrainConf
 
 /// Row shards per batch: one per thread when `data_parallel` is on (see Model::accumulate_gradients).
 inline std::size_t shards_for(const olmax::config::TrainConfig& c) {
-    return c.data_parallel ? std::size_t(std::max(olmax::backend::default_backend::num_threads(), 1)) : 1;
+    return c.data_parallel ? std::size_t(std::max(olmax::backend::host_kernels().num_threads(), 1)) : 1;
 }
 
 struct Model {

@@ -20,8 +20,10 @@ int main() {
     w.zero_grad();
     olmax::sum(cube).backward();                   // w.grad() == 3 w^2
 
-    // Ops are templates on a backend; cpu_openmp is the default, cpu_serial the reference.
-    auto y_serial = olmax::matmul<olmax::backend::cpu_serial>(x, w.detach());
+    // Ops run on the device of their inputs; the host computes on cpu_openmp by default and on the
+    // cpu_serial reference inside this scope.
+    olmax::backend::host_kernels_scope serial(olmax::backend::kernels<olmax::backend::cpu_serial>());
+    auto y_serial = olmax::matmul(x, w.detach());
     std::printf("grad check %s, serial matmul %zux%zu\n",
                 std::abs(w.grad()(0, 0) - 3.0f * w(0, 0) * w(0, 0)) < 1e-6f ? "ok" : "FAILED",
                 y_serial.extent(0), y_serial.extent(1));

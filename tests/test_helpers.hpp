@@ -4,8 +4,12 @@
 
 #include <olmax/olmax.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <initializer_list>
+#include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace olmax_test {
@@ -47,12 +51,10 @@ double max_abs_diff(const olmax::Tensor<T>& a, const olmax::Tensor<T>& b) {
     return m;
 }
 
-/// A backend that implements only the required primitives and announces no optional op, so
-/// every op must fall back to the CPU reference for it (the minimum surface of the trait).
+/// A static backend with exactly the concept's minimum surface (olmax/backend/concept.hpp), served
+/// through `kernels<stub_backend>()` like any other.
 struct stub_backend {
     static constexpr std::string_view name = "stub";
-    static void* allocate(std::size_t bytes) { return olmax::backend::cpu_serial::allocate(bytes); }
-    static void deallocate(void* p, std::size_t bytes) { olmax::backend::cpu_serial::deallocate(p, bytes); }
     static int num_threads() { return 1; }
     template <class F>
     static void parallel_for(std::size_t n, std::size_t w, F&& body) { olmax::backend::cpu_serial::parallel_for(n, w, body); }
@@ -61,11 +63,83 @@ struct stub_backend {
                      std::size_t ldb, T beta, T* c, std::size_t ldc) {
         olmax::backend::cpu_serial::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
-    template <class T, class F, class... In>
-    static void map(std::size_t n, T* out, F f, const In*... in) { olmax::backend::cpu_serial::map(n, out, f, in...); }
     template <class T>
     static double sum(const T* x, std::size_t n) { return olmax::backend::cpu_serial::sum(x, n); }
 };
+
+/// Kernels that count each primitive call and delegate to `inner`: a device built on them shows
+/// which work reached it (and, with the host's kernels refusing, that nothing went elsewhere).
+class counting_kernels final : public olmax::backend::Kernels {
+public:
+    explicit counting_kernels(const olmax::backend::Kernels& inner) : inner_(inner) {}
+    std::string_view name() const override { return "counting"; }
+    int num_threads() const override { return inner_.num_threads(); }
+    void parallel_for(std::size_t n, std::size_t w, olmax::backend::range_body body) const override {
+        ++loops;
+        inner_.parallel_for(n, w, body);
+    }
+    void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda, const float* b,
+              std::size_t ldb, float beta, float* c, std::size_t ldc) const override {
+        ++gemms;
+        inner_.gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a, std::size_t lda, const double* b,
+              std::size_t ldb, double beta, double* c, std::size_t ldc) const override {
+        ++gemms;
+        inner_.gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    double sum(const float* x, std::size_t n) const override {
+        ++sums;
+        return inner_.sum(x, n);
+    }
+    double sum(const double* x, std::size_t n) const override {
+        ++sums;
+        return inner_.sum(x, n);
+    }
+    std::size_t calls() const { return loops + gemms + sums; }
+
+    mutable std::atomic<std::size_t> loops{0}, gemms{0}, sums{0};
+
+private:
+    const olmax::backend::Kernels& inner_;
+};
+
+/// Host kernels that throw on every primitive: installed with `host_kernels_scope`, any work that
+/// reaches the host instead of the tensors' own device fails loudly, naming the primitive.
+class refusing_kernels final : public olmax::backend::Kernels {
+public:
+    std::string_view name() const override { return "refusing"; }
+    int num_threads() const override { return 1; }
+    void parallel_for(std::size_t, std::size_t, olmax::backend::range_body) const override { refuse("parallel_for"); }
+    void gemm(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t, const float*, std::size_t, float, float*,
+              std::size_t) const override {
+        refuse("gemm<float>");
+    }
+    void gemm(bool, bool, std::size_t, std::size_t, std::size_t, double, const double*, std::size_t, const double*, std::size_t, double,
+              double*, std::size_t) const override {
+        refuse("gemm<double>");
+    }
+    double sum(const float*, std::size_t) const override { refuse("sum<float>"); }
+    double sum(const double*, std::size_t) const override { refuse("sum<double>"); }
+
+private:
+    [[noreturn]] static void refuse(const char* what) {
+        throw std::logic_error(std::string("refusing_kernels: ") + what + " ran on the host, not on the tensors' device");
+    }
+};
+
+/// The counting device of this test process (registered once), with its kernels.
+struct counting_device {
+    olmax::Device device;
+    std::shared_ptr<counting_kernels> kernels;
+};
+inline const counting_device& counting() {
+    static const counting_device d = [] {
+        auto k = std::make_shared<counting_kernels>(olmax::backend::kernels<olmax::backend::cpu_serial>());
+        return counting_device{olmax::backend::register_device("counting", k), k};
+    }();
+    return d;
+}
 
 /// Forces cpu_openmp to thread even tiny loops, with an odd thread count (uneven pieces), for the
 /// guard's lifetime; restores both settings even if a check throws.
@@ -80,5 +154,17 @@ private:
     std::size_t threshold_ = olmax::backend::cpu_openmp::parallel_threshold();
     olmax::backend::detail::omp_thread_cap threads_{3};  // saves and restores the thread count
 };
+
+}  // namespace olmax_test
+
+namespace olmax_test {
+
+/// Runs `f()` with the host computing on static backend `B`'s kernels (e.g. the cpu_serial
+/// reference), returning its result.
+template <class B, class F>
+auto with_kernels(F&& f) {
+    olmax::backend::host_kernels_scope scope(olmax::backend::kernels<B>());
+    return f();
+}
 
 }  // namespace olmax_test

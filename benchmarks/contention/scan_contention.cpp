@@ -65,19 +65,19 @@ Tensor<float> fill(std::size_t B, std::size_t T, std::size_t C, std::uint64_t se
 
 template <class S>
 void run_shape(std::size_t B, std::size_t T, std::size_t C, int repeats, std::vector<Result>& out) {
-    using Bk = olmax::backend::cpu_openmp;
+    olmax::backend::host_kernels_scope on_kernels(olmax::backend::kernels<olmax::backend::cpu_openmp>());
     const auto a = fill(B, T, C, 1, 0.0f, 1.0f), x = fill(B, T, C, 2, -1.0f, 1.0f), dh = fill(B, T, C, 3, -1.0f, 1.0f);
     auto h = Tensor<float>::uninitialized(x.shape()), dx = Tensor<float>::uninitialized(x.shape()),
          da = Tensor<float>::uninitialized(x.shape());
     const auto g = sc::detail::make_geometry<float>("bench", a, x, {});
     const std::size_t chunk = sc::detail::default_chunk<S>();
     const double fs = time_median(
-        [&] { sc::detail::run_forward<S, Bk>(g, sc::detail::ForwardArgs<float>{a.data(), x.data(), nullptr, h.data(), nullptr}, chunk); },
+        [&] { sc::detail::run_forward<S>(g, sc::detail::ForwardArgs<float>{a.data(), x.data(), nullptr, h.data(), nullptr}, chunk); },
         repeats);
     out.push_back({std::string(S::name), "fwd", B, T, C, fs});
     const double bs = time_median(
         [&] {
-            sc::detail::run_backward<S, Bk>(
+            sc::detail::run_backward<S>(
                 g, sc::detail::BackwardArgs<float>{dh.data(), nullptr, a.data(), h.data(), nullptr, dx.data(), da.data(), nullptr}, chunk);
         },
         repeats);

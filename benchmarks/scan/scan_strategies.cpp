@@ -135,13 +135,15 @@ Problem make_problem(std::size_t B, std::size_t T, std::size_t C, std::size_t H,
 
 template <class S, class Bk>
 void forward_kernel(const sc::detail::Geometry& g, const Problem& p, Tensor<float>& h, std::size_t chunk) {
-    sc::detail::run_forward<S, Bk>(g, sc::detail::ForwardArgs<float>{p.a.data(), p.x.data(), nullptr, h.data(), nullptr}, chunk);
+    olmax::backend::host_kernels_scope on_kernels(olmax::backend::kernels<Bk>());
+    sc::detail::run_forward<S>(g, sc::detail::ForwardArgs<float>{p.a.data(), p.x.data(), nullptr, h.data(), nullptr}, chunk);
 }
 
 template <class S, class Bk>
 void backward_kernel(const sc::detail::Geometry& g, const Problem& p, const Tensor<float>& h, Tensor<float>& dx, Tensor<float>& da,
                      std::size_t chunk) {
-    sc::detail::run_backward<S, Bk>(
+    olmax::backend::host_kernels_scope on_kernels(olmax::backend::kernels<Bk>());
+    sc::detail::run_backward<S>(
         g, sc::detail::BackwardArgs<float>{p.dh.data(), nullptr, p.a.data(), h.data(), nullptr, dx.data(), da.data(), nullptr}, chunk);
 }
 

@@ -39,7 +39,6 @@ static_assert(!olmax::backend::Backend<NotABackend>);
 static_assert(!olmax::backend::Backend<Tensor<float>>);
 static_assert(olmax::backend::Backend<olmax::backend::cpu_serial>);
 static_assert(olmax::backend::Backend<olmax::backend::cpu_openmp>);
-static_assert(!olmax::backend::supports<NotABackend, olmax::backend::op::matmul>);
 
 TEST_CASE("shape mismatches throw shape_error naming the op and both shapes", "[errors]") {
     const Tensor<double> a({2, 3}), b({4}), c({3, 2}), d({2, 4, 5});

@@ -88,7 +88,7 @@ TEST_CASE("causal_conv1d matches a scalar-loop reference", "[ops][nn][conv]") {
         auto b = olmax::randn<double>({c.cout}, rng);
         CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d(x, w, c.groups), naive_conv(x, w, c.groups)) < 1e-12);
         CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d(x, w, b, c.groups), naive_conv(x, w, c.groups, &b)) < 1e-12);
-        CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d<olmax::backend::cpu_serial>(x, w, b, c.groups), naive_conv(x, w, c.groups, &b)) < 1e-12);
+        CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<olmax::backend::cpu_serial>([&] { return olmax::causal_conv1d(x, w, b, c.groups); }), naive_conv(x, w, c.groups, &b)) < 1e-12);
     }
     // float, and a size where the backend takes its threaded path
     auto xf = olmax::randn<float>({4, 64, 32}, rng);
@@ -160,7 +160,10 @@ TEST_CASE("causal_conv1d gradients do not depend on the thread split (taps cut i
         auto grads = [&](auto backend) {
             using B = decltype(backend);
             auto xp = olmax::parameter(x.clone()), wp = olmax::parameter(w.clone()), bp = olmax::parameter(b.clone());
-            olmax::causal_conv1d<B>(xp, wp, bp, c.groups).backward(seed);
+            olmax_test::with_kernels<B>([&] {  // forward and backward on B's kernels
+                olmax::causal_conv1d(xp, wp, bp, c.groups).backward(seed);
+                return 0;
+            });
             return std::vector<Tensor<double>>{xp.grad().clone(), wp.grad().clone(), bp.grad().clone()};
         };
         const auto serial = grads(cpu_serial{});
@@ -168,7 +171,7 @@ TEST_CASE("causal_conv1d gradients do not depend on the thread split (taps cut i
         const auto threaded = grads(cpu_openmp{});
         for (std::size_t i = 0; i < 3; ++i) CHECK(olmax_test::max_abs_diff(threaded[i], serial[i]) < 1e-12);
         const auto naive_y = naive_conv(x, w, c.groups, &b);
-        CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d<cpu_openmp>(x, w, b, c.groups), naive_y) < 1e-12);
+        CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::causal_conv1d(x, w, b, c.groups); }), naive_y) < 1e-12);
     }
 }
 
@@ -182,7 +185,7 @@ TEST_CASE("DenseConv's fused ScaleNorm + leaky-ReLU matches the two ops, values 
     const auto w = olmax::randn<double>({6}, rng);                        // signed scale: both leaky branches
     const auto seed = olmax::randn<double>({2, 3, 6}, rng);
     auto fused = [&](const Tensor<double>& a, const Tensor<double>& b) {
-        return olmax::nn::detail::scale_norm_leaky_relu<cpu_serial>(a, b, eps, slope);
+        return olmax_test::with_kernels<cpu_serial>([&] { return olmax::nn::detail::scale_norm_leaky_relu(a, b, eps, slope); });
     };
     auto two_ops = [&](const Tensor<double>& a, const Tensor<double>& b) { return olmax::leaky_relu(olmax::scale_norm(a, b, eps), slope); };
     auto grads = [&](auto&& f) {
@@ -198,7 +201,7 @@ TEST_CASE("DenseConv's fused ScaleNorm + leaky-ReLU matches the two ops, values 
     {
         olmax_test::ForceThreading force;
         const auto [dh_threads, dw_threads] = grads([&](const Tensor<double>& a, const Tensor<double>& b) {
-            return olmax::nn::detail::scale_norm_leaky_relu<cpu_openmp>(a, b, eps, slope);
+            return olmax_test::with_kernels<cpu_openmp>([&] { return olmax::nn::detail::scale_norm_leaky_relu(a, b, eps, slope); });
         });
         CHECK(olmax_test::max_abs_diff(dh_threads, dh_fused) == 0);
         CHECK(olmax_test::max_abs_diff(dw_threads, dw_fused) == 0);
@@ -206,7 +209,7 @@ TEST_CASE("DenseConv's fused ScaleNorm + leaky-ReLU matches the two ops, values 
     // finite differences away from the leaky kink and the eps clamp (no zero or tiny rows)
     CHECK(check_gradients([&](const Inputs& v) { return fused(v[0], v[1]); }, {olmax::randn<double>({2, 3, 6}, rng), w}));
     CHECK_THROWS_AS(fused(h, olmax::randn<double>({5}, rng)), olmax::shape_error);
-    CHECK_THROWS_AS(olmax::nn::detail::scale_norm_leaky_relu<cpu_serial>(h, w, 0.0, slope), olmax::value_error);
+    CHECK_THROWS_AS(olmax_test::with_kernels<cpu_serial>([&] { return olmax::nn::detail::scale_norm_leaky_relu(h, w, 0.0, slope); }), olmax::value_error);
 }
 
 // ---- norms -------------------------------------------------------------------------------------
@@ -492,17 +495,17 @@ TEST_CASE("nn ops run on a backend with only the required primitives", "[ops][nn
     olmax::Generator rng(24);
     auto x = olmax::randn<double>({2, 5, 4}, rng);
     auto w = olmax::randn<double>({3, 2, 4}, rng);
-    CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d<Stub>(x, w, 2), naive_conv(x, w, 2)) < 1e-12);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<Stub>([&] { return olmax::causal_conv1d(x, w, 2); }), naive_conv(x, w, 2)) < 1e-12);
     auto h = olmax::randn<double>({6, 4}, rng);
     auto t = ids_from({6}, {0, 1, 2, 3, 3, 0});
     auto w_out = olmax::randn<double>({4, 4}, rng);
-    CHECK(olmax::chunked_cross_entropy<Stub>(h, w_out, t, {0.0, 4}).item() ==
-          Approx(olmax::cross_entropy<Stub>(olmax::matmul<Stub>(h, w_out), t).item()).epsilon(1e-12));
-    CHECK(olmax_test::max_abs_diff(olmax::softmax<Stub>(h), olmax::softmax(h)) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::log_softmax<Stub>(h, 0), olmax::log_softmax(h, 0)) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::scale_norm<Stub>(h, Tensor<double>()), olmax::scale_norm(h, Tensor<double>())) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::rms_norm<Stub>(h, Tensor<double>()), olmax::rms_norm(h, Tensor<double>())) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::embedding<Stub>(h, t), olmax::embedding(h, t)) == 0);
+    CHECK(olmax_test::with_kernels<Stub>([&] { return olmax::chunked_cross_entropy(h, w_out, t, {0.0, 4}); }).item() ==
+          Approx(olmax_test::with_kernels<Stub>([&] { return olmax::cross_entropy(olmax::matmul(h, w_out), t); }).item()).epsilon(1e-12));
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<Stub>([&] { return olmax::softmax(h); }), olmax::softmax(h)) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<Stub>([&] { return olmax::log_softmax(h, 0); }), olmax::log_softmax(h, 0)) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<Stub>([&] { return olmax::scale_norm(h, Tensor<double>()); }), olmax::scale_norm(h, Tensor<double>())) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<Stub>([&] { return olmax::rms_norm(h, Tensor<double>()); }), olmax::rms_norm(h, Tensor<double>())) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<Stub>([&] { return olmax::embedding(h, t); }), olmax::embedding(h, t)) == 0);
 }
 
 TEST_CASE("nn ops give the serial results when every loop is threaded", "[ops][nn]") {
@@ -516,14 +519,14 @@ TEST_CASE("nn ops give the serial results when every loop is threaded", "[ops][n
     auto h = olmax::randn<double>({9, 4}, rng);
     auto w_out = olmax::randn<double>({4, 5}, rng);
     auto t = ids_from({9}, {0, 1, 2, 3, 4, 4, 3, 2, 1});
-    CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d<cpu_openmp>(x, w, b, 2), olmax::causal_conv1d<cpu_serial>(x, w, b, 2)) < 1e-12);
-    CHECK(olmax_test::max_abs_diff(olmax::softmax<cpu_openmp>(x, 1), olmax::softmax<cpu_serial>(x, 1)) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::scale_norm<cpu_openmp>(x, Tensor<double>()), olmax::scale_norm<cpu_serial>(x, Tensor<double>())) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::embedding<cpu_openmp>(h, t), olmax::embedding<cpu_serial>(h, t)) == 0);
-    CHECK(olmax::chunked_cross_entropy<cpu_openmp>(h, w_out, t, {0.0, 4}).item() ==
-          Approx(olmax::chunked_cross_entropy<cpu_serial>(h, w_out, t, {0.0, 4}).item()).epsilon(1e-14));
-    CHECK(check_gradients([](const Inputs& v) { return olmax::causal_conv1d<cpu_openmp>(v[0], v[1], v[2], 2); }, {x, w, b}));
-    CHECK(check_gradients([](const Inputs& v) { return olmax::rms_norm<cpu_openmp>(v[0], v[1]); }, {h, olmax::randn<double>({4}, rng)}));
-    CHECK(check_gradients([&](const Inputs& v) { return olmax::embedding<cpu_openmp>(v[0], t); }, {h}));
-    CHECK(check_gradients([&](const Inputs& v) { return olmax::chunked_cross_entropy<cpu_openmp>(v[0], v[1], t, {0.0, 4}); }, {h, w_out}));
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::causal_conv1d(x, w, b, 2); }), olmax_test::with_kernels<cpu_serial>([&] { return olmax::causal_conv1d(x, w, b, 2); })) < 1e-12);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::softmax(x, 1); }), olmax_test::with_kernels<cpu_serial>([&] { return olmax::softmax(x, 1); })) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::scale_norm(x, Tensor<double>()); }), olmax_test::with_kernels<cpu_serial>([&] { return olmax::scale_norm(x, Tensor<double>()); })) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::embedding(h, t); }), olmax_test::with_kernels<cpu_serial>([&] { return olmax::embedding(h, t); })) == 0);
+    CHECK(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::chunked_cross_entropy(h, w_out, t, {0.0, 4}); }).item() ==
+          Approx(olmax_test::with_kernels<cpu_serial>([&] { return olmax::chunked_cross_entropy(h, w_out, t, {0.0, 4}); }).item()).epsilon(1e-14));
+    CHECK(check_gradients([](const Inputs& v) { return olmax_test::with_kernels<cpu_openmp>([&] { return olmax::causal_conv1d(v[0], v[1], v[2], 2); }); }, {x, w, b}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax_test::with_kernels<cpu_openmp>([&] { return olmax::rms_norm(v[0], v[1]); }); }, {h, olmax::randn<double>({4}, rng)}));
+    CHECK(check_gradients([&](const Inputs& v) { return olmax_test::with_kernels<cpu_openmp>([&] { return olmax::embedding(v[0], t); }); }, {h}));
+    CHECK(check_gradients([&](const Inputs& v) { return olmax_test::with_kernels<cpu_openmp>([&] { return olmax::chunked_cross_entropy(v[0], v[1], t, {0.0, 4}); }); }, {h, w_out}));
 }

@@ -166,9 +166,9 @@ TEST_CASE("shape ops pass NaN through, work in float and on a minimal backend", 
     CHECK(std::isnan(y(2, 0)));
     CHECK(y(2, 1) == 4.f);
 
-    CHECK(olmax::transpose<olmax_test::stub_backend>(olmax::concat<olmax_test::stub_backend>({x, x}, 0)).shape() == Shape{2, 4});
-    CHECK(olmax::pad<olmax_test::stub_backend>(olmax::slice<olmax_test::stub_backend>(x, 1, 1, 2), 0, 1, 1).shape() == Shape{4, 1});
-    CHECK(olmax::reshape<olmax_test::stub_backend>(x, {4}).shape() == Shape{4});
+    CHECK(olmax_test::with_kernels<olmax_test::stub_backend>([&] { return olmax::transpose(olmax::concat({x, x}, 0)); }).shape() == Shape{2, 4});
+    CHECK(olmax_test::with_kernels<olmax_test::stub_backend>([&] { return olmax::pad(olmax::slice(x, 1, 1, 2), 0, 1, 1); }).shape() == Shape{4, 1});
+    CHECK(olmax_test::with_kernels<olmax_test::stub_backend>([&] { return olmax::reshape(x, {4}); }).shape() == Shape{4});
     CHECK(olmax::pad(x, 0, 1, 0, 2.5)(0, 1) == 2.5f);  // a double value converts to T
 
     auto w = olmax::parameter(olmax::ones<float>({2, 3}));
@@ -185,9 +185,9 @@ TEST_CASE("shape ops give the serial results when every loop is threaded", "[ops
     olmax::Generator rng(6);
     auto x = olmax::randn<double>({3, 37, 2, 21}, rng);
     for (const std::vector<std::size_t>& perm : {std::vector<std::size_t>{3, 1, 2, 0}, {0, 3, 2, 1}, {1, 0, 2, 3}})
-        CHECK(olmax_test::max_abs_diff(olmax::transpose<cpu_openmp>(x, perm), olmax::transpose<cpu_serial>(x, perm)) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::slice<cpu_openmp>(x, 1, 3, 30), olmax::slice<cpu_serial>(x, 1, 3, 30)) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::pad<cpu_openmp>(x, 2, 1, 2), olmax::pad<cpu_serial>(x, 2, 1, 2)) == 0);
-    CHECK(olmax_test::max_abs_diff(olmax::concat<cpu_openmp>({x, x}, 3), olmax::concat<cpu_serial>({x, x}, 3)) == 0);
-    CHECK(check_gradients([](const Inputs& v) { return olmax::transpose<cpu_openmp>(v[0], {2, 0, 1}); }, {olmax::randn<double>({2, 17, 18}, rng)}));
+        CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::transpose(x, perm); }), olmax_test::with_kernels<cpu_serial>([&] { return olmax::transpose(x, perm); })) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::slice(x, 1, 3, 30); }), olmax_test::with_kernels<cpu_serial>([&] { return olmax::slice(x, 1, 3, 30); })) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::pad(x, 2, 1, 2); }), olmax_test::with_kernels<cpu_serial>([&] { return olmax::pad(x, 2, 1, 2); })) == 0);
+    CHECK(olmax_test::max_abs_diff(olmax_test::with_kernels<cpu_openmp>([&] { return olmax::concat({x, x}, 3); }), olmax_test::with_kernels<cpu_serial>([&] { return olmax::concat({x, x}, 3); })) == 0);
+    CHECK(check_gradients([](const Inputs& v) { return olmax_test::with_kernels<cpu_openmp>([&] { return olmax::transpose(v[0], {2, 0, 1}); }); }, {olmax::randn<double>({2, 17, 18}, rng)}));
 }

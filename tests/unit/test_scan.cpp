@@ -84,9 +84,9 @@ void check_against_reference(bool full, std::size_t batch, std::size_t channels,
         Tensor<T> x = uniform_pm1<T>(shape, rng);
         Tensor<T> h0 = c.h0 ? uniform_pm1<T>({batch, channels}, rng) : Tensor<T>();
         sc::ScanOptions<T> opt{.h0 = h0, .reverse = c.reverse, .layout = c.layout};
-        auto [h, h_last] = sc::scan_with_state<S, B>(gates, x, opt);
+        auto [h, h_last] = olmax_test::with_kernels<B>([&] { return sc::scan_with_state<S>(gates, x, opt); });
         sc::ScanOptions<double> ref_opt{.h0 = c.h0 ? olmax::cast<double>(h0) : Tensor<double>(), .reverse = c.reverse, .layout = c.layout};
-        auto ref = sc::scan_with_state<sc::sequential_fp64, olmax::backend::cpu_serial>(olmax::cast<double>(gates), olmax::cast<double>(x), ref_opt);
+        auto ref = sc::scan_with_state<sc::sequential_fp64>(olmax::cast<double>(gates), olmax::cast<double>(x), ref_opt);
         INFO(S::name << " on " << B::name << ": T=" << c.T << " gates=" << int(c.gates) << " h0=" << c.h0 << " reverse=" << c.reverse
                      << " layout=" << (btc ? "btc" : "bct"));
         CHECK(rel_error(h, ref.h) <= tol);

@@ -201,39 +201,46 @@ TEST_CASE("xla: compile-options bytes encode 1 replica x 1 partition, device_ord
     CHECK((bytes[15] == ((5 << 3) | 0) && bytes[16] == 1));  // num_partitions = 1
 }
 
-TEST_CASE("backend::xla models the trait and announces its capabilities", "[xla][backend]") {
+TEST_CASE("backend::xla models the static backend concept and serves the registered xla device", "[xla][backend]") {
     STATIC_REQUIRE(olmax::backend::Backend<xla>);
-    STATIC_REQUIRE(olmax::backend::supports<xla, olmax::backend::op::matmul>);
-    STATIC_REQUIRE(olmax::backend::supports<xla, olmax::backend::op::reduction>);
-    STATIC_REQUIRE_FALSE(olmax::backend::supports<xla, olmax::backend::op::elementwise>);  // lambdas do not lower
-    STATIC_REQUIRE(xla::lowers<olmax::backend::op::linear_scan>);
-    STATIC_REQUIRE(xla::lowers<olmax::backend::op::elementwise>);
     CHECK(xla::name == "xla");
+    const olmax::Device device = olmax::backend::xla_device();
+    CHECK(device == olmax::backend::xla_device());  // registered once
+    CHECK_FALSE(device.is_host());
+    CHECK(device.name() == "xla");
+    CHECK(olmax::backend::kernels_for(device).name() == "xla");
 }
 
-TEST_CASE("backend::xla without a device: CPU results, one notice per primitive, strict mode throws", "[xla][backend]") {
+TEST_CASE("ops on the xla device without a PJRT device: CPU results, one notice per primitive, strict mode throws", "[xla][backend]") {
     xla::detach();
     xla::reset_notices();
     std::vector<std::string> notices;
     xla::set_notice_sink([&](std::string_view message) { notices.emplace_back(message); });
 
+    const olmax::Device device = olmax::backend::xla_device();
     const auto a = olmax::Tensor<float>::from({2, 3}, {1, 2, 3, 4, 5, 6});
     const auto b = olmax::Tensor<float>::from({3, 2}, {1, -1, 2, 0.5f, -3, 1});
-    const auto on_xla = olmax::matmul<xla>(a, b);
-    const auto reference = olmax::matmul<olmax::backend::cpu_serial>(a, b);
+    const auto on_xla = olmax::matmul(a.to(device), b.to(device));
+    CHECK(on_xla.device() == device);
+    const auto reference = olmax_test::with_kernels<olmax::backend::cpu_serial>([&] { return olmax::matmul(a, b); });
     CHECK(olmax_test::max_abs_diff(on_xla, reference) == 0.0);
-    olmax::matmul<xla>(a, b);
-    REQUIRE(notices.size() == 1);  // once, however often it runs
+    REQUIRE(notices.size() == 1);
     CHECK_THAT(notices[0], Contains("gemm<float>") && Contains("no PJRT device attached"));
+    olmax::matmul(a.to(device), b.to(device));
+    CHECK(notices.size() == 1);  // once, however often it runs
 
-    std::vector<double> x{1, 2, 3}, y(3);
-    xla::map(3, y.data(), [](double v) { return 2 * v; }, x.data());
-    CHECK(y == std::vector<double>{2, 4, 6});
+    // An element-wise op is a C++ loop: it runs on the host, with one notice.
+    const auto doubled = olmax::map([](double v) { return 2 * v; }, olmax::Tensor<double>::from({3}, {1, 2, 3}).to(device));
+    CHECK(doubled.device() == device);
+    CHECK(std::vector<double>(doubled.begin(), doubled.end()) == std::vector<double>{2, 4, 6});
+    REQUIRE(notices.size() == 2);
+    CHECK_THAT(notices[1], Contains("loops"));
+    std::vector<double> x{1, 2, 3};
     CHECK(xla::sum(x.data(), 3) == 6.0);
-    CHECK(notices.size() == 3);  // map, sum<double>
+    CHECK(notices.size() == 3);  // sum<double>
 
     xla::set_strict(true);
-    CHECK_THROWS_AS(olmax::matmul<xla>(a, b), olmax::backend::xla_fallback_error);
+    CHECK_THROWS_AS(olmax::matmul(a.to(device), b.to(device)), olmax::backend::xla_fallback_error);
     CHECK_THROWS_WITH(xla::sum(x.data(), 3), Contains("sum<double>") && Contains("strict"));
     xla::set_strict(false);
     xla::set_notice_sink(nullptr);

@@ -164,8 +164,14 @@ TEST_CASE("pjrt: backend::xla routes float GEMM and sum to the attached device (
     olmax::backend::cpu_serial::gemm(true, true, 2, 2, 3, 1.0f, a.data(), 2, b.data(), 3, 0.0f, expected_t.data(), 2);
     CHECK(ct == expected_t);
     CHECK(xla::sum(a.data(), a.size()) == 21.0);
-    std::vector<float> y(6);
-    CHECK_THROWS_AS(xla::map(6, y.data(), [](float v) { return v; }, a.data()), olmax::backend::xla_fallback_error);
+    // Through ops: tensors on the xla device multiply on the attached device (strict: no fallback).
+    const auto ta = olmax::Tensor<float>::from({2, 3}, {1, 2, 3, 4, 5, 6}).to(olmax::backend::xla_device());
+    const auto tb = olmax::Tensor<float>::from({3, 2}, {1, 0, 0, 1, 1, 1}).to(olmax::backend::xla_device());
+    const auto tc = olmax::matmul(ta, tb);
+    CHECK(tc.device() == olmax::backend::xla_device());
+    CHECK(std::vector<float>(tc.begin(), tc.end()) == std::vector<float>{4, 5, 10, 11});
+    // A C++ loop body has no lowering: strict mode refuses it.
+    CHECK_THROWS_AS(xla::parallel_for(6, 1, [](std::size_t, std::size_t) {}), olmax::backend::xla_fallback_error);
     xla::set_strict(false);
     xla::detach();
 }

@@ -56,6 +56,9 @@ std::vector<Tensor<T>> custom_op(std::string_view name, std::vector<Tensor<T>> v
     return values;
 }
 
+template <class Derived>
+struct Function;
+
 /// Everything a class-level custom op (`Function<Op>`) keeps between forward and backward.
 template <Real T>
 class Context {
@@ -69,9 +72,10 @@ public:
     /// Non-tensor state (sizes, options) by name.
     std::map<std::string, std::any, std::less<>> saved_data;
 
-    std::vector<bool> needs_;  // set by Function::apply
-
 private:
+    template <class Derived>
+    friend struct Function;
+    std::vector<bool> needs_;  // set by Function::apply
     std::vector<Tensor<T>> saved_;
 };
 

@@ -24,7 +24,7 @@
 
 #include "olmax/autodiff/gradient_sink.hpp"
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/default.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax::autodiff {
@@ -33,17 +33,19 @@ namespace olmax::autodiff {
 ///
 ///     for (s = 0; s < shards; ++s) { tape_scope t; auto loss = shard_loss(s); loss.backward(); }
 ///
-/// but with the shards spread over backend `B`'s threads (contiguous runs of shards per thread).
+/// but with the shards spread over the threads of the parameters' device's kernels (contiguous runs
+/// of shards per thread; each shard's own ops then run on one thread).
 /// `shard_loss` must return a scalar loss built only from `parameters` and its own data; it runs on
 /// several threads at once, so it must not modify shared state. Gradients are accumulated into
 /// `parameters`' `grad()` (added to what is there, as `backward()` does); gradients reaching any
 /// other shared tensor are not supported (list every trainable tensor). Returns each shard's loss
 /// value. An exception thrown by a shard is rethrown here (the lowest shard's first), after all
 /// shards stopped; the parameters' gradients are then unspecified.
-template <Real T, class B = backend::default_backend, class ShardLoss>
+template <Real T, class ShardLoss>
     requires std::invocable<ShardLoss&, std::size_t> && std::same_as<std::invoke_result_t<ShardLoss&, std::size_t>, Tensor<T>>
 std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters, std::size_t shards, ShardLoss&& shard_loss) {
     check<value_error>(shards >= 1, "data_parallel_backward: shards must be at least 1");
+    backend::op_scope on("data_parallel_backward", parameters);
     for (const auto& p : parameters)
         check<autodiff_error>(p.defined() && p.is_leaf() && p.requires_grad(),
                               "data_parallel_backward: every listed parameter must be a defined leaf tensor that requires grad");
@@ -71,21 +73,21 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
         }
     };
     // Work per item: large enough that the backend always splits the shards over its threads.
-    B::parallel_for(shards, std::numeric_limits<std::size_t>::max() / shards, [&](std::size_t begin, std::size_t end) {
+    backend::current().parallel_for(shards, std::numeric_limits<std::size_t>::max() / shards, [&](std::size_t begin, std::size_t end) {
         for (std::size_t s = begin; s < end; ++s) run_shard(s);
     });
     for (const auto& e : errors)
         if (e) std::rethrow_exception(e);
     for (std::size_t s = 1; s < shards; ++s)
         for (std::size_t i = 0; i < parameters.size(); ++i)
-            if (private_grads[s][i].defined()) accumulate_grad(parameters[i].impl(), std::move(private_grads[s][i]), "data_parallel_backward");
+            if (private_grads[s][i].defined()) accumulate_grad(olmax::detail::impl_of(parameters[i]), std::move(private_grads[s][i]), "data_parallel_backward");
     return losses;
 }
 
 /// Convenience overload for a vector or array of parameters.
-template <Real T, class B = backend::default_backend, class ShardLoss>
+template <Real T, class ShardLoss>
 std::vector<double> data_parallel_backward(const std::vector<Tensor<T>>& parameters, std::size_t shards, ShardLoss&& shard_loss) {
-    return data_parallel_backward<T, B>(std::span<const Tensor<T>>(parameters), shards, std::forward<ShardLoss>(shard_loss));
+    return data_parallel_backward<T>(std::span<const Tensor<T>>(parameters), shards, std::forward<ShardLoss>(shard_loss));
 }
 
 }  // namespace olmax::autodiff

@@ -4,8 +4,8 @@
 // `private_gradients` redirects the buffers of chosen tensors for one thread (data parallelism).
 //
 // Gradients are always *added*, never assigned: a tensor used twice receives the sum. The adds run
-// on the default backend (olmax/backend/default.hpp), above its parallel threshold on several
-// threads: activation gradients of long sequences are hundreds of megabytes.
+// on the kernels of the gradient's device (olmax/backend/dispatch.hpp), above their parallel
+// threshold on several threads: activation gradients of long sequences are hundreds of megabytes.
 
 #include <memory>
 #include <span>
@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "olmax/backend/default.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax::autodiff {
@@ -28,7 +28,7 @@ class private_gradients {
 public:
     explicit private_gradients(std::span<const Tensor<T>> shared) : previous_(active()) {
         for (const auto& t : shared)
-            if (t.defined()) buffers_.emplace(&t.impl(), nullptr);
+            if (t.defined()) buffers_.emplace(&olmax::detail::impl_of(t), nullptr);
         active() = this;
     }
     ~private_gradients() { active() = previous_; }
@@ -37,12 +37,13 @@ public:
 
     /// The gradient collected for `t` (undefined when none arrived or `t` was not listed).
     Tensor<T> grad(const Tensor<T>& t) const {
-        const auto it = t.defined() ? buffers_.find(&t.impl()) : buffers_.end();
+        const auto it = t.defined() ? buffers_.find(&olmax::detail::impl_of(t)) : buffers_.end();
         if (it == buffers_.end() || !it->second) return {};
         auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
         impl->storage = it->second;
+        impl->device = t.device();
         impl->shape = t.shape();
-        return Tensor<T>::from_impl(std::move(impl));
+        return olmax::detail::TensorAccess<T>::from_impl(std::move(impl));
     }
 
     /// The gradient buffer of `impl` on this thread: a buffer of the innermost active scope that
@@ -70,17 +71,20 @@ void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, 
     if (grad.shape() != impl.shape)
         throw autodiff_error(olmax::detail::concat(op, ": backward produced a gradient of shape ", to_string(grad.shape()),
                                                    " for an input of shape ", to_string(impl.shape)));
-    using B = backend::default_backend;
+    if (grad.device() != impl.device)
+        throw device_error(olmax::detail::concat(op, ": backward produced a gradient on device ", grad.device().name(),
+                                                 " for an input on device ", impl.device.name()));
+    backend::op_scope on(op, grad);  // the adds run on the tensor's device
     const std::size_t n = grad.size();
     const T* src = grad.data();
     std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
     if (!buffer) {
         buffer = std::make_shared<Storage<T>>(n);
-        B::map(n, buffer->data(), [](T v) { return v; }, src);
+        backend::map(n, buffer->data(), [](T v) { return v; }, src);
         return;
     }
     T* dst = buffer->data();
-    B::map(n, dst, [](T a, T b) { return a + b; }, static_cast<const T*>(dst), src);
+    backend::map(n, dst, [](T a, T b) { return a + b; }, static_cast<const T*>(dst), src);
 }
 
 /// Same, taking over the buffer of a temporary gradient instead of copying it when nothing else
@@ -88,8 +92,8 @@ void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, 
 template <Real T>
 void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::string_view op) {
     std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
-    if (!buffer && grad.defined() && grad.shape() == impl.shape && grad.impl_ptr().use_count() == 1) {
-        auto& source = grad.impl();
+    if (!buffer && grad.defined() && grad.shape() == impl.shape && olmax::detail::impl_ptr_of(grad).use_count() == 1) {
+        auto& source = olmax::detail::impl_of(grad);
         if (source.offset == 0 && source.storage && source.storage.use_count() == 1 && source.storage->size() == grad.size()) {
             buffer = std::move(source.storage);
             grad = Tensor<T>();

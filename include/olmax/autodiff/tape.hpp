@@ -112,8 +112,9 @@ public:
     Node(std::string name, std::vector<std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs,
          const std::vector<Tensor<T>>& outputs, BackwardFn<T> fn)
         : name_(std::move(name)), inputs_(std::move(inputs)), fn_(std::move(fn)) {
+        if (!outputs.empty()) device_ = outputs.front().device();
         for (const auto& o : outputs) {
-            outputs_.push_back(o.impl_ptr());
+            outputs_.push_back(olmax::detail::impl_ptr_of(o));
             output_shapes_.push_back(o.shape());
         }
     }
@@ -127,11 +128,12 @@ public:
         for (std::size_t i = 0; i < outputs_.size(); ++i) {
             alive[i] = outputs_[i].lock();
             if (alive[i] && alive[i]->grad) {
-                grads[i] = Tensor<T>::from_impl(alive[i]).grad();
+                grads[i] = olmax::detail::TensorAccess<T>::from_impl(alive[i]).grad();
                 any = true;
             }
         }
         if (!any) return;  // nothing downstream depends on this op
+        device_scope on(device_);  // the backward closure computes where the forward did
         for (std::size_t i = 0; i < grads.size(); ++i)
             if (!grads[i].defined()) grads[i] = Tensor<T>(output_shapes_[i]);
         GradientSink<T> sink(inputs_, name_);
@@ -145,6 +147,7 @@ private:
     std::vector<std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs_;  // null where no grad is needed
     std::vector<std::weak_ptr<olmax::detail::TensorImpl<T>>> outputs_;   // weak: the tape must not keep dead outputs alive
     std::vector<Shape> output_shapes_;
+    Device device_;  // of the outputs (an op's outputs share its inputs' device)
     BackwardFn<T> fn_;
 };
 
@@ -169,18 +172,18 @@ void record(std::string_view name, std::span<const Tensor<T>> inputs, std::span<
             slots.push_back(nullptr);
             continue;
         }
-        if (!t.is_leaf() && !detail::is_live(t.impl().node))
+        if (!t.is_leaf() && !detail::is_live(olmax::detail::impl_of(t).node))
             throw autodiff_error(olmax::detail::concat(
                 name, ": an input belongs to a graph that an earlier backward() freed (or to another thread's tape); "
                       "recompute it, or call backward(/*retain_graph=*/true)"));
-        slots.push_back(t.impl_ptr());
+        slots.push_back(olmax::detail::impl_ptr_of(t));
     }
     Tape& tape = current_tape();
     std::vector<Tensor<T>> outs(outputs.begin(), outputs.end());
     tape.nodes.push_back(std::make_unique<Node<T>>(std::string(name), std::move(slots), outs, std::move(fn)));
     for (auto& o : outputs) {
-        o.impl().requires_grad = true;
-        o.impl().node = {tape.id, tape.nodes.size() - 1};
+        olmax::detail::impl_of(o).requires_grad = true;
+        olmax::detail::impl_of(o).node = {tape.id, tape.nodes.size() - 1};
     }
 }
 
@@ -194,12 +197,12 @@ void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_g
         throw shape_error(olmax::detail::concat("backward: grad_output of shape ", to_string(grad_output.shape()),
                                                 " does not match the tensor's shape ", to_string(root.shape())));
     Tape& tape = current_tape();
-    const auto handle = root.impl().node;
+    const auto handle = olmax::detail::impl_of(root).node;
     // Validate before seeding, so a refused backward leaves no partial gradient behind.
     if (!root.is_leaf() && handle.tape_id != tape.id)
         throw autodiff_error("backward: the tensor was recorded on another tape (an enclosing tape_scope, another thread, "
                              "or a graph that an earlier backward() freed)");
-    accumulate_grad(root.impl(), grad_output, "backward");
+    accumulate_grad(olmax::detail::impl_of(root), grad_output, "backward");
     if (root.is_leaf()) return;
     {
         no_grad guard;  // backward closures compute with plain tensors; they re-enable grad explicitly if they recompute
@@ -222,6 +225,7 @@ void Tensor<T>::backward(bool retain_graph) {
     if constexpr (Real<T>) {
         check<shape_error>(size() == 1, "backward: called without an output gradient on a tensor of shape ", to_string(shape()),
                            "; pass grad_output for non-scalar outputs");
+        device_scope on(device());  // the seed lives with the tensor
         autodiff::backward(*this, Tensor<T>(shape(), T{1}), retain_graph);
     } else {
         static_assert(Real<T>, "olmax: backward() needs a float or double tensor");

@@ -33,8 +33,6 @@ namespace olmax::backend {
 /// busy-wait on each other's packed panels, which collapses under contention).
 struct cpu_openmp {
     static constexpr std::string_view name = "cpu_openmp";
-    template <class Op>
-    static constexpr bool supports = true;
 
     /// Work units (roughly element operations) below which loops stay on one thread.
     static std::size_t parallel_threshold() { return threshold_ref().load(std::memory_order_relaxed); }
@@ -43,9 +41,6 @@ struct cpu_openmp {
     /// Chunks per thread of a parallel loop: more than one, so that a thread slowed down by another
     /// process leaves its remaining chunks to the others; few, so that per-chunk costs stay small.
     static constexpr std::size_t chunks_per_thread = 4;
-
-    static void* allocate(std::size_t bytes) { return cpu_serial::allocate(bytes); }
-    static void deallocate(void* p, std::size_t bytes) { cpu_serial::deallocate(p, bytes); }
 
     static int num_threads() {
         if (const int in_loop = detail::this_thread_region().threads) return in_loop;
@@ -143,13 +138,5 @@ private:
 };
 
 static_assert(Backend<cpu_openmp>);
-
-/// Default backend of every op.
-using default_backend = cpu_openmp;
-
-/// The backend that runs op `Op` for a computation requested on `B`: `B` when it supports the op,
-/// else the CPU reference.
-template <class B, class Op>
-using kernel_backend_t = std::conditional_t<supports<B, Op>, B, cpu_serial>;
 
 }  // namespace olmax::backend

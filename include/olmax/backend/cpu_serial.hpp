@@ -66,11 +66,6 @@ void eigen_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::s
 /// Other backends are tested against it (the conformance suite).
 struct cpu_serial {
     static constexpr std::string_view name = "cpu_serial";
-    template <class Op>
-    static constexpr bool supports = true;
-
-    static void* allocate(std::size_t bytes) { return memory::TrackedAllocator<std::byte>().allocate(bytes); }
-    static void deallocate(void* p, std::size_t bytes) { memory::TrackedAllocator<std::byte>().deallocate(static_cast<std::byte*>(p), bytes); }
     static int num_threads() { return 1; }
 
     template <class F>

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/memory.hpp"
 #include "olmax/core/shape.hpp"
@@ -58,6 +59,7 @@ struct NodeHandle {
 template <class T>
 struct TensorImpl {
     std::shared_ptr<Storage<T>> storage;
+    Device device;           // where `storage` (and `grad`) live; views share it with their base
     std::size_t offset = 0;  // in elements; reshape shares storage
     Shape shape;
     bool requires_grad = false;
@@ -70,6 +72,9 @@ struct TensorImpl {
     bool is_leaf() const { return node.tape_id == 0; }
 };
 
+template <Scalar T>
+struct TensorAccess;
+
 }  // namespace detail
 
 /// An owning, contiguous, row-major N-d tensor of `float`, `double` or integers.
@@ -78,6 +83,9 @@ struct TensorImpl {
 /// A tensor with `requires_grad()` takes part in reverse-mode autodiff: ops on it are recorded on
 /// the calling thread's tape, and `backward()` adds gradients into `grad()` of every leaf that
 /// requires grad (gradients accumulate; call `zero_grad()` between steps).
+///
+/// Every tensor is on a `Device` (olmax/core/device.hpp): the host CPU unless it was made under a
+/// `device_scope` or moved with `to()`. Ops compute on the device of their inputs.
 template <Scalar T>
 class Tensor {
 public:
@@ -90,13 +98,14 @@ public:
     explicit Tensor(const Shape& shape) : Tensor(uninitialized(shape)) { fill(T{0}); }
     Tensor(const Shape& shape, T value) : Tensor(uninitialized(shape)) { fill(value); }
 
-    /// A tensor whose elements are left uninitialised (to be overwritten by a kernel).
-    /// Throws `shape_error` when the element count overflows and `allocation_error` (naming the shape
-    /// and the bytes) when the memory cannot be had.
+    /// A tensor whose elements are left uninitialised (to be overwritten by a kernel), on the
+    /// current device. Throws `shape_error` when the element count overflows and `allocation_error`
+    /// (naming the shape and the bytes) when the memory cannot be had.
     static Tensor uninitialized(const Shape& shape) {
         const std::size_t n = numel(shape);
         Tensor t;
         t.impl_ = std::make_shared<detail::TensorImpl<T>>();
+        t.impl_->device = current_device();
         try {
             t.impl_->storage = std::make_shared<Storage<T>>(n);
         } catch (const std::bad_alloc&) {
@@ -122,6 +131,8 @@ public:
     static Tensor scalar(T value) { return Tensor(Shape{}, value); }
 
     bool defined() const { return static_cast<bool>(impl_); }
+    /// The device this tensor's elements live on.
+    Device device() const { return impl().device; }
     const Shape& shape() const { return impl().shape; }
     std::size_t rank() const { return impl().shape.size(); }
     std::size_t size() const { return numel(impl().shape); }
@@ -157,8 +168,14 @@ public:
     auto xt() { return xt::adapt(data(), size(), xt::no_ownership(), std::vector<std::size_t>(shape().begin(), shape().end())); }
     auto xt() const { return xt::adapt(data(), size(), xt::no_ownership(), std::vector<std::size_t>(shape().begin(), shape().end())); }
 
-    /// A deep copy that does not require grad and is not on the tape.
-    Tensor clone() const {
+    /// A deep copy on the same device that does not require grad and is not on the tape.
+    Tensor clone() const { return to(device()); }
+
+    /// A deep copy on `device` (not on the tape; call `set_requires_grad` on the copy of a
+    /// parameter). Every registered device keeps its elements in host memory today, so the copy is
+    /// a memcpy; a device with its own memory copies through its backend.
+    Tensor to(Device device) const {
+        device_scope guard(device);
         Tensor t = uninitialized(shape());
         std::copy(begin(), end(), t.data());
         return t;
@@ -169,6 +186,7 @@ public:
         Tensor t;
         t.impl_ = std::make_shared<detail::TensorImpl<T>>();
         t.impl_->storage = impl().storage;
+        t.impl_->device = impl().device;
         t.impl_->offset = impl().offset;
         t.impl_->shape = impl().shape;
         return t;
@@ -197,6 +215,7 @@ public:
         if (!defined() || !impl_->grad) return g;
         g.impl_ = std::make_shared<detail::TensorImpl<T>>();
         g.impl_->storage = impl_->grad;
+        g.impl_->device = impl_->device;
         g.impl_->shape = impl_->shape;
         return g;
     }
@@ -210,19 +229,13 @@ public:
     /// olmax/autodiff/tape.hpp).
     void backward(const Tensor& grad_output, bool retain_graph = false);
 
-    /// Internal: the shared implementation (used by autodiff and kernels).
+private:
+    friend struct detail::TensorAccess<T>;
     detail::TensorImpl<T>& impl() const {
         check<value_error>(static_cast<bool>(impl_), "olmax: operation on an undefined tensor");
         return *impl_;
     }
-    const std::shared_ptr<detail::TensorImpl<T>>& impl_ptr() const { return impl_; }
-    static Tensor from_impl(std::shared_ptr<detail::TensorImpl<T>> impl) {
-        Tensor t;
-        t.impl_ = std::move(impl);
-        return t;
-    }
 
-private:
     std::size_t flat_index(std::initializer_list<std::size_t> index) const {
         const Shape& s = shape();
         check<shape_error>(index.size() == s.size(), "Tensor: ", index.size(), " indices for a tensor of rank ", s.size());
@@ -238,6 +251,39 @@ private:
     std::shared_ptr<detail::TensorImpl<T>> impl_;
 };
 
+namespace detail {
+
+/// The library's own access to a tensor's shared implementation (autodiff's gradient buffers and
+/// graph handles, views that share storage). Not part of the public API: user code works through
+/// `Tensor`'s members.
+template <Scalar T>
+struct TensorAccess {
+    static TensorImpl<T>& impl(const Tensor<T>& t) { return t.impl(); }
+    static const std::shared_ptr<TensorImpl<T>>& impl_ptr(const Tensor<T>& t) { return t.impl_; }
+    static Tensor<T> from_impl(std::shared_ptr<TensorImpl<T>> impl) {
+        Tensor<T> t;
+        t.impl_ = std::move(impl);
+        return t;
+    }
+    /// A tensor of `shape` over `base`'s buffer starting `offset` elements after `base`'s first,
+    /// on `base`'s device, not on the tape.
+    static Tensor<T> alias(const Tensor<T>& base, std::size_t offset, const Shape& shape) {
+        auto impl = std::make_shared<TensorImpl<T>>();
+        impl->storage = base.impl().storage;
+        impl->device = base.impl().device;
+        impl->offset = base.impl().offset + offset;
+        impl->shape = shape;
+        return from_impl(std::move(impl));
+    }
+};
+
+template <Scalar T>
+TensorImpl<T>& impl_of(const Tensor<T>& t) { return TensorAccess<T>::impl(t); }
+template <Scalar T>
+const std::shared_ptr<TensorImpl<T>>& impl_ptr_of(const Tensor<T>& t) { return TensorAccess<T>::impl_ptr(t); }
+
+}  // namespace detail
+
 template <Scalar T>
 Tensor<T> zeros(const Shape& shape) { return Tensor<T>(shape); }
 template <Scalar T>
@@ -245,9 +291,15 @@ Tensor<T> ones(const Shape& shape) { return Tensor<T>(shape, T{1}); }
 template <Scalar T>
 Tensor<T> full(const Shape& shape, T value) { return Tensor<T>(shape, value); }
 template <Scalar T>
-Tensor<T> zeros_like(const Tensor<T>& t) { return Tensor<T>(t.shape()); }
+Tensor<T> zeros_like(const Tensor<T>& t) {
+    device_scope on(t.device());
+    return Tensor<T>(t.shape());
+}
 template <Scalar T>
-Tensor<T> ones_like(const Tensor<T>& t) { return Tensor<T>(t.shape(), T{1}); }
+Tensor<T> ones_like(const Tensor<T>& t) {
+    device_scope on(t.device());
+    return Tensor<T>(t.shape(), T{1});
+}
 
 /// A tensor with `0, 1, ..., n-1` (handy for token ids and tests).
 template <Scalar T>
@@ -307,6 +359,7 @@ template <Scalar T>
 std::ostream& operator<<(std::ostream& out, const Tensor<T>& t) {
     if (!t.defined()) return out << "Tensor(undefined)";
     out << "Tensor<" << dtype_name<T>() << ">" << to_string(t.shape());
+    if (!t.device().is_host()) out << " on " << t.device();
     if (t.requires_grad()) out << " requires_grad";
     out << ' ';
     if (t.empty()) return out << "[]";
@@ -314,9 +367,10 @@ std::ostream& operator<<(std::ostream& out, const Tensor<T>& t) {
     return out;
 }
 
-/// Element-wise copy into a tensor of another element type (not differentiable).
+/// Element-wise copy into a tensor of another element type on the same device (not differentiable).
 template <Scalar To, Scalar From>
 Tensor<To> cast(const Tensor<From>& t) {
+    device_scope on(t.device());
     auto out = Tensor<To>::uninitialized(t.shape());
     std::transform(t.begin(), t.end(), out.begin(), [](From v) { return static_cast<To>(v); });
     return out;

@@ -62,6 +62,7 @@ inline Batch batch_rows(const Batch& batch, std::size_t begin, std::size_t end) 
     check<shape_error>(batch.inputs.rank() == 2 && begin < end && end <= batch.inputs.shape()[0], "data::batch_rows: rows [", begin, ", ",
                        end, ") of a batch of shape ", to_string(batch.inputs.shape()));
     const std::size_t sequence = batch.inputs.shape()[1], offset = begin * sequence, count = (end - begin) * sequence;
+    device_scope on(batch.inputs.device());  // the rows stay where the batch is
     Batch out;
     out.inputs = Tensor<std::int32_t>({end - begin, sequence});
     out.targets = Tensor<std::int32_t>({end - begin, sequence});

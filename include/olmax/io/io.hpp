@@ -4,4 +4,5 @@
 #include "olmax/io/archive.hpp"
 #include "olmax/io/checkpoint.hpp"
 #include "olmax/io/npy.hpp"
+#include "olmax/io/parameters.hpp"
 #include "olmax/io/progress.hpp"

@@ -3,14 +3,14 @@
 
 #include <string_view>
 
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/ops/elementwise.hpp"
 
 namespace olmax::nn {
 
 /// Leaky ReLU with the original's slope 0.01 (Config::leaky_slope).
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class LeakyReLU {
 public:
     using value_type = T;
@@ -19,7 +19,7 @@ public:
 
     explicit LeakyReLU(T slope = T(0.01)) : slope_(slope) {}
     LeakyReLU(const Config& config, Generator&) : slope_(T(config.leaky_slope)) {}
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return leaky_relu<B>(x, slope_); }
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return leaky_relu(x, slope_); }
     void visit_parameters(ParameterVisitor<T>&) {}
 
 private:
@@ -27,7 +27,7 @@ private:
 };
 
 /// Mish: x * tanh(softplus(x)) (Misra 2019).
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class Mish {
 public:
     using value_type = T;
@@ -36,12 +36,12 @@ public:
 
     Mish() = default;
     Mish(const Config&, Generator&) {}
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return mish<B>(x); }
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return mish(x); }
     void visit_parameters(ParameterVisitor<T>&) {}
 };
 
 /// Elephant: 1 / (1 + |x/a|^d) (Lan & Mahmood 2023), a = 1, d = 4.
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class Elephant {
 public:
     using value_type = T;
@@ -50,7 +50,7 @@ public:
 
     Elephant() = default;
     Elephant(const Config&, Generator&) {}
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return elephant<B>(x); }
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return elephant(x); }
     void visit_parameters(ParameterVisitor<T>&) {}
 };
 

@@ -21,11 +21,11 @@
 //   * `inverse(y, ctx)` and `reverse(y, dy, ctx) -> {x, dx}` plus `memory_saving()`: an *invertible*
 //     layer (nn::Reversible); its custom backward rebuilds the input from the output, so containers
 //     keep no activations for it (InvertibleLayer).
-//   * Parameter serialisation is not a per-layer member: nn::save_parameters / load_parameters work
-//     for every conforming layer through visit_parameters (see parameters.hpp).
+//   * Parameter serialisation is not a per-layer member: io::save_parameters / load_parameters work
+//     for every conforming layer through visit_parameters (see olmax/io/parameters.hpp).
 //
 // A thin user-facing wrapper (`nn::Module<L>`, `nn::Stack`, `nn::Sequential`) owns a layer and adds
-// `operator()`, parameter listing, zero_grad and save/load.
+// `operator()`, parameter listing and zero_grad (files: io::save_parameters / load_parameters).
 
 #include <concepts>
 #include <cstdint>

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/conv.hpp"
@@ -18,7 +18,7 @@ namespace olmax::nn {
 
 /// Causal 1-D convolution with K taps: output t sees inputs t-K+1..t. Weight [K, Cin/groups, Cout]
 /// with fan-in normal init (fan-in = K * Cin/groups).
-template <std::size_t K, Real T = float, class B = backend::default_backend>
+template <std::size_t K, Real T = float>
 class CausalConv {
     static_assert(K >= 1, "olmax::nn::CausalConv: the kernel size K must be at least 1");
 
@@ -40,7 +40,7 @@ public:
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const {
         check<shape_error>(x.rank() == 3 && x.shape()[2] == weight_.shape()[1] * groups_, "nn::CausalConv<", K, ">: expected input [B, T, ",
                            weight_.shape()[1] * groups_, "], got ", to_string(x.shape()));
-        return bias_.defined() ? causal_conv1d<B>(x, weight_, bias_, groups_) : causal_conv1d<B>(x, weight_, groups_);
+        return bias_.defined() ? causal_conv1d(x, weight_, bias_, groups_) : causal_conv1d(x, weight_, groups_);
     }
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit("weight", weight_, Role::weight);
@@ -61,8 +61,9 @@ namespace detail {
 /// and dw = sum over rows of dz h r. It keeps only h and r for the backward (z is recomputed with
 /// the forward's expression, so its sign is the forward's): one [rows, F] tensor less on the tape
 /// than the two ops, and the element loops are branch-free so they vectorise.
-template <class B, Real T>
+template <Real T>
 Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T eps, T slope) {
+    backend::op_scope on("nn::DenseConv norm", h, scale);
     check<value_error>(eps > T{0}, "nn::DenseConv: the norm's eps must be positive, got ", eps);
     check<shape_error>(h.rank() >= 1 && scale.rank() == 1 && scale.shape()[0] == h.shape().back(), "nn::DenseConv: norm scale of shape ",
                        to_string(scale.shape()), " does not match the last axis of ", to_string(h.shape()));
@@ -75,7 +76,7 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
     {
         const T *hp = h.data(), *wp = scale.data();
         T *op = out.data(), *rp = r.data();
-        B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+        backend::current().parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
             for (std::size_t i = lo; i < hi; ++i) {
                 const T* row = hp + i * f;
                 double sum_sq = 0;
@@ -104,7 +105,7 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
                             // dz = dout through the leaky-ReLU (its sign from the forward's z), then ScaleNorm's gradients.
                             auto dz_tensor = Tensor<T>::uninitialized(h.shape());
                             T* dz = dz_tensor.data();
-                            B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+                            backend::current().parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
                                 const std::size_t n = f;
                                 const T negative_slope = slope;
                                 for (std::size_t i = lo; i < hi; ++i) {
@@ -119,8 +120,8 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
                                 }
                             });
                             if (need_dh)
-                                sink.add(0, olmax::detail::norm_ops::input_gradient<B>(dz, hp, wp, rp, clamped.data(), h.shape(), 1.0));
-                            if (need_dw) sink.add(1, olmax::detail::norm_ops::scale_gradient<B>(dz, hp, rp, rows, f));
+                                sink.add(0, olmax::detail::norm_ops::input_gradient(dz, hp, wp, rp, clamped.data(), h.shape(), 1.0));
+                            if (need_dw) sink.add(1, olmax::detail::norm_ops::scale_gradient(dz, hp, rp, rows, f));
                         });
     return out;
 }
@@ -129,7 +130,7 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
 
 /// The original dense block: conv(K, F -> H) -> ScaleNorm + leaky-ReLU -> conv(K, H -> F),
 /// H = Config::hidden() (2F by default).
-template <std::size_t K, Real T = float, class B = backend::default_backend>
+template <std::size_t K, Real T = float>
 class DenseConv {
 public:
     using value_type = T;
@@ -145,7 +146,7 @@ public:
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         Tensor<T> h = conv0_.forward(x, ctx);
-        h = detail::scale_norm_leaky_relu<B>(h, mid_scale_, eps_, slope_);  // = leaky_relu(scale_norm(h, scale, eps), slope)
+        h = detail::scale_norm_leaky_relu(h, mid_scale_, eps_, slope_);  // = leaky_relu(scale_norm(h, scale, eps), slope)
         return conv1_.forward(h, ctx);
     }
     void visit_parameters(ParameterVisitor<T>& visit) {
@@ -155,9 +156,9 @@ public:
     }
 
 private:
-    CausalConv<K, T, B> conv0_;
+    CausalConv<K, T> conv0_;
     Tensor<T> mid_scale_;
-    CausalConv<K, T, B> conv1_;
+    CausalConv<K, T> conv1_;
     T eps_, slope_;
 };
 

@@ -4,7 +4,7 @@
 
 #include <string_view>
 
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/ops/elementwise.hpp"
 
@@ -12,7 +12,7 @@ namespace olmax::nn {
 
 /// Inverted dropout: keeps each element with probability 1 - p and scales it by 1 / (1 - p);
 /// identity when p = 0 or `ctx.training` is false.
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class Dropout {
 public:
     using value_type = T;
@@ -27,10 +27,11 @@ public:
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         if (p_ == 0 || !ctx.training) return x;
         Generator rng(mix_seed(ctx.random_seed, 0x64726f70));  // "drop"
+        backend::op_scope on("nn::Dropout", x);
         auto mask = Tensor<T>::uninitialized(x.shape());
         const T keep_scale = T(1 / (1 - p_));
         for (T& m : mask) m = rng.uniform() < p_ ? T{0} : keep_scale;
-        return mul<B>(x, mask);
+        return mul(x, mask);
     }
     void visit_parameters(ParameterVisitor<T>&) {}
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/embedding.hpp"
@@ -18,7 +18,7 @@
 namespace olmax::nn {
 
 /// Token embedding E [V, F], init N(0, (1/F)^2) (the original's); ids [...] -> [..., F].
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class Embedding {
 public:
     using value_type = T;
@@ -31,7 +31,7 @@ public:
         table_ = parameter(randn<T>({config.vocab, config.features}, rng, T{0}, T(1.0 / double(config.features))));
     }
 
-    Tensor<T> forward(const Tensor<std::int32_t>& ids) const { return embedding<B>(table_, ids); }
+    Tensor<T> forward(const Tensor<std::int32_t>& ids) const { return embedding(table_, ids); }
     Tensor<T> operator()(const Tensor<std::int32_t>& ids) const { return forward(ids); }
     void visit_parameters(ParameterVisitor<T>& visit) { visit("table", table_, Role::embedding); }
 
@@ -43,7 +43,7 @@ private:
 /// original's 1/D with one device). `loss` never forms the [N, V] logits: chunked cross-entropy
 /// with z-loss (Config::z_loss, Config::loss_chunk_tokens); the value excludes the z-loss term,
 /// the gradient includes it (as the original).
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class OutputHead {
 public:
     using value_type = T;
@@ -57,18 +57,19 @@ public:
 
     /// Mean next-token loss of `hidden` [..., F] against `targets` (same leading shape, int32).
     Tensor<T> loss(const Tensor<T>& hidden, const Tensor<std::int32_t>& targets) const {
+        backend::op_scope on("nn::OutputHead::loss", hidden, targets, w_out_);
         const std::size_t features = w_out_.shape()[0];
         check<shape_error>(hidden.rank() >= 1 && hidden.shape().back() == features && hidden.size() / features == targets.size(),
                            "nn::OutputHead: hidden of shape ", to_string(hidden.shape()), " does not match targets of shape ",
                            to_string(targets.shape()), " and ", features, " features");
         const std::size_t n = targets.size();
-        Tensor<T> flat = reshape<B>(scale_norm<B>(hidden, Tensor<T>(), eps_), Shape{n, features});
+        Tensor<T> flat = reshape(scale_norm(hidden, Tensor<T>(), eps_), Shape{n, features});
         auto flat_targets = Tensor<std::int32_t>::from(Shape{n}, targets.span());
-        return chunked_cross_entropy<B>(flat, w_out_, flat_targets, options_);
+        return chunked_cross_entropy(flat, w_out_, flat_targets, options_);
     }
 
     /// Full logits [..., V] (for evaluation and sampling).
-    Tensor<T> logits(const Tensor<T>& hidden) const { return matmul<B>(scale_norm<B>(hidden, Tensor<T>(), eps_), w_out_); }
+    Tensor<T> logits(const Tensor<T>& hidden) const { return matmul(scale_norm(hidden, Tensor<T>(), eps_), w_out_); }
 
     void visit_parameters(ParameterVisitor<T>& visit) { visit("w_out", w_out_, Role::weight); }
 

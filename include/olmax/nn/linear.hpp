@@ -3,7 +3,7 @@
 
 #include <string_view>
 
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/elementwise.hpp"
@@ -11,7 +11,7 @@
 
 namespace olmax::nn {
 
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class Linear {
 public:
     using value_type = T;
@@ -30,8 +30,8 @@ public:
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const {
         check<shape_error>(x.rank() >= 1 && x.shape().back() == weight_.shape()[0], "nn::Linear: input of shape ", to_string(x.shape()),
                            " does not end in the layer's ", weight_.shape()[0], " input features");
-        Tensor<T> y = matmul<B>(x, weight_);
-        return bias_.defined() ? add<B>(y, bias_) : y;
+        Tensor<T> y = matmul(x, weight_);
+        return bias_.defined() ? add(y, bias_) : y;
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {

@@ -3,7 +3,7 @@
 
 #include <string_view>
 
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/elementwise.hpp"
@@ -22,7 +22,7 @@ namespace olmax::nn {
 /// s = min(K^m, S / K): mode 0 mixes K contiguous tokens (local), higher modes mix strided
 /// ("axial") positions. For S = 4096, K = 512 that is the original's local / stride-8 pair.
 /// Needs S % K == 0 (and S % (K s) == 0); otherwise throws shape_error naming the sizes.
-template <std::size_t K, Real T = float, class B = backend::default_backend>
+template <std::size_t K, Real T = float>
 class HierarchicalMixer {
     static_assert(K >= 2, "olmax::nn::HierarchicalMixer: the chunk size K must be at least 2");
 
@@ -68,9 +68,9 @@ public:
         const std::size_t batch = x.shape()[0], sequence = x.shape()[1], features = x.shape()[2];
         const std::size_t s = stride(sequence, ctx.layer_index);
         const Shape grouped{batch, sequence / (K * s), K, s, features};
-        Tensor<T> h = mix(reshape<B>(x, grouped), w0_);
-        h = leaky_relu<B>(scale_norm<B>(h, scale_, eps_), slope_);
-        return reshape<B>(mix(h, w1_), x.shape());
+        Tensor<T> h = mix(reshape(x, grouped), w0_);
+        h = leaky_relu(scale_norm(h, scale_, eps_), slope_);
+        return reshape(mix(h, w1_), x.shape());
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {
@@ -82,7 +82,7 @@ public:
 private:
     /// [B, G, K, s, F] -> same shape, out[.., g, ..] = sum_{k <= g} in[.., k, ..] W[k, g]: one
     /// [K, K] x [K, s F] GEMM per group on the grouped layout itself.
-    Tensor<T> mix(const Tensor<T>& grouped, const Tensor<T>& w) const { return contract_axis<B>(grouped, mul<B>(w, mask_), 2); }
+    Tensor<T> mix(const Tensor<T>& grouped, const Tensor<T>& w) const { return contract_axis(grouped, mul(w, mask_), 2); }
 
     Tensor<T> w0_, w1_, scale_, mask_;
     T eps_, slope_;

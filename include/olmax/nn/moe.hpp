@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/nn/views.hpp"
@@ -31,7 +31,7 @@ namespace olmax::nn {
 /// router probability of e) is added to `auxiliary_loss()` on every forward that records on the
 /// tape and is not a reversible recompute (so not inside a memory-saving reversible block, whose
 /// forward runs without a tape: use reversible_backward = false to train the balance there).
-template <Real T = float, class B = backend::default_backend, bool TiedExperts = false>
+template <Real T = float, bool TiedExperts = false>
 class MoE {
 public:
     using value_type = T;
@@ -58,7 +58,7 @@ public:
         check<shape_error>(x.rank() == 3 && x.shape()[2] == features, "nn::MoE: expected input [B, S, ", features, "], got ",
                            to_string(x.shape()));
         const std::size_t batch = x.shape()[0], sequence = x.shape()[1];
-        Tensor<T> probs = softmax<B>(matmul<B>(x, router_), -1);  // [B, S, E]
+        Tensor<T> probs = softmax(matmul(x, router_), -1);  // [B, S, E]
 
         // Top-1 choice and capacity, per sequence in time order (constants: no gradient through argmax).
         Tensor<T> keep({batch, sequence, experts});
@@ -73,18 +73,19 @@ public:
                 if (used[e]++ < cap) keep(b, t, e) = T{1};
             }
         }
-        Tensor<T> gates = mul<B>(probs, keep);
+        Tensor<T> gates = mul(probs, keep);
         Tensor<T> y;
         for (std::size_t e = 0; e < experts; ++e) {
-            Tensor<T> out = mul<B>(slice<B>(gates, -1, e, e + 1), leaky_relu<B>(matmul<B>(x, take_leading(experts_, e)), slope_));
-            y = y.defined() ? add<B>(y, out) : out;
+            Tensor<T> out = mul(slice(gates, -1, e, e + 1), leaky_relu(matmul(x, take_leading(experts_, e)), slope_));
+            y = y.defined() ? add(y, out) : out;
         }
         if (autodiff::is_grad_enabled() && probs.requires_grad() && !ctx.recompute) {
             // E * sum_e f_e * P_e with P_e = mean over tokens of probs[..., e].
+            device_scope on(probs.device());
             Tensor<T> fraction = Tensor<T>::uninitialized({experts});
             for (std::size_t e = 0; e < experts; ++e) fraction(e) = T(routed[e] / double(batch * sequence));
-            Tensor<T> balance = sum<B>(mul<B>(mean<B>(probs, {0, 1}), fraction)) * T(experts);
-            *aux_ = aux_->defined() ? add<B>(*aux_, balance) : balance;
+            Tensor<T> balance = sum(mul(mean(probs, {0, 1}), fraction)) * T(experts);
+            *aux_ = aux_->defined() ? add(*aux_, balance) : balance;
         }
         return y;
     }
@@ -107,7 +108,7 @@ private:
 };
 
 /// The weight-tied variant: inside an nn::Stack every layer shares one expert bank.
-template <Real T = float, class B = backend::default_backend>
-using TiedMoE = MoE<T, B, true>;
+template <Real T = float>
+using TiedMoE = MoE<T, true>;
 
 }  // namespace olmax::nn

@@ -3,14 +3,14 @@
 
 #include <string_view>
 
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/ops/norm.hpp"
 
 namespace olmax::nn {
 
 /// x / max(||x||_2, eps) * w over the last axis (the original Olmax norm, not x / RMS(x)); w init 1.
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class ScaleNorm {
 public:
     using value_type = T;
@@ -24,7 +24,7 @@ public:
         if (with_scale) scale_ = parameter(Tensor<T>({features}, T{1}));
     }
 
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return scale_norm<B>(x, scale_, eps_); }
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return scale_norm(x, scale_, eps_); }
     void visit_parameters(ParameterVisitor<T>& visit) {
         if (scale_.defined()) visit("scale", scale_, Role::norm_scale);
     }
@@ -35,7 +35,7 @@ private:
 };
 
 /// x / sqrt(mean(x^2) + eps) * w over the last axis (Zhang & Sennrich 2019); w init 1.
-template <Real T = float, class B = backend::default_backend>
+template <Real T = float>
 class RMSNorm {
 public:
     using value_type = T;
@@ -47,7 +47,7 @@ public:
         check<value_error>(features > 0 && eps >= 0, "nn::RMSNorm: needs features > 0 and eps >= 0, got ", features, " and ", eps);
     }
 
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return rms_norm<B>(x, scale_, eps_); }
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return rms_norm(x, scale_, eps_); }
     void visit_parameters(ParameterVisitor<T>& visit) { visit("scale", scale_, Role::norm_scale); }
 
 private:

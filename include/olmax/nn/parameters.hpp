@@ -60,83 +60,8 @@ void zero_grad(L& layer) {
     for (auto& p : parameters(layer)) p.tensor.zero_grad();
 }
 
-namespace detail {
-inline constexpr char parameter_file_magic[8] = {'O', 'L', 'M', 'X', 'P', 'A', 'R', 'M'};
-inline constexpr std::uint32_t parameter_file_version = 1;
-
-template <class V>
-void write_pod(std::ostream& out, const V& v) { out.write(reinterpret_cast<const char*>(&v), sizeof(V)); }
-template <class V>
-V read_pod(std::istream& in, std::string_view what) {
-    V v{};
-    in.read(reinterpret_cast<char*>(&v), sizeof(V));
-    check<value_error>(static_cast<bool>(in), "nn::load_parameters: stream ended while reading ", what);
-    return v;
-}
-}  // namespace detail
-
-/// Writes every parameter (name, role, element size, shape, data) with a magic tag and a format
-/// version, in visiting order. Host byte order.
-template <class L>
-void save_parameters(L& layer, std::ostream& out) {
-    using T = typename L::value_type;
-    const auto params = parameters(layer);
-    out.write(detail::parameter_file_magic, sizeof detail::parameter_file_magic);
-    detail::write_pod(out, detail::parameter_file_version);
-    detail::write_pod(out, std::uint64_t(params.size()));
-    for (const auto& p : params) {
-        detail::write_pod(out, std::uint64_t(p.name.size()));
-        out.write(p.name.data(), std::streamsize(p.name.size()));
-        detail::write_pod(out, std::uint8_t(p.role));
-        detail::write_pod(out, std::uint8_t(sizeof(T)));
-        detail::write_pod(out, std::uint64_t(p.tensor.rank()));
-        for (std::size_t d : p.tensor.shape()) detail::write_pod(out, std::uint64_t(d));
-        out.write(reinterpret_cast<const char*>(p.tensor.data()), std::streamsize(p.tensor.size() * sizeof(T)));
-    }
-    check<value_error>(static_cast<bool>(out), "nn::save_parameters: write failed");
-}
-
-/// Reads a file written by `save_parameters` into `layer`'s parameters (in place, keeping the
-/// handles). Every stored name must exist with the same shape and element size, and every parameter
-/// must be stored; otherwise `value_error` names the parameter.
-template <class L>
-void load_parameters(L& layer, std::istream& in) {
-    using T = typename L::value_type;
-    char magic[sizeof detail::parameter_file_magic];
-    in.read(magic, sizeof magic);
-    check<value_error>(in && std::memcmp(magic, detail::parameter_file_magic, sizeof magic) == 0,
-                       "nn::load_parameters: not an olmax parameter file");
-    const auto version = detail::read_pod<std::uint32_t>(in, "the version");
-    check<value_error>(version >= 1 && version <= detail::parameter_file_version, "nn::load_parameters: unsupported format version ", version);
-    auto params = parameters(layer);
-    std::map<std::string, NamedParameter<T>*> by_name;
-    for (auto& p : params) by_name[p.name] = &p;
-    const auto count = detail::read_pod<std::uint64_t>(in, "the parameter count");
-    check<value_error>(count == params.size(), "nn::load_parameters: file has ", count, " parameters, layer ", L::name, " has ",
-                       params.size());
-    for (std::uint64_t i = 0; i < count; ++i) {
-        std::string name(detail::read_pod<std::uint64_t>(in, "a name length"), '\0');
-        in.read(name.data(), std::streamsize(name.size()));
-        const auto it = by_name.find(name);
-        check<value_error>(it != by_name.end(), "nn::load_parameters: the file has parameter '", name, "' that layer ", L::name,
-                           " does not have");
-        Tensor<T>& t = it->second->tensor;
-        detail::read_pod<std::uint8_t>(in, "a role");
-        const auto element = detail::read_pod<std::uint8_t>(in, "an element size");
-        check<value_error>(element == sizeof(T), "nn::load_parameters: parameter '", name, "' has ", int(element),
-                           "-byte elements in the file, the layer uses ", sizeof(T));
-        Shape shape(detail::read_pod<std::uint64_t>(in, "a rank"));
-        for (auto& d : shape) d = detail::read_pod<std::uint64_t>(in, "a shape");
-        check<value_error>(shape == t.shape(), "nn::load_parameters: parameter '", name, "' has shape ", to_string(shape),
-                           " in the file and ", to_string(t.shape()), " in the layer");
-        in.read(reinterpret_cast<char*>(t.data()), std::streamsize(t.size() * sizeof(T)));
-        check<value_error>(static_cast<bool>(in), "nn::load_parameters: stream ended inside parameter '", name, "'");
-        by_name.erase(it);
-    }
-}
-
-/// The thin user-facing wrapper around a layer's details: owns the layer, calls it, lists and
-/// serialises its parameters.
+/// The thin user-facing wrapper around a layer's details: owns the layer, calls it and lists its
+/// parameters (olmax::io::save_parameters / load_parameters write and read them).
 ///
 ///     olmax::nn::Module<olmax::nn::Linear<double>> linear(config);
 ///     auto y = linear(x);
@@ -155,8 +80,6 @@ public:
     Tensor<value_type> operator()(const Tensor<value_type>& x, const LayerContext& ctx = {}) const { return layer_.forward(x, ctx); }
     auto parameters() { return nn::parameters(layer_); }
     void zero_grad() { nn::zero_grad(layer_); }
-    void save(std::ostream& out) { save_parameters(layer_, out); }
-    void load(std::istream& in) { load_parameters(layer_, in); }
     L& layer() { return layer_; }
     const L& layer() const { return layer_; }
 

@@ -14,7 +14,7 @@
 #include <cmath>
 #include <string_view>
 
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/random.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/ops/conv.hpp"
@@ -26,7 +26,7 @@ namespace olmax::nn {
 
 enum class QrnnPooling { original, f, fo, ifo };
 
-template <class Strategy = scan::sequential_vectorized, Real T = float, class B = backend::default_backend>
+template <class Strategy = scan::sequential_vectorized, Real T = float>
 class QRNN {
 public:
     using value_type = T;
@@ -47,16 +47,16 @@ public:
 
     /// x [batch, time, in_features] -> h [batch, time, hidden].
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const {
-        const Tensor<T> z = causal_conv1d<B>(x, weight_, bias_);
-        auto part = [&](std::size_t i) { return slice<B>(z, 2, i * hidden_, (i + 1) * hidden_); };
-        const Tensor<T> forget = hard_sigmoid<B>(part(1));
-        if (pooling_ == QrnnPooling::original) return scan::scan<Strategy, B>(forget, part(0));
-        const Tensor<T> candidate = tanh<B>(part(0));
-        const Tensor<T> input = pooling_ == QrnnPooling::ifo ? mul<B>(sigmoid<B>(part(3)), candidate)
-                                                             : mul<B>(add_scalar<B>(neg<B>(forget), T(1)), candidate);
-        const Tensor<T> c = scan::scan<Strategy, B>(forget, input);
+        const Tensor<T> z = causal_conv1d(x, weight_, bias_);
+        auto part = [&](std::size_t i) { return slice(z, 2, i * hidden_, (i + 1) * hidden_); };
+        const Tensor<T> forget = hard_sigmoid(part(1));
+        if (pooling_ == QrnnPooling::original) return scan::scan<Strategy>(forget, part(0));
+        const Tensor<T> candidate = tanh(part(0));
+        const Tensor<T> input = pooling_ == QrnnPooling::ifo ? mul(sigmoid(part(3)), candidate)
+                                                             : mul(add_scalar(neg(forget), T(1)), candidate);
+        const Tensor<T> c = scan::scan<Strategy>(forget, input);
         if (pooling_ == QrnnPooling::f) return c;
-        return mul<B>(sigmoid<B>(part(2)), c);
+        return mul(sigmoid(part(2)), c);
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {

@@ -8,7 +8,7 @@
 
 namespace olmax::nn {
 
-template <class Strategy = scan::sequential_vectorized, Real T = float, class B = backend::default_backend>
-using QRNNBlock = Sandwich<QRNN<Strategy, T, B>>;
+template <class Strategy = scan::sequential_vectorized, Real T = float>
+using QRNNBlock = Sandwich<QRNN<Strategy, T>>;
 
 }  // namespace olmax::nn

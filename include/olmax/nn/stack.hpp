@@ -50,6 +50,7 @@ public:
             } else {
                 Shape shape{depth};
                 shape.insert(shape.end(), t.shape().begin(), t.shape().end());
+                device_scope with_layer(t.device());
                 slot.stored = Tensor<T>::uninitialized(shape);
                 std::copy(t.begin(), t.end(), slot.stored.data());
             }
@@ -191,7 +192,7 @@ private:
                         const Tensor<T> grad = leaves[i].grad();
                         if (!grad.defined() || !sink.needs(i + 1)) continue;
                         const std::size_t offset = slot.sharing == Sharing::tied ? 0 : l * grad.size();
-                        detail::accumulate_grad_slice(slot.stored.impl(), offset, grad);
+                        detail::accumulate_grad_slice(olmax::detail::impl_of(slot.stored), offset, grad);
                     }
                     out = in;
                     dout = din;

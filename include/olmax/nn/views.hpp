@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/ops/elementwise.hpp"
 
@@ -18,11 +19,7 @@ namespace detail {
 /// A handle on `base`'s buffer starting `offset` elements in, with `shape`; not on the tape.
 template <Real T>
 Tensor<T> view_of(const Tensor<T>& base, std::size_t offset, const Shape& shape) {
-    auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
-    impl->storage = base.impl().storage;
-    impl->offset = base.impl().offset + offset;
-    impl->shape = shape;
-    return Tensor<T>::from_impl(std::move(impl));
+    return olmax::detail::TensorAccess<T>::alias(base, offset, shape);
 }
 
 /// Adds `grad` into elements [offset, offset + grad.size()) of `impl`'s gradient buffer (zero-filled
@@ -59,7 +56,7 @@ Tensor<T> take_leading(const Tensor<T>& x, std::size_t index) {
     Tensor<T> out = detail::view_of(x, offset, inner);
     if (!autodiff::should_record(std::span<const Tensor<T>>(&x, 1))) return out;
     autodiff::record<T>("take_leading", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&out, 1),
-                        [impl = x.impl_ptr(), offset](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                        [impl = olmax::detail::impl_ptr_of(x), offset](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             if (sink.needs(0)) detail::accumulate_grad_slice(*impl, offset, g[0]);
                         });
     return out;
@@ -69,6 +66,7 @@ Tensor<T> take_leading(const Tensor<T>& x, std::size_t index) {
 template <Real T>
 Tensor<T> stack_leading(const std::vector<Tensor<T>>& parts) {
     check<shape_error>(!parts.empty(), "nn::stack_leading: no tensors given");
+    backend::op_scope on("nn::stack_leading", parts);
     const Shape inner = parts[0].shape();
     for (const auto& p : parts)
         check<shape_error>(p.shape() == inner, "nn::stack_leading: shapes ", to_string(inner), " and ", to_string(p.shape()), " differ");

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -51,20 +51,19 @@ ConvDims validate(const Tensor<T>& x, const Tensor<T>& w, std::size_t groups) {
 }
 
 /// With fewer independent items than threads, loop over them and let each GEMM use the threads.
-template <class B>
-bool few_items(std::size_t items) {
-    return items < std::size_t(std::max(B::num_threads(), 2));
+inline bool few_items(std::size_t items) {
+    return items < std::size_t(std::max(backend::current().num_threads(), 2));
 }
 
 /// Calls one_batch(b) for every batch element; batches go to separate threads when there are
 /// enough of them (the GEMMs inside stay single-threaded then).
-template <class B, class F>
+template <class F>
 void for_each_batch(const ConvDims& d, F&& one_batch) {
-    if (few_items<B>(d.batch)) {
+    if (few_items(d.batch)) {
         for (std::size_t b = 0; b < d.batch; ++b) one_batch(b);
         return;
     }
-    B::parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t b = lo; b < hi; ++b) one_batch(b);
     });
 }
@@ -73,44 +72,44 @@ void for_each_batch(const ConvDims& d, F&& one_batch) {
 /// for tap k the output rows [s, T) take input rows [0, T - s), a GEMM on offset row blocks. The
 /// unshifted tap (s = 0) goes first and covers every row, so it alone applies beta: out may start
 /// uninitialised when beta = 0.
-template <class B, Real T>
+template <Real T>
 void forward(const ConvDims& d, const T* x, const T* w, T* out, T beta) {
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     auto one_batch = [&](std::size_t b) {
         for (std::size_t shift = 0; shift < std::min(d.taps, d.time); ++shift) {
             const std::size_t k = d.taps - 1 - shift;
             for (std::size_t g = 0; g < d.groups; ++g)
-                B::gemm(false, false, d.time - shift, cog, cig, T{1}, x + b * d.time * d.cin + g * cig, d.cin, w + k * cig * d.cout + g * cog,
+                backend::current().gemm(false, false, d.time - shift, cog, cig, T{1}, x + b * d.time * d.cin + g * cig, d.cin, w + k * cig * d.cout + g * cog,
                         d.cout, shift == 0 ? beta : T{1}, out + (b * d.time + shift) * d.cout + g * cog, d.cout);
         }
     };
-    for_each_batch<B>(d, one_batch);
+    for_each_batch(d, one_batch);
 }
 
 /// dx[b, t - s] = sum_k dy[b, t, group out] w[k]^T (batches are independent, one per thread); the
 /// unshifted tap goes first with beta = 0 and covers every row, so dx may start uninitialised.
-template <class B, Real T>
+template <Real T>
 void backward_input(const ConvDims& d, const T* dy, const T* w, T* dx) {
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     auto one_batch = [&](std::size_t b) {
         for (std::size_t shift = 0; shift < std::min(d.taps, d.time); ++shift) {
             const std::size_t k = d.taps - 1 - shift;
             for (std::size_t g = 0; g < d.groups; ++g)
-                B::gemm(false, true, d.time - shift, cig, cog, T{1}, dy + (b * d.time + shift) * d.cout + g * cog, d.cout,
+                backend::current().gemm(false, true, d.time - shift, cig, cog, T{1}, dy + (b * d.time + shift) * d.cout + g * cog, d.cout,
                         w + k * cig * d.cout + g * cog, d.cout, shift == 0 ? T{0} : T{1}, dx + b * d.time * d.cin + g * cig, d.cin);
         }
     };
-    for_each_batch<B>(d, one_batch);
+    for_each_batch(d, one_batch);
 }
 
 /// dw[k, :, group out] += sum_b x[b, rows [0, T-s), group in]^T dy[b, rows [s, T), group out]; every
 /// (tap, group, column piece) block of dw belongs to one thread, so the batch sum needs no atomics.
 /// The output columns are cut into pieces when the K * groups blocks do not divide evenly over the
 /// threads (5 taps on 2 threads would leave one thread a third of the work idle).
-template <class B, Real T>
+template <Real T>
 void backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw) {
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
-    const std::size_t blocks = d.taps * d.groups, threads = std::size_t(std::max(B::num_threads(), 1));
+    const std::size_t blocks = d.taps * d.groups, threads = std::size_t(std::max(backend::current().num_threads(), 1));
     const std::size_t pieces = std::clamp<std::size_t>(threads / std::gcd(blocks, threads), 1, std::max<std::size_t>(cog, 1));
     auto one_block = [&](std::size_t item) {
         const std::size_t kg = item / pieces, piece = item % pieces;
@@ -118,21 +117,22 @@ void backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw) {
         const std::size_t col0 = g * cog + cog * piece / pieces, cols = g * cog + cog * (piece + 1) / pieces - col0;
         if (shift >= d.time || cols == 0) return;
         for (std::size_t b = 0; b < d.batch; ++b)
-            B::gemm(true, false, cig, cols, d.time - shift, T{1}, x + b * d.time * d.cin + g * cig, d.cin,
+            backend::current().gemm(true, false, cig, cols, d.time - shift, T{1}, x + b * d.time * d.cin + g * cig, d.cin,
                     dy + (b * d.time + shift) * d.cout + col0, d.cout, T{1}, dw + k * cig * d.cout + col0, d.cout);
     };
     const std::size_t items = blocks * pieces;
-    if (few_items<B>(items)) {
+    if (few_items(items)) {
         for (std::size_t item = 0; item < items; ++item) one_block(item);
         return;
     }
-    B::parallel_for(items, d.batch * d.time * cig * cog / pieces, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(items, d.batch * d.time * cig * cog / pieces, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t item = lo; item < hi; ++item) one_block(item);
     });
 }
 
-template <class B, Real T>
+template <Real T>
 Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, std::size_t groups) {
+    backend::op_scope on("causal_conv1d", x, w, bias ? *bias : Tensor<T>());
     const ConvDims d = validate(x, w, groups);
     if (bias)
         if (!(bias->rank() == 1 && bias->shape()[0] == d.cout))
@@ -142,11 +142,11 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
     if (bias) {
         const T* bp = bias->data();
         T* yp = y.data();
-        B::parallel_for(d.batch * d.time, d.cout, [&](std::size_t lo, std::size_t hi) {
+        backend::current().parallel_for(d.batch * d.time, d.cout, [&](std::size_t lo, std::size_t hi) {
             for (std::size_t r = lo; r < hi; ++r) std::copy_n(bp, d.cout, yp + r * d.cout);
         });
     }
-    forward<B>(d, x.data(), w.data(), y.data(), bias ? T{1} : T{0});
+    forward(d, x.data(), w.data(), y.data(), bias ? T{1} : T{0});
     std::vector<Tensor<T>> inputs{x, w};
     if (bias) inputs.push_back(*bias);
     autodiff::record<T>(bias ? "causal_conv1d(bias)" : "causal_conv1d", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
@@ -154,18 +154,18 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
                             const T* dy = g[0].data();
                             if (sink.needs(0)) {
                                 auto dx = Tensor<T>::uninitialized(x.shape());  // every element is written
-                                backward_input<B>(d, dy, w.data(), dx.data());
+                                backward_input(d, dy, w.data(), dx.data());
                                 sink.add(0, std::move(dx));
                             }
                             if (sink.needs(1)) {
                                 Tensor<T> dw(w.shape());
-                                backward_weight<B>(d, x.data(), dy, dw.data());
+                                backward_weight(d, x.data(), dy, dw.data());
                                 sink.add(1, std::move(dw));
                             }
                             if (sink.needs(2)) {  // db[o] = sum over batch and time of dy[., ., o]
                                 auto db = Tensor<T>::uninitialized({d.cout});
                                 T* dbp = db.data();
-                                B::parallel_for(d.cout, d.batch * d.time, [&](std::size_t lo, std::size_t hi) {
+                                backend::current().parallel_for(d.cout, d.batch * d.time, [&](std::size_t lo, std::size_t hi) {
                                     for (std::size_t o = lo; o < hi; ++o) {
                                         double acc = 0;
                                         for (std::size_t r = 0; r < d.batch * d.time; ++r) acc += double(dy[r * d.cout + o]);
@@ -184,15 +184,15 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
 ///   out[b, t, o] = sum_k sum_c x[b, t - (K-1) + k, g*Cin/groups + c] * w[k, c, o],  g = o / (Cout/groups),
 /// and zeros for times before 0 (left padding K-1), so output t sees only inputs at times <= t.
 /// Note the weight layout: taps first, unlike the original's [Cout, K, Cin].
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> causal_conv1d(const Tensor<T>& x, const Tensor<T>& w, std::size_t groups = 1) {
-    return detail::conv_ops::conv<backend::kernel_backend_t<B, backend::op::matmul>>(x, w, static_cast<const Tensor<T>*>(nullptr), groups);
+    return detail::conv_ops::conv(x, w, static_cast<const Tensor<T>*>(nullptr), groups);
 }
 
 /// Causal 1-D convolution plus a bias [Cout] added at every time step.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> causal_conv1d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& bias, std::size_t groups = 1) {
-    return detail::conv_ops::conv<backend::kernel_backend_t<B, backend::op::matmul>>(x, w, &bias, groups);
+    return detail::conv_ops::conv(x, w, &bias, groups);
 }
 
 }  // namespace olmax

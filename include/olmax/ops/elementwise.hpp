@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -18,7 +18,7 @@ namespace detail {
 /// Iterates over every element of `out_shape`, calling f(out_index, a_offset, b_offset) where the
 /// operand offsets follow broadcasting (stride 0 along broadcast axes). Rows of the last axis are
 /// handed out to backend threads.
-template <class B, class F>
+template <class F>
 void for_each_broadcast(const Shape& out_shape, const Shape& a_shape, const Shape& b_shape, F&& f) {
     const std::size_t rank = out_shape.size();
     auto broadcast_strides = [&](const Shape& s) {
@@ -34,7 +34,7 @@ void for_each_broadcast(const Shape& out_shape, const Shape& a_shape, const Shap
     const std::size_t inner = rank ? out_shape[rank - 1] : 1;
     const std::size_t rows = inner ? numel(out_shape) / inner : 0;
     const std::size_t ia = rank ? sa[rank - 1] : 0, ib = rank ? sb[rank - 1] : 0;
-    B::parallel_for(rows, inner, [&](std::size_t begin, std::size_t end) {
+    backend::current().parallel_for(rows, inner, [&](std::size_t begin, std::size_t end) {
         for (std::size_t row = begin; row < end; ++row) {
             std::size_t rem = row, oa = 0, ob = 0;
             for (std::size_t axis = rank ? rank - 1 : 0; axis-- > 0;) {  // rank 0: no outer axes
@@ -53,15 +53,15 @@ void for_each_broadcast(const Shape& out_shape, const Shape& a_shape, const Shap
 /// each added into a per-item double accumulator, so memory streams sequentially. Work items are
 /// (outer index, column segment, block of rows); rows are split into blocks only when there are
 /// fewer (outer, segment) pairs than threads, and blocks are then combined in a fixed order.
-template <class B, Real T>
+template <Real T>
 void sum_middle_axis(const T* x, T* out, std::size_t outer, std::size_t n, std::size_t inner) {
     if (outer * inner == 0) return;
     if (inner == 1) {
         if (outer == 1) {
-            out[0] = T(B::sum(x, n));  // one long row: the backend's (parallel) full reduction
+            out[0] = T(backend::current().sum(x, n));  // one long row: the backend's (parallel) full reduction
             return;
         }
-        B::parallel_for(outer, n, [&](std::size_t lo, std::size_t hi) {
+        backend::current().parallel_for(outer, n, [&](std::size_t lo, std::size_t hi) {
             for (std::size_t o = lo; o < hi; ++o) {
                 const T* row = x + o * n;
                 double acc = 0;
@@ -75,13 +75,13 @@ void sum_middle_axis(const T* x, T* out, std::size_t outer, std::size_t n, std::
     constexpr std::size_t max_width = 4096, min_rows_per_block = 64;
     const std::size_t width = std::min(inner, max_width);
     const std::size_t segments = (inner + width - 1) / width;
-    const std::size_t threads = static_cast<std::size_t>(std::max(1, B::num_threads()));
+    const std::size_t threads = static_cast<std::size_t>(std::max(1, backend::current().num_threads()));
     const std::size_t pairs = outer * segments;
     const std::size_t blocks =
         pairs >= threads ? 1 : std::max<std::size_t>(1, std::min((threads + pairs - 1) / pairs, n / min_rows_per_block));
     const std::size_t items = pairs * blocks;
     std::vector<double> partial(blocks > 1 ? items * width : 0);
-    B::parallel_for(items, (n / blocks + 1) * width, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(items, (n / blocks + 1) * width, [&](std::size_t lo, std::size_t hi) {
         std::vector<double> local(blocks > 1 ? 0 : width);
         for (std::size_t item = lo; item < hi; ++item) {
             const std::size_t pair = item / blocks, block = item % blocks;
@@ -114,7 +114,7 @@ void sum_middle_axis(const T* x, T* out, std::size_t outer, std::size_t n, std::
 /// Sums `grad` (of a broadcast result shape) down to `shape`, undoing broadcasting. Consecutive
 /// summed (or kept) axes are merged, then each run of summed axes is one parallel
 /// `sum_middle_axis` pass, innermost first.
-template <class B, Real T>
+template <Real T>
 Tensor<T> sum_to_shape(const Tensor<T>& grad, const Shape& shape) {
     if (grad.shape() == shape) return grad;
     const Shape& gs = grad.shape();
@@ -150,7 +150,7 @@ Tensor<T> sum_to_shape(const Tensor<T>& grad, const Shape& shape) {
         for (std::size_t j = r + 1; j < runs.size(); ++j) inner *= runs[j].extent;
         const bool last_pass = std::none_of(runs.begin(), runs.begin() + long(r), [](const Run& run) { return run.summed; });
         Tensor<T> next = last_pass ? out : Tensor<T>::uninitialized({outer * inner});
-        sum_middle_axis<B>(current.data(), next.data(), outer, runs[r].extent, inner);
+        sum_middle_axis(current.data(), next.data(), outer, runs[r].extent, inner);
         current = next;
         runs.erase(runs.begin() + long(r));  // the kept runs on either side now touch: multiply them
         if (r > 0 && r < runs.size() && !runs[r - 1].summed && !runs[r].summed) {
@@ -162,31 +162,33 @@ Tensor<T> sum_to_shape(const Tensor<T>& grad, const Shape& shape) {
 }
 
 /// A differentiable unary op: y = f(x), dx = dy * df(x, y).
-template <class B, Real T, class F, class DF>
+template <Real T, class F, class DF>
 Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
+    backend::op_scope on(name, x);
     auto y = Tensor<T>::uninitialized(x.shape());
-    B::map(x.size(), y.data(), f, x.data());
+    backend::map(x.size(), y.data(), f, x.data());
     autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [x, y = y.detach(), df](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             auto dx = Tensor<T>::uninitialized(x.shape());
                             const T *xp = x.data(), *yp = y.data(), *gp = g[0].data();
-                            B::map(x.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
+                            backend::map(x.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
                             sink.add(0, std::move(dx));
                         });
     return y;
 }
 
 /// A differentiable binary op with broadcasting: y = f(a, b), da = dy * dfa(a, b, y), db = dy * dfb(a, b, y).
-template <class B, Real T, class F, class DFA, class DFB>
+template <Real T, class F, class DFA, class DFB>
 Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& b, F f, DFA dfa, DFB dfb) {
+    backend::op_scope on(name, a, b);
     const bool same = a.shape() == b.shape();
     const Shape out_shape = same ? a.shape() : broadcast_shapes(a.shape(), b.shape(), name);
     auto y = Tensor<T>::uninitialized(out_shape);
     {
         const T *ap = a.data(), *bp = b.data();
         T* yp = y.data();
-        if (same) B::map(y.size(), yp, f, ap, bp);
-        else for_each_broadcast<B>(out_shape, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) { yp[i] = f(ap[ia], bp[ib]); });
+        if (same) backend::map(y.size(), yp, f, ap, bp);
+        else for_each_broadcast(out_shape, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) { yp[i] = f(ap[ia], bp[ib]); });
     }
     const Tensor<T> inputs[2] = {a, b};
     autodiff::record<T>(name, inputs, std::span<Tensor<T>>(&y, 1),
@@ -198,17 +200,17 @@ Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& 
                                 auto full = Tensor<T>::uninitialized(os);
                                 T* dp = full.data();
                                 if (same && side == 0) {
-                                    B::map(y.size(), dp, [dfa](T gi, T ai, T bi, T yi) { return gi * dfa(ai, bi, yi); }, gp, ap, bp, yp);
+                                    backend::map(y.size(), dp, [dfa](T gi, T ai, T bi, T yi) { return gi * dfa(ai, bi, yi); }, gp, ap, bp, yp);
                                 } else if (same) {
-                                    B::map(y.size(), dp, [dfb](T gi, T ai, T bi, T yi) { return gi * dfb(ai, bi, yi); }, gp, ap, bp, yp);
+                                    backend::map(y.size(), dp, [dfb](T gi, T ai, T bi, T yi) { return gi * dfb(ai, bi, yi); }, gp, ap, bp, yp);
                                 } else {
-                                    for_each_broadcast<B>(os, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) {
+                                    for_each_broadcast(os, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) {
                                         dp[i] = gp[i] * (side == 0 ? dfa(ap[ia], bp[ib], yp[i]) : dfb(ap[ia], bp[ib], yp[i]));
                                     });
                                 }
                                 const Shape& target = side == 0 ? a.shape() : b.shape();
                                 if (full.shape() == target) sink.add(side, std::move(full));  // first arrival: no copy
-                                else sink.add(side, sum_to_shape<B>(full, target));
+                                else sink.add(side, sum_to_shape(full, target));
                             }
                         });
     return y;
@@ -218,43 +220,43 @@ Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& 
 
 // ---- binary arithmetic -------------------------------------------------------------------------
 
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> add(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<B>("add", a, b, [](T x, T y) { return x + y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{1}; });
+    return detail::binary_op("add", a, b, [](T x, T y) { return x + y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{1}; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> sub(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<B>("sub", a, b, [](T x, T y) { return x - y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{-1}; });
+    return detail::binary_op("sub", a, b, [](T x, T y) { return x - y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{-1}; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> mul(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<B>("mul", a, b, [](T x, T y) { return x * y; }, [](T, T y, T) { return y; }, [](T x, T, T) { return x; });
+    return detail::binary_op("mul", a, b, [](T x, T y) { return x * y; }, [](T, T y, T) { return y; }, [](T x, T, T) { return x; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> div(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<B>("div", a, b, [](T x, T y) { return x / y; }, [](T, T y, T) { return T{1} / y; },
+    return detail::binary_op("div", a, b, [](T x, T y) { return x / y; }, [](T, T y, T) { return T{1} / y; },
                                 [](T, T y, T out) { return -out / y; });
 }
 /// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b`. A NaN in either
 /// operand gives NaN (as `numpy.maximum`), with the gradient routed to the NaN operand.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<B>("maximum", a, b, [](T x, T y) { return (x >= y || x != x) ? x : y; },
+    return detail::binary_op("maximum", a, b, [](T x, T y) { return (x >= y || x != x) ? x : y; },
                                 [](T x, T y, T) { return T(x >= y || x != x); }, [](T x, T y, T) { return T(!(x >= y || x != x)); });
 }
 
 // ---- scalar arithmetic -------------------------------------------------------------------------
 
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> add_scalar(const Tensor<T>& x, T s) {
-    return detail::unary_op<B>("add_scalar", x, [s](T v) { return v + s; }, [](T, T) { return T{1}; });
+    return detail::unary_op("add_scalar", x, [s](T v) { return v + s; }, [](T, T) { return T{1}; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> scale(const Tensor<T>& x, T s) {
-    return detail::unary_op<B>("scale", x, [s](T v) { return v * s; }, [s](T, T) { return s; });
+    return detail::unary_op("scale", x, [s](T v) { return v * s; }, [s](T, T) { return s; });
 }
-template <class B = backend::default_backend, Real T>
-Tensor<T> neg(const Tensor<T>& x) { return scale<B>(x, T{-1}); }
+template <Real T>
+Tensor<T> neg(const Tensor<T>& x) { return scale(x, T{-1}); }
 
 template <Real T> Tensor<T> operator+(const Tensor<T>& a, const Tensor<T>& b) { return add(a, b); }
 template <Real T> Tensor<T> operator-(const Tensor<T>& a, const Tensor<T>& b) { return sub(a, b); }
@@ -271,53 +273,53 @@ template <Real T> Tensor<T> operator/(const Tensor<T>& x, std::type_identity_t<T
 
 // ---- unary maths -------------------------------------------------------------------------------
 
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> exp(const Tensor<T>& x) {
-    return detail::unary_op<B>("exp", x, [](T v) { return std::exp(v); }, [](T, T y) { return y; });
+    return detail::unary_op("exp", x, [](T v) { return std::exp(v); }, [](T, T y) { return y; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> log(const Tensor<T>& x) {
-    return detail::unary_op<B>("log", x, [](T v) { return std::log(v); }, [](T v, T) { return T{1} / v; });
+    return detail::unary_op("log", x, [](T v) { return std::log(v); }, [](T v, T) { return T{1} / v; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> sqrt(const Tensor<T>& x) {
-    return detail::unary_op<B>("sqrt", x, [](T v) { return std::sqrt(v); }, [](T, T y) { return T{0.5} / y; });
+    return detail::unary_op("sqrt", x, [](T v) { return std::sqrt(v); }, [](T, T y) { return T{0.5} / y; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> rsqrt(const Tensor<T>& x) {
-    return detail::unary_op<B>("rsqrt", x, [](T v) { return T{1} / std::sqrt(v); }, [](T v, T y) { return T{-0.5} * y / v; });
+    return detail::unary_op("rsqrt", x, [](T v) { return T{1} / std::sqrt(v); }, [](T v, T y) { return T{-0.5} * y / v; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> square(const Tensor<T>& x) {
-    return detail::unary_op<B>("square", x, [](T v) { return v * v; }, [](T v, T) { return T{2} * v; });
+    return detail::unary_op("square", x, [](T v) { return v * v; }, [](T v, T) { return T{2} * v; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> abs(const Tensor<T>& x) {
-    return detail::unary_op<B>("abs", x, [](T v) { return std::abs(v); }, [](T v, T) { return T((v > 0) - (v < 0)); });
+    return detail::unary_op("abs", x, [](T v) { return std::abs(v); }, [](T v, T) { return T((v > 0) - (v < 0)); });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> tanh(const Tensor<T>& x) {
-    return detail::unary_op<B>("tanh", x, [](T v) { return std::tanh(v); }, [](T, T y) { return T{1} - y * y; });
+    return detail::unary_op("tanh", x, [](T v) { return std::tanh(v); }, [](T, T y) { return T{1} - y * y; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> sigmoid(const Tensor<T>& x) {
-    return detail::unary_op<B>("sigmoid", x, [](T v) { return T{1} / (T{1} + std::exp(-v)); }, [](T, T y) { return y * (T{1} - y); });
+    return detail::unary_op("sigmoid", x, [](T v) { return T{1} / (T{1} + std::exp(-v)); }, [](T, T y) { return y * (T{1} - y); });
 }
 /// clip((x + 3) / 6, 0, 1): the QRNN gate of the original Olmax.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> hard_sigmoid(const Tensor<T>& x) {
-    return detail::unary_op<B>("hard_sigmoid", x, [](T v) { return std::clamp((v + T{3}) / T{6}, T{0}, T{1}); },
+    return detail::unary_op("hard_sigmoid", x, [](T v) { return std::clamp((v + T{3}) / T{6}, T{0}, T{1}); },
                                [](T v, T) { return (v > T{-3} && v < T{3}) ? T{1} / T{6} : T{0}; });
 }
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> relu(const Tensor<T>& x) {
     // !(v <= 0) rather than v > 0: NaN propagates instead of turning into 0.
-    return detail::unary_op<B>("relu", x, [](T v) { return !(v <= T{0}) ? v : T{0}; }, [](T v, T) { return T(v > T{0}); });
+    return detail::unary_op("relu", x, [](T v) { return !(v <= T{0}) ? v : T{0}; }, [](T v, T) { return T(v > T{0}); });
 }
 /// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
-    return detail::unary_op<B>("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
+    return detail::unary_op("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
                                [slope](T v, T) { return v < T{0} ? slope : T{1}; });
 }
 namespace detail {
@@ -325,15 +327,15 @@ namespace detail {
 template <class T>
 T softplus_value(T v) { return v > T{0} ? v + std::log1p(std::exp(-v)) : std::log1p(std::exp(v)); }
 }  // namespace detail
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> softplus(const Tensor<T>& x) {
-    return detail::unary_op<B>("softplus", x, [](T v) { return detail::softplus_value(v); },
+    return detail::unary_op("softplus", x, [](T v) { return detail::softplus_value(v); },
                                [](T v, T) { return T{1} / (T{1} + std::exp(-v)); });
 }
 /// Mish: x * tanh(softplus(x)) (Misra 2019).
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> mish(const Tensor<T>& x) {
-    return detail::unary_op<B>("mish", x, [](T v) { return v * std::tanh(detail::softplus_value(v)); },
+    return detail::unary_op("mish", x, [](T v) { return v * std::tanh(detail::softplus_value(v)); },
                                [](T v, T) {
                                    const T t = std::tanh(detail::softplus_value(v));
                                    const T s = T{1} / (T{1} + std::exp(-v));
@@ -341,10 +343,10 @@ Tensor<T> mish(const Tensor<T>& x) {
                                });
 }
 /// Elephant activation 1 / (1 + |x / a|^d) (Lan & Mahmood 2023); a > 0, d > 0.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> elephant(const Tensor<T>& x, T a = T{1}, T d = T{4}) {
     check(a > T{0} && d > T{0}, "elephant: a and d must be positive, got a=", a, " d=", d);
-    return detail::unary_op<B>("elephant", x, [a, d](T v) { return T{1} / (T{1} + std::pow(std::abs(v / a), d)); },
+    return detail::unary_op("elephant", x, [a, d](T v) { return T{1} / (T{1} + std::pow(std::abs(v / a), d)); },
                                [a, d](T v, T y) {
                                    const T u = std::abs(v / a);
                                    if (u == T{0}) return T{0};
@@ -357,8 +359,9 @@ Tensor<T> elephant(const Tensor<T>& x, T a = T{1}, T d = T{4}) {
 /// out[i] = f(in0[i], in1[i], ...), one pass over memory for a whole chain of maths. Reusing `out`
 /// across calls avoids the page faults of a fresh large allocation (the fastest form in a loop).
 /// `out` may alias an input. All shapes must be equal.
-template <class B = backend::default_backend, Real T, class F, class... Rest>
+template <Real T, class F, class... Rest>
 void map_into(Tensor<T>& out, F f, const Tensor<T>& first, const Rest&... rest) {
+    backend::op_scope on("map", out, first, rest...);
     auto same = [&](const Shape& s, std::string_view what) {
         if (s != first.shape())
             throw shape_error(detail::concat("map: ", what, " of shape ", to_string(s), " differs from the first input's ",
@@ -366,14 +369,15 @@ void map_into(Tensor<T>& out, F f, const Tensor<T>& first, const Rest&... rest) 
     };
     (same(rest.shape(), "an input"), ...);
     same(out.shape(), "the output");
-    B::map(first.size(), out.data(), f, first.data(), rest.data()...);
+    backend::map(first.size(), out.data(), f, first.data(), rest.data()...);
 }
 
 /// Fused element-wise map into a new tensor (see `map_into`).
-template <class B = backend::default_backend, Real T, class F, class... Rest>
+template <Real T, class F, class... Rest>
 Tensor<T> map(F f, const Tensor<T>& first, const Rest&... rest) {
+    backend::op_scope on("map", first, rest...);
     auto out = Tensor<T>::uninitialized(first.shape());
-    map_into<B>(out, f, first, rest...);
+    map_into(out, f, first, rest...);
     return out;
 }
 

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -15,8 +15,9 @@ namespace olmax {
 /// Rows of `table` ([V, F]) picked by `ids` (any shape, values in [0, V)): the result has shape
 /// ids.shape + [F]. Backward adds each output row's gradient into its table row (ids that repeat
 /// accumulate). An id outside [0, V) throws `value_error` naming the id and V.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
+    backend::op_scope on("embedding", table, ids);
     if (!(table.rank() == 2))
         throw shape_error(olmax::detail::concat("embedding: the table must have shape [V, F], got ", to_string(table.shape())));
     const std::size_t vocab = table.shape()[0], features = table.shape()[1];
@@ -31,7 +32,7 @@ Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
     auto y = Tensor<T>::uninitialized(out_shape);
     const T* tp = table.data();
     T* yp = y.data();
-    B::parallel_for(count, features, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(count, features, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t i = lo; i < hi; ++i) std::copy_n(tp + std::size_t(id[i]) * features, features, yp + i * features);
     });
     autodiff::record<T>("embedding", std::span<const Tensor<T>>(&table, 1), std::span<Tensor<T>>(&y, 1),
@@ -42,7 +43,7 @@ Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
                             const T* gp = g[0].data();
                             T* dp = dtable.data();
                             // Threads own disjoint feature columns, so repeated ids never race.
-                            B::parallel_for(f, n, [&](std::size_t lo, std::size_t hi) {
+                            backend::current().parallel_for(f, n, [&](std::size_t lo, std::size_t hi) {
                                 for (std::size_t i = 0; i < n; ++i) {
                                     T* row = dp + std::size_t(idp[i]) * f;
                                     const T* grow = gp + i * f;

@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/detail/third_party.hpp"
 
@@ -28,13 +28,13 @@ namespace olmax {
 namespace detail::loss_ops {
 
 /// Calls f(base, stride, n) for every 1-D line of `shape` along `axis` (rows of the softmax).
-template <class B, class F>
+template <class F>
 void for_each_line(const Shape& shape, std::size_t axis, F&& f) {
     std::size_t outer = 1, inner = 1;
     for (std::size_t i = 0; i < axis; ++i) outer *= shape[i];
     for (std::size_t i = axis + 1; i < shape.size(); ++i) inner *= shape[i];
     const std::size_t n = shape[axis];
-    B::parallel_for(outer * inner, n, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(outer * inner, n, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t line = lo; line < hi; ++line) f((line / inner) * n * inner + line % inner, inner, n);
     });
 }
@@ -70,11 +70,11 @@ void exp_in_place(T* x, std::size_t n) {
 /// Returns sum over rows of (lse - z[target]) and of lse^2 through the out-parameters.
 /// One exp per logit: e = exp(z - max) (in place when `grad`, else in a scratch row), lse =
 /// max + log(sum e) with the sum in double, softmax = e / sum e.
-template <class B, Real T>
+template <Real T>
 void softmax_xent_rows(T* z, std::size_t rows, std::size_t vocab, const std::int32_t* targets, bool grad, double z_loss, double scale,
                        double& loss_sum, double& lse_sq_sum) {
     std::vector<double> loss(rows), lse_sq(rows);
-    B::parallel_for(rows, vocab, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(rows, vocab, [&](std::size_t lo, std::size_t hi) {
         std::vector<T> scratch(grad ? 0 : vocab);
         for (std::size_t i = lo; i < hi; ++i) {
             T* row = z + i * vocab;
@@ -121,12 +121,12 @@ inline void check_targets(std::string_view op, const std::int32_t* targets, std:
 
 /// softmax (Log = false) or log_softmax (Log = true) of every line along axis `a`, max-shifted
 /// through the line's logsumexp; a line of -inf (lse = -inf) gives 0 / -inf.
-template <bool Log, class B, class T>
+template <bool Log, class T>
 Tensor<T> softmax_lines(const Tensor<T>& x, std::size_t a) {
     auto y = Tensor<T>::uninitialized(x.shape());
     const T* xp = x.data();
     T* yp = y.data();
-    for_each_line<B>(x.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+    for_each_line(x.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
         const double lse = line_logsumexp(xp + base, stride, n);
         const bool masked = lse == -std::numeric_limits<double>::infinity();
         for (std::size_t k = 0; k < n; ++k) {
@@ -141,17 +141,18 @@ Tensor<T> softmax_lines(const Tensor<T>& x, std::size_t a) {
 }  // namespace detail::loss_ops
 
 /// Softmax along `axis`, max-shifted for stability. See the file comment for -inf rows.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
+    backend::op_scope on("softmax", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "softmax");
-    auto y = detail::loss_ops::softmax_lines<false, B>(x, a);
+    auto y = detail::loss_ops::softmax_lines<false>(x, a);
     autodiff::record<T>("softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             // dx = y (dy - sum(dy y))
                             auto dx = Tensor<T>::uninitialized(y.shape());
                             const T *yp = y.data(), *gp = g[0].data();
                             T* dp = dx.data();
-                            detail::loss_ops::for_each_line<B>(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+                            detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
                                 double dot = 0;
                                 for (std::size_t k = 0; k < n; ++k) dot += double(gp[base + k * stride]) * double(yp[base + k * stride]);
                                 for (std::size_t k = 0; k < n; ++k) {
@@ -165,17 +166,18 @@ Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
 }
 
 /// log(softmax(x)) along `axis`, computed as x - logsumexp(x). See the file comment for -inf rows.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
+    backend::op_scope on("log_softmax", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "log_softmax");
-    auto y = detail::loss_ops::softmax_lines<true, B>(x, a);
+    auto y = detail::loss_ops::softmax_lines<true>(x, a);
     autodiff::record<T>("log_softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             // dx = dy - softmax * sum(dy), softmax = exp(y); zero for fully masked lines
                             auto dx = Tensor<T>::uninitialized(y.shape());
                             const T *yp = y.data(), *gp = g[0].data();
                             T* dp = dx.data();
-                            detail::loss_ops::for_each_line<B>(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+                            detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
                                 double total = 0, mass = 0;
                                 for (std::size_t k = 0; k < n; ++k) {
                                     total += double(gp[base + k * stride]);
@@ -195,8 +197,9 @@ Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
 /// the z-loss z_loss * mean(lse^2) (lse = logsumexp of a row; PaLM's auxiliary loss that keeps the
 /// softmax normaliser near 1). Its gradient per row is (softmax (1 + 2 z_loss lse) - onehot) / N.
 /// N = 0 gives NaN (the mean of nothing), as `mean` does.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& targets, std::type_identity_t<T> z_loss = 0) {
+    backend::op_scope on("cross_entropy", logits, targets);
     if (!(logits.rank() == 2 && targets.rank() == 1 && targets.shape()[0] == logits.shape()[0]))
         throw shape_error(olmax::detail::concat("cross_entropy: logits must be [N, V] and targets [N], got ", to_string(logits.shape()),
                                                 " and ", to_string(targets.shape())));
@@ -207,7 +210,7 @@ Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& tar
     const bool recording = autodiff::should_record(std::span<const Tensor<T>>(in));
     Tensor<T> dlogits = recording ? logits.clone() : logits;
     double loss_sum = 0, lse_sq_sum = 0;
-    detail::loss_ops::softmax_xent_rows<B>(dlogits.data(), n, vocab, targets.data(), recording, double(z_loss), 1.0 / double(n), loss_sum,
+    detail::loss_ops::softmax_xent_rows(dlogits.data(), n, vocab, targets.data(), recording, double(z_loss), 1.0 / double(n), loss_sum,
                                            lse_sq_sum);
     auto y = Tensor<T>::scalar(T((loss_sum + double(z_loss) * lse_sq_sum) / double(n)));
     if (!recording) return y;
@@ -215,7 +218,7 @@ Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& tar
                         [dlogits](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             const T s = g[0].item();
                             auto dx = Tensor<T>::uninitialized(dlogits.shape());
-                            B::map(dx.size(), dx.data(), [s](T v) { return v * s; }, dlogits.data());
+                            backend::map(dx.size(), dx.data(), [s](T v) { return v * s; }, dlogits.data());
                             sink.add(0, std::move(dx));
                         });
     return y;
@@ -237,10 +240,10 @@ struct ChunkedLossOptions {
 /// the value and gradients equal `cross_entropy(matmul(hidden, w_out), targets)`; with z_loss > 0
 /// the gradients equal those of `cross_entropy(..., z_loss)` and the value is that minus
 /// z_loss * mean(lse^2). Memory: O(chunk_tokens V + N F + F V) instead of O(N V).
-template <class Bk = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out, const Tensor<std::int32_t>& targets,
                                 ChunkedLossOptions opt = {}) {
-    using K = backend::kernel_backend_t<Bk, backend::op::matmul>;
+    backend::op_scope on("chunked_cross_entropy", hidden, w_out, targets);
     check<value_error>(opt.chunk_tokens > 0, "chunked_cross_entropy: chunk_tokens must be positive, got 0");
     if (!(hidden.rank() == 2 && w_out.rank() == 2 && targets.rank() == 1 && hidden.shape()[1] == w_out.shape()[0] &&
           targets.shape()[0] == hidden.shape()[0]))
@@ -262,14 +265,14 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
     for (std::size_t start = 0; start < n; start += chunk) {
         const std::size_t rows = std::min(chunk, n - start);
         const T* h_rows = hp + start * features;
-        K::gemm(false, false, rows, vocab, features, T{1}, h_rows, features, wp, vocab, T{0}, logits.data(), vocab);
-        detail::loss_ops::softmax_xent_rows<K>(logits.data(), rows, vocab, targets.data() + start, recording, opt.z_loss, 1.0 / double(n),
+        backend::current().gemm(false, false, rows, vocab, features, T{1}, h_rows, features, wp, vocab, T{0}, logits.data(), vocab);
+        detail::loss_ops::softmax_xent_rows(logits.data(), rows, vocab, targets.data() + start, recording, opt.z_loss, 1.0 / double(n),
                                                loss_sum, lse_sq_sum);
         if (need_dh)  // dhidden rows = dlogits w_out^T
-            K::gemm(false, true, rows, features, vocab, T{1}, logits.data(), vocab, wp, vocab, T{0}, dhidden.data() + start * features,
+            backend::current().gemm(false, true, rows, features, vocab, T{1}, logits.data(), vocab, wp, vocab, T{0}, dhidden.data() + start * features,
                     features);
         if (need_dw)  // dw_out += hidden_rows^T dlogits
-            K::gemm(true, false, features, vocab, rows, T{1}, h_rows, features, logits.data(), vocab, T{1}, dw.data(), vocab);
+            backend::current().gemm(true, false, features, vocab, rows, T{1}, h_rows, features, logits.data(), vocab, T{1}, dw.data(), vocab);
     }
     logits = Tensor<T>();
     auto y = Tensor<T>::scalar(T(loss_sum / double(n)));
@@ -279,7 +282,7 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
                             const T s = g[0].item();
                             auto scaled = [s](const Tensor<T>& t) {
                                 auto out = Tensor<T>::uninitialized(t.shape());
-                                K::map(out.size(), out.data(), [s](T v) { return v * s; }, t.data());
+                                backend::map(out.size(), out.data(), [s](T v) { return v * s; }, t.data());
                                 return out;
                             };
                             // The usual seed is 1: then the saved gradients are added as they are.

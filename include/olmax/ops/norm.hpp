@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -21,11 +21,11 @@ namespace detail::norm_ops {
 /// Gradient of a norm's scale w [f] from rows of dy, x [rows, f] and the rows' factors r:
 /// dw[j] = sum_i dy[i, j] x[i, j] r[i] in double. Each thread owns a run of columns and walks the
 /// rows in order (contiguous reads; every column sums rows 0..rows-1 whatever the thread count).
-template <class B, Real T>
+template <Real T>
 Tensor<T> scale_gradient(const T* dy, const T* x, const T* r, std::size_t rows, std::size_t f) {
     auto dw = Tensor<T>::uninitialized({f});
     T* dwp = dw.data();
-    B::parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(f, rows, [&](std::size_t lo, std::size_t hi) {
         const std::size_t n = f, count = rows;  // locals: stores cannot change them
         std::vector<double> acc(hi - lo, 0.0);
         double* a = acc.data();
@@ -43,13 +43,13 @@ Tensor<T> scale_gradient(const T* dy, const T* x, const T* r, std::size_t rows, 
 /// Input gradient of a norm out = x r w (w null: no scale) from dy, x, the rows' factors r and
 /// their clamp flags (Olmax norm.py, §6.2): with dxhat = dy w, dx = r dxhat - r^3 x sum(dxhat x) /
 /// mean_divisor, and dx = r dxhat on clamped rows (r did not depend on x there).
-template <class B, Real T>
+template <Real T>
 Tensor<T> input_gradient(const T* dy, const T* x, const T* w, const T* r, const unsigned char* clamped, const Shape& shape,
                          double mean_divisor) {
     const std::size_t f = shape.back(), rows = f ? numel(shape) / f : 0;
     auto dx = Tensor<T>::uninitialized(shape);
     T* dp = dx.data();
-    B::parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
         const std::size_t n = f;  // locals throughout: the compiler must see that stores cannot change them
         const T* scale = w;
         const double divisor = mean_divisor;
@@ -93,8 +93,9 @@ T l2_factor(double sum_sq, T eps, bool& clamped) {
 /// Shared by both norms: per row (all axes but the last) a factor r = factor_of(sum of squares),
 /// out = x * r * w. `clamped` marks rows where r did not depend on x (the eps branch), whose
 /// gradient is then just r * dxhat. `mean_divisor` is 1 for the L2 norm and F for RMS.
-template <class B, Real T, class FactorOf>
+template <Real T, class FactorOf>
 Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& w, FactorOf factor_of, T mean_divisor) {
+    backend::op_scope on(name, x, w);
     if (!(x.rank() >= 1))
         throw shape_error(
             olmax::detail::concat(name, ": needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape())));
@@ -111,7 +112,7 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
     std::vector<unsigned char> clamped(rows);
     const T *xp = x.data(), *wp = scaled ? w.data() : nullptr;
     T *yp = y.data(), *rp = r.data();
-    B::parallel_for(rows, f, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(rows, f, [&](std::size_t lo, std::size_t hi) {
         const std::size_t n = f;  // locals throughout: the compiler must see that stores cannot change them
         const T* scale = wp;
         for (std::size_t i = lo; i < hi; ++i) {
@@ -139,10 +140,10 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
                                                                                               autodiff::GradientSink<T>& sink) {
                             const T *xp = x.data(), *wp = scaled ? w.data() : nullptr, *rp = r.data(), *gp = g[0].data();
                             if (sink.needs(0)) {
-                                sink.add(0, input_gradient<B>(gp, xp, wp, rp, clamped.data(), x.shape(), double(mean_divisor)));
+                                sink.add(0, input_gradient(gp, xp, wp, rp, clamped.data(), x.shape(), double(mean_divisor)));
                             }
                             if (scaled && sink.needs(1)) {  // dw = sum over rows of dy * xhat
-                                sink.add(1, scale_gradient<B>(gp, xp, rp, rows, f));
+                                sink.add(1, scale_gradient(gp, xp, rp, rows, f));
                             }
                         });
     return y;
@@ -154,10 +155,10 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
 /// (no sqrt(F) factor, no mean subtraction). `w` is [F], or an undefined tensor for no scale.
 /// Fused backward keeping only x and r: dx = r dxhat - r^3 x sum(dxhat x) with dxhat = dy w; rows
 /// whose norm is below eps (r clamped to 1/eps) get dx = r dxhat, the exact gradient there.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-16)) {
     check<value_error>(eps > T{0}, "scale_norm: eps must be positive, got ", eps);
-    return detail::norm_ops::normalize<B>(
+    return detail::norm_ops::normalize(
         "scale_norm", x, w,
         [eps](double sum_sq, bool& clamped) { return detail::norm_ops::l2_factor(sum_sq, T(eps), clamped); },
         T{1});
@@ -166,14 +167,14 @@ Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_
 /// RMSNorm over the last axis: out = x / sqrt(mean(x^2) + eps) * w (Zhang & Sennrich 2019);
 /// `w` is [F] or an undefined tensor for no scale. Fused backward:
 /// dx = s dxhat - s^3 x sum(dxhat x) / F with s = 1 / sqrt(mean(x^2) + eps).
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-6)) {
     check<value_error>(eps >= T{0}, "rms_norm: eps must be non-negative, got ", eps);
     if (!(x.rank() >= 1))
         throw shape_error(
             olmax::detail::concat("rms_norm: needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape())));
     const double features = double(x.shape().back());
-    return detail::norm_ops::normalize<B>(
+    return detail::norm_ops::normalize(
         "rms_norm", x, w,
         [eps, features](double sum_sq, bool& clamped) {
             clamped = false;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/ops/elementwise.hpp"
 
@@ -59,30 +59,30 @@ inline Shape reduced_run_shape(const Shape& s, std::size_t first, std::size_t co
 }
 
 /// Sum over the consecutive axes [first, first + count) (forward only); accumulates in double.
-template <class B, Real T>
+template <Real T>
 Tensor<T> sum_run_values(const Tensor<T>& x, std::size_t first, std::size_t count, bool keepdims) {
     const auto sp = split_run(x.shape(), first, count);
     Tensor<T> out(reduced_run_shape(x.shape(), first, count, keepdims));
-    sum_middle_axis<B>(x.data(), out.data(), sp.outer, sp.n, sp.inner);
+    sum_middle_axis(x.data(), out.data(), sp.outer, sp.n, sp.inner);
     return out;
 }
 
 /// Sum over one axis (forward only); accumulates in double.
-template <class B, Real T>
+template <Real T>
 Tensor<T> sum_axis_values(const Tensor<T>& x, std::size_t axis, bool keepdims) {
-    return sum_run_values<B>(x, axis, 1, keepdims);
+    return sum_run_values(x, axis, 1, keepdims);
 }
 
 /// Copies `g` (shape with the run [first, first + count) of extent 1 or removed) along the run
 /// back to `shape`, times `factor`. Rows of the result are spread over threads.
-template <class B, Real T>
+template <Real T>
 Tensor<T> expand_run(const Tensor<T>& g, const Shape& shape, std::size_t first, std::size_t count, T factor) {
     const auto sp = split_run(shape, first, count);
     auto out = Tensor<T>::uninitialized(shape);
     const T* gp = g.data();
     T* op = out.data();
     if (sp.inner == 1) {  // rows of one element (e.g. the gradient of a full sum): fill runs of n
-        B::parallel_for(sp.outer * sp.n, 1, [&](std::size_t lo, std::size_t hi) {
+        backend::current().parallel_for(sp.outer * sp.n, 1, [&](std::size_t lo, std::size_t hi) {
             for (std::size_t row = lo; row < hi;) {
                 const std::size_t o = row / sp.n, stop = std::min(hi, (o + 1) * sp.n);
                 std::fill(op + row, op + stop, T(gp[o] * factor));
@@ -91,7 +91,7 @@ Tensor<T> expand_run(const Tensor<T>& g, const Shape& shape, std::size_t first, 
         });
         return out;
     }
-    B::parallel_for(sp.outer * sp.n, sp.inner, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(sp.outer * sp.n, sp.inner, [&](std::size_t lo, std::size_t hi) {
         const std::size_t n = sp.n, inner = sp.inner;  // locals: stores to dst cannot change them
         const T scale = factor;
         for (std::size_t row = lo; row < hi; ++row) {
@@ -105,32 +105,32 @@ Tensor<T> expand_run(const Tensor<T>& g, const Shape& shape, std::size_t first, 
 }
 
 /// Copies `g` (shape with the reduced axis of extent 1 or removed) along `axis` back to `shape`, times `factor`.
-template <class B, Real T>
+template <Real T>
 Tensor<T> expand_along(const Tensor<T>& g, const Shape& shape, std::size_t axis, T factor) {
-    return expand_run<B>(g, shape, axis, 1, factor);
+    return expand_run(g, shape, axis, 1, factor);
 }
 
 /// One recorded reduction over the consecutive axes [first, first + count), times `factor`.
-template <class B, Real T>
+template <Real T>
 Tensor<T> sum_run(const Tensor<T>& x, std::size_t first, std::size_t count, bool keepdims, T factor, std::string_view name) {
-    Tensor<T> y = sum_run_values<B>(x, first, count, keepdims);
-    if (factor != T{1}) B::map(y.size(), y.data(), [factor](T v) { return v * factor; }, y.data());
+    Tensor<T> y = sum_run_values(x, first, count, keepdims);
+    if (factor != T{1}) backend::map(y.size(), y.data(), [factor](T v) { return v * factor; }, y.data());
     autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [shape = x.shape(), first, count, factor](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            sink.add(0, expand_run<B>(g[0], shape, first, count, factor));
+                            sink.add(0, expand_run(g[0], shape, first, count, factor));
                         });
     return y;
 }
 
-template <class B, Real T>
+template <Real T>
 Tensor<T> sum_one_axis(const Tensor<T>& x, std::size_t axis, bool keepdims, T factor, std::string_view name) {
-    return sum_run<B>(x, axis, 1, keepdims, factor, name);
+    return sum_run(x, axis, 1, keepdims, factor, name);
 }
 
 /// Sum (mean when `average`) over sorted unique `axes`: each run of consecutive axes is one pass
 /// (all axes of a contiguous tensor: a single reduction over the buffer), last run first so the
 /// axis numbers of earlier runs stay valid when the reduced axes are dropped.
-template <class B, Real T>
+template <Real T>
 Tensor<T> reduce_runs(const Tensor<T>& x, const std::vector<std::size_t>& axes, bool keepdims, bool average, std::string_view name) {
     Tensor<T> y = x;
     for (std::size_t end = axes.size(); end > 0;) {
@@ -142,7 +142,7 @@ Tensor<T> reduce_runs(const Tensor<T>& x, const std::vector<std::size_t>& axes, 
             const std::size_t n = split_run(y.shape(), first, count).n;
             factor = n ? T{1} / T(n) : std::numeric_limits<T>::quiet_NaN();
         }
-        y = sum_run<B>(y, first, count, keepdims, factor, name);
+        y = sum_run(y, first, count, keepdims, factor, name);
         end = begin;
     }
     return y;
@@ -151,25 +151,28 @@ Tensor<T> reduce_runs(const Tensor<T>& x, const std::vector<std::size_t>& axes, 
 }  // namespace detail
 
 /// Sum over `axes` (all axes when empty). `keepdims` keeps reduced axes with extent 1.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> sum(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
+    backend::op_scope on("sum", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "sum");
-    if (ax.empty()) return detail::unary_op<B>("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
-    return detail::reduce_runs<B>(x, ax, keepdims, /*average=*/false, "sum");
+    if (ax.empty()) return detail::unary_op("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
+    return detail::reduce_runs(x, ax, keepdims, /*average=*/false, "sum");
 }
 
 /// Mean over `axes` (all axes when empty). The mean of zero elements is NaN, as in NumPy.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> mean(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
+    backend::op_scope on("mean", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "mean");
-    if (ax.empty()) return detail::unary_op<B>("mean", x, [](T v) { return v; }, [](T, T) { return T{1}; });
-    return detail::reduce_runs<B>(x, ax, keepdims, /*average=*/true, "mean");
+    if (ax.empty()) return detail::unary_op("mean", x, [](T v) { return v; }, [](T, T) { return T{1}; });
+    return detail::reduce_runs(x, ax, keepdims, /*average=*/true, "mean");
 }
 
 /// Maximum along one axis; the gradient flows to the first maximal element. NaN propagates.
 /// Throws `shape_error` on a zero-length axis (the maximum of nothing is undefined).
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> max(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
+    backend::op_scope on("max", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "max");
     const auto sp = detail::split_at(x.shape(), a);
     check<shape_error>(sp.n > 0, "max: axis ", axis, " of shape ", to_string(x.shape()), " has length 0");
@@ -177,7 +180,7 @@ Tensor<T> max(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
     std::vector<std::size_t> arg(sp.outer * sp.inner);
     const T* xp = x.data();
     T* yp = y.data();
-    B::parallel_for(arg.size(), sp.n, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(arg.size(), sp.n, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t r = lo; r < hi; ++r) {
             const std::size_t o = r / sp.inner, i = r % sp.inner;
             std::size_t best = 0;

@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -22,22 +22,18 @@ namespace detail::shape_ops {
 /// A tensor handle over `t`'s buffer (same storage and offset) with another shape of the same size.
 template <Real T>
 Tensor<T> share_storage(const Tensor<T>& t, const Shape& shape) {
-    auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
-    impl->storage = t.impl().storage;
-    impl->offset = t.impl().offset;
-    impl->shape = shape;
-    return Tensor<T>::from_impl(std::move(impl));
+    return olmax::detail::TensorAccess<T>::alias(t, 0, shape);
 }
 
 
 /// For every outer index, copies `count` slabs of `inner` elements along the axis from
 /// src[o, src_begin + j] to dst[o, dst_begin + j]; `src_n`/`dst_n` are the axis extents.
-template <class B, class T>
+template <class T>
 void copy_along_axis(const T* src, std::size_t src_n, std::size_t src_begin, T* dst, std::size_t dst_n, std::size_t dst_begin,
                      std::size_t count, std::size_t outer, std::size_t inner) {
     const std::size_t block = count * inner;
     if (block == 0) return;
-    B::parallel_for(outer, block, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(outer, block, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t o = lo; o < hi; ++o)
             std::copy_n(src + (o * src_n + src_begin) * inner, block, dst + (o * dst_n + dst_begin) * inner);
     });
@@ -46,7 +42,7 @@ void copy_along_axis(const T* src, std::size_t src_n, std::size_t src_begin, T* 
 /// dst (of shape in_shape permuted by perm) = src with its axes permuted: dst axis i is src axis perm[i].
 /// When the last axes differ (a real transpose), the copy goes in square tiles of the two
 /// contiguous axes (dst's last, src's last) so both sides stay in cache; otherwise rows are copied.
-template <class B, class T>
+template <class T>
 void permute_copy(const T* src, const Shape& in_shape, const std::vector<std::size_t>& perm, T* dst) {
     const std::size_t rank = in_shape.size();
     const std::size_t total = numel(in_shape);
@@ -67,7 +63,7 @@ void permute_copy(const T* src, const Shape& in_shape, const std::vector<std::si
         static_cast<std::size_t>(std::find(perm.begin(), perm.end(), last) - perm.begin());  // dst axis that is src's last
     if (q == last) {  // rows stay contiguous on both sides
         const std::size_t inner = out_shape[last];
-        B::parallel_for(total / inner, inner, [&](std::size_t lo, std::size_t hi) {
+        backend::current().parallel_for(total / inner, inner, [&](std::size_t lo, std::size_t hi) {
             for (std::size_t row = lo; row < hi; ++row) {
                 std::size_t rem = row, base = 0;
                 for (std::size_t axis = last; axis-- > 0;) {
@@ -82,7 +78,7 @@ void permute_copy(const T* src, const Shape& in_shape, const std::vector<std::si
     constexpr std::size_t tile = 16;  // 16x16 measured best of 8/16/32 on 512^2 and 2048^2 floats
     const std::size_t nq = out_shape[q], nl = out_shape[last], sl = stride[last], oq = out_strides[q];
     const std::size_t tiles_q = (nq + tile - 1) / tile, planes = total / (nq * nl);
-    B::parallel_for(planes * tiles_q, tile * nl, [&](std::size_t lo, std::size_t hi) {
+    backend::current().parallel_for(planes * tiles_q, tile * nl, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t item = lo; item < hi; ++item) {
             const std::size_t plane = item / tiles_q, a0 = (item % tiles_q) * tile, a1 = std::min(nq, a0 + tile);
             std::size_t rem = plane, in_base = 0, out_base = 0;  // offsets of the plane: every dst axis but q and last
@@ -111,8 +107,9 @@ void record_unary(std::string_view name, const Tensor<T>& x, Tensor<T>& y, F&& b
 
 /// The same elements in another shape of equal element count (no copy: the result shares `x`'s
 /// buffer, so writing into one is seen through the other). The gradient is reshaped back.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
+    backend::op_scope on("reshape", x);
     if (!(numel(shape) == x.size()))
         throw shape_error(olmax::detail::concat("reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", x.size(),
                                                 " elements) to ", to_string(shape), " (", numel(shape), " elements)"));
@@ -125,8 +122,9 @@ Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
 
 /// Permutes the axes: result axis i is `x`'s axis `perm[i]` (NumPy `transpose(x, perm)`); `perm`
 /// must be a permutation of 0..rank-1. Copies into a contiguous tensor.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
+    backend::op_scope on("transpose", x);
     const std::size_t rank = x.rank();
     std::vector<bool> seen(rank, false);
     bool valid = perm.size() == rank;
@@ -144,21 +142,21 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
     Shape out_shape(rank);
     for (std::size_t i = 0; i < rank; ++i) out_shape[i] = x.shape()[perm[i]];
     auto y = Tensor<T>::uninitialized(out_shape);
-    detail::shape_ops::permute_copy<B>(x.data(), x.shape(), perm, y.data());
+    detail::shape_ops::permute_copy(x.data(), x.shape(), perm, y.data());
     std::vector<std::size_t> inverse(rank);
     for (std::size_t i = 0; i < rank; ++i) inverse[perm[i]] = i;
     detail::shape_ops::record_unary("transpose", x, y,
                                     [inverse = std::move(inverse), out_shape, in_shape = x.shape()](std::span<const Tensor<T>> g,
                                                                                                     autodiff::GradientSink<T>& sink) {
                                         auto dx = Tensor<T>::uninitialized(in_shape);
-                                        detail::shape_ops::permute_copy<B>(g[0].data(), out_shape, inverse, dx.data());
+                                        detail::shape_ops::permute_copy(g[0].data(), out_shape, inverse, dx.data());
                                         sink.add(0, std::move(dx));
                                     });
     return y;
 }
 
 /// Swaps the last two axes (the matrix transpose, batched over leading axes); needs rank >= 2.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> transpose(const Tensor<T>& x) {
     const std::size_t rank = x.rank();
     if (!(rank >= 2))
@@ -166,13 +164,14 @@ Tensor<T> transpose(const Tensor<T>& x) {
     std::vector<std::size_t> perm(rank);
     for (std::size_t i = 0; i < rank; ++i) perm[i] = i;
     std::swap(perm[rank - 2], perm[rank - 1]);
-    return transpose<B>(x, std::move(perm));
+    return transpose(x, std::move(perm));
 }
 
 /// A copy of elements [begin, end) along `axis` (negative counts from the back); needs
 /// begin <= end <= extent. The gradient is zero outside the slice.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t end) {
+    backend::op_scope on("slice", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "slice");
     const auto lay = olmax::detail::split_at(x.shape(), a);
     if (!(begin <= end && end <= lay.n))
@@ -181,19 +180,20 @@ Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t en
     Shape out_shape = x.shape();
     out_shape[a] = end - begin;
     auto y = Tensor<T>::uninitialized(out_shape);
-    detail::shape_ops::copy_along_axis<B>(x.data(), lay.n, begin, y.data(), end - begin, 0, end - begin, lay.outer, lay.inner);
+    detail::shape_ops::copy_along_axis(x.data(), lay.n, begin, y.data(), end - begin, 0, end - begin, lay.outer, lay.inner);
     detail::shape_ops::record_unary(
         "slice", x, y, [lay, begin, end, in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
             Tensor<T> dx(in_shape);
-            detail::shape_ops::copy_along_axis<B>(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
+            detail::shape_ops::copy_along_axis(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
             sink.add(0, std::move(dx));
         });
     return y;
 }
 
 /// Joins tensors along `axis`; all must have the same rank and equal extents on the other axes.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
+    backend::op_scope on("concat", xs);
     check<value_error>(!xs.empty(), "concat: needs at least one tensor");
     const Shape& first = xs[0].shape();
     const std::size_t a = normalize_axis(axis, first.size(), "concat");
@@ -215,7 +215,7 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
     for (const auto& x : xs) {
         offsets.push_back(at);
         const std::size_t n = x.shape()[a];
-        detail::shape_ops::copy_along_axis<B>(x.data(), n, 0, y.data(), lay.n, at, n, lay.outer, lay.inner);
+        detail::shape_ops::copy_along_axis(x.data(), n, 0, y.data(), lay.n, at, n, lay.outer, lay.inner);
         at += n;
     }
     std::vector<Shape> shapes;
@@ -227,7 +227,7 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
                                 if (!sink.needs(i)) continue;
                                 const std::size_t n = shapes[i][a];
                                 auto dx = Tensor<T>::uninitialized(shapes[i]);
-                                detail::shape_ops::copy_along_axis<B>(g[0].data(), lay.n, offsets[i], dx.data(), n, 0, n, lay.outer,
+                                detail::shape_ops::copy_along_axis(g[0].data(), lay.n, offsets[i], dx.data(), n, 0, n, lay.outer,
                                                                       lay.inner);
                                 sink.add(i, std::move(dx));
                             }
@@ -236,25 +236,26 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
 }
 
 /// `concat({a, b, c}, axis)` with the element type deduced from a braced list.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> concat(std::initializer_list<Tensor<T>> xs, long axis) {
-    return concat<B>(std::vector<Tensor<T>>(xs), axis);
+    return concat(std::vector<Tensor<T>>(xs), axis);
 }
 
 /// Adds `before` and `after` elements of constant `value` along `axis` (e.g. causal left padding
 /// of a sequence). The gradient is the slice of the output gradient over the original elements.
-template <class B = backend::default_backend, Real T>
+template <Real T>
 Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, std::type_identity_t<T> value = 0) {
+    backend::op_scope on("pad", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "pad");
     const auto lay = olmax::detail::split_at(x.shape(), a);
     Shape out_shape = x.shape();
     out_shape[a] = lay.n + before + after;
     Tensor<T> y(out_shape, value);
-    detail::shape_ops::copy_along_axis<B>(x.data(), lay.n, 0, y.data(), out_shape[a], before, lay.n, lay.outer, lay.inner);
+    detail::shape_ops::copy_along_axis(x.data(), lay.n, 0, y.data(), out_shape[a], before, lay.n, lay.outer, lay.inner);
     detail::shape_ops::record_unary("pad", x, y, [lay, before, padded = out_shape[a], in_shape = x.shape()](std::span<const Tensor<T>> g,
                                                                                                        autodiff::GradientSink<T>& sink) {
         auto dx = Tensor<T>::uninitialized(in_shape);
-        detail::shape_ops::copy_along_axis<B>(g[0].data(), padded, before, dx.data(), lay.n, 0, lay.n, lay.outer, lay.inner);
+        detail::shape_ops::copy_along_axis(g[0].data(), padded, before, dx.data(), lay.n, 0, lay.n, lay.outer, lay.inner);
         sink.add(0, std::move(dx));
     });
     return y;

@@ -25,7 +25,7 @@
 
 #include <xsimd/xsimd.hpp>
 
-#include "olmax/backend/default.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/optim/clipping.hpp"
 #include "olmax/optim/param.hpp"
@@ -170,8 +170,9 @@ public:
             check(names.insert(p.name).second, "AdamW: parameter name '", p.name, "' appears twice");
             check(p.tensor.defined(), "AdamW: parameter '", p.name, "' is an undefined tensor");
             check(p.tensor.requires_grad(), "AdamW: parameter '", p.name, "' does not require grad (use olmax::parameter)");
-            check(buffers.insert(p.tensor.impl_ptr().get()).second, "AdamW: parameter '", p.name, "' is the same tensor as another one");
+            check(buffers.insert(olmax::detail::impl_ptr_of(p.tensor).get()).second, "AdamW: parameter '", p.name, "' is the same tensor as another one");
             check(p.lr_scale >= 0 && std::isfinite(p.lr_scale), "AdamW: parameter '", p.name, "' has lr_scale ", p.lr_scale);
+            device_scope with_parameter(p.tensor.device());  // the moments live where their parameter does
             slots_.push_back(SlotState{p.name, 0, zeros<double>(p.tensor.shape()), zeros<double>(p.tensor.shape())});
         }
     }
@@ -194,7 +195,13 @@ public:
     StepReport step() {
         std::vector<Tensor<T>> grads;
         grads.reserve(params_.size());
-        for (const auto& p : params_) grads.push_back(p.tensor.grad());
+        std::vector<Tensor<T>> tensors;
+        for (const auto& p : params_) {
+            grads.push_back(p.tensor.grad());
+            tensors.push_back(p.tensor);
+        }
+        // The update runs where the parameters are (all on one device, their gradients with them).
+        backend::op_scope on("AdamW::step", tensors, grads);
         StepReport report;
         report.step = step_ + 1;
         report.lr = config_.schedule(report.step);
@@ -253,7 +260,8 @@ public:
                                olmax::to_string(params_[i].tensor.shape()));
             check(found->step >= 0 && found->step <= state.step, "AdamW::import_state: parameter '", slots_[i].name, "' has step ",
                   found->step, " beyond the optimiser step ", state.step);
-            restored.push_back(SlotState{found->name, found->step, found->first_moment.clone(), found->second_moment.clone()});
+            const Device device = params_[i].tensor.device();  // a checkpoint's moments come back to their parameter's device
+            restored.push_back(SlotState{found->name, found->step, found->first_moment.to(device), found->second_moment.to(device)});
         }
         slots_ = std::move(restored);
         step_ = state.step;
@@ -337,9 +345,9 @@ private:
                                      n, c});
             total += n;
         }
-        // Element-wise and independent: one split of all parameters' elements across the default
-        // backend's threads (one parallel region per step, same result for any thread count).
-        backend::default_backend::parallel_for(total, 16, [&](std::size_t begin, std::size_t end) {
+        // Element-wise and independent: one split of all parameters' elements across the threads
+        // of their device's kernels (one parallel region per step, same result for any thread count).
+        backend::current().parallel_for(total, 16, [&](std::size_t begin, std::size_t end) {
             auto job = std::upper_bound(jobs.begin(), jobs.end(), begin, [](std::size_t e, const UpdateJob& j) { return e < j.start; }) - 1;
             for (; begin < end; ++job) {
                 const std::size_t lo = begin - job->start, hi = std::min(end - job->start, job->size);

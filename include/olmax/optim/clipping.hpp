@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "olmax/backend/default.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/optim/param.hpp"
 
@@ -156,7 +156,7 @@ double sum_of_squares(const T* x, std::size_t n) {
 inline constexpr std::size_t norm_block = std::size_t(1) << 15;
 
 /// The sums of squares of several arrays (pointer, length), computed in blocks of `norm_block`
-/// elements shared by the default backend's threads; each array's sum adds its blocks' sums in
+/// elements shared by the threads of the current device's kernels; each array's sum adds its blocks' sums in
 /// order, so the result is the same for every thread count.
 template <Real T>
 std::vector<double> sums_of_squares(std::span<const std::pair<const T*, std::size_t>> arrays) {
@@ -164,7 +164,7 @@ std::vector<double> sums_of_squares(std::span<const std::pair<const T*, std::siz
     for (std::size_t a = 0; a < arrays.size(); ++a)
         first_block[a + 1] = first_block[a] + (arrays[a].second + norm_block - 1) / norm_block;
     std::vector<double> block_sums(first_block.back(), 0.0);
-    backend::default_backend::parallel_for(block_sums.size(), norm_block, [&](std::size_t begin, std::size_t end) {
+    backend::current().parallel_for(block_sums.size(), norm_block, [&](std::size_t begin, std::size_t end) {
         std::size_t a = std::size_t(std::upper_bound(first_block.begin(), first_block.end(), begin) - first_block.begin()) - 1;
         for (std::size_t b = begin; b < end; ++b) {
             while (b >= first_block[a + 1]) ++a;
@@ -207,6 +207,7 @@ double global_grad_norm(std::span<const Parameter<T>> params) {
             arrays.emplace_back(g.data(), g.size());
             grads.push_back(std::move(g));
         }
+    backend::op_scope on("global_grad_norm", grads);
     double sum_sq = 0;
     for (double s : detail::sums_of_squares<T>(arrays)) sum_sq += s;
     return std::sqrt(sum_sq);

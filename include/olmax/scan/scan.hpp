@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/backend.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/scan/detail/dispatch.hpp"
 #include "olmax/scan/detail/problem.hpp"
@@ -33,23 +33,22 @@
 
 namespace olmax::scan {
 
-/// Scans h_t = a_t h_{t-1} + x_t with strategy `Strategy` on backend `Backend`, returning h (shape of
+/// Scans h_t = a_t h_{t-1} + x_t with strategy `Strategy` on the inputs' device, returning h (shape of
 /// x) and the final state h_last ([batch, channels], the state after the last processed step).
 /// Differentiable in gates, x and opt.h0. Throws shape_error / value_error on mismatched shapes,
 /// T = 0, empty rows or a chunk size < 1; NaN gates or inputs propagate as NaN.
-template <class Strategy, class Backend = backend::default_backend, Real T>
+template <class Strategy, Real T>
 ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const ScanOptions<T>& opt = {}) {
     static_assert(detail::is_strategy<Strategy>,
                   "olmax::scan: unknown strategy tag; use one of the types in olmax/scan/strategies.hpp");
-    backend::assert_backend<Backend>();
-    using B = backend::kernel_backend_t<Backend, backend::op::linear_scan>;
     const std::string op = olmax::detail::concat("scan<", Strategy::name, ">");
+    backend::op_scope on(op, gates, x, opt.h0);
     const detail::Geometry g = detail::make_geometry(op, gates, x, opt);
     const std::size_t chunk = opt.chunk ? static_cast<std::size_t>(*opt.chunk) : detail::default_chunk<Strategy>();
 
     ScanResult<T> result{Tensor<T>::uninitialized(x.shape()), Tensor<T>::uninitialized({g.batch, g.channels})};
     const T* h0 = opt.h0.defined() ? opt.h0.data() : nullptr;
-    detail::run_forward<Strategy, B>(g, detail::ForwardArgs<T>{gates.data(), x.data(), h0, result.h.data(), result.h_last.data()}, chunk);
+    detail::run_forward<Strategy>(g, detail::ForwardArgs<T>{gates.data(), x.data(), h0, result.h.data(), result.h_last.data()}, chunk);
 
     std::vector<Tensor<T>> inputs{gates, x, opt.h0};
     if (!autodiff::should_record(std::span<const Tensor<T>>(inputs))) return result;
@@ -66,7 +65,7 @@ ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const 
             detail::BackwardArgs<T> args{dh.data(),  dh_last.data(), saved_gates.data(),
                                          saved_h.data(), saved_h0.defined() ? saved_h0.data() : nullptr,
                                          dx.data(),  da.data(),      dh0.defined() ? dh0.data() : nullptr};
-            detail::run_backward<Strategy, B>(g, args, chunk);
+            detail::run_backward<Strategy>(g, args, chunk);
             if (sink.needs(0)) {
                 if (g.share == 1) {
                     sink.add(0, da);
@@ -88,9 +87,9 @@ ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const 
 }
 
 /// Scans and returns h only (see scan_with_state).
-template <class Strategy, class Backend = backend::default_backend, Real T>
+template <class Strategy, Real T>
 Tensor<T> scan(const Tensor<T>& gates, const Tensor<T>& x, const ScanOptions<T>& opt = {}) {
-    return scan_with_state<Strategy, Backend>(gates, x, opt).h;
+    return scan_with_state<Strategy>(gates, x, opt).h;
 }
 
 }  // namespace olmax::scan

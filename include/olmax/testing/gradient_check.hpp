@@ -79,7 +79,7 @@ GradientCheckResult check_gradients(F&& f, const std::vector<Tensor<double>>& in
     std::vector<Tensor<double>> prefill;
     for (std::size_t i = 0; i < x.size(); ++i) {
         prefill.push_back(randn<double>(x[i].shape(), rng));
-        if (!skipped(i)) autodiff::accumulate_grad(x[i].impl(), prefill[i], "check_gradients");
+        if (!skipped(i)) autodiff::accumulate_grad(olmax::detail::impl_of(x[i]), prefill[i], "check_gradients");
     }
     {
         autodiff::tape_scope scope;

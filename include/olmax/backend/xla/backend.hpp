@@ -1,12 +1,14 @@
 #pragma once
-// olmax::backend::xla — the TPU / PJRT backend in the backend trait.
+// olmax::backend::xla — the TPU / PJRT primitives, and the `xla_device()` that ops reach them on.
 //
-// Tensors stay in host memory; the device is reached through a `device_dispatcher` that the PJRT
-// runtime (olmax/backend/xla/pjrt_runtime.hpp, built only when the PJRT C API header is available)
-// attaches at run time. Primitives with a StableHLO lowering (float GEMM, float sum) run on the
-// attached device; everything else — element-wise lambdas passed to `map`, double precision (not
-// native on TPU), or any op while no device is attached — runs on the CPU reference (`cpu_serial`)
-// after a one-time notice per primitive, or throws `xla_fallback_error` in strict mode.
+// Tensors moved to `xla_device()` (`t.to(backend::xla_device())`) stay in host memory; ops on them
+// run on `kernels<xla>()`, whose primitives reach the PJRT device through a `device_dispatcher`
+// that the PJRT runtime (olmax/backend/xla/pjrt_runtime.hpp, built only when the PJRT C API header
+// is available) attaches at run time. Primitives with a StableHLO lowering (float GEMM, float sum)
+// run on the attached device, with a host round trip per call; everything else -- the C++ loop
+// bodies of element-wise and shape ops (`parallel_for`), double precision (not native on TPU), or
+// any primitive while no device is attached -- runs on the host (`cpu_serial`) after a one-time
+// notice per primitive, or throws `xla_fallback_error` in strict mode.
 
 #include <cstddef>
 #include <cstdio>
@@ -21,6 +23,8 @@
 
 #include "olmax/backend/concept.hpp"
 #include "olmax/backend/cpu_serial.hpp"
+#include "olmax/backend/kernels.hpp"
+#include "olmax/backend/registry.hpp"
 #include "olmax/core/error.hpp"
 
 namespace olmax::backend {
@@ -44,19 +48,6 @@ public:
 
 struct xla {
     static constexpr std::string_view name = "xla";
-
-    /// Optional ops whose trait primitives dispatch to the device (float GEMM, float sum).
-    /// Element-wise ops reach the trait as arbitrary lambdas (`map`), which cannot be lowered.
-    template <class Op>
-    static constexpr bool supports = std::is_same_v<Op, op::matmul> || std::is_same_v<Op, op::reduction>;
-
-    /// Capability query: op families the StableHLO emitter lowers (olmax/backend/xla/stablehlo/:
-    /// matmul / batched matmul, element-wise, reductions, linear scans and the QRNN block, forward
-    /// and backward). Those reached through `supports` above run on the device automatically; the
-    /// rest run through the PJRT runtime's module API (`olmax::xla::pjrt::client::run`).
-    template <class Op>
-    static constexpr bool lowers = std::is_same_v<Op, op::matmul> || std::is_same_v<Op, op::elementwise> ||
-                                   std::is_same_v<Op, op::reduction> || std::is_same_v<Op, op::linear_scan>;
 
     // ---- device attachment and fallback policy ------------------------------------------------
     /// Routes lowered primitives to `dispatcher` (null detaches: everything runs on the CPU).
@@ -106,13 +97,13 @@ struct xla {
     }
 
     // ---- the trait's primitives -------------------------------------------------------------------
-    static void* allocate(std::size_t bytes) { return cpu_serial::allocate(bytes); }
-    static void deallocate(void* p, std::size_t bytes) { cpu_serial::deallocate(p, bytes); }
     static int num_threads() { return 1; }
 
-    /// Host loop (tensors live in host memory); the body's own primitives dispatch as usual.
+    /// A host loop (tensors live in host memory): C++ loop bodies have no StableHLO lowering. The
+    /// body's own primitives (a GEMM inside a loop) dispatch as usual.
     template <class F>
     static void parallel_for(std::size_t n, std::size_t work_per_item, F&& body) {
+        fallback("loops", "C++ loop bodies (element-wise, shape and scan kernels) have no StableHLO lowering");
         cpu_serial::parallel_for(n, work_per_item, std::forward<F>(body));
     }
 
@@ -129,12 +120,6 @@ struct xla {
             fallback("gemm<double>", "f64 is not lowered: TPUs have no native f64");
         }
         cpu_serial::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    }
-
-    template <class T, class F, class... In>
-    static void map(std::size_t n, T* out, F f, const In*... in) {
-        fallback("map", "element-wise C++ lambdas have no StableHLO lowering");
-        cpu_serial::map(n, out, f, in...);
     }
 
     template <class T>
@@ -163,6 +148,12 @@ private:
 };
 
 static_assert(Backend<xla>);
+
+/// The device whose tensors compute on `kernels<xla>()` (registered on first use, named "xla").
+inline Device xla_device() {
+    static const Device device = register_device("xla", std::shared_ptr<const Kernels>(&kernels<xla>(), [](const Kernels*) {}));
+    return device;
+}
 
 }  // namespace olmax::backend
 

@@ -30,10 +30,10 @@ inline std::size_t vector_span(const Geometry& g, int threads) {
 /// Runs body(b, c0, n, scratch) for every span of `span` contiguous channels (n in the last one
 /// may be smaller) on the backend's threads, with flush-to-zero on and `scratch_size` elements of
 /// per-thread scratch.
-template <class Acc, class B, class Body>
+template <class Acc, class Body>
 void for_each_channel_span(const Geometry& g, std::size_t span, std::size_t scratch_size, Body&& body) {
     const std::size_t blocks = (g.channels + span - 1) / span;
-    B::parallel_for(g.batch * blocks, g.time * span, [&](std::size_t begin, std::size_t end) {
+    backend::current().parallel_for(g.batch * blocks, g.time * span, [&](std::size_t begin, std::size_t end) {
         denormal_guard guard;
         Storage<Acc> scratch(scratch_size);
         for (std::size_t task = begin; task < end; ++task) {

@@ -121,16 +121,16 @@ std::string_view family_name(const Geometry& g, Pass pass) {
     return pass == Pass::forward ? with_family<Pass::forward, S>(g, name) : with_family<Pass::backward, S>(g, name);
 }
 
-template <class S, class B, class T>
+template <class S, class T>
 void run_forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
     using Acc = accumulator_t<S, T>;
-    with_family<Pass::forward, S>(g, [&](auto family) { decltype(family)::template forward<Acc, B>(g, args, chunk); });
+    with_family<Pass::forward, S>(g, [&](auto family) { decltype(family)::template forward<Acc>(g, args, chunk); });
 }
 
-template <class S, class B, class T>
+template <class S, class T>
 void run_backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
     using Acc = accumulator_t<S, T>;
-    with_family<Pass::backward, S>(g, [&](auto family) { decltype(family)::template backward<Acc, B>(g, args, chunk); });
+    with_family<Pass::backward, S>(g, [&](auto family) { decltype(family)::template backward<Acc>(g, args, chunk); });
 }
 
 }  // namespace olmax::scan::detail

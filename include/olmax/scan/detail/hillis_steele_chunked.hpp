@@ -24,13 +24,13 @@
 
 namespace olmax::scan::detail {
 
-template <bool Bwd, bool Log, class Acc, class B, class T>
+template <bool Bwd, bool Log, class Acc, class T>
 void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T* init, T* out, T* final_state, const T* h,
                     const T* h0, T* da, T* dh0, std::size_t K) {
-    const std::size_t T_ = g.time, span = vector_span(g, B::num_threads()), chunks = (T_ + K - 1) / K;
+    const std::size_t T_ = g.time, span = vector_span(g, backend::current().num_threads()), chunks = (T_ + K - 1) / K;
     // Memory time of processing step r.
     auto time_at = [&](std::size_t r) { return Bwd ? g.time_of(T_ - 1 - r) : g.time_of(r); };
-    for_each_channel_span<Acc, B>(g, span, 2 * chunks * span + 2 * span, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* scratch) {
+    for_each_channel_span<Acc>(g, span, 2 * chunks * span + 2 * span, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* scratch) {
         Acc* end_gate = scratch;
         Acc* end_scan = end_gate + chunks * span;
         Acc* state = end_scan + chunks * span;
@@ -117,15 +117,15 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
     });
 }
 
-template <bool Log, class Acc, class B, class T>
+template <bool Log, class Acc, class T>
 void hs_chunked_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t K) {
-    hs_chunked_run<false, Log, Acc, B>(g, args.gates, args.x, args.h0, args.h, args.h_last, static_cast<const T*>(nullptr),
+    hs_chunked_run<false, Log, Acc>(g, args.gates, args.x, args.h0, args.h, args.h_last, static_cast<const T*>(nullptr),
                                        static_cast<const T*>(nullptr), static_cast<T*>(nullptr), static_cast<T*>(nullptr), K);
 }
 
-template <bool Log, class Acc, class B, class T>
+template <bool Log, class Acc, class T>
 void hs_chunked_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::size_t K) {
-    hs_chunked_run<true, Log, Acc, B>(g, args.gates, args.dh, args.dh_last, args.dx, static_cast<T*>(nullptr), args.h, args.h0, args.da,
+    hs_chunked_run<true, Log, Acc>(g, args.gates, args.dh, args.dh_last, args.dx, static_cast<T*>(nullptr), args.h, args.h0, args.da,
                                       args.dh0, K);
 }
 
@@ -133,15 +133,15 @@ void hs_chunked_backward_impl(const Geometry& g, const BackwardArgs<T>& args, st
 /// needs contiguous lanes ([B, T, C], gates per channel).
 struct hillis_steele_chunked_family {
     static constexpr std::string_view name = "hillis_steele_chunked";
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
-        if (g.log_gates) hs_chunked_forward_impl<true, Acc, B>(g, args, chunk);
-        else hs_chunked_forward_impl<false, Acc, B>(g, args, chunk);
+        if (g.log_gates) hs_chunked_forward_impl<true, Acc>(g, args, chunk);
+        else hs_chunked_forward_impl<false, Acc>(g, args, chunk);
     }
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
-        if (g.log_gates) hs_chunked_backward_impl<true, Acc, B>(g, args, chunk);
-        else hs_chunked_backward_impl<false, Acc, B>(g, args, chunk);
+        if (g.log_gates) hs_chunked_backward_impl<true, Acc>(g, args, chunk);
+        else hs_chunked_backward_impl<false, Acc>(g, args, chunk);
     }
 };
 

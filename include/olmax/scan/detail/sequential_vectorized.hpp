@@ -60,16 +60,16 @@ void vectorized_bct_rows(const Geometry& g, const ForwardArgs<T>& args, std::siz
         for (std::size_t k = 0; k < rows; ++k) args.h_last[r0 + k] = T(state[k]);
 }
 
-template <bool Log, class Acc, class B, class T>
+template <bool Log, class Acc, class T>
 void vectorized_forward_impl(const Geometry& g, const ForwardArgs<T>& args) {
     if (g.layout == Layout::btc) {
-        const std::size_t span = vector_span(g, B::num_threads());
-        for_each_channel_span<Acc, B>(g, span, span, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* state) {
+        const std::size_t span = vector_span(g, backend::current().num_threads());
+        for_each_channel_span<Acc>(g, span, span, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* state) {
             vectorized_btc_span<Log, Acc>(g, args, b, c0, n, state);
         });
     } else {
         const std::size_t groups = (g.rows() + 15) / 16;
-        B::parallel_for(groups, g.time * 16, [&](std::size_t begin, std::size_t end) {
+        backend::current().parallel_for(groups, g.time * 16, [&](std::size_t begin, std::size_t end) {
             denormal_guard guard;
             for (std::size_t grp = begin; grp < end; ++grp)
                 vectorized_bct_rows<Log, Acc>(g, args, grp * 16, std::min<std::size_t>(16, g.rows() - grp * 16));
@@ -135,12 +135,12 @@ void fused_backward_lanes(const Geometry& g, const BackwardArgs<T>& args, std::s
     else fused_backward_lanes_impl<Log, false>(g, args, b, c0, n, grad);
 }
 
-template <bool Log, class Acc, class B, class T>
+template <bool Log, class Acc, class T>
 void vectorized_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
     // btc: lanes are contiguous channels (wide spans, see vector_span); bct: lanes are rows
     // (stride T), 16 chains at a time.
-    const std::size_t lanes = g.layout == Layout::btc ? vector_span(g, B::num_threads()) : 16;
-    for_each_channel_span<Acc, B>(g, lanes, lanes, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* grad) {
+    const std::size_t lanes = g.layout == Layout::btc ? vector_span(g, backend::current().num_threads()) : 16;
+    for_each_channel_span<Acc>(g, lanes, lanes, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* grad) {
         fused_backward_lanes<Log, Acc>(g, args, b, c0, n, grad);
     });
 }
@@ -148,15 +148,15 @@ void vectorized_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
 /// sequential_vectorized as a kernel family of the dispatch table (dispatch.hpp): gates per channel.
 struct sequential_vectorized_family {
     static constexpr std::string_view name = "sequential_vectorized";
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t) {
-        if (g.log_gates) vectorized_forward_impl<true, Acc, B>(g, args);
-        else vectorized_forward_impl<false, Acc, B>(g, args);
+        if (g.log_gates) vectorized_forward_impl<true, Acc>(g, args);
+        else vectorized_forward_impl<false, Acc>(g, args);
     }
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t) {
-        if (g.log_gates) vectorized_backward_impl<true, Acc, B>(g, args);
-        else vectorized_backward_impl<false, Acc, B>(g, args);
+        if (g.log_gates) vectorized_backward_impl<true, Acc>(g, args);
+        else vectorized_backward_impl<false, Acc>(g, args);
     }
 };
 

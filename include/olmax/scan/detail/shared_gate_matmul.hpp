@@ -18,11 +18,11 @@ namespace olmax::scan::detail {
 /// built by row-wise cumulative products) multiplying the chunk's [Q x P] inputs with one GEMM
 /// (B::gemm, Eigen on the CPU backends). Reads x and writes h in place (btc: rows of ld C; bct:
 /// the transposed product with ld T).
-template <bool Log, class B, class T>
+template <bool Log, class T>
 void shared_matmul_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t Q) {
     const std::size_t H = g.gate_channels, P = g.share, T_ = g.time;
     const bool btc = g.layout == Layout::btc;
-    B::parallel_for(g.batch * H, T_ * P * Q, [&](std::size_t begin, std::size_t end) {
+    backend::current().parallel_for(g.batch * H, T_ * P * Q, [&](std::size_t begin, std::size_t end) {
         denormal_guard guard;
         Storage<T> M(Q * Q), decay(Q), gate(Q);
         Storage<T> carry(P);
@@ -54,7 +54,7 @@ void shared_matmul_forward_impl(const Geometry& g, const ForwardArgs<T>& args, s
                 }
                 const std::size_t xoff = g.x_index(b, t0, c0);
                 if (btc) {
-                    B::gemm(false, false, len, P, len, T(1), M.data(), len, args.x + xoff, g.channels, T(0), args.h + xoff, g.channels);
+                    backend::current().gemm(false, false, len, P, len, T(1), M.data(), len, args.x + xoff, g.channels, T(0), args.h + xoff, g.channels);
                     for (std::size_t i = 0; i < len; ++i) {
                         T* hr = args.h + xoff + i * g.channels;
                         for (std::size_t p = 0; p < P; ++p) hr[p] += decay[i] * carry[p];
@@ -62,7 +62,7 @@ void shared_matmul_forward_impl(const Geometry& g, const ForwardArgs<T>& args, s
                     const T* last = args.h + xoff + (g.reverse ? 0 : len - 1) * g.channels;
                     for (std::size_t p = 0; p < P; ++p) carry[p] = last[p];
                 } else {
-                    B::gemm(false, true, P, len, len, T(1), args.x + xoff, T_, M.data(), len, T(0), args.h + xoff, T_);
+                    backend::current().gemm(false, true, P, len, len, T(1), args.x + xoff, T_, M.data(), len, T(0), args.h + xoff, T_);
                     for (std::size_t p = 0; p < P; ++p) {
                         T* hr = args.h + xoff + p * T_;
                         for (std::size_t i = 0; i < len; ++i) hr[i] += decay[i] * carry[p];
@@ -80,10 +80,10 @@ void shared_matmul_forward_impl(const Geometry& g, const ForwardArgs<T>& args, s
 /// by heads (share > 1), forward only (it computes in the storage type, so Acc is not used).
 struct shared_gate_matmul_family {
     static constexpr std::string_view name = "shared_gate_matmul";
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
-        if (g.log_gates) shared_matmul_forward_impl<true, B>(g, args, chunk);
-        else shared_matmul_forward_impl<false, B>(g, args, chunk);
+        if (g.log_gates) shared_matmul_forward_impl<true>(g, args, chunk);
+        else shared_matmul_forward_impl<false>(g, args, chunk);
     }
 };
 

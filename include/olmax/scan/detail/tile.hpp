@@ -257,12 +257,12 @@ void for_each_in_tile(const Geometry& g, std::size_t steps, std::size_t lanes, F
 /// Walks every (batch, channel tile) of `g` on the backend's threads, with flush-to-zero on and a
 /// per-thread buffer: body(b, c0, cw, a, x, scratch) gets the tile's batch, first channel, width,
 /// two [T, cw] work arrays and the kernel's scratch space. Forward and backward share it.
-template <class Kernel, class Acc, class B, class Body>
+template <class Kernel, class Acc, class Body>
 void for_each_tile(const Geometry& g, std::size_t chunk, Body&& body) {
     const std::size_t T_ = g.time, W = tile_width(g);
     const std::size_t per_batch = (g.channels + W - 1) / W;
     const std::size_t scratch = Kernel::scratch(T_, W, chunk);
-    B::parallel_for(g.batch * per_batch, T_ * W * 4, [&](std::size_t begin, std::size_t end) {
+    backend::current().parallel_for(g.batch * per_batch, T_ * W * 4, [&](std::size_t begin, std::size_t end) {
         denormal_guard guard;
         Storage<Acc> buffer(2 * T_ * W + scratch + 1);
         for (std::size_t tile = begin; tile < end; ++tile) {
@@ -275,10 +275,10 @@ void for_each_tile(const Geometry& g, std::size_t chunk, Body&& body) {
     });
 }
 
-template <bool Log, class Kernel, class Acc, class B, class T>
+template <bool Log, class Kernel, class Acc, class T>
 void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
     const std::size_t T_ = g.time;
-    for_each_tile<Kernel, Acc, B>(g, chunk, [&](std::size_t b, std::size_t c0, std::size_t cw, Acc* a, Acc* x, Acc* scratch) {
+    for_each_tile<Kernel, Acc>(g, chunk, [&](std::size_t b, std::size_t c0, std::size_t cw, Acc* a, Acc* x, Acc* scratch) {
         if (contiguous_lanes(g)) {  // rows of the tile are contiguous runs of memory: vectorised copies
             for (std::size_t s = 0; s < T_; ++s) {
                 const std::size_t off = g.x_index(b, g.time_of(s), c0);
@@ -314,18 +314,18 @@ void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_
     });
 }
 
-template <class Kernel, class Acc, class B, class T>
+template <class Kernel, class Acc, class T>
 void tile_forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
-    if (g.log_gates) tile_forward_impl<true, Kernel, Acc, B>(g, args, chunk);
-    else tile_forward_impl<false, Kernel, Acc, B>(g, args, chunk);
+    if (g.log_gates) tile_forward_impl<true, Kernel, Acc>(g, args, chunk);
+    else tile_forward_impl<false, Kernel, Acc>(g, args, chunk);
 }
 
 /// Backward through the tile engine. Backward step r handles forward step s = T-1-r:
 /// g_r = dh(s) + a(s+1) g_{r-1}; then dx(s) = g, da(s) = g h(s-1) (h(-1) = h0), dh0 = a(0) g(0).
-template <bool Log, class Kernel, class Acc, class B, class T>
+template <bool Log, class Kernel, class Acc, class T>
 void tile_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
     const std::size_t T_ = g.time;
-    for_each_tile<Kernel, Acc, B>(g, chunk, [&](std::size_t b, std::size_t c0, std::size_t cw, Acc* a, Acc* x, Acc* scratch) {
+    for_each_tile<Kernel, Acc>(g, chunk, [&](std::size_t b, std::size_t c0, std::size_t cw, Acc* a, Acc* x, Acc* scratch) {
         if (contiguous_lanes(g)) {  // see tile_forward_impl
             for (std::size_t r = 0; r < T_; ++r) {
                 const std::size_t s = T_ - 1 - r;
@@ -384,10 +384,10 @@ void tile_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::siz
     });
 }
 
-template <class Kernel, class Acc, class B, class T>
+template <class Kernel, class Acc, class T>
 void tile_backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
-    if (g.log_gates) tile_backward_impl<true, Kernel, Acc, B>(g, args, chunk);
-    else tile_backward_impl<false, Kernel, Acc, B>(g, args, chunk);
+    if (g.log_gates) tile_backward_impl<true, Kernel, Acc>(g, args, chunk);
+    else tile_backward_impl<false, Kernel, Acc>(g, args, chunk);
 }
 
 /// The tile engine with tile kernel `Kernel` as a kernel family of the dispatch table (dispatch.hpp):
@@ -395,13 +395,13 @@ void tile_backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t c
 template <class Kernel>
 struct tile_family {
     static constexpr std::string_view name = Kernel::name;
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
-        tile_forward<Kernel, Acc, B>(g, args, chunk);
+        tile_forward<Kernel, Acc>(g, args, chunk);
     }
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
-        tile_backward<Kernel, Acc, B>(g, args, chunk);
+        tile_backward<Kernel, Acc>(g, args, chunk);
     }
 };
 

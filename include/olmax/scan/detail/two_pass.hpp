@@ -175,11 +175,11 @@ struct SegmentPass {
 #endif
 };
 
-template <bool Bwd, bool Log, class Acc, class B, class T>
+template <bool Bwd, bool Log, class Acc, class T>
 void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h, T* out, T* da, const T* init, T* final_state,
                   const T* h0_for_da, T* dh0) {
     const std::size_t R = g.rows(), T_ = g.time;
-    const int threads = std::max(1, B::num_threads());
+    const int threads = std::max(1, backend::current().num_threads());
     // Round: about 2^17 elements per thread over all rows (a, x, h of a round fit in L2).
     const std::size_t per_thread = two_pass_round_elements().load(std::memory_order_relaxed);
     const std::size_t round = std::max<std::size_t>(std::min<std::size_t>(1024, per_thread), per_thread * std::size_t(threads) / R);
@@ -247,7 +247,7 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
                 items.push_back({task, count, false});
                 task += count;
             }
-            B::parallel_for(items.size(), seg_len * 8 * 4, [&](std::size_t begin, std::size_t end) {
+            backend::current().parallel_for(items.size(), seg_len * 8 * 4, [&](std::size_t begin, std::size_t end) {
                 denormal_guard guard;
                 for (std::size_t i = begin; i < end; ++i) {
                     if (items[i].alone) single(items[i].first);
@@ -338,30 +338,30 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
             dh0[r] = T(load_gate<Log, Acc>(gates[row_base(r) + g.time_of(0) * g.xt]) * carry[r]);
 }
 
-template <bool Log, class Acc, class B, class T>
+template <bool Log, class Acc, class T>
 void two_pass_forward_impl(const Geometry& g, const ForwardArgs<T>& args) {
-    two_pass_run<false, Log, Acc, B>(g, args.gates, args.x, static_cast<const T*>(nullptr), args.h, static_cast<T*>(nullptr), args.h0,
+    two_pass_run<false, Log, Acc>(g, args.gates, args.x, static_cast<const T*>(nullptr), args.h, static_cast<T*>(nullptr), args.h0,
                                      args.h_last, static_cast<const T*>(nullptr), static_cast<T*>(nullptr));
 }
 
-template <bool Log, class Acc, class B, class T>
+template <bool Log, class Acc, class T>
 void two_pass_backward_impl(const Geometry& g, const BackwardArgs<T>& args) {
-    two_pass_run<true, Log, Acc, B>(g, args.gates, args.dh, args.h, args.dx, args.da, args.dh_last, static_cast<T*>(nullptr), args.h0,
+    two_pass_run<true, Log, Acc>(g, args.gates, args.dh, args.h, args.dx, args.da, args.dh_last, static_cast<T*>(nullptr), args.h0,
                                     args.dh0);
 }
 
 /// two_pass as a kernel family of the dispatch table (dispatch.hpp): gates per channel.
 struct two_pass_family {
     static constexpr std::string_view name = "two_pass";
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t) {
-        if (g.log_gates) two_pass_forward_impl<true, Acc, B>(g, args);
-        else two_pass_forward_impl<false, Acc, B>(g, args);
+        if (g.log_gates) two_pass_forward_impl<true, Acc>(g, args);
+        else two_pass_forward_impl<false, Acc>(g, args);
     }
-    template <class Acc, class B, class T>
+    template <class Acc, class T>
     static void backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t) {
-        if (g.log_gates) two_pass_backward_impl<true, Acc, B>(g, args);
-        else two_pass_backward_impl<false, Acc, B>(g, args);
+        if (g.log_gates) two_pass_backward_impl<true, Acc>(g, args);
+        else two_pass_backward_impl<false, Acc>(g, args);
     }
 };
 

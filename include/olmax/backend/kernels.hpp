@@ -1,0 +1,127 @@
+#pragma once
+// `Kernels`: the run-time face of a backend, the primitives every op is built from.
+//
+// Each device has one `Kernels` object (registry.hpp): ops ask for the kernels of the device their
+// inputs live on and call these primitives, so a composite (a norm inside a block inside a stack,
+// the optimiser, gradient accumulation) can never run on another device than its tensors by
+// forgetting a template argument. The CPU backends stay static types (`cpu_serial`,
+// `cpu_openmp`, checked by the `Backend` concept in concept.hpp); `kernels<B>()` wraps one in
+// this interface. The virtual call is paid once per primitive (one per parallel loop, GEMM or
+// reduction), never per element: loop bodies are compiled where the op is written and reach the
+// backend as a `range_body` that the backend calls once per chunk.
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "olmax/backend/concept.hpp"
+#include "olmax/core/device.hpp"
+
+namespace olmax::backend {
+
+/// A non-owning reference to a callable `void(std::size_t begin, std::size_t end)`; valid while
+/// the referenced callable lives (parallel loops call it before they return).
+class range_body {
+public:
+    template <class F>
+        requires(!std::is_same_v<std::remove_cvref_t<F>, range_body> && std::is_invocable_v<F&, std::size_t, std::size_t>)
+    range_body(F&& f)  // NOLINT(google-explicit-constructor): a loop body converts implicitly
+        : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+          call_([](void* object, std::size_t begin, std::size_t end) { (*static_cast<std::remove_reference_t<F>*>(object))(begin, end); }) {}
+    void operator()(std::size_t begin, std::size_t end) const { call_(object_, begin, end); }
+
+private:
+    void* object_;
+    void (*call_)(void*, std::size_t, std::size_t);
+};
+
+/// The primitives a device computes with. Semantics are those of the static backends
+/// (concept.hpp): `parallel_for` calls `body` on contiguous chunks that cover [0, n) exactly once;
+/// `gemm` is row-major C = alpha op(A) op(B) + beta C; `sum` accumulates in double.
+class Kernels {
+public:
+    virtual ~Kernels() = default;
+    virtual std::string_view name() const = 0;
+    virtual int num_threads() const = 0;
+    virtual void parallel_for(std::size_t n, std::size_t work_per_item, range_body body) const = 0;
+    virtual void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                      const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const = 0;
+    virtual void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a,
+                      std::size_t lda, const double* b, std::size_t ldb, double beta, double* c, std::size_t ldc) const = 0;
+    virtual double sum(const float* x, std::size_t n) const = 0;
+    virtual double sum(const double* x, std::size_t n) const = 0;
+};
+
+namespace detail {
+
+/// The calling thread's compute context: its current device (core) and the host kernels chosen
+/// for it (registry.hpp). Parallel loops hand it to the threads that run their chunks, so that a
+/// primitive called inside a chunk runs on the same kernels as the loop.
+struct compute_context {
+    std::uint32_t device_index;
+    const Kernels* host_kernels;
+};
+
+/// This thread's host-kernel override (null: the process default).
+inline const Kernels*& host_kernels_override() {
+    thread_local const Kernels* kernels = nullptr;
+    return kernels;
+}
+
+inline compute_context this_thread_context() { return {olmax::detail::current_device_index(), host_kernels_override()}; }
+
+/// RAII: installs a context on this thread for one chunk.
+class context_scope {
+public:
+    explicit context_scope(const compute_context& context) : previous_(this_thread_context()) { install(context); }
+    ~context_scope() { install(previous_); }
+    context_scope(const context_scope&) = delete;
+    context_scope& operator=(const context_scope&) = delete;
+
+private:
+    static void install(const compute_context& context) {
+        olmax::detail::current_device_index() = context.device_index;
+        host_kernels_override() = context.host_kernels;
+    }
+    compute_context previous_;
+};
+
+}  // namespace detail
+
+/// A static backend `B` (a type modelling the `Backend` concept) as run-time `Kernels`.
+template <class B>
+class static_kernels final : public Kernels {
+    static_assert(Backend<B>, "olmax::backend::static_kernels: the type does not model olmax::backend::Backend (see concept.hpp)");
+
+public:
+    std::string_view name() const override { return B::name; }
+    int num_threads() const override { return B::num_threads(); }
+    void parallel_for(std::size_t n, std::size_t work_per_item, range_body body) const override {
+        const detail::compute_context context = detail::this_thread_context();
+        B::parallel_for(n, work_per_item, [&](std::size_t begin, std::size_t end) {
+            detail::context_scope scope(context);
+            body(begin, end);
+        });
+    }
+    void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+              const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const override {
+        B::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a, std::size_t lda,
+              const double* b, std::size_t ldb, double beta, double* c, std::size_t ldc) const override {
+        B::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    double sum(const float* x, std::size_t n) const override { return B::sum(x, n); }
+    double sum(const double* x, std::size_t n) const override { return B::sum(x, n); }
+};
+
+/// The one `Kernels` object of static backend `B` (lives for the whole process).
+template <class B>
+const Kernels& kernels() {
+    static const static_kernels<B> instance;
+    return instance;
+}
+
+}  // namespace olmax::backend
