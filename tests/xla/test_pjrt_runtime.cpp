@@ -175,3 +175,32 @@ TEST_CASE("pjrt: backend::xla routes float GEMM and sum to the attached device (
     xla::set_strict(false);
     xla::detach();
 }
+
+// ---- the real OpenXLA CPU plugin (the xla-cpu-pjrt wheel): OLMAX_TEST_CPU_PJRT_PLUGIN ----------------
+
+TEST_CASE("pjrt: the OpenXLA CPU plugin runs emitted modules, and ops on the xla device multiply on it", "[xla][pjrt][cpu_plugin]") {
+    const std::string path = env_path("OLMAX_TEST_CPU_PJRT_PLUGIN");
+    const pjrt::plugin& plugin = pjrt::plugin::load(path);
+    CHECK(plugin.major_version() == PJRT_API_MAJOR);
+    auto client = std::make_shared<pjrt::client>(plugin);
+    CHECK(client->platform_name() == "cpu");
+
+    const auto add = shlo::elementwise_binary("add", {2, 3});
+    const std::vector<float> a{1, 2, 3, 4, 5, 6}, b{10, 20, 30, 40, 50, 60};
+    const auto sum = client->run(add, {a.data(), b.data()});
+    REQUIRE(sum.size() == 1);
+    CHECK(sum[0] == std::vector<float>{11, 22, 33, 44, 55, 66});
+
+    // A GEMM through the device, reached from ops on tensors that live on the xla device; strict
+    // mode: the GEMM must not fall back to the host.
+    pjrt::attach(client);
+    olmax::backend::xla::set_strict(true);
+    olmax::Generator rng(5);
+    const auto x = olmax::randn<float>({33, 70}, rng), w = olmax::randn<float>({70, 17}, rng);
+    const auto on_device = olmax::matmul(x.to(olmax::backend::xla_device()), w.to(olmax::backend::xla_device()));
+    const auto reference = olmax_test::with_kernels<olmax::backend::cpu_serial>([&] { return olmax::matmul(x, w); });
+    CHECK(on_device.device() == olmax::backend::xla_device());
+    CHECK(olmax_test::max_abs_diff(on_device, reference) < 1e-4);
+    olmax::backend::xla::set_strict(false);
+    olmax::backend::xla::detach();
+}

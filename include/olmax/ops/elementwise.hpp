@@ -58,7 +58,7 @@ void sum_middle_axis(const T* x, T* out, std::size_t outer, std::size_t n, std::
     if (outer * inner == 0) return;
     if (inner == 1) {
         if (outer == 1) {
-            out[0] = T(backend::current().sum(x, n));  // one long row: the backend's (parallel) full reduction
+            out[0] = T(backend::current().sum(x, n));  // one long row: the device's (parallel) full reduction
             return;
         }
         backend::current().parallel_for(outer, n, [&](std::size_t lo, std::size_t hi) {

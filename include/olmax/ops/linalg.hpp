@@ -1,5 +1,5 @@
 #pragma once
-// Matrix products through the backend's GEMM (Eigen on the CPU backends).
+// Matrix products through the GEMM of the inputs' device (Eigen on the CPU kernels).
 
 #include <algorithm>
 #include <utility>

@@ -12,7 +12,7 @@
 // gradients gives the global norm and the non-finite check together, global-norm clipping is
 // applied inside the update (the gradients are not rewritten), and the update is one explicitly
 // vectorised loop (xsimd; GCC does not vectorise std::sqrt because of errno) over all parameters,
-// split across the default backend's threads.
+// split across the threads of the parameters' device's kernels.
 
 #include <algorithm>
 #include <cmath>

@@ -68,7 +68,7 @@ struct blelloch {
 /// The 128x128 triangular-matmul form: within a chunk h = L x + P h_prev. Per-channel gates build
 /// one C x C matrix per channel per chunk in thread-local scratch (matrix-vector work, 2C flops per
 /// element); gates shared by a head of P channels (gates [B, T, H], C = H P) run one real GEMM per
-/// head and chunk through B::gemm in the forward (the backward of shared gates is the sequential
+/// head and chunk through the device's GEMM in the forward (the backward of shared gates is the sequential
 /// tile scan for every strategy; detail/dispatch.hpp says why). Error: O(C eps) per chunk plus the
 /// carry chain.
 template <std::size_t C = 128>

@@ -1,5 +1,5 @@
 #pragma once
-// Spans of contiguous channels walked on the backend's threads: the work partition shared by the
+// Spans of contiguous channels walked on the current device's threads: the work partition shared by the
 // in-place kernels that vectorise across channels (sequential_vectorized, hillis_steele_chunked).
 
 #include <algorithm>
@@ -28,7 +28,7 @@ inline std::size_t vector_span(const Geometry& g, int threads) {
 }
 
 /// Runs body(b, c0, n, scratch) for every span of `span` contiguous channels (n in the last one
-/// may be smaller) on the backend's threads, with flush-to-zero on and `scratch_size` elements of
+/// may be smaller) on the current device's threads, with flush-to-zero on and `scratch_size` elements of
 /// per-thread scratch.
 template <class Acc, class Body>
 void for_each_channel_span(const Geometry& g, std::size_t span, std::size_t scratch_size, Body&& body) {

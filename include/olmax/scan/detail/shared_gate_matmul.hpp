@@ -1,6 +1,6 @@
 #pragma once
 // chunked_matmul with gates shared by heads of P channels (gates [B, T, H], C = H P, Mamba-2
-// style), in place: one real GEMM per head and chunk through B::gemm. Forward only: the backward of
+// style), in place: one real GEMM per head and chunk through the device's GEMM. Forward only: the backward of
 // shared gates runs on the tile engine (see the dispatch table, dispatch.hpp).
 
 #include <algorithm>
@@ -16,7 +16,7 @@ namespace olmax::scan::detail {
 /// Within a chunk of Q steps of one head: H = M X + p carry^T with the Q x Q decay matrix M
 /// (lower-triangular forward, upper-triangular reverse; entries are products of the head's gates
 /// built by row-wise cumulative products) multiplying the chunk's [Q x P] inputs with one GEMM
-/// (B::gemm, Eigen on the CPU backends). Reads x and writes h in place (btc: rows of ld C; bct:
+/// (the current device's GEMM, Eigen on the CPU kernels). Reads x and writes h in place (btc: rows of ld C; bct:
 /// the transposed product with ld T).
 template <bool Log, class T>
 void shared_matmul_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_t Q) {

@@ -254,7 +254,7 @@ void for_each_in_tile(const Geometry& g, std::size_t steps, std::size_t lanes, F
     }
 }
 
-/// Walks every (batch, channel tile) of `g` on the backend's threads, with flush-to-zero on and a
+/// Walks every (batch, channel tile) of `g` on the current device's threads, with flush-to-zero on and a
 /// per-thread buffer: body(b, c0, cw, a, x, scratch) gets the tile's batch, first channel, width,
 /// two [T, cw] work arrays and the kernel's scratch space. Forward and backward share it.
 template <class Kernel, class Acc, class Body>
