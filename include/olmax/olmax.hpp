@@ -4,10 +4,10 @@
 
 #include "olmax/version.hpp"
 
-#include "olmax/core/core.hpp"          // Tensor, Shape, errors, memory stats, random init
+#include "olmax/core/core.hpp"          // Tensor, Device, Shape, errors, memory stats, random init
 #include "olmax/autodiff/autodiff.hpp"  // tape, no_grad, custom backward (custom_op, Function<Op>)
-#include "olmax/backend/backend.hpp"    // Backend concept, cpu_serial, cpu_openmp
-#include "olmax/backend/xla/xla.hpp"    // backend::xla trait + StableHLO emitter (PJRT runtime: olmax/backend/xla/pjrt_runtime.hpp)
+#include "olmax/backend/backend.hpp"    // Kernels, devices' kernels, op dispatch, cpu_serial, cpu_openmp
+#include "olmax/backend/xla/xla.hpp"    // backend::xla, xla_device(), StableHLO emitter (PJRT runtime: olmax/backend/xla/pjrt_runtime.hpp)
 #include "olmax/ops/ops.hpp"            // differentiable ops
 #include "olmax/scan/scan.hpp"          // linear-recurrence scans and their strategies
 #include "olmax/nn/nn.hpp"              // layers as template types, Reversible, Stack, Sequential

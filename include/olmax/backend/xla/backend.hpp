@@ -35,7 +35,7 @@ public:
     using error::error;
 };
 
-/// What the PJRT runtime implements to run the trait's primitives on a device (row-major GEMM
+/// What the PJRT runtime implements to run the backend's primitives on a device (row-major GEMM
 /// semantics identical to `cpu_serial::gemm`; `sum` accumulates in f32 on the device).
 class xla_device_dispatcher {
 public:
@@ -96,7 +96,7 @@ struct xla {
         else std::fprintf(stderr, "%s; this notice is shown once\n", message.c_str());
     }
 
-    // ---- the trait's primitives -------------------------------------------------------------------
+    // ---- the primitives (the static backend concept, concept.hpp) ---------------------------------
     static int num_threads() { return 1; }
 
     /// A host loop (tensors live in host memory): C++ loop bodies have no StableHLO lowering. The

@@ -514,7 +514,7 @@ private:
     std::string platform_;
 };
 
-/// Runs the xla backend's lowered trait primitives (float GEMM, float sum) on a client's device.
+/// Runs the xla backend's lowered primitives (float GEMM, float sum) on a client's device.
 class device_dispatcher : public olmax::backend::xla_device_dispatcher {
 public:
     explicit device_dispatcher(std::shared_ptr<pjrt::client> c) : client_(std::move(c)) {}
