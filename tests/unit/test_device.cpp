@@ -66,6 +66,12 @@ TEST_CASE("an op with inputs on two devices throws device_error naming both", "[
     // A gradient computed on another device than its tensor is refused, not silently added.
     auto w = olmax::parameter(olmax::ones<double>({3}).to(counting));
     CHECK_THROWS_AS(olmax::sum(w).backward(olmax::Tensor<double>::scalar(1.0)), olmax::device_error);
+    // ... also when the gradient is a temporary whose buffer would be adopted rather than copied.
+    auto misplaced = olmax::autodiff::custom_op("misplaced", olmax::square(w.detach()), {w},
+                                                [](const Tensor<double>&, olmax::autodiff::GradientSink<double>& g) {
+                                                    g.add(0, Tensor<double>({3}, 1.0).to(Device::host()));
+                                                });
+    CHECK_THROWS_WITH(olmax::sum(misplaced).backward(), Contains("misplaced") && Contains("on device cpu") && Contains("counting"));
 }
 
 TEST_CASE("backend::register_device refuses null kernels; kernels_for finds each device's kernels", "[device]") {

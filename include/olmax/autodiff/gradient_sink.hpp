@@ -64,17 +64,28 @@ private:
     std::unordered_map<const olmax::detail::TensorImpl<T>*, std::shared_ptr<Storage<T>>> buffers_;
 };
 
-/// Adds `grad` into the gradient buffer of `impl` (allocating it on first use). `op` names the op
-/// whose backward produced the gradient, for the error a wrong shape raises.
+namespace detail {
+
+/// A gradient must have its tensor's shape and live on its tensor's device; `op` names the op whose
+/// backward produced it.
 template <Real T>
-void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::string_view op) {
+void check_gradient_fits(const olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::string_view op) {
     if (grad.shape() != impl.shape)
         throw autodiff_error(olmax::detail::concat(op, ": backward produced a gradient of shape ", to_string(grad.shape()),
                                                    " for an input of shape ", to_string(impl.shape)));
     if (grad.device() != impl.device)
         throw device_error(olmax::detail::concat(op, ": backward produced a gradient on device ", grad.device().name(),
                                                  " for an input on device ", impl.device.name()));
-    backend::op_scope on(op, grad);  // the adds run on the tensor's device
+}
+
+}  // namespace detail
+
+/// Adds `grad` into the gradient buffer of `impl` (allocating it on first use). `op` names the op
+/// whose backward produced the gradient, for the error a wrong shape or device raises.
+template <Real T>
+void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::string_view op) {
+    detail::check_gradient_fits(impl, grad, op);
+    device_scope on(impl.device);  // the adds run on the tensor's device
     const std::size_t n = grad.size();
     const T* src = grad.data();
     std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
@@ -91,8 +102,9 @@ void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, 
 /// can see that buffer (first gradient to arrive, sole handle, sole owner of the storage).
 template <Real T>
 void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::string_view op) {
+    detail::check_gradient_fits(impl, grad, op);  // before a buffer is adopted, not only when it is copied
     std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);
-    if (!buffer && grad.defined() && grad.shape() == impl.shape && olmax::detail::impl_ptr_of(grad).use_count() == 1) {
+    if (!buffer && olmax::detail::impl_ptr_of(grad).use_count() == 1) {
         auto& source = olmax::detail::impl_of(grad);
         if (source.offset == 0 && source.storage && source.storage.use_count() == 1 && source.storage->size() == grad.size()) {
             buffer = std::move(source.storage);

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <istream>
 #include <iterator>
-#include <map>
 #include <ostream>
+#include <set>
 #include <string>
 
 #include "olmax/core/tensor.hpp"
@@ -38,12 +38,12 @@ template <class L>
 void load_parameters(L& layer, const Archive& a) {
     using T = typename L::value_type;
     auto params = nn::parameters(layer);
-    std::map<std::string, Tensor<T>*> by_name;
-    for (auto& p : params) by_name[p.name] = &p.tensor;
+    std::set<std::string> names;
+    for (const auto& p : params) names.insert(p.name);
     for (const auto& key : a.names()) {
         if (key.rfind("param/", 0) != 0) continue;
         const std::string name = key.substr(6);
-        check(by_name.count(name) != 0, "io::load_parameters: the file has parameter '", name, "' that layer ", L::name, " does not have");
+        check(names.count(name) != 0, "io::load_parameters: the file has parameter '", name, "' that layer ", L::name, " does not have");
     }
     for (const auto& p : params) {  // in visiting order, so the first problem named is the layer's first
         const std::string key = "param/" + p.name;
