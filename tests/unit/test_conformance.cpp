@@ -99,6 +99,10 @@ std::vector<OpCase<T>> op_cases() {
         // a composite: broadcasting + reduction + GEMM in one graph
         {"composite", {Shape{64, 96}, Shape{96, 80}, Shape{80}}, {Shape{5, 7}, Shape{7, 3}, Shape{3}}, Domain::normal, 64,
          [](V x) { return olmax::mean(olmax::tanh(olmax::add(olmax::matmul(x[0], x[1]), x[2])), {0}); }},
+        // Mamba's selective scan: u, delta > 0, A = -a (a > 0: a decaying state), B, C
+        {"selective_scan", {Shape{4, 128, 64}, Shape{4, 128, 64}, Shape{64, 16}, Shape{4, 128, 16}, Shape{4, 128, 16}},
+         {Shape{1, 7, 5}, Shape{1, 7, 5}, Shape{5, 3}, Shape{1, 7, 3}, Shape{1, 7, 3}}, Domain::positive, 64,
+         [](V x) { return olmax::scan::selective_scan(x[0], x[1], olmax::neg(x[2]), x[3], x[4]).y; }},
     };
 }
 // -------------------------------------------------------------------------------------------------

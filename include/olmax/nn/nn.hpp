@@ -17,3 +17,4 @@
 #include "olmax/nn/stack.hpp"
 #include "olmax/nn/qrnn.hpp"
 #include "olmax/nn/qrnn_block.hpp"
+#include "olmax/nn/selective_ssm.hpp"
