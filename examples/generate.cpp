@@ -8,9 +8,7 @@
 #include <algorithm>
 #include <iostream>
 
-#include <olmax/io/io.hpp>
-
-#include "byte_lm.hpp"
+#include <olmax/olmax.hpp>
 
 namespace {
 
@@ -66,7 +64,7 @@ int run(int argc, char** argv) {
     c.data.clear();  // the training data is not needed (and may not be on this machine)
     c.validate();
 
-    byte_lm::Model model(c);
+    olmax::models::ByteLM<> model(c);
     io::restore_parameters(archive, model.parameters());
     std::cerr << "loaded " << path.string() << " (step " << archive.integer("train/step") << ")\n";
 

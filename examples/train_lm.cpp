@@ -14,20 +14,21 @@
 #include <filesystem>
 #include <iostream>
 
-#include <olmax/io/io.hpp>
-
-#include "byte_lm.hpp"
+#include <olmax/olmax.hpp>
 
 namespace {
 
 namespace config = olmax::config;
 namespace data = olmax::data;
 namespace io = olmax::io;
+namespace models = olmax::models;
 namespace optim = olmax::optim;
+
+using Model = models::ByteLM<>;  // the reversible conv/mixer stem (models::ConvMixer), fp32
 
 /// Held-out loss of the model: the first `batches` batches of a fresh one-pass loader (the same
 /// bytes every time), in nats per byte over real targets only.
-double evaluate(const byte_lm::Model& model, const data::Documents& held_out, const config::TrainConfig& c) {
+double evaluate(const Model& model, const data::Documents& held_out, const config::TrainConfig& c) {
     data::PackedLoader loader(held_out, {std::size_t(c.batch), std::size_t(c.sequence), std::uint64_t(c.seed), false, false});
     double nll = 0, count = 0;
     for (std::int64_t i = 0; i < c.eval_batches; ++i) {
@@ -70,7 +71,7 @@ int run(int argc, char** argv) {
     olmax::check<config::config_error>(cl.positional.empty(), "unexpected argument '", cl.positional.empty() ? "" : cl.positional[0],
                                        "' (flags are --key=value)");
     c.validate();
-    byte_lm::layer_config(c);  // model-specific checks (sequence vs mixer chunk, memory) before any work
+    Model::check_trainable(models::ByteLMConfig::from(c), std::size_t(c.batch), std::size_t(c.sequence));  // before any work
 #if defined(_OPENMP)
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
 #endif
@@ -94,11 +95,11 @@ int run(int argc, char** argv) {
     data::PackedLoader loader(split.train, {std::size_t(c.batch), std::size_t(c.sequence), std::uint64_t(c.seed), true, true});
 
     // ---- model, optimiser, resume ----------------------------------------------------------
-    byte_lm::Model model(c);
-    optim::AdamW<byte_lm::T> opt(model.parameters(), byte_lm::optimizer_config(c));
+    Model model(c);
+    optim::AdamW<Model::value_type> opt(model.parameters(), models::optimizer_config(c));
     std::size_t parameter_count = 0;
     for (const auto& p : opt.parameters()) parameter_count += p.tensor.size();
-    std::cout << "model: " << c.depth << " x reversible(dense conv " << byte_lm::conv_kernel << ", mixer " << byte_lm::mixer_chunk << "), "
+    std::cout << "model: " << c.depth << " x " << Model::recipe_type::description << ", "
               << c.features << " features, " << parameter_count << " parameters\n";
 
     io::CheckpointDirectory checkpoints(c.checkpoint_dir, std::size_t(c.keep_checkpoints));
@@ -140,7 +141,7 @@ int run(int argc, char** argv) {
 
     // ---- training loop ----------------------------------------------------------------------
     const double tokens_per_step = double(c.batch * c.sequence * c.grad_accumulation);
-    const std::size_t shards = byte_lm::shards_for(c);
+    const std::size_t shards = models::shards_for(c);
     io::ProgressBar progress(std::cout, c.steps, io::stdout_is_terminal(), c.log_every, step);
     double tokens_this_run = 0, last_eval = std::nan("");
     std::filesystem::path last_checkpoint;

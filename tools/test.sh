@@ -22,7 +22,8 @@ cmake --build build --parallel "$jobs"
 echo "== test: Release done after $((SECONDS - start)) s"
 
 echo "== test: ASan + UBSan build (build-asan/)"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DOLMAX_SANITIZE=ON \
+# -g1 (line tables and function names: all a sanitizer report prints) compiles about a third faster than -g.
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DOLMAX_SANITIZE=ON \
   -DOLMAX_BUILD_BENCHMARKS=OFF -DOLMAX_BUILD_EXAMPLES=OFF
 cmake --build build-asan --parallel "$jobs"
 # halt_on_error/abort: any report fails the test; UBSan prints a stack for each report.

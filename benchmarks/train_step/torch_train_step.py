@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch peer of train_step.cpp: one training step (forward + backward + AdamW with global-norm
-clipping) of the same byte-level model as examples/byte_lm.hpp, on random byte batches.
+clipping) of the same byte-level model as olmax::models::ByteLM (include/olmax/models/byte_lm.hpp), on random byte batches.
 
     /usr/bin/python3 benchmarks/train_step/torch_train_step.py --batch 8 --sequence 64 --features 64 --depth 2 --threads 1
 

@@ -1,5 +1,5 @@
 // One full training step (forward + backward + AdamW update with global-norm clipping) of the main
-// job's byte-level model (examples/byte_lm.hpp, the same code examples/train_lm runs) on random
+// job's byte-level model (olmax::models::ByteLM, the same code examples/train_lm runs) on random
 // byte batches: median seconds over --repeats steps after warm-up, tokens/s, and peak memory.
 //
 //     build/benchmarks/train_step/train_step --batch=8 --sequence=64 --features=64 --depth=2 --threads=1
@@ -34,10 +34,16 @@
 
 #include <malloc.h>  // malloc_trim (glibc)
 
+#include <olmax/config/program.hpp>
 #include <olmax/core/memory.hpp>
 #include <olmax/io/npy.hpp>
+#include <olmax/models/models.hpp>
 
-#include "byte_lm.hpp"
+namespace byte_lm {
+using Model = olmax::models::ByteLM<>;  // the main job's model
+using T = Model::value_type;
+using Recipe = Model::recipe_type;
+}  // namespace byte_lm
 
 namespace {
 
@@ -169,10 +175,12 @@ double median_ms(int repeats, F&& f) {
 void profile(const Options& o, const olmax::config::TrainConfig& c, byte_lm::Model& model, const olmax::data::Batch& batch) {
     using olmax::Tensor;
     using T = byte_lm::T;
-    const olmax::nn::Config n = byte_lm::layer_config(c);
+    olmax::nn::Config n;  // one block's parts alone, at the model's width
+    n.features = std::size_t(c.features);
+    n.depth = std::size_t(c.depth);
     olmax::Generator rng(7);
-    const olmax::nn::DenseConv<byte_lm::conv_kernel, T> dense(n, rng);
-    const olmax::nn::HierarchicalMixer<byte_lm::mixer_chunk, T> mixer(n, rng);
+    const olmax::nn::DenseConv<byte_lm::Recipe::conv_kernel, T> dense(n, rng);
+    const olmax::nn::HierarchicalMixer<byte_lm::Recipe::mixer_chunk, T> mixer(n, rng);
     const Tensor<T> x = olmax::randn<T>({std::size_t(o.batch), std::size_t(o.sequence), std::size_t(o.features)}, rng);
     const Tensor<T> seed = olmax::ones_like(x);
     auto forward_only = [&](auto&& f) {
@@ -263,7 +271,7 @@ int run(int argc, char** argv) {
 #endif
     if (o.parallel_threshold >= 0) olmax::backend::cpu_openmp::set_parallel_threshold(std::size_t(o.parallel_threshold));
     byte_lm::Model model(c);
-    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), byte_lm::optimizer_config(c));
+    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), olmax::models::optimizer_config(c));
     std::size_t params = 0;
     for (const auto& p : opt.parameters()) params += p.tensor.size();
 
@@ -274,7 +282,7 @@ int run(int argc, char** argv) {
     // Each step also records its phases (forward incl. loss; backward incl. freeing the tape;
     // optimiser incl. clipping and zero_grad) to show where the time goes. With data-parallel
     // shards the threads' forwards and backwards overlap: the whole of it is counted as backward.
-    const std::size_t shards = byte_lm::shards_for(c);
+    const std::size_t shards = olmax::models::shards_for(c);
     using clock = std::chrono::steady_clock;
     if (!o.dump.empty()) {
         dump(o.dump, model, batches[0]);

@@ -6,8 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <olmax/config/config.hpp>
-
-#include <byte_lm.hpp>
+#include <olmax/models/byte_lm.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -291,21 +290,21 @@ TEST_CASE("checkpoint folder hygiene: stray names, interrupted saves, nothing va
     CHECK_THAT(fresh.err, Catch::Contains("--resume=true to continue"));
 }
 
-TEST_CASE("byte_lm: the memory estimate counts the model's real parameters", "[programs]") {
+TEST_CASE("models::ByteLM: the memory estimate counts the model's real parameters", "[programs]") {
     for (auto [features, depth] : {std::pair{8, 1}, std::pair{16, 3}, std::pair{24, 2}}) {
         config::TrainConfig c;
         c.features = features;
         c.depth = depth;
         c.sequence = 16;
-        byte_lm::Model model(c);
+        olmax::models::ByteLM<> model(c);
         double real = 0;
         for (const auto& p : model.parameters()) real += double(p.tensor.size());
-        CHECK(byte_lm::parameter_count(c) == real);
+        CHECK(olmax::models::ByteLM<>::parameter_count(olmax::models::ByteLMConfig::from(c)) == real);
     }
     config::TrainConfig absurd;
     absurd.features = 1 << 16;
     absurd.depth = 1 << 12;
-    CHECK_THROWS_AS(byte_lm::check_fits_in_memory(absurd), config::config_error);
+    CHECK_THROWS_AS(olmax::models::ByteLM<>::check_trainable(olmax::models::ByteLMConfig::from(absurd), 8, 64), config::config_error);
 }
 
 namespace {

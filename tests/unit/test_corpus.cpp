@@ -337,7 +337,7 @@ TEST_CASE("corpus: binary, UTF-16 and non-regular files are skipped with a recor
 TEST_CASE("corpus: many binary files are reported as one grouped line", "[data][corpus]") {
     TempDir dir("grouped");
     write(dir.path / "a.txt", "text\n");
-    for (int i = 0; i < 6; ++i) write(dir.path / ("f" + std::to_string(i) + ".dat"), std::string("\0x", 2));
+    for (int i = 0; i < 6; ++i) write(dir.path / olmax::detail::concat("f", i, ".dat"), std::string("\0x", 2));
     const auto corpus = data::read_corpus(dir.path);
     CHECK(corpus.skipped.size() == 6);
     const auto lines = corpus.report(2);

@@ -5,8 +5,6 @@
 #include <optional>
 #include <sstream>
 
-#include "../../examples/byte_lm.hpp"  // the main job's model (moves into the library with #15)
-
 using Catch::Matchers::Contains;
 using olmax::Device;
 using olmax::Shape;
@@ -127,19 +125,19 @@ olmax::data::Batch batch_on(const olmax::data::Batch& b, Device device) {
 
 struct StepResult {
     double loss;
-    std::vector<Tensor<byte_lm::T>> parameters;
+    std::vector<Tensor<float>> parameters;
 };
 
 /// Builds the model on `device`, runs two training steps (forward, backward, AGC, clipping, AdamW)
 /// with `shards` data-parallel shards, and returns the losses and final parameters.
 StepResult train_on(Device device, std::size_t shards) {
     const auto c = tiny_config();
-    std::optional<byte_lm::Model> model;
+    std::optional<olmax::models::ByteLM<>> model;
     {
         olmax::device_scope on(device);  // the model's parameters are made here; everything after
         model.emplace(c);                // runs on the host's scope and must follow the tensors
     }
-    olmax::optim::AdamW<byte_lm::T> adam(model->parameters(), byte_lm::optimizer_config(c));
+    olmax::optim::AdamW<float> adam(model->parameters(), olmax::models::optimizer_config(c));
     const auto batch = batch_on(tiny_batch(c), device);
     double loss = 0;
     for (int step = 0; step < 2; ++step) {

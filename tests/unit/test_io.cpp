@@ -427,11 +427,15 @@ TEST_CASE("checkpoint folder: unparsable names are skipped with a notice, stale 
     std::filesystem::remove_all(dir);
 }
 
-// ---- the training loop end to end (examples/byte_lm.hpp: the model train_lm uses) -----------
+// ---- the training loop end to end (olmax::models::ByteLM: the model train_lm uses) -------------
 
-#include "../../examples/byte_lm.hpp"
+namespace byte_lm {
+using Model = olmax::models::ByteLM<>;
+using T = Model::value_type;
+using olmax::models::optimizer_config;
+}  // namespace byte_lm
 
-TEST_CASE("train: byte_lm::optimizer_config maps the config's optimiser keys", "[io][config]") {
+TEST_CASE("train: models::optimizer_config maps the config's optimiser keys", "[io][config]") {
     olmax::config::TrainConfig c;
     c.lr = 0.02;
     c.warmup = 7;

@@ -475,3 +475,46 @@ TEST_CASE("optim: constructor rejects duplicate names and non-trainable tensors"
                     olmax::value_error);
     CHECK_THROWS_AS(olmax::nn::parse_role("norm"), olmax::value_error);
 }
+
+TEST_CASE("optim::parameters_of reads names, roles, stacked axes and embedding units off the layer walk", "[optim]") {
+    CHECK(optim::stacked_axes_of("linear/weight") == 0);
+    CHECK(optim::stacked_axes_of("stack/*/dense/conv0/weight") == 1);
+    CHECK(optim::stacked_axes_of("outer/*/inner/*/w") == 2);
+    CHECK(optim::stacked_axes_of("*") == 1);
+    CHECK(optim::stacked_axes_of("a*/b") == 0);
+
+    olmax::models::ByteLMConfig config;
+    config.features = 8;
+    config.depth = 3;
+    olmax::models::ByteLM<> model(config);
+    auto params = optim::parameters_of(model);
+    // The walk and the optimiser's view agree one to one, in order, sharing the tensors.
+    const auto named = olmax::nn::parameters(model.stack);
+    std::size_t stacked = 0;
+    bool saw_embedding = false, saw_head = false;
+    for (const auto& p : params) {
+        INFO(p.name);
+        if (p.name.rfind("stack/", 0) == 0) {
+            REQUIRE(p.stacked_axes == 1);
+            CHECK(p.tensor.shape()[0] == 3);  // the leading axis indexes the 3 layers
+            CHECK(p.unit_axis == -1);
+            ++stacked;
+        } else {
+            CHECK(p.stacked_axes == 0);
+        }
+        if (p.name == "embedding/table") {
+            saw_embedding = true;
+            CHECK(p.role == olmax::nn::Role::embedding);
+            CHECK(p.unit_axis == 0);
+        }
+        if (p.name.rfind("head/", 0) == 0) saw_head = true;
+    }
+    CHECK(stacked == named.size());
+    CHECK(saw_embedding);
+    CHECK(saw_head);
+    // Handles, not copies: an update through the optimiser's view is the model's parameter.
+    params.front().tensor.data()[0] = 42.0f;
+    CHECK(optim::parameters_of(model).front().tensor.data()[0] == 42.0f);
+    // A prefix names a model placed inside something larger.
+    CHECK(optim::parameters_of(model, "lm").front().name == "lm/" + params.front().name);
+}

@@ -2,7 +2,7 @@
 // The training run's settings (examples/train_lm), with defaults sized for a few minutes on 2 CPU
 // cores. Printed at start and stored in every checkpoint (`to_text`). Plain values only: config sits
 // beside optim and does not include it, so turning these keys into an optim::AdamWConfig is the
-// program's job (byte_lm::optimizer_config in examples/byte_lm.hpp).
+// job of models::optimizer_config (olmax/models/training.hpp).
 
 #include <cstdint>
 #include <string>
@@ -60,7 +60,7 @@ struct TrainConfig {
     static const std::vector<Field<TrainConfig>>& fields() {
         using C = TrainConfig;
         // Upper bounds are far beyond what fits in memory or time; the model's own check
-        // (byte_lm::check_fits_in_memory) refuses sizes this machine cannot hold.
+        // (models::ByteLM::check_trainable) refuses sizes this machine cannot hold.
         constexpr double steps_max = 1e12, size_max = 1 << 20;
         static const std::vector<Field<C>> f{
             Field<C>{"data", &C::data, "text file or folder to train on (empty: the Debian `fortunes` corpus)"}.names(PathKind::input),

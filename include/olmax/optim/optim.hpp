@@ -4,4 +4,5 @@
 #include "olmax/optim/adam.hpp"
 #include "olmax/optim/clipping.hpp"
 #include "olmax/optim/param.hpp"
+#include "olmax/optim/parameters_of.hpp"
 #include "olmax/optim/schedule.hpp"

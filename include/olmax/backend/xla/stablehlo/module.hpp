@@ -21,7 +21,10 @@ struct emitted_module {
 
 inline std::string dims_key(const dims_t& dims) {
     std::string s;
-    for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? "x" : "") + std::to_string(dims[i]);
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+        if (i) s += 'x';
+        s += std::to_string(dims[i]);  // appended, not "x" + to_string(...): GCC 12 -O3 warns falsely there (-Warray-bounds)
+    }
     return s.empty() ? "scalar" : s;
 }
 

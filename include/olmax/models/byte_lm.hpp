@@ -1,0 +1,247 @@
+#pragma once
+// The byte-level language model the main job (examples/train_lm) trains:
+//     bytes -> Embedding -> Stack<block> -> OutputHead (ScaleNorm, W_out, chunked cross-entropy with z-loss)
+// The block is a recipe type (ConvMixer: the original Olmax's reversible conv/mixer stem); a
+// reversible block runs on two streams (nn::two_streams before the stack, merge_streams after).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "olmax/autodiff/autodiff.hpp"
+#include "olmax/config/train_config.hpp"
+#include "olmax/core/core.hpp"
+#include "olmax/data/loader.hpp"
+#include "olmax/data/sampling.hpp"
+#include "olmax/data/tokenizer.hpp"
+#include "olmax/nn/conv.hpp"
+#include "olmax/nn/embedding.hpp"
+#include "olmax/nn/mixer.hpp"
+#include "olmax/nn/reversible.hpp"
+#include "olmax/nn/stack.hpp"
+#include "olmax/nn/views.hpp"
+#include "olmax/optim/parameters_of.hpp"
+
+namespace olmax::models {
+
+/// The model's own settings (the main job reads them from its TrainConfig: ByteLMConfig::from).
+struct ByteLMConfig {
+    std::size_t features = 64;
+    std::size_t depth = 2;
+    std::uint64_t seed = 0;
+
+    static ByteLMConfig from(const config::TrainConfig& c) {
+        check<config::config_error>(c.features > 0 && c.depth > 0, "config: keys 'features' and 'depth' must be positive, got ", c.features,
+                                    " and ", c.depth);
+        return {std::size_t(c.features), std::size_t(c.depth), std::uint64_t(c.seed)};
+    }
+};
+
+/// Block recipe: the original Olmax's stem, Reversible(DenseConv<5>, HierarchicalMixer<16>).
+/// A recipe names its block type and the facts the model needs before building anything.
+struct ConvMixer {
+    static constexpr std::size_t conv_kernel = 5;
+    static constexpr std::size_t mixer_chunk = 16;
+    template <Real T>
+    using block = nn::Reversible<nn::DenseConv<conv_kernel, T>, nn::HierarchicalMixer<mixer_chunk, T>>;
+
+    static constexpr std::string_view description = "reversible(dense conv 5, mixer 16)";
+    /// Sequence lengths must be a multiple of this (the mixer's chunk).
+    static constexpr std::size_t sequence_multiple = mixer_chunk;
+    /// Trainable parameters of one block of width F (checked against the real block in
+    /// tests/programs): conv0 [K, F, 2F] + its norm scale [2F] + conv1 [K, 2F, F] + the mixer's two
+    /// [16, 16] matrices and scale [F].
+    static double parameters_per_block(double F) {
+        const double K = double(conv_kernel), M = double(mixer_chunk);
+        return 4 * K * F * F + 3 * F + 2 * M * M;
+    }
+    /// Activations kept per token and feature (floats): the reversible stack's two streams plus one
+    /// block's recomputation, flat in depth.
+    static constexpr double activation_floats_per_token_feature = 48;
+};
+
+/// The byte-level LM over a block recipe (ConvMixer by default) in element type T.
+template <class Recipe = ConvMixer, Real T = float>
+class ByteLM {
+public:
+    using value_type = T;
+    using recipe_type = Recipe;
+    using block_type = typename Recipe::template block<T>;
+    static constexpr std::string_view name = "byte_lm";
+    static constexpr std::size_t vocab = data::ByteTokenizer::vocab_size;
+
+    /// Trainable parameters of a model of this config, from the recipe's shapes (no allocation; in
+    /// double: sizes asked for may be far beyond 2^64 bytes).
+    static double parameter_count(const ByteLMConfig& c) {
+        const double F = double(c.features);
+        return double(c.depth) * Recipe::parameters_per_block(F) + 2 * double(vocab) * F;
+    }
+
+    /// Bytes a training run needs at its peak, roughly: per parameter its value and gradient (fp32),
+    /// AdamW's two moments (fp64) and a checkpoint save's copies (64 B in all); per token the
+    /// recipe's activations and the logits' chunk (3 floats per vocabulary entry).
+    static double estimated_training_bytes(const ByteLMConfig& c, std::size_t batch, std::size_t sequence) {
+        const double tokens = double(batch) * double(sequence);
+        return 64 * parameter_count(c) + 4 * Recipe::activation_floats_per_token_feature * tokens * double(c.features) +
+               12 * tokens * double(vocab);
+    }
+
+    /// Refuses, before anything is allocated, a sequence length the block cannot take and a model
+    /// and batch that do not fit in the memory this machine has free (a clear error instead of
+    /// std::bad_alloc or the OOM killer).
+    static void check_trainable(const ByteLMConfig& c, std::size_t batch, std::size_t sequence) {
+        check<config::config_error>(sequence % Recipe::sequence_multiple == 0, "config: key 'sequence' must be a multiple of ",
+                                    Recipe::sequence_multiple, " (", Recipe::description, "), got ", sequence);
+        const double need = estimated_training_bytes(c, batch, sequence);
+        const std::size_t available = memory::available_bytes();
+        check<config::config_error>(available == 0 || need <= double(available), "config: the model (features ", c.features, ", depth ",
+                                    c.depth, ": ", parameter_count(c), " parameters) with batch ", batch, " x sequence ", sequence,
+                                    " needs about ", olmax::detail::human_bytes(need), ", more than the ",
+                                    olmax::detail::human_bytes(double(available)),
+                                    " of memory available; reduce --features, --depth, --batch or --sequence");
+    }
+
+    /// The main job's model: its config's model keys, checked against its batch and sequence.
+    explicit ByteLM(const config::TrainConfig& c) : ByteLM(checked(c)) {}
+    explicit ByteLM(const ByteLMConfig& c)
+        : config_(c), layer_config_(layer_config(c)), rng_(c.seed), embedding(layer_config_, rng_), stack(layer_config_, rng_),
+          head(layer_config_, rng_) {}
+
+    const ByteLMConfig& config() const { return config_; }
+
+    /// [B, S] byte ids -> [B, S, F] features.
+    Tensor<T> hidden(const Tensor<std::int32_t>& ids) const {
+        if constexpr (nn::InvertibleLayer<block_type>) return nn::merge_streams(stack.forward(nn::two_streams(embedding(ids))));
+        else return stack.forward(embedding(ids));
+    }
+
+    /// Mean training loss (nats per byte, without the z-loss term; its gradient includes it).
+    Tensor<T> loss(const data::Batch& batch) const { return head.loss(hidden(batch.inputs), batch.targets); }
+
+    /// Forward and backward of the training loss on `batch`, gradients (times `scale`, e.g.
+    /// 1 / grad_accumulation) added to the parameters; returns the batch's mean loss. With
+    /// `shards` > 1 the batch's rows are split into that many shards differentiated at the same time
+    /// on the host kernels' threads (autodiff::data_parallel_backward): each shard's loss is weighted
+    /// by its share of the rows, so the sum is the batch mean and the gradient equals the one-shard
+    /// gradient up to rounding (deterministic for a given shard count).
+    double accumulate_gradients(const data::Batch& batch, std::size_t shards, double scale) {
+        const std::size_t rows = batch.inputs.shape()[0];
+        shards = std::clamp<std::size_t>(shards, 1, rows);
+        if (shards == 1) {
+            autodiff::tape_scope tape;
+            auto batch_loss = loss(batch);
+            const double value = double(batch_loss.item());
+            if (scale != 1.0) batch_loss = batch_loss * T(scale);
+            batch_loss.backward();
+            return value;
+        }
+        std::vector<Tensor<T>> tensors;
+        for (const auto& p : parameters()) tensors.push_back(p.tensor);
+        std::vector<double> shard_means(shards);  // each shard writes its own slot
+        auto share = [&](std::size_t s) { return double(rows * (s + 1) / shards - rows * s / shards) / double(rows); };
+        autodiff::data_parallel_backward<T>(tensors, shards, [&](std::size_t s) {
+            const auto shard_loss = loss(data::batch_rows(batch, rows * s / shards, rows * (s + 1) / shards));
+            shard_means[s] = double(shard_loss.item());
+            return shard_loss * T(scale * share(s));
+        });
+        double value = 0;
+        for (std::size_t s = 0; s < shards; ++s) value += shard_means[s] * share(s);
+        return value;
+    }
+
+    /// Sum of -log p(target) over real (mask 1) targets and their count, without recording.
+    std::pair<double, double> masked_nll(const data::Batch& batch) const {
+        autodiff::no_grad guard;
+        const auto logits = head.logits(hidden(batch.inputs));
+        const std::size_t V = logits.shape().back(), n = batch.targets.size();
+        double total = 0, count = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (batch.mask.data()[i] == 0.0f) continue;
+            const T* row = logits.data() + i * V;
+            double top = row[0];
+            for (std::size_t v = 1; v < V; ++v) top = std::max(top, double(row[v]));
+            double sum = 0;
+            for (std::size_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - top);
+            total += top + std::log(sum) - double(row[batch.targets.data()[i]]);
+            count += 1;
+        }
+        return {total, count};
+    }
+
+    /// The parameter walk: "embedding/...", "stack/*/..." (stacked over depth), "head/...".
+    void visit_parameters(nn::ParameterVisitor<T>& visit) {
+        visit.child(decltype(embedding)::name, embedding);
+        visit.child(decltype(stack)::name, stack);
+        visit.child(decltype(head)::name, head);
+    }
+
+    /// Every trainable tensor as the optimiser sees it (optim::parameters_of).
+    std::vector<optim::Parameter<T>> parameters() { return optim::parameters_of(*this); }
+
+    /// Next-byte logits after `context` (right-aligned in a window of `sequence` bytes, padded on
+    /// the left with end-of-document bytes, which is how every document starts in training).
+    std::vector<T> next_logits(const std::vector<std::uint8_t>& context, std::size_t sequence) const {
+        autodiff::no_grad guard;
+        auto ids = Tensor<std::int32_t>({1, sequence}, std::int32_t(data::ByteTokenizer::end_of_document));
+        const std::size_t take = std::min(context.size(), sequence);
+        for (std::size_t i = 0; i < take; ++i) ids.data()[sequence - take + i] = context[context.size() - take + i];
+        const auto logits = head.logits(hidden(ids));
+        const std::size_t V = logits.shape().back();
+        const T* last = logits.data() + (sequence - 1) * V;
+        return std::vector<T>(last, last + V);
+    }
+
+    /// `count` sampled bytes continuing `prompt` (stops early at an end-of-document byte).
+    std::string sample(const std::string& prompt, std::size_t count, std::size_t sequence, const data::SamplingConfig& sampling,
+                       Generator& sampler) const {
+        std::vector<std::uint8_t> context = data::ByteTokenizer::encode(prompt);
+        context.insert(context.begin(), data::ByteTokenizer::end_of_document);
+        std::string out;
+        for (std::size_t i = 0; i < count; ++i) {
+            const auto logits = next_logits(context, sequence);
+            const auto byte = std::uint8_t(data::sample_token(std::span<const T>(logits), sampling, sampler));
+            if (byte == data::ByteTokenizer::end_of_document) break;
+            context.push_back(byte);
+            out.push_back(char(byte));
+        }
+        return out;
+    }
+
+private:
+    static ByteLMConfig checked(const config::TrainConfig& c) {
+        const auto model = ByteLMConfig::from(c);
+        check<config::config_error>(c.batch > 0 && c.sequence > 0, "config: keys 'batch' and 'sequence' must be positive, got ", c.batch,
+                                    " and ", c.sequence);
+        check_trainable(model, std::size_t(c.batch), std::size_t(c.sequence));
+        return model;
+    }
+
+    static nn::Config layer_config(const ByteLMConfig& c) {
+        check<value_error>(c.features > 0 && c.depth > 0, "models::ByteLM: features and depth must be positive, got ", c.features, " and ",
+                           c.depth);
+        nn::Config n;
+        n.features = c.features;
+        n.depth = c.depth;
+        n.vocab = vocab;
+        n.seed = c.seed;
+        return n;
+    }
+
+    ByteLMConfig config_;
+    nn::Config layer_config_;
+    Generator rng_;
+
+public:
+    // The parts, public for benchmarks and tests that time or probe one of them.
+    nn::Embedding<T> embedding;
+    nn::Stack<block_type> stack;
+    nn::OutputHead<T> head;
+};
+
+}  // namespace olmax::models
