@@ -71,7 +71,8 @@ int run(int argc, char** argv) {
     olmax::check<config::config_error>(cl.positional.empty(), "unexpected argument '", cl.positional.empty() ? "" : cl.positional[0],
                                        "' (flags are --key=value)");
     c.validate();
-    Model::check_trainable(models::ByteLMConfig::from(c), std::size_t(c.batch), std::size_t(c.sequence));  // before any work
+    const auto model_config = models::ByteLMConfig::from(c);
+    Model::check_trainable(model_config, std::size_t(c.batch), std::size_t(c.sequence));  // before any work
 #if defined(_OPENMP)
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
 #endif
@@ -95,7 +96,7 @@ int run(int argc, char** argv) {
     data::PackedLoader loader(split.train, {std::size_t(c.batch), std::size_t(c.sequence), std::uint64_t(c.seed), true, true});
 
     // ---- model, optimiser, resume ----------------------------------------------------------
-    Model model(c);
+    Model model(model_config);  // checked above
     optim::AdamW<Model::value_type> opt(model.parameters(), models::optimizer_config(c));
     std::size_t parameter_count = 0;
     for (const auto& p : opt.parameters()) parameter_count += p.tensor.size();

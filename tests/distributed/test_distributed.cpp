@@ -35,9 +35,9 @@
 #include <olmax/distributed/data_parallel.hpp>
 #include <olmax/distributed/gloo.hpp>
 #include <olmax/nn/linear.hpp>
-#include <olmax/nn/parameters.hpp>
 #include <olmax/ops/ops.hpp>
 #include <olmax/optim/adam.hpp>
+#include <olmax/optim/parameters_of.hpp>
 
 namespace dist = olmax::distributed;
 using olmax::Tensor;
@@ -149,27 +149,18 @@ void case_collectives(dist::Communicator& comm) {
 
 template <olmax::Real T>
 struct Mlp {
+    using value_type = T;
     olmax::nn::Linear<T> hidden, out;
     explicit Mlp(olmax::Generator& rng) : hidden(8, 16, rng, true), out(16, 4, rng, true) {}
-    std::vector<Tensor<T>> tensors() { return {hidden_weight(), hidden_bias(), out_weight(), out_bias()}; }
-    std::vector<olmax::optim::Parameter<T>> optimizer_parameters() {
-        std::vector<olmax::optim::Parameter<T>> ps;
-        auto visit = [&](auto& layer, const std::string& prefix) {
-            for (auto& p : olmax::nn::parameters(layer)) ps.push_back(olmax::optim::make_parameter(prefix + p.name, p.role, p.tensor));
-        };
-        visit(hidden, "hidden/");
-        visit(out, "out/");
-        return ps;
+    void visit_parameters(olmax::nn::ParameterVisitor<T>& visit) {
+        visit.child("hidden", hidden);
+        visit.child("out", out);
     }
+    std::vector<olmax::optim::Parameter<T>> optimizer_parameters() { return olmax::optim::parameters_of(*this); }
+    std::vector<Tensor<T>> tensors() { return dist::tensors_of(optimizer_parameters()); }  // hidden W, b, out W, b
     Tensor<T> loss(const Tensor<T>& x, const Tensor<T>& y) const {
         return olmax::mean(olmax::square(out.forward(olmax::tanh(hidden.forward(x))) - y));
     }
-
-private:
-    Tensor<T> hidden_weight() { return olmax::nn::parameters(hidden)[0].tensor; }
-    Tensor<T> hidden_bias() { return olmax::nn::parameters(hidden)[1].tensor; }
-    Tensor<T> out_weight() { return olmax::nn::parameters(out)[0].tensor; }
-    Tensor<T> out_bias() { return olmax::nn::parameters(out)[1].tensor; }
 };
 
 constexpr std::size_t shard_rows = 6;

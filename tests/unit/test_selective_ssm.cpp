@@ -123,6 +123,19 @@ struct Run {
     Tensor<double> y, h_last, du, ddelta, dA, dB, dC, dD, dh0;
 };
 
+/// Every output and gradient of two runs equal bit for bit.
+void check_identical(const Run& a, const Run& b) {
+    CHECK(olmax_test::max_abs_diff(a.y, b.y) == 0);
+    CHECK(olmax_test::max_abs_diff(a.h_last, b.h_last) == 0);
+    CHECK(olmax_test::max_abs_diff(a.du, b.du) == 0);
+    CHECK(olmax_test::max_abs_diff(a.ddelta, b.ddelta) == 0);
+    CHECK(olmax_test::max_abs_diff(a.dA, b.dA) == 0);
+    CHECK(olmax_test::max_abs_diff(a.dB, b.dB) == 0);
+    CHECK(olmax_test::max_abs_diff(a.dC, b.dC) == 0);
+    CHECK(olmax_test::max_abs_diff(a.dD, b.dD) == 0);
+    CHECK(olmax_test::max_abs_diff(a.dh0, b.dh0) == 0);
+}
+
 Run run_op(const ScanInputs& base, bool use_h0, bool use_resets, const Tensor<double>& dy, const Tensor<double>& dh_last,
            std::optional<long> chunk = std::nullopt) {
     std::vector<Tensor<double>> x;
@@ -219,15 +232,7 @@ TEST_CASE("scan::selective_scan: results do not depend on the chunk size", "[sel
         INFO("chunk " << chunk);
         const Run r = run_op(in, true, true, dy, dh_last, chunk);
         // The recomputed states equal the forward's bit for bit, so everything is identical.
-        CHECK(olmax_test::max_abs_diff(r.y, whole.y) == 0);
-        CHECK(olmax_test::max_abs_diff(r.h_last, whole.h_last) == 0);
-        CHECK(olmax_test::max_abs_diff(r.du, whole.du) == 0);
-        CHECK(olmax_test::max_abs_diff(r.ddelta, whole.ddelta) == 0);
-        CHECK(olmax_test::max_abs_diff(r.dA, whole.dA) == 0);
-        CHECK(olmax_test::max_abs_diff(r.dB, whole.dB) == 0);
-        CHECK(olmax_test::max_abs_diff(r.dC, whole.dC) == 0);
-        CHECK(olmax_test::max_abs_diff(r.dD, whole.dD) == 0);
-        CHECK(olmax_test::max_abs_diff(r.dh0, whole.dh0) == 0);
+        check_identical(r, whole);
     }
 }
 
@@ -491,12 +496,7 @@ TEST_CASE("scan::selective_scan: the serial host kernels give the same bits as t
     const Run parallel = run_op(in, true, true, dy, dh_last);
     olmax::backend::host_kernels_scope serial(olmax::backend::kernels<olmax::backend::cpu_serial>());
     const Run one_thread = run_op(in, true, true, dy, dh_last);
-    CHECK(olmax_test::max_abs_diff(parallel.y, one_thread.y) == 0);
-    CHECK(olmax_test::max_abs_diff(parallel.du, one_thread.du) == 0);
-    CHECK(olmax_test::max_abs_diff(parallel.dA, one_thread.dA) == 0);
-    CHECK(olmax_test::max_abs_diff(parallel.dB, one_thread.dB) == 0);
-    CHECK(olmax_test::max_abs_diff(parallel.dC, one_thread.dC) == 0);
-    CHECK(olmax_test::max_abs_diff(parallel.dh0, one_thread.dh0) == 0);
+    check_identical(parallel, one_thread);
 }
 
 TEST_CASE("nn::SelectiveSSM: works inside nn::Stack (stacked parameters)", "[selective_ssm]") {
