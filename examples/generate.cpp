@@ -64,14 +64,16 @@ int run(int argc, char** argv) {
     c.data.clear();  // the training data is not needed (and may not be on this machine)
     c.validate();
 
-    olmax::models::ByteLM<> model(c);
-    io::restore_parameters(archive, model.parameters());
-    std::cerr << "loaded " << path.string() << " (step " << archive.integer("train/step") << ")\n";
+    return olmax::models::with_recipe(c.block, [&]<class Recipe>() {  // the block it was trained with
+        olmax::models::ByteLM<Recipe> model(c);
+        io::restore_parameters(archive, model.parameters());
+        std::cerr << "loaded " << path.string() << " (step " << archive.integer("train/step") << ", block " << c.block << ")\n";
 
-    olmax::Generator sampler(std::uint64_t(c.seed) + 1);
-    const olmax::data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
-    std::cout << c.prompt << model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler) << "\n";
-    return 0;
+        olmax::Generator sampler(std::uint64_t(c.seed) + 1);
+        const olmax::data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
+        std::cout << c.prompt << model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler) << "\n";
+        return 0;
+    });
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// Trains a byte-level reversible conv/mixer language model on real text on the CPU:
+// Trains a byte-level language model (olmax::models::ByteLM over the block recipe --block) on real
+// text on the CPU, in one process or several (data parallel, --world_size / --rank / --rendezvous):
 //     build/examples/train_lm                      # default corpus: Debian package `fortunes`
-//     build/examples/train_lm --data=notes/ --steps=2000 --features=128
+//     build/examples/train_lm --data=notes/ --steps=2000 --preset=small --block=mamba
+//     bash tools/launch_local.sh 2 build/examples/train_lm   # 2 processes on this machine
 //     build/examples/train_lm --help
 // Shows a progress bar (plain log lines when stdout is not a terminal), evaluates on held-out
 // documents, writes checkpoints (resumed automatically), metrics.csv and loss.png into
@@ -8,37 +10,90 @@
 // 1 bad input or another failure, 2 bad usage (flags), 3 training diverged (NaN/Inf; the last good
 // checkpoint is kept).
 
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <optional>
+#include <span>
 
 #include <olmax/olmax.hpp>
+#if defined(TRAIN_LM_WITH_GLOO)  // set by examples/CMakeLists.txt when CMake found Gloo
+#include <olmax/distributed/gloo.hpp>
+#endif
 
 namespace {
 
 namespace config = olmax::config;
 namespace data = olmax::data;
+namespace dist = olmax::distributed;
 namespace io = olmax::io;
 namespace models = olmax::models;
 namespace optim = olmax::optim;
 
-using Model = models::ByteLM<>;  // the reversible conv/mixer stem (models::ConvMixer), fp32
-
-/// Held-out loss of the model: the first `batches` batches of a fresh one-pass loader (the same
-/// bytes every time), in nats per byte over real targets only.
-double evaluate(const Model& model, const data::Documents& held_out, const config::TrainConfig& c) {
+/// Held-out loss of the model: the first `eval_batches` batches of a fresh one-pass loader (the
+/// same bytes every time), in nats per byte over real targets only. The ranks share the batches
+/// (rank r takes batches r, r + N, ...) and add their sums.
+template <class Model>
+double evaluate(const Model& model, const data::Documents& held_out, const config::TrainConfig& c, dist::Communicator& comm) {
     data::PackedLoader loader(held_out, {std::size_t(c.batch), std::size_t(c.sequence), std::uint64_t(c.seed), false, false});
-    double nll = 0, count = 0;
+    std::array<double, 2> sums{0, 0};  // nll, count
     for (std::int64_t i = 0; i < c.eval_batches; ++i) {
         auto batch = loader.next();
         if (!batch) break;
-        const auto [sum, n] = model.masked_nll(*batch);
-        nll += sum;
-        count += n;
+        if (i % comm.world_size() != comm.rank()) continue;
+        const auto [nll, n] = model.masked_nll(*batch);
+        sums[0] += nll;
+        sums[1] += n;
     }
-    return count > 0 ? nll / count : std::nan("");
+    comm.allreduce(std::span<double>(sums));
+    return sums[1] > 0 ? sums[0] / sums[1] : std::nan("");
+}
+
+/// The group of processes this run trains in: itself alone, or the ranks met at --rendezvous.
+std::unique_ptr<dist::Communicator> connect(const config::TrainConfig& c) {
+    const auto timeout = dist::Timeout(std::int64_t(c.collective_timeout_s * 1000));
+    if (c.world_size == 1) return std::make_unique<dist::LocalCommunicator>(timeout);
+#if defined(TRAIN_LM_WITH_GLOO)
+    // OLMAX_HOSTNAME / OLMAX_INTERFACE (the address this rank listens on) from the environment.
+    auto options = dist::parse_rendezvous(c.rendezvous, int(c.rank), int(c.world_size), dist::GlooOptions::from_environment());
+    options.timeout = timeout;
+    return std::make_unique<dist::GlooCommunicator>(options);
+#else
+    throw config::config_error("config: --world_size > 1 needs a train_lm built with Gloo (Debian: libgloo-dev; CMake did not find it)");
+#endif
+}
+
+/// Rank 0 reads the checkpoint folder and hands the checkpoint it resumes from (if any) to the
+/// other ranks, so only rank 0 needs the folder. A failure on rank 0 reaches the others as an
+/// error instead of a timeout.
+std::optional<olmax::io::Archive> share_checkpoint(dist::Communicator& comm, const std::function<std::optional<olmax::io::Archive>()>& load) {
+    if (comm.world_size() == 1) return load();
+    std::int64_t size = -1;
+    std::optional<olmax::io::Archive> archive;
+    std::string bytes;
+    if (comm.rank() == 0) {
+        try {
+            archive = load();
+            if (archive) bytes = archive->serialize();
+            size = std::int64_t(bytes.size());
+        } catch (...) {
+            comm.broadcast(std::span<std::int64_t>(&size, 1));
+            throw;
+        }
+    }
+    comm.broadcast(std::span<std::int64_t>(&size, 1));
+    olmax::check<dist::distributed_error>(size >= 0, "rank 0 could not prepare the checkpoint folder (its error is in its output)");
+    if (size == 0) return std::nullopt;
+    bytes.resize(std::size_t(size));
+    comm.broadcast(std::span<char>(bytes.data(), bytes.size()));
+    if (comm.rank() != 0) archive = olmax::io::Archive::deserialize(bytes, "rank 0's checkpoint");
+    return archive;
 }
 
 /// Cross-entropy of held-out bytes under the training bytes' frequencies (add-one smoothed): what
@@ -60,9 +115,12 @@ double unigram_baseline(const data::Documents& train, const data::Documents& hel
     return nll / n;
 }
 
+template <class Recipe>
+int train(const config::TrainConfig& c, dist::Communicator& comm);
+
 int run(int argc, char** argv) {
     config::TrainConfig c;
-    const auto cl = config::parse_command_line(c, argc, argv);
+    const auto cl = config::parse_train_command_line(c, argc, argv);
     if (cl.help) {
         std::cout << "usage: train_lm [--config=FILE] [--key=value ...]\n\n" << config::help_text<config::TrainConfig>()
                   << "\nexit status: 0 done, 1 failure, 2 usage error, 3 training diverged\n";
@@ -71,86 +129,137 @@ int run(int argc, char** argv) {
     olmax::check<config::config_error>(cl.positional.empty(), "unexpected argument '", cl.positional.empty() ? "" : cl.positional[0],
                                        "' (flags are --key=value)");
     c.validate();
+    return models::with_recipe(c.block, [&]<class Recipe>() {
+        models::ByteLM<Recipe>::check_trainable(models::ByteLMConfig::from(c), std::size_t(c.batch), std::size_t(c.sequence));  // before any work
+        const auto comm = connect(c);
+        return train<Recipe>(c, *comm);
+    });
+}
+
+template <class Recipe>
+int train(const config::TrainConfig& c, dist::Communicator& comm) {
+    using Model = models::ByteLM<Recipe>;  // fp32
+    const bool lead = comm.rank() == 0;    // rank 0 prints, evaluates' sums, writes checkpoints and metrics
+    std::ostream null_out(nullptr);        // the other ranks' progress goes nowhere (errors still reach stderr)
+    std::ostream& out = lead ? std::cout : null_out;
     const auto model_config = models::ByteLMConfig::from(c);
-    Model::check_trainable(model_config, std::size_t(c.batch), std::size_t(c.sequence));  // before any work
 #if defined(_OPENMP)
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
 #endif
-    std::cout << "# resolved config\n" << config::to_text(c) << std::flush;
+    out << "# resolved config\n" << config::to_text(c) << std::flush;
+    if (comm.world_size() > 1)
+        std::cout << "rank " << comm.rank() << " of " << comm.world_size() << " (" << comm.backend_name() << "): rows "
+                  << c.batch * comm.rank() / comm.world_size() << ".." << c.batch * (comm.rank() + 1) / comm.world_size() - 1
+                  << " of each batch\n" << std::flush;
 
     // ---- data -------------------------------------------------------------------------------
     const std::filesystem::path data_path = c.data.empty() ? data::default_corpus_path() : std::filesystem::path(c.data);
     const auto corpus = data::read_corpus(data_path);
-    for (const auto& line : corpus.report()) std::cout << "data: " << line << "\n";
+    for (const auto& line : corpus.report()) out << "data: " << line << "\n";
     auto split = data::split_documents(corpus, c.held_out_fraction, std::uint64_t(c.seed));
     olmax::check(!split.held_out.empty() && !split.train.empty(), "cannot split ", data_path.string(),
                  " into training and held-out text (", corpus.documents.size(), " documents, ", corpus.total_bytes(), " bytes)");
     const double baseline = unigram_baseline(split.train, split.held_out);
     std::size_t held_bytes = 0;
     for (const auto& d : split.held_out) held_bytes += d.size();
-    std::cout << "corpus " << data_path.string() << ": " << corpus.files.size() << " files, " << corpus.documents.size() << " documents, "
+    out << "corpus " << data_path.string() << ": " << corpus.files.size() << " files, " << corpus.documents.size() << " documents, "
               << corpus.total_bytes() << " bytes; held out "
               << (split.by_position ? std::string("the last ") : std::to_string(split.held_out.size()) + " documents (") << held_bytes
               << (split.by_position ? " bytes of the single document\n" : " bytes)\n");
-    std::printf("unigram baseline on held-out bytes: %.4f nats/byte (%.3f bits/byte)\n", baseline, baseline / std::log(2.0));
+    {
+        char line[128];
+        std::snprintf(line, sizeof line, "unigram baseline on held-out bytes: %.4f nats/byte (%.3f bits/byte)\n", baseline,
+                      baseline / std::log(2.0));
+        out << line;
+    }
     data::PackedLoader loader(split.train, {std::size_t(c.batch), std::size_t(c.sequence), std::uint64_t(c.seed), true, true});
 
     // ---- model, optimiser, resume ----------------------------------------------------------
     Model model(model_config);  // checked above
-    optim::AdamW<Model::value_type> opt(model.parameters(), models::optimizer_config(c));
+    optim::AdamW<typename Model::value_type> opt(model.parameters(), models::optimizer_config(c));
+    const auto tensors = dist::tensors_of(opt.parameters());
     std::size_t parameter_count = 0;
-    for (const auto& p : opt.parameters()) parameter_count += p.tensor.size();
-    std::cout << "model: " << c.depth << " x " << Model::recipe_type::description << ", "
-              << c.features << " features, " << parameter_count << " parameters\n";
+    for (const auto& t : tensors) parameter_count += t.size();
+    out << "model: " << c.depth << " x " << Recipe::description << ", " << c.features << " features, " << parameter_count
+        << " parameters\n";
 
     io::CheckpointDirectory checkpoints(c.checkpoint_dir, std::size_t(c.keep_checkpoints));
-    for (const auto& name : checkpoints.remove_stale_temporaries())
-        std::cout << "removed " << name << " (left by a save that was interrupted)\n";
-    std::vector<std::string> notices;
-    const auto existing = checkpoints.list(&notices);
-    for (const auto& notice : notices) std::cout << "checkpoint folder: " << notice << "\n";
     std::int64_t step = 0;
-    if (c.resume && !existing.empty()) {
+    const auto resumed = share_checkpoint(comm, [&]() -> std::optional<io::Archive> {
+        for (const auto& name : checkpoints.remove_stale_temporaries())
+            out << "removed " << name << " (left by a save that was interrupted)\n";
+        std::vector<std::string> notices;
+        const auto existing = checkpoints.list(&notices);
+        for (const auto& notice : notices) out << "checkpoint folder: " << notice << "\n";
+        // A fresh run must not mix its checkpoints with an earlier run's (the newest step would win).
+        olmax::check(c.resume || existing.empty(), c.checkpoint_dir, " holds ", existing.size(),
+                     " checkpoints of an earlier run; pass --resume=true to continue it or choose another --checkpoint_dir");
+        if (existing.empty()) return std::nullopt;
         std::vector<std::string> rejected;
         auto loaded = checkpoints.load_latest(existing, &rejected);
-        if (loaded) {
-            for (const auto& why : loaded->rejected) std::cout << "skipped damaged checkpoint " << why << "\n";
-            const auto state = io::restore_checkpoint(loaded->archive, opt);
-            loader.restore(data::DataPosition::from_text(state.data_position));
-            step = state.step;
-            std::cout << "resumed from " << loaded->path.string() << " at step " << step << "\n";
-        } else {
+        if (!loaded) {
             // Training afresh here would mix this run's checkpoints with the damaged ones.
             for (const auto& why : rejected) std::cerr << "rejected checkpoint " << why << "\n";
             throw olmax::value_error(olmax::detail::concat("none of the ", existing.size(), " checkpoints in ", c.checkpoint_dir,
                                                            " loads (reasons above); remove them or choose another --checkpoint_dir"));
         }
+        for (const auto& why : loaded->rejected) out << "skipped damaged checkpoint " << why << "\n";
+        out << "resumed from " << loaded->path.string() << " at step " << loaded->archive.integer("train/step") << "\n";
+        return std::move(loaded->archive);
+    });
+    if (resumed) {
+        config::TrainConfig saved;
+        config::load_text(saved, resumed->text("train/config"), "the checkpoint's config");
+        olmax::check<config::config_error>(saved.block == c.block, "the checkpoint in ", c.checkpoint_dir, " was trained with --block=",
+                                           saved.block, ", not --block=", c.block, "; choose another --checkpoint_dir");
+        const auto state = io::restore_checkpoint(*resumed, opt);
+        loader.restore(data::DataPosition::from_text(state.data_position));
+        step = state.step;
+        if (saved.world_size != c.world_size)
+            out << "note: the checkpoint was written by " << saved.world_size << " process(es), this run has " << c.world_size
+                << ": the global batch and the data order are unchanged, only the rounding of the gradient sums differs\n";
     }
-    // A fresh run must not mix its checkpoints with an earlier run's (the newest step would win).
-    olmax::check(step > 0 || existing.empty(), c.checkpoint_dir, " holds ", existing.size(),
-                 " checkpoints of an earlier run; pass --resume=true to continue it or choose another --checkpoint_dir");
+    dist::broadcast_parameters(comm, tensors);  // every rank starts from rank 0's values
     if (c.dry_run) {
-        std::cout << "dry run: flags, data, model" << (step > 0 ? " and checkpoint" : "") << " are fine; not training\n";
+        out << "dry run: flags, data, model" << (step > 0 ? " and checkpoint" : "") << " are fine; not training\n";
         return 0;
     }
-    std::filesystem::create_directories(c.checkpoint_dir);
+    std::optional<io::MetricsLog> metrics;
     const auto metrics_path = std::filesystem::path(c.checkpoint_dir) / "metrics.csv";
-    io::MetricsLog metrics(metrics_path, step > 0);
+    if (lead) {
+        std::filesystem::create_directories(c.checkpoint_dir);
+        metrics.emplace(metrics_path, step > 0);
+    }
     auto save = [&](std::int64_t at, const std::string& note) {
         return checkpoints.save(io::make_checkpoint(opt, io::TrainingState{at, config::to_text(c), loader.position().to_text(), note}), at);
     };
 
     // ---- training loop ----------------------------------------------------------------------
+    // Every rank draws the same global batch and differentiates its own rows (equal shares, so the
+    // mean of the ranks' mean gradients is the batch's); the ranks then average their gradients.
     const double tokens_per_step = double(c.batch * c.sequence * c.grad_accumulation);
     const std::size_t shards = models::shards_for(c);
-    io::ProgressBar progress(std::cout, c.steps, io::stdout_is_terminal(), c.log_every, step);
+    const std::size_t rows = std::size_t(c.batch), ranks = std::size_t(comm.world_size()), rank = std::size_t(comm.rank());
+    auto own_rows = [&](const data::Batch& batch) {
+        return ranks == 1 ? batch : data::batch_rows(batch, rows * rank / ranks, rows * (rank + 1) / ranks);
+    };
+    io::ProgressBar progress(out, c.steps, lead && io::stdout_is_terminal(), c.log_every, step);
     double tokens_this_run = 0, last_eval = std::nan("");
     std::filesystem::path last_checkpoint;
-    while (step < c.steps) {
+    const auto started = std::chrono::steady_clock::now();
+    bool out_of_time = false;
+    while (step < c.steps && !out_of_time) {
         double loss_sum = 0;
         for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro)
-            loss_sum += model.accumulate_gradients(*loader.next(), shards, 1.0 / double(c.grad_accumulation));
-        const double loss = loss_sum / double(c.grad_accumulation);
+            loss_sum += model.accumulate_gradients(own_rows(*loader.next()), shards, 1.0 / double(c.grad_accumulation));
+        dist::allreduce_gradients(comm, tensors);
+        // The batch's loss (mean over ranks) and rank 0's verdict on the time budget, in one exchange.
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        std::array<double, 2> shared{loss_sum / double(c.grad_accumulation),
+                                     lead && c.time_budget_s > 0 && elapsed >= c.time_budget_s ? 1.0 : 0.0};
+        comm.allreduce(std::span<double>(shared));
+        const double loss = shared[0] / double(ranks);
+        out_of_time = shared[1] > 0;
         try {
             olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "the loss is ", loss, " at step ", step + 1);
             opt.step();
@@ -164,21 +273,31 @@ int run(int argc, char** argv) {
         ++step;
         tokens_this_run += tokens_per_step;
         const double tokens_total = double(step) * tokens_per_step;
-        metrics.write(step, tokens_total, "train", loss);
-        if (step % c.eval_every == 0 || step == c.steps) {
-            last_eval = evaluate(model, split.held_out, c);
-            metrics.write(step, tokens_total, "eval", last_eval);
+        if (metrics) metrics->write(step, tokens_total, "train", loss);
+        const bool last = step == c.steps || out_of_time;
+        if (step % c.eval_every == 0 || last) {
+            last_eval = evaluate(model, split.held_out, c, comm);
+            if (metrics) metrics->write(step, tokens_total, "eval", last_eval);
             char line[160];
             std::snprintf(line, sizeof line, "step %lld: held-out loss %.4f nats/byte (%.3f bits/byte; unigram %.4f)",
                           static_cast<long long>(step), last_eval, last_eval / std::log(2.0), baseline);
             progress.message(line);
         }
-        if (step % c.checkpoint_every == 0 || step == c.steps) last_checkpoint = save(step, "train loss " + std::to_string(loss));
+        if (lead && (step % c.checkpoint_every == 0 || last)) last_checkpoint = save(step, "train loss " + std::to_string(loss));
         char extra[64];
         std::snprintf(extra, sizeof extra, "lr %.2e  eval %.3f", opt.next_lr(), last_eval);
         progress.update(step, loss, tokens_this_run, extra);
     }
     progress.finish();
+    if (out_of_time) {
+        char line[160];
+        std::snprintf(line, sizeof line, "time budget of %.0f s reached after step %lld: %.0f tokens in %.1f s (%.0f tokens/s)\n",
+                      c.time_budget_s, static_cast<long long>(step), tokens_this_run,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+                      tokens_this_run / std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+        out << line;
+    }
+    if (!lead) return 0;  // the rest (loss curve, samples) is rank 0's
     std::cout << "checkpoint: " << (last_checkpoint.empty() ? std::string("(none written in this run)") : last_checkpoint.string()) << "\n";
 
     // ---- loss curve -------------------------------------------------------------------------

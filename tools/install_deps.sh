@@ -9,6 +9,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 packages=(build-essential cmake libeigen3-dev libxtensor-dev xtl-dev libxsimd-dev catch2 libbenchmark-dev
           python3-numpy python3-matplotlib python3-torch python3-venv
           libgloo-dev  # olmax::distributed (the Gloo communicator) and tests/distributed
+          libopenmpi-dev  # olmax::distributed_mpi (the MPI communicator, optional); Open MPI 4.1, brings openmpi-bin (mpirun)
           fortunes)  # fortunes: the default training corpus of examples/train_lm (/usr/share/games/fortunes)
 
 missing=()

@@ -8,17 +8,24 @@
 #     benchmarks/train_step/run.sh build-trainbench         # another CMake build folder
 #     QUICK=1 benchmarks/train_step/run.sh build-trainbench # tiny sizes, seconds (checks the plumbing)
 #
-# Output: benchmarks/train_step/results.json (OUT=path to change it). Each measurement stops repeating
+# Output: benchmarks/results/train_step-<UTC time>.json, a git-ignored folder (OUT=path to change it;
+# the tracked results*.json beside this script are recorded runs, never overwritten by default). Each measurement stops repeating
 # after MAX_SECONDS (default 20) of timed steps, at least 3 steps, so a run on an overloaded machine
 # (where OpenMP fork-join with more threads than free cores can take seconds per step) stays bounded.
 #
 # Debian's python3-torch 1.13 does its matmuls through libblas.so.3, which is the unoptimised reference
 # BLAS unless OpenBLAS is installed. When OpenBLAS is found in OPENBLAS_DIR (default: Debian's
 # /usr/lib/x86_64-linux-gnu/openblas-pthread) and the system BLAS is not already OpenBLAS, PyTorch also
-# runs with it on LD_LIBRARY_PATH (rows "pytorch+openblas", OPENBLAS_NUM_THREADS = threads). Without
+# runs with it on LD_LIBRARY_PATH (rows "pytorch-1.13+openblas", OPENBLAS_NUM_THREADS = threads). Without
 # installing it system-wide:
 #     apt-get download libopenblas0-pthread && dpkg -x libopenblas0-pthread_*.deb /tmp/openblas
 #     OPENBLAS_DIR=/tmp/openblas/usr/lib/x86_64-linux-gnu/openblas-pthread benchmarks/train_step/run.sh
+#
+# PyTorch 2.x from PyPI (benchmarks/quality/setup_torch_venv.sh makes <repo>/.venv-torch) adds rows
+# "pytorch-2.x+mkl" and "pytorch-checkpoint-2.x+mkl" when that venv (or TORCH2_PYTHON=path) imports
+# torch; TORCH2_PYTHON=none leaves them out. Debian's 1.13 stays as the historical rows. Row labels
+# name torch's major.minor version and the BLAS it computes with (BLAS_INFO of
+# torch.__config__.show(); for Debian's generic build, the libblas.so.3 actually loaded).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -26,10 +33,19 @@ build="${1:-$repo/build}"
 case "$build" in /*) ;; *) build="$repo/$build" ;; esac
 binary="$build/benchmarks/train_step/train_step"
 python=/usr/bin/python3  # Debian's python3-torch lives here, not in a pyenv python
-out="${OUT:-$here/results.json}"
+out="${OUT:-$repo/benchmarks/results/train_step-$(date -u +%Y%m%dT%H%M%SZ).json}"
+mkdir -p "$(dirname "$out")"
+torch2="${TORCH2_PYTHON:-$repo/.venv-torch/bin/python}"
+if [ "$torch2" = none ] || ! "$torch2" -c "import torch" 2>/dev/null; then torch2=""; fi
 openblas="${OPENBLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-pthread}"
 if [ ! -e "$openblas/libblas.so.3" ] || readlink -f /lib/x86_64-linux-gnu/libblas.so.3 | grep -q openblas; then openblas=""; fi
-"$python" -c "import torch" 2>/dev/null || { echo "run.sh: $python cannot import torch (apt-get install python3-torch)" >&2; exit 77; }
+debian_torch=1
+"$python" -c "import torch" 2>/dev/null || debian_torch=""
+if [ -z "$debian_torch" ] && [ -z "$torch2" ]; then
+  echo "run.sh: neither $python (apt-get install python3-torch) nor .venv-torch (benchmarks/quality/setup_torch_venv.sh) imports torch" >&2
+  exit 77
+fi
+[ -n "$debian_torch" ] || openblas=""
 [ -x "$binary" ] || { echo "run.sh: no $binary; build it: cmake --build $build --target train_step" >&2; exit 1; }
 
 # name batch sequence features depth repeats. "default" is TrainConfig's (examples/train_lm);
@@ -43,7 +59,8 @@ threads_list=(${THREADS:-1 2})
 
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg); OpenBLAS rows: ${openblas:-none}"
+echo "# $(date -u +%FT%TZ) $(uname -m), $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg); OpenBLAS rows: ${openblas:-none};" \
+  "Debian torch: ${debian_torch:+$("$python" -c 'import torch; print(torch.__version__)')}${debian_torch:-none}; PyPI torch: ${torch2:-none}"
 load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 i=0
 for config in "${configs[@]}"; do
@@ -52,7 +69,11 @@ for config in "${configs[@]}"; do
     flags=(--batch "$batch" --sequence "$sequence" --features "$features" --depth "$depth" --threads "$threads" --repeats "$repeats"
            --max_seconds "${MAX_SECONDS:-20}")
     "$binary" "${flags[@]}" --json "$scratch/$i-a-olmax.json"
-    "$python" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b-pytorch.json"
+    if [ -n "$torch2" ]; then
+      "$torch2" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b0-pytorch2.json"
+      "$torch2" "$here/torch_train_step.py" "${flags[@]}" --checkpoint --json "$scratch/$i-b1-pytorch2-checkpoint.json"
+    fi
+    [ -n "$debian_torch" ] && "$python" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b-pytorch.json"
     if [ -n "$openblas" ]; then
       LD_LIBRARY_PATH="$openblas" OPENBLAS_NUM_THREADS="$threads" "$python" "$here/torch_train_step.py" "${flags[@]}" \
         --json "$scratch/$i-c-pytorch-openblas.json"
@@ -62,7 +83,7 @@ for config in "${configs[@]}"; do
         LD_LIBRARY_PATH="$openblas" OPENBLAS_NUM_THREADS=1 "$python" "$here/torch_train_step.py" "${flags[@]}" \
           --json "$scratch/$i-e-pytorch-openblas1.json"
       fi
-    else
+    elif [ -n "$debian_torch" ]; then
       "$python" "$here/torch_train_step.py" "${flags[@]}" --checkpoint --json "$scratch/$i-d-pytorch-checkpoint.json"
     fi
     for f in "$scratch/$i"-*.json; do

@@ -60,6 +60,19 @@ def proc_status_bytes(key):
     return 0
 
 
+def blas_label(loaded):
+    """The BLAS torch computes with, for the row's label: BLAS_INFO of torch.__config__.show() ("mkl" in
+    PyPI's torch 2.x, where numpy's bundled OpenBLAS may be mapped into the process but unused);
+    for "generic" builds (Debian's python3-torch calls libblas.so.3) the library actually loaded:
+    "openblas" or "refblas" (the unoptimised reference BLAS)."""
+    import re
+    m = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    info = m.group(1) if m else "unknown"
+    if info != "generic":
+        return info
+    return "openblas" if "openblas" in loaded else "refblas"
+
+
 def loaded_blas():
     """Path of the BLAS library this process loaded (Debian's python3-torch calls whatever libblas.so.3
     resolves to: the reference BLAS by default, OpenBLAS when installed or put on LD_LIBRARY_PATH)."""
@@ -348,10 +361,12 @@ def main():
     median = statistics.median(seconds)
     footprint = proc_status_bytes("VmHWM") - rss_at_start
     blas = loaded_blas()
-    framework = ("pytorch-checkpoint" if a.checkpoint else "pytorch") + ("+openblas" if "openblas" in blas else "")
-    if "openblas" in blas and a.threads > 1 and os.environ.get("OPENBLAS_NUM_THREADS") == "1":
+    label = blas_label(blas)
+    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    framework = ("pytorch-checkpoint" if a.checkpoint else "pytorch") + f"-{version}+{label}"
+    if label == "openblas" and a.threads > 1 and os.environ.get("OPENBLAS_NUM_THREADS") == "1":
         framework += "(1 blas thread)"  # torch's threads only: OpenBLAS's own would oversubscribe the cores
-    result = dict(framework=framework, torch_version=torch.__version__, blas=blas, batch=a.batch, sequence=a.sequence, features=a.features,
+    result = dict(framework=framework, torch_version=torch.__version__, blas=blas, blas_label=label, batch=a.batch, sequence=a.sequence, features=a.features,
                   depth=a.depth, threads=a.threads, repeats=a.repeats, seconds_median=median, seconds_min=min(seconds),
                   seconds_max=max(seconds), **{k: statistics.median(v) for k, v in phases.items()},
                   tokens_per_s=a.batch * a.sequence / median, peak_rss_bytes=peak_rss, first_step_rss_bytes=first_step_rss,

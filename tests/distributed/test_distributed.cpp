@@ -1,338 +1,249 @@
-// One rank of a multi-process test of olmax/distributed (run_ranks.sh starts the ranks):
+// One rank of a multi-process test of olmax/distributed over Gloo (run_ranks.sh starts the ranks):
 //
-//   test_distributed --case=NAME --rank=R --world=N --store=DIR [--timeout_ms=T]
+//   test_distributed --case=NAME --rank=R --world=N --store=DIR [--timeout_ms=T] [--rendezvous=SPEC]
+//   test_distributed --free_port      (prints a TCP port free on 127.0.0.1 now, for run_ranks.sh)
 //
-// Cases:
-//   collectives  allreduce (sum, mean; float, double; 0, 1, odd, ~4M elements) equals
-//                reduce_in_rank_order of every rank's input bit for bit; broadcast from every root;
-//                barrier; the bucketing of plan_buckets; LocalCommunicator.
-//   train        a tiny MLP trained for a few AdamW steps, one shard of each batch per rank, with
-//                broadcast_parameters at the start and allreduce_gradients after each backward,
-//                ends bit-identical to one process averaging the shard gradients (and across
-//                bucket sizes).
-//   peer_exit    rank 1 dies (_Exit, no clean-up) before an allreduce: rank 0 must get a
-//                distributed_error naming the allreduce and rank 0 within timeout + 3 s.
-//   peer_hang    rank 1 sleeps past the timeout: rank 0 must time out within timeout + 3 s;
-//                rank 1, waking up, must get an error too (rank 0 closed its connections).
+// --rendezvous=tcp:HOST:PORT (run_ranks.sh ... tcp) meets through the TCP store rank 0 hosts
+// instead of the file store in DIR (parse_rendezvous reads the spec).
+// Cases (cases.hpp, shared with the MPI test): collectives, train, peer_exit, peer_hang; and
 //   rendezvous   run alone in a world of 2: the rendezvous must fail within timeout + 3 s.
+//   tcp_store    one process, --rendezvous=tcp:127.0.0.1:PORT with PORT free: address and spec
+//                parsing; a client with no server fails within its timeout; a server started after
+//                its client; set/get/wait; waits and gets that time out; the port already taken;
+//                malformed requests; a silent server; the server going away under a waiting client.
 // Exit status 0 when every check of this rank passed; the first failed check is printed.
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
-#include <olmax/autodiff/autodiff.hpp>
-#include <olmax/core/core.hpp>
-#include <olmax/distributed/communicator.hpp>
-#include <olmax/distributed/data_parallel.hpp>
-#include <olmax/distributed/gloo.hpp>
-#include <olmax/nn/linear.hpp>
-#include <olmax/ops/ops.hpp>
-#include <olmax/optim/adam.hpp>
-#include <olmax/optim/parameters_of.hpp>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-namespace dist = olmax::distributed;
-using olmax::Tensor;
-using Clock = std::chrono::steady_clock;
+#include <olmax/distributed/gloo.hpp>
+
+#include "cases.hpp"
+
+using namespace olmax_distributed_test;
 
 namespace {
 
-struct Failure : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
+// ---- tcp_store -------------------------------------------------------------------------------------
 
-template <class... Parts>
-void expect(bool condition, const Parts&... parts) {
-    if (!condition) throw Failure(olmax::detail::concat(parts...));
-}
-
-template <class T>
-bool same_bits(std::span<const T> a, std::span<const T> b) {
-    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-/// Rank r's input for a test of n elements: varied magnitudes and signs, so that the order of the
-/// additions shows in the rounding (rank order vs. any other order would differ somewhere).
-template <olmax::Real T>
-std::vector<T> input_of(int rank, std::size_t n, std::uint64_t salt) {
-    olmax::Generator rng(1000003 * (salt + 1) + std::uint64_t(rank));
-    std::vector<T> v(n);
-    for (auto& x : v) x = static_cast<T>(rng.normal() * std::exp2(std::floor(rng.uniform() * 20) - 10));
-    return v;
-}
-
-template <olmax::Real T>
-void check_allreduce(dist::Communicator& comm, std::size_t n, dist::Reduction op, std::uint64_t salt) {
-    std::vector<std::vector<T>> all;
-    for (int r = 0; r < comm.world_size(); ++r) all.push_back(input_of<T>(r, n, salt));
-    std::vector<std::span<const T>> parts(all.begin(), all.end());
-    std::vector<T> expected(n);
-    dist::reduce_in_rank_order<T>(parts, std::span<T>(expected), op);
-
-    std::vector<T> data = all[comm.rank()];
-    comm.allreduce(std::span<T>(data), op);
-    expect(same_bits<T>(data, expected), "allreduce ", to_string(op), " of ", n, " ", olmax::dtype_name<T>(),
-           " differs from reduce_in_rank_order");
-    if (n > 1 && comm.world_size() > 2) {
-        // The left-to-right order matters (and is what we get): the sum in reverse rank order differs.
-        std::vector<std::span<const T>> reversed(parts.rbegin(), parts.rend());
-        std::vector<T> other(n);
-        dist::reduce_in_rank_order<T>(reversed, std::span<T>(other), op);
-        if (n > 1000) expect(!same_bits<T>(other, expected), "the test inputs do not distinguish summation orders");
-    }
-}
-
-void case_collectives(dist::Communicator& comm) {
-    const auto start = Clock::now();
-    std::uint64_t salt = 0;
-    const std::size_t large = (std::size_t(1) << 22) + 3;  // ~4M elements, odd
-    for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(7), std::size_t(1001), large})
-        for (auto op : {dist::Reduction::sum, dist::Reduction::mean}) {
-            check_allreduce<float>(comm, n, op, ++salt);
-            if (n != large) check_allreduce<double>(comm, n, op, ++salt);
-        }
-    check_allreduce<double>(comm, large / 2, dist::Reduction::mean, ++salt);
-    std::printf("allreduce: sizes 0..%zu, float and double, sum and mean, equal to reduce_in_rank_order (%.2f s)\n", large,
-                seconds_since(start));
-
-    // Tensor overload, in place.
-    auto t = Tensor<float>::from({2, 3}, std::vector<float>{1, 2, 3, 4, 5, float(comm.rank())});
-    comm.allreduce(t, dist::Reduction::sum);
-    const int N = comm.world_size();
-    expect(t(0, 0) == float(N) && t(1, 2) == float(N * (N - 1) / 2), "allreduce of a tensor: wrong values");
-
-    // Broadcast from every root, of bytes and of doubles, sizes 0, 1, odd, large.
-    for (int root = 0; root < N; ++root)
-        for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(999), std::size_t(1) << 20}) {
-            const auto source = input_of<double>(root, n, 77);
-            auto data = comm.rank() == root ? source : std::vector<double>(n, -1.0);
-            comm.broadcast(std::span<double>(data), root);
-            expect(same_bits<double>(data, source), "broadcast of ", n, " doubles from rank ", root, ": wrong values");
-        }
-    std::printf("broadcast: from every root, 0 to 1M doubles\n");
-    comm.barrier();
-
-    bool refused = false;
-    try {
-        comm.broadcast(std::span<double>(), N);
-    } catch (const olmax::value_error&) {
-        refused = true;
-    }
-    expect(refused, "broadcast from a root outside the world was not refused");
-
-    // Buckets: consecutive, bounded, a too-large tensor alone.
-    const std::vector<std::size_t> sizes{10, 10, 10, 100, 1, 1};
-    const auto buckets = dist::plan_buckets(sizes, 4, 80);
-    const std::vector<std::pair<std::size_t, std::size_t>> want{{0, 2}, {2, 3}, {3, 4}, {4, 6}};
-    expect(buckets == want, "plan_buckets: unexpected buckets");
-
-    dist::LocalCommunicator local;
-    std::vector<float> x{1.5f, -2.0f, 3.25f};
-    const auto copy = x;
-    local.allreduce(std::span<float>(x), dist::Reduction::mean);
-    local.broadcast(std::span<float>(x), 0);
-    local.barrier();
-    expect(same_bits<float>(x, copy) && local.world_size() == 1 && local.rank() == 0, "LocalCommunicator changed its input");
-}
-
-// ---- train: a tiny MLP, 2 ranks vs. one process ------------------------------------------------
-
-template <olmax::Real T>
-struct Mlp {
-    using value_type = T;
-    olmax::nn::Linear<T> hidden, out;
-    explicit Mlp(olmax::Generator& rng) : hidden(8, 16, rng, true), out(16, 4, rng, true) {}
-    void visit_parameters(olmax::nn::ParameterVisitor<T>& visit) {
-        visit.child("hidden", hidden);
-        visit.child("out", out);
-    }
-    std::vector<olmax::optim::Parameter<T>> optimizer_parameters() { return olmax::optim::parameters_of(*this); }
-    std::vector<Tensor<T>> tensors() { return dist::tensors_of(optimizer_parameters()); }  // hidden W, b, out W, b
-    Tensor<T> loss(const Tensor<T>& x, const Tensor<T>& y) const {
-        return olmax::mean(olmax::square(out.forward(olmax::tanh(hidden.forward(x))) - y));
-    }
-};
-
-constexpr std::size_t shard_rows = 6;
-constexpr int train_steps = 5;
-
-olmax::optim::AdamWConfig adamw_config() {
-    olmax::optim::AdamWConfig c;
-    c.schedule.peak_lr = 0.05;
-    c.weight_decay = 0.1;
-    return c;
-}
-
-/// Shard `s` of step `step`'s global batch (the same numbers on every rank).
-template <olmax::Real T>
-std::pair<Tensor<T>, Tensor<T>> shard(int step, int s, int shards) {
-    olmax::Generator rng(4242 + std::uint64_t(step));
-    auto x = olmax::randn<T>({shard_rows * std::size_t(shards), 8}, rng);
-    auto y = olmax::randn<T>({shard_rows * std::size_t(shards), 4}, rng);
-    const std::size_t b = shard_rows * std::size_t(s);
-    return {olmax::slice(x, 0, b, b + shard_rows).detach().clone(), olmax::slice(y, 0, b, b + shard_rows).detach().clone()};
-}
-
-template <olmax::Real T>
-std::vector<Tensor<T>> train_distributed(dist::Communicator& comm, std::size_t bucket_bytes) {
-    olmax::Generator rng(comm.rank() == 0 ? 7 : 1000 + comm.rank());  // rank 0's initialisation must win
-    Mlp<T> model(rng);
-    auto tensors = model.tensors();
-    dist::broadcast_parameters<T>(comm, tensors, 0, {bucket_bytes, {}});
-    olmax::optim::AdamW<T> opt(model.optimizer_parameters(), adamw_config());
-    const auto named = dist::tensors_of(opt.parameters());  // the same handles, in the same order
-    for (std::size_t i = 0; i < tensors.size(); ++i)
-        expect(named[i].data() == tensors[i].data(), "tensors_of: parameter ", i, " is not the optimiser's tensor");
-    for (int step = 0; step < train_steps; ++step) {
-        opt.zero_grad();
-        auto [x, y] = shard<T>(step, comm.rank(), comm.world_size());
-        model.loss(x, y).backward();
-        dist::allreduce_gradients<T>(comm, tensors, dist::Reduction::mean, {bucket_bytes, {}});
-        opt.step();
-    }
-    return tensors;
-}
-
-/// One process: every shard's gradient in turn, combined with reduce_in_rank_order.
-template <olmax::Real T>
-std::vector<Tensor<T>> train_single_process(int shards) {
-    olmax::Generator rng(7);
-    Mlp<T> model(rng);
-    auto tensors = model.tensors();
-    olmax::optim::AdamW<T> opt(model.optimizer_parameters(), adamw_config());
-    for (int step = 0; step < train_steps; ++step) {
-        std::vector<std::vector<Tensor<T>>> grads(tensors.size());
-        for (int s = 0; s < shards; ++s) {
-            opt.zero_grad();
-            auto [x, y] = shard<T>(step, s, shards);
-            model.loss(x, y).backward();
-            for (std::size_t i = 0; i < tensors.size(); ++i) grads[i].push_back(tensors[i].grad().clone());
-        }
-        for (std::size_t i = 0; i < tensors.size(); ++i) dist::reduce_in_rank_order<T>(grads[i], tensors[i].grad(), dist::Reduction::mean);
-        opt.step();
-    }
-    return tensors;
-}
-
-/// One process, shards on threads (autodiff::data_parallel_backward sums them in shard order),
-/// the sum then divided by the shard count. Equal to the above when every shard's gradient comes
-/// out the same on a worker thread (ops run serially there) as on the main thread; reported, not
-/// required.
-template <olmax::Real T>
-std::vector<Tensor<T>> train_thread_shards(int shards) {
-    olmax::Generator rng(7);
-    Mlp<T> model(rng);
-    auto tensors = model.tensors();
-    olmax::optim::AdamW<T> opt(model.optimizer_parameters(), adamw_config());
-    for (int step = 0; step < train_steps; ++step) {
-        opt.zero_grad();
-        olmax::autodiff::data_parallel_backward<T>(tensors, std::size_t(shards), [&](std::size_t s) {
-            auto [x, y] = shard<T>(step, int(s), shards);
-            return model.loss(x, y);
-        });
-        for (auto& t : tensors)
-            for (auto& g : t.grad().span()) g /= T(shards);
-        opt.step();
-    }
-    return tensors;
-}
-
-template <olmax::Real T>
-void check_training(dist::Communicator& comm) {
-    const auto reference = train_single_process<T>(comm.world_size());
-    const auto threads = train_thread_shards<T>(comm.world_size());
-    bool same_as_threads = true;
-    for (std::size_t i = 0; i < reference.size(); ++i) same_as_threads = same_as_threads && same_bits<T>(threads[i].span(), reference[i].span());
-    for (std::size_t bucket_bytes : {std::size_t(100), std::size_t(25) << 20}) {
-        const auto trained = train_distributed<T>(comm, bucket_bytes);
-        for (std::size_t i = 0; i < trained.size(); ++i)
-            expect(same_bits<T>(trained[i].span(), reference[i].span()), "training (", olmax::dtype_name<T>(), ", buckets of ", bucket_bytes,
-                   " bytes): parameter ", i, " differs from the single-process reference");
-        // Training moved the parameters away from the initialisation.
-        olmax::Generator rng(7);
-        Mlp<T> init(rng);
-        expect(!same_bits<T>(init.tensors()[0].span(), trained[0].span()), "training did not change the parameters");
-    }
-    std::printf("training (%s): %d ranks x %zu rows, %d AdamW steps, bit-identical to one process averaging %d shard gradients"
-                " (data_parallel_backward over %d thread shards: %s)\n",
-                std::string(olmax::dtype_name<T>()).c_str(), comm.world_size(), shard_rows, train_steps, comm.world_size(), comm.world_size(),
-                same_as_threads ? "bit-identical too" : "differs in rounding");
-}
-
-void case_train(dist::Communicator& comm) {
-    check_training<float>(comm);
-    check_training<double>(comm);
-}
-
-// ---- faults --------------------------------------------------------------------------------------
-
-/// Runs `body`, which must throw distributed_error naming `operation` and this rank within
-/// `limit_s` seconds; then checks that the communicator refuses further work.
-void expect_failure(dist::Communicator& comm, std::string_view operation, double limit_s, const std::function<void()>& body) {
+/// Runs `body`, which must throw `Error` whose message contains every one of `parts`, within
+/// `limit_s` seconds (and, when given, not before `at_least_s`). Returns the message.
+template <class Error>
+std::string expect_throw(std::string_view what, const std::function<void()>& body, std::vector<std::string_view> parts, double limit_s = 5,
+                         double at_least_s = 0) {
     const auto start = Clock::now();
     std::string message;
     try {
         body();
-    } catch (const dist::distributed_error& e) {
+    } catch (const Error& e) {
         message = e.what();
     }
     const double took = seconds_since(start);
-    expect(!message.empty(), operation, " did not fail although a peer was gone (", took, " s)");
-    std::printf("rank %d: %s failed after %.2f s: %s\n", comm.rank(), std::string(operation).c_str(), took, message.c_str());
-    expect(took < limit_s, operation, " took ", took, " s to fail, more than ", limit_s, " s");
-    expect(message.find(operation) != std::string::npos, "the error does not name the operation: ", message);
-    expect(message.find(olmax::detail::concat("rank ", comm.rank())) != std::string::npos, "the error does not name the rank: ", message);
-    std::vector<float> more(4);
-    bool refused = false;
-    try {
-        comm.allreduce(std::span<float>(more));
-    } catch (const dist::distributed_error& e) {
-        refused = std::string_view(e.what()).find("unusable") != std::string_view::npos;
+    expect(!message.empty(), what, ": did not throw the expected error");
+    std::printf("%s: failed after %.2f s as expected: %s\n", std::string(what).c_str(), took, message.c_str());
+    for (auto part : parts) expect(message.find(part) != std::string::npos, what, ": the error does not say '", part, "': ", message);
+    expect(took < limit_s, what, ": took ", took, " s to fail, more than ", limit_s, " s");
+    expect(took >= at_least_s, what, ": failed after ", took, " s, before its timeout of ", at_least_s, " s");
+    return message;
+}
+
+/// A TCP port that nothing listens on at the moment (the OS picks it), on 127.0.0.1.
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    expect(fd >= 0, "socket failed");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t length = sizeof addr;
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0;
+    ::close(fd);
+    expect(ok, "could not find a free port");
+    return ntohs(addr.sin_port);
+}
+
+/// A raw connection to 127.0.0.1:port that sends `bytes` and reports whether the server answered
+/// with an ERROR reply (status 2) and then closed the connection.
+bool rejected_raw(int port, const std::string& bytes) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(std::uint16_t(port));
+    bool rejected = false;
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size())) {
+        timeval limit{5, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+        std::string reply;
+        char chunk[256];
+        for (ssize_t n; (n = ::recv(fd, chunk, sizeof chunk, 0)) > 0;) reply.append(chunk, std::size_t(n));
+        rejected = reply.size() >= 5 && reply[4] == 2;  // u32 length, then status ERROR; recv gave 0: closed
     }
-    expect(refused, "a broken communicator accepted another collective");
+    if (fd >= 0) ::close(fd);
+    return rejected;
 }
 
-void case_peer_exit(dist::Communicator& comm) {
-    comm.barrier();
-    if (comm.rank() == 1) std::_Exit(0);  // dies without any clean-up, as a crash would
-    std::vector<float> data(1 << 16, 1.0f);
-    const double limit = std::chrono::duration<double>(comm.default_timeout()).count() + 3;
-    expect_failure(comm, "allreduce", limit, [&] { comm.allreduce(std::span<float>(data)); });
-}
+void case_tcp_store(const dist::GlooOptions& options) {
+    using dist::Timeout;
+    const auto address = dist::parse_store_address(options.store_address);
+    const std::string where = address.to_string();
 
-void case_peer_hang(dist::Communicator& comm) {
-    comm.barrier();
-    const double timeout_s = std::chrono::duration<double>(comm.default_timeout()).count();
-    std::vector<float> data(1 << 16, 1.0f);
-    if (comm.rank() == 1) {
-        std::this_thread::sleep_for(comm.default_timeout() + std::chrono::seconds(2));  // a hung rank
-        bool failed = false;
+    // Parsing: addresses and rendezvous specs.
+    const auto a = dist::parse_store_address("10.0.0.1:29500");
+    expect(a.host == "10.0.0.1" && a.port == 29500, "parse_store_address(10.0.0.1:29500)");
+    const auto v6 = dist::parse_store_address("[::1]:1");
+    expect(v6.host == "::1" && v6.port == 1 && v6.to_string() == "[::1]:1", "parse_store_address([::1]:1)");
+    for (std::string_view bad : {"", "host", "host:", ":29500", "host:0", "host:65536", "host:12x", "host:-1", "::1:29500", "[::1]29500", "[::1"})
+        expect_throw<olmax::value_error>(olmax::detail::concat("parse_store_address('", bad, "')"), [&] { dist::parse_store_address(bad); },
+                                         {"TCP store address", "HOST:PORT"});
+    const auto tcp = dist::parse_rendezvous("tcp:node7:29500", 2, 4);
+    expect(tcp.store_address == "node7:29500" && tcp.store_path.empty() && tcp.rank == 2 && tcp.world_size == 4, "parse_rendezvous(tcp:...)");
+    dist::GlooOptions base;
+    base.timeout = Timeout(1234);
+    base.store_address = "stale:1";
+    const auto file = dist::parse_rendezvous("file:/shared/run1", 0, 2, base);
+    expect(file.store_path == "/shared/run1" && file.store_address.empty() && file.timeout == Timeout(1234), "parse_rendezvous(file:...)");
+    for (std::string_view bad : {"", "tcp:", "tcp:host", "tcp:host:0", "file:", "redis:host:6379", "/some/folder"})
+        expect_throw<olmax::value_error>(olmax::detail::concat("parse_rendezvous('", bad, "')"), [&] { dist::parse_rendezvous(bad, 0, 2); },
+                                         {"'"});
+    {
+        auto both = options;
+        both.store_path = "/tmp/unused";
+        expect_throw<olmax::value_error>("GlooCommunicator with both stores", [&] { dist::GlooCommunicator c(both); }, {"both"});
+        auto neither = options;
+        neither.store_address.clear();
+        neither.store_path.clear();
+        expect_throw<olmax::value_error>("GlooCommunicator with no store", [&] { dist::GlooCommunicator c(neither); }, {"no rendezvous"});
+        auto port = options;
+        port.store_address = "127.0.0.1:70000";
+        expect_throw<olmax::value_error>("GlooCommunicator with port 70000", [&] { dist::GlooCommunicator c(port); }, {"1..65535"});
+    }
+
+    // Nobody listens: a client gives up after its timeout, a rank 1 rendezvous too.
+    expect_throw<dist::distributed_error>("client without a server", [&] { dist::TcpStore client(address, false, Timeout(1000)); },
+                                          {where, "could not connect", "refused"}, 3, 0.95);
+    {
+        auto rank1 = options;
+        rank1.rank = 1;
+        rank1.world_size = 2;
+        rank1.timeout = Timeout(1000);
+        expect_throw<dist::distributed_error>("rank 1's rendezvous without rank 0", [&] { dist::GlooCommunicator c(rank1); },
+                                              {"rendezvous (rank 1 of 2, gloo)", where, "nobody serves the TCP store"}, 3, 0.95);
+    }
+
+    // The server starts after its client: the client keeps trying.
+    std::optional<dist::TcpStore> early;
+    std::string early_failure;
+    std::thread connecting([&] {
         try {
-            comm.allreduce(std::span<float>(data));
-        } catch (const dist::distributed_error& e) {
-            failed = true;
-            std::printf("rank 1 (woke up): %s\n", e.what());
+            early.emplace(address, false, Timeout(5000));
+        } catch (const std::exception& e) {
+            early_failure = e.what();
         }
-        expect(failed, "the hung rank's late allreduce succeeded although rank 0 gave up");
-        return;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto host = std::make_unique<dist::TcpStore>(address, true, Timeout(5000));
+    connecting.join();
+    expect(early_failure.empty() && early.has_value(), "a client started before the server did not connect: ", early_failure);
+    expect(host->hosts() && !early->hosts(), "hosts()");
+
+    // Keys: set on one client, seen by the other; values of any bytes; replaced by a second set.
+    const std::vector<char> value{'a', '\0', 'b', char(0xff)};
+    host->set("k1", value);
+    expect(early->get("k1") == value, "get of a key set by another client");
+    expect(early->check_keys({"k1"}) && !early->check_keys({"k1", "k2"}), "check_keys");
+    early->set("k1", {'x'});
+    expect(host->get("k1") == std::vector<char>{'x'}, "a second set does not replace the value");
+    std::vector<char> big(1 << 20);
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = char(i * 7);
+    early->set("big", big);
+    expect(host->get("big") == big, "a 1 MiB value");
+    std::thread later([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        host->set("k2", {});
+    });
+    early->wait({"k1", "k2"}, Timeout(5000));
+    later.join();
+    expect(early->get("k2").empty(), "an empty value");
+
+    // Waits and gets for keys nobody sets end at their timeout.
+    expect_throw<dist::distributed_error>("wait for a missing key", [&] { early->wait({"k1", "never"}, Timeout(500)); },
+                                          {where, "Timed out", "'never'"}, 2, 0.45);
+    {
+        dist::TcpStore quick(address, false, Timeout(500));
+        expect_throw<dist::distributed_error>("get of a missing key", [&] { quick.get("never"); }, {where, "Timed out", "'never'"}, 2, 0.45);
     }
-    const auto start = Clock::now();
-    expect_failure(comm, "allreduce", timeout_s + 3, [&] { comm.allreduce(std::span<float>(data)); });
-    expect(seconds_since(start) >= timeout_s * 0.9, "allreduce failed before its timeout although the peer was only slow");
+
+    // The port already taken: a second host fails at once.
+    expect_throw<dist::distributed_error>("a second server on the same port", [&] { dist::TcpStore second(address, true, Timeout(1000)); },
+                                          {where, "cannot listen", "in use"}, 1);
+
+    // Malformed requests get an ERROR reply and a closed connection; the server goes on serving.
+    auto framed = [](std::string body) {
+        const auto n = std::uint32_t(body.size());
+        return std::string{char(n >> 24), char(n >> 16), char(n >> 8), char(n)} + body;
+    };
+    expect(rejected_raw(address.port, std::string("\xff\xff\xff\xff", 4)), "an oversized message was not rejected");
+    expect(rejected_raw(address.port, framed("Z")), "an unknown operation was not rejected");
+    expect(rejected_raw(address.port, framed(std::string("S\0\0\0\x09k", 6))), "a truncated SET was not rejected");
+    expect(rejected_raw(address.port, framed(std::string("H\0\0\0\3abc", 8))), "a wrong handshake was not rejected");
+    expect(host->get("k1") == std::vector<char>{'x'} && early->check_keys({"k1", "k2", "big"}), "the server stopped serving after bad requests");
+
+    // A server that accepts but never answers (not an olmax store): the handshake times out.
+    {
+        const int port = free_port();
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        addr.sin_port = htons(std::uint16_t(port));
+        expect(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd, 4) == 0, "a silent listener");
+        const dist::StoreAddress silent{"127.0.0.1", port};
+        expect_throw<dist::distributed_error>("a server that never answers", [&] { dist::TcpStore c(silent, false, Timeout(500)); },
+                                              {silent.to_string(), "handshake", "Timed out"}, 2, 0.45);
+        ::close(fd);
+    }
+
+    // The server goes away while a client waits: the client fails at once, not at its timeout.
+    std::string waiting_failure;
+    std::thread waiting([&] {
+        try {
+            early->wait({"never"}, Timeout(20000));
+        } catch (const dist::distributed_error& e) {
+            waiting_failure = e.what();
+        }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto stopped = Clock::now();
+    host.reset();  // joins the server thread
+    waiting.join();
+    std::printf("a wait while the server stopped: failed after %.2f s: %s\n", seconds_since(stopped), waiting_failure.c_str());
+    expect(!waiting_failure.empty() && waiting_failure.find(where) != std::string::npos, "a wait on a stopped server did not fail");
+    expect(waiting_failure.find("peer closed") != std::string::npos || waiting_failure.find("could not") != std::string::npos ||
+               waiting_failure.find("lost") != std::string::npos,
+           "the error does not say that the server went away: ", waiting_failure);
+    expect(seconds_since(stopped) < 3, "a client waited ", seconds_since(stopped), " s on a stopped server");
+    expect_throw<dist::distributed_error>("a request after the connection broke", [&] { early->set("k3", {}); }, {where}, 1);
+    std::printf("tcp_store: all checks passed\n");
 }
 
 struct Args {
-    std::string name, store;
+    std::string name, store, rendezvous;
     int rank = -1, world = 0;
     long timeout_ms = 20000;
 };
@@ -349,10 +260,12 @@ Args parse(int argc, char** argv) {
         else if (auto v3 = value("--world=")) a.world = std::atoi(v3);
         else if (auto v4 = value("--store=")) a.store = v4;
         else if (auto v5 = value("--timeout_ms=")) a.timeout_ms = std::atol(v5);
+        else if (auto v6 = value("--rendezvous=")) a.rendezvous = v6;
         else throw std::invalid_argument("unknown argument " + std::string(arg));
     }
-    if (a.name.empty() || a.rank < 0 || a.world < 1 || a.store.empty())
-        throw std::invalid_argument("usage: test_distributed --case=NAME --rank=R --world=N --store=DIR [--timeout_ms=T]");
+    if (a.name.empty() || a.rank < 0 || a.world < 1 || (a.store.empty() && a.rendezvous.empty()))
+        throw std::invalid_argument(
+            "usage: test_distributed --case=NAME --rank=R --world=N --store=DIR [--timeout_ms=T] [--rendezvous=SPEC] | --free_port");
     return a;
 }
 
@@ -361,12 +274,20 @@ Args parse(int argc, char** argv) {
 int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     try {
+        if (argc == 2 && std::string_view(argv[1]) == "--free_port") return std::printf("%d\n", free_port()) > 0 ? 0 : 1;
         const Args args = parse(argc, argv);
         dist::GlooOptions options;
         options.rank = args.rank;
         options.world_size = args.world;
         options.store_path = args.store;
         options.timeout = dist::Timeout(args.timeout_ms);
+        if (!args.rendezvous.empty()) options = dist::parse_rendezvous(args.rendezvous, args.rank, args.world, options);
+
+        if (args.name == "tcp_store") {
+            expect(!options.store_address.empty(), "the tcp_store case needs --rendezvous=tcp:127.0.0.1:PORT");
+            case_tcp_store(options);
+            return 0;
+        }
 
         if (args.name == "rendezvous") {
             const double limit = double(args.timeout_ms) / 1000 + 3;

@@ -290,17 +290,27 @@ TEST_CASE("checkpoint folder hygiene: stray names, interrupted saves, nothing va
     CHECK_THAT(fresh.err, Catch::Contains("--resume=true to continue"));
 }
 
-TEST_CASE("models::ByteLM: the memory estimate counts the model's real parameters", "[programs]") {
-    for (auto [features, depth] : {std::pair{8, 1}, std::pair{16, 3}, std::pair{24, 2}}) {
-        config::TrainConfig c;
-        c.features = features;
-        c.depth = depth;
-        c.sequence = 16;
-        olmax::models::ByteLM<> model(c);
-        double real = 0;
-        for (const auto& p : model.parameters()) real += double(p.tensor.size());
-        CHECK(olmax::models::ByteLM<>::parameter_count(olmax::models::ByteLMConfig::from(c)) == real);
+TEST_CASE("models::ByteLM: the memory estimate counts the model's real parameters, for every block recipe", "[programs]") {
+    for (const auto block : olmax::models::block_names) {
+        olmax::models::with_recipe(block, [&]<class Recipe>() {
+            for (auto [features, depth] : {std::pair{8, 1}, std::pair{16, 3}, std::pair{24, 2}, std::pair{40, 1}}) {
+                config::TrainConfig c;
+                c.block = std::string(block);
+                c.features = features;
+                c.depth = depth;
+                c.sequence = 16;
+                olmax::models::ByteLM<Recipe> model(c);
+                double real = 0;
+                for (const auto& p : model.parameters()) real += double(p.tensor.size());
+                INFO("block " << block << ", features " << features << ", depth " << depth);
+                CHECK(olmax::models::ByteLM<Recipe>::parameter_count(olmax::models::ByteLMConfig::from(c)) == real);
+            }
+        });
     }
+    config::TrainConfig mismatched;
+    mismatched.block = "mamba";
+    CHECK_THROWS_AS(olmax::models::ByteLM<>(mismatched), config::config_error);
+    CHECK_THROWS_AS(olmax::models::with_recipe("transformer", []<class Recipe>() {}), olmax::value_error);
     config::TrainConfig absurd;
     absurd.features = 1 << 16;
     absurd.depth = 1 << 12;
@@ -410,9 +420,10 @@ TEST_CASE("fuzzed command line: every flag with boundary, malformed and random v
         if (!c.in_range) {
             CHECK(o.code == 2);
         } else if (o.code == 2) {
-            // Only a check beyond the table (memory, sequence % 16, min_lr <= lr) may refuse it.
+            // Only a check beyond the table (memory, sequence % 16, min_lr <= lr, rank < world_size,
+            // a rendezvous for world_size > 1) may refuse it.
             CHECK((o.err.find("memory") != std::string::npos || o.err.find("multiple of") != std::string::npos ||
-                   o.err.find("min_lr") != std::string::npos));
+                   o.err.find("min_lr") != std::string::npos || o.err.find("world_size") != std::string::npos));
         }
         accepted += o.code == 0;
     }

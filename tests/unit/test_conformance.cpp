@@ -99,6 +99,31 @@ std::vector<OpCase<T>> op_cases() {
         // a composite: broadcasting + reduction + GEMM in one graph
         {"composite", {Shape{64, 96}, Shape{96, 80}, Shape{80}}, {Shape{5, 7}, Shape{7, 3}, Shape{3}}, Domain::normal, 64,
          [](V x) { return olmax::mean(olmax::tanh(olmax::add(olmax::matmul(x[0], x[1]), x[2])), {0}); }},
+        // row gather / scatter-add and the grouped GEMM of the sparse MoE (indices made on the inputs' device)
+        {"gather_rows", {Shape{300, 128}}, {Shape{7, 13}}, Domain::normal, 1,
+         [](V x) {
+             olmax::device_scope on(x[0].device());
+             const std::size_t n = x[0].extent(0);
+             std::vector<std::int32_t> rows;
+             for (std::size_t m = 0; m < n + n / 2; ++m) rows.push_back(std::int32_t((m * 7 + 3) % n));  // repeats
+             return olmax::gather_rows(x[0], Tensor<std::int32_t>::from({rows.size()}, rows));
+         }},
+        {"scatter_rows", {Shape{300, 128}}, {Shape{7, 13}}, Domain::normal, 4,
+         [](V x) {
+             olmax::device_scope on(x[0].device());
+             const std::size_t m = x[0].extent(0), n = m / 2 + 1;
+             std::vector<std::int32_t> rows;
+             for (std::size_t i = 0; i < m; ++i) rows.push_back(std::int32_t((i * 5) % n));
+             return olmax::scatter_rows(x[0], Tensor<std::int32_t>::from({m}, rows), n + 1);
+         }},
+        {"grouped_matmul", {Shape{200, 96}, Shape{4, 96, 80}}, {Shape{9, 7}, Shape{3, 7, 3}}, Domain::normal, 64,
+         [](V x) {
+             const std::size_t m = x[0].extent(0), g = x[1].extent(0);
+             std::vector<std::size_t> offsets{0};
+             for (std::size_t i = 1; i < g; ++i) offsets.push_back(i == 1 ? 0 : m * i / g);  // group 0 empty
+             offsets.push_back(m);
+             return olmax::grouped_matmul(x[0], x[1], offsets);
+         }},
         // Mamba's selective scan: u, delta > 0, A = -a (a > 0: a decaying state), B, C
         {"selective_scan", {Shape{4, 128, 64}, Shape{4, 128, 64}, Shape{64, 16}, Shape{4, 128, 16}, Shape{4, 128, 16}},
          {Shape{1, 7, 5}, Shape{1, 7, 5}, Shape{5, 3}, Shape{1, 7, 3}, Shape{1, 7, 3}}, Domain::positive, 64,

@@ -21,6 +21,8 @@ struct TrainConfig {
     std::int64_t batch = 8;
     std::int64_t sequence = 64;
     // model
+    std::string preset = "tiny";  // sizes below; explicit flags override (TrainConfig::with_preset)
+    std::string block = "conv_mixer";
     std::int64_t features = 64;
     std::int64_t depth = 2;
     // optimisation
@@ -50,6 +52,12 @@ struct TrainConfig {
     bool data_parallel = true;
     bool dry_run = false;
     bool plot = true;
+    double time_budget_s = 0;  // 0: off
+    // data parallelism across processes (olmax::distributed)
+    std::int64_t world_size = 1;
+    std::int64_t rank = 0;
+    std::string rendezvous;  // file:DIR or tcp:HOST:PORT
+    double collective_timeout_s = 120;
     // sampling at the end
     std::int64_t sample_bytes = 200;
     double temperature = 0.8;
@@ -68,7 +76,10 @@ struct TrainConfig {
                 .greater_than(0).at_most(0.5),
             Field<C>{"seed", &C::seed, "seed for initialisation, data order and sampling"}.at_least(0),
             Field<C>{"batch", &C::batch, "rows per step (each row is a packed stream of documents)"}.in(1, 1 << 16),
-            Field<C>{"sequence", &C::sequence, "bytes per row per step (a multiple of 16)"}.in(16, size_max),
+            Field<C>{"sequence", &C::sequence, "bytes per row per step (a multiple of 16 for the conv_mixer and moe blocks)"}.in(16, size_max),
+            Field<C>{"preset", &C::preset, "model and batch sizes: tiny (64 x 2, batch 8 x 64), small (128 x 4, batch 16 x 128), "
+                                           "base (256 x 8, batch 16 x 256); flags given explicitly win", {"tiny", "small", "base"}},
+            Field<C>{"block", &C::block, "block type of the model (olmax::models recipes)", {"conv_mixer", "qrnn", "mamba", "moe"}},
             Field<C>{"features", &C::features, "model width"}.in(1, 1 << 16),
             Field<C>{"depth", &C::depth, "number of blocks"}.in(1, 1 << 12),
             Field<C>{"steps", &C::steps, "optimiser steps"}.in(1, steps_max),
@@ -97,6 +108,15 @@ struct TrainConfig {
                      "with several threads, split each batch's rows over them (one forward/backward per thread) instead of each op"},
             Field<C>{"dry_run", &C::dry_run, "check the flags, read the data, build the model and load the checkpoint, then stop"},
             Field<C>{"plot", &C::plot, "draw loss.png at the end (python3 with matplotlib)"},
+            Field<C>{"time_budget_s", &C::time_budget_s, "stop after the step that reaches this many seconds of training (0: off), "
+                                                         "then evaluate and checkpoint"}.in(0, 1e9),
+            Field<C>{"world_size", &C::world_size, "processes training together (data parallel; each takes batch / world_size rows)"}
+                .in(1, 1 << 16),
+            Field<C>{"rank", &C::rank, "this process's rank in [0, world_size); rank 0 writes checkpoints and metrics"}.in(0, 1 << 16),
+            Field<C>{"rendezvous", &C::rendezvous, "how the processes find each other: file:DIR (a folder all can reach) or "
+                                                   "tcp:HOST:PORT (rank 0 listens there)"},
+            Field<C>{"collective_timeout_s", &C::collective_timeout_s, "a peer silent this long is an error (rendezvous and every "
+                                                                       "gradient exchange)"}.greater_than(0).at_most(1e6),
             Field<C>{"sample_bytes", &C::sample_bytes, "bytes to generate after training"}.in(0, size_max),
             Field<C>{"temperature", &C::temperature, "sampling temperature (0: greedy)"}.in(0, 100),
             Field<C>{"top_k", &C::top_k, "sample among the k most likely bytes (0: all)"}.in(0, 256),
@@ -111,7 +131,39 @@ struct TrainConfig {
     void validate() const {
         validate_fields(*this);
         check<config_error>(min_lr <= lr, "config: key 'min_lr' (", min_lr, ") must not exceed 'lr' (", lr, ")");
+        check<config_error>(rank < world_size, "config: key 'rank' (", rank, ") must be below 'world_size' (", world_size, ")");
+        check<config_error>(batch % world_size == 0, "config: key 'batch' (", batch, ") must be a multiple of 'world_size' (", world_size,
+                            "): every process takes an equal share of each batch's rows");
+        check<config_error>(world_size == 1 || !rendezvous.empty(), "config: world_size ", world_size,
+                            " needs --rendezvous=file:DIR or --rendezvous=tcp:HOST:PORT");
+    }
+
+    /// The sizes of a preset (keys preset, features, depth, batch, sequence) over the defaults;
+    /// a program applies it first and the explicit flags after it.
+    static TrainConfig with_preset(const std::string& name) {
+        TrainConfig c;
+        c.preset = name;
+        if (name == "tiny") return c;
+        if (name == "small") {
+            c.features = 128, c.depth = 4, c.batch = 16, c.sequence = 128;
+            return c;
+        }
+        if (name == "base") {
+            c.features = 256, c.depth = 8, c.batch = 16, c.sequence = 256;
+            return c;
+        }
+        throw config_error(olmax::detail::concat("config: key 'preset' must be tiny, small or base, got '", name, "'"));
     }
 };
+
+/// parse_command_line for a TrainConfig with presets: the flags (and --config file) are read once
+/// to find the preset, then applied again over that preset's sizes, so explicit keys win.
+inline CommandLine parse_train_command_line(TrainConfig& c, int argc, const char* const* argv) {
+    TrainConfig scratch = c;
+    const CommandLine first = parse_command_line(scratch, argc, argv);
+    if (first.help) return first;
+    c = TrainConfig::with_preset(scratch.preset);
+    return parse_command_line(c, argc, argv);
+}
 
 }  // namespace olmax::config

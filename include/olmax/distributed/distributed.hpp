@@ -1,7 +1,8 @@
 #pragma once
 // Training across processes: the Communicator interface (world of one: LocalCommunicator) and the
-// gradient allreduce / parameter broadcast built on it. The Gloo communicator needs Gloo and is
-// included on its own: olmax/distributed/gloo.hpp (CMake target olmax::distributed).
+// gradient allreduce / parameter broadcast built on it. The communicators between processes need
+// their libraries and are included on their own: olmax/distributed/gloo.hpp (Gloo, CMake target
+// olmax::distributed) and olmax/distributed/mpi.hpp (MPI, CMake target olmax::distributed_mpi).
 
 #include "olmax/distributed/communicator.hpp"
 #include "olmax/distributed/data_parallel.hpp"

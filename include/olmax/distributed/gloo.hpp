@@ -3,12 +3,16 @@
 // over Gloo's TCP transport. Needs Gloo (Debian: libgloo-dev); link the CMake target
 // olmax::distributed, which olmax defines only when Gloo is found.
 //
-// Rendezvous: every rank writes its TCP address into a file store, a folder all ranks can reach (a
-// local temporary folder for processes on one machine, a shared file system such as NFS across
-// machines), and reads the others'. Debian's Gloo (0.5.0, git 2022-05-18) has no TCP store (that
-// one is PyTorch's, not Gloo's); its Redis store would need a Redis server and is not wrapped here.
-// Keys are never deleted, so every run needs a fresh folder or a fresh `prefix`: a rank that
-// finds its own key from an earlier run refuses to start ("File already exists").
+// Rendezvous: every rank writes its TCP address into a store and reads the others'. Either a file
+// store, a folder all ranks can reach (a local temporary folder for processes on one machine, a
+// shared file system such as NFS across machines), or a TCP store on HOST:PORT that rank 0 hosts
+// (olmax/distributed/tcp_store.hpp; Debian's Gloo, 0.5.0 git 2022-05-18, has none of its own).
+// Its Redis store would need a Redis server and is not wrapped here. File store keys are never
+// deleted, so every run needs a fresh folder or a fresh `prefix`: a rank that finds its own key
+// from an earlier run refuses to start ("File already exists"). The TCP store lives in rank 0's
+// memory: each run starts empty; rank 0 stops it once every rank has connected.
+// `parse_rendezvous("file:DIR" or "tcp:HOST:PORT", rank, world_size)` builds the options from a
+// command-line flag.
 //
 // Allreduce (deterministic for any world size N): the elements are cut into N contiguous
 // segments; rank r owns segment r. Reduce-scatter: every rank sends segment p to its owner p
@@ -36,6 +40,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -53,6 +58,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "olmax/distributed/communicator.hpp"
+#include "olmax/distributed/tcp_store.hpp"
 
 namespace olmax::distributed {
 
@@ -61,6 +67,10 @@ struct GlooOptions {
     int world_size = 1;
     /// The file store: a folder every rank can reach (created if missing). Fresh for every run.
     std::filesystem::path store_path;
+    /// Or the TCP store: "HOST:PORT" ("10.0.0.1:29500"). Rank 0 listens there (host "0.0.0.0": on
+    /// every interface; the other ranks then need rank 0's real address), every rank connects.
+    /// Exactly one of `store_path` and `store_address` must be set.
+    std::string store_address;
     /// Namespace of this job's keys inside the store (lets runs share a folder).
     std::string prefix = "olmax";
     /// Address this rank listens on, as peers reach it: "127.0.0.1" for processes on one machine,
@@ -71,9 +81,9 @@ struct GlooOptions {
     /// Rendezvous and every collective wait at most this long for the peers.
     Timeout timeout = std::chrono::seconds(30);
 
-    /// OLMAX_RANK, OLMAX_WORLD_SIZE, OLMAX_STORE (folder), OLMAX_PREFIX, OLMAX_HOSTNAME,
-    /// OLMAX_INTERFACE and OLMAX_TIMEOUT_MS, each optional (missing: the defaults above); for
-    /// launchers that pass the job's layout in the environment.
+    /// OLMAX_RANK, OLMAX_WORLD_SIZE, OLMAX_STORE (folder), OLMAX_STORE_ADDRESS (HOST:PORT),
+    /// OLMAX_PREFIX, OLMAX_HOSTNAME, OLMAX_INTERFACE and OLMAX_TIMEOUT_MS, each optional (missing:
+    /// the defaults above); for launchers that pass the job's layout in the environment.
     static GlooOptions from_environment() {
         GlooOptions o;
         auto text = [](const char* name) -> const char* { return std::getenv(name); };
@@ -89,12 +99,35 @@ struct GlooOptions {
         o.world_size = int(integer("OLMAX_WORLD_SIZE", o.world_size));
         o.timeout = Timeout(integer("OLMAX_TIMEOUT_MS", o.timeout.count()));
         if (const char* v = text("OLMAX_STORE")) o.store_path = v;
+        if (const char* v = text("OLMAX_STORE_ADDRESS")) o.store_address = v;
         if (const char* v = text("OLMAX_PREFIX")) o.prefix = v;
         if (const char* v = text("OLMAX_HOSTNAME")) o.hostname = v;
         if (const char* v = text("OLMAX_INTERFACE")) o.interface = v;
         return o;
     }
 };
+
+/// Options for `rank` of `world_size` from a rendezvous spec, as a --rendezvous flag gives it:
+/// "file:DIR" (the file store in the folder DIR) or "tcp:HOST:PORT" (the TCP store that rank 0
+/// hosts on HOST:PORT). The other fields come from `base` (timeout, hostname, prefix, ...); its
+/// store_path and store_address are replaced. Throws value_error for any other spec or a bad
+/// address.
+inline GlooOptions parse_rendezvous(std::string_view spec, int rank, int world_size, GlooOptions base = {}) {
+    base.rank = rank;
+    base.world_size = world_size;
+    base.store_path.clear();
+    base.store_address.clear();
+    if (spec.starts_with("file:")) {
+        check(spec.size() > 5, "rendezvous '", spec, "': no folder after 'file:' (expected file:DIR or tcp:HOST:PORT)");
+        base.store_path = std::string(spec.substr(5));
+    } else if (spec.starts_with("tcp:")) {
+        base.store_address = parse_store_address(spec.substr(4)).to_string();
+    } else {
+        throw value_error(olmax::detail::concat("rendezvous '", spec, "': expected file:DIR (a folder all ranks share) or tcp:HOST:PORT (",
+                                                "rank 0 hosts a TCP store there)"));
+    }
+    return base;
+}
 
 namespace detail {
 
@@ -120,6 +153,13 @@ private:
 
 /// Why a Gloo call failed, in words, from its message.
 inline std::string_view gloo_failure_kind(std::string_view message) {
+    const auto has = [&](std::string_view part) { return message.find(part) != std::string_view::npos; };
+    if (has("TCP store ")) {  // olmax/distributed/tcp_store.hpp
+        if (has("cannot listen")) return "rank 0 cannot host the TCP store";
+        if (has("could not connect")) return "nobody serves the TCP store (rank 0 not started, exited, or a wrong address)";
+        if (has("peer closed")) return "the TCP store's host, rank 0, closed the connection (exited, crashed or failed)";
+        if (!has("Timed out")) return "the TCP store failed";
+    }
     if (message.find("Timed out") != std::string_view::npos || message.find("Wait timeout") != std::string_view::npos ||
         message.find("Application timeout") != std::string_view::npos)
         return "a peer did not take part within the timeout (hung, dead or never started)";
@@ -138,13 +178,24 @@ public:
         check(size_ >= 1, "GlooCommunicator: world_size must be at least 1, got ", size_);
         check(rank_ >= 0 && rank_ < size_, "GlooCommunicator: rank ", rank_, " is not in [0, ", size_, ")");
         check(timeout_.count() > 0, "GlooCommunicator: the timeout must be positive, got ", timeout_.count(), " ms");
-        check(!options.store_path.empty(), "GlooCommunicator: no store_path (the rendezvous folder shared by all ranks)");
+        const bool tcp = !options.store_address.empty();
+        check(tcp != !options.store_path.empty(), "GlooCommunicator: ",
+              tcp ? "both store_path and store_address are set; give one rendezvous, the file store folder or the TCP store HOST:PORT"
+                  : "no rendezvous: set store_path (a folder shared by all ranks) or store_address (HOST:PORT of the TCP store rank 0 hosts)");
         const std::string what = describe("rendezvous");
-        std::error_code ec;
-        std::filesystem::create_directories(options.store_path, ec);
-        check<distributed_error>(std::filesystem::is_directory(options.store_path), what, ": the store folder ",
-                                 options.store_path.string(), " does not exist and cannot be created",
-                                 ec ? ": " + ec.message() : std::string());
+        std::optional<StoreAddress> address;
+        if (tcp) {
+            address = parse_store_address(options.store_address);
+        } else {
+            std::error_code ec;
+            std::filesystem::create_directories(options.store_path, ec);
+            check<distributed_error>(std::filesystem::is_directory(options.store_path), what, ": the store folder ",
+                                     options.store_path.string(), " does not exist and cannot be created",
+                                     ec ? ": " + ec.message() : std::string());
+        }
+        const std::string through =
+            tcp ? olmax::detail::concat("the TCP store ", address->to_string(), rank_ == 0 ? " (hosted by this rank)" : "")
+                : "the file store " + options.store_path.string();
         struct sigaction previous {};
         if (sigaction(SIGPIPE, nullptr, &previous) == 0 && previous.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
         const auto start = std::chrono::steady_clock::now();
@@ -155,14 +206,27 @@ public:
             device_ = gloo::transport::tcp::CreateDevice(attr);
             auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
             context->setTimeout(timeout_);
-            gloo::rendezvous::FileStore files(options.store_path.string());
-            gloo::rendezvous::PrefixStore prefixed(options.prefix, files);
+            std::unique_ptr<gloo::rendezvous::Store> base;
+            if (tcp) base = std::make_unique<TcpStore>(*address, rank_ == 0, timeout_);
+            else base = std::make_unique<gloo::rendezvous::FileStore>(options.store_path.string());
+            gloo::rendezvous::PrefixStore prefixed(options.prefix, *base);
             detail::BoundedStore store(prefixed, timeout_);
             context->connectFullMesh(store, device_);
+            if (tcp && size_ > 1) {
+                // The TCP store dies with rank 0's `base`: rank 0 keeps it until every rank says it
+                // has read all the addresses it needs.
+                store.set(olmax::detail::concat("connected/", rank_), {});
+                if (rank_ == 0) {
+                    std::vector<std::string> keys;
+                    for (int r = 1; r < size_; ++r) keys.push_back(olmax::detail::concat("connected/", r));
+                    const auto left = timeout_ - std::chrono::duration_cast<Timeout>(std::chrono::steady_clock::now() - start);
+                    store.wait(keys, std::max(left, Timeout(1)));
+                }
+            }
             context_ = std::move(context);
         } catch (const std::exception& e) {
             throw distributed_error(olmax::detail::concat(
-                what, " through the file store ", options.store_path.string(), " (prefix '", options.prefix, "') failed after ",
+                what, " through ", through, " (prefix '", options.prefix, "') failed after ",
                 elapsed_ms(start), " ms (timeout ", timeout_.count(), " ms): ", detail::gloo_failure_kind(e.what()), ": ", e.what(),
                 std::string_view(e.what()).find("already exists") != std::string_view::npos
                     ? " (keys of an earlier run: use a fresh store folder or prefix for every run)"

@@ -1,8 +1,9 @@
 #pragma once
 // The byte-level language model the main job (examples/train_lm) trains:
 //     bytes -> Embedding -> Stack<block> -> OutputHead (ScaleNorm, W_out, chunked cross-entropy with z-loss)
-// The block is a recipe type (ConvMixer: the original Olmax's reversible conv/mixer stem); a
-// reversible block runs on two streams (nn::two_streams before the stack, merge_streams after).
+// The block is a recipe type (models/recipes.hpp; ConvMixer, the original Olmax's reversible
+// conv/mixer stem, by default); a reversible block runs on two streams (nn::two_streams before the
+// stack, merge_streams after).
 
 #include <algorithm>
 #include <cmath>
@@ -20,9 +21,8 @@
 #include "olmax/data/loader.hpp"
 #include "olmax/data/sampling.hpp"
 #include "olmax/data/tokenizer.hpp"
-#include "olmax/nn/conv.hpp"
+#include "olmax/models/recipes.hpp"
 #include "olmax/nn/embedding.hpp"
-#include "olmax/nn/mixer.hpp"
 #include "olmax/nn/reversible.hpp"
 #include "olmax/nn/stack.hpp"
 #include "olmax/nn/views.hpp"
@@ -41,29 +41,6 @@ struct ByteLMConfig {
                                     " and ", c.depth);
         return {std::size_t(c.features), std::size_t(c.depth), std::uint64_t(c.seed)};
     }
-};
-
-/// Block recipe: the original Olmax's stem, Reversible(DenseConv<5>, HierarchicalMixer<16>).
-/// A recipe names its block type and the facts the model needs before building anything.
-struct ConvMixer {
-    static constexpr std::size_t conv_kernel = 5;
-    static constexpr std::size_t mixer_chunk = 16;
-    template <Real T>
-    using block = nn::Reversible<nn::DenseConv<conv_kernel, T>, nn::HierarchicalMixer<mixer_chunk, T>>;
-
-    static constexpr std::string_view description = "reversible(dense conv 5, mixer 16)";
-    /// Sequence lengths must be a multiple of this (the mixer's chunk).
-    static constexpr std::size_t sequence_multiple = mixer_chunk;
-    /// Trainable parameters of one block of width F (checked against the real block in
-    /// tests/programs): conv0 [K, F, 2F] + its norm scale [2F] + conv1 [K, 2F, F] + the mixer's two
-    /// [16, 16] matrices and scale [F].
-    static double parameters_per_block(double F) {
-        const double K = double(conv_kernel), M = double(mixer_chunk);
-        return 4 * K * F * F + 3 * F + 2 * M * M;
-    }
-    /// Activations kept per token and feature (floats): the reversible stack's two streams plus one
-    /// block's recomputation, flat in depth.
-    static constexpr double activation_floats_per_token_feature = 48;
 };
 
 /// The byte-level LM over a block recipe (ConvMixer by default) in element type T.
@@ -216,6 +193,8 @@ public:
 private:
     static ByteLMConfig checked(const config::TrainConfig& c) {
         const auto model = ByteLMConfig::from(c);
+        check<config::config_error>(c.block == Recipe::key, "config: key 'block' is '", c.block, "' but this model is built from the '",
+                                    Recipe::key, "' recipe (models::with_recipe picks the type for a block name)");
         check<config::config_error>(c.batch > 0 && c.sequence > 0, "config: keys 'batch' and 'sequence' must be positive, got ", c.batch,
                                     " and ", c.sequence);
         check_trainable(model, std::size_t(c.batch), std::size_t(c.sequence));
@@ -230,6 +209,7 @@ private:
         n.depth = c.depth;
         n.vocab = vocab;
         n.seed = c.seed;
+        if constexpr (requires { Recipe::experts; }) n.experts = Recipe::experts;
         return n;
     }
 

@@ -45,6 +45,11 @@ namespace olmax::nn {
 /// by every layer (the original's weight-tied MoE expert).
 enum class Sharing { per_layer, tied };
 
+/// How nn::MoE computes its experts: `sparse` gathers the tokens routed to each expert and runs one
+/// GEMM on just those rows (flops independent of the number of experts); `dense` runs every expert
+/// on every token and masks by the gates (E times the flops; the reference the tests compare with).
+enum class MoEDispatch { sparse, dense };
+
 /// Runtime information a layer gets with every forward call.
 struct LayerContext {
     std::size_t layer_index = 0;  ///< position in the enclosing Stack (the mixer alternates modes by it)
@@ -91,7 +96,15 @@ struct Config {
     std::size_t depth = 8;              ///< layers of an nn::Stack built from a config alone
     std::size_t conv_groups = 1;        ///< groups of CausalConv
     std::size_t experts = 4;            ///< MoE experts
-    double capacity_factor = 1.25;      ///< MoE capacity = ceil(factor * tokens / experts) per sequence
+    double capacity_factor = 1.25;      ///< MoE capacity per expert per sequence C = ceil(factor * moe_top_k * S / experts)
+    /// MoE experts per token k, 1 <= k <= experts: 1 is Switch routing, 2 GShard's top-2. The gates
+    /// are the chosen experts' softmax probabilities, not renormalised (nn::MoE).
+    std::size_t moe_top_k = 1;
+    /// MoE load-balancing loss weight alpha (Switch's 0.01): nn::MoE::balance_loss() is alpha times
+    /// the balance loss in taped mode, and in reversible memory-saving mode the layer adds the
+    /// gradient of alpha times it itself; 0 turns the balance gradient off.
+    double moe_balance_coefficient = 0.01;
+    MoEDispatch moe_dispatch = MoEDispatch::sparse;  ///< MoE: routed tokens only (sparse) or every expert on every token (dense)
     double norm_eps = 1e-16;            ///< ScaleNorm: x / max(||x||, eps)
     double rms_eps = 1e-6;              ///< RMSNorm epsilon
     double leaky_slope = 0.01;          ///< leaky-ReLU slope (the original's 0.01)

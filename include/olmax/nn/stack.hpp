@@ -76,6 +76,10 @@ public:
 
     std::size_t depth() const { return depth_; }
 
+    /// The block every layer runs (its parameter handles are rebound per call). State its copies
+    /// share lives here, e.g. nn::MoE's auxiliary loss and routing counters.
+    const Block& block() const { return worker_; }
+
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         if constexpr (InvertibleLayer<Block>) {
             if (worker_.memory_saving()) return forward_reversible(x, ctx);

@@ -8,3 +8,5 @@
 #include "olmax/ops/conv.hpp"
 #include "olmax/ops/norm.hpp"
 #include "olmax/ops/loss.hpp"
+#include "olmax/ops/gather.hpp"
+#include "olmax/ops/grouped_matmul.hpp"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Quality against the baseline users know (issue 15 item 5): held-out bits/byte of olmax's main job
+# (examples/train_lm, every block choice) and of a PyTorch 2.x nanoGPT-style byte transformer
+# (nanogpt_baseline.py, nanoGPT's shakespeare_char CPU recipe), same corpus, same held-out split and
+# evaluation rows, same wall-clock budget, same thread count. See docs/QUALITY.md.
+#
+#     benchmarks/quality/setup_torch_venv.sh               # once: PyTorch from PyPI into .venv-torch
+#     cmake --build build --target train_lm dump_split
+#     benchmarks/quality/run.sh                            # build/; 5 minutes per run, 2 threads
+#     BUDGET_S=20 TORCH_MODES=recipe benchmarks/quality/run.sh build   # a functional check (seconds)
+#
+# Environment: BUDGET_S (300), THREADS (2), BLOCKS (comma/space separated train_lm --block values;
+# default: every choice train_lm --help lists, or its one model when it has no --block flag),
+# TORCH_MODES ("recipe fill": nanoGPT's max_iters 2000 or the budget, whichever ends first; and
+# cosine over the whole budget), DATA (a corpus for train_lm --data; default its own, the Debian
+# fortunes), TRAIN_LM_FLAGS (more train_lm flags, e.g. --preset=small), TORCH_PYTHON (default
+# .venv-torch/bin/python), OUT (default benchmarks/results/quality-<UTC time>, git-ignored).
+# Writes one JSON per run and summary.json into OUT, and prints a markdown table.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+build="${1:-$repo/build}"
+case "$build" in /*) ;; *) build="$repo/$build" ;; esac
+train_lm="$build/examples/train_lm"
+dump_split="$build/benchmarks/quality/dump_split"
+torch_python="${TORCH_PYTHON:-$repo/.venv-torch/bin/python}"
+out="${OUT:-$repo/benchmarks/results/quality-$(date -u +%Y%m%dT%H%M%SZ)}"
+for binary in "$train_lm" "$dump_split"; do
+  [ -x "$binary" ] || { echo "run.sh: no $binary; build it: cmake --build $build --target train_lm dump_split" >&2; exit 1; }
+done
+"$torch_python" -c "import torch, numpy" 2>/dev/null ||
+  { echo "run.sh: $torch_python cannot import torch and numpy; run benchmarks/quality/setup_torch_venv.sh" >&2; exit 77; }
+exec /usr/bin/python3 "$here/compare.py" --train_lm "$train_lm" --dump_split "$dump_split" --torch_python "$torch_python" \
+  --out "$out" --budget_s "${BUDGET_S:-300}" --threads "${THREADS:-2}" --blocks "${BLOCKS:-}" \
+  --torch_modes "${TORCH_MODES:-recipe fill}" --data "${DATA:-}" --extra "${TRAIN_LM_FLAGS:-}"

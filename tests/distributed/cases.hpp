@@ -1,0 +1,335 @@
+#pragma once
+// The cases of tests/distributed, written against the Communicator interface only, so that every
+// communicator runs the same checks: test_distributed.cpp runs them over Gloo, test_distributed_mpi.cpp
+// over MPI. Each case is one rank's part; a failed check throws `Failure`.
+//
+//   case_collectives  allreduce (sum, mean; float, double; 0, 1, odd, ~4M elements) equals
+//                     reduce_in_rank_order of every rank's input bit for bit; broadcast from every
+//                     root; barrier; the bucketing of plan_buckets; LocalCommunicator.
+//   case_train        a tiny MLP trained for a few AdamW steps, one shard of each batch per rank,
+//                     with broadcast_parameters at the start and allreduce_gradients after each
+//                     backward, ends bit-identical to one process averaging the shard gradients (and
+//                     across bucket sizes).
+//   case_peer_exit    rank 1 dies (_Exit, no clean-up) before an allreduce: rank 0 must get a
+//                     distributed_error naming the allreduce and rank 0 within timeout + 3 s.
+//   case_peer_hang    rank 1 sleeps past the timeout: rank 0 must time out within timeout + 3 s;
+//                     rank 1, waking up, must get an error too (over MPI the job is aborted while
+//                     rank 1 still sleeps: run_mpi.sh checks that instead).
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <olmax/autodiff/autodiff.hpp>
+#include <olmax/core/core.hpp>
+#include <olmax/distributed/communicator.hpp>
+#include <olmax/distributed/data_parallel.hpp>
+#include <olmax/nn/linear.hpp>
+#include <olmax/ops/ops.hpp>
+#include <olmax/optim/adam.hpp>
+#include <olmax/optim/parameters_of.hpp>
+
+namespace olmax_distributed_test {
+
+namespace dist = olmax::distributed;
+using olmax::Tensor;
+using Clock = std::chrono::steady_clock;
+
+struct Failure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+template <class... Parts>
+void expect(bool condition, const Parts&... parts) {
+    if (!condition) throw Failure(olmax::detail::concat(parts...));
+}
+
+template <class T>
+bool same_bits(std::span<const T> a, std::span<const T> b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+inline double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+/// Rank r's input for a test of n elements: varied magnitudes and signs, so that the order of the
+/// additions shows in the rounding (rank order vs. any other order would differ somewhere).
+template <olmax::Real T>
+std::vector<T> input_of(int rank, std::size_t n, std::uint64_t salt) {
+    olmax::Generator rng(1000003 * (salt + 1) + std::uint64_t(rank));
+    std::vector<T> v(n);
+    for (auto& x : v) x = static_cast<T>(rng.normal() * std::exp2(std::floor(rng.uniform() * 20) - 10));
+    return v;
+}
+
+template <olmax::Real T>
+void check_allreduce(dist::Communicator& comm, std::size_t n, dist::Reduction op, std::uint64_t salt) {
+    std::vector<std::vector<T>> all;
+    for (int r = 0; r < comm.world_size(); ++r) all.push_back(input_of<T>(r, n, salt));
+    std::vector<std::span<const T>> parts(all.begin(), all.end());
+    std::vector<T> expected(n);
+    dist::reduce_in_rank_order<T>(parts, std::span<T>(expected), op);
+
+    std::vector<T> data = all[comm.rank()];
+    comm.allreduce(std::span<T>(data), op);
+    expect(same_bits<T>(data, expected), "allreduce ", to_string(op), " of ", n, " ", olmax::dtype_name<T>(),
+           " differs from reduce_in_rank_order");
+    if (n > 1 && comm.world_size() > 2) {
+        // The left-to-right order matters (and is what we get): the sum in reverse rank order differs.
+        std::vector<std::span<const T>> reversed(parts.rbegin(), parts.rend());
+        std::vector<T> other(n);
+        dist::reduce_in_rank_order<T>(reversed, std::span<T>(other), op);
+        if (n > 1000) expect(!same_bits<T>(other, expected), "the test inputs do not distinguish summation orders");
+    }
+}
+
+inline void case_collectives(dist::Communicator& comm) {
+    const auto start = Clock::now();
+    std::uint64_t salt = 0;
+    const std::size_t large = (std::size_t(1) << 22) + 3;  // ~4M elements, odd
+    for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(7), std::size_t(1001), large})
+        for (auto op : {dist::Reduction::sum, dist::Reduction::mean}) {
+            check_allreduce<float>(comm, n, op, ++salt);
+            if (n != large) check_allreduce<double>(comm, n, op, ++salt);
+        }
+    check_allreduce<double>(comm, large / 2, dist::Reduction::mean, ++salt);
+    std::printf("allreduce: sizes 0..%zu, float and double, sum and mean, equal to reduce_in_rank_order (%.2f s)\n", large,
+                seconds_since(start));
+
+    // Tensor overload, in place.
+    auto t = Tensor<float>::from({2, 3}, std::vector<float>{1, 2, 3, 4, 5, float(comm.rank())});
+    comm.allreduce(t, dist::Reduction::sum);
+    const int N = comm.world_size();
+    expect(t(0, 0) == float(N) && t(1, 2) == float(N * (N - 1) / 2), "allreduce of a tensor: wrong values");
+
+    // Broadcast from every root, of bytes and of doubles, sizes 0, 1, odd, large.
+    for (int root = 0; root < N; ++root)
+        for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(999), std::size_t(1) << 20}) {
+            const auto source = input_of<double>(root, n, 77);
+            auto data = comm.rank() == root ? source : std::vector<double>(n, -1.0);
+            comm.broadcast(std::span<double>(data), root);
+            expect(same_bits<double>(data, source), "broadcast of ", n, " doubles from rank ", root, ": wrong values");
+        }
+    std::printf("broadcast: from every root, 0 to 1M doubles\n");
+    comm.barrier();
+
+    bool refused = false;
+    try {
+        comm.broadcast(std::span<double>(), N);
+    } catch (const olmax::value_error&) {
+        refused = true;
+    }
+    expect(refused, "broadcast from a root outside the world was not refused");
+
+    // Buckets: consecutive, bounded, a too-large tensor alone.
+    const std::vector<std::size_t> sizes{10, 10, 10, 100, 1, 1};
+    const auto buckets = dist::plan_buckets(sizes, 4, 80);
+    const std::vector<std::pair<std::size_t, std::size_t>> want{{0, 2}, {2, 3}, {3, 4}, {4, 6}};
+    expect(buckets == want, "plan_buckets: unexpected buckets");
+
+    dist::LocalCommunicator local;
+    std::vector<float> x{1.5f, -2.0f, 3.25f};
+    const auto copy = x;
+    local.allreduce(std::span<float>(x), dist::Reduction::mean);
+    local.broadcast(std::span<float>(x), 0);
+    local.barrier();
+    expect(same_bits<float>(x, copy) && local.world_size() == 1 && local.rank() == 0, "LocalCommunicator changed its input");
+}
+
+// ---- train: a tiny MLP, 2 ranks vs. one process ------------------------------------------------
+
+template <olmax::Real T>
+struct Mlp {
+    using value_type = T;
+    olmax::nn::Linear<T> hidden, out;
+    explicit Mlp(olmax::Generator& rng) : hidden(8, 16, rng, true), out(16, 4, rng, true) {}
+    void visit_parameters(olmax::nn::ParameterVisitor<T>& visit) {
+        visit.child("hidden", hidden);
+        visit.child("out", out);
+    }
+    std::vector<olmax::optim::Parameter<T>> optimizer_parameters() { return olmax::optim::parameters_of(*this); }
+    std::vector<Tensor<T>> tensors() { return dist::tensors_of(optimizer_parameters()); }  // hidden W, b, out W, b
+    Tensor<T> loss(const Tensor<T>& x, const Tensor<T>& y) const {
+        return olmax::mean(olmax::square(out.forward(olmax::tanh(hidden.forward(x))) - y));
+    }
+};
+
+constexpr std::size_t shard_rows = 6;
+constexpr int train_steps = 5;
+
+inline olmax::optim::AdamWConfig adamw_config() {
+    olmax::optim::AdamWConfig c;
+    c.schedule.peak_lr = 0.05;
+    c.weight_decay = 0.1;
+    return c;
+}
+
+/// Shard `s` of step `step`'s global batch (the same numbers on every rank).
+template <olmax::Real T>
+std::pair<Tensor<T>, Tensor<T>> shard(int step, int s, int shards) {
+    olmax::Generator rng(4242 + std::uint64_t(step));
+    auto x = olmax::randn<T>({shard_rows * std::size_t(shards), 8}, rng);
+    auto y = olmax::randn<T>({shard_rows * std::size_t(shards), 4}, rng);
+    const std::size_t b = shard_rows * std::size_t(s);
+    return {olmax::slice(x, 0, b, b + shard_rows).detach().clone(), olmax::slice(y, 0, b, b + shard_rows).detach().clone()};
+}
+
+template <olmax::Real T>
+std::vector<Tensor<T>> train_distributed(dist::Communicator& comm, std::size_t bucket_bytes) {
+    olmax::Generator rng(comm.rank() == 0 ? 7 : 1000 + comm.rank());  // rank 0's initialisation must win
+    Mlp<T> model(rng);
+    auto tensors = model.tensors();
+    dist::broadcast_parameters<T>(comm, tensors, 0, {bucket_bytes, {}});
+    olmax::optim::AdamW<T> opt(model.optimizer_parameters(), adamw_config());
+    const auto named = dist::tensors_of(opt.parameters());  // the same handles, in the same order
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+        expect(named[i].data() == tensors[i].data(), "tensors_of: parameter ", i, " is not the optimiser's tensor");
+    for (int step = 0; step < train_steps; ++step) {
+        opt.zero_grad();
+        auto [x, y] = shard<T>(step, comm.rank(), comm.world_size());
+        model.loss(x, y).backward();
+        dist::allreduce_gradients<T>(comm, tensors, dist::Reduction::mean, {bucket_bytes, {}});
+        opt.step();
+    }
+    return tensors;
+}
+
+/// One process: every shard's gradient in turn, combined with reduce_in_rank_order.
+template <olmax::Real T>
+std::vector<Tensor<T>> train_single_process(int shards) {
+    olmax::Generator rng(7);
+    Mlp<T> model(rng);
+    auto tensors = model.tensors();
+    olmax::optim::AdamW<T> opt(model.optimizer_parameters(), adamw_config());
+    for (int step = 0; step < train_steps; ++step) {
+        std::vector<std::vector<Tensor<T>>> grads(tensors.size());
+        for (int s = 0; s < shards; ++s) {
+            opt.zero_grad();
+            auto [x, y] = shard<T>(step, s, shards);
+            model.loss(x, y).backward();
+            for (std::size_t i = 0; i < tensors.size(); ++i) grads[i].push_back(tensors[i].grad().clone());
+        }
+        for (std::size_t i = 0; i < tensors.size(); ++i) dist::reduce_in_rank_order<T>(grads[i], tensors[i].grad(), dist::Reduction::mean);
+        opt.step();
+    }
+    return tensors;
+}
+
+/// One process, shards on threads (autodiff::data_parallel_backward sums them in shard order),
+/// the sum then divided by the shard count. Equal to the above when every shard's gradient comes
+/// out the same on a worker thread (ops run serially there) as on the main thread; reported, not
+/// required.
+template <olmax::Real T>
+std::vector<Tensor<T>> train_thread_shards(int shards) {
+    olmax::Generator rng(7);
+    Mlp<T> model(rng);
+    auto tensors = model.tensors();
+    olmax::optim::AdamW<T> opt(model.optimizer_parameters(), adamw_config());
+    for (int step = 0; step < train_steps; ++step) {
+        opt.zero_grad();
+        olmax::autodiff::data_parallel_backward<T>(tensors, std::size_t(shards), [&](std::size_t s) {
+            auto [x, y] = shard<T>(step, int(s), shards);
+            return model.loss(x, y);
+        });
+        for (auto& t : tensors)
+            for (auto& g : t.grad().span()) g /= T(shards);
+        opt.step();
+    }
+    return tensors;
+}
+
+template <olmax::Real T>
+void check_training(dist::Communicator& comm) {
+    const auto reference = train_single_process<T>(comm.world_size());
+    const auto threads = train_thread_shards<T>(comm.world_size());
+    bool same_as_threads = true;
+    for (std::size_t i = 0; i < reference.size(); ++i) same_as_threads = same_as_threads && same_bits<T>(threads[i].span(), reference[i].span());
+    for (std::size_t bucket_bytes : {std::size_t(100), std::size_t(25) << 20}) {
+        const auto trained = train_distributed<T>(comm, bucket_bytes);
+        for (std::size_t i = 0; i < trained.size(); ++i)
+            expect(same_bits<T>(trained[i].span(), reference[i].span()), "training (", olmax::dtype_name<T>(), ", buckets of ", bucket_bytes,
+                   " bytes): parameter ", i, " differs from the single-process reference");
+        // Training moved the parameters away from the initialisation.
+        olmax::Generator rng(7);
+        Mlp<T> init(rng);
+        expect(!same_bits<T>(init.tensors()[0].span(), trained[0].span()), "training did not change the parameters");
+    }
+    std::printf("training (%s): %d ranks x %zu rows, %d AdamW steps, bit-identical to one process averaging %d shard gradients"
+                " (data_parallel_backward over %d thread shards: %s)\n",
+                std::string(olmax::dtype_name<T>()).c_str(), comm.world_size(), shard_rows, train_steps, comm.world_size(), comm.world_size(),
+                same_as_threads ? "bit-identical too" : "differs in rounding");
+}
+
+inline void case_train(dist::Communicator& comm) {
+    check_training<float>(comm);
+    check_training<double>(comm);
+}
+
+// ---- faults --------------------------------------------------------------------------------------
+
+/// Runs `body`, which must throw distributed_error naming `operation` and this rank within
+/// `limit_s` seconds; then checks that the communicator refuses further work.
+inline void expect_failure(dist::Communicator& comm, std::string_view operation, double limit_s, const std::function<void()>& body) {
+    const auto start = Clock::now();
+    std::string message;
+    try {
+        body();
+    } catch (const dist::distributed_error& e) {
+        message = e.what();
+    }
+    const double took = seconds_since(start);
+    expect(!message.empty(), operation, " did not fail although a peer was gone (", took, " s)");
+    std::printf("rank %d: %s failed after %.2f s: %s\n", comm.rank(), std::string(operation).c_str(), took, message.c_str());
+    expect(took < limit_s, operation, " took ", took, " s to fail, more than ", limit_s, " s");
+    expect(message.find(operation) != std::string::npos, "the error does not name the operation: ", message);
+    expect(message.find(olmax::detail::concat("rank ", comm.rank())) != std::string::npos, "the error does not name the rank: ", message);
+    std::vector<float> more(4);
+    bool refused = false;
+    try {
+        comm.allreduce(std::span<float>(more));
+    } catch (const dist::distributed_error& e) {
+        refused = std::string_view(e.what()).find("unusable") != std::string_view::npos;
+    }
+    expect(refused, "a broken communicator accepted another collective");
+}
+
+inline void case_peer_exit(dist::Communicator& comm) {
+    comm.barrier();
+    if (comm.rank() == 1) std::_Exit(0);  // dies without any clean-up, as a crash would
+    std::vector<float> data(1 << 16, 1.0f);
+    const double limit = std::chrono::duration<double>(comm.default_timeout()).count() + 3;
+    expect_failure(comm, "allreduce", limit, [&] { comm.allreduce(std::span<float>(data)); });
+}
+
+inline void case_peer_hang(dist::Communicator& comm) {
+    comm.barrier();
+    const double timeout_s = std::chrono::duration<double>(comm.default_timeout()).count();
+    std::vector<float> data(1 << 16, 1.0f);
+    if (comm.rank() == 1) {
+        std::this_thread::sleep_for(comm.default_timeout() + std::chrono::seconds(2));  // a hung rank
+        bool failed = false;
+        try {
+            comm.allreduce(std::span<float>(data));
+        } catch (const dist::distributed_error& e) {
+            failed = true;
+            std::printf("rank 1 (woke up): %s\n", e.what());
+        }
+        expect(failed, "the hung rank's late allreduce succeeded although rank 0 gave up");
+        return;
+    }
+    const auto start = Clock::now();
+    expect_failure(comm, "allreduce", timeout_s + 3, [&] { comm.allreduce(std::span<float>(data)); });
+    expect(seconds_since(start) >= timeout_s * 0.9, "allreduce failed before its timeout although the peer was only slow");
+}
+
+}  // namespace olmax_distributed_test

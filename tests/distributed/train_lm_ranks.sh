@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The main job across processes (issue: data parallelism in train_lm). Usage:
+#     train_lm_ranks.sh TRAIN_LM LAUNCHER
+# 1. Two ranks of one thread each (tools/launch_local.sh) log the same losses, to the printed
+#    digits, as one process whose two threads each take half of every batch.
+# 2. The two-rank run resumes from its own checkpoint (rank 0 hands it to rank 1) and goes on.
+# 3. A rank that dies makes the launcher stop the other and fail; the last checkpoint stays valid.
+set -euo pipefail
+train_lm=$1
+launcher=$2
+work=$(mktemp -d "${TMPDIR:-/tmp}/olmax-train-lm-ranks.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+printf 'A fortune a day keeps the doctor away.\n%%\nThe quick brown fox jumps over the lazy dog.\n%%\n' > "$work/seed.txt"
+for i in $(seq 1 200); do cat "$work/seed.txt"; echo "line $i of the corpus, with some words to learn."; echo "%"; done > "$work/corpus.txt"
+common=(--data="$work/corpus.txt" --steps=6 --eval_every=3 --eval_batches=4 --sample_bytes=0 --plot=false --checkpoint_every=3
+        --batch=4 --sequence=32 --features=16 --collective_timeout_s=30)
+
+"$train_lm" "${common[@]}" --threads=2 --checkpoint_dir="$work/one" > "$work/one.log"
+bash "$launcher" 2 "$train_lm" "${common[@]}" --threads=1 --checkpoint_dir="$work/two" > "$work/two.log" 2>&1 ||
+  { cat "$work/two.log"; echo "FAIL: the two-rank run failed"; exit 1; }
+if ! diff "$work/one/metrics.csv" "$work/two/metrics.csv"; then
+  echo "FAIL: two ranks and one process with two shards logged different losses"; exit 1
+fi
+grep -q "rank 1 of 2 (gloo): rows 2..3 of each batch" "$work/two.log" || { cat "$work/two.log"; echo "FAIL: no rank 1 report"; exit 1; }
+[ ! -e "$work/two/rank1" ] && [ "$(ls "$work/two" | grep -c '^ckpt-')" -eq 2 ] || { ls -la "$work/two"; echo "FAIL: checkpoints"; exit 1; }
+echo "ok: two ranks equal one process with two shards (metrics.csv identical)"
+
+bash "$launcher" 2 "$train_lm" "${common[@]}" --steps=8 --threads=1 --checkpoint_dir="$work/two" > "$work/resume.log" 2>&1 ||
+  { cat "$work/resume.log"; echo "FAIL: the resumed two-rank run failed"; exit 1; }
+grep -q "resumed from .*ckpt-0000000006.olmax at step 6" "$work/resume.log" || { cat "$work/resume.log"; echo "FAIL: no resume"; exit 1; }
+grep -q "^8,.*,eval," "$work/two/metrics.csv" || { cat "$work/two/metrics.csv"; echo "FAIL: no step 8"; exit 1; }
+echo "ok: two ranks resume from rank 0's checkpoint"
+
+# Rank 1 gets a corpus path that does not exist: it fails at start; rank 0 must not hang.
+start=$(date +%s)
+set +e
+"$train_lm" "${common[@]}" --threads=1 --checkpoint_dir="$work/fault" --world_size=2 --rank=0 --rendezvous="file:$work/store" \
+  --collective_timeout_s=5 > "$work/rank0.log" 2>&1 &
+rank0=$!
+"$train_lm" "${common[@]}" --data="$work/missing.txt" --threads=1 --checkpoint_dir="$work/fault" --world_size=2 --rank=1 \
+  --rendezvous="file:$work/store" --collective_timeout_s=5 > "$work/rank1.log" 2>&1
+code1=$?
+wait $rank0
+code0=$?
+set -e
+elapsed=$(( $(date +%s) - start ))
+if [ "$code0" -eq 0 ] || [ "$code1" -eq 0 ] || [ "$elapsed" -gt 40 ]; then
+  cat "$work/rank0.log" "$work/rank1.log"; echo "FAIL: exit codes $code0 / $code1 after $elapsed s"; exit 1
+fi
+grep -q "^train_lm: rendezvous (rank 0 of 2, gloo).*timeout" "$work/rank0.log" ||
+  { cat "$work/rank0.log"; echo "FAIL: rank 0's error does not say which collective of which rank timed out"; exit 1; }
+echo "ok: a rank that fails at start stops the other within $elapsed s (exit codes $code0, $code1)"
