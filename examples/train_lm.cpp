@@ -246,18 +246,25 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
     io::ProgressBar progress(out, c.steps, lead && io::stdout_is_terminal(), c.log_every, step);
     double tokens_this_run = 0, last_eval = std::nan("");
     std::filesystem::path last_checkpoint;
-    const auto started = std::chrono::steady_clock::now();
+    // Training time counts the steps only (data, forward, backward, gradient exchange, optimiser),
+    // not evaluations, checkpoints or printing: the time budget and the final summary use it.
+    using clock = std::chrono::steady_clock;
+    auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+    double train_seconds = 0, exchange_seconds = 0;
     bool out_of_time = false;
     while (step < c.steps && !out_of_time) {
+        const auto step_started = clock::now();
         double loss_sum = 0;
         for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro)
             loss_sum += model.accumulate_gradients(own_rows(*loader.next()), shards, 1.0 / double(c.grad_accumulation));
+        const auto exchange_started = clock::now();
         dist::allreduce_gradients(comm, tensors);
         // The batch's loss (mean over ranks) and rank 0's verdict on the time budget, in one exchange.
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        const double elapsed = train_seconds + seconds_since(step_started);
         std::array<double, 2> shared{loss_sum / double(c.grad_accumulation),
                                      lead && c.time_budget_s > 0 && elapsed >= c.time_budget_s ? 1.0 : 0.0};
         comm.allreduce(std::span<double>(shared));
+        exchange_seconds += seconds_since(exchange_started);
         const double loss = shared[0] / double(ranks);
         out_of_time = shared[1] > 0;
         try {
@@ -270,6 +277,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
             return 3;
         }
         opt.zero_grad();
+        train_seconds += seconds_since(step_started);
         ++step;
         tokens_this_run += tokens_per_step;
         const double tokens_total = double(step) * tokens_per_step;
@@ -289,12 +297,19 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
         progress.update(step, loss, tokens_this_run, extra);
     }
     progress.finish();
-    if (out_of_time) {
-        char line[160];
-        std::snprintf(line, sizeof line, "time budget of %.0f s reached after step %lld: %.0f tokens in %.1f s (%.0f tokens/s)\n",
-                      c.time_budget_s, static_cast<long long>(step), tokens_this_run,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
-                      tokens_this_run / std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    {
+        char line[240];
+        if (out_of_time) {
+            std::snprintf(line, sizeof line, "time budget of %.0f s reached after step %lld\n", c.time_budget_s, static_cast<long long>(step));
+            out << line;
+        }
+        // Rank 0's figures; the exchange share is what training across processes costs per step.
+        std::snprintf(line, sizeof line,
+                      "trained %.0f tokens in %.2f s without evaluations (%.0f tokens/s, %.3f ms/step); gradient exchange %.2f s (%.1f%%) "
+                      "across %d process(es)\n",
+                      tokens_this_run, train_seconds, train_seconds > 0 ? tokens_this_run / train_seconds : 0.0,
+                      tokens_this_run > 0 ? 1e3 * train_seconds * tokens_per_step / tokens_this_run : 0.0, exchange_seconds,
+                      train_seconds > 0 ? 100 * exchange_seconds / train_seconds : 0.0, comm.world_size());
         out << line;
     }
     if (!lead) return 0;  // the rest (loss curve, samples) is rank 0's

@@ -230,13 +230,16 @@ def main():
         # it is not: training seconds extrapolated from it.
         train_s = before_eval[-1][3] * last_step / before_eval[-1][0] if before_eval and before_eval[-1][3] > 0 else float("nan")
         rate = before_eval[-1][2] if before_eval else float("nan")
-        reported = re.search(r"^time budget of \S+ s reached after step (\d+): (\d+) tokens in ([\d.]+) s \(([\d.]+) tokens/s\)", text, re.M)
+        # train_lm's own summary (newer builds): training seconds without evaluations, measured.
+        reported = re.search(r"^trained (\d+) tokens in ([\d.]+) s without evaluations \(([\d.]+) tokens/s", text, re.M)
+        if reported:
+            train_s, rate = float(reported.group(2)), float(reported.group(3))
         nats = float(evals[-1][1]) if evals else float("nan")
         r = {
             "system": "olmax train_lm", "block": block, "params": int(params.group(1)) if params else None, "threads": a.threads,
             "steps": last_step, "tokens": last_step * tokens_per_step, "tokens_per_s": rate, "train_seconds": train_s,
             "process_seconds": seconds, "budget_s": a.budget_s, "budget_method": note,
-            "train_lm_budget_line": reported.group(0) if reported else None,  # its seconds include the final evaluation
+            "train_lm_summary_line": reported.group(0) if reported else None,
             "held_out_nats_per_byte": nats, "held_out_bits_per_byte": nats / math.log(2),
             "eval_context": f"rows of {cfg['sequence']} bytes (first input: the byte that ended the previous row), batch {cfg['batch']}",
             "eval_rows_match_baseline": split_dir == base_dir, "split_checked_against_train_lm": verified, "split": split,

@@ -32,4 +32,4 @@ done
   { echo "run.sh: $torch_python cannot import torch and numpy; run benchmarks/quality/setup_torch_venv.sh" >&2; exit 77; }
 exec /usr/bin/python3 "$here/compare.py" --train_lm "$train_lm" --dump_split "$dump_split" --torch_python "$torch_python" \
   --out "$out" --budget_s "${BUDGET_S:-300}" --threads "${THREADS:-2}" --blocks "${BLOCKS:-}" \
-  --torch_modes "${TORCH_MODES:-recipe fill}" --data "${DATA:-}" --extra "${TRAIN_LM_FLAGS:-}"
+  --torch_modes="${TORCH_MODES-recipe fill}" --data="${DATA:-}" --extra="${TRAIN_LM_FLAGS:-}"

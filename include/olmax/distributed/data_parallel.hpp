@@ -102,6 +102,7 @@ void allreduce_gradients(Communicator& comm, std::span<const Tensor<T>> paramete
                          const BucketOptions& options = {}) {
     for (const auto& p : parameters)
         check<autodiff_error>(p.defined() && p.requires_grad(), "allreduce_gradients: every parameter must be a defined tensor that requires grad");
+    if (comm.world_size() == 1) return;  // the sum and the mean of one contribution are that contribution, exactly
     std::vector<float> has_grad(parameters.size());
     for (std::size_t i = 0; i < parameters.size(); ++i) has_grad[i] = parameters[i].grad().defined() ? 1.0f : 0.0f;
     comm.allreduce(std::span<float>(has_grad), Reduction::sum, options.timeout);  // counts: exact in float
@@ -133,6 +134,8 @@ void broadcast_parameters(Communicator& comm, std::span<const Tensor<T>> paramet
         check(p.defined(), "broadcast_parameters: a parameter is an undefined tensor");
         tensors.push_back(p);
     }
+    check(root >= 0 && root < comm.world_size(), "broadcast_parameters: root ", root, " is not a rank of a world of ", comm.world_size());
+    if (comm.world_size() == 1) return;
     detail::for_each_bucket<T>(tensors, options.bucket_bytes, [&](std::span<T> bucket) { comm.broadcast(bucket, root, options.timeout); });
 }
 
