@@ -10,6 +10,7 @@ packages=(build-essential cmake libeigen3-dev libxtensor-dev xtl-dev libxsimd-de
           python3-numpy python3-matplotlib python3-torch python3-venv
           libgloo-dev  # olmax::distributed (the Gloo communicator) and tests/distributed
           libopenmpi-dev  # olmax::distributed_mpi (the MPI communicator, optional); Open MPI 4.1, brings openmpi-bin (mpirun)
+          libdnnl-dev  # olmax::onednn (bf16/fp32 GEMM through oneDNN 2.6, optional): tests/onednn, benchmarks/gemm_bf16
           fortunes)  # fortunes: the default training corpus of examples/train_lm (/usr/share/games/fortunes)
 
 missing=()

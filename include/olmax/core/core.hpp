@@ -1,6 +1,8 @@
 #pragma once
-// Module header: tensors and the devices they live on, shapes, errors, memory statistics, random
-// initialisation, state dictionaries (named state that optimisers export and checkpoints store).
+// Module header: tensors and the devices they live on, the bfloat16 storage type, shapes, errors,
+// memory statistics, random initialisation, state dictionaries (named state that optimisers export
+// and checkpoints store).
+#include "olmax/core/bfloat16.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/memory.hpp"

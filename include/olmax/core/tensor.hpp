@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "olmax/core/bfloat16.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/memory.hpp"
@@ -19,9 +20,10 @@
 
 namespace olmax {
 
-/// Element types a tensor may hold: floating point (differentiable) and integers (token ids, indices).
+/// Element types a tensor may hold: floating point (differentiable), integers (token ids, indices)
+/// and `bfloat16` (storage for mixed precision: cast to float to compute, core/bfloat16.hpp).
 template <class T>
-concept Scalar = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+concept Scalar = (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) || std::is_same_v<T, bfloat16>;
 
 /// Element types olmax differentiates: `float` and `double`.
 template <class T>
@@ -39,6 +41,7 @@ constexpr std::string_view dtype_name() {
     else if constexpr (std::is_same_v<T, std::uint16_t>) return "uint16";
     else if constexpr (std::is_same_v<T, std::uint32_t>) return "uint32";
     else if constexpr (std::is_same_v<T, std::uint64_t>) return "uint64";
+    else if constexpr (std::is_same_v<T, bfloat16>) return "bfloat16";
     else return "scalar";
 }
 
@@ -77,7 +80,7 @@ struct TensorAccess;
 
 }  // namespace detail
 
-/// An owning, contiguous, row-major N-d tensor of `float`, `double` or integers.
+/// An owning, contiguous, row-major N-d tensor of `float`, `double`, integers or `bfloat16`.
 ///
 /// `Tensor` is a handle: copies share the buffer (like `torch::Tensor`); `clone()` copies the data.
 /// A tensor with `requires_grad()` takes part in reverse-mode autodiff: ops on it are recorded on
@@ -368,11 +371,17 @@ std::ostream& operator<<(std::ostream& out, const Tensor<T>& t) {
 }
 
 /// Element-wise copy into a tensor of another element type on the same device (not differentiable).
+/// Into bfloat16 it rounds to nearest even (once, also from double); out of it, it goes through
+/// float, which holds every bfloat16 exactly.
 template <Scalar To, Scalar From>
 Tensor<To> cast(const Tensor<From>& t) {
     device_scope on(t.device());
     auto out = Tensor<To>::uninitialized(t.shape());
-    std::transform(t.begin(), t.end(), out.begin(), [](From v) { return static_cast<To>(v); });
+    if constexpr (std::is_same_v<To, bfloat16> && std::is_same_v<From, float>) to_bfloat16(t.data(), out.data(), t.size());
+    else if constexpr (std::is_same_v<To, float> && std::is_same_v<From, bfloat16>) to_float(t.data(), out.data(), t.size());
+    else if constexpr (std::is_same_v<From, bfloat16>)
+        std::transform(t.begin(), t.end(), out.begin(), [](From v) { return static_cast<To>(float(v)); });
+    else std::transform(t.begin(), t.end(), out.begin(), [](From v) { return static_cast<To>(v); });
     return out;
 }
 

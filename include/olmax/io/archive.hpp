@@ -5,6 +5,8 @@
 //     payload = u64 entry_count, then per entry:
 //               u32 name_bytes, name, u8 kind, u32 rank, u64 extent[rank], u64 data_bytes, data
 // Element data is stored little-endian whatever the machine, so files move between machines.
+// Kinds: 1 float32, 2 float64, 3 int64, 4 text, 5 bfloat16 (its 16 bits; added within format
+// version 1: older readers refuse such an entry as an unknown kind, files without one are unchanged).
 
 #include <array>
 #include <atomic>
@@ -54,7 +56,7 @@ inline std::uint32_t crc32(std::string_view bytes, std::uint32_t crc = 0) {
     return ~crc;
 }
 
-enum class EntryKind : std::uint8_t { float32 = 1, float64 = 2, int64 = 3, text = 4 };
+enum class EntryKind : std::uint8_t { float32 = 1, float64 = 2, int64 = 3, text = 4, bfloat16 = 5 };
 
 namespace detail {
 
@@ -62,8 +64,9 @@ template <class T>
 constexpr EntryKind kind_of() {
     if constexpr (std::is_same_v<T, float>) return EntryKind::float32;
     else if constexpr (std::is_same_v<T, double>) return EntryKind::float64;
+    else if constexpr (std::is_same_v<T, bfloat16>) return EntryKind::bfloat16;
     else {
-        static_assert(std::is_same_v<T, std::int64_t>, "olmax::io::Archive stores float, double and int64 tensors");
+        static_assert(std::is_same_v<T, std::int64_t>, "olmax::io::Archive stores float, double, bfloat16 and int64 tensors");
         return EntryKind::int64;
     }
 }
@@ -74,6 +77,7 @@ inline std::string_view kind_name(EntryKind kind) {
         case EntryKind::float64: return "float64";
         case EntryKind::int64: return "int64";
         case EntryKind::text: return "text";
+        case EntryKind::bfloat16: return "bfloat16";
     }
     return "unknown";
 }
@@ -113,7 +117,7 @@ private:
 
 }  // namespace detail
 
-/// Named tensors (float32, float64, int64) and texts, in insertion order.
+/// Named tensors (float32, float64, bfloat16, int64) and texts, in insertion order.
 class Archive {
 public:
     struct Entry {
@@ -129,6 +133,7 @@ public:
         e.data.reserve(tensor.size() * sizeof(T));
         for (T v : tensor) {
             if constexpr (std::is_same_v<T, float>) detail::put_uint(e.data, std::bit_cast<std::uint32_t>(v), 4);
+            else if constexpr (std::is_same_v<T, bfloat16>) detail::put_uint(e.data, v.bits(), 2);
             else detail::put_uint(e.data, std::bit_cast<std::uint64_t>(v), 8);
         }
         insert(name, std::move(e));
@@ -155,6 +160,7 @@ public:
         detail::Reader r(e.data, name);
         for (T& v : t) {
             if constexpr (std::is_same_v<T, float>) v = std::bit_cast<float>(static_cast<std::uint32_t>(r.uint(4)));
+            else if constexpr (std::is_same_v<T, bfloat16>) v = bfloat16::from_bits(static_cast<std::uint16_t>(r.uint(2)));
             else v = std::bit_cast<T>(r.uint(8));
         }
         return t;
@@ -210,7 +216,7 @@ public:
             const std::string name(r.take(r.uint(4), "an entry name"));
             Entry e;
             const auto kind = r.uint(1);
-            if (kind < 1 || kind > 4) throw format_error(olmax::detail::concat("olmax archive ", source, ": entry '", name, "' has unknown kind ", kind));
+            if (kind < 1 || kind > 5) throw format_error(olmax::detail::concat("olmax archive ", source, ": entry '", name, "' has unknown kind ", kind));
             e.kind = static_cast<EntryKind>(kind);
             const auto rank = r.uint(4);
             if (rank > 16) throw format_error(olmax::detail::concat("olmax archive ", source, ": entry '", name, "' has rank ", rank));

@@ -1,0 +1,140 @@
+#pragma once
+// Mixed-precision GEMM, the portable path: C (fp32) = alpha op(A) op(B) + beta C with A and B in
+// bfloat16. Both operands are widened to float (exact) and multiplied by the fp32 GEMM of the
+// current device's kernels (Eigen on the CPU), so every build has a correct bf16 product; it is
+// not faster than fp32 (it computes in fp32) and says so once. With the optional oneDNN target,
+// olmax/backend/onednn_gemm.hpp runs the same product on the CPU's bf16 units when it has them and
+// falls back to fp32 compute (saying so once) when it has none.
+//
+// Accumulation is in fp32 either way: |C - exact product of the bf16 inputs| is bounded by about
+// k 2^-24 sum_i |a_i||b_i| per element, whatever path runs.
+
+#include <cstddef>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "olmax/backend/dispatch.hpp"
+#include "olmax/core/bfloat16.hpp"
+#include "olmax/core/error.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax::backend {
+
+namespace detail {
+
+struct bf16_notice_state {
+    std::mutex mutex;
+    std::set<std::string, std::less<>> shown;
+    std::function<void(std::string_view)> sink;
+};
+inline bf16_notice_state& bf16_notices() {
+    static bf16_notice_state state;
+    return state;
+}
+
+/// Shows `message` once per process per `key` (on stderr, or to the sink of set_bf16_notice_sink).
+inline void bf16_notice(std::string_view key, const std::string& message) {
+    std::function<void(std::string_view)> sink;
+    {
+        auto& state = bf16_notices();
+        std::lock_guard<std::mutex> lock(state.mutex);
+        if (!state.shown.emplace(key).second) return;
+        sink = state.sink;
+    }
+    if (sink) sink(message);
+    else std::fprintf(stderr, "%s; this notice is shown once\n", message.c_str());
+}
+
+/// Throws `value_error` naming `who` when a leading dimension is shorter than its rows.
+inline void check_gemm_layout(std::string_view who, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                              std::size_t lda, std::size_t ldb, std::size_t ldc) {
+    const std::size_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    check(lda >= a_cols && ldb >= b_cols && ldc >= n, who, ": leading dimensions lda=", lda, ", ldb=", ldb, ", ldc=", ldc,
+          " are shorter than the rows (", a_cols, ", ", b_cols, ", ", n, ") of a ", m, "x", k, " by ", k, "x", n, " product",
+          trans_a ? " (a transposed)" : "", trans_b ? " (b transposed)" : "");
+}
+
+/// A rows x cols block of bfloat16 with leading dimension `ld`, widened into a dense float tensor.
+inline Tensor<float> widen(const bfloat16* src, std::size_t rows, std::size_t cols, std::size_t ld) {
+    auto out = Tensor<float>::uninitialized({rows, cols});
+    float* dst = out.data();
+    current().parallel_for(rows, cols, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = lo; r < hi; ++r) to_float(src + r * ld, dst + r * cols, cols);
+    });
+    return out;
+}
+
+/// The portable product (no notice): widen both operands, one fp32 GEMM on the current kernels.
+inline void gemm_bf16_in_fp32(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
+                              std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+    if (m == 0 || n == 0) return;
+    const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+    const std::size_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    const Tensor<float> a32 = widen(a, a_rows, a_cols, lda), b32 = widen(b, b_rows, b_cols, ldb);
+    current().gemm(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
+}
+
+}  // namespace detail
+
+/// Where bf16 notices ("bf16 GEMMs compute in fp32 ...") go instead of stderr; an empty function
+/// restores stderr. Each notice is shown once per process.
+inline void set_bf16_notice_sink(std::function<void(std::string_view)> sink) {
+    auto& state = detail::bf16_notices();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.sink = std::move(sink);
+}
+/// Forgets which notices were shown (tests).
+inline void reset_bf16_notices() {
+    auto& state = detail::bf16_notices();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.shown.clear();
+}
+
+/// Row-major C = alpha op(A) op(B) + beta C (as `Kernels::gemm`), A and B bfloat16, C float; the
+/// portable path (fp32 compute on the current device's GEMM).
+inline void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
+                      std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+    detail::check_gemm_layout("gemm_bf16", trans_a, trans_b, m, n, k, lda, ldb, ldc);
+    detail::bf16_notice("portable", "olmax: bf16 GEMMs compute in fp32 (portable path: bfloat16 widened to float, Eigen GEMM); "
+                                    "olmax/backend/onednn_gemm.hpp (CMake target olmax::onednn) uses the CPU's bf16 units");
+    detail::gemm_bf16_in_fp32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/// The sizes of op(a) [m, k] x op(b) [k, n] for two matrices; `shape_error` naming `who` and both
+/// shapes otherwise.
+struct Bf16MatmulPlan {
+    std::size_t m = 0, n = 0, k = 0;
+    std::size_t lda = 0, ldb = 0;  // the stored row lengths of a and b
+};
+inline Bf16MatmulPlan plan_matmul_bf16(std::string_view who, const Shape& a, const Shape& b, bool trans_a, bool trans_b) {
+    auto op = [](bool t) { return t ? "^T" : ""; };
+    check<shape_error>(a.size() == 2 && b.size() == 2, who, ": needs two matrices, got a of shape ", to_string(a), " and b of shape ",
+                       to_string(b));
+    Bf16MatmulPlan p;
+    p.m = trans_a ? a[1] : a[0];
+    p.k = trans_a ? a[0] : a[1];
+    p.n = trans_b ? b[0] : b[1];
+    const std::size_t kb = trans_b ? b[1] : b[0];
+    check<shape_error>(p.k == kb, who, ": a", op(trans_a), " x b", op(trans_b), " with a of shape ", to_string(a), " and b of shape ",
+                       to_string(b), " do not multiply (inner sizes ", p.k, " and ", kb, ")");
+    p.lda = a[1];
+    p.ldb = b[1];
+    return p;
+}
+
+/// op(a) x op(b) for bfloat16 matrices, as a new float tensor [m, n] on their device (not
+/// differentiable: a building block of the mixed-precision ops). The portable path; see
+/// olmax::backend::onednn::matmul_bf16 for the accelerated one.
+inline Tensor<float> matmul_bf16(const Tensor<bfloat16>& a, const Tensor<bfloat16>& b, bool trans_a = false, bool trans_b = false) {
+    op_scope on("matmul_bf16", a, b);
+    const auto p = plan_matmul_bf16("matmul_bf16", a.shape(), b.shape(), trans_a, trans_b);
+    auto c = Tensor<float>::uninitialized({p.m, p.n});
+    gemm_bf16(trans_a, trans_b, p.m, p.n, p.k, 1.0f, a.data(), p.lda, b.data(), p.ldb, 0.0f, c.data(), p.n);
+    return c;
+}
+
+}  // namespace olmax::backend

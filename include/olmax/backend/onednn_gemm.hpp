@@ -1,0 +1,251 @@
+#pragma once
+// GEMM through oneDNN (Intel's oneAPI Deep Neural Network Library, 2.x): bf16 x bf16 -> fp32 on the
+// CPU's bf16 units (AVX512-BF16, AMX) and fp32 x fp32. Needs the CMake target olmax::onednn
+// (Debian: libdnnl-dev; cmake/olmaxOneDnn.cmake); the rest of olmax does not, and
+// olmax/backend/bf16_gemm.hpp is the portable bf16 product every build has.
+//
+// Which path a bf16 product takes, decided once per process from oneDNN's effective ISA:
+// - the CPU has avx512_core_bf16 or amx: a cached oneDNN bf16 matmul primitive per shape;
+// - otherwise (AVX2 machines, or a shape oneDNN has no bf16 kernel for): both operands widened to
+//   fp32 and one oneDNN fp32 matmul, with a one-time notice that bf16 is not accelerated here.
+// oneDNN's reference kernels (correct, very slow) are never used: a primitive whose implementation
+// is "ref" counts as unavailable.
+//
+// Threads: oneDNN's OpenMP runtime, capped at the current kernels' thread count (cpu_openmp follows
+// OMP_NUM_THREADS / omp_set_num_threads; cpu_serial is 1), and 1 when called inside an olmax
+// parallel loop or an OpenMP region, so nested calls do not oversubscribe. Primitives are cached per
+// (types, transposes, sizes, leading dimensions, alpha, beta, threads) and are safe to call from
+// several threads at once (each call brings its own scratchpad).
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "olmax/backend/bf16_gemm.hpp"
+#include "olmax/backend/cpu_features.hpp"
+#include "olmax/backend/cpu_serial.hpp"
+#include "olmax/backend/detail/thread_pool.hpp"
+#include "olmax/backend/dispatch.hpp"
+#include "olmax/core/bfloat16.hpp"
+#include "olmax/core/tensor.hpp"
+
+namespace olmax::backend::onednn {
+
+namespace shared = olmax::backend::detail;  // the portable path's helpers (bf16_gemm.hpp) and the backend's internals
+
+/// What oneDNN does with bf16 on this CPU.
+struct Bf16Support {
+    bool accelerated = false;  // bf16 matmuls run on bf16 units (avx512_core_bf16 or amx)
+    std::string isa;           // oneDNN's effective ISA, e.g. "avx2", "avx512_core_amx"
+};
+
+namespace detail {
+
+inline std::string_view isa_name(dnnl::cpu_isa isa) {
+    switch (isa) {
+        case dnnl::cpu_isa::sse41: return "sse41";
+        case dnnl::cpu_isa::avx: return "avx";
+        case dnnl::cpu_isa::avx2: return "avx2";
+        case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+        case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
+        case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+        case dnnl::cpu_isa::avx512_core: return "avx512_core";
+        case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+        case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+        case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+        default: return "unknown";
+    }
+}
+
+inline const dnnl::engine& engine() {
+    static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+    return e;
+}
+
+/// One cached product: the primitive and its scratchpad size, or `available == false` when oneDNN
+/// has no (non-reference) kernel for it.
+struct Entry {
+    bool available = false;
+    std::string impl;
+    std::unique_ptr<dnnl::matmul> primitive;
+    dnnl::memory::desc a, b, c, scratchpad;
+};
+
+using Key = std::tuple<int, bool, bool, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, float, float, int>;
+
+struct Cache {
+    std::mutex mutex;
+    std::map<Key, std::shared_ptr<const Entry>> entries;
+};
+inline Cache& cache() {
+    static Cache c;
+    return c;
+}
+
+/// Shapes beyond this many cached products start a fresh cache (a model has a few dozen).
+inline constexpr std::size_t max_cached = 4096;
+
+inline dnnl::memory::desc matrix(std::size_t rows, std::size_t cols, bool transposed, std::size_t ld, dnnl::memory::data_type type) {
+    using dims = dnnl::memory::dims;
+    const auto r = dnnl::memory::dim(rows), c = dnnl::memory::dim(cols), l = dnnl::memory::dim(ld);
+    // transposed: element (i, j) of the logical rows x cols matrix is at j * ld + i.
+    return dnnl::memory::desc(dims{r, c}, type, transposed ? dims{1, l} : dims{l, 1});
+}
+
+inline std::shared_ptr<const Entry> make_entry(dnnl::memory::data_type type, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                                               std::size_t k, std::size_t lda, std::size_t ldb, std::size_t ldc, float alpha, float beta) {
+    auto e = std::make_shared<Entry>();
+    e->a = matrix(m, k, trans_a, lda, type);
+    e->b = matrix(k, n, trans_b, ldb, type);
+    e->c = matrix(m, n, false, ldc, dnnl::memory::data_type::f32);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+        dnnl::post_ops ops;
+        ops.append_sum(beta);
+        attr.set_post_ops(ops);
+    }
+    try {
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->a, e->b, e->c), attr, engine());
+        e->impl = pd.impl_info_str();
+        if (e->impl.rfind("ref", 0) == 0) return e;  // reference kernels: unavailable, not slow
+        e->scratchpad = pd.scratchpad_desc();
+        e->primitive = std::make_unique<dnnl::matmul>(pd);
+        e->available = true;
+    } catch (const dnnl::error&) {
+        // no implementation for these types on this CPU (dnnl_unimplemented): unavailable
+    }
+    return e;
+}
+
+/// The cached product for these arguments (created on first use, with `threads` OpenMP threads).
+inline std::shared_ptr<const Entry> entry(dnnl::memory::data_type type, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                                          std::size_t k, std::size_t lda, std::size_t ldb, std::size_t ldc, float alpha, float beta,
+                                          int threads) {
+    const Key key{int(type), trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads};
+    auto& c = cache();
+    {
+        std::lock_guard<std::mutex> lock(c.mutex);
+        if (auto it = c.entries.find(key); it != c.entries.end()) return it->second;
+    }
+    auto made = make_entry(type, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta);  // outside the lock: can take milliseconds
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.entries.size() >= max_cached) c.entries.clear();
+    return c.entries.emplace(key, std::move(made)).first->second;
+}
+
+/// Runs a cached product on the caller's pointers, with a scratchpad of its own.
+inline void execute(const Entry& e, const void* a, const void* b, float* c) {
+    thread_local std::unique_ptr<dnnl::stream> stream;
+    thread_local std::vector<std::byte> scratch;
+    if (!stream) stream = std::make_unique<dnnl::stream>(engine());
+    if (scratch.size() < e.scratchpad.get_size()) scratch.resize(e.scratchpad.get_size());
+    dnnl::memory ma(e.a, engine(), const_cast<void*>(a)), mb(e.b, engine(), const_cast<void*>(b)), mc(e.c, engine(), c),
+        ms(e.scratchpad, engine(), scratch.data());
+    e.primitive->execute(*stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
+    stream->wait();
+}
+
+/// OpenMP threads for oneDNN (see the file comment).
+inline int threads_for_call() {
+    bool nested = shared::this_thread_region().threads != 0;  // inside an olmax parallel loop
+#if defined(_OPENMP)
+    nested = nested || omp_in_parallel();
+#endif
+    return nested ? 1 : std::max(1, current().num_threads());
+}
+
+/// C = beta C for the sizes oneDNN does not take (m, n or k zero); true when nothing is left to do.
+inline bool trivial(std::size_t m, std::size_t n, std::size_t k, float beta, float* c, std::size_t ldc) {
+    if (m == 0 || n == 0) return true;
+    if (k != 0) return false;
+    for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return true;
+}
+
+}  // namespace detail
+
+/// oneDNN's view of this CPU (read once; ONEDNN_MAX_CPU_ISA lowers it).
+inline const Bf16Support& bf16_support() {
+    static const Bf16Support support = [] {
+        const auto isa = dnnl::get_effective_cpu_isa();
+        const auto bits = static_cast<unsigned>(isa), bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+        return Bf16Support{(bits & bf16) == bf16, std::string(detail::isa_name(isa))};
+    }();
+    return support;
+}
+
+/// Row-major fp32 C = alpha op(A) op(B) + beta C through oneDNN's matmul (cached per shape);
+/// Eigen (cpu_serial) when oneDNN has no kernel for it.
+inline void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                 const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+    shared::check_gemm_layout("onednn::gemm", trans_a, trans_b, m, n, k, lda, ldb, ldc);
+    if (detail::trivial(m, n, k, beta, c, ldc)) return;
+    const int threads = detail::threads_for_call();
+    shared::omp_thread_cap cap(threads);
+    const auto e = detail::entry(dnnl::memory::data_type::f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
+    if (e->available) detail::execute(*e, a, b, c);
+    else cpu_serial::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/// Row-major C (fp32) = alpha op(A) op(B) + beta C with A and B bfloat16: on the CPU's bf16 units
+/// when it has them, else in fp32 (see the file comment; the fallback says so once).
+inline void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
+                      std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+    shared::check_gemm_layout("onednn::gemm_bf16", trans_a, trans_b, m, n, k, lda, ldb, ldc);
+    if (detail::trivial(m, n, k, beta, c, ldc)) return;
+    const Bf16Support& support = bf16_support();
+    if (support.accelerated) {
+        const int threads = detail::threads_for_call();
+        shared::omp_thread_cap cap(threads);
+        const auto e = detail::entry(dnnl::memory::data_type::bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
+        if (e->available) {
+            detail::execute(*e, a, b, c);
+            return;
+        }
+        shared::bf16_notice("onednn-shape", "olmax: oneDNN has no bf16 matmul kernel for some shapes (first: " + std::to_string(m) + "x" +
+                                                std::to_string(k) + " by " + std::to_string(k) + "x" + std::to_string(n) +
+                                                "); those compute in fp32");
+    } else {
+        shared::bf16_notice("onednn-isa", "olmax: this CPU has no bf16 matrix instructions (oneDNN ISA " + support.isa +
+                                              ", cpuid bf16 features: " + cpu_bf16_features().to_string() +
+                                              "; oneDNN needs avx512_core_bf16 or amx): bf16 GEMMs compute in fp32, not accelerated");
+    }
+    const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+    const std::size_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    const Tensor<float> a32 = shared::widen(a, a_rows, a_cols, lda), b32 = shared::widen(b, b_rows, b_cols, ldb);
+    gemm(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
+}
+
+/// op(a) x op(b) for bfloat16 matrices as a new float tensor [m, n], through gemm_bf16 above (the
+/// oneDNN counterpart of olmax::backend::matmul_bf16; same shapes, same errors).
+inline Tensor<float> matmul_bf16(const Tensor<bfloat16>& a, const Tensor<bfloat16>& b, bool trans_a = false, bool trans_b = false) {
+    op_scope on("onednn::matmul_bf16", a, b);
+    const auto p = plan_matmul_bf16("onednn::matmul_bf16", a.shape(), b.shape(), trans_a, trans_b);
+    auto c = Tensor<float>::uninitialized({p.m, p.n});
+    gemm_bf16(trans_a, trans_b, p.m, p.n, p.k, 1.0f, a.data(), p.lda, b.data(), p.ldb, 0.0f, c.data(), p.n);
+    return c;
+}
+
+/// The implementation oneDNN chose for a bf16 (or fp32) product of these sizes with the current
+/// thread count, e.g. "brg:avx512_core_amx", "gemm:jit"; empty when it has none (benchmarks, tests).
+inline std::string implementation(bool bf16, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k) {
+    const int threads = detail::threads_for_call();
+    shared::omp_thread_cap cap(threads);
+    const auto type = bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+    const auto e = detail::entry(type, trans_a, trans_b, m, n, k, trans_a ? m : k, trans_b ? k : n, n, 1.0f, 0.0f, threads);
+    return e->available ? e->impl : std::string();
+}
+
+}  // namespace olmax::backend::onednn

@@ -1,0 +1,145 @@
+// oneDNN's GEMMs (olmax/backend/onednn_gemm.hpp, CMake target olmax::onednn): bf16 x bf16 -> fp32
+// and fp32, against fp64 references of the same inputs, for odd and empty sizes and transposes;
+// the path chosen from the CPU (accelerated, or fp32 with a one-time notice); bad shapes.
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <olmax/backend/onednn_gemm.hpp>
+#include <olmax/olmax.hpp>
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+using olmax::bfloat16;
+using olmax::Tensor;
+namespace backend = olmax::backend;
+namespace onednn = olmax::backend::onednn;
+
+struct Case {
+    std::size_t m, n, k;
+};
+const Case cases[] = {{1, 1, 1}, {1, 7, 5}, {5, 1, 9}, {3, 4, 1}, {17, 13, 31}, {65, 33, 129}, {2, 3, 300}, {128, 96, 64}};
+
+/// op(A) op(B) in double from the given values, and sum |a b| per element.
+template <class T>
+void reference(bool ta, bool tb, const Case& s, const std::vector<T>& a, const std::vector<T>& b, std::vector<double>& c,
+               std::vector<double>& scale) {
+    c.assign(s.m * s.n, 0.0);
+    scale.assign(s.m * s.n, 0.0);
+    for (std::size_t i = 0; i < s.m; ++i)
+        for (std::size_t j = 0; j < s.n; ++j)
+            for (std::size_t p = 0; p < s.k; ++p) {
+                const double x = float(ta ? a[p * s.m + i] : a[i * s.k + p]), y = float(tb ? b[j * s.k + p] : b[p * s.n + j]);
+                c[i * s.n + j] += x * y;
+                scale[i * s.n + j] += std::abs(x * y);
+            }
+}
+
+template <class T>
+std::vector<T> random_values(std::size_t n, olmax::Generator& rng) {
+    const auto f = olmax::randn<float>({n}, rng);
+    if constexpr (std::is_same_v<T, float>) return std::vector<float>(f.begin(), f.end());
+    else {
+        const auto b = olmax::cast<bfloat16>(f);
+        return std::vector<bfloat16>(b.begin(), b.end());
+    }
+}
+
+/// Runs every case and transpose through `gemm` (with C prefilled, beta 0) and compares within
+/// fp32 accumulation error: |C - ref| <= (k + 1) 2^-24 sum |a b|.
+template <class T, class Gemm>
+void check_against_reference(Gemm gemm) {
+    olmax::Generator rng(5);
+    for (const Case& s : cases)
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) {
+                const auto a = random_values<T>(s.m * s.k, rng), b = random_values<T>(s.k * s.n, rng);
+                std::vector<double> ref, scale;
+                reference(ta, tb, s, a, b, ref, scale);
+                std::vector<float> c(s.m * s.n, std::nanf(""));
+                gemm(ta, tb, s.m, s.n, s.k, 1.0f, a.data(), ta ? s.m : s.k, b.data(), tb ? s.k : s.n, 0.0f, c.data(), s.n);
+                const double tolerance = double(s.k + 1) * 0x1p-24;
+                for (std::size_t i = 0; i < c.size(); ++i) {
+                    INFO("m=" << s.m << " n=" << s.n << " k=" << s.k << " ta=" << ta << " tb=" << tb << " element " << i);
+                    REQUIRE(std::abs(double(c[i]) - ref[i]) <= tolerance * scale[i] + 1e-30);
+                }
+            }
+}
+
+}  // namespace
+
+TEST_CASE("onednn: bf16 support follows the CPU", "[onednn]") {
+    const auto& support = onednn::bf16_support();
+    INFO("oneDNN ISA " << support.isa << ", cpuid " << backend::cpu_bf16_features().to_string());
+    CHECK(!support.isa.empty());
+    // oneDNN's view can be lowered (ONEDNN_MAX_CPU_ISA) but never exceeds the hardware's.
+    if (support.accelerated) CHECK(backend::cpu_bf16_features().any());
+    const std::string impl = onednn::implementation(true, false, false, 64, 64, 64);
+    INFO("bf16 implementation: '" << impl << "', fp32: '" << onednn::implementation(false, false, false, 64, 64, 64) << "'");
+    if (!support.accelerated) CHECK(onednn::implementation(false, false, false, 64, 64, 64) != "");
+    CHECK(impl.rfind("ref", 0) != 0);  // reference kernels are never used
+}
+
+TEST_CASE("onednn: fp32 GEMM equals an fp64 reference within fp32 accumulation error", "[onednn]") {
+    check_against_reference<float>([](auto... args) { onednn::gemm(args...); });
+}
+
+TEST_CASE("onednn: bf16 GEMM equals an fp64 reference of the bf16 inputs within fp32 accumulation error", "[onednn]") {
+    std::vector<std::string> notices;
+    backend::set_bf16_notice_sink([&](std::string_view m) { notices.emplace_back(m); });
+    backend::reset_bf16_notices();
+    check_against_reference<bfloat16>([](auto... args) { onednn::gemm_bf16(args...); });
+    // Not accelerated here: said once, and only once.
+    if (!onednn::bf16_support().accelerated) {
+        REQUIRE(notices.size() == 1);
+        CHECK(notices[0].find("not accelerated") != std::string::npos);
+    }
+    backend::set_bf16_notice_sink({});
+}
+
+TEST_CASE("onednn: leading dimensions, alpha and beta, empty sizes, threads, bad shapes", "[onednn]") {
+    backend::set_bf16_notice_sink([](std::string_view) {});
+    std::vector<bfloat16> a(2 * 5, bfloat16(99.0f)), b(3 * 4, bfloat16(99.0f));
+    const float av[2][3] = {{1, 2, 3}, {4, 5, 6}}, bv[3][2] = {{1, 0}, {0, 1}, {1, 1}};
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 3; ++j) a[i * 5 + j] = bfloat16(av[i][j]);
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 2; ++j) b[i * 4 + j] = bfloat16(bv[i][j]);
+    std::vector<float> c = {1, 1, 7, 1, 1, 7};
+    onednn::gemm_bf16(false, false, 2, 2, 3, 2.0f, a.data(), 5, b.data(), 4, 0.5f, c.data(), 3);
+    CHECK(c == std::vector<float>{8.5f, 10.5f, 7, 20.5f, 22.5f, 7});
+    std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), cf = {1, 1, 7, 1, 1, 7};
+    onednn::gemm(false, false, 2, 2, 3, 2.0f, af.data(), 5, bf.data(), 4, 0.5f, cf.data(), 3);
+    CHECK(cf == std::vector<float>{8.5f, 10.5f, 7, 20.5f, 22.5f, 7});
+
+    std::vector<float> c0 = {1, 2, 3, 4};
+    onednn::gemm_bf16(false, false, 2, 2, 0, 1.0f, a.data(), 1, b.data(), 2, 2.0f, c0.data(), 2);
+    CHECK(c0 == std::vector<float>{2, 4, 6, 8});
+    const auto e1 = onednn::matmul_bf16(Tensor<bfloat16>({3, 0}), Tensor<bfloat16>({0, 4}));
+    REQUIRE(e1.shape() == olmax::Shape{3, 4});
+    for (float v : e1) CHECK(v == 0.0f);
+    CHECK(onednn::matmul_bf16(Tensor<bfloat16>({0, 5}), Tensor<bfloat16>({5, 4})).shape() == olmax::Shape{0, 4});
+    CHECK(onednn::matmul_bf16(Tensor<bfloat16>({2, 5}), Tensor<bfloat16>({5, 0})).shape() == olmax::Shape{2, 0});
+
+    // The portable path's product, up to summation order; on the default and the serial kernels.
+    olmax::Generator rng(9);
+    const auto x = olmax::cast<bfloat16>(olmax::randn<float>({37, 70}, rng)), w = olmax::cast<bfloat16>(olmax::randn<float>({50, 70}, rng));
+    const auto want = backend::matmul_bf16(x, w, false, true);
+    for (bool serial : {false, true}) {
+        std::optional<backend::host_kernels_scope> scope;
+        if (serial) scope.emplace(backend::kernels<backend::cpu_serial>());
+        const auto got = onednn::matmul_bf16(x, w, false, true);
+        REQUIRE(got.shape() == olmax::Shape{37, 50});
+        for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(std::abs(got.data()[i] - want.data()[i]) <= 1e-4f * (1 + std::abs(want.data()[i])));
+    }
+
+    CHECK_THROWS_WITH(onednn::matmul_bf16(Tensor<bfloat16>({2, 3}), Tensor<bfloat16>({2, 3})),
+                      "onednn::matmul_bf16: a x b with a of shape [2, 3] and b of shape [2, 3] do not multiply (inner sizes 3 and 2)");
+    CHECK_THROWS_AS(onednn::matmul_bf16(Tensor<bfloat16>({3}), Tensor<bfloat16>({3, 2})), olmax::shape_error);
+    CHECK_THROWS_AS(onednn::gemm_bf16(false, false, 2, 2, 3, 1.0f, a.data(), 2, b.data(), 4, 0.0f, c.data(), 3), olmax::value_error);
+    CHECK_THROWS_AS(onednn::gemm(false, true, 2, 2, 3, 1.0f, af.data(), 5, bf.data(), 2, 0.0f, cf.data(), 3), olmax::value_error);
+    backend::set_bf16_notice_sink({});
+}
