@@ -126,15 +126,27 @@ inline Bf16MatmulPlan plan_matmul_bf16(std::string_view who, const Shape& a, con
     return p;
 }
 
+namespace detail {
+
+/// The tensor form of a bf16 GEMM entry point with gemm_bf16's signature (this header's or
+/// oneDNN's): op(a) x op(b) as a new float tensor [m, n] on their device; errors name `who`.
+template <class Gemm>
+Tensor<float> matmul_bf16_through(std::string_view who, const Tensor<bfloat16>& a, const Tensor<bfloat16>& b, bool trans_a,
+                                  bool trans_b, Gemm&& gemm) {
+    op_scope on(who, a, b);
+    const auto p = plan_matmul_bf16(who, a.shape(), b.shape(), trans_a, trans_b);
+    auto c = Tensor<float>::uninitialized({p.m, p.n});
+    gemm(trans_a, trans_b, p.m, p.n, p.k, 1.0f, a.data(), p.lda, b.data(), p.ldb, 0.0f, c.data(), p.n);
+    return c;
+}
+
+}  // namespace detail
+
 /// op(a) x op(b) for bfloat16 matrices, as a new float tensor [m, n] on their device (not
 /// differentiable: a building block of the mixed-precision ops). The portable path; see
 /// olmax::backend::onednn::matmul_bf16 for the accelerated one.
 inline Tensor<float> matmul_bf16(const Tensor<bfloat16>& a, const Tensor<bfloat16>& b, bool trans_a = false, bool trans_b = false) {
-    op_scope on("matmul_bf16", a, b);
-    const auto p = plan_matmul_bf16("matmul_bf16", a.shape(), b.shape(), trans_a, trans_b);
-    auto c = Tensor<float>::uninitialized({p.m, p.n});
-    gemm_bf16(trans_a, trans_b, p.m, p.n, p.k, 1.0f, a.data(), p.lda, b.data(), p.ldb, 0.0f, c.data(), p.n);
-    return c;
+    return detail::matmul_bf16_through("matmul_bf16", a, b, trans_a, trans_b, [](auto... args) { gemm_bf16(args...); });
 }
 
 }  // namespace olmax::backend

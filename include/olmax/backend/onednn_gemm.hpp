@@ -231,11 +231,7 @@ inline void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
 /// op(a) x op(b) for bfloat16 matrices as a new float tensor [m, n], through gemm_bf16 above (the
 /// oneDNN counterpart of olmax::backend::matmul_bf16; same shapes, same errors).
 inline Tensor<float> matmul_bf16(const Tensor<bfloat16>& a, const Tensor<bfloat16>& b, bool trans_a = false, bool trans_b = false) {
-    op_scope on("onednn::matmul_bf16", a, b);
-    const auto p = plan_matmul_bf16("onednn::matmul_bf16", a.shape(), b.shape(), trans_a, trans_b);
-    auto c = Tensor<float>::uninitialized({p.m, p.n});
-    gemm_bf16(trans_a, trans_b, p.m, p.n, p.k, 1.0f, a.data(), p.lda, b.data(), p.ldb, 0.0f, c.data(), p.n);
-    return c;
+    return shared::matmul_bf16_through("onednn::matmul_bf16", a, b, trans_a, trans_b, [](auto... args) { gemm_bf16(args...); });
 }
 
 /// The implementation oneDNN chose for a bf16 (or fp32) product of these sizes with the current
