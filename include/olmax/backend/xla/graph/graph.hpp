@@ -1,0 +1,434 @@
+#pragma once
+// The traced program: a graph of StableHLO-level primitives that a whole training step (forward,
+// gradients, optimiser update) is built into before it is emitted as ONE StableHLO module
+// (emit.hpp) and compiled once by a PJRT plugin.
+//
+//     graph g;
+//     var x = g.input(f32({8, 64})), w = g.input(f32({64, 32}));
+//     var loss = sum(tanh(matmul(x, w)), {0, 1});
+//     auto grads = gradients(loss, {w});            // gradients.hpp: reverse mode on the graph
+//     auto module = emit(g, "step", {loss, w - 0.1 * grads[0]});   // emit.hpp
+//
+// Every primitive has a shape rule (checked here, so a bad program fails while it is built, naming
+// the primitive), a reverse-mode rule (gradients.hpp), a StableHLO lowering (emit.hpp) and a double
+// precision reference evaluation (evaluate.hpp, what the gradient tests check the rules against).
+// Depth is a loop, not an unrolling: `scan_layers` runs one traced layer body over parameters
+// stacked along a leading [depth] axis, so the program's size does not grow with depth.
+//
+// Values are f32 tensors with static shapes, plus i1 predicates (compare) for select.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "olmax/backend/xla/stablehlo/ir.hpp"
+#include "olmax/core/error.hpp"
+
+namespace olmax::xla::graph {
+
+using stablehlo::compare_direction;
+using stablehlo::dims_t;
+using stablehlo::element;
+using stablehlo::f32;
+using stablehlo::tensor_type;
+
+/// A program that cannot be built, differentiated or lowered: a shape mismatch, a value of another
+/// graph, a primitive without a rule. The message names the primitive.
+class graph_error : public olmax::error {
+public:
+    using olmax::error::error;
+};
+
+/// The primitives. Their semantics are StableHLO's (openxla.org/stablehlo/spec) restricted as noted.
+enum class op : std::uint8_t {
+    input,             // a program argument
+    constant,          // a splat of `scalar`
+    iota,              // indices along `axis`, as f32
+    add, subtract, multiply, divide, maximum,
+    negate, exponential, log, tanh, logistic, sqrt,
+    compare,           // i1 result, `direction`
+    select,            // select(pred, on_true, on_false)
+    stop_gradient,     // identity whose gradient is zero
+    dot,               // rank-2 product contracting lhs dimension dims[0] with rhs dimension dims[1]
+    reduce_sum,        // over `dims`
+    reduce_max,        // over `dims`
+    broadcast_in_dim,  // operand dimension i -> result dimension dims[i] (increasing)
+    reshape,
+    transpose,         // permutation `dims`
+    scan_layers,       // a layer body over stacked parameters (see scan_layers below); outputs: final carry, carries [depth, ...]
+    scan_layers_backward,  // the reverse loop of scan_layers' gradient (made by gradients.hpp; it has no gradient of its own)
+};
+
+/// The primitive's name as error messages and the gradient rules' table spell it.
+inline std::string_view op_name(op o) {
+    constexpr std::string_view names[] = {"input", "constant", "iota", "add", "subtract", "multiply", "divide", "maximum", "negate",
+                                          "exponential", "log", "tanh", "logistic", "sqrt", "compare", "select", "stop_gradient", "dot",
+                                          "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "scan_layers",
+                                          "scan_layers_backward"};
+    return names[static_cast<std::size_t>(o)];
+}
+
+class graph;
+struct layer_body;
+
+/// One output of one node: the symbolic tensor a traced program computes with. Cheap to copy; valid
+/// while its graph lives (graphs do not move).
+class var {
+public:
+    var() = default;
+    var(graph* owner, std::uint32_t node, std::uint32_t output) : owner_(owner), node_(node), output_(output) {}
+
+    bool defined() const { return owner_ != nullptr; }
+    graph& owner() const {
+        check<graph_error>(owner_ != nullptr, "xla::graph: use of an undefined var");
+        return *owner_;
+    }
+    std::uint32_t node() const { return node_; }
+    std::uint32_t output() const { return output_; }
+    const tensor_type& type() const;
+    const dims_t& dims() const { return type().dims; }
+    friend bool operator==(const var&, const var&) = default;
+
+private:
+    graph* owner_ = nullptr;
+    std::uint32_t node_ = 0, output_ = 0;
+};
+
+/// One primitive application.
+struct node {
+    op kind = op::input;
+    std::vector<var> operands;
+    std::vector<tensor_type> outputs;
+    double scalar = 0;                      // constant: the value
+    dims_t dims;                            // reduce axes, permutation, broadcast dims, dot's (lhs, rhs) contracting dims
+    std::int64_t axis = 0;                  // iota
+    compare_direction direction = compare_direction::EQ;
+    std::shared_ptr<const layer_body> body;  // scan_layers(_backward): the traced layer (or its gradient)
+    std::size_t stacked = 0;                 // scan_layers(_backward): how many parameters are stacked [depth, ...]
+};
+
+/// A graph of primitives in the order they were built (which is a topological order).
+class graph {
+public:
+    graph() = default;
+    graph(const graph&) = delete;  // vars point at their graph
+    graph& operator=(const graph&) = delete;
+
+    /// A new program argument of type `type` (inputs are numbered in the order they are made).
+    var input(tensor_type type) {
+        check<graph_error>(type.elem == element::f32, "xla::graph: inputs are f32, got ", type.str());
+        node n;
+        n.kind = op::input;
+        n.outputs = {std::move(type)};
+        inputs_.push_back(static_cast<std::uint32_t>(nodes_.size()));
+        return add(std::move(n));
+    }
+
+    const std::vector<node>& nodes() const { return nodes_; }
+    const node& at(std::uint32_t index) const { return nodes_.at(index); }
+    /// Node indices of the inputs, in argument order.
+    const std::vector<std::uint32_t>& inputs() const { return inputs_; }
+    std::vector<var> input_vars() {
+        std::vector<var> out;
+        for (auto i : inputs_) out.emplace_back(this, i, 0);
+        return out;
+    }
+
+    /// Appends a node whose operands (all of this graph) and output types are set; returns output 0.
+    var add(node n) {
+        for (const auto& v : n.operands)
+            check<graph_error>(&v.owner() == this, "xla::graph: ", op_name(n.kind), " takes a value of another graph");
+        nodes_.push_back(std::move(n));
+        return var(this, static_cast<std::uint32_t>(nodes_.size() - 1), 0);
+    }
+
+private:
+    std::vector<node> nodes_;
+    std::vector<std::uint32_t> inputs_;
+};
+
+inline const tensor_type& var::type() const { return owner().at(node_).outputs.at(output_); }
+
+// ---- primitives ---------------------------------------------------------------------------------
+
+namespace detail {
+
+/// A node of one output; callers set its attributes before `commit`.
+inline node make_node(op kind, std::vector<var> operands, tensor_type out) {
+    check<graph_error>(!operands.empty(), "xla::graph: ", op_name(kind), " needs an operand");
+    node n;
+    n.kind = kind;
+    n.operands = std::move(operands);
+    n.outputs = {std::move(out)};
+    return n;
+}
+/// Appends `n` to its operands' graph.
+inline var commit(node n) {
+    graph& g = n.operands.front().owner();
+    return g.add(std::move(n));
+}
+inline var make(op kind, std::vector<var> operands, tensor_type out) { return commit(make_node(kind, std::move(operands), std::move(out))); }
+
+inline void same_type(op kind, const var& a, const var& b) {
+    check<graph_error>(a.type() == b.type(), "xla::graph: ", op_name(kind), ": operand types differ: ", a.type().str(), " and ",
+                       b.type().str());
+}
+
+inline void require_f32(op kind, const var& x) {
+    check<graph_error>(x.type().elem == element::f32, "xla::graph: ", op_name(kind), " takes f32, got ", x.type().str());
+}
+
+inline var binary(op kind, const var& a, const var& b) {
+    same_type(kind, a, b);
+    require_f32(kind, a);
+    return make(kind, {a, b}, a.type());
+}
+
+inline var unary(op kind, const var& x) {
+    require_f32(kind, x);
+    return make(kind, {x}, x.type());
+}
+
+inline void check_axes(op kind, const tensor_type& t, const dims_t& axes) {
+    for (std::size_t i = 0; i < axes.size(); ++i) {
+        check<graph_error>(axes[i] >= 0 && axes[i] < static_cast<std::int64_t>(t.rank()), "xla::graph: ", op_name(kind), ": axis ",
+                           axes[i], " out of range for ", t.str());
+        check<graph_error>(i == 0 || axes[i] > axes[i - 1], "xla::graph: ", op_name(kind), ": axes must be increasing");
+    }
+}
+
+}  // namespace detail
+
+/// A splat constant of `type` in `g`.
+inline var constant(graph& g, double value, tensor_type type) {
+    node n;
+    n.kind = op::constant;
+    n.scalar = value;
+    n.outputs = {std::move(type)};
+    return g.add(std::move(n));
+}
+/// A constant of x's type (x only gives the graph and the shape).
+inline var constant_like(const var& x, double value) { return constant(x.owner(), value, x.type()); }
+
+/// f32 indices 0, 1, ... along `axis` of `type`.
+inline var iota(graph& g, tensor_type type, std::int64_t axis) {
+    detail::check_axes(op::iota, type, {axis});
+    node n;
+    n.kind = op::iota;
+    n.axis = axis;
+    n.outputs = {std::move(type)};
+    return g.add(std::move(n));
+}
+
+inline var operator+(const var& a, const var& b) { return detail::binary(op::add, a, b); }
+inline var operator-(const var& a, const var& b) { return detail::binary(op::subtract, a, b); }
+inline var operator*(const var& a, const var& b) { return detail::binary(op::multiply, a, b); }
+inline var operator/(const var& a, const var& b) { return detail::binary(op::divide, a, b); }
+inline var operator-(const var& x) { return detail::unary(op::negate, x); }
+inline var operator+(const var& a, double c) { return a + constant_like(a, c); }
+inline var operator*(const var& a, double c) { return a * constant_like(a, c); }
+inline var operator*(double c, const var& a) { return constant_like(a, c) * a; }
+inline var operator-(const var& a, double c) { return a - constant_like(a, c); }
+inline var operator-(double c, const var& a) { return constant_like(a, c) - a; }
+inline var operator/(const var& a, double c) { return a / constant_like(a, c); }
+
+inline var maximum(const var& a, const var& b) { return detail::binary(op::maximum, a, b); }
+inline var exp(const var& x) { return detail::unary(op::exponential, x); }
+inline var log(const var& x) { return detail::unary(op::log, x); }
+inline var tanh(const var& x) { return detail::unary(op::tanh, x); }
+inline var logistic(const var& x) { return detail::unary(op::logistic, x); }
+inline var sqrt(const var& x) { return detail::unary(op::sqrt, x); }
+inline var stop_gradient(const var& x) { return detail::make(op::stop_gradient, {x}, x.type()); }
+
+inline var compare(const var& a, const var& b, compare_direction direction) {
+    detail::same_type(op::compare, a, b);
+    node n = detail::make_node(op::compare, {a, b}, {a.dims(), element::i1});
+    n.direction = direction;
+    return detail::commit(std::move(n));
+}
+
+inline var select(const var& predicate, const var& on_true, const var& on_false) {
+    detail::same_type(op::select, on_true, on_false);
+    check<graph_error>(predicate.type() == tensor_type{on_true.dims(), element::i1}, "xla::graph: select: predicate ",
+                       predicate.type().str(), " does not match ", on_true.type().str());
+    return detail::make(op::select, {predicate, on_true, on_false}, on_true.type());
+}
+
+/// Rank-2 product contracting lhs dimension `lhs_contract` with rhs dimension `rhs_contract`;
+/// result [lhs free, rhs free]. matmul(a, b) = dot(a, b, 1, 0).
+inline var dot(const var& lhs, const var& rhs, std::int64_t lhs_contract, std::int64_t rhs_contract) {
+    detail::require_f32(op::dot, lhs);
+    detail::require_f32(op::dot, rhs);
+    check<graph_error>(lhs.type().rank() == 2 && rhs.type().rank() == 2 && (lhs_contract == 0 || lhs_contract == 1) &&
+                           (rhs_contract == 0 || rhs_contract == 1),
+                       "xla::graph: dot takes two rank-2 operands and one contracting dimension each, got ", lhs.type().str(), " x ",
+                       rhs.type().str());
+    const auto k = lhs.dims()[static_cast<std::size_t>(lhs_contract)];
+    check<graph_error>(k == rhs.dims()[static_cast<std::size_t>(rhs_contract)], "xla::graph: dot: contracting sizes differ: ",
+                       lhs.type().str(), " (dimension ", lhs_contract, ") x ", rhs.type().str(), " (dimension ", rhs_contract, ")");
+    node n = detail::make_node(op::dot, {lhs, rhs}, f32({lhs.dims()[std::size_t(1 - lhs_contract)], rhs.dims()[std::size_t(1 - rhs_contract)]}));
+    n.dims = {lhs_contract, rhs_contract};
+    return detail::commit(std::move(n));
+}
+inline var matmul(const var& a, const var& b) { return dot(a, b, 1, 0); }
+
+namespace detail {
+inline var reduce(op kind, const var& x, dims_t axes) {
+    require_f32(kind, x);
+    check_axes(kind, x.type(), axes);
+    dims_t out;
+    for (std::int64_t d = 0; d < static_cast<std::int64_t>(x.type().rank()); ++d) {
+        bool reduced = false;
+        for (auto a : axes) reduced |= a == d;
+        if (!reduced) out.push_back(x.dims()[static_cast<std::size_t>(d)]);
+    }
+    node n = make_node(kind, {x}, f32(out));
+    n.dims = std::move(axes);
+    return commit(std::move(n));
+}
+}  // namespace detail
+
+/// Sum over `axes` (increasing); the reduced axes disappear.
+inline var sum(const var& x, dims_t axes) { return detail::reduce(op::reduce_sum, x, std::move(axes)); }
+/// Maximum over `axes` (increasing). Its gradient is split evenly among tied maxima.
+inline var max(const var& x, dims_t axes) { return detail::reduce(op::reduce_max, x, std::move(axes)); }
+
+/// Operand dimension i becomes result dimension `dims[i]` (increasing; operand size 1 or equal).
+inline var broadcast_in_dim(const var& x, dims_t out_dims, dims_t dims) {
+    detail::check_axes(op::broadcast_in_dim, tensor_type{out_dims, x.type().elem}, dims);
+    check<graph_error>(dims.size() == x.type().rank(), "xla::graph: broadcast_in_dim: ", dims.size(), " dimensions for ", x.type().str());
+    for (std::size_t i = 0; i < dims.size(); ++i)
+        check<graph_error>(x.dims()[i] == 1 || x.dims()[i] == out_dims[static_cast<std::size_t>(dims[i])], "xla::graph: broadcast_in_dim: ",
+                           x.type().str(), " does not broadcast to ", tensor_type{out_dims, x.type().elem}.str());
+    node n = detail::make_node(op::broadcast_in_dim, {x}, {std::move(out_dims), x.type().elem});
+    n.dims = std::move(dims);
+    return detail::commit(std::move(n));
+}
+
+inline var reshape(const var& x, dims_t dims) {
+    const tensor_type t{std::move(dims), x.type().elem};
+    check<graph_error>(t.elements() == x.type().elements(), "xla::graph: reshape: ", x.type().str(), " to ", t.str(), " changes the size");
+    return detail::make(op::reshape, {x}, t);
+}
+
+inline var transpose(const var& x, dims_t permutation) {
+    check<graph_error>(permutation.size() == x.type().rank(), "xla::graph: transpose: permutation of ", permutation.size(), " for ",
+                       x.type().str());
+    std::vector<bool> seen(permutation.size(), false);
+    tensor_type t{{}, x.type().elem};
+    for (auto p : permutation) {
+        check<graph_error>(p >= 0 && p < static_cast<std::int64_t>(seen.size()) && !seen[static_cast<std::size_t>(p)],
+                           "xla::graph: transpose: not a permutation of ", x.type().rank(), " dimensions");
+        seen[static_cast<std::size_t>(p)] = true;
+        t.dims.push_back(x.dims()[static_cast<std::size_t>(p)]);
+    }
+    node n = detail::make_node(op::transpose, {x}, t);
+    n.dims = std::move(permutation);
+    return detail::commit(std::move(n));
+}
+
+// ---- convenience forms (compositions of the primitives; they need no rules of their own) -------
+
+/// x broadcast to `out_dims` with numpy's trailing alignment (x's dims match the last ones or are 1).
+inline var broadcast_to(const var& x, const dims_t& out_dims) {
+    if (x.dims() == out_dims) return x;
+    check<graph_error>(x.type().rank() <= out_dims.size(), "xla::graph: cannot broadcast ", x.type().str(), " to rank ", out_dims.size());
+    dims_t dims;
+    for (std::size_t i = 0; i < x.type().rank(); ++i) dims.push_back(static_cast<std::int64_t>(out_dims.size() - x.type().rank() + i));
+    return broadcast_in_dim(x, out_dims, dims);
+}
+inline var mean(const var& x, const dims_t& axes) {
+    double count = 1;
+    for (auto a : axes) count *= double(x.dims().at(static_cast<std::size_t>(a)));
+    return sum(x, axes) / count;
+}
+/// log(sum(exp(x))) over the last axis, stabilised by the (gradient-free) row maximum.
+inline var logsumexp_last(const var& x) {
+    const std::int64_t last = static_cast<std::int64_t>(x.type().rank()) - 1;
+    dims_t kept(x.dims().begin(), x.dims().end() - 1), keep_dims;
+    for (std::int64_t d = 0; d < last; ++d) keep_dims.push_back(d);
+    const var m = stop_gradient(max(x, {last}));
+    const var shifted = x - broadcast_in_dim(m, x.dims(), keep_dims);
+    return log(sum(exp(shifted), {last})) + m;
+}
+
+// ---- depth as a loop ----------------------------------------------------------------------------
+
+/// One layer, traced once into its own graph: arguments (carry, per-layer parameters..., shared
+/// parameters..., layer index as an f32 scalar) -> new carry of the carry's type. The gradient's
+/// body (gradients.hpp) takes the output carry's gradient as one more argument and returns the
+/// gradients of the carry, the per-layer and the shared parameters.
+struct layer_body {
+    std::shared_ptr<graph> g;
+    std::vector<var> results;
+    std::size_t per_layer = 0, shared = 0;
+
+    const tensor_type& argument(std::size_t i) const { return g->at(g->inputs().at(i)).outputs[0]; }
+    const tensor_type& carry() const { return argument(0); }
+};
+
+/// Traces `f(g, carry, layer parameters, shared parameters, layer index)` once.
+inline std::shared_ptr<const layer_body> trace_layer(
+    const tensor_type& carry, const std::vector<tensor_type>& per_layer, const std::vector<tensor_type>& shared,
+    const std::function<var(graph&, const var& carry, const std::vector<var>& layer, const std::vector<var>& shared, const var& index)>& f) {
+    auto body = std::make_shared<layer_body>();
+    body->g = std::make_shared<graph>();
+    graph& g = *body->g;
+    const var c = g.input(carry);
+    std::vector<var> layer, tied;
+    for (const auto& t : per_layer) layer.push_back(g.input(t));
+    for (const auto& t : shared) tied.push_back(g.input(t));
+    const var index = g.input(f32({}));
+    const var result = f(g, c, layer, tied, index);
+    body->results = {result};
+    check<graph_error>(result.defined() && &result.owner() == &g && result.type() == carry,
+                       "xla::graph: trace_layer: the body must return a value of its own graph of the carry's type ", carry.str());
+    body->per_layer = per_layer.size();
+    body->shared = shared.size();
+    return body;
+}
+
+/// carry_{l+1} = body(carry_l, stacked[.][l], shared..., l) for l = 0 .. depth-1, as ONE loop.
+/// Returns the final carry; the node's second output holds every layer's input carry
+/// [depth, carry...] for the gradient (emitted only when a gradient uses it).
+inline var scan_layers(const std::shared_ptr<const layer_body>& body, const var& carry, const std::vector<var>& stacked,
+                       const std::vector<var>& shared) {
+    check<graph_error>(body && stacked.size() == body->per_layer && shared.size() == body->shared, "xla::graph: scan_layers: the body takes ",
+                       body ? body->per_layer : 0, " stacked and ", body ? body->shared : 0, " shared parameters, got ", stacked.size(),
+                       " and ", shared.size());
+    check<graph_error>(carry.type() == body->carry(), "xla::graph: scan_layers: carry ", carry.type().str(), " does not match the body's ",
+                       body->carry().str());
+    check<graph_error>(!stacked.empty() && !stacked.front().dims().empty(), "xla::graph: scan_layers: needs at least one stacked parameter (it gives the depth)");
+    const std::int64_t depth = stacked.front().dims()[0];
+    for (std::size_t i = 0; i < stacked.size(); ++i) {
+        dims_t want{depth};
+        const auto& layer = body->argument(1 + i).dims;
+        want.insert(want.end(), layer.begin(), layer.end());
+        check<graph_error>(stacked[i].dims() == want, "xla::graph: scan_layers: stacked parameter ", i, " is ", stacked[i].type().str(),
+                           ", expected ", f32(want).str());
+    }
+    for (std::size_t i = 0; i < shared.size(); ++i)
+        check<graph_error>(shared[i].type() == body->argument(1 + stacked.size() + i), "xla::graph: scan_layers: shared parameter ", i, " is ",
+                           shared[i].type().str(), ", expected ", body->argument(1 + stacked.size() + i).str());
+    node n;
+    n.kind = op::scan_layers;
+    n.operands.push_back(carry);
+    n.operands.insert(n.operands.end(), stacked.begin(), stacked.end());
+    n.operands.insert(n.operands.end(), shared.begin(), shared.end());
+    dims_t all{depth};
+    all.insert(all.end(), carry.dims().begin(), carry.dims().end());
+    n.outputs = {carry.type(), f32(all)};
+    n.body = body;
+    n.stacked = stacked.size();
+    return carry.owner().add(std::move(n));
+}
+
+/// The depth of a scan_layers node.
+inline std::int64_t scan_depth(const node& n) { return n.outputs.at(1).dims.at(0); }
+
+}  // namespace olmax::xla::graph
