@@ -146,6 +146,21 @@ TEST_CASE("xla graph: the layer loop's gradient (scan_layers) matches finite dif
                   [&](gx::graph&, const std::vector<var>& x) { return scan_layers(body, x[0], {x[1], x[2]}, {x[3]}); });
 }
 
+TEST_CASE("xla graph: all_reduce_sum lowers to one cross-replica sum and is the identity on one replica", "[xla_graph]") {
+    CHECK_PROGRAM({f32({2, 3})}, [](gx::graph&, const std::vector<var>& x) { return all_reduce_sum(x[0] * x[0], 1); });
+    gx::graph g;
+    const var x = g.input(f32({4}));
+    const var loss = sum(all_reduce_sum(x * x, 4), {0});
+    const var grad = gx::gradients(loss, {x})[0];  // the gradient is all-reduced too
+    const std::string text = gx::emit(g, "dp", {loss, grad}).text;
+    CHECK(text.find("replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>") != std::string::npos);
+    std::size_t reductions = 0;
+    for (auto at = text.find("\"stablehlo.all_reduce\""); at != std::string::npos; at = text.find("\"stablehlo.all_reduce\"", at + 1)) ++reductions;
+    CHECK(reductions == 2);
+    CHECK_THROWS_WITH(gx::evaluate(g, {{f32({4}), {1, 2, 3, 4}}}, {loss}), Catch::Contains("one replica"));
+    CHECK_THROWS_WITH(all_reduce_sum(x, 0), Catch::Contains("replicas must be positive"));
+}
+
 TEST_CASE("xla graph: the checker catches a wrong gradient rule", "[xla_graph]") {
     // tanh's derivative written as 1 - y (instead of 1 - y^2): the finite differences must disagree
     const auto wrong_rule = [](const var& loss, const std::vector<var>& wrt) {

@@ -88,7 +88,66 @@ run_result run_against_reference(const std::shared_ptr<pjrt::client>& client, co
     return result;
 }
 
+struct device_run {
+    std::vector<double> losses;
+    std::vector<std::vector<float>> state;  // replica 0's, after the last step
+    bool replicas_agree = true;             // every replica ends with the same state, bit for bit
+};
+
+/// `steps` steps of the residual LM over a global batch of `global_tokens`, split over `replicas`.
+device_run run_data_parallel(const std::shared_ptr<pjrt::client>& client, gx::residual_lm_shape shape, std::int64_t global_tokens,
+                             int replicas, std::size_t steps) {
+    shape.replicas = replicas;
+    shape.tokens = global_tokens / replicas;
+    gx::adam_options adam;
+    adam.learning_rate = 1e-2;
+    const auto step = gx::trace_residual_lm_step(shape, adam);
+    olmax::xla::device_program program(client, gx::emit(*step.g, "residual_lm_step_dp", step.results), step.state_count(), replicas);
+    const auto state = initial_state(step);
+    for (std::size_t i = 0; i < state.size(); ++i) program.set_state(i, std::vector<float>(state[i].data.begin(), state[i].data.end()));
+    std::vector<float> ids(static_cast<std::size_t>(global_tokens)), targets(ids.size());
+    device_run result;
+    for (std::size_t s = 0; s < steps; ++s) {
+        for (std::size_t n = 0; n < ids.size(); ++n) {
+            ids[n] = float((n * 7 + s * 3) % std::size_t(shape.vocab));
+            targets[n] = float((n * 5 + s) % std::size_t(shape.vocab));
+        }
+        result.losses.push_back(program.run({ids.data(), targets.data()})[0][0]);
+    }
+    for (std::size_t i = 0; i < state.size(); ++i) {
+        result.state.push_back(program.state(i));
+        for (int r = 1; r < replicas; ++r) result.replicas_agree = result.replicas_agree && program.state(i, std::size_t(r)) == result.state.back();
+    }
+    return result;
+}
+
 }  // namespace
+
+TEST_CASE("whole step: data parallel over 2 and 4 devices of one plugin matches one device", "[xla][cpu_plugin][whole_step]") {
+    auto client = cpu_client();
+    REQUIRE(client->device_count() >= 4);  // the OpenXLA CPU plugin makes 4
+    const gx::residual_lm_shape shape{32, 16, 3, 0, 1};
+    const auto one = run_data_parallel(client, shape, 48, 1, 4);
+    for (int replicas : {2, 4}) {
+        INFO(replicas << " replicas");
+        const auto many = run_data_parallel(client, shape, 48, replicas, 4);
+        CHECK(many.replicas_agree);
+        double worst_loss = 0, worst_state = 0;
+        for (std::size_t s = 0; s < one.losses.size(); ++s)
+            worst_loss = std::max(worst_loss, std::abs(many.losses[s] - one.losses[s]) / one.losses[s]);
+        for (std::size_t i = 0; i < one.state.size(); ++i)
+            for (std::size_t e = 0; e < one.state[i].size(); ++e)
+                worst_state = std::max(worst_state, std::abs(double(many.state[i][e]) - double(one.state[i][e])));
+        INFO("loss " << worst_loss << ", state " << worst_state);
+        // only the order of f32 sums differs (per-replica means, then the all-reduce): measured 6.8e-8
+        // (loss) and 6.0e-8 (state) at 2 and 4 replicas
+        CHECK(worst_loss < 1e-5);
+        CHECK(worst_state < 1e-4);
+    }
+    const auto small = gx::trace_residual_lm_step({8, 4, 1, 6}, {});
+    CHECK_THROWS_WITH(olmax::xla::device_program(client, gx::emit(*small.g, "small", small.results), small.state_count(), 64),
+                      Catch::Contains("64 replicas"));
+}
 
 TEST_CASE("whole step: forward, layer-loop gradient and AdamW as one module match the reference", "[xla][cpu_plugin][whole_step]") {
     auto client = cpu_client();

@@ -166,6 +166,15 @@ namespace olmax::xla {
 inline constexpr unsigned char compile_options_bytes[] = {0x1A, 0x0F, 0x08, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
                                                           0xFF, 0xFF, 0xFF, 0x01, 0x20, 0x01, 0x28, 0x01};
 
+/// The same options for a program replicated over `replicas` devices (num_replicas = `replicas`,
+/// 1 to 127: one varint byte), what data parallelism inside one compiled program needs.
+inline std::string compile_options_for_replicas(int replicas) {
+    check<value_error>(replicas >= 1 && replicas <= 127, "xla: replicas must be 1 to 127, got ", replicas);
+    std::string bytes(reinterpret_cast<const char*>(compile_options_bytes), sizeof compile_options_bytes);
+    bytes[14] = static_cast<char>(replicas);  // the value after num_replicas' tag 0x20
+    return bytes;
+}
+
 /// The environment variable naming the PJRT plugin shared object (libtpu.so, xla_cuda_plugin.so).
 inline constexpr const char* plugin_env_var = "OLMAX_PJRT_PLUGIN";
 

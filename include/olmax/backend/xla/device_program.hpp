@@ -7,7 +7,15 @@
 // only the per-call inputs (the data batch), executes once, keeps the new state on the device in
 // place of the old and reads back only the reported values (the loss). Needs the PJRT runtime
 // (pjrt_runtime.hpp, target olmax::pjrt).
+//
+// Data parallelism inside one program: with `replicas` = R > 1 the module is compiled replicated
+// over the client's first R devices. The module's per-call input types are one replica's share,
+// and `run` takes R shares back to back along the first axis: replica r gets the r-th share.
+// The state is replicated: `set_state` uploads it to every device, and the program keeps the copies
+// equal by all-reducing its gradients (graph::all_reduce_sum). Reported values and `state` are read
+// from replica 0.
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -22,9 +30,11 @@ namespace olmax::xla {
 class device_program {
 public:
     /// `state_count` leading inputs are state; the last `state_count` outputs are its next value.
-    device_program(std::shared_ptr<pjrt::client> client, stablehlo::emitted_module module, std::size_t state_count)
-        : client_(std::move(client)), module_(std::move(module)), state_count_(state_count) {
+    device_program(std::shared_ptr<pjrt::client> client, stablehlo::emitted_module module, std::size_t state_count, int replicas = 1)
+        : client_(std::move(client)), module_(std::move(module)), state_count_(state_count), replicas_(std::size_t(std::max(replicas, 0))) {
         check<value_error>(client_ != nullptr, "xla::device_program: no client");
+        check<value_error>(replicas >= 1 && replicas_ <= client_->device_count(), "xla::device_program: ", replicas,
+                           " replicas asked for, the client has ", client_->device_count(), " devices");
         check<value_error>(state_count_ <= module_.inputs.size() && state_count_ <= module_.outputs.size(), "xla::device_program: ",
                            state_count_, " state tensors for a module of ", module_.inputs.size(), " inputs and ", module_.outputs.size(),
                            " outputs");
@@ -33,50 +43,59 @@ public:
             check<shape_error>(out == module_.inputs[i], "xla::device_program: state ", i, " enters as ", module_.inputs[i].str(),
                                " but leaves as ", out.str());
         }
-        executable_ = &client_->compile(module_);  // compiled once, here: errors surface at construction
-        state_.resize(state_count_);
+        executable_ = &client_->compile(module_, replicas);  // compiled once, here: errors surface at construction
+        state_.resize(replicas_);
+        for (auto& copy : state_) copy.resize(state_count_);
     }
 
     const stablehlo::emitted_module& module() const { return module_; }
     std::size_t state_count() const { return state_count_; }
     std::size_t reported_count() const { return module_.outputs.size() - state_count_; }
+    std::size_t replicas() const { return replicas_; }
 
-    /// Uploads state tensor `i` (dense row-major f32 of its declared type).
+    /// Uploads state tensor `i` (dense row-major f32 of its declared type) to every replica.
     void set_state(std::size_t i, const std::vector<float>& values) {
         check<value_error>(i < state_count_, "xla::device_program: no state tensor ", i, " (", state_count_, " declared)");
         check<shape_error>(values.size() == std::size_t(module_.inputs[i].elements()), "xla::device_program: state ", i, " is ",
                            module_.inputs[i].str(), ", got ", values.size(), " values");
-        state_[i] = client_->upload(values.data(), module_.inputs[i].dims);
+        for (std::size_t r = 0; r < replicas_; ++r) state_[r][i] = client_->upload(values.data(), module_.inputs[i].dims, r);
     }
 
-    /// Reads state tensor `i` back to the host.
-    std::vector<float> state(std::size_t i) {
-        check<value_error>(i < state_count_ && state_[i].get() != nullptr, "xla::device_program: state tensor ", i, " is not set");
+    /// Reads state tensor `i` back to the host (from replica `replica`).
+    std::vector<float> state(std::size_t i, std::size_t replica = 0) {
+        check<value_error>(replica < replicas_ && i < state_count_ && state_[replica][i].get() != nullptr, "xla::device_program: state tensor ",
+                           i, " of replica ", replica, " is not set");
         std::vector<float> out(std::size_t(module_.inputs[i].elements()));
-        client_->download(state_[i], out.data(), out.size());
+        client_->download(state_[replica][i], out.data(), out.size());
         return out;
     }
 
-    /// One execution: the per-call inputs uploaded, the state updated on the device, the reported
-    /// values returned.
+    /// One execution: the per-call inputs uploaded (with R replicas, R shares back to back each), the
+    /// state updated on the device, the reported values (of replica 0) returned.
     std::vector<std::vector<float>> run(const std::vector<const float*>& inputs) {
         const std::size_t per_call = module_.inputs.size() - state_count_;
         check<value_error>(inputs.size() == per_call, "xla::device_program: ", module_.key, " takes ", per_call, " per-call inputs, got ",
                            inputs.size());
         for (std::size_t i = 0; i < state_count_; ++i)
-            check<value_error>(state_[i].get() != nullptr, "xla::device_program: state tensor ", i, " was never set (set_state)");
-        std::vector<pjrt::device_buffer> uploaded;
-        for (std::size_t i = 0; i < per_call; ++i) uploaded.push_back(client_->upload(inputs[i], module_.inputs[state_count_ + i].dims));
-        std::vector<const pjrt::device_buffer*> arguments;
-        for (const auto& s : state_) arguments.push_back(&s);
-        for (const auto& u : uploaded) arguments.push_back(&u);
-        std::vector<pjrt::device_buffer> outputs = client_->execute(*executable_, arguments);
+            check<value_error>(state_[0][i].get() != nullptr, "xla::device_program: state tensor ", i, " was never set (set_state)");
+        std::vector<std::vector<pjrt::device_buffer>> uploaded(replicas_);
+        std::vector<std::vector<const pjrt::device_buffer*>> arguments(replicas_);
+        for (std::size_t r = 0; r < replicas_; ++r) {
+            for (std::size_t i = 0; i < per_call; ++i) {
+                const auto& type = module_.inputs[state_count_ + i];
+                uploaded[r].push_back(client_->upload(inputs[i] + r * std::size_t(type.elements()), type.dims, r));
+            }
+            for (const auto& s : state_[r]) arguments[r].push_back(&s);
+            for (const auto& u : uploaded[r]) arguments[r].push_back(&u);
+        }
+        std::vector<std::vector<pjrt::device_buffer>> outputs = client_->execute_replicated(*executable_, arguments);
         std::vector<std::vector<float>> reported;
         for (std::size_t i = 0; i < reported_count(); ++i) {
             reported.emplace_back(std::size_t(module_.outputs[i].elements()));
-            client_->download(outputs[i], reported.back().data(), reported.back().size());
+            client_->download(outputs[0][i], reported.back().data(), reported.back().size());
         }
-        for (std::size_t i = 0; i < state_count_; ++i) state_[i] = std::move(outputs[reported_count() + i]);
+        for (std::size_t r = 0; r < replicas_; ++r)
+            for (std::size_t i = 0; i < state_count_; ++i) state_[r][i] = std::move(outputs[r][reported_count() + i]);
         return reported;
     }
 
@@ -84,8 +103,9 @@ private:
     std::shared_ptr<pjrt::client> client_;
     stablehlo::emitted_module module_;
     std::size_t state_count_;
+    std::size_t replicas_;
     const pjrt::executable* executable_ = nullptr;
-    std::vector<pjrt::device_buffer> state_;
+    std::vector<std::vector<pjrt::device_buffer>> state_;  // [replica][state tensor]
 };
 
 }  // namespace olmax::xla

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -278,6 +279,7 @@ struct executable {
     std::string key;
     PJRT_LoadedExecutable* loaded = nullptr;
     std::size_t num_outputs = 0;
+    std::size_t replicas = 1;
 };
 
 /// A PJRT client on the plugin's first addressable device, with compiled executables cached by
@@ -320,6 +322,7 @@ public:
         if (devices.num_addressable_devices == 0)
             throw pjrt_error("olmax xla: PJRT plugin " + p.path() + " has no addressable device", PJRT_Error_Code_NOT_FOUND);
         state_->device = devices.addressable_devices[0];
+        state_->devices.assign(devices.addressable_devices, devices.addressable_devices + devices.num_addressable_devices);
 
         auto name = detail::make_args<PJRT_Client_PlatformName_Args>(PJRT_Client_PlatformName_Args_STRUCT_SIZE);
         name.client = state_->client;
@@ -339,9 +342,16 @@ public:
     }
 
     /// Compiles `module` (or returns the executable cached under its key).
-    const executable& compile(const stablehlo::emitted_module& module) { return compile(module.key, module.text); }
+    const executable& compile(const stablehlo::emitted_module& module, int replicas = 1) { return compile(module.key, module.text, replicas); }
 
-    const executable& compile(const std::string& key, const std::string& mlir_text) {
+    /// Devices this client can run on (the CPU plugin has 4; `replicas` of a compile must not exceed it).
+    std::size_t device_count() const { return state_->devices.size(); }
+
+    /// Compiles `mlir_text` (or returns the executable cached under `key`); `replicas` > 1 compiles one
+    /// program replicated over the first `replicas` devices (cross-replica collectives inside it).
+    const executable& compile(const std::string& key, const std::string& mlir_text, int replicas = 1) {
+        check<value_error>(replicas >= 1 && std::size_t(replicas) <= device_count(), "olmax xla: ", replicas, " replicas asked for, the plugin ",
+                           state_->owner->path(), " has ", device_count(), " addressable devices");
         std::lock_guard<std::mutex> lock(state_->mutex);
         auto it = state_->executables.find(key);
         if (it != state_->executables.end()) return *it->second;
@@ -356,12 +366,14 @@ public:
         auto args = detail::make_args<PJRT_Client_Compile_Args>(PJRT_Client_Compile_Args_STRUCT_SIZE);
         args.client = state_->client;
         args.program = &program;
-        args.compile_options = reinterpret_cast<const char*>(compile_options_bytes);
-        args.compile_options_size = sizeof compile_options_bytes;
+        const std::string options = compile_options_for_replicas(replicas);
+        args.compile_options = options.data();
+        args.compile_options_size = options.size();
         p.check(p.function(&PJRT_Api::PJRT_Client_Compile, "PJRT_Client_Compile")(&args), "PJRT_Client_Compile of " + key);
         auto compiled = std::make_unique<executable>();
         compiled->key = key;
         compiled->loaded = args.executable;
+        compiled->replicas = std::size_t(replicas);
         try {
             compiled->num_outputs = count_outputs(p, compiled->loaded);
         } catch (...) {
@@ -374,8 +386,9 @@ public:
         return *state_->executables.emplace(key, std::move(compiled)).first->second;
     }
 
-    /// Copies `data` (dense row-major f32 of shape `dims`) to the device.
-    device_buffer upload(const float* data, const stablehlo::dims_t& dims) {
+    /// Copies `data` (dense row-major f32 of shape `dims`) to device `device_index` (default the first).
+    device_buffer upload(const float* data, const stablehlo::dims_t& dims, std::size_t device_index = 0) {
+        check<value_error>(device_index < device_count(), "olmax xla: no device ", device_index, " (", device_count(), " addressable)");
         const plugin& p = *state_->owner;
         auto args = detail::make_args<PJRT_Client_BufferFromHostBuffer_Args>(PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE);
         args.client = state_->client;
@@ -384,7 +397,7 @@ public:
         args.dims = dims.data();
         args.num_dims = dims.size();
         args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
-        args.device = state_->device;  // required when no memory space is given
+        args.device = state_->devices[device_index];  // required when no memory space is given
         p.check(p.function(&PJRT_Api::PJRT_Client_BufferFromHostBuffer, "PJRT_Client_BufferFromHostBuffer")(&args),
                 "PJRT_Client_BufferFromHostBuffer");
         device_buffer buffer(state_, &p, args.buffer, dims);
@@ -394,37 +407,64 @@ public:
 
     /// Runs `exe` on one device; outputs come back untupled, one buffer each.
     std::vector<device_buffer> execute(const executable& exe, const std::vector<const device_buffer*>& arguments) {
+        return std::move(execute_replicated(exe, {arguments})[0]);
+    }
+
+    /// Runs a replicated `exe` once on each of its devices at the same time, replica r with
+    /// `arguments[r]` (buffers on device r); returns each replica's outputs.
+    std::vector<std::vector<device_buffer>> execute_replicated(const executable& exe,
+                                                               const std::vector<std::vector<const device_buffer*>>& arguments) {
         const plugin& p = *state_->owner;
-        std::vector<PJRT_Buffer*> argument_list;
-        for (const auto* a : arguments) argument_list.push_back(a->get());
-        PJRT_Buffer* const* argument_lists[1] = {argument_list.data()};
-        std::vector<PJRT_Buffer*> output_list(exe.num_outputs, nullptr);
-        PJRT_Buffer** output_lists[1] = {output_list.data()};
-        PJRT_Event* complete[1] = {nullptr};
+        const std::size_t n = arguments.size();
+        check<value_error>(n == exe.replicas, "olmax xla: ", exe.key, " is compiled for ", exe.replicas, " replicas, got arguments for ", n);
+        std::vector<std::vector<PJRT_Buffer*>> argument_list(n);
+        std::vector<PJRT_Buffer* const*> argument_lists(n);
+        std::vector<std::vector<PJRT_Buffer*>> output_list(n, std::vector<PJRT_Buffer*>(exe.num_outputs, nullptr));
+        std::vector<PJRT_Buffer**> output_lists(n);
+        std::vector<PJRT_Event*> complete(n, nullptr);
+        for (std::size_t r = 0; r < n; ++r) {
+            check<value_error>(arguments[r].size() == arguments[0].size(), "olmax xla: replica ", r, " of ", exe.key, " got ",
+                               arguments[r].size(), " arguments, replica 0 ", arguments[0].size());
+            for (const auto* a : arguments[r]) argument_list[r].push_back(a->get());
+            argument_lists[r] = argument_list[r].data();
+            output_lists[r] = output_list[r].data();
+        }
         auto options = detail::make_args<PJRT_ExecuteOptions>(PJRT_ExecuteOptions_STRUCT_SIZE);
         auto args = detail::make_args<PJRT_LoadedExecutable_Execute_Args>(PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE);
         args.executable = exe.loaded;
         args.options = &options;
-        args.argument_lists = argument_lists;
-        args.num_devices = 1;
-        args.num_args = argument_list.size();
-        args.output_lists = output_lists;
-        args.device_complete_events = complete;
+        args.argument_lists = argument_lists.data();
+        args.num_devices = n;
+        args.num_args = argument_list[0].size();
+        args.output_lists = output_lists.data();
+        args.device_complete_events = complete.data();
         PJRT_Error* error = p.function(&PJRT_Api::PJRT_LoadedExecutable_Execute, "PJRT_LoadedExecutable_Execute")(&args);
-        std::vector<device_buffer> outputs;  // own the outputs first, so an error below leaks nothing
-        for (std::size_t i = 0; i < output_list.size(); ++i)
-            if (output_list[i]) outputs.push_back(device_buffer(state_, &p, output_list[i], {}));
+        std::vector<std::vector<device_buffer>> outputs(n);  // own the outputs first, so an error below leaks nothing
+        for (std::size_t r = 0; r < n; ++r)
+            for (std::size_t i = 0; i < output_list[r].size(); ++i)
+                if (output_list[r][i]) outputs[r].push_back(device_buffer(state_, &p, output_list[r][i], {}));
         if (error) {
-            if (complete[0]) {
-                auto destroy = detail::make_args<PJRT_Event_Destroy_Args>(PJRT_Event_Destroy_Args_STRUCT_SIZE);
-                destroy.event = complete[0];
-                if (PJRT_Error* e = p.api()->PJRT_Event_Destroy(&destroy)) p.destroy_error(e);
-            }
+            for (PJRT_Event* event : complete)
+                if (event) {
+                    auto destroy = detail::make_args<PJRT_Event_Destroy_Args>(PJRT_Event_Destroy_Args_STRUCT_SIZE);
+                    destroy.event = event;
+                    if (PJRT_Error* e = p.api()->PJRT_Event_Destroy(&destroy)) p.destroy_error(e);
+                }
             p.check(error, "PJRT_LoadedExecutable_Execute of " + exe.key);
         }
-        p.await_and_destroy(complete[0], "execution of " + exe.key);
-        check<pjrt_error>(outputs.size() == exe.num_outputs, "olmax xla: ", exe.key, " returned ", outputs.size(), " outputs, expected ",
-                          exe.num_outputs);
+        // await every replica's event (each is destroyed) before reporting the first failure
+        std::exception_ptr failure;
+        for (PJRT_Event* event : complete) {
+            try {
+                p.await_and_destroy(event, "execution of " + exe.key);
+            } catch (...) {
+                if (!failure) failure = std::current_exception();
+            }
+        }
+        if (failure) std::rethrow_exception(failure);
+        for (std::size_t r = 0; r < n; ++r)
+            check<pjrt_error>(outputs[r].size() == exe.num_outputs, "olmax xla: ", exe.key, " returned ", outputs[r].size(), " outputs on replica ",
+                              r, ", expected ", exe.num_outputs);
         return outputs;
     }
 
@@ -506,6 +546,7 @@ private:
         const pjrt::plugin* owner;
         PJRT_Client* client = nullptr;
         PJRT_Device* device = nullptr;
+        std::vector<PJRT_Device*> devices;
         mutable std::mutex mutex;
         std::map<std::string, std::unique_ptr<executable>> executables;
         std::vector<executable*> executables_order;

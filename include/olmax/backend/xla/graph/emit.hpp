@@ -159,6 +159,7 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
             case op::transpose: one(b.transpose(in[0], n.dims)); break;
             case op::scan_layers: v[i] = emit_scan_layers(b, n, in, needed[i][1]); break;
             case op::scan_layers_backward: v[i] = emit_scan_layers_backward(b, n, in); break;
+            case op::all_reduce_sum: one(n.axis == 1 ? in[0] : b.all_reduce_sum(in[0], n.axis)); break;
         }
     }
     std::vector<value> out;

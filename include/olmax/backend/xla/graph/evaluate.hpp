@@ -117,6 +117,11 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                 for (std::size_t k = 0; k < out.data.size(); ++k) out.data[k] = in[0]->data[k] != 0 ? in[1]->data[k] : in[2]->data[k];
                 break;
             case op::stop_gradient: out.data = in[0]->data; break;
+            case op::all_reduce_sum:  // the reference evaluates one replica
+                check<graph_error>(n.axis == 1, "xla::graph: evaluate runs one replica; all_reduce_sum over ", n.axis,
+                                   " replicas needs a replicated device_program");
+                out.data = in[0]->data;
+                break;
             case op::dot: {
                 const auto& a = *in[0];
                 const auto& b = *in[1];

@@ -196,6 +196,7 @@ inline std::vector<var> vjp(const std::vector<var>& outputs, const std::vector<v
                 for (std::uint32_t k = 0; k < n.operands.size(); ++k) contribute(operand(k), var(&g, first.node(), k));
                 break;
             }
+            case op::all_reduce_sum: contribute(operand(0), all_reduce_sum(gy, n.axis)); break;
             case op::input: break;
             case op::scan_layers_backward:
                 throw graph_error(olmax::detail::concat("xla::graph: no gradient rule for ", op_name(n.kind),

@@ -62,6 +62,7 @@ enum class op : std::uint8_t {
     transpose,         // permutation `dims`
     scan_layers,       // a layer body over stacked parameters (see scan_layers below); outputs: final carry, carries [depth, ...]
     scan_layers_backward,  // the reverse loop of scan_layers' gradient (made by gradients.hpp; it has no gradient of its own)
+    all_reduce_sum,    // sum over the `axis` replicas of a replicated program (data parallelism inside one program)
 };
 
 /// The primitive's name as error messages and the gradient rules' table spell it.
@@ -69,7 +70,7 @@ inline std::string_view op_name(op o) {
     constexpr std::string_view names[] = {"input", "constant", "iota", "add", "subtract", "multiply", "divide", "maximum", "negate",
                                           "exponential", "log", "tanh", "logistic", "sqrt", "compare", "select", "stop_gradient", "dot",
                                           "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "scan_layers",
-                                          "scan_layers_backward"};
+                                          "scan_layers_backward", "all_reduce_sum"};
     return names[static_cast<std::size_t>(o)];
 }
 
@@ -106,7 +107,7 @@ struct node {
     std::vector<tensor_type> outputs;
     double scalar = 0;                      // constant: the value
     dims_t dims;                            // reduce axes, permutation, broadcast dims, dot's (lhs, rhs) contracting dims
-    std::int64_t axis = 0;                  // iota
+    std::int64_t axis = 0;                  // iota: the axis; all_reduce_sum: the replica count
     compare_direction direction = compare_direction::EQ;
     std::shared_ptr<const layer_body> body;  // scan_layers(_backward): the traced layer (or its gradient)
     std::size_t stacked = 0;                 // scan_layers(_backward): how many parameters are stacked [depth, ...]
@@ -329,6 +330,17 @@ inline var transpose(const var& x, dims_t permutation) {
     }
     node n = detail::make_node(op::transpose, {x}, t);
     n.dims = std::move(permutation);
+    return detail::commit(std::move(n));
+}
+
+/// The sum of x over all `replicas` copies of a replicated program (compiled with that many replicas,
+/// xla::device_program); in a program of one replica, x itself. Its gradient is the same sum of the
+/// gradients (every replica's output depends on every replica's input).
+inline var all_reduce_sum(const var& x, std::int64_t replicas) {
+    detail::require_f32(op::all_reduce_sum, x);
+    check<graph_error>(replicas >= 1, "xla::graph: all_reduce_sum: replicas must be positive, got ", replicas);
+    node n = detail::make_node(op::all_reduce_sum, {x}, x.type());
+    n.axis = replicas;
     return detail::commit(std::move(n));
 }
 

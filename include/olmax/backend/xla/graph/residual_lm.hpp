@@ -18,6 +18,9 @@ namespace olmax::xla::graph {
 
 struct residual_lm_shape {
     std::int64_t vocab = 256, features = 64, depth = 4, tokens = 128;
+    /// Data-parallel copies of the program (xla::device_program replicas): `tokens` is one replica's
+    /// share; the loss and the gradients are averaged over the replicas inside the program.
+    std::int64_t replicas = 1;
 };
 
 /// The traced step. Inputs: state (t, E, W [L,F,F], b [L,F], s [F], W_out, then Adam's m and v of
@@ -46,7 +49,8 @@ inline var cross_entropy(const var& logits, const var& targets) {
 }
 
 inline traced_training_step trace_residual_lm_step(const residual_lm_shape& s, const adam_options& adam) {
-    check<graph_error>(s.vocab >= 1 && s.features >= 1 && s.depth >= 1 && s.tokens >= 1, "xla::graph: residual LM sizes must be positive");
+    check<graph_error>(s.vocab >= 1 && s.features >= 1 && s.depth >= 1 && s.tokens >= 1 && s.replicas >= 1,
+                       "xla::graph: residual LM sizes and replicas must be positive");
     traced_training_step step;
     graph& g = *step.g;
     const std::int64_t V = s.vocab, F = s.features, L = s.depth, N = s.tokens;
@@ -68,8 +72,13 @@ inline traced_training_step trace_residual_lm_step(const residual_lm_shape& s, c
                                    });
     const var h0 = matmul(one_hot(ids, V), params[0]);
     const var h = scan_layers(layer, h0, {params[1], params[2]}, {params[3]});
-    const var loss = cross_entropy(matmul(h, params[4]), targets);
-    const std::vector<var> grads = gradients(loss, params);
+    const var local_loss = cross_entropy(matmul(h, params[4]), targets);
+    std::vector<var> grads = gradients(local_loss, params);
+    var loss = local_loss;
+    if (s.replicas > 1) {  // the mean over replicas of equal shares is the mean over the global batch
+        loss = all_reduce_sum(local_loss, s.replicas) / double(s.replicas);
+        for (auto& grad : grads) grad = all_reduce_sum(grad, s.replicas) / double(s.replicas);
+    }
 
     const var t_next = t + 1.0;
     std::vector<var> new_params, new_m, new_v;

@@ -272,6 +272,26 @@ public:
         return {result, t};
     }
 
+    /// Sum of x over the replicas 0 .. replicas-1 of a replicated program (one replica group);
+    /// every replica receives the sum.
+    value all_reduce_sum(const value& x, std::int64_t replicas) {
+        check<value_error>(replicas >= 1, "stablehlo.all_reduce: replicas must be positive, got ", replicas);
+        const tensor_type s{{}, x.type.elem};
+        const std::string result = next_name();
+        line(result + " = \"stablehlo.all_reduce\"(" + x.name + ") ({");
+        const value a{next_block_arg(), s}, b{next_block_arg(), s};
+        line("^bb0(" + a.name + ": " + s.str() + ", " + b.name + ": " + s.str() + "):");
+        ++depth_;
+        const value r = binary("add", a, b);
+        line("\"stablehlo.return\"(" + r.name + ") : (" + s.str() + ") -> ()");
+        --depth_;
+        dims_t group;
+        for (std::int64_t i = 0; i < replicas; ++i) group.push_back(i);
+        line("}) {replica_groups = dense<[[" + detail::list(group) + "]]> : tensor<1x" + std::to_string(replicas) + "xi64>} : (" +
+             x.type.str() + ") -> " + x.type.str());
+        return {result, x.type};
+    }
+
     /// `stablehlo.while`: `cond(carry) -> tensor<i1>`, `body(carry) -> new carry`. Regions see only
     /// their block arguments (outer values are carried in, as the reference advises for XLA).
     std::vector<value> while_loop(const std::vector<value>& init, const std::function<value(function_builder&, const std::vector<value>&)>& cond,
