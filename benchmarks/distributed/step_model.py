@@ -13,9 +13,9 @@ compute per step stays that of one machine). One step on N machines takes
     t(N) = t_compute + t_allreduce(N)       (no overlap: olmax reduces after backward)
     t_allreduce(N) = 2 (N-1)/N * G / bandwidth + buckets * 2 (N-1) * latency
 
-G the gradient bytes, buckets = ceil(G / 25 MiB) (allreduce_gradients' default), plus two more
-tiny collectives per step (allreduce_gradients' has-gradient flags, and train_lm's loss and stop
-flag), each 2 (N-1) latencies. The first term is the
+G the gradient bytes, buckets = ceil(G / 25 MiB) (allreduce_gradients' default; its has-gradient
+flags travel in the first bucket), plus one more tiny collective per step (train_lm's loss and stop
+flag, in double), each 2 (N-1) latencies. The first term is the
 bandwidth-optimal volume every rank sends and receives (ring, or olmax's direct reduce-scatter +
 allgather, which moves the same bytes); the second counts message rounds, which for olmax's direct
 exchange are N-1 concurrent messages per phase (2 (N-1) latencies is the ring's count; olmax's
@@ -58,7 +58,7 @@ def main():
         for bw in a.bandwidth_gbs:
             for n in a.machines:
                 volume = 2 * (n - 1) / n * grad_bytes / (bw * 1e9)
-                latency = (buckets + 2) * 2 * (n - 1) * a.latency_us * 1e-6
+                latency = (buckets + 1) * 2 * (n - 1) * a.latency_us * 1e-6
                 comm = volume + latency
                 share = comm / (compute_s + comm)
                 mark = " **comm-bound**" if comm > compute_s else ""

@@ -137,6 +137,24 @@ inline void case_collectives(dist::Communicator& comm) {
     const std::vector<std::pair<std::size_t, std::size_t>> want{{0, 2}, {2, 3}, {3, 4}, {4, 6}};
     expect(buckets == want, "plan_buckets: unexpected buckets");
 
+    // Gradients some ranks lack: `some` has one on rank 0 only (the others add zeros), `none` on no
+    // rank (it must stay without one, as in one process), `all` everywhere. With the flags folded into
+    // the first bucket, every bucket size must give the same answer.
+    for (std::size_t bucket_bytes : {std::size_t(4), std::size_t(25) << 20}) {
+        auto some = olmax::parameter(Tensor<float>::from({3}, std::vector<float>{0, 0, 0}));
+        auto none = olmax::parameter(Tensor<float>::from({2}, std::vector<float>{0, 0}));
+        auto all = olmax::parameter(Tensor<float>::from({2}, std::vector<float>{0, 0}));
+        if (comm.rank() == 0) olmax::sum(some * Tensor<float>::from({3}, std::vector<float>{2, 4, 6})).backward();
+        olmax::sum(all * Tensor<float>::from({2}, std::vector<float>{float(comm.rank()), 1})).backward();
+        dist::allreduce_gradients<float>(comm, std::vector<Tensor<float>>{some, none, all}, dist::Reduction::sum, {bucket_bytes, {}});
+        expect(some.grad().defined() && some.grad()(0) == 2.0f && some.grad()(2) == 6.0f, "allreduce_gradients (buckets of ", bucket_bytes,
+               " B): a gradient only rank 0 had is wrong");
+        expect(!none.grad().defined(), "allreduce_gradients (buckets of ", bucket_bytes, " B): a parameter no rank had a gradient for got one");
+        expect(all.grad()(0) == float(N * (N - 1) / 2) && all.grad()(1) == float(N), "allreduce_gradients (buckets of ", bucket_bytes,
+               " B): wrong sum");
+    }
+    std::printf("allreduce_gradients: gradients on some, none and all ranks, flags in the first bucket\n");
+
     dist::LocalCommunicator local;
     std::vector<float> x{1.5f, -2.0f, 3.25f};
     const auto copy = x;

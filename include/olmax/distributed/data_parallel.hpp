@@ -95,27 +95,37 @@ void for_each_bucket(std::span<Tensor<T>> tensors, std::size_t bucket_bytes, Red
 /// Replaces every parameter's gradient by its reduction over the ranks (default: the mean),
 /// bucket by bucket. Call it on every rank after backward, with the same parameters in the same
 /// order. A parameter that no rank gave a gradient keeps none (as a single process would: the
-/// optimiser skips it); one that some ranks gave a gradient gets a zero gradient on the others
-/// first. That takes one small extra collective (one float per parameter) per call.
+/// optimiser skips it); one that some ranks gave a gradient gets a zero gradient on the others.
+///
+/// One collective per bucket and nothing else: the per-parameter "has a gradient" flags travel in
+/// the first bucket as values of type T (counts, exact). To learn them in the same collective,
+/// every rank sends a zero gradient for each parameter it has none for, and afterwards drops the
+/// ones no rank had. (A small model fits one bucket, so its exchange is one collective; each
+/// collective costs at least a network round trip.)
 template <Real T>
 void allreduce_gradients(Communicator& comm, std::span<const Tensor<T>> parameters, Reduction op = Reduction::mean,
                          const BucketOptions& options = {}) {
     for (const auto& p : parameters)
         check<autodiff_error>(p.defined() && p.requires_grad(), "allreduce_gradients: every parameter must be a defined tensor that requires grad");
     if (comm.world_size() == 1) return;  // the sum and the mean of one contribution are that contribution, exactly
-    std::vector<float> has_grad(parameters.size());
-    for (std::size_t i = 0; i < parameters.size(); ++i) has_grad[i] = parameters[i].grad().defined() ? 1.0f : 0.0f;
-    comm.allreduce(std::span<float>(has_grad), Reduction::sum, options.timeout);  // counts: exact in float
-    std::vector<Tensor<T>> grads;
+    // the has_grad flags, reduced with the gradients in the first bucket
+    auto sidecar = Tensor<T>::uninitialized({parameters.size()});
+    std::vector<Tensor<T>> buffers{sidecar};
     for (std::size_t i = 0; i < parameters.size(); ++i) {
-        if (has_grad[i] == 0.0f) continue;
+        sidecar.data()[i] = parameters[i].grad().defined() ? T{1} : T{0};
         if (!parameters[i].grad().defined()) {
             device_scope on(parameters[i].device());
             autodiff::accumulate_grad(olmax::detail::impl_of(parameters[i]), zeros<T>(parameters[i].shape()), "allreduce_gradients");
         }
-        grads.push_back(parameters[i].grad());
+        buffers.push_back(parameters[i].grad());
     }
-    detail::for_each_bucket<T>(grads, options.bucket_bytes, [&](std::span<T> bucket) { comm.allreduce(bucket, op, options.timeout); });
+    detail::for_each_bucket<T>(std::span<Tensor<T>>(buffers), options.bucket_bytes,
+                               [&](std::span<T> bucket) { comm.allreduce(bucket, op, options.timeout); });
+    for (std::size_t i = 0; i < parameters.size(); ++i)
+        if (sidecar.data()[i] == T{0}) {  // no rank had a gradient: keep none, as one process would
+            Tensor<T> p = parameters[i];
+            p.zero_grad();
+        }
 }
 
 template <Real T>
