@@ -179,6 +179,13 @@ TEST_CASE("whole step: bad programs and bad calls are clear errors", "[xla][cpu_
     CHECK_THROWS_WITH(program.run({ids.data(), ids.data()}), Catch::Contains("state tensor 0 was never set"));
     CHECK_THROWS_WITH(program.set_state(1, {1.0f, 2.0f}), Catch::Contains("got 2 values"));
     CHECK_THROWS_WITH(program.set_state(99, {}), Catch::Contains("no state tensor 99"));
+    // one executable per replica count, even for the same module
+    const auto& single = client->compile(module, 1);
+    const auto& pair = client->compile(module, 2);
+    CHECK(&single != &pair);
+    CHECK(single.replicas == 1);
+    CHECK(pair.replicas == 2);
+    CHECK_THROWS_WITH(client->execute_replicated(pair, {{}}), Catch::Contains("compiled for 2 replicas, got arguments for 1"));
     // state that leaves with another type than it entered
     CHECK_THROWS_AS(olmax::xla::device_program(client, module, 3), olmax::shape_error);
     // a module XLA rejects: the plugin's own message comes back as pjrt_error

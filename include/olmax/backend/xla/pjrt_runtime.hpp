@@ -353,7 +353,8 @@ public:
         check<value_error>(replicas >= 1 && std::size_t(replicas) <= device_count(), "olmax xla: ", replicas, " replicas asked for, the plugin ",
                            state_->owner->path(), " has ", device_count(), " addressable devices");
         std::lock_guard<std::mutex> lock(state_->mutex);
-        auto it = state_->executables.find(key);
+        const std::string cached_as = replicas == 1 ? key : key + ".replicas" + std::to_string(replicas);  // one executable per replica count
+        auto it = state_->executables.find(cached_as);
         if (it != state_->executables.end()) return *it->second;
         const plugin& p = *state_->owner;
         std::string code = mlir_text;  // PJRT_Program.code is non-const in older headers; keep alive for the call
@@ -371,7 +372,7 @@ public:
         args.compile_options_size = options.size();
         p.check(p.function(&PJRT_Api::PJRT_Client_Compile, "PJRT_Client_Compile")(&args), "PJRT_Client_Compile of " + key);
         auto compiled = std::make_unique<executable>();
-        compiled->key = key;
+        compiled->key = cached_as;
         compiled->loaded = args.executable;
         compiled->replicas = std::size_t(replicas);
         try {
@@ -383,7 +384,7 @@ public:
             throw;
         }
         state_->executables_order.push_back(compiled.get());
-        return *state_->executables.emplace(key, std::move(compiled)).first->second;
+        return *state_->executables.emplace(cached_as, std::move(compiled)).first->second;
     }
 
     /// Copies `data` (dense row-major f32 of shape `dims`) to device `device_index` (default the first).
