@@ -9,6 +9,8 @@
 #include <olmax/backend/onednn_gemm.hpp>
 #include <olmax/olmax.hpp>
 
+#include "bf16_gemm_cases.hpp"
+
 #include <catch2/catch.hpp>
 
 namespace {
@@ -102,12 +104,7 @@ TEST_CASE("onednn: bf16 GEMM equals an fp64 reference of the bf16 inputs within 
 
 TEST_CASE("onednn: leading dimensions, alpha and beta, empty sizes, threads, bad shapes", "[onednn]") {
     backend::set_bf16_notice_sink([](std::string_view) {});
-    std::vector<bfloat16> a(2 * 5, bfloat16(99.0f)), b(3 * 4, bfloat16(99.0f));
-    const float av[2][3] = {{1, 2, 3}, {4, 5, 6}}, bv[3][2] = {{1, 0}, {0, 1}, {1, 1}};
-    for (int i = 0; i < 2; ++i)
-        for (int j = 0; j < 3; ++j) a[i * 5 + j] = bfloat16(av[i][j]);
-    for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 2; ++j) b[i * 4 + j] = bfloat16(bv[i][j]);
+    const auto [a, b] = make_padded_bf16_operands();
     std::vector<float> c = {1, 1, 7, 1, 1, 7};
     onednn::gemm_bf16(false, false, 2, 2, 3, 2.0f, a.data(), 5, b.data(), 4, 0.5f, c.data(), 3);
     CHECK(c == std::vector<float>{8.5f, 10.5f, 7, 20.5f, 22.5f, 7});
