@@ -19,9 +19,7 @@
 # summary.json, and prints a markdown table with the CPU model and the load average.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-build="${1:-$repo/build}"
-case "$build" in /*) ;; *) build="$repo/$build" ;; esac
+source "$here/../build_folder.sh" "${1:-}"  # repo, build
 train_lm="$build/examples/train_lm"
 [ -x "$train_lm" ] || { echo "step_scaling: no $train_lm; build it: cmake --build $build --target train_lm" >&2; exit 1; }
 ranks="${RANKS:-2}"

@@ -18,9 +18,7 @@
 # Writes one JSON per run and summary.json into OUT, and prints a markdown table.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-build="${1:-$repo/build}"
-case "$build" in /*) ;; *) build="$repo/$build" ;; esac
+source "$here/../build_folder.sh" "${1:-}"  # repo, build
 train_lm="$build/examples/train_lm"
 dump_split="$build/benchmarks/quality/dump_split"
 torch_python="${TORCH_PYTHON:-$repo/.venv-torch/bin/python}"

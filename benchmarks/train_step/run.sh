@@ -28,9 +28,7 @@
 # torch.__config__.show(); for Debian's generic build, the libblas.so.3 actually loaded).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-build="${1:-$repo/build}"
-case "$build" in /*) ;; *) build="$repo/$build" ;; esac
+source "$here/../build_folder.sh" "${1:-}"  # repo, build
 binary="$build/benchmarks/train_step/train_step"
 python=/usr/bin/python3  # Debian's python3-torch lives here, not in a pyenv python
 out="${OUT:-$repo/benchmarks/results/train_step-$(date -u +%Y%m%dT%H%M%SZ).json}"

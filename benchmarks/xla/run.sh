@@ -12,9 +12,7 @@
 # jax.json and prints a markdown table with the CPU model and the load average.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-build="${1:-$repo/build}"
-case "$build" in /*) ;; *) build="$repo/$build" ;; esac
+source "$here/../build_folder.sh" "${1:-}"  # repo, build
 bench="$build/benchmarks/xla/bench_xla_whole_step"
 [ -x "$bench" ] || { echo "xla/run.sh: no $bench; build it: cmake --build $build --target bench_xla_whole_step" >&2; exit 1; }
 python="${PYTHON:-$repo/.venv/bin/python}"
