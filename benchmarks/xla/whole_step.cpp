@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <random>
 #include <sstream>
 #include <string>
@@ -35,10 +36,24 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::vector<std::int64_t> parse_list(const std::string& text) {
+/// A positive integer flag value, or an error naming the flag.
+std::int64_t positive(const std::string& flag, const std::string& text) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+        v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used == 0 || used != text.size() || v < 1) throw std::runtime_error(flag + " takes a positive integer, got '" + text + "'");
+    return v;
+}
+
+std::vector<std::int64_t> parse_list(const std::string& flag, const std::string& text) {
     std::vector<std::int64_t> out;
     std::stringstream in(text);
-    for (std::string item; std::getline(in, item, ',');) out.push_back(std::stoll(item));
+    for (std::string item; std::getline(in, item, ',');) out.push_back(positive(flag, item));
+    if (out.empty()) throw std::runtime_error(flag + " takes a comma-separated list of positive integers, got '" + text + "'");
     return out;
 }
 
@@ -56,11 +71,11 @@ int main(int argc, char** argv) try {
             return argv[++i];
         };
         if (a == "--plugin") plugin_path = next();
-        else if (a == "--depths") depths = parse_list(next());
-        else if (a == "--repeats") repeats = std::max(1, std::stoi(next()));
-        else if (a == "--steps") steps = std::max(1, std::stoi(next()));
-        else if (a == "--features") shape.features = std::stoll(next());
-        else if (a == "--tokens") shape.tokens = std::stoll(next());
+        else if (a == "--depths") depths = parse_list(a, next());
+        else if (a == "--repeats") repeats = int(std::min<std::int64_t>(positive(a, next()), 1000));
+        else if (a == "--steps") steps = int(std::min<std::int64_t>(positive(a, next()), 1000000));
+        else if (a == "--features") shape.features = positive(a, next());
+        else if (a == "--tokens") shape.tokens = positive(a, next());
         else if (a == "--json") json_path = next();
         else throw std::runtime_error("unknown argument " + a + " (see the usage at the top of whole_step.cpp)");
     }
@@ -113,6 +128,9 @@ int main(int argc, char** argv) try {
     json << "  ]\n}\n";
     if (!json_path.empty()) std::ofstream(json_path) << json.str();
     return 0;
+} catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "bench_xla_whole_step: out of memory: reduce --tokens, --features or --depths\n");
+    return 1;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_xla_whole_step: %s\n", e.what());
     return 1;
