@@ -130,6 +130,13 @@ TEST_CASE("xla graph: dot, reductions and shape gradient rules match finite diff
     CHECK_PROGRAM({f32({2, 6})}, [](gx::graph&, const std::vector<var>& x) { return reshape(x[0], {3, 4}) * 2.0; });
     CHECK_PROGRAM({f32({2, 3, 4})}, [](gx::graph&, const std::vector<var>& x) { return transpose(x[0], {2, 0, 1}); });
     CHECK_PROGRAM({f32({3, 7})}, [](gx::graph&, const std::vector<var>& x) { return logsumexp_last(x[0] * 3.0); });
+    CHECK_PROGRAM({f32({3, 5, 2})}, [](gx::graph&, const std::vector<var>& x) { return slice(x[0], {1, 2, 0}, {3, 5, 1}); });
+    CHECK_PROGRAM({f32({2, 3})}, [](gx::graph&, const std::vector<var>& x) { return pad(x[0] * x[0], {1, 0}, {0, 2}); });
+    CHECK_PROGRAM({f32({2, 1}), f32({2, 3}), f32({2, 2})}, [](gx::graph&, const std::vector<var>& x) {
+        return gx::concatenate({x[0], x[1] * x[1], x[2]}, 1);
+    });
+    // floor: a step function (gradient zero); the values are kept away from its jumps
+    CHECK_PROGRAM({f32({4})}, [](gx::graph&, const std::vector<var>& x) { return floor(x[0] * 0.0 + 2.5) * x[0]; });
     // cross-entropy: only the logits are differentiated (the targets are class ids)
     CHECK_PROGRAM({f32({4, 6}), f32({4})}, [](gx::graph&, const std::vector<var>& x) { return gx::cross_entropy(x[0], x[1]); }, -1.5, 1.5,
                   1, {}, [](std::vector<gx::host_value>& v) { v[1].data = {5, 0, 2, 2}; });
@@ -170,6 +177,24 @@ TEST_CASE("xla graph: the checker catches a wrong gradient rule", "[xla_graph]")
     };
     const auto r = check_program({f32({4})}, [](gx::graph&, const std::vector<var>& x) { return tanh(x[0]); }, -1.5, 1.5, SIZE_MAX, wrong_rule);
     CHECK(r.worst > 0.05);
+}
+
+TEST_CASE("xla graph: slice, pad, concatenate and floor evaluate as StableHLO defines them", "[xla_graph]") {
+    gx::graph g;
+    const var x = g.input(f32({2, 3}));
+    const var pieces = gx::concatenate({slice(x, {0, 1}, {2, 3}), pad(slice(x, {1, 0}, {2, 1}), {1, 0}, {0, 0})}, 1);  // [2, 3]
+    const var down = floor(x * 0.5);
+    const auto r = gx::evaluate(g, {{f32({2, 3}), {1, 2, 3, 4, 5, 6}}}, {pieces, down});
+    CHECK(r[0].data == std::vector<double>{2, 3, 0, 5, 6, 4});
+    CHECK(r[1].data == std::vector<double>{0, 1, 1, 2, 2, 3});
+    CHECK_THROWS_WITH(slice(x, {0, 2}, {2, 4}), Catch::Contains("slice: [2, 4) is out of range for dimension 1"));
+    CHECK_THROWS_WITH(pad(x, {0, -1}, {0, 0}), Catch::Contains("pad: negative padding"));
+    CHECK_THROWS_WITH(gx::concatenate({x, g.input(f32({3, 3}))}, 1), Catch::Contains("differ outside axis 1"));
+    const std::string text = gx::emit(g, "pieces", {pieces, down}).text;
+    for (const char* op : {"stablehlo.slice", "stablehlo.pad", "stablehlo.concatenate", "stablehlo.floor"}) {
+        INFO(op);
+        CHECK(text.find(op) != std::string::npos);
+    }
 }
 
 TEST_CASE("xla graph: bad programs fail while they are built, naming the primitive", "[xla_graph]") {

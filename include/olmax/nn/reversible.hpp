@@ -18,6 +18,7 @@
 // forward, inverse and reverse (child_context), so no generator state has to be saved.
 
 #include <array>
+#include <tuple>
 #include <span>
 #include <string>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "olmax/autodiff/custom_op.hpp"
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/nn/contract.hpp"
+#include "olmax/nn/lowering.hpp"
 #include "olmax/nn/views.hpp"
 #include "olmax/ops/elementwise.hpp"
 
@@ -68,6 +70,11 @@ struct AdditiveCoupling {
         autodiff::no_grad guard;
         return {o1 - f.forward(o0, ctx), o0};
     }
+    /// The step on traced values (nn/lowering.hpp), f already lowered.
+    template <class LoweredF>
+    static std::pair<xla::graph::var, xla::graph::var> lower(const LoweredF& f, const xla::graph::var& a, const xla::graph::var& b, double) {
+        return {b, a + f(b)};
+    }
     /// dL/da = d1; dL/db = d0 + J_f(b)^T d1.
     template <class F, Real T>
     static detail::StepReverse<T> reverse(const F& f, const Tensor<T>& o0, const Tensor<T>& o1, const Tensor<T>& d0, const Tensor<T>& d1,
@@ -91,6 +98,11 @@ struct MomentumCoupling {
         autodiff::no_grad guard;
         Tensor<T> x = o0 - o1;
         return {x, (o1 - f.forward(x, ctx) * T(1 - beta)) * T(1 / beta)};
+    }
+    template <class LoweredF>
+    static std::pair<xla::graph::var, xla::graph::var> lower(const LoweredF& f, const xla::graph::var& x, const xla::graph::var& v, double beta) {
+        const xla::graph::var v_next = v * beta + f(x) * (1 - beta);
+        return {x + v_next, v_next};
     }
     /// With dv'_total = d1 + d0: dL/dx = d0 + (1 - beta) J_f(x)^T dv'_total, dL/dv = beta dv'_total.
     template <class F, Real T>
@@ -207,6 +219,17 @@ public:
         visit_each(visit, std::index_sequence_for<Fs...>{});
     }
 
+    /// The lowering rule (nn/lowering.hpp): the coupling steps on the two streams of a traced [2, ...]
+    /// state. Inside nn::Stack's loop the layer's input is kept for the gradient (the loop stores
+    /// its carries), so the traced backward does not rebuild inputs the way `reverse` does.
+    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& state) const {
+        check<shape_error>(state.type().rank() >= 2 && state.dims()[0] == 2, "nn::Reversible: expected a two-stream state of shape [2, ...], got ",
+                           state.type().str());
+        xla::graph::var s0 = xla::graph::take_leading(state, 0), s1 = xla::graph::take_leading(state, 1);
+        lower_steps(at, s0, s1, std::index_sequence_for<Fs...>{});
+        return xla::graph::stack_leading({s0, s1});
+    }
+
     template <std::size_t I>
     const auto& function() const { return std::get<I>(fs_); }
 
@@ -229,6 +252,13 @@ private:
             s0 = r.in0, s1 = r.in1, d0 = r.grad0, d1 = r.grad1;
         };
         (step(std::get<n - 1 - I>(fs_), n - 1 - I), ...);
+    }
+    template <std::size_t... I>
+    void lower_steps(const xla::graph::lowering& at, xla::graph::var& s0, xla::graph::var& s1, std::index_sequence<I...>) const {
+        auto step = [&](const auto& f, const xla::graph::lowering& view) {
+            std::tie(s0, s1) = Coupling::lower([&](const xla::graph::var& x) { return nn::lower(f, view, x); }, s0, s1, beta_);
+        };
+        (step(std::get<I>(fs_), at.child(child_name<I>())), ...);
     }
     template <std::size_t... I>
     void visit_each(ParameterVisitor<T>& visit, std::index_sequence<I...>) {

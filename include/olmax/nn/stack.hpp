@@ -3,6 +3,7 @@
 // depth axis and run by a runtime loop — the C++ counterpart of the original's lax.scan over layers,
 // PR #73: compile 600 s -> 70 s) and the flat variadic nn::Sequential<L...>.
 
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "olmax/autodiff/custom_op.hpp"
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/nn/contract.hpp"
+#include "olmax/nn/lowering.hpp"
 #include "olmax/nn/parameters.hpp"
 #include "olmax/nn/views.hpp"
 
@@ -94,6 +96,36 @@ public:
     }
     Tensor<T> operator()(const Tensor<T>& x, const LayerContext& ctx = {}) const { return forward(x, ctx); }
 
+    /// The lowering rule (nn/lowering.hpp): depth is a loop, not an unrolling. The block's rule is
+    /// traced once as the body of one `scan_layers` over the stacked [depth, ...] parameters (tied
+    /// ones passed whole), with the loop counter as the layer index: the program's size does not
+    /// grow with depth, and neither does its gradient (one reverse loop).
+    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
+        namespace gx = xla::graph;
+        static_assert(LowerableLayer<Block>, "olmax::nn::Stack: the block type has no XLA lowering rule (see nn/lowering.hpp)");
+        std::vector<gx::tensor_type> per_layer, shared;
+        std::vector<gx::var> stacked, tied;
+        for (const auto& slot : slots_) {
+            gx::dims_t dims(slot.shape.begin(), slot.shape.end());
+            if (slot.sharing == Sharing::tied) {
+                tied.push_back(at.parameter(slot.name));
+                shared.push_back(gx::f32(dims));
+            } else {
+                stacked.push_back(at.parameter("*/" + slot.name));
+                per_layer.push_back(gx::f32(dims));
+            }
+        }
+        const auto body = gx::trace_layer(x.type(), per_layer, shared,
+                                          [&](gx::graph&, const gx::var& carry, const std::vector<gx::var>& layer,
+                                              const std::vector<gx::var>& tied_in, const gx::var& index) {
+                                              auto names = std::make_shared<gx::lowering::parameter_map>();
+                                              std::size_t next_layer = 0, next_tied = 0;
+                                              for (const auto& slot : slots_)
+                                                  (*names)[slot.name] = slot.sharing == Sharing::tied ? tied_in[next_tied++] : layer[next_layer++];
+                                              return nn::lower(worker_, gx::lowering(names, index, depth_), carry);
+                                          });
+        return gx::scan_layers(body, x, stacked, tied);
+    }
     /// Stacked and tied parameters (the trainable leaves), named "<prefix>/*/<block names>" and
     /// "<prefix>/<block names>" for tied ones.
     void visit_parameters(ParameterVisitor<T>& visit) {

@@ -148,6 +148,19 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
             case op::tanh: one(b.unary("tanh", in[0])); break;
             case op::logistic: one(b.unary("logistic", in[0])); break;
             case op::sqrt: one(b.unary("sqrt", in[0])); break;
+            case op::floor: one(b.unary("floor", in[0])); break;
+            case op::slice: {
+                dims_t limit;
+                for (std::size_t d = 0; d < n.dims.size(); ++d) limit.push_back(n.dims[d] + n.outputs[0].dims[d]);
+                one(b.slice(in[0], n.dims, limit));
+                break;
+            }
+            case op::pad: {
+                const auto rank = static_cast<std::ptrdiff_t>(in[0].type.rank());
+                one(b.pad(in[0], 0.0, dims_t(n.dims.begin(), n.dims.begin() + rank), dims_t(n.dims.begin() + rank, n.dims.end())));
+                break;
+            }
+            case op::concatenate: one(b.concatenate(in, n.axis)); break;
             case op::compare: one(b.compare(in[0], in[1], n.direction)); break;
             case op::select: one(b.select(in[0], in[1], in[2])); break;
             case op::stop_gradient: one(in[0]); break;

@@ -98,6 +98,39 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
             case op::tanh: map1([](double a) { return std::tanh(a); }); break;
             case op::logistic: map1([](double a) { return 1.0 / (1.0 + std::exp(-a)); }); break;
             case op::sqrt: map1([](double a) { return std::sqrt(a); }); break;
+            case op::floor: map1([](double a) { return std::floor(a); }); break;
+            case op::slice: {
+                const auto x_strides = strides_of(in[0]->type.dims);
+                for_each_index(out.type.dims, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
+                    std::int64_t o = 0;
+                    for (std::size_t d = 0; d < idx.size(); ++d) o += (idx[d] + n.dims[d]) * x_strides[d];
+                    out.data[std::size_t(flat)] = in[0]->data[std::size_t(o)];
+                });
+                break;
+            }
+            case op::pad: {
+                const auto out_strides = strides_of(out.type.dims);
+                for_each_index(in[0]->type.dims, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
+                    std::int64_t o = 0;
+                    for (std::size_t d = 0; d < idx.size(); ++d) o += (idx[d] + n.dims[d]) * out_strides[d];
+                    out.data[std::size_t(o)] = in[0]->data[std::size_t(flat)];
+                });
+                break;
+            }
+            case op::concatenate: {
+                const auto out_strides = strides_of(out.type.dims);
+                const auto a = std::size_t(n.axis);
+                std::int64_t at = 0;
+                for (const auto* part : in) {
+                    for_each_index(part->type.dims, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
+                        std::int64_t o = 0;
+                        for (std::size_t d = 0; d < idx.size(); ++d) o += (idx[d] + (d == a ? at : 0)) * out_strides[d];
+                        out.data[std::size_t(o)] = part->data[std::size_t(flat)];
+                    });
+                    at += part->type.dims[a];
+                }
+                break;
+            }
             case op::compare: {
                 const auto d = n.direction;
                 map2([d](double a, double b) {

@@ -151,6 +151,7 @@ inline std::vector<var> vjp(const std::vector<var>& outputs, const std::vector<v
                 break;
             }
             case op::stop_gradient:
+            case op::floor:
             case op::compare:
             case op::constant:
             case op::iota: break;  // no gradient flows through these
@@ -197,6 +198,32 @@ inline std::vector<var> vjp(const std::vector<var>& outputs, const std::vector<v
                 break;
             }
             case op::all_reduce_sum: contribute(operand(0), all_reduce_sum(gy, n.axis)); break;
+            case op::slice: {  // the gradient lands where the block was taken; zeros elsewhere
+                dims_t high;
+                for (std::size_t d = 0; d < n.dims.size(); ++d) high.push_back(operand(0).dims()[d] - n.dims[d] - gy.dims()[d]);
+                contribute(operand(0), pad(gy, n.dims, high));
+                break;
+            }
+            case op::pad: {
+                const std::size_t rank = operand(0).type().rank();
+                const dims_t low(n.dims.begin(), n.dims.begin() + static_cast<std::ptrdiff_t>(rank));
+                dims_t limit;
+                for (std::size_t d = 0; d < rank; ++d) limit.push_back(low[d] + operand(0).dims()[d]);
+                contribute(operand(0), slice(gy, low, limit));
+                break;
+            }
+            case op::concatenate: {
+                const auto a = static_cast<std::size_t>(n.axis);
+                std::int64_t at = 0;
+                for (std::size_t k = 0; k < n.operands.size(); ++k) {
+                    dims_t start(gy.type().rank(), 0), limit = gy.dims();
+                    start[a] = at;
+                    limit[a] = at + operand(k).dims()[a];
+                    at = limit[a];
+                    contribute(operand(k), slice(gy, start, limit));
+                }
+                break;
+            }
             case op::input: break;
             case op::scan_layers_backward:
                 throw graph_error(olmax::detail::concat("xla::graph: no gradient rule for ", op_name(n.kind),

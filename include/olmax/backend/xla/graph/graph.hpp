@@ -51,6 +51,7 @@ enum class op : std::uint8_t {
     iota,              // indices along `axis`, as f32
     add, subtract, multiply, divide, maximum,
     negate, exponential, log, tanh, logistic, sqrt,
+    floor,             // round down (its gradient is zero)
     compare,           // i1 result, `direction`
     select,            // select(pred, on_true, on_false)
     stop_gradient,     // identity whose gradient is zero
@@ -63,14 +64,17 @@ enum class op : std::uint8_t {
     scan_layers,       // a layer body over stacked parameters (see scan_layers below); outputs: final carry, carries [depth, ...]
     scan_layers_backward,  // the reverse loop of scan_layers' gradient (made by gradients.hpp; it has no gradient of its own)
     all_reduce_sum,    // sum over the `axis` replicas of a replicated program (data parallelism inside one program)
+    slice,             // the block starting at `dims` (one start per dimension) of the output's size, unit strides
+    pad,               // zeros around the operand: `dims` low then high padding per dimension (non-negative)
+    concatenate,       // operands joined along `axis`
 };
 
 /// The primitive's name as error messages and the gradient rules' table spell it.
 inline std::string_view op_name(op o) {
     constexpr std::string_view names[] = {"input", "constant", "iota", "add", "subtract", "multiply", "divide", "maximum", "negate",
-                                          "exponential", "log", "tanh", "logistic", "sqrt", "compare", "select", "stop_gradient", "dot",
+                                          "exponential", "log", "tanh", "logistic", "sqrt", "floor", "compare", "select", "stop_gradient", "dot",
                                           "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "scan_layers",
-                                          "scan_layers_backward", "all_reduce_sum"};
+                                          "scan_layers_backward", "all_reduce_sum", "slice", "pad", "concatenate"};
     return names[static_cast<std::size_t>(o)];
 }
 
@@ -244,6 +248,7 @@ inline var log(const var& x) { return detail::unary(op::log, x); }
 inline var tanh(const var& x) { return detail::unary(op::tanh, x); }
 inline var logistic(const var& x) { return detail::unary(op::logistic, x); }
 inline var sqrt(const var& x) { return detail::unary(op::sqrt, x); }
+inline var floor(const var& x) { return detail::unary(op::floor, x); }
 inline var stop_gradient(const var& x) { return detail::make(op::stop_gradient, {x}, x.type()); }
 
 inline var compare(const var& a, const var& b, compare_direction direction) {
@@ -341,6 +346,60 @@ inline var all_reduce_sum(const var& x, std::int64_t replicas) {
     check<graph_error>(replicas >= 1, "xla::graph: all_reduce_sum: replicas must be positive, got ", replicas);
     node n = detail::make_node(op::all_reduce_sum, {x}, x.type());
     n.axis = replicas;
+    return detail::commit(std::move(n));
+}
+
+/// x[start[d] : limit[d]] along every dimension d (unit strides).
+inline var slice(const var& x, const dims_t& start, const dims_t& limit) {
+    const std::size_t rank = x.type().rank();
+    check<graph_error>(start.size() == rank && limit.size() == rank, "xla::graph: slice: ", start.size(), " starts and ", limit.size(),
+                       " limits for ", x.type().str());
+    dims_t out;
+    for (std::size_t d = 0; d < rank; ++d) {
+        check<graph_error>(0 <= start[d] && start[d] <= limit[d] && limit[d] <= x.dims()[d], "xla::graph: slice: [", start[d], ", ", limit[d],
+                           ") is out of range for dimension ", d, " of ", x.type().str());
+        out.push_back(limit[d] - start[d]);
+    }
+    node n = detail::make_node(op::slice, {x}, {std::move(out), x.type().elem});
+    n.dims = start;
+    return detail::commit(std::move(n));
+}
+
+/// x with low[d] zeros before and high[d] zeros after it along every dimension d.
+inline var pad(const var& x, const dims_t& low, const dims_t& high) {
+    detail::require_f32(op::pad, x);
+    const std::size_t rank = x.type().rank();
+    check<graph_error>(low.size() == rank && high.size() == rank, "xla::graph: pad: ", low.size(), " low and ", high.size(),
+                       " high paddings for ", x.type().str());
+    dims_t out, both = low;
+    for (std::size_t d = 0; d < rank; ++d) {
+        check<graph_error>(low[d] >= 0 && high[d] >= 0, "xla::graph: pad: negative padding (", low[d], ", ", high[d], ") of dimension ", d);
+        out.push_back(x.dims()[d] + low[d] + high[d]);
+    }
+    both.insert(both.end(), high.begin(), high.end());
+    node n = detail::make_node(op::pad, {x}, f32(out));
+    n.dims = std::move(both);
+    return detail::commit(std::move(n));
+}
+
+/// The parts joined along `axis` (equal elsewhere).
+inline var concatenate(const std::vector<var>& parts, std::int64_t axis) {
+    check<graph_error>(!parts.empty(), "xla::graph: concatenate needs at least one part");
+    const tensor_type& first = parts.front().type();
+    check<graph_error>(axis >= 0 && axis < static_cast<std::int64_t>(first.rank()), "xla::graph: concatenate: axis ", axis,
+                       " out of range for ", first.str());
+    const auto a = static_cast<std::size_t>(axis);
+    dims_t out = first.dims;
+    out[a] = 0;
+    for (const auto& p : parts) {
+        bool same = p.type().rank() == first.rank() && p.type().elem == first.elem;
+        for (std::size_t d = 0; same && d < first.rank(); ++d) same = d == a || p.dims()[d] == first.dims[d];
+        check<graph_error>(same, "xla::graph: concatenate: ", p.type().str(), " and ", first.str(), " differ outside axis ", axis);
+        out[a] += p.dims()[a];
+    }
+    if (parts.size() == 1) return parts.front();
+    node n = detail::make_node(op::concatenate, parts, {std::move(out), first.elem});
+    n.axis = axis;
     return detail::commit(std::move(n));
 }
 

@@ -13,6 +13,7 @@
 #include "olmax/backend/xla/graph/adam.hpp"
 #include "olmax/backend/xla/graph/gradients.hpp"
 #include "olmax/backend/xla/graph/graph.hpp"
+#include "olmax/backend/xla/graph/layer_ops.hpp"
 
 namespace olmax::xla::graph {
 
@@ -32,21 +33,6 @@ struct traced_training_step {
     std::vector<std::string> state_names;
     std::size_t state_count() const { return state_names.size(); }
 };
-
-/// onehot(ids)[n, v] = (ids[n] == v), for f32 ids [N] and `vocab` classes.
-inline var one_hot(const var& ids, std::int64_t vocab) {
-    check<graph_error>(ids.type().rank() == 1, "xla::graph: one_hot takes ids [N], got ", ids.type().str());
-    const dims_t nv{ids.dims()[0], vocab};
-    const var classes = iota(ids.owner(), f32(nv), 1);
-    const var hit = compare(broadcast_in_dim(ids, nv, {0}), classes, compare_direction::EQ);
-    return select(hit, constant(ids.owner(), 1.0, f32(nv)), constant(ids.owner(), 0.0, f32(nv)));
-}
-
-/// Mean over rows of logsumexp(logits) - logits[target] (logits [N, V], targets f32 [N]).
-inline var cross_entropy(const var& logits, const var& targets) {
-    const var picked = sum(one_hot(targets, logits.dims()[1]) * logits, {1});
-    return mean(logsumexp_last(logits) - picked, {0});
-}
 
 inline traced_training_step trace_residual_lm_step(const residual_lm_shape& s, const adam_options& adam) {
     check<graph_error>(s.vocab >= 1 && s.features >= 1 && s.depth >= 1 && s.tokens >= 1 && s.replicas >= 1,

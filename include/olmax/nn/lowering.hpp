@@ -1,0 +1,34 @@
+#pragma once
+// Layers as traced programs (the whole-step XLA path, docs/xla.md): a layer that can run inside a
+// compiled training step has a lowering rule, a member
+//     xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const;
+// that builds its forward from traced primitives with its parameters as graph values
+// (olmax/backend/xla/graph/lowering.hpp). Its gradient is the graph's reverse mode, so one rule
+// serves forward and backward. A layer without one cannot be traced: `nn::lower` stops at a
+// static_assert that names the missing rule, never a silent host fallback inside a compiled step.
+
+#include <concepts>
+
+#include "olmax/backend/xla/graph/layer_ops.hpp"
+#include "olmax/backend/xla/graph/lowering.hpp"
+#include "olmax/nn/contract.hpp"
+
+namespace olmax::nn {
+
+/// A layer with a lowering rule (see above).
+template <class L>
+concept LowerableLayer = requires(const L& layer, const xla::graph::lowering& at, const xla::graph::var& x) {
+    { layer.lower(at, x) } -> std::same_as<xla::graph::var>;
+};
+
+/// `layer`'s forward on the traced value x, its parameters taken from `at`.
+template <class L>
+xla::graph::var lower(const L& layer, const xla::graph::lowering& at, const xla::graph::var& x) {
+    static_assert(LowerableLayer<L>,
+                  "olmax::nn::lower: this layer type has no XLA lowering rule (a member `xla::graph::var lower(const "
+                  "xla::graph::lowering&, const xla::graph::var&) const`), so it cannot run in a compiled step; the layers with one are "
+                  "listed in docs/xla.md");
+    return layer.lower(at, x);
+}
+
+}  // namespace olmax::nn
