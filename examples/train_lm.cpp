@@ -26,6 +26,9 @@
 #if defined(TRAIN_LM_WITH_GLOO)  // set by examples/CMakeLists.txt when CMake found Gloo
 #include <olmax/distributed/gloo.hpp>
 #endif
+#if defined(TRAIN_LM_WITH_PJRT)  // set by examples/CMakeLists.txt when the PJRT runtime (olmax::pjrt) is there
+#include <olmax/models/xla_trainer.hpp>
+#endif
 
 namespace {
 
@@ -115,6 +118,69 @@ double unigram_baseline(const data::Documents& train, const data::Documents& hel
     return nll / n;
 }
 
+/// The compiled whole step for --device=xla (null for --device=cpu): the model's step traced once,
+/// compiled for the PJRT plugin --xla_plugin (or $OLMAX_PJRT_PLUGIN), its state on the device.
+#if defined(TRAIN_LM_WITH_PJRT)
+template <class Model>
+using XlaTrainerOf = models::XlaTrainer<Model>;
+#else
+template <class Model>
+struct XlaTrainerOf {  // a train_lm without the PJRT runtime refuses --device=xla before this is used
+    void upload() {}
+    void download() {}
+};
+#endif
+
+/// --device=xla's settings, before any work: a train_lm with the PJRT runtime, a block with a
+/// lowering rule, a plugin named.
+template <class Model>
+void check_xla_settings(const config::TrainConfig& c) {
+    if (c.device != "xla") return;
+#if !defined(TRAIN_LM_WITH_PJRT)
+    throw config::config_error("config: --device=xla needs a train_lm built with the PJRT runtime (CMake found no PJRT header: run "
+                               "tools/setup_jax_venv.sh or set OLMAX_PJRT_INCLUDE_DIR, then rebuild)");
+#else
+    if constexpr (!models::LowerableModel<Model>)
+        throw config::config_error("config: --device=xla: the '" + c.block + "' block has no XLA lowering rule yet (docs/xla.md lists the "
+                                   "layers that have one); use --block=conv_mixer or --device=cpu");
+    const char* env = std::getenv("OLMAX_PJRT_PLUGIN");
+    const std::string plugin = !c.xla_plugin.empty() ? c.xla_plugin : env ? std::string(env) : std::string();
+    olmax::check<config::config_error>(!plugin.empty(),
+                                       "config: --device=xla needs a PJRT plugin: --xla_plugin=PATH or the environment variable OLMAX_PJRT_PLUGIN "
+                                       "(this machine's CPU: the xla-cpu-pjrt wheel's xla_cpu_pjrt.so, which tools/setup_jax_venv.sh installs "
+                                       "in .venv; docs/xla.md names the TPU and NVIDIA plugins)");
+    olmax::check<config::config_error>(std::filesystem::exists(plugin), "config: --device=xla: the PJRT plugin ", plugin, " does not exist");
+#endif
+}
+
+template <class Model>
+std::unique_ptr<XlaTrainerOf<Model>> make_xla_trainer(const config::TrainConfig& c, Model& model, optim::AdamW<float>& opt, std::ostream& out) {
+    if (c.device != "xla") return nullptr;
+#if defined(TRAIN_LM_WITH_PJRT)
+    if constexpr (models::LowerableModel<Model>) {
+        namespace pjrt = olmax::xla::pjrt;
+        const auto& plugin = pjrt::plugin::load(c.xla_plugin);
+        auto client = std::make_shared<pjrt::client>(plugin);
+        const auto started = std::chrono::steady_clock::now();
+        auto trainer = std::make_unique<XlaTrainerOf<Model>>(model, opt, client, std::size_t(c.batch), std::size_t(c.sequence), int(c.xla_replicas));
+        char line[200];
+        std::snprintf(line, sizeof line, "device xla: %s, %zu device(s), step compiled in %.2f s (%zu bytes of StableHLO), %lld replica(s)\n",
+                      plugin.path().c_str(), client->device_count(),
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), trainer->program().module().text.size(),
+                      static_cast<long long>(c.xla_replicas));
+        out << line;
+        return trainer;
+    } else {
+        check_xla_settings<Model>(c);  // refuses this case (run() calls it before any work)
+        return nullptr;
+    }
+#else
+    (void)model, (void)opt, (void)out;
+    check_xla_settings<Model>(c);  // refuses this case (run() calls it before any work)
+    return nullptr;
+#endif
+}
+
 template <class Recipe>
 int train(const config::TrainConfig& c, dist::Communicator& comm);
 
@@ -131,6 +197,7 @@ int run(int argc, char** argv) {
     c.validate();
     return models::with_recipe(c.block, [&]<class Recipe>() {
         models::ByteLM<Recipe>::check_trainable(models::ByteLMConfig::from(c), std::size_t(c.batch), std::size_t(c.sequence));  // before any work
+        check_xla_settings<models::ByteLM<Recipe>>(c);
         const auto comm = connect(c);
         return train<Recipe>(c, *comm);
     });
@@ -220,6 +287,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
                 << ": the global batch and the data order are unchanged, only the rounding of the gradient sums differs\n";
     }
     dist::broadcast_parameters(comm, tensors);  // every rank starts from rank 0's values
+    const auto xla = make_xla_trainer(c, model, opt, out);  // after the resume: it uploads the host state
     if (c.dry_run) {
         out << "dry run: flags, data, model" << (step > 0 ? " and checkpoint" : "") << " are fine; not training\n";
         return 0;
@@ -231,6 +299,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
         metrics.emplace(metrics_path, step > 0);
     }
     auto save = [&](std::int64_t at, const std::string& note) {
+        if (xla) xla->download();
         return checkpoints.save(io::make_checkpoint(opt, io::TrainingState{at, config::to_text(c), loader.position().to_text(), note}), at);
     };
 
@@ -254,22 +323,34 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
     bool out_of_time = false;
     while (step < c.steps && !out_of_time) {
         const auto step_started = clock::now();
-        double loss_sum = 0;
-        for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro)
-            loss_sum += model.accumulate_gradients(own_rows(*loader.next()), shards, 1.0 / double(c.grad_accumulation));
-        const auto exchange_started = clock::now();
-        dist::allreduce_gradients(comm, tensors);
-        // The batch's loss (mean over ranks) and rank 0's verdict on the time budget, in one exchange.
-        const double elapsed = train_seconds + seconds_since(step_started);
-        std::array<double, 2> shared{loss_sum / double(c.grad_accumulation),
-                                     lead && c.time_budget_s > 0 && elapsed >= c.time_budget_s ? 1.0 : 0.0};
-        comm.allreduce(std::span<double>(shared));
-        exchange_seconds += seconds_since(exchange_started);
-        const double loss = shared[0] / double(ranks);
-        out_of_time = shared[1] > 0;
+        double loss = 0;
         try {
-            olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "the loss is ", loss, " at step ", step + 1);
-            opt.step();
+            if (xla) {
+                // One execute: forward, gradients and the update on the device (the host model is
+                // brought up to date before evaluations and checkpoints).
+                const auto result = xla->step(*loader.next());
+                loss = result.loss;
+                out_of_time = c.time_budget_s > 0 && train_seconds + seconds_since(step_started) >= c.time_budget_s;
+                olmax::check<optim::non_finite_gradient>(std::isfinite(loss) && std::isfinite(result.grad_norm), "the loss is ", loss,
+                                                         " and the gradient norm ", result.grad_norm, " at step ", step + 1,
+                                                         " (on the device: its state is not kept)");
+            } else {
+                double loss_sum = 0;
+                for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro)
+                    loss_sum += model.accumulate_gradients(own_rows(*loader.next()), shards, 1.0 / double(c.grad_accumulation));
+                const auto exchange_started = clock::now();
+                dist::allreduce_gradients(comm, tensors);
+                // The batch's loss (mean over ranks) and rank 0's verdict on the time budget, in one exchange.
+                const double elapsed = train_seconds + seconds_since(step_started);
+                std::array<double, 2> shared{loss_sum / double(c.grad_accumulation),
+                                             lead && c.time_budget_s > 0 && elapsed >= c.time_budget_s ? 1.0 : 0.0};
+                comm.allreduce(std::span<double>(shared));
+                exchange_seconds += seconds_since(exchange_started);
+                loss = shared[0] / double(ranks);
+                out_of_time = shared[1] > 0;
+                olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "the loss is ", loss, " at step ", step + 1);
+                opt.step();
+            }
         } catch (const optim::non_finite_gradient& e) {
             progress.message(std::string("training diverged: ") + e.what());
             progress.message(last_checkpoint.empty() ? "no checkpoint was written in this run"
@@ -284,6 +365,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
         if (metrics) metrics->write(step, tokens_total, "train", loss);
         const bool last = step == c.steps || out_of_time;
         if (step % c.eval_every == 0 || last) {
+            if (xla) xla->download();
             last_eval = evaluate(model, split.held_out, c, comm);
             if (metrics) metrics->write(step, tokens_total, "eval", last_eval);
             char line[160];
@@ -293,7 +375,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
         }
         if (lead && (step % c.checkpoint_every == 0 || last)) last_checkpoint = save(step, "train loss " + std::to_string(loss));
         char extra[64];
-        std::snprintf(extra, sizeof extra, "lr %.2e  eval %.3f", opt.next_lr(), last_eval);
+        std::snprintf(extra, sizeof extra, "lr %.2e  eval %.3f", opt.config().schedule(step + 1), last_eval);
         progress.update(step, loss, tokens_this_run, extra);
     }
     progress.finish();

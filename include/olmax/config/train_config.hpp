@@ -58,6 +58,10 @@ struct TrainConfig {
     std::int64_t rank = 0;
     std::string rendezvous;  // file:DIR or tcp:HOST:PORT
     double collective_timeout_s = 120;
+    // where the steps run (the whole-step XLA path: docs/xla.md)
+    std::string device = "cpu";
+    std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
+    std::int64_t xla_replicas = 1;
     // sampling at the end
     std::int64_t sample_bytes = 200;
     double temperature = 0.8;
@@ -113,6 +117,14 @@ struct TrainConfig {
             Field<C>{"world_size", &C::world_size, "processes training together (data parallel; each takes batch / world_size rows)"}
                 .in(1, 1 << 16),
             Field<C>{"rank", &C::rank, "this process's rank in [0, world_size); rank 0 writes checkpoints and metrics"}.in(0, 1 << 16),
+            Field<C>{"device", &C::device,
+                     "where the training steps run: cpu (olmax's kernels) or xla (forward, backward and AdamW compiled once as one "
+                     "StableHLO program for a PJRT plugin, state kept on the device)",
+                     {"cpu", "xla"}},
+            Field<C>{"xla_plugin", &C::xla_plugin, "PJRT plugin (.so) for --device=xla; empty: the environment variable OLMAX_PJRT_PLUGIN"},
+            Field<C>{"xla_replicas", &C::xla_replicas,
+                     "--device=xla: data-parallel copies of the step over the plugin's devices, each taking batch / xla_replicas rows"}
+                .in(1, 1 << 16),
             Field<C>{"rendezvous", &C::rendezvous, "how the processes find each other: file:DIR (a folder all can reach) or "
                                                    "tcp:HOST:PORT (rank 0 listens there)"},
             Field<C>{"collective_timeout_s", &C::collective_timeout_s, "a peer silent this long is an error (rendezvous and every "
@@ -131,6 +143,13 @@ struct TrainConfig {
     void validate() const {
         validate_fields(*this);
         check<config_error>(min_lr <= lr, "config: key 'min_lr' (", min_lr, ") must not exceed 'lr' (", lr, ")");
+        if (device == "xla") {
+            check<config_error>(grad_accumulation == 1 && world_size == 1 && agc_clip == 0,
+                                "config: --device=xla runs one whole step per batch in one process without AGC; it needs grad_accumulation=1, "
+                                "world_size=1 and agc_clip=0 (got ", grad_accumulation, ", ", world_size, " and ", agc_clip, ")");
+            check<config_error>(batch % xla_replicas == 0, "config: key 'batch' (", batch, ") must be a multiple of 'xla_replicas' (",
+                                xla_replicas, ")");
+        }
         check<config_error>(rank < world_size, "config: key 'rank' (", rank, ") must be below 'world_size' (", world_size, ")");
         check<config_error>(batch % world_size == 0, "config: key 'batch' (", batch, ") must be a multiple of 'world_size' (", world_size,
                             "): every process takes an equal share of each batch's rows");

@@ -106,7 +106,9 @@ public:
     /// targets are byte values as f32 [B, S]; returns {the mean cross-entropy `loss` reports, the
     /// value whose gradient training follows (with the head's z-loss)}.
     std::pair<xla::graph::var, xla::graph::var> lower_loss(const xla::graph::lowering& at, const xla::graph::var& ids,
-                                                           const xla::graph::var& targets) const {
+                                                           const xla::graph::var& targets) const
+        requires nn::LowerableLayer<block_type>
+    {
         xla::graph::var h = nn::lower(embedding, at.child(decltype(embedding)::name), ids);
         if constexpr (nn::InvertibleLayer<block_type>) {
             const xla::graph::var state = nn::lower(stack, at.child(decltype(stack)::name), xla::graph::stack_leading({h, h}));

@@ -76,7 +76,9 @@ public:
     Tensor<value_type> forward(const Tensor<value_type>& x, const LayerContext& ctx = {}) const {
         return norm_out_.forward(inner_.forward(norm_in_.forward(x, ctx), ctx), ctx);
     }
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
+    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const
+        requires LowerableLayer<Inner>
+    {
         return norm_out_.lower(at.child("norm_out"), nn::lower(inner_, at, norm_in_.lower(at.child("norm_in"), x)));
     }
     void visit_parameters(ParameterVisitor<value_type>& visit) {

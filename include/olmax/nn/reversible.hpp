@@ -222,7 +222,9 @@ public:
     /// The lowering rule (nn/lowering.hpp): the coupling steps on the two streams of a traced [2, ...]
     /// state. Inside nn::Stack's loop the layer's input is kept for the gradient (the loop stores
     /// its carries), so the traced backward does not rebuild inputs the way `reverse` does.
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& state) const {
+    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& state) const
+        requires(LowerableLayer<Fs> && ...)
+    {
         check<shape_error>(state.type().rank() >= 2 && state.dims()[0] == 2, "nn::Reversible: expected a two-stream state of shape [2, ...], got ",
                            state.type().str());
         xla::graph::var s0 = xla::graph::take_leading(state, 0), s1 = xla::graph::take_leading(state, 1);

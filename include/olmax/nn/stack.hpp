@@ -100,9 +100,10 @@ public:
     /// traced once as the body of one `scan_layers` over the stacked [depth, ...] parameters (tied
     /// ones passed whole), with the loop counter as the layer index: the program's size does not
     /// grow with depth, and neither does its gradient (one reverse loop).
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
+    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const
+        requires LowerableLayer<Block>
+    {
         namespace gx = xla::graph;
-        static_assert(LowerableLayer<Block>, "olmax::nn::Stack: the block type has no XLA lowering rule (see nn/lowering.hpp)");
         std::vector<gx::tensor_type> per_layer, shared;
         std::vector<gx::var> stacked, tied;
         for (const auto& slot : slots_) {
