@@ -8,6 +8,7 @@
 // static_assert that names the missing rule, never a silent host fallback inside a compiled step.
 
 #include <concepts>
+#include <vector>
 
 #include "olmax/backend/xla/graph/layer_ops.hpp"
 #include "olmax/backend/xla/graph/lowering.hpp"
@@ -20,6 +21,25 @@ template <class L>
 concept LowerableLayer = requires(const L& layer, const xla::graph::lowering& at, const xla::graph::var& x) {
     { layer.lower(at, x) } -> std::same_as<xla::graph::var>;
 };
+
+/// What an invertible layer's traced backward returns (`lower_reverse`, e.g. nn::Reversible's): its
+/// input rebuilt from its output, that input's gradient, and the gradients of the parameters it was
+/// asked about.
+struct LoweredReverse {
+    xla::graph::var input, input_grad;
+    std::vector<xla::graph::var> parameter_grads;
+};
+
+/// An invertible layer whose traced backward rebuilds its input from its output:
+///     LoweredReverse lower_reverse(const lowering& at, const var& y, const var& dy,
+///                                  const std::vector<var>& parameters) const;
+/// nn::Stack then differentiates its layer loop by walking back from the last output, storing nothing
+/// per layer (the traced counterpart of the eager reversible stack).
+template <class L>
+concept ReversiblyLowerableLayer =
+    LowerableLayer<L> && requires(const L& layer, const xla::graph::lowering& at, const xla::graph::var& x, const std::vector<xla::graph::var>& p) {
+        { layer.lower_reverse(at, x, x, p) } -> std::same_as<LoweredReverse>;
+    };
 
 /// `layer`'s forward on the traced value x, its parameters taken from `at`.
 template <class L>

@@ -119,13 +119,26 @@ public:
         const auto body = gx::trace_layer(x.type(), per_layer, shared,
                                           [&](gx::graph&, const gx::var& carry, const std::vector<gx::var>& layer,
                                               const std::vector<gx::var>& tied_in, const gx::var& index) {
-                                              auto names = std::make_shared<gx::lowering::parameter_map>();
-                                              std::size_t next_layer = 0, next_tied = 0;
-                                              for (const auto& slot : slots_)
-                                                  (*names)[slot.name] = slot.sharing == Sharing::tied ? tied_in[next_tied++] : layer[next_layer++];
-                                              return nn::lower(worker_, gx::lowering(names, index, depth_), carry);
+                                              return nn::lower(worker_, gx::lowering(bind_lowered(layer, tied_in), index, depth_), carry);
                                           });
-        return gx::scan_layers(body, x, stacked, tied);
+        // An invertible block (with memory saving on, as the eager stack) also gets a reverse body: the
+        // gradient loop then rebuilds each layer's input from its output and stores nothing per layer.
+        std::shared_ptr<const gx::layer_body> reverse;
+        if constexpr (ReversiblyLowerableLayer<Block>) {
+            if (worker_.memory_saving())
+                reverse = gx::trace_reverse_layer(
+                    x.type(), per_layer, shared,
+                    [&](gx::graph&, const gx::var& y, const std::vector<gx::var>& layer, const std::vector<gx::var>& tied_in, const gx::var& index,
+                        const gx::var& gy) {
+                        std::vector<gx::var> parameters;
+                        const auto names = bind_lowered(layer, tied_in, &parameters);
+                        const LoweredReverse r = worker_.lower_reverse(gx::lowering(names, index, depth_), y, gy, parameters);
+                        std::vector<gx::var> out{r.input, r.input_grad};
+                        out.insert(out.end(), r.parameter_grads.begin(), r.parameter_grads.end());
+                        return out;
+                    });
+        }
+        return gx::scan_layers(body, x, stacked, tied, reverse);
     }
     /// Stacked and tied parameters (the trainable leaves), named "<prefix>/*/<block names>" and
     /// "<prefix>/<block names>" for tied ones.
@@ -170,6 +183,20 @@ private:
         Tensor<T> stored;  // [depth, ...shape] or the tied tensor
     };
     enum class Binding { recorded, plain, fresh_leaf };
+    /// A layer body's parameter names: slot i's block-relative name -> its per-layer or tied input.
+    /// `ordered`, when given, receives the per-layer values then the tied ones (the body's order).
+    std::shared_ptr<const xla::graph::lowering::parameter_map> bind_lowered(const std::vector<xla::graph::var>& layer,
+                                                                            const std::vector<xla::graph::var>& tied,
+                                                                            std::vector<xla::graph::var>* ordered = nullptr) const {
+        auto names = std::make_shared<xla::graph::lowering::parameter_map>();
+        std::size_t next_layer = 0, next_tied = 0;
+        for (const auto& slot : slots_) (*names)[slot.name] = slot.sharing == Sharing::tied ? tied[next_tied++] : layer[next_layer++];
+        if (ordered) {
+            *ordered = layer;
+            ordered->insert(ordered->end(), tied.begin(), tied.end());
+        }
+        return names;
+    }
 
     static Generator seeded(const config_type& config) {
         if constexpr (requires { config.seed; }) return Generator(config.seed);

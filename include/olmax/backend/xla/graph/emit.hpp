@@ -90,9 +90,11 @@ inline std::vector<value> emit_scan_layers(function_builder& b, const node& n, c
 
 inline std::vector<value> emit_scan_layers_backward(function_builder& b, const node& n, const std::vector<value>& in) {
     const layer_body& body = *n.body;
-    const std::int64_t depth = n.operands[1].dims()[0];
-    // in: g_final, carries, stacked..., shared...; loop carry: [l, g, carries, stacked..., shared..., g_stacked..., g_shared...]
-    const std::size_t params = in.size() - 2;
+    const bool rebuilds = n.reverse != nullptr;  // the body rebuilds the layer's input from its output
+    const std::int64_t depth = n.operands[2].dims()[0];  // the first stacked parameter
+    // in: g_final, carries [depth, ...] (or the final carry), stacked..., shared...;
+    // loop carry: [l, g, carries (or the current carry), stacked..., shared..., g_stacked..., g_shared...]
+    const std::size_t params = in.size() - 2, first_grad = rebuilds ? 2 : 1;
     std::vector<value> init{i32_scalar(b, depth - 1)};
     init.insert(init.end(), in.begin(), in.end());
     for (std::size_t k = 0; k < params; ++k) init.push_back(b.constant(0.0, in[2 + k].type));
@@ -100,18 +102,20 @@ inline std::vector<value> emit_scan_layers_backward(function_builder& b, const n
         init,
         [&](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], i32_scalar(r, 0), compare_direction::GE); },
         [&](function_builder& r, const std::vector<value>& c) {
-            std::vector<value> args{layer_slice(r, c[2], c[0])};
+            std::vector<value> args{rebuilds ? c[2] : layer_slice(r, c[2], c[0])};
             for (std::size_t k = 0; k < n.stacked; ++k) args.push_back(layer_slice(r, c[3 + k], c[0]));
             for (std::size_t k = n.stacked; k < params; ++k) args.push_back(c[3 + k]);
             args.push_back(r.convert(c[0], element::f32));
             args.push_back(c[1]);
-            const std::vector<value> grads = emit_graph(r, *body.g, args, body.results);  // g carry, g layer..., g shared...
+            // (input carry,) g carry, g layer..., g shared...
+            const std::vector<value> grads = emit_graph(r, *body.g, args, body.results);
             std::vector<value> next = c;
             next[0] = r.sub(c[0], i32_scalar(r, 1));
-            next[1] = grads[0];
+            next[1] = grads[first_grad - 1];
+            if (rebuilds) next[2] = grads[0];
             const std::size_t acc = 3 + params;
-            for (std::size_t k = 0; k < n.stacked; ++k) next[acc + k] = write_layer(r, c[acc + k], grads[1 + k], c[0]);
-            for (std::size_t k = n.stacked; k < params; ++k) next[acc + k] = r.add(c[acc + k], grads[1 + k]);
+            for (std::size_t k = 0; k < n.stacked; ++k) next[acc + k] = write_layer(r, c[acc + k], grads[first_grad + k], c[0]);
+            for (std::size_t k = n.stacked; k < params; ++k) next[acc + k] = r.add(c[acc + k], grads[first_grad + k]);
             return next;
         });
     std::vector<value> result{out[1]};

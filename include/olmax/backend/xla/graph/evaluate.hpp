@@ -229,25 +229,28 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                 continue;
             }
             case op::scan_layers_backward: {
+                // in: g_final, then the stored carries [depth, ...] or (reverse body) the final carry, then the parameters
                 const layer_body& body = *n.body;
-                const std::int64_t depth = in[1]->type.dims[0];
-                const std::size_t params = in.size() - 2;
-                host_value g = *in[0];
+                const bool rebuilds = n.reverse != nullptr;
+                const std::int64_t depth = in[2]->type.dims[0];  // the first stacked parameter
+                const std::size_t params = in.size() - 2, first_grad = rebuilds ? 2 : 1;
+                host_value g = *in[0], y = *in[1];
                 std::vector<host_value> grads;
                 for (std::size_t k = 0; k < params; ++k)
                     grads.push_back({in[2 + k]->type, std::vector<double>(in[2 + k]->data.size(), 0.0)});
                 for (std::int64_t l = depth - 1; l >= 0; --l) {
-                    std::vector<host_value> a{layer_of(*in[1], l)};
+                    std::vector<host_value> a{rebuilds ? y : layer_of(*in[1], l)};
                     for (std::size_t k = 0; k < n.stacked; ++k) a.push_back(layer_of(*in[2 + k], l));
                     for (std::size_t k = n.stacked; k < params; ++k) a.push_back(*in[2 + k]);
                     a.push_back({f32({}), {double(l)}});
                     a.push_back(g);
                     const auto r = evaluate_graph(*body.g, a, body.results);
-                    g = r[0];
+                    if (rebuilds) y = r[0];
+                    g = r[first_grad - 1];
                     for (std::size_t k = 0; k < params; ++k) {
-                        const std::size_t size = r[1 + k].data.size();
+                        const std::size_t size = r[first_grad + k].data.size();
                         const std::size_t at = k < n.stacked ? std::size_t(l) * size : 0;
-                        for (std::size_t e = 0; e < size; ++e) grads[k].data[at + e] += r[1 + k].data[e];
+                        for (std::size_t e = 0; e < size; ++e) grads[k].data[at + e] += r[first_grad + k].data[e];
                     }
                 }
                 v[i] = {g};

@@ -185,12 +185,17 @@ inline std::vector<var> vjp(const std::vector<var>& outputs, const std::vector<v
             }
             case op::scan_layers: {
                 check<graph_error>(!out_grad[1].defined(), "xla::graph: scan_layers: its stored carries have no gradient rule");
-                const auto backward_body = detail::layer_gradient_body(*n.body);
                 node b;
                 b.kind = op::scan_layers_backward;
-                b.body = backward_body;
                 b.stacked = n.stacked;
-                b.operands = {gy, var(&g, i, 1)};
+                if (n.reverse) {  // walk back from the final carry, rebuilding each layer's input
+                    b.body = n.reverse;
+                    b.reverse = n.reverse;
+                    b.operands = {gy, y};
+                } else {  // read each layer's input from the carries the forward loop stores
+                    b.body = detail::layer_gradient_body(*n.body);
+                    b.operands = {gy, var(&g, i, 1)};
+                }
                 b.operands.insert(b.operands.end(), n.operands.begin() + 1, n.operands.end());  // stacked..., shared...
                 for (const auto& o : n.operands) b.outputs.push_back(o.type());              // g carry, g stacked..., g shared...
                 const var first = g.add(std::move(b));

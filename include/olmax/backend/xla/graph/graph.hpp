@@ -115,6 +115,10 @@ struct node {
     compare_direction direction = compare_direction::EQ;
     std::shared_ptr<const layer_body> body;  // scan_layers(_backward): the traced layer (or its gradient)
     std::size_t stacked = 0;                 // scan_layers(_backward): how many parameters are stacked [depth, ...]
+    /// scan_layers: the layer's reverse body (trace_reverse_layer), when it can rebuild its input
+    /// from its output; scan_layers_backward: set when `body` is that reverse body, so the loop walks
+    /// back from the final carry instead of reading stored carries.
+    std::shared_ptr<const layer_body> reverse;
 };
 
 /// A graph of primitives in the order they were built (which is a topological order).
@@ -464,11 +468,47 @@ inline std::shared_ptr<const layer_body> trace_layer(
     return body;
 }
 
+/// The backward of an invertible layer, traced once: arguments (output carry, per-layer parameters...,
+/// shared parameters..., layer index, gradient of the output carry) -> results (input carry, its
+/// gradient, gradients of the per-layer and the shared parameters). With it the gradient of
+/// `scan_layers` walks back from the final carry, rebuilding each layer's input from its output as
+/// the eager reversible stack does: nothing per layer is stored, so the memory of forward and
+/// backward does not grow with depth (RevNet, Gomez et al. 2017).
+inline std::shared_ptr<const layer_body> trace_reverse_layer(
+    const tensor_type& carry, const std::vector<tensor_type>& per_layer, const std::vector<tensor_type>& shared,
+    const std::function<std::vector<var>(graph&, const var& output, const std::vector<var>& layer, const std::vector<var>& shared,
+                                         const var& index, const var& output_grad)>& f) {
+    auto body = std::make_shared<layer_body>();
+    body->g = std::make_shared<graph>();
+    graph& g = *body->g;
+    const var y = g.input(carry);
+    std::vector<var> layer, tied;
+    for (const auto& t : per_layer) layer.push_back(g.input(t));
+    for (const auto& t : shared) tied.push_back(g.input(t));
+    const var index = g.input(f32({}));
+    const var gy = g.input(carry);
+    body->results = f(g, y, layer, tied, index, gy);
+    check<graph_error>(body->results.size() == 2 + per_layer.size() + shared.size(), "xla::graph: trace_reverse_layer: the body must return ",
+                       2 + per_layer.size() + shared.size(), " values (input, its gradient, one gradient per parameter), got ",
+                       body->results.size());
+    for (std::size_t i = 0; i < body->results.size(); ++i) {
+        const var& r = body->results[i];
+        const tensor_type& want = i < 2 ? carry : body->argument(i - 1);
+        check<graph_error>(r.defined() && &r.owner() == &g && r.type() == want, "xla::graph: trace_reverse_layer: result ", i,
+                           " must be a value of its own graph of type ", want.str());
+    }
+    body->per_layer = per_layer.size();
+    body->shared = shared.size();
+    return body;
+}
+
 /// carry_{l+1} = body(carry_l, stacked[.][l], shared..., l) for l = 0 .. depth-1, as ONE loop.
 /// Returns the final carry; the node's second output holds every layer's input carry
 /// [depth, carry...] for the gradient (emitted only when a gradient uses it).
+/// With a `reverse` body (trace_reverse_layer, same carry and parameters) the gradient rebuilds the
+/// carries from the outputs instead of storing them.
 inline var scan_layers(const std::shared_ptr<const layer_body>& body, const var& carry, const std::vector<var>& stacked,
-                       const std::vector<var>& shared) {
+                       const std::vector<var>& shared, std::shared_ptr<const layer_body> reverse = nullptr) {
     check<graph_error>(body && stacked.size() == body->per_layer && shared.size() == body->shared, "xla::graph: scan_layers: the body takes ",
                        body ? body->per_layer : 0, " stacked and ", body ? body->shared : 0, " shared parameters, got ", stacked.size(),
                        " and ", shared.size());
@@ -496,6 +536,12 @@ inline var scan_layers(const std::shared_ptr<const layer_body>& body, const var&
     n.outputs = {carry.type(), f32(all)};
     n.body = body;
     n.stacked = stacked.size();
+    if (reverse) {
+        bool same = reverse->per_layer == body->per_layer && reverse->shared == body->shared;
+        for (std::size_t i = 0; same && i < 1 + body->per_layer + body->shared; ++i) same = reverse->argument(i) == body->argument(i);
+        check<graph_error>(same, "xla::graph: scan_layers: the reverse body's carry and parameters differ from the layer body's");
+        n.reverse = std::move(reverse);
+    }
     return carry.owner().add(std::move(n));
 }
 
