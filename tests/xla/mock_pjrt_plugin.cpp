@@ -7,6 +7,8 @@
 // Controlled by environment variables read when GetPjrtApi is called:
 //   OLMAX_MOCK_PJRT_MAJOR=<n>       report API major version n (tests the version check)
 //   OLMAX_MOCK_PJRT_FAIL_EXECUTE=1  executions complete with an INTERNAL error on their event
+//   OLMAX_MOCK_PJRT_DEVICE_BYTES=<n> the device holds n bytes of buffers: a buffer beyond that is a
+//                                   RESOURCE_EXHAUSTED error, as a real device's allocator reports
 
 #include <xla/pjrt/c/pjrt_c_api.h>
 
@@ -28,6 +30,7 @@ struct PJRT_Device {
 };
 struct PJRT_Client {
     std::atomic<int> live_buffers{0};
+    std::atomic<long long> live_bytes{0};
 };
 struct PJRT_Buffer {
     PJRT_Client* client;
@@ -48,6 +51,7 @@ namespace {
 std::atomic<int> live_objects{0}, order_violations{0}, initialize_calls{0};
 std::string last_compile_options;
 bool fail_execute = false;
+long long device_bytes = 0;  // 0: unlimited
 PJRT_Device the_device;
 PJRT_Device* device_list[1] = {&the_device};
 
@@ -220,7 +224,16 @@ PJRT_Error* loaded_destroy(PJRT_LoadedExecutable_Destroy_Args* args) {
 PJRT_Buffer* new_buffer(PJRT_Client* client, std::vector<float> data, std::vector<int64_t> dims) {
     ++live_objects;
     ++client->live_buffers;
+    client->live_bytes += static_cast<long long>(data.size() * sizeof(float));
     return new PJRT_Buffer{client, std::move(data), std::move(dims)};
+}
+
+/// RESOURCE_EXHAUSTED when `bytes` more do not fit in OLMAX_MOCK_PJRT_DEVICE_BYTES.
+PJRT_Error* reserve(PJRT_Client* client, size_t bytes) {
+    if (device_bytes <= 0 || client->live_bytes + static_cast<long long>(bytes) <= device_bytes) return nullptr;
+    return make_error(PJRT_Error_Code_RESOURCE_EXHAUSTED, "mock: out of device memory allocating " + std::to_string(bytes) + " bytes (" +
+                                                              std::to_string(client->live_bytes.load()) + " of " +
+                                                              std::to_string(device_bytes) + " in use)");
 }
 
 PJRT_Error* buffer_from_host(PJRT_Client_BufferFromHostBuffer_Args* args) {
@@ -229,6 +242,7 @@ PJRT_Error* buffer_from_host(PJRT_Client_BufferFromHostBuffer_Args* args) {
     if (!args->device && !args->memory) return make_error(PJRT_Error_Code_INVALID_ARGUMENT, "mock: device must be set when memory is null");
     size_t n = 1;
     for (size_t i = 0; i < args->num_dims; ++i) n *= static_cast<size_t>(args->dims[i]);
+    if (auto e = reserve(args->client, n * sizeof(float))) return e;
     const float* p = static_cast<const float*>(args->data);
     args->buffer = new_buffer(args->client, std::vector<float>(p, p + n), std::vector<int64_t>(args->dims, args->dims + args->num_dims));
     args->done_with_host_buffer = make_event();
@@ -238,6 +252,7 @@ PJRT_Error* buffer_destroy(PJRT_Buffer_Destroy_Args* args) {
     if (auto e = check_size(args, PJRT_Buffer_Destroy_Args_STRUCT_SIZE, "PJRT_Buffer_Destroy_Args")) return e;
     if (args->buffer) {
         --args->buffer->client->live_buffers;
+        args->buffer->client->live_bytes -= static_cast<long long>(args->buffer->data.size() * sizeof(float));
         --live_objects;
     }
     delete args->buffer;
@@ -291,6 +306,7 @@ PJRT_Error* execute(PJRT_LoadedExecutable_Execute_Args* args) {
             }
         dims = {m, n};
     }
+    if (auto e = reserve(in[0]->client, out.size() * sizeof(float))) return e;
     args->output_lists[0][0] = new_buffer(in[0]->client, std::move(out), std::move(dims));
     if (args->device_complete_events)
         args->device_complete_events[0] = make_event(fail_execute ? make_error(PJRT_Error_Code_INTERNAL, "mock: injected device failure") : nullptr);
@@ -314,6 +330,7 @@ __attribute__((visibility("default"))) const PJRT_Api* GetPjrtApi() {
     api.pjrt_api_version.major_version = env_int("OLMAX_MOCK_PJRT_MAJOR", PJRT_API_MAJOR);
     api.pjrt_api_version.minor_version = PJRT_API_MINOR;
     fail_execute = env_int("OLMAX_MOCK_PJRT_FAIL_EXECUTE", 0) != 0;
+    device_bytes = env_int("OLMAX_MOCK_PJRT_DEVICE_BYTES", 0);
     api.PJRT_Error_Destroy = error_destroy;
     api.PJRT_Error_Message = error_message;
     api.PJRT_Error_GetCode = error_get_code;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "olmax/backend/xla/device_program.hpp"
 #include "olmax/backend/xla/pjrt_runtime.hpp"
 #include "test_helpers.hpp"
 
@@ -141,6 +142,29 @@ TEST_CASE("pjrt: an asynchronous execution error surfaces when the event is awai
         const std::vector<float> a{1, 2, 3, 4};
         const int code = expect_pjrt_error([&] { client.run(module, {a.data(), a.data()}); }, "injected device failure");
         CHECK(code == PJRT_Error_Code_INTERNAL);
+    }
+    void* handle = dlopen(copy.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE(handle != nullptr);
+    CHECK(reinterpret_cast<int (*)()>(dlsym(handle, "olmax_mock_pjrt_live_objects"))() == 0);
+    std::filesystem::remove(copy);
+}
+
+TEST_CASE("pjrt: a device out of memory is a clear error naming what ran out, nothing leaks", "[xla][pjrt]") {
+    // The mock's device holds 24 bytes: the state (4 floats) fits, the step's input does not.
+    const auto copy = std::filesystem::temp_directory_path() / ("olmax_mock_pjrt_small_" + std::to_string(::getpid()) + ".so");
+    std::filesystem::copy_file(mock_path(), copy, std::filesystem::copy_options::overwrite_existing);
+    setenv("OLMAX_MOCK_PJRT_DEVICE_BYTES", "24", 1);
+    const pjrt::plugin& small = pjrt::plugin::load(copy.string());
+    unsetenv("OLMAX_MOCK_PJRT_DEVICE_BYTES");
+    {
+        auto client = std::make_shared<pjrt::client>(small);
+        olmax::xla::device_program program(client, shlo::elementwise_binary("add", {4}), 1);  // state += input
+        program.set_state(0, {1, 2, 3, 4});
+        const std::vector<float> step{1, 1, 1, 1};
+        const int code = expect_pjrt_error([&] { program.run({step.data()}); }, "the device ran out of memory while running a step");
+        CHECK(code == PJRT_Error_Code_RESOURCE_EXHAUSTED);
+        expect_pjrt_error([&] { program.run({step.data()}); }, "mock: out of device memory allocating 16 bytes");
+        CHECK_THROWS_WITH(program.set_state(0, {1, 2, 3, 4, 5, 6, 7, 8}), Contains("got 8 values"));
     }
     void* handle = dlopen(copy.c_str(), RTLD_NOW | RTLD_NOLOAD);
     REQUIRE(handle != nullptr);

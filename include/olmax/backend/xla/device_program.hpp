@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -43,7 +44,7 @@ public:
             check<shape_error>(out == module_.inputs[i], "xla::device_program: state ", i, " enters as ", module_.inputs[i].str(),
                                " but leaves as ", out.str());
         }
-        executable_ = &client_->compile(module_, replicas);  // compiled once, here: errors surface at construction
+        executable_ = on_device("compiling the program", [&] { return &client_->compile(module_, replicas); });  // once, here
         state_.resize(replicas_);
         for (auto& copy : state_) copy.resize(state_count_);
     }
@@ -58,7 +59,9 @@ public:
         check<value_error>(i < state_count_, "xla::device_program: no state tensor ", i, " (", state_count_, " declared)");
         check<shape_error>(values.size() == std::size_t(module_.inputs[i].elements()), "xla::device_program: state ", i, " is ",
                            module_.inputs[i].str(), ", got ", values.size(), " values");
-        for (std::size_t r = 0; r < replicas_; ++r) state_[r][i] = client_->upload(values.data(), module_.inputs[i].dims, r);
+        on_device("uploading the state", [&] {
+            for (std::size_t r = 0; r < replicas_; ++r) state_[r][i] = client_->upload(values.data(), module_.inputs[i].dims, r);
+        });
     }
 
     /// Reads state tensor `i` back to the host (from replica `replica`).
@@ -78,28 +81,53 @@ public:
                            inputs.size());
         for (std::size_t i = 0; i < state_count_; ++i)
             check<value_error>(state_[0][i].get() != nullptr, "xla::device_program: state tensor ", i, " was never set (set_state)");
-        std::vector<std::vector<pjrt::device_buffer>> uploaded(replicas_);
-        std::vector<std::vector<const pjrt::device_buffer*>> arguments(replicas_);
-        for (std::size_t r = 0; r < replicas_; ++r) {
-            for (std::size_t i = 0; i < per_call; ++i) {
-                const auto& type = module_.inputs[state_count_ + i];
-                uploaded[r].push_back(client_->upload(inputs[i] + r * std::size_t(type.elements()), type.dims, r));
+        return on_device("running a step", [&] {
+            std::vector<std::vector<pjrt::device_buffer>> uploaded(replicas_);
+            std::vector<std::vector<const pjrt::device_buffer*>> arguments(replicas_);
+            for (std::size_t r = 0; r < replicas_; ++r) {
+                for (std::size_t i = 0; i < per_call; ++i) {
+                    const auto& type = module_.inputs[state_count_ + i];
+                    uploaded[r].push_back(client_->upload(inputs[i] + r * std::size_t(type.elements()), type.dims, r));
+                }
+                for (const auto& s : state_[r]) arguments[r].push_back(&s);
+                for (const auto& u : uploaded[r]) arguments[r].push_back(&u);
             }
-            for (const auto& s : state_[r]) arguments[r].push_back(&s);
-            for (const auto& u : uploaded[r]) arguments[r].push_back(&u);
-        }
-        std::vector<std::vector<pjrt::device_buffer>> outputs = client_->execute_replicated(*executable_, arguments);
-        std::vector<std::vector<float>> reported;
-        for (std::size_t i = 0; i < reported_count(); ++i) {
-            reported.emplace_back(std::size_t(module_.outputs[i].elements()));
-            client_->download(outputs[0][i], reported.back().data(), reported.back().size());
-        }
-        for (std::size_t r = 0; r < replicas_; ++r)
-            for (std::size_t i = 0; i < state_count_; ++i) state_[r][i] = std::move(outputs[r][reported_count() + i]);
-        return reported;
+            std::vector<std::vector<pjrt::device_buffer>> outputs = client_->execute_replicated(*executable_, arguments);
+            std::vector<std::vector<float>> reported;
+            for (std::size_t i = 0; i < reported_count(); ++i) {
+                reported.emplace_back(std::size_t(module_.outputs[i].elements()));
+                client_->download(outputs[0][i], reported.back().data(), reported.back().size());
+            }
+            for (std::size_t r = 0; r < replicas_; ++r)
+                for (std::size_t i = 0; i < state_count_; ++i) state_[r][i] = std::move(outputs[r][reported_count() + i]);
+            return reported;
+        });
+    }
+
+    /// Bytes of state one device holds (the parameters and optimiser moments of a training step).
+    std::size_t state_bytes() const {
+        std::size_t bytes = 0;
+        for (std::size_t i = 0; i < state_count_; ++i) bytes += std::size_t(module_.inputs[i].elements()) * 4;
+        return bytes;
     }
 
 private:
+    /// Runs `f`; the device's allocator failing (RESOURCE_EXHAUSTED) becomes an error that says what
+    /// ran out, how much state the program keeps there and what to change, with the plugin's message.
+    template <class F>
+    std::invoke_result_t<F&> on_device(const char* doing, F&& f) {
+        try {
+            return f();
+        } catch (const pjrt::pjrt_error& e) {
+            if (e.code() != PJRT_Error_Code_RESOURCE_EXHAUSTED) throw;
+            throw pjrt::pjrt_error(olmax::detail::concat("xla::device_program: the device ran out of memory while ", doing, " (the program keeps ",
+                                                         olmax::detail::human_bytes(double(state_bytes())), " of state on each of its ", replicas_,
+                                                         " device(s), plus its activations): use a smaller model or batch, or more replicas. "
+                                                         "The plugin said: ", e.what()),
+                                   e.code());
+        }
+    }
+
     std::shared_ptr<pjrt::client> client_;
     stablehlo::emitted_module module_;
     std::size_t state_count_;
