@@ -56,7 +56,7 @@ run_result run_against_reference(const std::shared_ptr<pjrt::client>& client, co
     gx::adam_options adam;
     adam.learning_rate = 1e-2;
     const auto step = gx::trace_residual_lm_step(shape, adam);
-    auto module = gx::emit(*step.g, "residual_lm_step", step.results);
+    auto module = gx::emit(*step.g, "residual_lm_step", step.results, step.state_count());  // state updated in place
     if (!tamper_from.empty()) {
         for (auto at = module.text.find(tamper_from); at != std::string::npos; at = module.text.find(tamper_from, at + tamper_to.size()))
             module.text.replace(at, tamper_from.size(), tamper_to);
@@ -167,6 +167,32 @@ TEST_CASE("whole step: a wrong lowering is caught by the reference comparison", 
     // the layer's tanh lowered as logistic: a plausible-looking but wrong lowering rule
     const auto r = run_against_reference(client, {32, 16, 3, 24}, 2, "\"stablehlo.tanh\"", "\"stablehlo.logistic\"");
     CHECK(r.worst_loss > 1e-3);
+}
+
+TEST_CASE("whole step: donated state is updated in place: the device consumes the old buffer", "[xla][cpu_plugin][whole_step]") {
+    auto client = cpu_client();
+    for (bool donate : {true, false}) {
+        INFO("donated " << donate);
+        gx::graph g;
+        const gx::var state = g.input(gx::f32({4})), input = g.input(gx::f32({4}));
+        const auto module = gx::emit(g, donate ? "donating" : "copying", {gx::sum(state, {0}), state * 2.0 + input}, donate ? 1 : 0);
+        CHECK((module.text.find("{tf.aliasing_output = 1 : i32}") != std::string::npos) == donate);
+        const auto& exe = client->compile(module);
+        const std::vector<float> x{1, 2, 3, 4}, y{1, 1, 1, 1};
+        auto old_state = client->upload(x.data(), {4});
+        const auto step = client->upload(y.data(), {4});
+        auto out = client->execute(exe, {&old_state, &step});
+        CHECK(old_state.is_deleted() == donate);
+        CHECK_FALSE(step.is_deleted());
+        std::vector<float> next(4), total(1);
+        client->download(out[1], next.data(), next.size());
+        client->download(out[0], total.data(), total.size());
+        CHECK(next == std::vector<float>{3, 5, 7, 9});
+        CHECK(total[0] == 10.0f);
+    }
+    gx::graph g;
+    const gx::var a = g.input(gx::f32({4}));
+    CHECK_THROWS_WITH(gx::emit(g, "bad", {gx::sum(a, {0})}, 1), Catch::Contains("cannot be updated in place"));
 }
 
 TEST_CASE("whole step: bad programs and bad calls are clear errors", "[xla][cpu_plugin][whole_step]") {

@@ -41,7 +41,7 @@ public:
         check<value_error>(replicas >= 1 && batch % std::size_t(replicas) == 0, "models::XlaTrainer: batch ", batch,
                            " does not split into ", replicas, " equal replica shares");
         const auto step = trace_training_step(model, parameters_, optimizer.config(), batch / std::size_t(replicas), sequence, replicas);
-        program_ = std::make_unique<xla::device_program>(std::move(client), xla::graph::emit(*step.graph, Model::name, step.results),
+        program_ = std::make_unique<xla::device_program>(std::move(client), xla::graph::emit(*step.graph, Model::name, step.results, step.state_count()),
                                                          step.state_count(), replicas);
         upload();
     }

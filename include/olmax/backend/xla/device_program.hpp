@@ -5,7 +5,9 @@
 // The program's inputs are [state..., per-call inputs...] and its outputs [reported values...,
 // new state...] with the new state in the same order and types as the state inputs. `run` uploads
 // only the per-call inputs (the data batch), executes once, keeps the new state on the device in
-// place of the old and reads back only the reported values (the loss). Needs the PJRT runtime
+// place of the old and reads back only the reported values (the loss). A module emitted with its
+// state donated (graph::emit's `donated_state`) updates the state in place: the device never holds
+// the old and the new copy at once. Needs the PJRT runtime
 // (pjrt_runtime.hpp, target olmax::pjrt).
 //
 // Data parallelism inside one program: with `replicas` = R > 1 the module is compiled replicated
@@ -44,6 +46,8 @@ public:
             check<shape_error>(out == module_.inputs[i], "xla::device_program: state ", i, " enters as ", module_.inputs[i].str(),
                                " but leaves as ", out.str());
         }
+        check<value_error>(module_.donated <= state_count_, "xla::device_program: the module donates ", module_.donated,
+                           " inputs, more than its ", state_count_, " state tensors");
         executable_ = on_device("compiling the program", [&] { return &client_->compile(module_, replicas); });  // once, here
         state_.resize(replicas_);
         for (auto& copy : state_) copy.resize(state_count_);
@@ -80,7 +84,8 @@ public:
         check<value_error>(inputs.size() == per_call, "xla::device_program: ", module_.key, " takes ", per_call, " per-call inputs, got ",
                            inputs.size());
         for (std::size_t i = 0; i < state_count_; ++i)
-            check<value_error>(state_[0][i].get() != nullptr, "xla::device_program: state tensor ", i, " was never set (set_state)");
+            check<value_error>(state_[0][i].get() != nullptr, "xla::device_program: state tensor ", i,
+                               " was never set, or a failed step consumed it (set_state)");
         return on_device("running a step", [&] {
             std::vector<std::vector<pjrt::device_buffer>> uploaded(replicas_);
             std::vector<std::vector<const pjrt::device_buffer*>> arguments(replicas_);
@@ -92,7 +97,16 @@ public:
                 for (const auto& s : state_[r]) arguments[r].push_back(&s);
                 for (const auto& u : uploaded[r]) arguments[r].push_back(&u);
             }
-            std::vector<std::vector<pjrt::device_buffer>> outputs = client_->execute_replicated(*executable_, arguments);
+            std::vector<std::vector<pjrt::device_buffer>> outputs;
+            try {
+                outputs = client_->execute_replicated(*executable_, arguments);
+            } catch (...) {
+                // Donated state may already be consumed: drop it, so the next call says so instead of
+                // handing the device a deleted buffer.
+                for (auto& copy : state_)
+                    for (std::size_t i = 0; i < module_.donated; ++i) copy[i] = pjrt::device_buffer();
+                throw;
+            }
             std::vector<std::vector<float>> reported;
             for (std::size_t i = 0; i < reported_count(); ++i) {
                 reported.emplace_back(std::size_t(module_.outputs[i].elements()));

@@ -254,6 +254,15 @@ public:
     ~device_buffer() { release(); }
     const stablehlo::dims_t& dims() const { return dims_; }
     PJRT_Buffer* get() const { return buffer_; }
+    /// Whether the device has released this buffer's memory: true after an execution it was donated
+    /// to (an argument the module aliases to an output), whose result then lives in the output.
+    bool is_deleted() const {
+        if (!buffer_) return true;
+        auto args = detail::make_args<PJRT_Buffer_IsDeleted_Args>(PJRT_Buffer_IsDeleted_Args_STRUCT_SIZE);
+        args.buffer = buffer_;
+        plugin_->check(plugin_->api()->PJRT_Buffer_IsDeleted(&args), "PJRT_Buffer_IsDeleted");
+        return args.is_deleted;
+    }
 
 private:
     friend class client;

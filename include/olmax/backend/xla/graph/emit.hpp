@@ -187,20 +187,31 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
 }  // namespace detail
 
 /// The program as a StableHLO module: `@main` takes the graph's inputs in the order they were made
-/// and returns `results`. `name` becomes the module name and the start of its cache key.
-inline stablehlo::emitted_module emit(const graph& g, std::string_view name, const std::vector<var>& results) {
+/// and returns `results`. `name` becomes the module name and the start of its cache key. With
+/// `donated_state` = k, inputs 0 .. k-1 are donated to the last k results (a step's state, which the
+/// device then updates in place instead of holding the old and the new copy at once).
+inline stablehlo::emitted_module emit(const graph& g, std::string_view name, const std::vector<var>& results, std::size_t donated_state = 0) {
     check<graph_error>(!results.empty(), "xla::graph: emit: no results");
     std::vector<tensor_type> inputs;
     for (auto i : g.inputs()) inputs.push_back(g.at(i).outputs[0]);
     for (const auto& r : results)
         check<graph_error>(&r.owner() == &g && r.type().elem == element::f32, "xla::graph: emit: results must be f32 values of this graph");
+    check<graph_error>(donated_state <= inputs.size() && donated_state <= results.size(), "xla::graph: emit: ", donated_state,
+                       " donated state tensors for ", inputs.size(), " inputs and ", results.size(), " results");
     stablehlo::function_builder b(inputs);
+    for (std::size_t i = 0; i < donated_state; ++i) {
+        const std::size_t out = results.size() - donated_state + i;
+        check<graph_error>(results[out].type() == inputs[i], "xla::graph: emit: state ", i, " enters as ", inputs[i].str(), " but leaves as ",
+                           results[out].type().str(), ", so it cannot be updated in place");
+        b.alias_output(i, out);
+    }
     const auto values = detail::emit_graph(b, g, b.args(), results);
     stablehlo::emitted_module m;
     m.text = b.finish(name, values);
     m.key = std::string(name) + "." + std::to_string(std::hash<std::string>{}(m.text));
     m.inputs = inputs;
     for (const auto& r : results) m.outputs.push_back(r.type());
+    m.donated = donated_state;
     return m;
 }
 

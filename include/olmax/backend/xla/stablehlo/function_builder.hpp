@@ -68,11 +68,28 @@ public:
     const std::vector<value>& args() const { return args_; }
     const value& arg(std::size_t i) const { return args_.at(i); }
 
+    /// Donates argument `arg` to result `result` (`tf.aliasing_output`, which XLA turns into an
+    /// input-output alias): the result is written into the argument's device buffer, which the
+    /// execution consumes. For state updated in place (parameters, optimiser moments).
+    void alias_output(std::size_t arg, std::size_t result) {
+        check<shape_error>(arg < args_.size(), "stablehlo: alias_output: no argument ", arg, " (", args_.size(), " arguments)");
+        aliases_.resize(args_.size(), -1);
+        aliases_[arg] = static_cast<std::int64_t>(result);
+    }
+
     /// The whole module text with `results` returned from @main.
     std::string finish(std::string_view module_name, const std::vector<value>& results) {
         std::ostringstream m;
         m << "module @" << module_name << " {\n  func.func public @main(";
-        for (std::size_t i = 0; i < args_.size(); ++i) m << (i ? ", " : "") << args_[i].name << ": " << args_[i].type.str();
+        for (std::size_t i = 0; i < args_.size(); ++i) {
+            m << (i ? ", " : "") << args_[i].name << ": " << args_[i].type.str();
+            if (i < aliases_.size() && aliases_[i] >= 0) {
+                check<shape_error>(std::size_t(aliases_[i]) < results.size() && results[std::size_t(aliases_[i])].type == args_[i].type,
+                                   "stablehlo: argument ", i, " (", args_[i].type.str(), ") is donated to result ", aliases_[i],
+                                   ", which is not a result of that type");
+                m << " {tf.aliasing_output = " << aliases_[i] << " : i32}";
+            }
+        }
         m << ") -> (" << detail::types_of(results) << ") {\n" << body_.str();
         m << "    \"func.return\"(" << detail::names_of(results) << ") : (" << detail::types_of(results) << ") -> ()\n  }\n}\n";
         return m.str();
@@ -356,6 +373,7 @@ private:
     }
 
     std::vector<value> args_;
+    std::vector<std::int64_t> aliases_;  // per argument: the result it is donated to, or -1
     std::ostringstream body_;
     int depth_ = 0;
     int counter_ = 0;

@@ -17,6 +17,9 @@ struct emitted_module {
     std::string text;
     std::vector<tensor_type> inputs;
     std::vector<tensor_type> outputs;
+    /// The first `donated` inputs are donated to the last `donated` outputs (updated in place on the
+    /// device; an execution consumes those argument buffers).
+    std::size_t donated = 0;
 };
 
 inline std::string dims_key(const dims_t& dims) {
