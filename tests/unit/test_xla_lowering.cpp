@@ -62,7 +62,8 @@ struct traced_result {
     std::vector<gx::host_value> grads;
 };
 
-traced_result trace_and_evaluate(Model& model, const tokens& batch) {
+template <class AnyModel>
+traced_result trace_and_evaluate(AnyModel& model, const tokens& batch) {
     const auto parameters = model.parameters();
     gx::graph g;
     auto names = std::make_shared<gx::lowering::parameter_map>();
@@ -86,32 +87,45 @@ traced_result trace_and_evaluate(Model& model, const tokens& batch) {
 
 constexpr double tolerance = 1e-10;  // double precision on both sides: only the summation orders differ
 
+/// The traced loss and every gradient of ByteLM<Recipe, double> against the eager model.
+template <class Recipe>
+void check_against_eager(std::size_t depth, std::size_t sequence) {
+    INFO(Recipe::key << ", depth " << depth);
+    olmax::models::ByteLM<Recipe, double> model(olmax::models::ByteLMConfig{8, depth, 11});
+    const tokens batch = random_tokens(2, sequence, 5);
+    const auto traced = trace_and_evaluate(model, batch);
+
+    olmax::autodiff::tape_scope tape;
+    const auto hidden = model.hidden(batch.ids);
+    auto loss = model.head.loss(hidden, batch.targets);
+    CHECK(std::abs(traced.loss - loss.item()) < tolerance * std::abs(loss.item()));
+    CHECK(traced.objective > traced.loss);  // the z-loss term is in the differentiated value only
+    loss.backward();
+    const auto parameters = model.parameters();
+    REQUIRE(traced.grads.size() == parameters.size());
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+        INFO(parameters[i].name);
+        const auto grad = parameters[i].tensor.grad();
+        REQUIRE(grad.defined());
+        CHECK(worst_relative(traced.grads[i].data, grad.data(), grad.size()) < 1e-9);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("xla lowering: ByteLM<ConvMixer>'s traced loss and gradients equal the eager model's", "[xla_lowering]") {
     // S = 32 with the mixer's chunk 16 gives two mixing modes (strides 1 and 2): depth 3 runs modes
     // 0, 1, 0, so the traced mode selection inside the layer loop is exercised.
-    for (std::size_t depth : {1, 3}) {
-        INFO("depth " << depth);
-        Model model(olmax::models::ByteLMConfig{8, depth, 11});
-        const tokens batch = random_tokens(2, 32, 5);
-        const auto traced = trace_and_evaluate(model, batch);
+    for (std::size_t depth : {1, 3}) check_against_eager<olmax::models::ConvMixer>(depth, 32);
+}
 
-        olmax::autodiff::tape_scope tape;
-        const auto hidden = model.hidden(batch.ids);
-        auto loss = model.head.loss(hidden, batch.targets);
-        CHECK(std::abs(traced.loss - loss.item()) < tolerance * std::abs(loss.item()));
-        CHECK(traced.objective > traced.loss);  // the z-loss term is in the differentiated value only
-        loss.backward();
-        const auto parameters = model.parameters();
-        REQUIRE(traced.grads.size() == parameters.size());
-        for (std::size_t i = 0; i < parameters.size(); ++i) {
-            INFO(parameters[i].name);
-            const auto grad = parameters[i].tensor.grad();
-            REQUIRE(grad.defined());
-            CHECK(worst_relative(traced.grads[i].data, grad.data(), grad.size()) < 1e-9);
-        }
-    }
+TEST_CASE("xla lowering: ByteLM<QrnnMlp> (the QRNN's scan as a log-depth doubling scan) equals the eager model", "[xla_lowering]") {
+    check_against_eager<olmax::models::QrnnMlp>(2, 13);  // 13 steps: the doubling scan's last step is partial
+    gx::graph g;  // linear_scan itself, on a length that is not a power of two
+    const var a = g.input(f32({2, 5})), x = g.input(f32({2, 5}));
+    const auto r = gx::evaluate(g, {{f32({2, 5}), {0.5, 0.5, 0.5, 0.5, 0.5, 1, 2, 0, 1, 1}}, {f32({2, 5}), {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}}},
+                                {gx::linear_scan(a, x, 1)});
+    CHECK(r[0].data == std::vector<double>{1, 1.5, 1.75, 1.875, 1.9375, 1, 3, 1, 2, 3});
 }
 
 TEST_CASE("xla lowering: the traced training step equals ByteLM + optim::AdamW over two steps", "[xla_lowering]") {

@@ -54,6 +54,29 @@ inline var shift_later(const var& x, std::int64_t axis, std::int64_t steps) {
     return pad(slice(x, start, limit), low, high);
 }
 
+/// clamp((x + 3) / 6, 0, 1) (ops::hard_sigmoid, the QRNN's forget gate).
+inline var hard_sigmoid(const var& x) {
+    const var lifted = maximum((x + 3.0) / 6.0, constant_like(x, 0.0));
+    return -maximum(-lifted, constant_like(x, -1.0));
+}
+
+/// The linear recurrence h_t = a_t h_{t-1} + x_t along `axis` (h_{-1} = 0; olmax::scan::scan), as
+/// ceil(log2 T) doubling steps (Hillis & Steele 1986; the associative scan of the pairs (a, x) under
+/// (a1, x1) then (a2, x2) = (a1 a2, a2 x1 + x2), as jax.lax.associative_scan computes it): step d adds
+/// a_t h_{t-d} to h_t, then multiplies a_t by a_{t-d} (ones before the start). Log-depth, O(T log T)
+/// work; its gradient is the primitives' reverse mode.
+inline var linear_scan(const var& a, const var& x, std::int64_t axis) {
+    check<graph_error>(a.type() == x.type() && axis >= 0 && axis < static_cast<std::int64_t>(x.type().rank()), "xla::graph: linear_scan: a ",
+                       a.type().str(), " and x ", x.type().str(), " must agree, axis ", axis, " in range");
+    var h = x, decay = a;
+    const std::int64_t steps = x.dims()[static_cast<std::size_t>(axis)];
+    for (std::int64_t d = 1; d < steps; d *= 2) {
+        h = h + decay * shift_later(h, axis, d);
+        decay = decay * (1.0 - shift_later(1.0 - decay, axis, d));
+    }
+    return h;
+}
+
 /// Causal 1-D convolution along time of x [B, T, Cin] with w [K, Cin, Cout]:
 /// out[b, t] = sum_k x[b, t - (K-1-k)] w[k] (ops::causal_conv1d, one group, no bias), as one GEMM
 /// over the K shifted copies of x side by side: [B T, K Cin] x [K Cin, Cout].
