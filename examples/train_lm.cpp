@@ -303,6 +303,10 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
         return checkpoints.save(io::make_checkpoint(opt, io::TrainingState{at, config::to_text(c), loader.position().to_text(), note}), at);
     };
 
+    // The precision policy covers training, evaluation and sampling (not the initialisation above).
+    std::optional<olmax::backend::bf16_matmul_scope> bf16;
+    if (c.precision == "bf16") bf16.emplace();
+
     // ---- training loop ----------------------------------------------------------------------
     // Every rank draws the same global batch and differentiates its own rows (equal shares, so the
     // mean of the ranks' mean gradients is the batch's); the ranks then average their gradients.

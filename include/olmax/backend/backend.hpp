@@ -3,6 +3,7 @@
 // concept and the CPU backends, the portable bf16 GEMM and the CPU's bf16 features. (The oneDNN
 // GEMM, olmax/backend/onednn_gemm.hpp, needs the optional target olmax::onednn and is not here.)
 #include "olmax/backend/bf16_gemm.hpp"
+#include "olmax/backend/bf16_matmul_kernels.hpp"
 #include "olmax/backend/concept.hpp"
 #include "olmax/backend/cpu_openmp.hpp"
 #include "olmax/backend/cpu_features.hpp"

@@ -62,6 +62,7 @@ struct TrainConfig {
     std::string device = "cpu";
     std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
     std::int64_t xla_replicas = 1;
+    std::string precision = "fp32";  // fp32 | bf16 (olmax::backend::bf16_matmul_scope)
     // sampling at the end
     std::int64_t sample_bytes = 200;
     double temperature = 0.8;
@@ -125,6 +126,10 @@ struct TrainConfig {
             Field<C>{"xla_replicas", &C::xla_replicas,
                      "--device=xla: data-parallel copies of the step over the plugin's devices, each taking batch / xla_replicas rows"}
                 .in(1, 1 << 16),
+            Field<C>{"precision", &C::precision,
+                     "fp32, or bf16: every float GEMM (forward and backward) computes as bf16 matrix units do, operands rounded to "
+                     "bfloat16 and fp32 sums; parameters, optimiser state, norms, softmax, losses and scans stay fp32 (docs/BF16.md)",
+                     {"fp32", "bf16"}},
             Field<C>{"rendezvous", &C::rendezvous, "how the processes find each other: file:DIR (a folder all can reach) or "
                                                    "tcp:HOST:PORT (rank 0 listens there)"},
             Field<C>{"collective_timeout_s", &C::collective_timeout_s, "a peer silent this long is an error (rendezvous and every "
@@ -144,6 +149,7 @@ struct TrainConfig {
         validate_fields(*this);
         check<config_error>(min_lr <= lr, "config: key 'min_lr' (", min_lr, ") must not exceed 'lr' (", lr, ")");
         if (device == "xla") {
+            check<config_error>(precision == "fp32", "config: --precision=bf16 is not lowered for --device=xla yet; use --device=cpu or fp32");
             check<config_error>(grad_accumulation == 1 && world_size == 1 && agc_clip == 0,
                                 "config: --device=xla runs one whole step per batch in one process without AGC; it needs grad_accumulation=1, "
                                 "world_size=1 and agc_clip=0 (got ", grad_accumulation, ", ", world_size, " and ", agc_clip, ")");

@@ -79,6 +79,12 @@ inline void to_bfloat16(const float* in, bfloat16* out, std::size_t n) noexcept 
 #pragma omp simd
     for (std::size_t i = 0; i < n; ++i) out[i] = bfloat16::from_bits(bfloat16::round_bits(std::bit_cast<std::uint32_t>(in[i])));
 }
+/// Element-wise float -> nearest bfloat16 (ties to even) -> float: the value a bf16 matrix unit
+/// computes with, kept in a float (the bf16 mixed-precision policy's portable operands).
+inline void round_to_bfloat16(const float* in, float* out, std::size_t n) noexcept {
+#pragma omp simd
+    for (std::size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(std::uint32_t(bfloat16::round_bits(std::bit_cast<std::uint32_t>(in[i]))) << 16);
+}
 inline void to_float(const bfloat16* in, float* out, std::size_t n) noexcept {
 #pragma omp simd
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);

@@ -1,0 +1,105 @@
+#pragma once
+// The bf16 mixed-precision policy (issue 13, docs/BF16.md): host kernels whose float GEMM computes
+// as the CPU's bf16 matrix units do (AMX's TDPBF16PS, AVX512-BF16's VDPBF16PS, a TPU's MXU): both
+// operands rounded to bfloat16 (nearest even), every product exact in fp32, the sums in fp32.
+// Everything else they forward to the kernels they wrap, so inside a `bf16_matmul_scope` the GEMMs
+// of every forward and backward pass (linear layers, convolutions, the mixer, the output head) run
+// in bf16, while norms, softmax, losses, scans, gradient accumulation and the optimiser (none of
+// them a GEMM) stay in fp32, and parameters stay fp32 masters. That is PyTorch autocast's split on
+// a CPU; like bf16 autocast it needs no loss scaling (bf16 has fp32's exponent range).
+//
+// The bf16 product itself is given as a function of `gemm_bf16`'s signature: the portable one by
+// default (bfloat16 operands widened to float, the wrapped kernels' fp32 GEMM: the same numbers as
+// the matrix units, at fp32 speed), or oneDNN's (backend::onednn::gemm_bf16, on the matrix units
+// where the CPU has them).
+
+#include <functional>
+#include <type_traits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "olmax/backend/bf16_gemm.hpp"
+#include "olmax/backend/kernels.hpp"
+#include "olmax/backend/registry.hpp"
+#include "olmax/core/bfloat16.hpp"
+
+namespace olmax::backend {
+
+class Bf16MatmulKernels final : public Kernels {
+public:
+    /// bf16 x bf16 -> fp32 GEMM with gemm_bf16's signature.
+    using Bf16Gemm = std::function<void(bool, bool, std::size_t, std::size_t, std::size_t, float, const bfloat16*, std::size_t,
+                                        const bfloat16*, std::size_t, float, float*, std::size_t)>;
+
+    /// Wraps `base` (which must outlive this); `bf16_gemm` empty: the portable product on `base`.
+    explicit Bf16MatmulKernels(const Kernels& base, Bf16Gemm bf16_gemm = {})
+        : base_(base), bf16_gemm_(std::move(bf16_gemm)), name_(std::string(base.name()) + "+bf16_matmul") {}
+
+    std::string_view name() const override { return name_; }
+    int num_threads() const override { return base_.num_threads(); }
+    void parallel_for(std::size_t n, std::size_t work_per_item, range_body body) const override { base_.parallel_for(n, work_per_item, body); }
+    double sum(const float* x, std::size_t n) const override { return base_.sum(x, n); }
+    double sum(const double* x, std::size_t n) const override { return base_.sum(x, n); }
+    /// Double GEMMs are the reference path (gradient checks): left exact.
+    void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a, std::size_t lda,
+              const double* b, std::size_t ldb, double beta, double* c, std::size_t ldc) const override {
+        base_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+
+    /// op(A) op(B) with A and B rounded to bfloat16 first (dense copies; the callers' buffers are
+    /// not touched), accumulated in fp32.
+    void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+              const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const override {
+        if (m == 0 || n == 0) return;
+        if (k == 0) return base_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // beta C only
+        const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+        const std::size_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+        if (bf16_gemm_) {
+            const std::vector<bfloat16> a16 = rounded<bfloat16>(a, a_rows, a_cols, lda), b16 = rounded<bfloat16>(b, b_rows, b_cols, ldb);
+            bf16_gemm_(trans_a, trans_b, m, n, k, alpha, a16.data(), a_cols, b16.data(), b_cols, beta, c, ldc);
+        } else {
+            detail::bf16_notice("policy", "olmax: bf16 precision policy on the portable path: GEMM operands are rounded to bfloat16 and "
+                                          "multiplied by the fp32 GEMM (the numbers of bf16 matrix units, at fp32 speed; pass "
+                                          "backend::onednn::gemm_bf16 to use the CPU's bf16 units where it has them)");
+            const std::vector<float> a32 = rounded<float>(a, a_rows, a_cols, lda), b32 = rounded<float>(b, b_rows, b_cols, ldb);
+            base_.gemm(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
+        }
+    }
+
+private:
+    /// rows x cols of `src` (leading dimension ld) rounded to bfloat16, dense, stored as Out
+    /// (bfloat16, or float holding the bfloat16 value exactly).
+    template <class Out>
+    std::vector<Out> rounded(const float* src, std::size_t rows, std::size_t cols, std::size_t ld) const {
+        std::vector<Out> out(rows * cols);
+        Out* dst = out.data();
+        base_.parallel_for(rows, cols, [&](std::size_t lo, std::size_t hi) {
+            for (std::size_t r = lo; r < hi; ++r) {
+                if constexpr (std::is_same_v<Out, bfloat16>) to_bfloat16(src + r * ld, dst + r * cols, cols);
+                else round_to_bfloat16(src + r * ld, dst + r * cols, cols);
+            }
+        });
+        return out;
+    }
+
+    const Kernels& base_;
+    Bf16Gemm bf16_gemm_;
+    std::string name_;
+};
+
+/// The bf16 policy for the calling thread while it lives (and the parallel loops it starts): its host
+/// kernels are the current ones with bf16 GEMMs (Bf16MatmulKernels). Nests; not movable.
+class bf16_matmul_scope {
+public:
+    explicit bf16_matmul_scope(Bf16MatmulKernels::Bf16Gemm bf16_gemm = {}) : kernels_(host_kernels(), std::move(bf16_gemm)), scope_(kernels_) {}
+    bf16_matmul_scope(const bf16_matmul_scope&) = delete;
+    bf16_matmul_scope& operator=(const bf16_matmul_scope&) = delete;
+    const Bf16MatmulKernels& kernels() const { return kernels_; }
+
+private:
+    Bf16MatmulKernels kernels_;
+    host_kernels_scope scope_;
+};
+
+}  // namespace olmax::backend

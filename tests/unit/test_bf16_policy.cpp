@@ -1,0 +1,146 @@
+// The bf16 mixed-precision policy (backend::bf16_matmul_scope, Bf16MatmulKernels): inside it every
+// float GEMM computes with both operands rounded to bfloat16 and fp32 sums, the rest stays fp32,
+// double GEMMs stay exact; the gradients of the GEMM ops through it against fp64 at a bf16
+// tolerance; the main job's model trains under it.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <olmax/olmax.hpp>
+
+namespace backend = olmax::backend;
+
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = normal(rng);
+    return v;
+}
+
+std::vector<float> rounded(const std::vector<float>& v) {
+    std::vector<float> out(v.size());
+    olmax::round_to_bfloat16(v.data(), out.data(), v.size());
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 policy: round_to_bfloat16 gives the bfloat16 value as a float", "[bf16][policy]") {
+    const std::vector<float> in{1.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.5f, 3.0e38f, 1e-40f};
+    for (float x : in) {
+        float out = 0;
+        olmax::round_to_bfloat16(&x, &out, 1);
+        CHECK(out == float(olmax::bfloat16(x)));
+    }
+}
+
+TEST_CASE("bf16 policy: a GEMM in the scope is the fp32 GEMM of the operands rounded to bfloat16", "[bf16][policy]") {
+    const std::size_t m = 5, n = 7, k = 9, ld_pad = 3;
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+            INFO("trans_a " << ta << ", trans_b " << tb);
+            const std::size_t a_rows = ta ? k : m, a_cols = (ta ? m : k), lda = a_cols + ld_pad;
+            const std::size_t b_rows = tb ? n : k, b_cols = (tb ? k : n), ldb = b_cols + ld_pad;
+            const auto a = random_floats(a_rows * lda, 1), b = random_floats(b_rows * ldb, 2), c0 = random_floats(m * n, 3);
+            const auto& base = backend::host_kernels();
+            auto expected = c0, got = c0;
+            base.gemm(ta, tb, m, n, k, 0.5f, rounded(a).data(), lda, rounded(b).data(), ldb, 2.0f, expected.data(), n);
+            {
+                backend::bf16_matmul_scope bf16;
+                CHECK(backend::current().name() == std::string(base.name()) + "+bf16_matmul");
+                backend::current().gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 2.0f, got.data(), n);
+            }
+            CHECK(got == expected);
+            // the same through a given bf16 product (what oneDNN's gemm_bf16 plugs into)
+            auto through = c0;
+            backend::Bf16MatmulKernels portable(base, [](auto... args) { backend::gemm_bf16(args...); });
+            portable.gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 2.0f, through.data(), n);
+            CHECK(through == expected);
+        }
+    // k = 0 leaves beta C; double GEMMs are not rounded
+    backend::bf16_matmul_scope bf16;
+    std::vector<float> c{1, 2};
+    backend::current().gemm(false, false, 1, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 3.0f, c.data(), 2);
+    CHECK(c == std::vector<float>{3, 6});
+    const double a = 1.0 + 1e-9, b = 3.0;
+    double d = 0;
+    backend::current().gemm(false, false, 1, 1, 1, 1.0, &a, 1, &b, 1, 0.0, &d, 1);
+    CHECK(d == a * b);
+}
+
+TEST_CASE("bf16 policy: gradients of the GEMM ops through it agree with fp64 at a bf16 tolerance", "[bf16][policy]") {
+    // bf16 keeps 8 significant bits (each operand rounded by at most 2^-9 relative): a sum of such
+    // products in fp32 stays within about 2^-8 of the exact value, relative to the result's scale.
+    // The forward GEMMs and the backward ones (dA = dC B^T, dB = A^T dC) all run in the scope.
+    constexpr double tolerance = 1.5e-2;
+    olmax::Generator rng(5);
+    auto relative_error = [](const olmax::Tensor<float>& got, const olmax::Tensor<double>& want) {
+        double scale = 0, worst = 0;
+        for (std::size_t i = 0; i < want.size(); ++i) scale = std::max(scale, std::abs(want.data()[i]));
+        for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got.data()[i]) - want.data()[i]));
+        return worst / scale;
+    };
+    // loss = sum(op(a, b) * r): the gradients of a and b in float under the policy against fp64
+    auto check_op = [&](const char* what, const olmax::Shape& a_shape, const olmax::Shape& b_shape, auto op) {
+        INFO(what);
+        const auto a64 = olmax::randn<double>(a_shape, rng), b64 = olmax::randn<double>(b_shape, rng);
+        auto a = olmax::parameter(a64.clone()), b = olmax::parameter(b64.clone());
+        const auto y64 = op(a, b);
+        const auto r64 = olmax::randn<double>(y64.shape(), rng);
+        olmax::sum(olmax::mul(y64, r64)).backward();
+        auto af = olmax::parameter(olmax::cast<float>(a64)), bf = olmax::parameter(olmax::cast<float>(b64));
+        {
+            backend::bf16_matmul_scope bf16;
+            olmax::sum(olmax::mul(op(af, bf), olmax::cast<float>(r64))).backward();
+        }
+        const double ea = relative_error(af.grad(), a.grad()), eb = relative_error(bf.grad(), b.grad());
+        INFO("relative errors " << ea << " and " << eb);
+        CHECK(ea < tolerance);
+        CHECK(eb < tolerance);
+        CHECK(ea > 1e-5);  // rounded: fp32 alone would be near 1e-7
+        CHECK(eb > 1e-5);
+    };
+    check_op("matmul", {16, 32}, {32, 24}, [](const auto& a, const auto& b) { return olmax::matmul(a, b); });
+    check_op("causal_conv1d", {2, 16, 8}, {3, 8, 12}, [](const auto& x, const auto& w) { return olmax::causal_conv1d(x, w); });
+}
+
+TEST_CASE("bf16 policy: the main job's model trains under it, close to fp32", "[bf16][policy]") {
+    using Model = olmax::models::ByteLM<olmax::models::ConvMixer, float>;
+    Model fp32(olmax::models::ByteLMConfig{16, 2, 1}), bf16(olmax::models::ByteLMConfig{16, 2, 1});
+    olmax::optim::AdamWConfig config;
+    config.schedule = olmax::optim::LrSchedule{3e-3, 0, 0.0, -1, 0.0};
+    olmax::optim::AdamW<float> fp32_opt(fp32.parameters(), config), bf16_opt(bf16.parameters(), config);
+    olmax::data::Batch batch{olmax::Tensor<std::int32_t>({2, 32}), olmax::Tensor<std::int32_t>({2, 32}), olmax::Tensor<float>({2, 32}, 1.0f), 64, 0};
+    for (std::size_t i = 0; i < 64; ++i) {
+        batch.inputs.data()[i] = std::int32_t('a' + i % 7);
+        batch.targets.data()[i] = std::int32_t('a' + (i + 1) % 7);
+    }
+    double first = 0, last_fp32 = 0, last_bf16 = 0;
+    for (int step = 0; step < 30; ++step) {
+        last_fp32 = fp32.accumulate_gradients(batch, 1, 1.0);
+        fp32_opt.step();
+        fp32_opt.zero_grad();
+        {
+            backend::bf16_matmul_scope policy;
+            last_bf16 = bf16.accumulate_gradients(batch, 1, 1.0);
+        }
+        bf16_opt.step();
+        bf16_opt.zero_grad();
+        if (step == 0) {
+            first = last_bf16;
+            CHECK(std::abs(last_bf16 - last_fp32) < 1e-2 * last_fp32);  // same weights: only the rounding differs
+            CHECK(last_bf16 != last_fp32);
+        }
+    }
+    INFO("loss " << first << " -> bf16 " << last_bf16 << ", fp32 " << last_fp32);
+    CHECK(last_bf16 < 0.5 * first);  // it learns the 7-byte cycle
+    CHECK(std::abs(last_bf16 - last_fp32) < 0.1 * last_fp32 + 0.02);
+}
