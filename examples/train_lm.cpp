@@ -125,8 +125,11 @@ template <class Model>
 using XlaTrainerOf = models::XlaTrainer<Model>;
 #else
 template <class Model>
-struct XlaTrainerOf {  // a train_lm without the PJRT runtime refuses --device=xla before this is used
-    void upload() {}
+struct XlaTrainerOf {  // a train_lm without the PJRT runtime refuses --device=xla before one is made
+    struct StepResult {
+        double loss = 0, grad_norm = 0;
+    };
+    StepResult step(const data::Batch&) { return {}; }
     void download() {}
 };
 #endif
