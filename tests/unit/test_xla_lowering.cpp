@@ -165,9 +165,10 @@ TEST_CASE("xla lowering: the traced training step equals ByteLM + optim::AdamW o
         CHECK(std::abs(out[1].data[0] - report.grad_norm) < 1e-9 * report.grad_norm);
         state.assign(out.begin() + 2, out.end());
         const auto moments = opt.export_state();
+        const auto eager_parameters = eager.parameters();  // kept: the loop holds references into it
         for (std::size_t i = 0; i < parameters.size(); ++i) {
             INFO(parameters[i].name);
-            const auto& p = eager.parameters()[i].tensor;
+            const auto& p = eager_parameters[i].tensor;
             CHECK(worst_relative(state[i].data, p.data(), p.size()) < 1e-9);
             CHECK(worst_relative(state[parameters.size() + i].data, moments.slots[i].first_moment.data(), p.size()) < 1e-9);
             CHECK(worst_relative(state[2 * parameters.size() + i].data, moments.slots[i].second_moment.data(), p.size()) < 1e-9);
