@@ -62,18 +62,27 @@ struct traced_result {
     std::vector<gx::host_value> grads;
 };
 
+/// Every parameter of `parameters` as an input of `g`: the values, the names a lowering looks them up
+/// by, and their host values (the first inputs of an evaluation).
+struct traced_parameters {
+    std::vector<var> values;
+    std::shared_ptr<gx::lowering::parameter_map> names = std::make_shared<gx::lowering::parameter_map>();
+    std::vector<gx::host_value> inputs;
+};
+traced_parameters trace_parameters(gx::graph& g, const std::vector<olmax::optim::Parameter<double>>& parameters) {
+    traced_parameters t;
+    for (const auto& p : parameters) {
+        t.values.push_back(g.input(host(p.tensor).type));
+        (*t.names)[p.name] = t.values.back();
+        t.inputs.push_back(host(p.tensor));
+    }
+    return t;
+}
+
 template <class AnyModel>
 traced_result trace_and_evaluate(AnyModel& model, const tokens& batch) {
-    const auto parameters = model.parameters();
     gx::graph g;
-    auto names = std::make_shared<gx::lowering::parameter_map>();
-    std::vector<var> params;
-    std::vector<gx::host_value> inputs;
-    for (const auto& p : parameters) {
-        params.push_back(g.input(host(p.tensor).type));
-        (*names)[p.name] = params.back();
-        inputs.push_back(host(p.tensor));
-    }
+    auto [params, names, inputs] = trace_parameters(g, model.parameters());
     const var ids = g.input(host(batch.ids).type), targets = g.input(host(batch.targets).type);
     inputs.push_back(host(batch.ids));
     inputs.push_back(host(batch.targets));
@@ -210,15 +219,8 @@ TEST_CASE("xla lowering: a reversible stack's traced backward rebuilds inputs an
         const auto x = olmax::randn<double>({2, 2, 16, 4}, rng), dy = olmax::randn<double>({2, 2, 16, 4}, rng);
 
         gx::graph g;
-        auto names = std::make_shared<gx::lowering::parameter_map>();
         const auto parameters = olmax::optim::parameters_of(stack);
-        std::vector<var> params;
-        std::vector<gx::host_value> inputs;
-        for (const auto& p : parameters) {
-            params.push_back(g.input(host(p.tensor).type));
-            (*names)[p.name] = params.back();
-            inputs.push_back(host(p.tensor));
-        }
+        auto [params, names, inputs] = trace_parameters(g, parameters);
         const var xv = g.input(host(x).type), dyv = g.input(host(dy).type);
         inputs.push_back(host(x));
         inputs.push_back(host(dy));

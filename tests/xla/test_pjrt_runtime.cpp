@@ -54,6 +54,35 @@ int expect_pjrt_error(F&& f, const std::string& text) {
     return -1;
 }
 
+/// The mock plugin loaded from a private copy of its file with `variable` = `value` while it
+/// initialises (the mock reads its settings in GetPjrtApi, once per loaded file); the copy is
+/// removed at the end.
+class configured_mock {
+public:
+    configured_mock(const std::string& tag, const char* variable, const char* value)
+        : copy_(std::filesystem::temp_directory_path() / ("olmax_mock_pjrt_" + tag + "_" + std::to_string(::getpid()) + ".so")) {
+        std::filesystem::copy_file(mock_path(), copy_, std::filesystem::copy_options::overwrite_existing);
+        setenv(variable, value, 1);
+        plugin_ = &pjrt::plugin::load(copy_.string());
+        unsetenv(variable);
+    }
+    ~configured_mock() { std::filesystem::remove(copy_); }
+    configured_mock(const configured_mock&) = delete;
+    configured_mock& operator=(const configured_mock&) = delete;
+
+    const pjrt::plugin& plugin() const { return *plugin_; }
+    /// PJRT objects the plugin still holds (0 once every client, buffer, event and error is gone).
+    int live_objects() const {
+        void* handle = dlopen(copy_.c_str(), RTLD_NOW | RTLD_NOLOAD);
+        REQUIRE(handle != nullptr);
+        return reinterpret_cast<int (*)()>(dlsym(handle, "olmax_mock_pjrt_live_objects"))();
+    }
+
+private:
+    std::filesystem::path copy_;
+    const pjrt::plugin* plugin_ = nullptr;
+};
+
 }  // namespace
 
 TEST_CASE("pjrt: a missing plugin file is a clear error naming the path", "[xla][pjrt]") {
@@ -131,33 +160,22 @@ TEST_CASE("pjrt: a compile error carries the plugin's message and code", "[xla][
 }
 
 TEST_CASE("pjrt: an asynchronous execution error surfaces when the event is awaited, nothing leaks", "[xla][pjrt]") {
-    const auto copy = std::filesystem::temp_directory_path() / ("olmax_mock_pjrt_failing_" + std::to_string(::getpid()) + ".so");
-    std::filesystem::copy_file(mock_path(), copy, std::filesystem::copy_options::overwrite_existing);
-    setenv("OLMAX_MOCK_PJRT_FAIL_EXECUTE", "1", 1);
-    const pjrt::plugin& failing = pjrt::plugin::load(copy.string());
-    unsetenv("OLMAX_MOCK_PJRT_FAIL_EXECUTE");
+    configured_mock failing("failing", "OLMAX_MOCK_PJRT_FAIL_EXECUTE", "1");
     {
-        pjrt::client client(failing);
+        pjrt::client client(failing.plugin());
         const auto module = shlo::elementwise_binary("multiply", {4});
         const std::vector<float> a{1, 2, 3, 4};
         const int code = expect_pjrt_error([&] { client.run(module, {a.data(), a.data()}); }, "injected device failure");
         CHECK(code == PJRT_Error_Code_INTERNAL);
     }
-    void* handle = dlopen(copy.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    REQUIRE(handle != nullptr);
-    CHECK(reinterpret_cast<int (*)()>(dlsym(handle, "olmax_mock_pjrt_live_objects"))() == 0);
-    std::filesystem::remove(copy);
+    CHECK(failing.live_objects() == 0);
 }
 
 TEST_CASE("pjrt: a device out of memory is a clear error naming what ran out, nothing leaks", "[xla][pjrt]") {
     // The mock's device holds 24 bytes: the state (4 floats) fits, the step's input does not.
-    const auto copy = std::filesystem::temp_directory_path() / ("olmax_mock_pjrt_small_" + std::to_string(::getpid()) + ".so");
-    std::filesystem::copy_file(mock_path(), copy, std::filesystem::copy_options::overwrite_existing);
-    setenv("OLMAX_MOCK_PJRT_DEVICE_BYTES", "24", 1);
-    const pjrt::plugin& small = pjrt::plugin::load(copy.string());
-    unsetenv("OLMAX_MOCK_PJRT_DEVICE_BYTES");
+    configured_mock small("small", "OLMAX_MOCK_PJRT_DEVICE_BYTES", "24");
     {
-        auto client = std::make_shared<pjrt::client>(small);
+        auto client = std::make_shared<pjrt::client>(small.plugin());
         olmax::xla::device_program program(client, shlo::elementwise_binary("add", {4}), 1);  // state += input
         program.set_state(0, {1, 2, 3, 4});
         const std::vector<float> step{1, 1, 1, 1};
@@ -166,10 +184,7 @@ TEST_CASE("pjrt: a device out of memory is a clear error naming what ran out, no
         expect_pjrt_error([&] { program.run({step.data()}); }, "mock: out of device memory allocating 16 bytes");
         CHECK_THROWS_WITH(program.set_state(0, {1, 2, 3, 4, 5, 6, 7, 8}), Contains("got 8 values"));
     }
-    void* handle = dlopen(copy.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    REQUIRE(handle != nullptr);
-    CHECK(reinterpret_cast<int (*)()>(dlsym(handle, "olmax_mock_pjrt_live_objects"))() == 0);
-    std::filesystem::remove(copy);
+    CHECK(small.live_objects() == 0);
 }
 
 TEST_CASE("pjrt: backend::xla routes float GEMM and sum to the attached device (strict mode: no fallback)", "[xla][pjrt]") {

@@ -43,6 +43,19 @@ void for_each_index(const dims_t& dims, F&& f) {
     }
 }
 
+/// Calls f(flat index in the block, flat index in the whole) for every element of a block of
+/// `block` dims placed at `start` inside a tensor of `whole` dims (slice reads such a block, pad and
+/// concatenate write one).
+template <class F>
+void for_each_in_block(const dims_t& block, const dims_t& whole, const dims_t& start, F&& f) {
+    const auto whole_strides = strides_of(whole);
+    for_each_index(block, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
+        std::int64_t w = 0;
+        for (std::size_t d = 0; d < idx.size(); ++d) w += (idx[d] + start[d]) * whole_strides[d];
+        f(std::size_t(flat), std::size_t(w));
+    });
+}
+
 inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<host_value>& args, const std::vector<var>& results);
 
 inline host_value layer_of(const host_value& stacked, std::int64_t l) {
@@ -99,35 +112,19 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
             case op::logistic: map1([](double a) { return 1.0 / (1.0 + std::exp(-a)); }); break;
             case op::sqrt: map1([](double a) { return std::sqrt(a); }); break;
             case op::floor: map1([](double a) { return std::floor(a); }); break;
-            case op::slice: {
-                const auto x_strides = strides_of(in[0]->type.dims);
-                for_each_index(out.type.dims, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
-                    std::int64_t o = 0;
-                    for (std::size_t d = 0; d < idx.size(); ++d) o += (idx[d] + n.dims[d]) * x_strides[d];
-                    out.data[std::size_t(flat)] = in[0]->data[std::size_t(o)];
-                });
+            case op::slice:  // out = the block of x at n.dims
+                for_each_in_block(out.type.dims, in[0]->type.dims, n.dims,
+                                  [&](std::size_t o, std::size_t x) { out.data[o] = in[0]->data[x]; });
                 break;
-            }
-            case op::pad: {
-                const auto out_strides = strides_of(out.type.dims);
-                for_each_index(in[0]->type.dims, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
-                    std::int64_t o = 0;
-                    for (std::size_t d = 0; d < idx.size(); ++d) o += (idx[d] + n.dims[d]) * out_strides[d];
-                    out.data[std::size_t(o)] = in[0]->data[std::size_t(flat)];
-                });
+            case op::pad:  // x placed at n.dims (its low padding) in zeros
+                for_each_in_block(in[0]->type.dims, out.type.dims, n.dims,
+                                  [&](std::size_t x, std::size_t o) { out.data[o] = in[0]->data[x]; });
                 break;
-            }
-            case op::concatenate: {
-                const auto out_strides = strides_of(out.type.dims);
-                const auto a = std::size_t(n.axis);
-                std::int64_t at = 0;
+            case op::concatenate: {  // each part placed after the previous ones along the axis
+                dims_t at(out.type.rank(), 0);
                 for (const auto* part : in) {
-                    for_each_index(part->type.dims, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
-                        std::int64_t o = 0;
-                        for (std::size_t d = 0; d < idx.size(); ++d) o += (idx[d] + (d == a ? at : 0)) * out_strides[d];
-                        out.data[std::size_t(o)] = part->data[std::size_t(flat)];
-                    });
-                    at += part->type.dims[a];
+                    for_each_in_block(part->type.dims, out.type.dims, at, [&](std::size_t x, std::size_t o) { out.data[o] = part->data[x]; });
+                    at[std::size_t(n.axis)] += part->type.dims[std::size_t(n.axis)];
                 }
                 break;
             }

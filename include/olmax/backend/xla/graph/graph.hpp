@@ -447,24 +447,42 @@ struct layer_body {
     const tensor_type& carry() const { return argument(0); }
 };
 
+namespace detail {
+
+/// A layer body's graph with its leading arguments made: carry, per-layer parameters, shared
+/// parameters, layer index (what trace_layer and trace_reverse_layer both start from).
+struct layer_arguments {
+    var carry;
+    std::vector<var> layer, shared;
+    var index;
+};
+inline std::pair<std::shared_ptr<layer_body>, layer_arguments> new_layer_body(const tensor_type& carry, const std::vector<tensor_type>& per_layer,
+                                                                              const std::vector<tensor_type>& shared) {
+    auto body = std::make_shared<layer_body>();
+    body->g = std::make_shared<graph>();
+    body->per_layer = per_layer.size();
+    body->shared = shared.size();
+    graph& g = *body->g;
+    layer_arguments a;
+    a.carry = g.input(carry);
+    for (const auto& t : per_layer) a.layer.push_back(g.input(t));
+    for (const auto& t : shared) a.shared.push_back(g.input(t));
+    a.index = g.input(f32({}));
+    return {std::move(body), std::move(a)};
+}
+
+}  // namespace detail
+
 /// Traces `f(g, carry, layer parameters, shared parameters, layer index)` once.
 inline std::shared_ptr<const layer_body> trace_layer(
     const tensor_type& carry, const std::vector<tensor_type>& per_layer, const std::vector<tensor_type>& shared,
     const std::function<var(graph&, const var& carry, const std::vector<var>& layer, const std::vector<var>& shared, const var& index)>& f) {
-    auto body = std::make_shared<layer_body>();
-    body->g = std::make_shared<graph>();
+    const auto [body, a] = detail::new_layer_body(carry, per_layer, shared);
     graph& g = *body->g;
-    const var c = g.input(carry);
-    std::vector<var> layer, tied;
-    for (const auto& t : per_layer) layer.push_back(g.input(t));
-    for (const auto& t : shared) tied.push_back(g.input(t));
-    const var index = g.input(f32({}));
-    const var result = f(g, c, layer, tied, index);
+    const var result = f(g, a.carry, a.layer, a.shared, a.index);
     body->results = {result};
     check<graph_error>(result.defined() && &result.owner() == &g && result.type() == carry,
                        "xla::graph: trace_layer: the body must return a value of its own graph of the carry's type ", carry.str());
-    body->per_layer = per_layer.size();
-    body->shared = shared.size();
     return body;
 }
 
@@ -478,16 +496,10 @@ inline std::shared_ptr<const layer_body> trace_reverse_layer(
     const tensor_type& carry, const std::vector<tensor_type>& per_layer, const std::vector<tensor_type>& shared,
     const std::function<std::vector<var>(graph&, const var& output, const std::vector<var>& layer, const std::vector<var>& shared,
                                          const var& index, const var& output_grad)>& f) {
-    auto body = std::make_shared<layer_body>();
-    body->g = std::make_shared<graph>();
+    const auto [body, a] = detail::new_layer_body(carry, per_layer, shared);
     graph& g = *body->g;
-    const var y = g.input(carry);
-    std::vector<var> layer, tied;
-    for (const auto& t : per_layer) layer.push_back(g.input(t));
-    for (const auto& t : shared) tied.push_back(g.input(t));
-    const var index = g.input(f32({}));
     const var gy = g.input(carry);
-    body->results = f(g, y, layer, tied, index, gy);
+    body->results = f(g, a.carry, a.layer, a.shared, a.index, gy);
     check<graph_error>(body->results.size() == 2 + per_layer.size() + shared.size(), "xla::graph: trace_reverse_layer: the body must return ",
                        2 + per_layer.size() + shared.size(), " values (input, its gradient, one gradient per parameter), got ",
                        body->results.size());
@@ -497,8 +509,6 @@ inline std::shared_ptr<const layer_body> trace_reverse_layer(
         check<graph_error>(r.defined() && &r.owner() == &g && r.type() == want, "xla::graph: trace_reverse_layer: result ", i,
                            " must be a value of its own graph of type ", want.str());
     }
-    body->per_layer = per_layer.size();
-    body->shared = shared.size();
     return body;
 }
 
