@@ -165,12 +165,12 @@ std::unique_ptr<XlaTrainerOf<Model>> make_xla_trainer(const config::TrainConfig&
         const auto& plugin = pjrt::plugin::load(c.xla_plugin);
         auto client = std::make_shared<pjrt::client>(plugin);
         const auto started = std::chrono::steady_clock::now();
-        auto trainer = std::make_unique<XlaTrainerOf<Model>>(model, opt, client, std::size_t(c.batch), std::size_t(c.sequence), int(c.xla_replicas));
+        auto trainer = std::make_unique<XlaTrainerOf<Model>>(model, opt, client, std::size_t(c.batch), std::size_t(c.sequence), int(c.xla_devices));
         char line[200];
-        std::snprintf(line, sizeof line, "device xla: %s, %zu device(s), step compiled in %.2f s (%zu bytes of StableHLO), %lld replica(s)\n",
+        std::snprintf(line, sizeof line, "device xla: %s, %zu device(s), step compiled in %.2f s (%zu bytes of StableHLO), data parallel over %lld\n",
                       plugin.path().c_str(), client->device_count(),
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), trainer->program().module().text.size(),
-                      static_cast<long long>(c.xla_replicas));
+                      static_cast<long long>(c.xla_devices));
         out << line;
         return trainer;
     } else {

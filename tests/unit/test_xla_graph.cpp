@@ -15,6 +15,7 @@
 #include <olmax/backend/xla/graph/emit.hpp>
 #include <olmax/backend/xla/graph/evaluate.hpp>
 #include <olmax/backend/xla/graph/gradients.hpp>
+#include <olmax/backend/xla/graph/layer_ops.hpp>
 #include <olmax/backend/xla/graph/residual_lm.hpp>
 
 namespace gx = olmax::xla::graph;
@@ -140,6 +141,35 @@ TEST_CASE("xla graph: dot, reductions and shape gradient rules match finite diff
     // cross-entropy: only the logits are differentiated (the targets are class ids)
     CHECK_PROGRAM({f32({4, 6}), f32({4})}, [](gx::graph&, const std::vector<var>& x) { return gx::cross_entropy(x[0], x[1]); }, -1.5, 1.5,
                   1, {}, [](std::vector<gx::host_value>& v) { v[1].data = {5, 0, 2, 2}; });
+}
+
+TEST_CASE("xla graph: the linear_scan primitive evaluates the recurrence and its adjoint matches finite differences", "[xla_graph]") {
+    const auto chunked = olmax::xla::stablehlo::scan_strategy::chunked_matmul<4>();
+    {
+        gx::graph g;  // values: from the start, and from the end
+        const var a = g.input(f32({2, 5})), x = g.input(f32({2, 5}));
+        const std::vector<gx::host_value> in{{f32({2, 5}), {0.5, 0.5, 0.5, 0.5, 0.5, 1, 2, 0, 1, 1}}, {f32({2, 5}), {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}}};
+        const auto r = gx::evaluate(g, in, {gx::linear_scan_rows(a, x, chunked), gx::linear_scan_rows(a, x, chunked, true)});
+        CHECK(r[0].data == std::vector<double>{1, 1.5, 1.75, 1.875, 1.9375, 1, 3, 1, 2, 3});
+        CHECK(r[1].data == std::vector<double>{1.9375, 1.875, 1.75, 1.5, 1, 4, 3, 1, 2, 1});
+    }
+    // gates in [-1.2, 1.2] (negative and above one too), both directions, T = 1 and a longer row;
+    // the result is squared so that the adjoint's own gradient path (delta times h) is exercised
+    for (bool reverse : {false, true})
+        for (std::int64_t steps : {1, 7}) {
+            INFO((reverse ? "reverse" : "forward") << ", T = " << steps);
+            CHECK_PROGRAM({f32({3, steps}), f32({3, steps})}, [=](gx::graph&, const std::vector<var>& x) {
+                const var h = gx::linear_scan_rows(x[0], x[1], chunked, reverse);
+                return h * h;
+            }, -1.2, 1.2);
+        }
+    // the layer op: any axis, through transposes and reshapes
+    CHECK_PROGRAM({f32({2, 5, 3}), f32({2, 5, 3})}, [](gx::graph&, const std::vector<var>& x) { return gx::linear_scan(x[0], x[1], 1); }, -1.2, 1.2);
+    // the gradient of the gradient (a scan inside a differentiated layer loop body needs it)
+    CHECK_PROGRAM({f32({2, 6}), f32({2, 6})}, [=](gx::graph&, const std::vector<var>& x) {
+        const var h = gx::linear_scan_rows(x[0], x[1], chunked);
+        return gx::gradients(sum(h * h * h, {0, 1}), {x[0]})[0];
+    }, -1.0, 1.0);
 }
 
 TEST_CASE("xla graph: the layer loop's gradient (scan_layers) matches finite differences", "[xla_graph]") {

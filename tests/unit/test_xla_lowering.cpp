@@ -128,8 +128,8 @@ TEST_CASE("xla lowering: ByteLM<ConvMixer>'s traced loss and gradients equal the
     for (std::size_t depth : {1, 3}) check_against_eager<olmax::models::ConvMixer>(depth, 32);
 }
 
-TEST_CASE("xla lowering: ByteLM<QrnnMlp> (the QRNN's scan as a log-depth doubling scan) equals the eager model", "[xla_lowering]") {
-    check_against_eager<olmax::models::QrnnMlp>(2, 13);  // 13 steps: the doubling scan's last step is partial
+TEST_CASE("xla lowering: ByteLM<QrnnMlp> (the QRNN's scan as the linear_scan primitive) equals the eager model", "[xla_lowering]") {
+    check_against_eager<olmax::models::QrnnMlp>(2, 13);  // 13 steps: not a multiple of a chunk or a power of two
     gx::graph g;  // linear_scan itself, on a length that is not a power of two
     const var a = g.input(f32({2, 5})), x = g.input(f32({2, 5}));
     const auto r = gx::evaluate(g, {{f32({2, 5}), {0.5, 0.5, 0.5, 0.5, 0.5, 1, 2, 0, 1, 1}}, {f32({2, 5}), {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}}},

@@ -156,7 +156,7 @@ TEST_CASE("xla model step: the state moves between host and device both ways", "
     }
 }
 
-TEST_CASE("xla model step: data parallel over 2 and 4 plugin devices equals one device", "[cpu_plugin]") {
+TEST_CASE("xla model step: SPMD data parallel over 2 and 4 plugin devices equals one device", "[cpu_plugin]") {
     auto client = cpu_client();
     REQUIRE(client->device_count() >= 4);
     Model one(model_config);
@@ -166,11 +166,17 @@ TEST_CASE("xla model step: data parallel over 2 and 4 plugin devices equals one 
     std::vector<double> losses;
     for (std::uint32_t step = 1; step <= 3; ++step) losses.push_back(single.step(batch_of(rows, sequence, step)).loss);
     single.download();
-    for (int replicas : {2, 4}) {
-        INFO(replicas << " replicas");
+    for (int devices : {2, 4}) {
+        INFO(devices << " devices");
         Model split(model_config);
         olmax::optim::AdamW<float> split_opt(split.parameters(), adam_config());
-        olmax::models::XlaTrainer<Model> trainer(split, split_opt, client, rows, sequence, replicas);
+        olmax::models::XlaTrainer<Model> trainer(split, split_opt, client, rows, sequence, devices);
+        // One global program for XLA's partitioner: the batch split, no collective written by olmax.
+        const std::string& text = trainer.program().module().text;
+        CHECK(trainer.program().devices() == std::size_t(devices));
+        CHECK(text.find("mhlo.num_partitions = " + std::to_string(devices)) != std::string::npos);
+        CHECK(text.find("mhlo.sharding = \"{devices=[" + std::to_string(devices) + ",1]") != std::string::npos);
+        CHECK(text.find("all_reduce") == std::string::npos);
         for (std::uint32_t step = 1; step <= 3; ++step)
             CHECK(std::abs(trainer.step(batch_of(rows, sequence, step)).loss - losses[step - 1]) < 1e-5 * losses[step - 1]);
         trainer.download();
@@ -187,5 +193,5 @@ TEST_CASE("xla model step: bad batches and settings are clear errors", "[cpu_plu
     olmax::models::XlaTrainer<Model> trainer(model, opt, client, rows, sequence);
     CHECK_THROWS_WITH(trainer.step(batch_of(rows, 2 * sequence, 1)), Catch::Contains("compiled for batches of [4, 32]"));
     CHECK_THROWS_WITH(olmax::models::XlaTrainer<Model>(model, opt, client, 3, sequence, 2), Catch::Contains("does not split into 2"));
-    CHECK_THROWS_WITH(olmax::models::XlaTrainer<Model>(model, opt, client, 16, sequence, 16), Catch::Contains("replicas asked for"));
+    CHECK_THROWS_WITH(olmax::models::XlaTrainer<Model>(model, opt, client, 16, sequence, 16), Catch::Contains("devices asked for"));
 }

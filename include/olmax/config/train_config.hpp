@@ -61,7 +61,7 @@ struct TrainConfig {
     // where the steps run (the whole-step XLA path: docs/xla.md)
     std::string device = "cpu";
     std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
-    std::int64_t xla_replicas = 1;
+    std::int64_t xla_devices = 1;
     std::string precision = "fp32";  // fp32 | bf16 (olmax::backend::bf16_matmul_scope)
     // sampling at the end
     std::int64_t sample_bytes = 200;
@@ -123,8 +123,9 @@ struct TrainConfig {
                      "StableHLO program for a PJRT plugin, state kept on the device)",
                      {"cpu", "xla"}},
             Field<C>{"xla_plugin", &C::xla_plugin, "PJRT plugin (.so) for --device=xla; empty: the environment variable OLMAX_PJRT_PLUGIN"},
-            Field<C>{"xla_replicas", &C::xla_replicas,
-                     "--device=xla: data-parallel copies of the step over the plugin's devices, each taking batch / xla_replicas rows"}
+            Field<C>{"xla_devices", &C::xla_devices,
+                     "--device=xla: data parallelism over the plugin's first N devices (XLA's SPMD partitioner splits the batch, each "
+                     "device taking batch / xla_devices rows; the gradients are all-reduced inside the step)"}
                 .in(1, 1 << 16),
             Field<C>{"precision", &C::precision,
                      "fp32, or bf16: every float GEMM (forward and backward) computes as bf16 matrix units do, operands rounded to "
@@ -153,8 +154,8 @@ struct TrainConfig {
             check<config_error>(grad_accumulation == 1 && world_size == 1 && agc_clip == 0,
                                 "config: --device=xla runs one whole step per batch in one process without AGC; it needs grad_accumulation=1, "
                                 "world_size=1 and agc_clip=0 (got ", grad_accumulation, ", ", world_size, " and ", agc_clip, ")");
-            check<config_error>(batch % xla_replicas == 0, "config: key 'batch' (", batch, ") must be a multiple of 'xla_replicas' (",
-                                xla_replicas, ")");
+            check<config_error>(batch % xla_devices == 0, "config: key 'batch' (", batch, ") must be a multiple of 'xla_devices' (",
+                                xla_devices, ")");
         }
         check<config_error>(rank < world_size, "config: key 'rank' (", rank, ") must be below 'world_size' (", world_size, ")");
         check<config_error>(batch % world_size == 0, "config: key 'batch' (", batch, ") must be a multiple of 'world_size' (", world_size,

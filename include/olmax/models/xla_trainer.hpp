@@ -33,16 +33,19 @@ public:
     using T = typename Model::value_type;
     static_assert(std::same_as<T, float>, "olmax::models::XlaTrainer: the device program computes in f32; train a float model");
 
-    /// Compiles the step for batches of [batch, sequence] rows (split over `replicas` devices of the
-    /// client, each taking batch / replicas rows) and uploads the host state.
+    /// Compiles the step for batches of [batch, sequence] rows and uploads the host state. With
+    /// `devices` D > 1 the step is data parallel over the client's first D devices by XLA's SPMD
+    /// partitioner: the batch is split along its rows (each device takes batch / D), the state is
+    /// replicated, and the partitioner all-reduces the gradients inside the program.
     XlaTrainer(Model& model, optim::AdamW<T>& optimizer, std::shared_ptr<xla::pjrt::client> client, std::size_t batch, std::size_t sequence,
-               int replicas = 1)
+               int devices = 1)
         : optimizer_(optimizer), parameters_(optimizer.parameters()), batch_(batch), sequence_(sequence) {
-        check<value_error>(replicas >= 1 && batch % std::size_t(replicas) == 0, "models::XlaTrainer: batch ", batch,
-                           " does not split into ", replicas, " equal replica shares");
-        const auto step = trace_training_step(model, parameters_, optimizer.config(), batch / std::size_t(replicas), sequence, replicas);
-        program_ = std::make_unique<xla::device_program>(std::move(client), xla::graph::emit(*step.graph, Model::name, step.results, step.state_count()),
-                                                         step.state_count(), replicas);
+        check<value_error>(devices >= 1 && batch % std::size_t(devices) == 0, "models::XlaTrainer: batch ", batch, " does not split into ",
+                           devices, " equal shares, one per device");
+        const auto step = trace_training_step(model, parameters_, optimizer.config(), batch, sequence);
+        auto module = xla::graph::emit(*step.graph, Model::name, step.results, step.state_count(),
+                                       xla::graph::spmd_partitioning{std::size_t(devices), step.batch_inputs});
+        program_ = std::make_unique<xla::device_program>(std::move(client), std::move(module), step.state_count());
         upload();
     }
 
@@ -89,10 +92,7 @@ public:
                            to_string(want), ", got inputs ", to_string(batch.inputs.shape()), " and targets ", to_string(batch.targets.shape()));
         const std::vector<float> ids(batch.inputs.begin(), batch.inputs.end()), targets(batch.targets.begin(), batch.targets.end());
         const std::vector<float> schedule = optim::lowered_adamw_schedule(optimizer_.config(), steps_ + 1);
-        const std::size_t replicas = program_->replicas();
-        std::vector<float> schedules;  // every replica gets the same three values
-        for (std::size_t r = 0; r < replicas; ++r) schedules.insert(schedules.end(), schedule.begin(), schedule.end());
-        const auto reported = program_->run({ids.data(), targets.data(), schedules.data()});
+        const auto reported = program_->run({ids.data(), targets.data(), schedule.data()});
         ++steps_;
         return {double(reported[0][0]), double(reported[1][0])};
     }

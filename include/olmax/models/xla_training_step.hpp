@@ -34,15 +34,19 @@ concept LowerableModel = requires(const M& model, const xla::graph::lowering& at
 struct TracedTrainingStep {
     std::unique_ptr<xla::graph::graph> graph = std::make_unique<xla::graph::graph>();
     std::vector<xla::graph::var> results;
+    /// The inputs ids and targets: what SPMD data parallelism splits over the devices.
+    std::vector<xla::graph::var> batch_inputs;
     std::size_t parameter_count = 0;
     /// Leading outputs that are reported (loss, gradient norm), not state.
     static constexpr std::size_t reported = 2;
     std::size_t state_count() const { return 3 * parameter_count; }
 };
 
-/// Traces `model`'s training step for batches of [batch, sequence] per replica. With `replicas` R > 1
-/// the program is meant to run replicated (xla::device_program): each replica takes its own batch,
-/// and the loss and the gradients are averaged over the replicas inside the program, so every
+/// Traces `model`'s training step for batches of [batch, sequence]. For data parallelism over
+/// devices either emit it for XLA's SPMD partitioner with `batch_inputs` split (what XlaTrainer
+/// does: the program stays the global one), or trace it with `replicas` R > 1 for a replicated
+/// program (xla::device_program with R replicas): each replica then takes its own [batch, sequence]
+/// rows, and the loss and the gradients are averaged over the replicas inside the program, so every
 /// replica applies the same update to its copy of the state.
 template <class Model, Real T>
 TracedTrainingStep trace_training_step(const Model& model, const std::vector<optim::Parameter<T>>& parameters, const optim::AdamWConfig& config,
@@ -76,6 +80,7 @@ TracedTrainingStep trace_training_step(const Model& model, const std::vector<opt
     step.results.insert(step.results.end(), update.parameters.begin(), update.parameters.end());
     step.results.insert(step.results.end(), update.first_moments.begin(), update.first_moments.end());
     step.results.insert(step.results.end(), update.second_moments.begin(), update.second_moments.end());
+    step.batch_inputs = {ids, targets};
     step.parameter_count = parameters.size();
     return step;
 }

@@ -289,6 +289,9 @@ struct executable {
     PJRT_LoadedExecutable* loaded = nullptr;
     std::size_t num_outputs = 0;
     std::size_t replicas = 1;
+    std::size_t partitions = 1;  ///< SPMD: one global program split over this many devices
+    /// Devices one execution runs on (replicas x partitions; one of them is 1).
+    std::size_t devices() const { return replicas * partitions; }
 };
 
 /// A PJRT client on the plugin's first addressable device, with compiled executables cached by
@@ -350,19 +353,28 @@ public:
         return state_->executables.size();
     }
 
-    /// Compiles `module` (or returns the executable cached under its key).
-    const executable& compile(const stablehlo::emitted_module& module, int replicas = 1) { return compile(module.key, module.text, replicas); }
+    /// Compiles `module` (or returns the executable cached under its key); a module emitted for
+    /// SPMD partitioning (`module.partitions` > 1) compiles for that many devices.
+    const executable& compile(const stablehlo::emitted_module& module, int replicas = 1) {
+        return compile(module.key, module.text, replicas, int(module.partitions));
+    }
 
     /// Devices this client can run on (the CPU plugin has 4; `replicas` of a compile must not exceed it).
     std::size_t device_count() const { return state_->devices.size(); }
 
     /// Compiles `mlir_text` (or returns the executable cached under `key`); `replicas` > 1 compiles one
-    /// program replicated over the first `replicas` devices (cross-replica collectives inside it).
-    const executable& compile(const std::string& key, const std::string& mlir_text, int replicas = 1) {
-        check<value_error>(replicas >= 1 && std::size_t(replicas) <= device_count(), "olmax xla: ", replicas, " replicas asked for, the plugin ",
-                           state_->owner->path(), " has ", device_count(), " addressable devices");
+    /// program replicated over the first `replicas` devices (cross-replica collectives inside it);
+    /// `partitions` > 1 one program that XLA's SPMD partitioner splits over the first `partitions`
+    /// devices by the module's `mhlo.sharding` annotations.
+    const executable& compile(const std::string& key, const std::string& mlir_text, int replicas = 1, int partitions = 1) {
+        check<value_error>(replicas >= 1 && partitions >= 1 && (replicas == 1 || partitions == 1), "olmax xla: ", replicas, " replicas and ",
+                           partitions, " partitions asked for; one of them must be 1");
+        check<value_error>(std::size_t(replicas) * std::size_t(partitions) <= device_count(), "olmax xla: ", replicas * partitions,
+                           " devices asked for, the plugin ", state_->owner->path(), " has ", device_count(), " addressable devices");
         std::lock_guard<std::mutex> lock(state_->mutex);
-        const std::string cached_as = replicas == 1 ? key : key + ".replicas" + std::to_string(replicas);  // one executable per replica count
+        // one executable per replica / partition count
+        const std::string cached_as = key + (replicas > 1 ? ".replicas" + std::to_string(replicas) : "") +
+                                      (partitions > 1 ? ".partitions" + std::to_string(partitions) : "");
         auto it = state_->executables.find(cached_as);
         if (it != state_->executables.end()) return *it->second;
         const plugin& p = *state_->owner;
@@ -376,7 +388,7 @@ public:
         auto args = detail::make_args<PJRT_Client_Compile_Args>(PJRT_Client_Compile_Args_STRUCT_SIZE);
         args.client = state_->client;
         args.program = &program;
-        const std::string options = compile_options_for_replicas(replicas);
+        const std::string options = compile_options_for(replicas, partitions);
         args.compile_options = options.data();
         args.compile_options_size = options.size();
         p.check(p.function(&PJRT_Api::PJRT_Client_Compile, "PJRT_Client_Compile")(&args), "PJRT_Client_Compile of " + key);
@@ -384,6 +396,7 @@ public:
         compiled->key = cached_as;
         compiled->loaded = args.executable;
         compiled->replicas = std::size_t(replicas);
+        compiled->partitions = std::size_t(partitions);
         try {
             compiled->num_outputs = count_outputs(p, compiled->loaded);
         } catch (...) {
@@ -420,13 +433,14 @@ public:
         return std::move(execute_replicated(exe, {arguments})[0]);
     }
 
-    /// Runs a replicated `exe` once on each of its devices at the same time, replica r with
-    /// `arguments[r]` (buffers on device r); returns each replica's outputs.
+    /// Runs a replicated or partitioned `exe` once on each of its devices at the same time, device r
+    /// with `arguments[r]` (buffers on device r: a replica's inputs, or a partition's shards);
+    /// returns each device's outputs.
     std::vector<std::vector<device_buffer>> execute_replicated(const executable& exe,
                                                                const std::vector<std::vector<const device_buffer*>>& arguments) {
         const plugin& p = *state_->owner;
         const std::size_t n = arguments.size();
-        check<value_error>(n == exe.replicas, "olmax xla: ", exe.key, " is compiled for ", exe.replicas, " replicas, got arguments for ", n);
+        check<value_error>(n == exe.devices(), "olmax xla: ", exe.key, " is compiled for ", exe.devices(), " devices, got arguments for ", n);
         std::vector<std::vector<PJRT_Buffer*>> argument_list(n);
         std::vector<PJRT_Buffer* const*> argument_lists(n);
         std::vector<std::vector<PJRT_Buffer*>> output_list(n, std::vector<PJRT_Buffer*>(exe.num_outputs, nullptr));

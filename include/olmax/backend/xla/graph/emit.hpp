@@ -6,6 +6,7 @@
 // layer's parameter gradient into its slot (`dynamic_update_slice`). Depth appears only in tensor
 // types, so the module's text (and XLA's compile time) does not grow with it.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "olmax/backend/xla/graph/graph.hpp"
 #include "olmax/backend/xla/stablehlo/function_builder.hpp"
 #include "olmax/backend/xla/stablehlo/module.hpp"
+#include "olmax/backend/xla/stablehlo/scan.hpp"
 
 namespace olmax::xla::graph {
 
@@ -165,6 +167,13 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
                 break;
             }
             case op::concatenate: one(b.concatenate(in, n.axis)); break;
+            case op::linear_scan:
+                if (n.axis == 0) {
+                    one(stablehlo::emit_scan(b, n.scan, in[0], in[1]));
+                } else {  // from the end: the forward scan of the time-reversed rows, reversed back
+                    one(b.reverse(stablehlo::emit_scan(b, n.scan, b.reverse(in[0], {1}), b.reverse(in[1], {1})), {1}));
+                }
+                break;
             case op::compare: one(b.compare(in[0], in[1], n.direction)); break;
             case op::select: one(b.select(in[0], in[1], in[2])); break;
             case op::stop_gradient: one(in[0]); break;
@@ -186,11 +195,23 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
 
 }  // namespace detail
 
+/// Data parallelism by XLA's SPMD partitioner: the program is written for the global batch and
+/// compiled for `devices` devices; `split_inputs` (inputs of the graph, e.g. the batch) are split
+/// along their first axis, one equal share per device, everything else is replicated. The
+/// partitioner inserts the collectives the split implies (the all-reduce of a gradient summed over
+/// the batch), so the traced program has none.
+struct spmd_partitioning {
+    std::size_t devices = 1;
+    std::vector<var> split_inputs{};
+};
+
 /// The program as a StableHLO module: `@main` takes the graph's inputs in the order they were made
 /// and returns `results`. `name` becomes the module name and the start of its cache key. With
 /// `donated_state` = k, inputs 0 .. k-1 are donated to the last k results (a step's state, which the
-/// device then updates in place instead of holding the old and the new copy at once).
-inline stablehlo::emitted_module emit(const graph& g, std::string_view name, const std::vector<var>& results, std::size_t donated_state = 0) {
+/// device then updates in place instead of holding the old and the new copy at once). With
+/// `spmd.devices` > 1 the module is annotated for the SPMD partitioner (spmd_partitioning).
+inline stablehlo::emitted_module emit(const graph& g, std::string_view name, const std::vector<var>& results, std::size_t donated_state = 0,
+                                      const spmd_partitioning& spmd = {}) {
     check<graph_error>(!results.empty(), "xla::graph: emit: no results");
     std::vector<tensor_type> inputs;
     for (auto i : g.inputs()) inputs.push_back(g.at(i).outputs[0]);
@@ -205,8 +226,19 @@ inline stablehlo::emitted_module emit(const graph& g, std::string_view name, con
                            results[out].type().str(), ", so it cannot be updated in place");
         b.alias_output(i, out);
     }
+    std::vector<bool> split(inputs.size(), false);
+    if (spmd.devices > 1) {
+        for (const auto& x : spmd.split_inputs) {
+            const auto at = std::find(g.inputs().begin(), g.inputs().end(), x.node());
+            check<graph_error>(&x.owner() == &g && at != g.inputs().end(), "xla::graph: emit: a value to split over the devices is not an input of this graph");
+            split[std::size_t(at - g.inputs().begin())] = true;
+        }
+        b.partition(spmd.devices, split);
+    }
     const auto values = detail::emit_graph(b, g, b.args(), results);
     stablehlo::emitted_module m;
+    m.partitions = std::max<std::size_t>(spmd.devices, 1);
+    m.split_leading = split;
     m.text = b.finish(name, values);
     m.key = std::string(name) + "." + std::to_string(std::hash<std::string>{}(m.text));
     m.inputs = inputs;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "olmax/backend/xla/stablehlo/ir.hpp"
+#include "olmax/backend/xla/stablehlo/scan_strategy.hpp"
 #include "olmax/core/error.hpp"
 
 namespace olmax::xla::graph {
@@ -67,6 +68,7 @@ enum class op : std::uint8_t {
     slice,             // the block starting at `dims` (one start per dimension) of the output's size, unit strides
     pad,               // zeros around the operand: `dims` low then high padding per dimension (non-negative)
     concatenate,       // operands joined along `axis`
+    linear_scan,       // h_t = a_t h_{t-1} + x_t along dimension 1 of [rows, T] (see linear_scan_rows); `axis` 1: from the end
 };
 
 /// The primitive's name as error messages and the gradient rules' table spell it.
@@ -74,7 +76,7 @@ inline std::string_view op_name(op o) {
     constexpr std::string_view names[] = {"input", "constant", "iota", "add", "subtract", "multiply", "divide", "maximum", "negate",
                                           "exponential", "log", "tanh", "logistic", "sqrt", "floor", "compare", "select", "stop_gradient", "dot",
                                           "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "scan_layers",
-                                          "scan_layers_backward", "all_reduce_sum", "slice", "pad", "concatenate"};
+                                          "scan_layers_backward", "all_reduce_sum", "slice", "pad", "concatenate", "linear_scan"};
     return names[static_cast<std::size_t>(o)];
 }
 
@@ -119,6 +121,7 @@ struct node {
     /// from its output; scan_layers_backward: set when `body` is that reverse body, so the loop walks
     /// back from the final carry instead of reading stored carries.
     std::shared_ptr<const layer_body> reverse;
+    stablehlo::scan_strategy scan{};          // linear_scan: how it lowers
 };
 
 /// A graph of primitives in the order they were built (which is a topological order).
@@ -404,6 +407,25 @@ inline var concatenate(const std::vector<var>& parts, std::int64_t axis) {
     if (parts.size() == 1) return parts.front();
     node n = detail::make_node(op::concatenate, parts, {std::move(out), first.elem});
     n.axis = axis;
+    return detail::commit(std::move(n));
+}
+
+/// The linear recurrence h_t = a_t h_{t-1} + x_t along dimension 1 of [rows, T] values from a zero
+/// state, or with `reverse` h_t = a_t h_{t+1} + x_t from the end (the direction of its adjoint).
+/// One primitive, so that its gradient is the exact adjoint (two reverse-direction scans' worth of
+/// work that store only h: linear memory, gradients.hpp) and it lowers to a scan `strategy`
+/// (stablehlo/scan.hpp: a while loop over time, log-depth doubling, or chunked_matmul<C>'s
+/// triangular matmuls on the matrix unit, the TPU form). The strategy changes how it lowers, not
+/// its values.
+inline var linear_scan_rows(const var& a, const var& x, const stablehlo::scan_strategy& strategy, bool reverse = false) {
+    detail::same_type(op::linear_scan, a, x);
+    detail::require_f32(op::linear_scan, x);
+    check<graph_error>(x.type().rank() == 2, "xla::graph: linear_scan takes [rows, T], got ", x.type().str());
+    check<graph_error>(strategy.strategy != stablehlo::scan_strategy::kind::chunked_matmul || strategy.chunk >= 1,
+                       "xla::graph: linear_scan: chunked_matmul's chunk must be positive, got ", strategy.chunk);
+    node n = detail::make_node(op::linear_scan, {a, x}, x.type());
+    n.scan = strategy;
+    n.axis = reverse ? 1 : 0;
     return detail::commit(std::move(n));
 }
 

@@ -4,6 +4,7 @@
 // composition: its gradient comes from the primitives' rules, and the tests check it against the
 // eager op in double precision (tests/unit/test_xla_lowering.cpp).
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -60,21 +61,24 @@ inline var hard_sigmoid(const var& x) {
     return -maximum(-lifted, constant_like(x, -1.0));
 }
 
-/// The linear recurrence h_t = a_t h_{t-1} + x_t along `axis` (h_{-1} = 0; olmax::scan::scan), as
-/// ceil(log2 T) doubling steps (Hillis & Steele 1986; the associative scan of the pairs (a, x) under
-/// (a1, x1) then (a2, x2) = (a1 a2, a2 x1 + x2), as jax.lax.associative_scan computes it): step d adds
-/// a_t h_{t-d} to h_t, then multiplies a_t by a_{t-d} (ones before the start). Log-depth, O(T log T)
-/// work; its gradient is the primitives' reverse mode.
-inline var linear_scan(const var& a, const var& x, std::int64_t axis) {
-    check<graph_error>(a.type() == x.type() && axis >= 0 && axis < static_cast<std::int64_t>(x.type().rank()), "xla::graph: linear_scan: a ",
-                       a.type().str(), " and x ", x.type().str(), " must agree, axis ", axis, " in range");
-    var h = x, decay = a;
-    const std::int64_t steps = x.dims()[static_cast<std::size_t>(axis)];
-    for (std::int64_t d = 1; d < steps; d *= 2) {
-        h = h + decay * shift_later(h, axis, d);
-        decay = decay * (1.0 - shift_later(1.0 - decay, axis, d));
-    }
-    return h;
+/// The linear recurrence h_t = a_t h_{t-1} + x_t along `axis` (h_{-1} = 0; olmax::scan::scan): the
+/// axis moved last and the rest flattened into rows for the linear_scan primitive
+/// (linear_scan_rows), which lowers by `strategy` and differentiates by the exact adjoint.
+inline var linear_scan(const var& a, const var& x, std::int64_t axis,
+                       const stablehlo::scan_strategy& strategy = stablehlo::scan_strategy::chunked_matmul<128>()) {
+    const auto rank = static_cast<std::int64_t>(x.type().rank());
+    check<graph_error>(a.type() == x.type() && axis >= 0 && axis < rank, "xla::graph: linear_scan: a ", a.type().str(), " and x ",
+                       x.type().str(), " must agree, axis ", axis, " in range");
+    dims_t to_last, back(static_cast<std::size_t>(rank));
+    for (std::int64_t d = 0; d < rank; ++d)
+        if (d != axis) to_last.push_back(d);
+    to_last.push_back(axis);
+    for (std::size_t d = 0; d < to_last.size(); ++d) back[static_cast<std::size_t>(to_last[d])] = static_cast<std::int64_t>(d);
+    const bool moved = axis != rank - 1;
+    const var at = moved ? transpose(a, to_last) : a, xt = moved ? transpose(x, to_last) : x;
+    const std::int64_t steps = x.dims()[static_cast<std::size_t>(axis)], rows = x.type().elements() / std::max<std::int64_t>(steps, 1);
+    const var h = reshape(linear_scan_rows(reshape(at, {rows, steps}), reshape(xt, {rows, steps}), strategy), at.dims());
+    return moved ? transpose(h, back) : h;
 }
 
 /// Causal 1-D convolution along time of x [B, T, Cin] with w [K, Cin, Cout]:

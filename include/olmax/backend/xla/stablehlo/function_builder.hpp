@@ -77,20 +77,44 @@ public:
         aliases_[arg] = static_cast<std::int64_t>(result);
     }
 
+    /// Marks the module for XLA's SPMD partitioner over `partitions` devices: arguments flagged in
+    /// `split_leading` are sharded along their first axis (`mhlo.sharding = "{devices=[P,1,...]0,...}"`),
+    /// the others and all results replicated. The partitioner then inserts the collectives (e.g. the
+    /// all-reduce of a gradient summed over a split batch) itself.
+    void partition(std::size_t partitions, std::vector<bool> split_leading) {
+        check<shape_error>(partitions >= 1 && split_leading.size() <= args_.size(), "stablehlo: partition: ", partitions, " partitions, ",
+                           split_leading.size(), " flags for ", args_.size(), " arguments");
+        for (std::size_t i = 0; i < split_leading.size(); ++i)
+            check<shape_error>(!split_leading[i] || (args_[i].type.rank() >= 1 && args_[i].type.dims[0] % std::int64_t(partitions) == 0),
+                               "stablehlo: partition: argument ", i, " (", args_[i].type.str(), ") does not split into ", partitions,
+                               " equal shares along its first axis");
+        partitions_ = partitions;
+        split_leading_ = std::move(split_leading);
+    }
+
     /// The whole module text with `results` returned from @main.
     std::string finish(std::string_view module_name, const std::vector<value>& results) {
         std::ostringstream m;
-        m << "module @" << module_name << " {\n  func.func public @main(";
+        const bool partitioned = partitions_ > 1;
+        m << "module @" << module_name;
+        if (partitioned) m << " attributes {mhlo.num_partitions = " << partitions_ << " : i32, mhlo.num_replicas = 1 : i32}";
+        m << " {\n  func.func public @main(";
         for (std::size_t i = 0; i < args_.size(); ++i) {
             m << (i ? ", " : "") << args_[i].name << ": " << args_[i].type.str();
+            std::vector<std::string> attributes;
             if (i < aliases_.size() && aliases_[i] >= 0) {
                 check<shape_error>(std::size_t(aliases_[i]) < results.size() && results[std::size_t(aliases_[i])].type == args_[i].type,
                                    "stablehlo: argument ", i, " (", args_[i].type.str(), ") is donated to result ", aliases_[i],
                                    ", which is not a result of that type");
-                m << " {tf.aliasing_output = " << aliases_[i] << " : i32}";
+                attributes.push_back("tf.aliasing_output = " + std::to_string(aliases_[i]) + " : i32");
             }
+            if (partitioned) attributes.push_back(sharding_attribute(i < split_leading_.size() && split_leading_[i], args_[i].type.rank()));
+            for (std::size_t k = 0; k < attributes.size(); ++k) m << (k ? ", " : " {") << attributes[k] << (k + 1 == attributes.size() ? "}" : "");
         }
-        m << ") -> (" << detail::types_of(results) << ") {\n" << body_.str();
+        m << ") -> (";
+        for (std::size_t i = 0; i < results.size(); ++i)
+            m << (i ? ", " : "") << results[i].type.str() << (partitioned ? " {" + sharding_attribute(false, 0) + "}" : "");
+        m << ") {\n" << body_.str();
         m << "    \"func.return\"(" << detail::names_of(results) << ") : (" << detail::types_of(results) << ") -> ()\n  }\n}\n";
         return m.str();
     }
@@ -347,6 +371,18 @@ public:
     }
 
 private:
+    /// GSPMD's sharding of a value: "{replicated}", or split along the first axis over every
+    /// partition in order ("{devices=[P,1,...]0,1,...,P-1}": a tile count per dimension, then the
+    /// devices holding the tiles).
+    std::string sharding_attribute(bool split, std::size_t rank) const {
+        if (!split) return "mhlo.sharding = \"{replicated}\"";
+        std::string s = "mhlo.sharding = \"{devices=[" + std::to_string(partitions_);
+        for (std::size_t d = 1; d < rank; ++d) s += ",1";
+        s += "]";
+        for (std::size_t p = 0; p < partitions_; ++p) s += (p ? "," : "") + std::to_string(p);
+        return s + "}\"";
+    }
+
     static std::string quoted(std::string_view op) { return "\"stablehlo." + std::string(op) + "\""; }
 
     static void same_type(std::string_view op, const value& a, const value& b) {
@@ -373,6 +409,8 @@ private:
     }
 
     std::vector<value> args_;
+    std::size_t partitions_ = 1;
+    std::vector<bool> split_leading_;
     std::vector<std::int64_t> aliases_;  // per argument: the result it is donated to, or -1
     std::ostringstream body_;
     int depth_ = 0;

@@ -20,6 +20,20 @@ struct emitted_module {
     /// The first `donated` inputs are donated to the last `donated` outputs (updated in place on the
     /// device; an execution consumes those argument buffers).
     std::size_t donated = 0;
+    /// SPMD data parallelism (XLA's partitioner): with `partitions` P > 1 the module is ONE global
+    /// program compiled for P devices. Inputs flagged in `split_leading` are split along their first
+    /// axis into P equal shares (device p takes share p); every other input and every output is
+    /// replicated on all P devices.
+    std::size_t partitions = 1;
+    std::vector<bool> split_leading{};
+
+    bool is_split(std::size_t input) const { return partitions > 1 && input < split_leading.size() && split_leading[input]; }
+    /// The part of input `i` one device holds: its share when split, the whole input otherwise.
+    tensor_type local_input(std::size_t i) const {
+        tensor_type t = inputs.at(i);
+        if (is_split(i)) t.dims[0] /= static_cast<std::int64_t>(partitions);
+        return t;
+    }
 };
 
 inline std::string dims_key(const dims_t& dims) {
