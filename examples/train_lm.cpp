@@ -145,7 +145,7 @@ void check_xla_settings(const config::TrainConfig& c) {
 #else
     if constexpr (!models::LowerableModel<Model>)
         throw config::config_error("config: --device=xla: the '" + c.block + "' block has no XLA lowering rule yet (docs/xla.md lists the "
-                                   "layers that have one); use --block=conv_mixer or --block=qrnn, or --device=cpu");
+                                   "layers that have one); use --block=conv_mixer, qrnn or mamba, or --device=cpu");
     const char* env = std::getenv("OLMAX_PJRT_PLUGIN");
     const std::string plugin = !c.xla_plugin.empty() ? c.xla_plugin : env ? std::string(env) : std::string();
     olmax::check<config::config_error>(!plugin.empty(),

@@ -15,6 +15,7 @@
 
 #include <olmax/backend/xla/graph/emit.hpp>
 #include <olmax/backend/xla/graph/evaluate.hpp>
+#include <olmax/backend/xla/graph/gradients.hpp>
 #include <olmax/models/xla_training_step.hpp>
 #include <olmax/olmax.hpp>
 
@@ -137,6 +138,23 @@ TEST_CASE("xla lowering: ByteLM<QrnnMlp> (the QRNN's scan as the linear_scan pri
     CHECK(r[0].data == std::vector<double>{1, 1.5, 1.75, 1.875, 1.9375, 1, 3, 1, 2, 3});
 }
 
+TEST_CASE("xla lowering: ByteLM<Mamba> (the selective scan as linear_scan over the states) equals the eager model", "[xla_lowering]") {
+    check_against_eager<olmax::models::Mamba>(2, 13);
+}
+
+TEST_CASE("xla lowering: softplus is log(1 + exp(x)) without overflow, with its gradient", "[xla_lowering]") {
+    gx::graph g;
+    const var x = g.input(f32({4}));
+    const var y = gx::softplus(x);
+    const auto r = gx::evaluate(g, {{f32({4}), {-800.0, -1.0, 0.5, 800.0}}}, {y, gx::gradients(gx::sum(y, {0}), {x})[0]});
+    CHECK(r[0].data[0] == 0.0);
+    CHECK(r[0].data[1] == Approx(std::log1p(std::exp(-1.0))).epsilon(1e-14));
+    CHECK(r[0].data[2] == Approx(std::log1p(std::exp(0.5))).epsilon(1e-14));
+    CHECK(r[0].data[3] == 800.0);
+    CHECK(r[1].data[1] == Approx(1 / (1 + std::exp(1.0))).epsilon(1e-14));  // the logistic function
+    CHECK(r[1].data[3] == 1.0);
+}
+
 TEST_CASE("xla lowering: the traced training step equals ByteLM + optim::AdamW over two steps", "[xla_lowering]") {
     Model eager(olmax::models::ByteLMConfig{8, 2, 3}), traced_model(olmax::models::ByteLMConfig{8, 2, 3});
     olmax::optim::AdamWConfig config;
@@ -244,12 +262,13 @@ TEST_CASE("xla lowering: a reversible stack's traced backward rebuilds inputs an
 TEST_CASE("xla lowering: what cannot be lowered is an error naming it", "[xla_lowering]") {
     static_assert(olmax::nn::LowerableLayer<olmax::nn::DenseConv<5, double>>);
     static_assert(olmax::nn::LowerableLayer<Model::block_type>);
-    // Wrappers are lowerable exactly when what they wrap is, so a model's trait is deep: the Mamba
-    // recipe (SelectiveSSM in a Sandwich in a Reversible in a Stack) has no rule, and says so.
-    static_assert(!olmax::nn::LowerableLayer<olmax::nn::SelectiveSSM<double>>);
-    static_assert(!olmax::nn::LowerableLayer<olmax::nn::Stack<olmax::models::Mamba::block<double>>>);
-    static_assert(!olmax::models::LowerableModel<olmax::models::ByteLM<olmax::models::Mamba, double>>);
+    // Wrappers are lowerable exactly when what they wrap is, so a model's trait is deep: the
+    // SwitchMoE recipe (MoE in a Sandwich in a Reversible in a Stack) has no rule, and says so.
+    static_assert(!olmax::nn::LowerableLayer<olmax::nn::MoE<double>>);
+    static_assert(!olmax::nn::LowerableLayer<olmax::nn::Stack<olmax::models::SwitchMoE::block<double>>>);
+    static_assert(!olmax::models::LowerableModel<olmax::models::ByteLM<olmax::models::SwitchMoE, double>>);
     static_assert(olmax::models::LowerableModel<Model>);
+    static_assert(olmax::models::LowerableModel<olmax::models::ByteLM<olmax::models::Mamba, double>>);
 
     olmax::nn::Config c;
     c.features = 4;

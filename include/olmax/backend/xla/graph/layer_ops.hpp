@@ -55,6 +55,12 @@ inline var shift_later(const var& x, std::int64_t axis, std::int64_t steps) {
     return pad(slice(x, start, limit), low, high);
 }
 
+/// log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)), which never overflows (ops::softplus).
+inline var softplus(const var& x) {
+    const var zero = constant_like(x, 0.0);
+    return maximum(x, zero) + log(exp(-maximum(x, -x)) + 1.0);
+}
+
 /// clamp((x + 3) / 6, 0, 1) (ops::hard_sigmoid, the QRNN's forget gate).
 inline var hard_sigmoid(const var& x) {
     const var lifted = maximum((x + 3.0) / 6.0, constant_like(x, 0.0));
