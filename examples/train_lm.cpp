@@ -23,6 +23,9 @@
 #include <span>
 
 #include <olmax/olmax.hpp>
+#if defined(TRAIN_LM_WITH_ONEDNN)
+#include <olmax/backend/onednn_gemm.hpp>
+#endif
 #if defined(TRAIN_LM_WITH_GLOO)  // set by examples/CMakeLists.txt when CMake found Gloo
 #include <olmax/distributed/gloo.hpp>
 #endif
@@ -308,7 +311,14 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
 
     // The precision policy covers training, evaluation and sampling (not the initialisation above).
     std::optional<olmax::backend::bf16_matmul_scope> bf16;
-    if (c.precision == "bf16") bf16.emplace();
+    if (c.precision == "bf16") {
+#if defined(TRAIN_LM_WITH_ONEDNN)
+        bf16.emplace(olmax::backend::onednn::gemm_bf16);  // the CPU's bf16 units where it has them
+        if (lead) out << "precision bf16: GEMMs on " << olmax::backend::onednn::bf16_gemm_description() << "\n";
+#else
+        bf16.emplace();  // the portable product (fp32 compute; it says so once)
+#endif
+    }
 
     // ---- training loop ----------------------------------------------------------------------
     // Every rank draws the same global batch and differentiates its own rows (equal shares, so the

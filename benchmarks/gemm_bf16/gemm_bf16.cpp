@@ -93,7 +93,8 @@ void bm_gemm(benchmark::State& state, Shape3 s, Path path, std::string label) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::vector<Shape3> shapes = {{512, 512, 512}, {1024, 1024, 1024}, {2048, 2048, 2048}, {2048, 2048, 512}, {2048, 512, 2048}};
+    std::vector<Shape3> shapes = {{512, 512, 512},   {1024, 1024, 1024}, {2048, 2048, 2048},
+                                  {4096, 4096, 4096}, {2048, 2048, 512},  {2048, 512, 2048}};
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
         if (std::strcmp(argv[i], "--olmax_quick") == 0) shapes = {{64, 64, 64}};

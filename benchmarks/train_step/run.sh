@@ -7,6 +7,10 @@
 #     benchmarks/train_step/run.sh                          # build/benchmarks/train_step/train_step
 #     benchmarks/train_step/run.sh build-trainbench         # another CMake build folder
 #     QUICK=1 benchmarks/train_step/run.sh build-trainbench # tiny sizes, seconds (checks the plumbing)
+#     WIDE=1 THREADS=2 benchmarks/train_step/run.sh          # features 512, depth 8, B 8, S 256 (42 M parameters)
+# Rows "olmax-bf16" (train_step --precision bf16: every GEMM bf16 x bf16 -> fp32, on oneDNN's bf16 kernels
+# where built with it) and "pytorch-bf16autocast-2.x" (the forward under torch.autocast("cpu", bfloat16))
+# come beside the fp32 rows; BF16=0 leaves them out.
 #
 # Output: benchmarks/results/train_step-<UTC time>.json, a git-ignored folder (OUT=path to change it;
 # the tracked results*.json beside this script are recorded runs, never overwritten by default). Each measurement stops repeating
@@ -37,8 +41,8 @@ torch2="${TORCH2_PYTHON:-$repo/.venv-torch/bin/python}"
 if [ "$torch2" = none ] || ! "$torch2" -c "import torch" 2>/dev/null; then torch2=""; fi
 openblas="${OPENBLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-pthread}"
 if [ ! -e "$openblas/libblas.so.3" ] || readlink -f /lib/x86_64-linux-gnu/libblas.so.3 | grep -q openblas; then openblas=""; fi
-debian_torch=1
-"$python" -c "import torch" 2>/dev/null || debian_torch=""
+debian_torch=1  # DEBIAN_TORCH=0 leaves Debian's 1.13 rows out (slow at large widths on the reference BLAS)
+{ [ "${DEBIAN_TORCH:-1}" = 1 ] && "$python" -c "import torch" 2>/dev/null; } || debian_torch=""
 if [ -z "$debian_torch" ] && [ -z "$torch2" ]; then
   echo "run.sh: neither $python (apt-get install python3-torch) nor .venv-torch (benchmarks/quality/setup_torch_venv.sh) imports torch" >&2
   exit 77
@@ -50,6 +54,8 @@ fi
 # the deeper ones are where the reversible stack's constant activation memory should show.
 if [ -n "${QUICK:-}" ]; then
   configs=("quick 2 32 16 2 2" "quick-deep 2 32 16 4 2")
+elif [ -n "${WIDE:-}" ]; then  # a realistic width (42 M parameters), where GEMMs dominate and bf16 pays
+  configs=("wide 8 256 512 8 5")
 else
   configs=("default 8 64 64 2 30" "deep 8 64 64 16 10" "deep-long 8 256 64 16 6")
 fi
@@ -67,8 +73,10 @@ for config in "${configs[@]}"; do
     flags=(--batch "$batch" --sequence "$sequence" --features "$features" --depth "$depth" --threads "$threads" --repeats "$repeats"
            --max_seconds "${MAX_SECONDS:-20}")
     "$binary" "${flags[@]}" --json "$scratch/$i-a-olmax.json"
+    [ "${BF16:-1}" = 1 ] && "$binary" "${flags[@]}" --precision bf16 --json "$scratch/$i-a1-olmax-bf16.json"
     if [ -n "$torch2" ]; then
       "$torch2" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b0-pytorch2.json"
+      [ "${BF16:-1}" = 1 ] && "$torch2" "$here/torch_train_step.py" "${flags[@]}" --autocast_bf16 --json "$scratch/$i-b01-pytorch2-bf16.json"
       "$torch2" "$here/torch_train_step.py" "${flags[@]}" --checkpoint --json "$scratch/$i-b1-pytorch2-checkpoint.json"
     fi
     [ -n "$debian_torch" ] && "$python" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b-pytorch.json"

@@ -291,6 +291,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--max_seconds", type=float, default=60, help="stop repeating once the timed steps took this long (>= 3 steps)")
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every block")
+    p.add_argument("--autocast_bf16", action="store_true",
+                   help='the forward (and loss) under torch.autocast("cpu", dtype=torch.bfloat16): bf16 GEMMs, fp32 master weights')
     p.add_argument("--json", default="")
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
     p.add_argument("--profile", action="store_true", help="per-layer timings instead of the step benchmark")
@@ -326,7 +328,8 @@ def main():
 
     def step(batch):  # phases as in train_step.cpp: forward incl. loss, backward, optimiser incl. clipping
         t0 = time.perf_counter()
-        loss, with_z = model(*batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast_bf16):
+            loss, with_z = model(*batch)
         last_loss[0] = loss.item()
         t1 = time.perf_counter()
         with_z.backward()
@@ -363,7 +366,7 @@ def main():
     blas = loaded_blas()
     label = blas_label(blas)
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    framework = ("pytorch-checkpoint" if a.checkpoint else "pytorch") + f"-{version}+{label}"
+    framework = ("pytorch-checkpoint" if a.checkpoint else "pytorch") + ("-bf16autocast" if a.autocast_bf16 else "") + f"-{version}+{label}"
     if label == "openblas" and a.threads > 1 and os.environ.get("OPENBLAS_NUM_THREADS") == "1":
         framework += "(1 blas thread)"  # torch's threads only: OpenBLAS's own would oversubscribe the cores
     result = dict(framework=framework, torch_version=torch.__version__, blas=blas, blas_label=label, batch=a.batch, sequence=a.sequence, features=a.features,

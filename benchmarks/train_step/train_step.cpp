@@ -27,6 +27,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -34,10 +35,14 @@
 
 #include <malloc.h>  // malloc_trim (glibc)
 
+#include <olmax/backend/bf16_matmul_kernels.hpp>
 #include <olmax/config/program.hpp>
 #include <olmax/core/memory.hpp>
 #include <olmax/io/npy.hpp>
 #include <olmax/models/models.hpp>
+#if defined(TRAIN_STEP_WITH_ONEDNN)
+#include <olmax/backend/onednn_gemm.hpp>
+#endif
 
 namespace byte_lm {
 using Model = olmax::models::ByteLM<>;  // the main job's model
@@ -56,6 +61,7 @@ struct Options {
     bool profile = false;
     std::int64_t parallel_threshold = -1;  // -1: the backend's default
     bool data_parallel = true;             // TrainConfig::data_parallel (rows split over threads)
+    std::string precision = "fp32";        // bf16: the steps run inside backend::bf16_matmul_scope (as train_lm --precision=bf16)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -63,7 +69,9 @@ struct Options {
               << "\nusage: train_step [--batch N] [--sequence N] [--features N] [--depth N] [--threads N] [--repeats N]"
                  " [--warmup N] [--max_seconds S] [--json PATH] [--quick] [--profile] [--dump DIR]\n"
                  "       [--parallel_threshold WORK]  (olmax::backend::cpu_openmp's serial/parallel cut-off; diagnosis only)\n"
-                 "       [--data_parallel 0|1]  (1, the default as in train_lm: with threads > 1 each thread runs a shard of the batch)\n";
+                 "       [--data_parallel 0|1]  (1, the default as in train_lm: with threads > 1 each thread runs a shard of the batch)\n"
+                 "       [--precision fp32|bf16]  (bf16: every float GEMM as bf16 x bf16 -> fp32, on oneDNN's bf16 kernels where built\n"
+                 "                                 with olmax::onednn and the CPU has bf16 units, as train_lm --precision=bf16)\n";
     std::exit(1);
 }
 
@@ -112,6 +120,10 @@ Options parse(int argc, char** argv) {
         else if (arg == "max_seconds") o.max_seconds = double(number());
         else if (arg == "parallel_threshold") o.parallel_threshold = number();
         else if (arg == "data_parallel") o.data_parallel = number() != 0;
+        else if (arg == "precision") {
+            if (value != "fp32" && value != "bf16") usage("--precision takes fp32 or bf16, got '" + value + "'");
+            o.precision = value;
+        }
         else usage("unknown flag --" + arg);
     }
     if (o.repeats < 1) usage("--repeats must be at least 1");
@@ -294,6 +306,19 @@ int run(int argc, char** argv) {
         return 0;
     }
 
+    // The precision policy for every step below (olmax/backend/bf16_matmul_kernels.hpp).
+    std::optional<olmax::backend::bf16_matmul_scope> bf16;
+    std::string bf16_gemm = "none";
+    if (o.precision == "bf16") {
+#if defined(TRAIN_STEP_WITH_ONEDNN)
+        bf16.emplace(olmax::backend::onednn::gemm_bf16);
+        bf16_gemm = olmax::backend::onednn::bf16_gemm_description();
+#else
+        bf16.emplace();
+        bf16_gemm = "portable (fp32 compute)";
+#endif
+    }
+
     double last_loss = 0;
     std::vector<double> forward_s, backward_s, optimizer_s;
     auto step = [&](const olmax::data::Batch& batch) {
@@ -354,7 +379,8 @@ int run(int argc, char** argv) {
     const std::size_t footprint_rss = proc_status_bytes("VmHWM") - rss_at_start;
 
     std::ostringstream json;
-    json << "{\"framework\": \"olmax\", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
+    json << "{\"framework\": \"" << (o.precision == "bf16" ? "olmax-bf16" : "olmax") << "\", \"precision\": \"" << o.precision
+         << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
          << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"shards\": " << shards << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
          << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()
@@ -364,10 +390,10 @@ int run(int argc, char** argv) {
          << ", \"peak_rss_bytes\": " << (rss_restarted ? std::to_string(peak_rss) : "null")
          << ", \"first_step_rss_bytes\": " << first_step_rss
          << ", \"footprint_rss_bytes\": " << footprint_rss << ", \"params\": " << params << ", \"last_loss\": " << last_loss << "}";
-    std::printf("olmax  B=%lld S=%lld F=%lld depth=%lld threads=%lld shards=%zu params=%zu: %.3f ms/step (median of %d), %.0f tokens/s "
+    std::printf("%s  B=%lld S=%lld F=%lld depth=%lld threads=%lld shards=%zu params=%zu: %.3f ms/step (median of %d), %.0f tokens/s "
                 "(forward %.2f, backward %.2f, optimiser %.2f ms), tensor peak %.2f MiB (+%.2f MiB in the step), "
                 "peak RSS growth of a step %.2f MiB (first step %.2f MiB), footprint %.2f MiB\n",
-                static_cast<long long>(o.batch), static_cast<long long>(o.sequence), static_cast<long long>(o.features),
+                o.precision == "bf16" ? ("olmax-bf16 (" + bf16_gemm + ")").c_str() : "olmax", static_cast<long long>(o.batch), static_cast<long long>(o.sequence), static_cast<long long>(o.features),
                 static_cast<long long>(o.depth), static_cast<long long>(o.threads), shards, params, median * 1e3, repeats, tokens_per_s,
                 median_of(forward_s) * 1e3, median_of(backward_s) * 1e3, median_of(optimizer_s) * 1e3,
                 double(peak_bytes) / 1048576.0, double(peak_bytes - held_before) / 1048576.0,

@@ -186,6 +186,13 @@ inline const Bf16Support& bf16_support() {
     return support;
 }
 
+/// What gemm_bf16 runs on, for reports: "onednn avx512_core_bf16", or "onednn avx2 (fp32: no bf16
+/// units)" on CPUs without them.
+inline std::string bf16_gemm_description() {
+    const Bf16Support& support = bf16_support();
+    return "onednn " + support.isa + (support.accelerated ? "" : " (fp32: no bf16 units)");
+}
+
 /// Row-major fp32 C = alpha op(A) op(B) + beta C through oneDNN's matmul (cached per shape);
 /// Eigen (cpu_serial) when oneDNN has no kernel for it.
 inline void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,

@@ -129,7 +129,8 @@ struct TrainConfig {
                 .in(1, 1 << 16),
             Field<C>{"precision", &C::precision,
                      "fp32, or bf16: every float GEMM (forward and backward) computes as bf16 matrix units do, operands rounded to "
-                     "bfloat16 and fp32 sums; parameters, optimiser state, norms, softmax, losses and scans stay fp32 (docs/BF16.md)",
+                     "bfloat16 and fp32 sums (on oneDNN's bf16 kernels when built with it and the CPU has bf16 units); "
+                     "parameters, optimiser state, norms, softmax, losses and scans stay fp32 (docs/BF16.md)",
                      {"fp32", "bf16"}},
             Field<C>{"rendezvous", &C::rendezvous, "how the processes find each other: file:DIR (a folder all can reach) or "
                                                    "tcp:HOST:PORT (rank 0 listens there)"},
