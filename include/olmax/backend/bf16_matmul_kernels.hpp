@@ -56,31 +56,36 @@ public:
         const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
         const std::size_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
         if (bf16_gemm_) {
-            const std::vector<bfloat16> a16 = rounded<bfloat16>(a, a_rows, a_cols, lda), b16 = rounded<bfloat16>(b, b_rows, b_cols, ldb);
-            bf16_gemm_(trans_a, trans_b, m, n, k, alpha, a16.data(), a_cols, b16.data(), b_cols, beta, c, ldc);
+            thread_local std::vector<bfloat16> a16, b16;
+            bf16_gemm_(trans_a, trans_b, m, n, k, alpha, rounded(a, a_rows, a_cols, lda, a16), a_cols, rounded(b, b_rows, b_cols, ldb, b16), b_cols,
+                       beta, c, ldc);
         } else {
             detail::bf16_notice("policy", "olmax: bf16 precision policy on the portable path: GEMM operands are rounded to bfloat16 and "
                                           "multiplied by the fp32 GEMM (the numbers of bf16 matrix units, at fp32 speed; pass "
                                           "backend::onednn::gemm_bf16 to use the CPU's bf16 units where it has them)");
-            const std::vector<float> a32 = rounded<float>(a, a_rows, a_cols, lda), b32 = rounded<float>(b, b_rows, b_cols, ldb);
-            base_.gemm(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
+            thread_local std::vector<float> a32, b32;
+            base_.gemm(trans_a, trans_b, m, n, k, alpha, rounded(a, a_rows, a_cols, lda, a32), a_cols, rounded(b, b_rows, b_cols, ldb, b32), b_cols,
+                       beta, c, ldc);
         }
     }
 
 private:
-    /// rows x cols of `src` (leading dimension ld) rounded to bfloat16, dense, stored as Out
-    /// (bfloat16, or float holding the bfloat16 value exactly).
+    /// rows x cols of `src` (leading dimension ld) rounded to bfloat16, dense, into `buffer` (stored
+    /// as Out: bfloat16, or float holding the bfloat16 value exactly); returns its data. The callers'
+    /// buffers are thread_local and only grow: at small widths allocating and zeroing two fresh
+    /// operands per GEMM cost about as much as the product (the default model's bf16 step on oneDNN
+    /// went from 4.58 to 3.27 ms, docs/BF16.md). A thread keeps its largest operands until it ends.
     template <class Out>
-    std::vector<Out> rounded(const float* src, std::size_t rows, std::size_t cols, std::size_t ld) const {
-        std::vector<Out> out(rows * cols);
-        Out* dst = out.data();
+    const Out* rounded(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, std::vector<Out>& buffer) const {
+        if (buffer.size() < rows * cols) buffer.resize(rows * cols);
+        Out* dst = buffer.data();
         base_.parallel_for(rows, cols, [&](std::size_t lo, std::size_t hi) {
             for (std::size_t r = lo; r < hi; ++r) {
                 if constexpr (std::is_same_v<Out, bfloat16>) to_bfloat16(src + r * ld, dst + r * cols, cols);
                 else round_to_bfloat16(src + r * ld, dst + r * cols, cols);
             }
         });
-        return out;
+        return dst;
     }
 
     const Kernels& base_;
