@@ -412,8 +412,8 @@ inline var concatenate(const std::vector<var>& parts, std::int64_t axis) {
 
 /// The linear recurrence h_t = a_t h_{t-1} + x_t along dimension 1 of [rows, T] values from a zero
 /// state, or with `reverse` h_t = a_t h_{t+1} + x_t from the end (the direction of its adjoint).
-/// One primitive, so that its gradient is the exact adjoint (two reverse-direction scans' worth of
-/// work that store only h: linear memory, gradients.hpp) and it lowers to a scan `strategy`
+/// One primitive, so that its gradient is the exact adjoint (one scan in the other direction plus
+/// element-wise work, keeping only h: linear memory, gradients.hpp) and it lowers to a scan `strategy`
 /// (stablehlo/scan.hpp: a while loop over time, log-depth doubling, or chunked_matmul<C>'s
 /// triangular matmuls on the matrix unit, the TPU form). The strategy changes how it lowers, not
 /// its values.
