@@ -329,6 +329,8 @@ TEST_CASE("config: unknown or mistyped keys and bad values are errors naming the
     CHECK_THROWS_WITH(config::set_value(c, "decay_policy", "norms", "test"), Catch::Contains("matrices"));
     CHECK_NOTHROW(config::set_value(c, "grad-accumulation", "2", "test"));  // dashes read as underscores
     CHECK(c.grad_accumulation == 2);
+    config::load_text(c, "xla_replicas = 4\n", "an older checkpoint's config");  // a renamed key reads as its new name
+    CHECK(c.xla_devices == 4);
     const char* argv[] = {"train_lm", "--stpes=10"};
     CHECK_THROWS_AS(config::parse_command_line(c, 2, argv), config::config_error);
     const char* argv2[] = {"train_lm", "--resume"};  // a bare bool flag means true

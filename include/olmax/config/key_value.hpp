@@ -191,12 +191,17 @@ std::string Field<Struct>::range_text() const {
     return "";
 }
 
-/// The field with this key (dashes read as underscores), or an error suggesting the closest key.
+/// The field with this key (dashes read as underscores; a key the struct lists in an optional
+/// `static renamed_keys()`, pairs {old, new}, read as its new name, so checkpoints written before a
+/// rename still load), or an error suggesting the closest key.
 template <class Struct>
 const Field<Struct>& find_field(std::string_view key, std::string_view source) {
     std::string normal(key);
     for (char& c : normal)
         if (c == '-') c = '_';
+    if constexpr (requires { Struct::renamed_keys(); })
+        for (const auto& [old_key, new_key] : Struct::renamed_keys())
+            if (normal == old_key) normal = std::string(new_key);
     const Field<Struct>* best = nullptr;
     std::size_t best_distance = std::numeric_limits<std::size_t>::max();
     for (const auto& f : Struct::fields()) {

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "olmax/config/key_value.hpp"
@@ -69,6 +71,14 @@ struct TrainConfig {
     std::int64_t top_k = 0;
     double top_p = 0.95;
     std::string prompt = "The ";
+
+    /// Keys of earlier versions, read as their new names: a checkpoint keeps its run's config text.
+    /// xla_replicas (replicated data parallelism over the plugin's devices) became xla_devices (the
+    /// same batch split, by XLA's SPMD partitioner).
+    static const std::vector<std::pair<std::string_view, std::string_view>>& renamed_keys() {
+        static const std::vector<std::pair<std::string_view, std::string_view>> renamed{{"xla_replicas", "xla_devices"}};
+        return renamed;
+    }
 
     static const std::vector<Field<TrainConfig>>& fields() {
         using C = TrainConfig;
