@@ -62,6 +62,7 @@ struct Options {
     std::int64_t parallel_threshold = -1;  // -1: the backend's default
     bool data_parallel = true;             // TrainConfig::data_parallel (rows split over threads)
     std::string precision = "fp32";        // bf16: the steps run inside backend::bf16_matmul_scope (as train_lm --precision=bf16)
+    std::int64_t kept_layers = 0;          // nn::Stack::keep_activations: leading layers not recomputed in the backward
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -71,7 +72,8 @@ struct Options {
                  "       [--parallel_threshold WORK]  (olmax::backend::cpu_openmp's serial/parallel cut-off; diagnosis only)\n"
                  "       [--data_parallel 0|1]  (1, the default as in train_lm: with threads > 1 each thread runs a shard of the batch)\n"
                  "       [--precision fp32|bf16]  (bf16: every float GEMM as bf16 x bf16 -> fp32, on oneDNN's bf16 kernels where built\n"
-                 "                                 with olmax::onednn and the CPU has bf16 units, as train_lm --precision=bf16)\n";
+                 "                                 with olmax::onednn and the CPU has bf16 units, as train_lm --precision=bf16)\n"
+                 "       [--kept_layers N]  (recompute as a budget: the first N reversible layers keep their activations)\n";
     std::exit(1);
 }
 
@@ -120,6 +122,7 @@ Options parse(int argc, char** argv) {
         else if (arg == "max_seconds") o.max_seconds = double(number());
         else if (arg == "parallel_threshold") o.parallel_threshold = number();
         else if (arg == "data_parallel") o.data_parallel = number() != 0;
+        else if (arg == "kept_layers") o.kept_layers = number();
         else if (arg == "precision") {
             if (value != "fp32" && value != "bf16") usage("--precision takes fp32 or bf16, got '" + value + "'");
             o.precision = value;
@@ -283,6 +286,7 @@ int run(int argc, char** argv) {
 #endif
     if (o.parallel_threshold >= 0) olmax::backend::cpu_openmp::set_parallel_threshold(std::size_t(o.parallel_threshold));
     byte_lm::Model model(c);
+    model.stack.keep_activations(std::size_t(o.kept_layers));
     olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), olmax::models::optimizer_config(c));
     std::size_t params = 0;
     for (const auto& p : opt.parameters()) params += p.tensor.size();
@@ -380,7 +384,7 @@ int run(int argc, char** argv) {
 
     std::ostringstream json;
     json << "{\"framework\": \"" << (o.precision == "bf16" ? "olmax-bf16" : "olmax") << "\", \"precision\": \"" << o.precision
-         << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
+         << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations() << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
          << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"shards\": " << shards << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
          << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()

@@ -212,6 +212,61 @@ TEST_CASE("Stack memory: reversible activation peak does not grow with depth, pl
     CHECK(rev16 < plain16);
 }
 
+TEST_CASE("Stack: recompute as a budget keeps k layers' activations, same gradients, memory within the budget",
+          "[nn][stack][reversible][memory]") {
+    const std::size_t depth = 6;
+    olmax::Generator data(9);
+    const auto x = olmax::randn<double>({2, 2, 16, 4}, data);
+    const auto dy = olmax::randn<double>({2, 2, 16, 4}, data);
+    nn::Stack<Block> plain(small_config(false), depth);
+    const auto gx_plain = input_grad(plain, x, dy);
+    const auto p_plain = nn::parameters(plain);
+
+    nn::Stack<Block> rev(small_config(true), depth);
+    const std::size_t per_layer = rev.activation_bytes_per_layer(x);
+    CHECK(per_layer > 0);
+    CHECK(olmax::autodiff::tape_size() == 0);  // the probe's tape is gone
+    std::vector<std::size_t> peaks;
+    for (std::size_t kept : {std::size_t(0), std::size_t(2), std::size_t(4), depth}) {
+        INFO(kept << " layers kept");
+        rev.keep_activations(kept);
+        CHECK(rev.kept_activations() == kept);
+        auto p_rev = nn::parameters(rev);
+        for (auto& p : p_rev) p.tensor.zero_grad();
+        auto leaf = olmax::parameter(x.clone());
+        const std::size_t before = olmax::memory::stats().current_bytes;
+        olmax::memory::reset_peak();
+        auto y = rev.forward(leaf);
+        CHECK(max_abs_diff(y, plain.forward(x)) < 1e-13);
+        y.backward(dy);
+        peaks.push_back(olmax::memory::stats().peak_bytes - before);
+        CHECK(max_abs_diff(leaf.grad(), gx_plain) < 1e-10);  // kept or rebuilt, the same gradients
+        for (std::size_t i = 0; i < p_rev.size(); ++i) {
+            INFO(p_rev[i].name);
+            CHECK(max_abs_diff(p_rev[i].tensor.grad(), p_plain[i].tensor.grad()) < 1e-10);
+        }
+        CHECK(olmax::autodiff::tape_size() == 0);
+    }
+    // Memory grows with what is kept, by at most the probe's bytes per kept layer (the rebuilt
+    // layers' working memory, one layer's recompute, is gone when every layer is kept).
+    INFO("peaks " << peaks[0] << ", " << peaks[1] << ", " << peaks[2] << ", " << peaks[3] << "; per layer " << per_layer);
+    CHECK(peaks[1] > peaks[0]);
+    CHECK(peaks[2] > peaks[1]);
+    CHECK(double(peaks[2] - peaks[0]) <= 4.0 * double(per_layer) * 1.05);
+    CHECK(double(peaks[3] - peaks[0]) <= 6.0 * double(per_layer) * 1.05);
+    // A byte budget picks floor(budget / per-layer bytes) layers, at most the depth.
+    CHECK(rev.fit_activations(3 * per_layer + per_layer / 2, x) == 3);
+    CHECK(rev.fit_activations(0, x) == 0);
+    CHECK(rev.fit_activations(100 * per_layer, x) == depth);
+    // Without a tape (evaluation) nothing is kept.
+    rev.keep_activations(depth);
+    {
+        olmax::autodiff::no_grad guard;
+        CHECK(max_abs_diff(rev.forward(x), plain.forward(x)) < 1e-13);
+    }
+    CHECK(olmax::autodiff::tape_size() == 0);
+}
+
 TEST_CASE("data_parallel_backward equals differentiating the shards one after another", "[autodiff][data_parallel][nn][stack]") {
     olmax_test::ForceThreading threads;  // 3 threads, every op eligible for threading (inside shards: serial)
     for (const bool reversible : {true, false}) {

@@ -195,12 +195,8 @@ public:
     /// alive), so a chain of N standalone blocks holds 2N states; nn::Stack runs invertible blocks
     /// as one op and holds only the stack's input and output, whatever the depth.
     Tensor<T> forward(const Tensor<T>& state, const LayerContext& ctx = {}) const {
+        if (!memory_saving_) return forward_recorded(state, ctx);
         detail::check_state(state, "Reversible");
-        if (!memory_saving_) {
-            Tensor<T> s0 = take_leading(state, 0), s1 = take_leading(state, 1);
-            forward_steps(s0, s1, ctx, std::index_sequence_for<Fs...>{});
-            return stack_leading<T>({s0, s1});
-        }
         Tensor<T> y;
         {
             autodiff::no_grad guard;
@@ -219,6 +215,15 @@ public:
                                           auto [x, dx] = self.reverse(y_saved, g[0], ctx);
                                           sink.add(0, dx);
                                       })[0];
+    }
+
+    /// The plain composition of ops whatever memory_saving() says (every activation recorded): what
+    /// nn::Stack runs for the layers whose activations it keeps (Stack::keep_activations).
+    Tensor<T> forward_recorded(const Tensor<T>& state, const LayerContext& ctx = {}) const {
+        detail::check_state(state, "Reversible");
+        Tensor<T> s0 = take_leading(state, 0), s1 = take_leading(state, 1);
+        forward_steps(s0, s1, ctx, std::index_sequence_for<Fs...>{});
+        return stack_leading<T>({s0, s1});
     }
 
     /// Rebuilds the input state from the output state (no grad).

@@ -3,6 +3,7 @@
 // depth axis and run by a runtime loop — the C++ counterpart of the original's lax.scan over layers,
 // PR #73: compile 600 s -> 70 s) and the flat variadic nn::Sequential<L...>.
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -11,6 +12,7 @@
 
 #include "olmax/autodiff/custom_op.hpp"
 #include "olmax/autodiff/tape.hpp"
+#include "olmax/core/memory.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/lowering.hpp"
 #include "olmax/nn/parameters.hpp"
@@ -29,6 +31,11 @@ namespace olmax::nn {
 /// whose backward walks the layers in reverse, rebuilding each layer's input from its output: the
 /// activation memory of forward + backward does not grow with depth. Otherwise every layer's ops are
 /// recorded on the tape (memory grows linearly with depth).
+///
+/// Recompute as a budget: `keep_activations(k)` (or `fit_activations(bytes, x)`) lets the first k
+/// layers of such a stack keep their activations on the tape, so the backward does not recompute
+/// them; the other depth - k are rebuilt as above. Time falls toward the plain stack's as k grows,
+/// and the activation memory is k layers' worth (what `activation_bytes_per_layer` measures).
 template <class Block>
 class Stack {
     static_assert(assert_layer<Block>());
@@ -77,6 +84,34 @@ public:
     }
 
     std::size_t depth() const { return depth_; }
+
+    /// Recompute as a budget (invertible blocks with memory saving on; see the class comment): the
+    /// first `layers` layers (at most depth) keep their activations for the backward. 0, the
+    /// default, recomputes every layer.
+    void keep_activations(std::size_t layers) { kept_ = std::min(layers, depth_); }
+    std::size_t kept_activations() const { return kept_; }
+
+    /// The activations one layer keeps on the tape for inputs like `x` (measured: the growth of
+    /// olmax's counted tensor memory over one recorded layer, on a private tape that is then
+    /// discarded; run as a recompute, so auxiliary losses and routing counts are not touched).
+    std::size_t activation_bytes_per_layer(const Tensor<T>& x, const LayerContext& ctx = {}) const {
+        autodiff::tape_scope private_tape;
+        Block block = worker_;
+        const std::size_t before = memory::stats().current_bytes;
+        bind(block, 0, Binding::recorded);
+        LayerContext probe = layer_context(ctx, 0, depth_);
+        probe.recompute = true;
+        const Tensor<T> y = kept_forward(block, x.detach(), probe);
+        const std::size_t after = memory::stats().current_bytes;
+        return after > before ? after - before : 0;
+    }
+
+    /// Keeps the activations of as many layers as fit `budget_bytes` for inputs like `x`
+    /// (floor(budget / activation_bytes_per_layer)); returns how many.
+    std::size_t fit_activations(std::size_t budget_bytes, const Tensor<T>& x, const LayerContext& ctx = {}) {
+        keep_activations(budget_bytes / std::max<std::size_t>(activation_bytes_per_layer(x, ctx), 1));
+        return kept_;
+    }
 
     /// The block every layer runs (its parameter handles are rebound per call). State its copies
     /// share lives here, e.g. nn::MoE's auxiliary loss and routing counters.
@@ -224,7 +259,32 @@ private:
         block.visit_parameters(rebind);
     }
 
+    /// A layer whose activations are kept: its plain recorded forward (a block's own memory saving
+    /// off, e.g. Reversible::forward_recorded), so its backward recomputes nothing.
+    static Tensor<T> kept_forward(const Block& block, const Tensor<T>& x, const LayerContext& ctx) {
+        if constexpr (requires { block.forward_recorded(x, ctx); }) return block.forward_recorded(x, ctx);
+        else return block.forward(x, ctx);
+    }
+
+    /// The first kept_ layers recorded on the tape, then the rest as one reversible custom op.
     Tensor<T> forward_reversible(const Tensor<T>& x, const LayerContext& ctx) const
+        requires InvertibleLayer<Block>
+    {
+        const std::size_t kept = autodiff::is_grad_enabled() ? kept_ : 0;
+        Tensor<T> h = x;
+        if (kept > 0) {
+            Block block = worker_;
+            for (std::size_t l = 0; l < kept; ++l) {
+                bind(block, l, Binding::recorded);
+                h = kept_forward(block, h, layer_context(ctx, l, depth_));
+            }
+        }
+        return kept == depth_ ? h : reversible_layers(h, kept, ctx);
+    }
+
+    /// Layers first .. depth-1 as one custom op: the forward stores nothing per layer, the backward
+    /// walks back from the output, rebuilding each layer's input.
+    Tensor<T> reversible_layers(const Tensor<T>& x, std::size_t first, const LayerContext& ctx) const
         requires InvertibleLayer<Block>
     {
         Tensor<T> y;
@@ -232,7 +292,7 @@ private:
             autodiff::no_grad guard;
             Block block = worker_;
             y = x;
-            for (std::size_t l = 0; l < depth_; ++l) {
+            for (std::size_t l = first; l < depth_; ++l) {
                 bind(block, l, Binding::plain);
                 y = block.forward(y, layer_context(ctx, l, depth_));
             }
@@ -243,11 +303,11 @@ private:
         // stack description; no per-layer activation.
         return autodiff::custom_op<T>(
             "stack_reversible", {y}, std::move(inputs),
-            [self = *this, y_saved = y.detach(), ctx](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+            [self = *this, y_saved = y.detach(), ctx, first](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                 Block block = self.worker_;
                 Tensor<T> out = y_saved, dout = g[0];
                 std::vector<Tensor<T>> leaves;
-                for (std::size_t l = self.depth_; l-- > 0;) {
+                for (std::size_t l = self.depth_; l-- > first;) {
                     leaves.clear();
                     self.bind(block, l, Binding::fresh_leaf, &leaves);
                     auto [in, din] = block.reverse(out, dout, layer_context(ctx, l, self.depth_));
@@ -268,6 +328,7 @@ private:
     Block worker_;  // layer 0's instance; its parameter handles are rebound per layer
     std::size_t depth_;
     std::vector<Slot> slots_;
+    std::size_t kept_ = 0;  // leading layers whose activations are kept (recompute as a budget)
 };
 
 /// A flat list of different layers applied in order (no recursive nesting): layer i's parameters
