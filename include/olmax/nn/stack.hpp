@@ -134,7 +134,8 @@ public:
     /// The lowering rule (nn/lowering.hpp): depth is a loop, not an unrolling. The block's rule is
     /// traced once as the body of one `scan_layers` over the stacked [depth, ...] parameters (tied
     /// ones passed whole), with the loop counter as the layer index: the program's size does not
-    /// grow with depth, and neither does its gradient (one reverse loop).
+    /// grow with depth, and neither does its gradient (one reverse loop). keep_activations does not
+    /// apply: what a compiled step stores is XLA's choice.
     xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const
         requires LowerableLayer<Block>
     {
