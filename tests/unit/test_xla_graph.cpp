@@ -138,6 +138,8 @@ TEST_CASE("xla graph: dot, reductions and shape gradient rules match finite diff
     });
     // floor: a step function (gradient zero); the values are kept away from its jumps
     CHECK_PROGRAM({f32({4})}, [](gx::graph&, const std::vector<var>& x) { return floor(x[0] * 0.0 + 2.5) * x[0]; });
+    // softplus (max(x, 0) + log(1 + exp(-|x|))): smooth although its parts have kinks at 0
+    CHECK_PROGRAM({f32({6})}, [](gx::graph&, const std::vector<var>& x) { return gx::softplus(x[0] * 3.0); });
     // cross-entropy: only the logits are differentiated (the targets are class ids)
     CHECK_PROGRAM({f32({4, 6}), f32({4})}, [](gx::graph&, const std::vector<var>& x) { return gx::cross_entropy(x[0], x[1]); }, -1.5, 1.5,
                   1, {}, [](std::vector<gx::host_value>& v) { v[1].data = {5, 0, 2, 2}; });

@@ -121,13 +121,7 @@ public:
         if constexpr (InvertibleLayer<Block>) {
             if (worker_.memory_saving()) return forward_reversible(x, ctx);
         }
-        Block block = worker_;
-        Tensor<T> h = x;
-        for (std::size_t l = 0; l < depth_; ++l) {
-            bind(block, l, Binding::recorded);
-            h = block.forward(h, layer_context(ctx, l, depth_));
-        }
-        return h;
+        return recorded_layers(x, depth_, ctx);
     }
     Tensor<T> operator()(const Tensor<T>& x, const LayerContext& ctx = {}) const { return forward(x, ctx); }
 
@@ -267,19 +261,24 @@ private:
         else return block.forward(x, ctx);
     }
 
+    /// Layers 0 .. count-1 recorded on the tape, every activation kept (the plain stack, and the
+    /// kept layers of a memory-saving one).
+    Tensor<T> recorded_layers(const Tensor<T>& x, std::size_t count, const LayerContext& ctx) const {
+        Block block = worker_;
+        Tensor<T> h = x;
+        for (std::size_t l = 0; l < count; ++l) {
+            bind(block, l, Binding::recorded);
+            h = kept_forward(block, h, layer_context(ctx, l, depth_));
+        }
+        return h;
+    }
+
     /// The first kept_ layers recorded on the tape, then the rest as one reversible custom op.
     Tensor<T> forward_reversible(const Tensor<T>& x, const LayerContext& ctx) const
         requires InvertibleLayer<Block>
     {
         const std::size_t kept = autodiff::is_grad_enabled() ? kept_ : 0;
-        Tensor<T> h = x;
-        if (kept > 0) {
-            Block block = worker_;
-            for (std::size_t l = 0; l < kept; ++l) {
-                bind(block, l, Binding::recorded);
-                h = kept_forward(block, h, layer_context(ctx, l, depth_));
-            }
-        }
+        const Tensor<T> h = recorded_layers(x, kept, ctx);
         return kept == depth_ ? h : reversible_layers(h, kept, ctx);
     }
 

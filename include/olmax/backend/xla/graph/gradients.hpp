@@ -18,15 +18,6 @@ namespace olmax::xla::graph {
 
 namespace detail {
 
-/// x [rows, T] moved `steps` (+1 or -1) positions along T: later (zeros enter at the front) or
-/// earlier (zeros enter at the end).
-inline var shift_steps(const var& x, std::int64_t steps) {
-    const std::int64_t rows = x.dims()[0], T = x.dims()[1];
-    if (T <= 1) return constant_like(x, 0.0);
-    if (steps > 0) return pad(slice(x, {0, 0}, {rows, T - 1}), {0, 1}, {0, 0});
-    return pad(slice(x, {0, 1}, {rows, T}), {0, 0}, {0, 1});
-}
-
 /// Copies the nodes of `src` that `results` need into `dst`, with src's inputs replaced by `args`;
 /// returns the copies of `results` (inlining a traced body).
 inline std::vector<var> inline_graph(graph& dst, const graph& src, const std::vector<var>& args, const std::vector<var>& results) {
@@ -243,9 +234,9 @@ inline std::vector<var> vjp(const std::vector<var>& outputs, const std::vector<v
                 // same recurrence run from the end with the gates one step earlier; dx = delta and
                 // da_t = delta_t h_{t-1} (h_{-1} = 0). The reverse scan mirrors it. Only h is kept.
                 const bool reverse = n.axis != 0;
-                const var delta = linear_scan_rows(detail::shift_steps(operand(0), reverse ? 1 : -1), gy, n.scan, !reverse);
+                const var delta = linear_scan_rows(shift(operand(0), 1, reverse ? 1 : -1), gy, n.scan, !reverse);
                 contribute(operand(1), delta);
-                contribute(operand(0), delta * detail::shift_steps(y, reverse ? -1 : 1));
+                contribute(operand(0), delta * shift(y, 1, reverse ? -1 : 1));
                 break;
             }
             case op::input: break;

@@ -431,6 +431,31 @@ inline var linear_scan_rows(const var& a, const var& x, const stablehlo::scan_st
 
 // ---- convenience forms (compositions of the primitives; they need no rules of their own) -------
 
+/// x moved |steps| positions along `axis`: later for steps > 0, zeros entering at the front (a
+/// causal shift), earlier for steps < 0, zeros entering at the end.
+inline var shift(const var& x, std::int64_t axis, std::int64_t steps) {
+    if (steps == 0) return x;
+    const auto a = static_cast<std::size_t>(axis);
+    check<graph_error>(axis >= 0 && a < x.type().rank(), "xla::graph: shift: axis ", axis, ", steps ", steps, " for ", x.type().str());
+    const std::int64_t by = steps > 0 ? steps : -steps;
+    if (by >= x.dims()[a]) return constant_like(x, 0.0);
+    dims_t start(x.type().rank(), 0), limit = x.dims(), low(x.type().rank(), 0), high(x.type().rank(), 0);
+    if (steps > 0) {  // keep the first T - by, pad in front
+        limit[a] -= by;
+        low[a] = by;
+    } else {  // keep the last T - by, pad at the end
+        start[a] = by;
+        high[a] = by;
+    }
+    return pad(slice(x, start, limit), low, high);
+}
+
+/// x shifted `steps` (>= 0) positions later along `axis`, zeros entering at the front.
+inline var shift_later(const var& x, std::int64_t axis, std::int64_t steps) {
+    check<graph_error>(steps >= 0, "xla::graph: shift_later: axis ", axis, ", steps ", steps, " for ", x.type().str());
+    return shift(x, axis, steps);
+}
+
 /// x broadcast to `out_dims` with numpy's trailing alignment (x's dims match the last ones or are 1).
 inline var broadcast_to(const var& x, const dims_t& out_dims) {
     if (x.dims() == out_dims) return x;

@@ -42,19 +42,6 @@ inline var leaky_relu(const var& x, double slope) {
     return select(compare(x, constant_like(x, 0.0), compare_direction::LT), x * slope, x);
 }
 
-/// x shifted `steps` positions later along `axis`, zeros entering at the front (causal shift).
-inline var shift_later(const var& x, std::int64_t axis, std::int64_t steps) {
-    if (steps == 0) return x;
-    const auto a = static_cast<std::size_t>(axis);
-    check<graph_error>(axis >= 0 && a < x.type().rank() && steps > 0, "xla::graph: shift_later: axis ", axis, ", steps ", steps, " for ",
-                       x.type().str());
-    dims_t start(x.type().rank(), 0), limit = x.dims(), low(x.type().rank(), 0), high(x.type().rank(), 0);
-    if (steps >= x.dims()[a]) return constant_like(x, 0.0);
-    limit[a] -= steps;
-    low[a] = steps;
-    return pad(slice(x, start, limit), low, high);
-}
-
 /// log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)), which never overflows (ops::softplus).
 inline var softplus(const var& x) {
     const var zero = constant_like(x, 0.0);
