@@ -15,6 +15,16 @@
 //   case_peer_hang    rank 1 sleeps past the timeout: rank 0 must time out within timeout + 3 s;
 //                     rank 1, waking up, must get an error too (over MPI the job is aborted while
 //                     rank 1 still sleeps: run_mpi.sh checks that instead).
+//   case_overlap      OverlappedAllreduce (the exchange during backward) gives exactly what
+//                     backward then allreduce_gradients gives: every gradient, bit for bit, and the
+//                     has-gradient flags (a parameter used on one rank per step, one used by none),
+//                     for buckets of 1 byte (each gradient alone), 100 bytes and 25 MiB, in float
+//                     and double, with backward on one thread and over data_parallel_backward shards,
+//                     over 5 steps (the first on the initial bucket plan, the rest on the learned one).
+//   case_overlap_peer_exit  rank 1 dies in the middle of its backward, after some buckets left:
+//                     rank 0's step must throw distributed_error within timeout + 3 s.
+//   case_overlap_abandon    rank 1's backward throws: rank 1 gets that exception and its reducer
+//                     refuses the next step; rank 0's step times out with distributed_error.
 
 #include <chrono>
 #include <cmath>
@@ -23,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -35,6 +46,7 @@
 #include <olmax/core/core.hpp>
 #include <olmax/distributed/communicator.hpp>
 #include <olmax/distributed/data_parallel.hpp>
+#include <olmax/distributed/overlapped_allreduce.hpp>
 #include <olmax/nn/linear.hpp>
 #include <olmax/ops/ops.hpp>
 #include <olmax/optim/adam.hpp>
@@ -293,6 +305,115 @@ inline void case_train(dist::Communicator& comm) {
     check_training<double>(comm);
 }
 
+// ---- overlap: OverlappedAllreduce equals allreduce_gradients ----------------------------------------
+
+/// The MLP plus a parameter that one rank per step gives a gradient (`some`) and one that no rank
+/// does (`none`), listed first: the gradients become final in another order than the reverse of
+/// the list (the reducer's first plan), so the plan it learns after step 1 differs.
+template <olmax::Real T>
+struct Partial {
+    Mlp<T> mlp;
+    Tensor<T> some, none;
+    explicit Partial(olmax::Generator& rng)
+        : mlp(rng), some(olmax::parameter(olmax::randn<T>({4}, rng))), none(olmax::parameter(olmax::randn<T>({3}, rng))) {}
+    std::vector<Tensor<T>> tensors() {
+        std::vector<Tensor<T>> t{some, none};
+        for (const auto& p : mlp.tensors()) t.push_back(p);
+        return t;
+    }
+    Tensor<T> loss(const Tensor<T>& x, const Tensor<T>& y, bool with_some) const {
+        const auto l = mlp.loss(x, y);
+        return with_some ? l + olmax::sum(some * some) * T(0.1) : l;
+    }
+};
+
+/// Every step's gradients (clones; undefined where none) after the exchange, then the parameters.
+template <olmax::Real T>
+std::vector<std::vector<Tensor<T>>> train_partial(dist::Communicator& comm, std::size_t bucket_bytes, bool overlap, std::size_t shards) {
+    olmax::Generator rng(7);  // the same on every rank
+    Partial<T> model(rng);
+    auto tensors = model.tensors();
+    const dist::BucketOptions buckets{bucket_bytes, {}};
+    std::optional<dist::OverlappedAllreduce<T>> reducer;
+    if (overlap) reducer.emplace(comm, tensors, dist::Reduction::mean, buckets);
+    const int ranks = comm.world_size(), rank = comm.rank();
+    std::vector<std::vector<Tensor<T>>> out;
+    for (int step = 0; step < train_steps; ++step) {
+        for (auto t : tensors) t.zero_grad();
+        const bool with_some = rank == step % ranks;
+        auto backward = [&] {
+            if (shards == 1) {
+                auto [x, y] = shard<T>(step, rank, ranks);
+                model.loss(x, y, with_some).backward();
+                return;
+            }
+            olmax::autodiff::data_parallel_backward<T>(tensors, shards, [&](std::size_t s) {
+                auto [x, y] = shard<T>(step, rank * int(shards) + int(s), ranks * int(shards));
+                return model.loss(x, y, with_some && s + 1 == shards);  // a private shard gradient
+            });
+        };
+        if (reducer) {
+            reducer->overlap(backward);
+            expect(reducer->reported_during_backward() == tensors.size(), "overlap: ", reducer->reported_during_backward(), " of ",
+                   tensors.size(), " gradients were reported final during backward");
+        } else {
+            backward();
+            dist::allreduce_gradients<T>(comm, tensors, dist::Reduction::mean, buckets);
+        }
+        std::vector<Tensor<T>> grads;
+        for (auto t : tensors) {
+            grads.push_back(t.grad().defined() ? t.grad().clone() : Tensor<T>());
+            if (t.grad().defined())
+                for (std::size_t k = 0; k < t.size(); ++k) t.data()[k] -= T(0.05) * t.grad().data()[k];
+        }
+        out.push_back(std::move(grads));
+        if (reducer && step == 0 && bucket_bytes == 1 && shards == 1) {
+            // Rank 0 (which uses `some` in step 0) saw: none, some, then the layers from the output down.
+            const std::vector<std::size_t> learned{1, 0, 5, 4, 3, 2};
+            expect(reducer->order() == learned, "overlap: the bucket order after step 1 is not rank 0's order of final gradients");
+            if (rank == 0)
+                std::printf("overlap (%s): %zu buckets of 1 byte; %zu reduced during the backward of step 1; order learned then: 1 0 5 4 3 2\n",
+                            std::string(olmax::dtype_name<T>()).c_str(), reducer->buckets().size(), reducer->reduced_during_backward());
+        }
+    }
+    out.push_back(tensors);
+    return out;
+}
+
+template <olmax::Real T>
+void check_overlap(dist::Communicator& comm) {
+    for (std::size_t shards : {std::size_t(1), std::size_t(2)})
+        for (std::size_t bucket_bytes : {std::size_t(1), std::size_t(100), std::size_t(25) << 20}) {
+            const auto plain = train_partial<T>(comm, bucket_bytes, false, shards);
+            const auto overlapped = train_partial<T>(comm, bucket_bytes, true, shards);
+            const std::string what = olmax::detail::concat("overlap (", olmax::dtype_name<T>(), ", buckets of ", bucket_bytes, " bytes, ", shards,
+                                                           " shard(s) per rank)");
+            for (std::size_t step = 0; step < plain.size(); ++step)
+                for (std::size_t i = 0; i < plain[step].size(); ++i) {
+                    const auto& a = plain[step][i];
+                    const auto& b = overlapped[step][i];
+                    expect(a.defined() == b.defined(), what, ": step ", step, " parameter ", i, " has a gradient in one path only");
+                    expect(!a.defined() || same_bits<T>(a.span(), b.span()), what, ": step ", step, " parameter ", i,
+                           " differs from backward + allreduce_gradients");
+                }
+            const std::size_t some = 0, none = 1;
+            for (std::size_t step = 0; step + 1 < plain.size(); ++step) {
+                expect(overlapped[step][some].defined(), what, ": the parameter one rank used has no gradient at step ", step);
+                expect(!overlapped[step][none].defined(), what, ": the parameter no rank used has a gradient at step ", step);
+            }
+        }
+    std::printf("overlap (%s): %d ranks, 5 steps, buckets of 1 B / 100 B / 25 MiB, 1 and 2 thread shards per rank: "
+                "bit-identical to backward + allreduce_gradients, flags included\n",
+                std::string(olmax::dtype_name<T>()).c_str(), comm.world_size());
+}
+
+inline void case_overlap(dist::Communicator& comm) {
+    const auto start = Clock::now();
+    check_overlap<float>(comm);
+    check_overlap<double>(comm);
+    std::printf("rank %d: overlap checks took %.2f s\n", comm.rank(), seconds_since(start));
+}
+
 // ---- faults --------------------------------------------------------------------------------------
 
 /// Runs `body`, which must throw distributed_error naming `operation` and this rank within
@@ -327,6 +448,72 @@ inline void case_peer_exit(dist::Communicator& comm) {
     std::vector<float> data(1 << 16, 1.0f);
     const double limit = std::chrono::duration<double>(comm.default_timeout()).count() + 3;
     expect_failure(comm, "allreduce", limit, [&] { comm.allreduce(std::span<float>(data)); });
+}
+
+/// One overlapped step of the partial model whose backward runs `midway` between the layers (after
+/// the output layer's gradients are final and have left in buckets of their own).
+inline void overlap_step(dist::OverlappedAllreduce<float>& reducer, Partial<float>& model, const std::function<void()>& midway) {
+    reducer.overlap([&] {
+        auto [x, y] = shard<float>(0, 0, 1);
+        auto h = olmax::tanh(model.mlp.hidden.forward(x));
+        h = olmax::autodiff::custom_op<float>("midway", h, {h}, [&](const Tensor<float>& dh, olmax::autodiff::GradientSink<float>& g) {
+            midway();
+            g.add(0, dh);
+        });
+        olmax::mean(olmax::square(model.mlp.out.forward(h) - y)).backward();
+    });
+}
+
+inline void case_overlap_peer_exit(dist::Communicator& comm) {
+    olmax::Generator rng(7);
+    Partial<float> model(rng);
+    dist::OverlappedAllreduce<float> reducer(comm, model.tensors(), dist::Reduction::mean, {1, {}});
+    overlap_step(reducer, model, [] {});  // a good step first
+    comm.barrier();
+    const double limit = std::chrono::duration<double>(comm.default_timeout()).count() + 3;
+    expect_failure(comm, "allreduce", limit, [&] {
+        overlap_step(reducer, model, [&] {
+            if (comm.rank() == 1) std::_Exit(0);  // dies with buckets in flight, no clean-up
+        });
+    });
+    bool refused = false;
+    try {
+        overlap_step(reducer, model, [] {});
+    } catch (const dist::distributed_error& e) {
+        refused = std::string_view(e.what()).find("unusable") != std::string_view::npos;
+    }
+    expect(refused, "the reducer accepted a step after a failed one");
+}
+
+inline void case_overlap_abandon(dist::Communicator& comm) {
+    olmax::Generator rng(7);
+    Partial<float> model(rng);
+    dist::OverlappedAllreduce<float> reducer(comm, model.tensors(), dist::Reduction::mean, {1, {}});
+    overlap_step(reducer, model, [] {});
+    comm.barrier();
+    const auto timeout = comm.default_timeout();
+    const double timeout_s = std::chrono::duration<double>(timeout).count();
+    if (comm.rank() == 1) {
+        std::string message;
+        try {
+            overlap_step(reducer, model, [] { throw std::runtime_error("backward failed on purpose"); });
+        } catch (const std::runtime_error& e) {
+            message = e.what();
+        }
+        expect(message == "backward failed on purpose", "the backward's own exception did not pass through overlap(): '", message, "'");
+        bool refused = false;
+        try {
+            overlap_step(reducer, model, [] {});
+        } catch (const dist::distributed_error& e) {
+            refused = std::string_view(e.what()).find("abandoned") != std::string_view::npos;
+        }
+        expect(refused, "the reducer accepted a step after an abandoned one");
+        std::this_thread::sleep_for(timeout + std::chrono::seconds(1));  // stay alive: rank 0 must time out, not see an exit
+        return;
+    }
+    const auto start = Clock::now();
+    expect_failure(comm, "allreduce", timeout_s + 3, [&] { overlap_step(reducer, model, [] {}); });
+    expect(seconds_since(start) >= timeout_s * 0.9, "the overlapped step failed before its timeout although the peer was alive");
 }
 
 inline void case_peer_hang(dist::Communicator& comm) {

@@ -3,7 +3,8 @@
 //
 //   test_distributed_mpi --case=NAME [--timeout_ms=T]
 //
-// Cases (cases.hpp, shared with the Gloo test): collectives, train, peer_exit, peer_hang; and
+// Cases (cases.hpp, shared with the Gloo test): collectives, train, overlap (the collectives on
+// OverlappedAllreduce's worker thread: MPI_THREAD_SERIALIZED suffices), peer_exit, peer_hang; and
 //   collectives  also: allreduce and broadcast in several rounds (max_count 1000), two
 //                communicators side by side, bad options refused, MPI finalised by olmax once
 //                the last communicator is gone (a new one is then refused with distributed_error).
@@ -155,7 +156,7 @@ int main(int argc, char** argv) {
     };
     if (name == "collectives") return checked([&] { case_mpi_collectives(timeout_ms); std::printf("all checks passed\n"); });
     if (name == "adopt") return checked([&] { case_adopt(timeout_ms); std::printf("all checks passed\n"); });
-    if (name != "train" && name != "peer_exit" && name != "peer_hang") {
+    if (name != "train" && name != "overlap" && name != "peer_exit" && name != "peer_hang") {
         std::fprintf(stderr, "test_distributed_mpi: unknown case '%s'\n", name.c_str());
         return 2;
     }
@@ -166,6 +167,7 @@ int main(int argc, char** argv) {
         comm = std::make_unique<dist::MpiCommunicator>(options);
         std::printf("rank %d of %d: MPI communicator ready\n", comm->rank(), comm->world_size());
         if (name == "train") case_train(*comm);
+        else if (name == "overlap") case_overlap(*comm);
         else if (name == "peer_exit") case_peer_exit(*comm);
         else case_peer_hang(*comm);
         std::printf("rank %d: all checks passed\n", comm->rank());

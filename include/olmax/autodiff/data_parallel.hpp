@@ -13,15 +13,24 @@
 // (`private_gradients`), which are added to the parameters after all shards finished, in shard
 // order. The result is therefore the same for a given shard count whatever the thread count or
 // scheduling, and equal up to rounding to differentiating the shards one after another.
+//
+// With a `gradient_ready_hook` on the calling thread (gradient_hooks.hpp; a reducer that overlaps
+// the exchange with backward), each shard reports its own parameters as they become final; the
+// shard that finishes a parameter last adds the private gradients into it, in shard order (the
+// same additions as without the hook, so bit for bit the same result), and tells the hook. The
+// sum then happens during backward instead of after it.
 
 #include <cstddef>
 #include <exception>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
+#include "olmax/autodiff/gradient_hooks.hpp"
 #include "olmax/autodiff/gradient_sink.hpp"
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
@@ -51,8 +60,45 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
                               "data_parallel_backward: every listed parameter must be a defined leaf tensor that requires grad");
     std::vector<double> losses(shards, 0.0);
     std::vector<std::exception_ptr> errors(shards);
-    // private_gradients[s][i]: shard s's gradient for parameters[i] (shards >= 1; undefined if none).
-    std::vector<std::vector<Tensor<T>>> private_grads(shards);
+    // private_grads[s][i]: shard s's gradient for parameters[i] (s >= 1; undefined if none).
+    std::vector<std::vector<Tensor<T>>> private_grads(shards, std::vector<Tensor<T>>(parameters.size()));
+    // Sums shard 1.. into parameter i's own gradient, in shard order (shard 0 added there directly).
+    auto sum_shards = [&](std::size_t i) {
+        for (std::size_t s = 1; s < shards; ++s)
+            if (private_grads[s][i].defined()) accumulate_grad(olmax::detail::impl_of(parameters[i]), std::move(private_grads[s][i]), "data_parallel_backward");
+    };
+
+    // The caller's gradient hook, if any: parameter i is final for it once every shard finished it.
+    gradient_ready_hook<T>* const outer = gradient_ready_hook<T>::active();
+    std::vector<std::size_t> hook_index(parameters.size(), std::size_t(-1));  // parameter -> the outer hook's leaf index
+    std::vector<std::size_t> shards_done(parameters.size(), 0);
+    std::mutex count_mutex, notify_mutex;
+    if (outer) {
+        std::unordered_map<const void*, std::size_t> leaf_of;
+        for (std::size_t j = 0; j < outer->leaves().size(); ++j) leaf_of.emplace(&olmax::detail::impl_of(outer->leaves()[j]), j);
+        std::vector<bool> covered(outer->leaves().size(), false);
+        for (std::size_t i = 0; i < parameters.size(); ++i)
+            if (const auto it = leaf_of.find(&olmax::detail::impl_of(parameters[i])); it != leaf_of.end()) {
+                hook_index[i] = it->second;
+                covered[it->second] = true;
+            }
+        for (std::size_t j = 0; j < covered.size(); ++j)  // not a parameter here: no gradient reaches it
+            if (!covered[j]) outer->notify(j);
+    }
+    // Shard s finished parameter i (under a gradient hook, on the shard's thread).
+    auto shard_finished = [&](std::size_t s, std::size_t i, const private_gradients<T>* redirect) {
+        if (redirect) private_grads[s][i] = redirect->grad(parameters[i]);
+        {
+            std::lock_guard lock(count_mutex);  // also publishes private_grads[s][i] to the last shard
+            if (++shards_done[i] < shards) return;
+        }
+        typename private_gradients<T>::suspend own;  // add into the parameter's own gradient, not this shard's buffer
+        sum_shards(i);
+        if (hook_index[i] != std::size_t(-1)) {
+            std::lock_guard lock(notify_mutex);
+            outer->notify(hook_index[i]);
+        }
+    };
 
     auto run_shard = [&](std::size_t s) {
         try {
@@ -60,14 +106,16 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
             if (s > 0) redirect.emplace(parameters);
             {
                 tape_scope tape;
+                std::optional<gradient_ready_hook<T>> hook;  // this shard's own: the caller's does not see shard passes
+                if (outer) hook.emplace(parameters, [&, s](std::size_t i) { shard_finished(s, i, redirect ? &*redirect : nullptr); });
                 Tensor<T> loss = shard_loss(s);
                 check<shape_error>(loss.size() == 1, "data_parallel_backward: shard ", s, " returned a loss of shape ",
                                    to_string(loss.shape()), "; expected a scalar");
                 losses[s] = double(loss.item());
                 loss.backward();
             }
-            if (redirect)
-                for (const auto& p : parameters) private_grads[s].push_back(redirect->grad(p));
+            if (redirect && !outer)
+                for (std::size_t i = 0; i < parameters.size(); ++i) private_grads[s][i] = redirect->grad(parameters[i]);
         } catch (...) {
             errors[s] = std::current_exception();
         }
@@ -78,9 +126,8 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
     });
     for (const auto& e : errors)
         if (e) std::rethrow_exception(e);
-    for (std::size_t s = 1; s < shards; ++s)
-        for (std::size_t i = 0; i < parameters.size(); ++i)
-            if (private_grads[s][i].defined()) accumulate_grad(olmax::detail::impl_of(parameters[i]), std::move(private_grads[s][i]), "data_parallel_backward");
+    if (!outer)
+        for (std::size_t i = 0; i < parameters.size(); ++i) sum_shards(i);
     return losses;
 }
 

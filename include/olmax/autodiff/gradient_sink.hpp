@@ -35,6 +35,19 @@ public:
     private_gradients(const private_gradients&) = delete;
     private_gradients& operator=(const private_gradients&) = delete;
 
+    /// RAII: while alive, this thread's gradients go to the tensors' own `grad()` again, past every
+    /// active scope (a shard thread that adds finished shard gradients into the shared ones).
+    class suspend {
+    public:
+        suspend() : saved_(std::exchange(active(), nullptr)) {}
+        ~suspend() { active() = saved_; }
+        suspend(const suspend&) = delete;
+        suspend& operator=(const suspend&) = delete;
+
+    private:
+        private_gradients* saved_;
+    };
+
     /// The gradient collected for `t` (undefined when none arrived or `t` was not listed).
     Tensor<T> grad(const Tensor<T>& t) const {
         const auto it = t.defined() ? buffers_.find(&olmax::detail::impl_of(t)) : buffers_.end();

@@ -45,6 +45,9 @@ public:
     virtual ~NodeBase() = default;
     virtual void run_backward() = 0;
     virtual std::string_view name() const = 0;
+    /// Appends the identities (TensorImpl addresses) of the inputs this node adds gradients into;
+    /// false when it cannot tell, and a gradient hook (gradient_hooks.hpp) then assumes any.
+    virtual bool gradient_inputs(std::vector<const void*>&) const { return false; }
 };
 
 /// An append-only list of nodes; `id` changes whenever the tape is cleared so that handles into a
@@ -70,6 +73,23 @@ inline std::vector<std::unique_ptr<Tape>>& tape_stack() {
         return root;
     }();
     return stack;
+}
+
+/// Told about the reverse passes of this thread (gradient_hooks.hpp implements it). Only the
+/// outermost pass is reported: `backward` hides the observer from the passes its nodes run inside
+/// (a reversible block's recompute), whose gradients reach leaves through the outer node anyway.
+class BackwardObserver {
+public:
+    virtual ~BackwardObserver() = default;
+    /// Nodes count-1 down to 0 of `tape` are about to run (count 0: the root is a leaf).
+    virtual void before_nodes(const Tape& tape, std::size_t count) = 0;
+    virtual void after_node(std::size_t index) = 0;
+    virtual void after_nodes() = 0;
+};
+
+inline BackwardObserver*& backward_observer() {
+    thread_local BackwardObserver* observer = nullptr;
+    return observer;
 }
 
 /// Whether the node `handle` points at is on one of this thread's live tapes.
@@ -120,6 +140,12 @@ public:
     }
 
     std::string_view name() const override { return name_; }
+
+    bool gradient_inputs(std::vector<const void*>& out) const override {
+        for (const auto& in : inputs_)
+            if (in) out.push_back(in.get());
+        return true;
+    }
 
     void run_backward() override {
         std::vector<Tensor<T>> grads(outputs_.size());
@@ -203,12 +229,24 @@ void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_g
         throw autodiff_error("backward: the tensor was recorded on another tape (an enclosing tape_scope, another thread, "
                              "or a graph that an earlier backward() freed)");
     accumulate_grad(olmax::detail::impl_of(root), grad_output, "backward");
-    if (root.is_leaf()) return;
+    // A gradient hook sees this pass only, not the ones nested in its nodes; null (the usual case)
+    // costs one branch per node.
+    detail::BackwardObserver* const observer = std::exchange(detail::backward_observer(), nullptr);
+    struct restore {
+        detail::BackwardObserver* observer;
+        ~restore() { detail::backward_observer() = observer; }
+    } restore_observer{observer};
+    const std::size_t count = root.is_leaf() ? 0 : handle.index + 1;
+    if (observer) observer->before_nodes(tape, count);
     {
         no_grad guard;  // backward closures compute with plain tensors; they re-enable grad explicitly if they recompute
-        for (std::size_t i = handle.index + 1; i-- > 0;) tape.nodes[i]->run_backward();
+        for (std::size_t i = count; i-- > 0;) {
+            tape.nodes[i]->run_backward();
+            if (observer) observer->after_node(i);
+        }
     }
-    if (!retain_graph) clear_tape();
+    if (observer) observer->after_nodes();
+    if (!root.is_leaf() && !retain_graph) clear_tape();
 }
 
 }  // namespace olmax::autodiff
