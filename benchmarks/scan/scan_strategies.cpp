@@ -8,7 +8,8 @@
 //
 // Timings are of the kernels on preallocated buffers (forward: run_forward; backward: the fused
 // reverse scan writing dx and da), median of repeats after one warm-up run. Useful traffic:
-// forward 3 values per element (read a, read x, write h), backward 5 (read dh, a, h; write dx, da).
+// forward 3 values per element (read a, read x, write h), backward 5 (read dh, a, h; write dx, da);
+// 4 bytes a value in float32 rows, 2 in the bfloat16 rows (float carries, same kernels).
 #include <olmax/olmax.hpp>
 #include <olmax/scan/scan.hpp>
 
@@ -157,13 +158,31 @@ double normwise_error(const Tensor<float>& got, const Tensor<float>& ref) {
     return scale > 0 ? err / scale : err;
 }
 
+/// The fp64-accumulated backward from a given saved h (the reference's own, or a rounded copy).
+void compute_reference_backward(Problem& p, const Tensor<float>& h) {
+    const auto g = sc::detail::make_geometry<float>("reference", p.a, p.x, {});
+    p.dx_ref = Tensor<float>::uninitialized(p.x.shape());
+    p.da_ref = Tensor<float>::uninitialized(p.x.shape());
+    backward_kernel<sc::sequential_fp64, olmax::backend::cpu_openmp>(g, p, h, p.dx_ref, p.da_ref, 0);
+}
+
 void compute_reference(Problem& p) {
     const auto g = sc::detail::make_geometry<float>("reference", p.a, p.x, {});
     p.h_ref = Tensor<float>::uninitialized(p.x.shape());
-    p.dx_ref = Tensor<float>::uninitialized(p.x.shape());
-    p.da_ref = Tensor<float>::uninitialized(p.x.shape());
     forward_kernel<sc::sequential_fp64, olmax::backend::cpu_openmp>(g, p, p.h_ref, 0);
-    backward_kernel<sc::sequential_fp64, olmax::backend::cpu_openmp>(g, p, p.h_ref, p.dx_ref, p.da_ref, 0);
+    compute_reference_backward(p, p.h_ref);
+}
+
+/// A row's strategy label: the strategy with its chunk, sharing and a suffix.
+template <class S>
+std::string label(const Problem& p, const std::string& suffix) {
+    std::ostringstream out;  // (ostringstream: GCC 12's -Wrestrict misfires on chained string +)
+    out << S::name;
+    if constexpr (requires { S::chunk; })
+        if (!std::is_same_v<S, sc::log_space>) out << '<' << S::chunk << '>';
+    if (p.H != p.C) out << "[shared P=" << p.C / p.H << ']';
+    out << suffix;
+    return out.str();
 }
 
 struct Bench {
@@ -177,13 +196,7 @@ struct Bench {
         const auto g = sc::detail::make_geometry<float>("bench", p.a, p.x, {});
         const std::size_t chunk = sc::detail::default_chunk<S>();
         const std::size_t n = p.B * p.T * p.C;
-        std::ostringstream label;  // (ostringstream: GCC 12's -Wrestrict misfires on chained string +)
-        label << S::name;
-        if constexpr (requires { S::chunk; })
-            if (!std::is_same_v<S, sc::log_space>) label << '<' << S::chunk << '>';
-        if (p.H != p.C) label << "[shared P=" << p.C / p.H << ']';
-        label << label_suffix;
-        const std::string name = label.str();
+        const std::string name = label<S>(p, label_suffix);
         if (!filter.empty() && name.find(filter) == std::string::npos) return;
         auto h = Tensor<float>::uninitialized(p.x.shape());
         const double fs = time_median([&] { forward_kernel<S, Bk>(g, p, h, chunk); }, repeats);
@@ -199,6 +212,47 @@ struct Bench {
         const double bwd_bytes = double(n) * 4 * 4 + double(p.B * p.T * p.H) * 4;
         Row b{name, std::string(Bk::name), "bwd", p.B, p.T, p.C, "float32", bs, bwd_bytes / bs / 1e9, roof.r3w2, 0, double(n) / bs / 1e9,
               std::max(normwise_error(dx, p.dx_ref), p.H == p.C ? normwise_error(da, p.da_ref) : 0.0)};
+        b.roofline_fraction = b.gbps / roof.r3w2;
+        print_row(b);
+        rows.push_back(b);
+    }
+
+    /// The same kernels on bfloat16 storage (float carries): half the bytes per element. The
+    /// roofline is the fp32 triad / 3R2W in bytes, so the fraction compares bytes moved; the
+    /// error is against the fp64 scan of the bf16-rounded inputs.
+    template <class S, class Bk>
+    void run_bf16(const Problem& p, const std::string& label_suffix = "", bool backward = true) {
+        using olmax::bfloat16;
+        const std::string name = label<S>(p, "[bf16]" + label_suffix);
+        if (!filter.empty() && name.find(filter) == std::string::npos) return;
+        const Tensor<bfloat16> a = olmax::cast<bfloat16>(p.a), x = olmax::cast<bfloat16>(p.x), dh = olmax::cast<bfloat16>(p.dh);
+        Problem wide{p.B, p.T, p.C, p.H, p.gate_value, olmax::cast<float>(a), olmax::cast<float>(x), olmax::cast<float>(dh), {}, {}, {}};
+        compute_reference(wide);
+        const auto g = sc::detail::make_geometry<bfloat16>("bench", a, x, {});
+        const std::size_t chunk = sc::detail::default_chunk<S>();
+        const std::size_t n = p.B * p.T * p.C;
+        olmax::backend::host_kernels_scope on_kernels(olmax::backend::kernels<Bk>());
+        auto h = Tensor<bfloat16>::uninitialized(x.shape());
+        const double fs = time_median([&] {
+            sc::detail::run_forward<S>(g, sc::detail::ForwardArgs<bfloat16>{a.data(), x.data(), nullptr, h.data(), nullptr}, chunk);
+        }, repeats);
+        const double fwd_bytes = double(n) * 2 * 2 + double(p.B * p.T * p.H) * 2;
+        Row f{name, std::string(Bk::name), "fwd", p.B, p.T, p.C, "bfloat16", fs, fwd_bytes / fs / 1e9, roof.triad, 0, double(n) / fs / 1e9,
+              normwise_error(olmax::cast<float>(h), wide.h_ref)};
+        f.roofline_fraction = f.gbps / roof.triad;
+        print_row(f);
+        rows.push_back(f);
+        if (!backward) return;
+        const Tensor<bfloat16> h_saved = olmax::cast<bfloat16>(wide.h_ref);
+        compute_reference_backward(wide, olmax::cast<float>(h_saved));
+        auto dx = Tensor<bfloat16>::uninitialized(x.shape()), da = Tensor<bfloat16>::uninitialized(x.shape());
+        const double bs = time_median([&] {
+            sc::detail::run_backward<S>(g, sc::detail::BackwardArgs<bfloat16>{dh.data(), nullptr, a.data(), h_saved.data(), nullptr, dx.data(),
+                                                                              da.data(), nullptr}, chunk);
+        }, repeats);
+        const double bwd_bytes = double(n) * 2 * 4 + double(p.B * p.T * p.H) * 2;
+        Row b{name, std::string(Bk::name), "bwd", p.B, p.T, p.C, "bfloat16", bs, bwd_bytes / bs / 1e9, roof.r3w2, 0, double(n) / bs / 1e9,
+              std::max(normwise_error(olmax::cast<float>(dx), wide.dx_ref), normwise_error(olmax::cast<float>(da), wide.da_ref))};
         b.roofline_fraction = b.gbps / roof.r3w2;
         print_row(b);
         rows.push_back(b);
@@ -261,6 +315,8 @@ int main(int argc, char** argv) {
         compute_reference(p);
         bench.run<sc::sequential_vectorized, omp>(p);
         bench.run<sc::two_pass, omp>(p, "", !quick);
+        bench.run_bf16<sc::sequential_vectorized, omp>(p);
+        bench.run_bf16<sc::two_pass, omp>(p, "", !quick);
         if (!quick) {
             bench.run<sc::sequential, omp>(p);
             bench.run<sc::sequential_vectorized, ser>(p);
@@ -282,6 +338,7 @@ int main(int argc, char** argv) {
         bench.run<sc::two_pass, omp>(p);
         bench.run<sc::two_pass, ser>(p);
         bench.run<sc::sequential_vectorized, omp>(p);
+        bench.run_bf16<sc::two_pass, omp>(p);
     }
     // 4. T = 4096, C = 256: every strategy (hillis_steele_chunked vs hillis_steele, matmul forms).
     auto all_strategies = [&](Problem& p, bool serial_too) {
@@ -294,6 +351,9 @@ int main(int argc, char** argv) {
         bench.run<sc::blelloch, omp>(p);
         bench.run<sc::chunked_matmul<128>, omp>(p);
         bench.run<sc::log_space, omp>(p);
+        bench.run_bf16<sc::sequential_vectorized, omp>(p);
+        bench.run_bf16<sc::two_pass, omp>(p);
+        bench.run_bf16<sc::chunked_matmul<128>, omp>(p);
         if (serial_too) {
             bench.run<sc::sequential_vectorized, ser>(p);
             bench.run<sc::hillis_steele, ser>(p);

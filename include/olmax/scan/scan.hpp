@@ -20,11 +20,13 @@
 // Which kernel family runs a strategy, forward and backward, on each geometry: the strategy table
 // in scan/detail/dispatch.hpp.
 
+#include <concepts>
 #include <string>
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/core/bfloat16.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/scan/detail/dispatch.hpp"
 #include "olmax/scan/detail/problem.hpp"
@@ -34,11 +36,59 @@
 
 namespace olmax::scan {
 
+/// The element types a scan stores: float and double (differentiable on the tape), and bfloat16
+/// (storage only, half the bytes: carries and every intermediate are float, see
+/// detail::accumulator_t; the gradient is `scan_backward`, called explicitly).
+template <class T>
+concept ScanElement = Real<T> || std::same_as<T, bfloat16>;
+
+/// The gradients of a scan with respect to its inputs (`scan_backward`): d gates (the gates'
+/// shape; d(log a) when opt.log_gates), dx, and dh0 (defined when h0 was given).
+template <class T>
+struct ScanGradients {
+    Tensor<T> gates;
+    Tensor<T> x;
+    Tensor<T> h0;
+};
+
+namespace detail {
+
+/// The adjoint of a forward scan of geometry g from its saved gates, h and h0 and the upstream
+/// gradients dh and dh_last (may be undefined: zero).
+template <class Strategy, ScanElement T>
+ScanGradients<T> scan_gradients(const Geometry& g, std::size_t chunk, const Tensor<T>& gates, const Tensor<T>& h, const Tensor<T>& h0,
+                                const Tensor<T>& dh, const Tensor<T>& dh_last, bool want_dh0) {
+    using Acc = accumulator_t<Strategy, T>;
+    ScanGradients<T> out{Tensor<T>(), Tensor<T>::uninitialized(dh.shape()), Tensor<T>()};
+    auto da = Tensor<T>::uninitialized(dh.shape());
+    if (want_dh0) out.h0 = Tensor<T>::uninitialized({g.batch, g.channels});
+    BackwardArgs<T> args{dh.data(),  dh_last.defined() ? dh_last.data() : nullptr, gates.data(), h.data(), h0.defined() ? h0.data() : nullptr,
+                         out.x.data(), da.data(), want_dh0 ? out.h0.data() : nullptr};
+    run_backward<Strategy>(g, args, chunk);
+    if (g.share == 1) {
+        out.gates = da;
+    } else {  // shared gates: sum the per-channel gate gradients over each head, in the accumulator
+        std::vector<Acc> sums(gates.size(), Acc(0));
+        for (std::size_t b = 0; b < g.batch; ++b)
+            for (std::size_t t = 0; t < g.time; ++t)
+                for (std::size_t c = 0; c < g.channels; ++c) sums[g.gate_index(b, t, c)] += Acc(da.data()[g.x_index(b, t, c)]);
+        out.gates = Tensor<T>::uninitialized(gates.shape());
+        for (std::size_t i = 0; i < sums.size(); ++i) out.gates.data()[i] = T(sums[i]);
+    }
+    return out;
+}
+
+}  // namespace detail
+
 /// Scans h_t = a_t h_{t-1} + x_t with strategy `Strategy` on the inputs' device, returning h (shape of
 /// x) and the final state h_last ([batch, channels], the state after the last processed step).
-/// Differentiable in gates, x and opt.h0. Throws shape_error / value_error on mismatched shapes,
-/// T = 0, empty rows or a chunk size < 1; NaN gates or inputs propagate as NaN.
-template <class Strategy, Real T>
+/// float and double: differentiable in gates, x and opt.h0. bfloat16: storage only (not recorded on
+/// the tape; `scan_backward` gives its gradients), computed with float carries and each h rounded
+/// once to bfloat16: |h - h_exact| <= 2^-8 |h_exact| plus the float recurrence's own rounding (see
+/// docs/BF16.md, "Scans in bf16 storage").
+/// Throws shape_error / value_error on mismatched shapes, T = 0, empty rows or a chunk size < 1; NaN
+/// gates or inputs propagate as NaN.
+template <class Strategy, ScanElement T>
 ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const ScanOptions<T>& opt = {}) {
     static_assert(detail::is_strategy<Strategy>,
                   "olmax::scan: unknown strategy tag; use one of the types in olmax/scan/strategies.hpp");
@@ -51,46 +101,56 @@ ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const 
     const T* h0 = opt.h0.defined() ? opt.h0.data() : nullptr;
     detail::run_forward<Strategy>(g, detail::ForwardArgs<T>{gates.data(), x.data(), h0, result.h.data(), result.h_last.data()}, chunk);
 
-    std::vector<Tensor<T>> inputs{gates, x, opt.h0};
-    if (!autodiff::should_record(std::span<const Tensor<T>>(inputs))) return result;
-    std::vector<Tensor<T>> outputs{result.h, result.h_last};
-    autodiff::record<T>(
-        op, inputs, outputs,
-        [g, chunk, saved_gates = gates.detach(), saved_h = result.h.detach(),
-         saved_h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>()](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
-            const Tensor<T>& dh = grads[0];
-            const Tensor<T>& dh_last = grads[1];
-            auto dx = Tensor<T>::uninitialized(dh.shape());
-            auto da = Tensor<T>::uninitialized(dh.shape());
-            Tensor<T> dh0 = sink.needs(2) ? Tensor<T>::uninitialized({g.batch, g.channels}) : Tensor<T>();
-            detail::BackwardArgs<T> args{dh.data(),  dh_last.data(), saved_gates.data(),
-                                         saved_h.data(), saved_h0.defined() ? saved_h0.data() : nullptr,
-                                         dx.data(),  da.data(),      dh0.defined() ? dh0.data() : nullptr};
-            detail::run_backward<Strategy>(g, args, chunk);
-            if (sink.needs(0)) {
-                if (g.share == 1) {
-                    sink.add(0, da);
-                } else {  // shared gates: sum the per-channel gate gradients over each head
-                    Tensor<T> d_gates(saved_gates.shape());
-                    for (std::size_t b = 0; b < g.batch; ++b)
-                        for (std::size_t t = 0; t < g.time; ++t)
-                            for (std::size_t c = 0; c < g.channels; ++c)
-                                d_gates.data()[g.gate_index(b, t, c)] += da.data()[g.x_index(b, t, c)];
-                    sink.add(0, d_gates);
-                }
-            }
-            sink.add(1, dx);
-            if (dh0.defined()) sink.add(2, dh0);
-        });
-    result.h = outputs[0];
-    result.h_last = outputs[1];
+    if constexpr (Real<T>) {
+        std::vector<Tensor<T>> inputs{gates, x, opt.h0};
+        if (!autodiff::should_record(std::span<const Tensor<T>>(inputs))) return result;
+        std::vector<Tensor<T>> outputs{result.h, result.h_last};
+        autodiff::record<T>(
+            op, inputs, outputs,
+            [g, chunk, saved_gates = gates.detach(), saved_h = result.h.detach(),
+             saved_h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>()](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
+                ScanGradients<T> d = detail::scan_gradients<Strategy>(g, chunk, saved_gates, saved_h, saved_h0, grads[0], grads[1], sink.needs(2));
+                if (sink.needs(0)) sink.add(0, d.gates);
+                sink.add(1, d.x);
+                if (d.h0.defined()) sink.add(2, d.h0);
+            });
+        result.h = outputs[0];
+        result.h_last = outputs[1];
+    }
     return result;
 }
 
 /// Scans and returns h only (see scan_with_state).
-template <class Strategy, Real T>
+template <class Strategy, ScanElement T>
 Tensor<T> scan(const Tensor<T>& gates, const Tensor<T>& x, const ScanOptions<T>& opt = {}) {
     return scan_with_state<Strategy>(gates, x, opt).h;
+}
+
+/// The gradients of `scan_with_state<Strategy>(gates, x, opt)` from its gates, its output h, opt.h0
+/// and the upstream gradients dh (shape of h) and dh_last ([batch, channels]; undefined: zero), for
+/// code that runs its own backward pass (custom ops, bf16 storage). The same exact, linear-memory
+/// adjoint the tape uses (see the top of this file); x itself is not needed. bfloat16 computes in
+/// float and rounds each output once.
+template <class Strategy, ScanElement T>
+ScanGradients<T> scan_backward(const Tensor<T>& gates, const Tensor<T>& h, const Tensor<T>& dh, const ScanOptions<T>& opt = {},
+                               const Tensor<T>& dh_last = {}) {
+    static_assert(detail::is_strategy<Strategy>,
+                  "olmax::scan: unknown strategy tag; use one of the types in olmax/scan/strategies.hpp");
+    const std::string op = olmax::detail::concat("scan_backward<", Strategy::name, ">");
+    backend::op_scope on(op, gates, h, dh, dh_last, opt.h0);
+    const detail::Geometry g = detail::make_geometry(op, gates, h, opt);
+    check<shape_error>(dh.defined() && dh.shape() == h.shape(), op, ": dh of shape ", dh.defined() ? to_string(dh.shape()) : "(undefined)",
+                       " does not match h of shape ", to_string(h.shape()));
+    if (dh_last.defined())
+        check<shape_error>(dh_last.rank() == 2 && dh_last.extent(0) == g.batch && dh_last.extent(1) == g.channels, op, ": dh_last of shape ",
+                           to_string(dh_last.shape()), " does not match [batch, channels] = [", g.batch, ", ", g.channels, "]");
+    const std::size_t chunk = opt.chunk ? static_cast<std::size_t>(*opt.chunk) : detail::default_chunk<Strategy>();
+    if constexpr (Real<T>) {
+        return detail::scan_gradients<Strategy>(g, chunk, gates.detach(), h.detach(), opt.h0.defined() ? opt.h0.detach() : Tensor<T>(),
+                                                dh.detach(), dh_last.defined() ? dh_last.detach() : Tensor<T>(), opt.h0.defined());
+    } else {
+        return detail::scan_gradients<Strategy>(g, chunk, gates, h, opt.h0, dh, dh_last, opt.h0.defined());
+    }
 }
 
 }  // namespace olmax::scan

@@ -81,13 +81,13 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
 #pragma omp simd
                     for (std::size_t w = 0; w < n; ++w) {
                         state[w] = load_gate<Log, Acc>(a[w]) * state[w] + Acc(v[w]);
-                        o[w] = T(state[w]);
+                        store_value(o[w], state[w]);
                     }
                 } else {
 #pragma omp simd
                     for (std::size_t w = 0; w < n; ++w) {
                         state[w] += Acc(v[w]);
-                        o[w] = T(state[w]);
+                        store_value(o[w], state[w]);
                     }
                 }
                 if constexpr (Bwd) {  // da(s) = g(s) h(s-1), h(-1) = h0; log gates: times a(s)
@@ -100,7 +100,7 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
                         for (std::size_t w = 0; w < n; ++w) {
                             Acc grad_a = state[w] * Acc(hp[w]);
                             if constexpr (Log) grad_a *= std::exp(Acc(a_self[w]));
-                            d[w] = T(grad_a);
+                            store_value(d[w], grad_a);
                         }
                     } else {
                         std::fill(d, d + n, T(0));
@@ -110,10 +110,10 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
         }
         const Acc* last = end_scan + (chunks - 1) * n;
         if (final_state)
-            for (std::size_t w = 0; w < n; ++w) final_state[b * g.channels + c0 + w] = T(last[w]);
+            for (std::size_t w = 0; w < n; ++w) store_value(final_state[b * g.channels + c0 + w], last[w]);
         if (dh0)  // dh0 = a(forward step 0) g(forward step 0), the last processing step
             for (std::size_t w = 0; w < n; ++w)
-                dh0[b * g.channels + c0 + w] = T(load_gate<Log, Acc>(gates[g.x_index(b, g.time_of(0), c0 + w)]) * last[w]);
+                store_value(dh0[b * g.channels + c0 + w], load_gate<Log, Acc>(gates[g.x_index(b, g.time_of(0), c0 + w)]) * last[w]);
     });
 }
 

@@ -30,11 +30,11 @@ void vectorized_btc_span(const Geometry& g, const ForwardArgs<T>& args, std::siz
         for (std::size_t w = 0; w < n; ++w) {
             const Acc v = load_gate<Log, Acc>(a[w]) * state[w] + Acc(x[w]);
             state[w] = v;
-            h[w] = T(v);
+            store_value(h[w], v);
         }
     }
     if (args.h_last)
-        for (std::size_t w = 0; w < n; ++w) args.h_last[b * g.channels + c0 + w] = T(state[w]);
+        for (std::size_t w = 0; w < n; ++w) store_value(args.h_last[b * g.channels + c0 + w], state[w]);
 }
 
 /// [B, C, T]: 16 rows at a time, one step of each per iteration (16 independent FMA chains).
@@ -53,11 +53,11 @@ void vectorized_bct_rows(const Geometry& g, const ForwardArgs<T>& args, std::siz
             const std::size_t i = base[k] + t;
             const Acc v = load_gate<Log, Acc>(args.gates[i]) * state[k] + Acc(args.x[i]);
             state[k] = v;
-            args.h[i] = T(v);
+            store_value(args.h[i], v);
         }
     }
     if (args.h_last)
-        for (std::size_t k = 0; k < rows; ++k) args.h_last[r0 + k] = T(state[k]);
+        for (std::size_t k = 0; k < rows; ++k) store_value(args.h_last[r0 + k], state[k]);
 }
 
 template <bool Log, class Acc, class T>
@@ -103,10 +103,10 @@ void fused_backward_lanes_impl(const Geometry& g, const BackwardArgs<T>& args, s
                 const std::size_t i = w * lane_stride;
                 const Acc v = load_gate<Log, Acc>(a_next[i]) * grad[w] + Acc(dh[i]);
                 grad[w] = v;
-                dx[i] = T(v);
+                store_value(dx[i], v);
                 Acc d = v * Acc(h_prev[i]);
                 if constexpr (Log) d *= std::exp(Acc(a_self[i]));
-                da[i] = T(d);
+                store_value(da[i], d);
             }
             continue;
         }
@@ -117,16 +117,16 @@ void fused_backward_lanes_impl(const Geometry& g, const BackwardArgs<T>& args, s
             const Acc gate = last_step ? Acc(1) : load_gate<Log, Acc>(a_next[i]);
             const Acc v = gate * grad[w] + Acc(dh[i]);
             grad[w] = v;
-            dx[i] = T(v);
+            store_value(dx[i], v);
             const Acc hp = first_step ? (h0 ? Acc(h0[w]) : Acc(0)) : Acc(h_prev[i]);
             Acc d = v * hp;
             if constexpr (Log) d *= std::exp(Acc(a_self[i]));
-            da[i] = T(d);
+            store_value(da[i], d);
         }
     }
     if (args.dh0)
         for (std::size_t w = 0; w < n; ++w)
-            args.dh0[b * g.channels + c0 + w] = T(load_gate<Log, Acc>(args.gates[g.x_index(b, g.time_of(0), c0 + w)]) * grad[w]);
+            store_value(args.dh0[b * g.channels + c0 + w], load_gate<Log, Acc>(args.gates[g.x_index(b, g.time_of(0), c0 + w)]) * grad[w]);
 }
 
 template <bool Log, class Acc, class T>

@@ -304,13 +304,13 @@ void tile_forward_impl(const Geometry& g, const ForwardArgs<T>& args, std::size_
                 T* hs = args.h + g.x_index(b, g.time_of(s), c0);
                 const Acc* ys = x + s * cw;
 #pragma omp simd
-                for (std::size_t w = 0; w < cw; ++w) hs[w] = T(ys[w]);
+                for (std::size_t w = 0; w < cw; ++w) store_value(hs[w], ys[w]);
             }
         } else {
-            for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) { args.h[g.x_index(b, g.time_of(s), c0 + w)] = T(x[s * cw + w]); });
+            for_each_in_tile(g, T_, cw, [&](std::size_t s, std::size_t w) { store_value(args.h[g.x_index(b, g.time_of(s), c0 + w)], x[s * cw + w]); });
         }
         if (args.h_last)
-            for (std::size_t w = 0; w < cw; ++w) args.h_last[b * g.channels + c0 + w] = T(x[(T_ - 1) * cw + w]);
+            for (std::size_t w = 0; w < cw; ++w) store_value(args.h_last[b * g.channels + c0 + w], x[(T_ - 1) * cw + w]);
     });
 }
 
@@ -361,8 +361,8 @@ void tile_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::siz
                     const Acc hp = h_prev ? Acc(h_prev[w]) : (h0 ? Acc(h0[w]) : Acc(0));
                     Acc d = gr[w] * hp;
                     if constexpr (Log) d *= std::exp(Acc(gs[w]));
-                    dx[w] = T(gr[w]);
-                    da[w] = T(d);
+                    store_value(dx[w], gr[w]);
+                    store_value(da[w], d);
                 }
             }
         } else {
@@ -373,8 +373,8 @@ void tile_backward_impl(const Geometry& g, const BackwardArgs<T>& args, std::siz
                                          : (args.h0 ? Acc(args.h0[b * g.channels + c]) : Acc(0));
                 Acc da = gr * h_prev;
                 if constexpr (Log) da *= std::exp(Acc(args.gates[g.gate_index(b, t, c)]));
-                args.dx[g.x_index(b, t, c)] = T(gr);
-                args.da[g.x_index(b, t, c)] = T(da);
+                store_value(args.dx[g.x_index(b, t, c)], gr);
+                store_value(args.da[g.x_index(b, t, c)], da);
             });
         }
         if (args.dh0)

@@ -61,7 +61,7 @@ struct SegmentPass {
 
     /// Rows whose steps are adjacent in memory (|step| = 1) run one segment at a time through
     /// in-register block scans (vector_block.hpp) instead of interleaved scalar chains.
-    static constexpr bool block_kernels = !Log && std::is_same_v<T, Acc> && block_scan_available<Acc>;
+    static constexpr bool block_kernels = !Log && block_storage_available<T, Acc>;
     bool use_blocks() const { return block_kernels && (step == 1 || step == -1); }
 
     /// The affine map of K segments of equal length (interleaved chains).
@@ -103,11 +103,11 @@ struct SegmentPass {
                 const std::ptrdiff_t o = off[k];
                 const Acc v = load_gate<Log, Acc>(gate_base[o]) * st[k] + Acc(values[o]);
                 st[k] = v;
-                out[o] = T(v);
+                store_value(out[o], v);
                 if constexpr (Bwd) {
                     Acc grad_a = v * Acc(h_prev[o]);
                     if constexpr (Log) grad_a *= std::exp(Acc(gates[o]));
-                    da[o] = T(grad_a);
+                    store_value(da[o], grad_a);
                 }
                 off[k] = o + step;
             }
@@ -127,14 +127,14 @@ struct SegmentPass {
         std::size_t i = 0;
         for (; i + N <= len; i += N, o += step * std::ptrdiff_t(N)) {
             block_of<Acc> a, x;
-            load_and_scan_block<Descending>(gate_base + o, values + o, a, x);
+            load_and_scan_block<Descending, Acc>(gate_base + o, values + o, a, x);
             px = a[N - 1] * px + x[N - 1];
             pa *= a[N - 1];
         }
         for (; i < len; ++i, o += step) {
-            const Acc a = gate_base[o];
+            const Acc a = Acc(gate_base[o]);
             pa *= a;
-            px = a * px + values[o];
+            px = a * px + Acc(values[o]);
         }
         A = pa, X = px;
     }
@@ -149,7 +149,7 @@ struct SegmentPass {
         std::size_t i = 0;
         for (; i + N <= len; i += N, o += step * std::ptrdiff_t(N)) {
             block_of<Acc> a, x;
-            load_and_scan_block<Descending>(gate_base + o, values + o, a, x);
+            load_and_scan_block<Descending, Acc>(gate_base + o, values + o, a, x);
             const block_of<Acc> v = x + a * st;
             st = v[N - 1];
             store_steps<Descending>(out + o, v);
@@ -160,10 +160,10 @@ struct SegmentPass {
             }
         }
         for (; i < len; ++i, o += step) {
-            const Acc v = gate_base[o] * st + values[o];
+            const Acc v = Acc(gate_base[o]) * st + Acc(values[o]);
             st = v;
-            out[o] = v;
-            if constexpr (Bwd) da[o] = v * h[o + step];
+            store_value(out[o], v);
+            if constexpr (Bwd) store_value(da[o], v * Acc(h[o + step]));
         }
         state = st;
     }
@@ -295,12 +295,12 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
             if (Bwd && first_round && k == 0) {  // index 0: gate 1 (the carry is dh_last)
                 const std::ptrdiff_t o = pass.offset(seg, 0);
                 st = st + Acc(values[o]);
-                out[o] = T(st);
+                store_value(out[o], st);
                 const bool only_step = T_ == 1;  // index 0 is then also forward step 0
                 const Acc hp = only_step ? (h0_for_da ? Acc(h0_for_da[task % R]) : Acc(0)) : Acc(h[o + pass.step]);
                 Acc d = st * hp;
                 if constexpr (Log) d *= std::exp(Acc(gates[o]));
-                da[o] = T(d);
+                store_value(da[o], d);
                 ++seg.start, --seg.length;
             }
             const bool peel_last = Bwd && last_round && k == S - 1 && seg.length > 0;
@@ -309,10 +309,10 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
             if (peel_last) {
                 const std::ptrdiff_t o = pass.offset(seg, seg.length);
                 st = load_gate<Log, Acc>(gates[o - pass.step]) * st + Acc(values[o]);
-                out[o] = T(st);
+                store_value(out[o], st);
                 Acc d = st * (h0_for_da ? Acc(h0_for_da[task % R]) : Acc(0));
                 if constexpr (Log) d *= std::exp(Acc(gates[o]));
-                da[o] = T(d);
+                store_value(da[o], d);
             }
             if (k == S - 1) carry[task % R] = st;
         };
@@ -332,10 +332,10 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
             rescan_single);
     }
     if (final_state)
-        for (std::size_t r = 0; r < R; ++r) final_state[r] = T(carry[r]);
+        for (std::size_t r = 0; r < R; ++r) store_value(final_state[r], carry[r]);
     if (dh0)  // dh0 = a(forward step 0) g(forward step 0)
         for (std::size_t r = 0; r < R; ++r)
-            dh0[r] = T(load_gate<Log, Acc>(gates[row_base(r) + g.time_of(0) * g.xt]) * carry[r]);
+            store_value(dh0[r], load_gate<Log, Acc>(gates[row_base(r) + g.time_of(0) * g.xt]) * carry[r]);
 }
 
 template <bool Log, class Acc, class T>

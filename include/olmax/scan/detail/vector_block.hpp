@@ -10,12 +10,16 @@
 //
 // Written with the GCC/Clang vector extensions (`vector_size`, `__builtin_shufflevector`, GCC >= 12
 // or Clang), which lower to AVX-512, AVX2 or SSE as the target allows; other compilers, and types
-// other than float and double, use the scalar kernels (`block_scan_available` is false).
+// other than float and double (and bfloat16 storage of float blocks), use the scalar kernels
+// (`block_storage_available` is false).
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
+
+#include "olmax/core/bfloat16.hpp"
 
 namespace olmax::scan::detail {
 
@@ -23,6 +27,12 @@ namespace olmax::scan::detail {
 
 template <class Acc>
 inline constexpr bool block_scan_available = std::is_same_v<Acc, float> || std::is_same_v<Acc, double>;
+
+/// Whether blocks of Acc can be loaded from and stored to storage of type T: the same type, or
+/// bfloat16 storage with float blocks.
+template <class T, class Acc>
+inline constexpr bool block_storage_available =
+    block_scan_available<Acc> && (std::is_same_v<T, Acc> || (std::is_same_v<T, bfloat16> && std::is_same_v<Acc, float>));
 
 typedef float block_f32 __attribute__((vector_size(64)));
 typedef double block_f64 __attribute__((vector_size(64)));
@@ -66,6 +76,34 @@ template <bool Descending, class Acc>
     std::memcpy(Descending ? p - (N - 1) : p, &w, sizeof w);
 }
 
+// bfloat16 storage with float blocks: 16 steps are 32 bytes, widened exactly on load (the bits
+// shifted into a float's upper half) and rounded to nearest even on store, lane-wise as
+// bfloat16::round_bits does (NaN stays a quiet NaN).
+typedef std::uint16_t block_bf16_bits __attribute__((vector_size(32)));
+typedef std::uint32_t block_f32_bits __attribute__((vector_size(64)));
+
+template <bool Descending>
+[[gnu::always_inline]] inline void load_steps(const bfloat16* p, block_f32& v) {
+    block_bf16_bits bits;
+    std::memcpy(&bits, Descending ? p - 15 : p, sizeof bits);
+    const block_f32_bits wide = __builtin_convertvector(bits, block_f32_bits) << 16;
+    std::memcpy(&v, &wide, sizeof v);
+    if constexpr (Descending) block_reverse(v, std::make_index_sequence<16>{});
+}
+
+template <bool Descending>
+[[gnu::always_inline]] inline void store_steps(bfloat16* p, const block_f32& v) {
+    block_f32 w = v;
+    if constexpr (Descending) block_reverse(w, std::make_index_sequence<16>{});
+    block_f32_bits u;
+    std::memcpy(&u, &w, sizeof u);
+    const block_f32_bits rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const block_f32_bits nan = (u & 0x7FFFFFFFu) > 0x7F800000u;  // lanes all ones where NaN
+    const block_f32_bits result = (rounded & ~nan) | (((u >> 16) | 0x0040u) & nan);
+    const block_bf16_bits bits = __builtin_convertvector(result, block_bf16_bits);
+    std::memcpy(static_cast<void*>(Descending ? p - 15 : p), &bits, sizeof bits);
+}
+
 /// One Hillis-Steele step at lane offset D: (a_i, x_i) <- (a_i a_{i-D}, x_i + a_i x_{i-D}).
 template <std::size_t D, class V>
 [[gnu::always_inline]] inline void block_doubling_step(V& a, V& x, const V& zero, const V& one) {
@@ -91,8 +129,8 @@ template <class Acc>
 
 /// Loads the N steps of gates and values that start at the given pointers (see load_steps) and
 /// scans them: on return lane i holds the block's map up to step i.
-template <bool Descending, class Acc>
-[[gnu::always_inline]] inline void load_and_scan_block(const Acc* gates, const Acc* values, block_of<Acc>& a, block_of<Acc>& x) {
+template <bool Descending, class Acc, class T>
+[[gnu::always_inline]] inline void load_and_scan_block(const T* gates, const T* values, block_of<Acc>& a, block_of<Acc>& x) {
     load_steps<Descending>(gates, a);
     load_steps<Descending>(values, x);
     scan_block<Acc>(a, x);
@@ -102,6 +140,8 @@ template <bool Descending, class Acc>
 
 template <class Acc>
 inline constexpr bool block_scan_available = false;
+template <class T, class Acc>
+inline constexpr bool block_storage_available = false;
 
 #endif
 
