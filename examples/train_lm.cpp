@@ -26,6 +26,7 @@
 #if defined(TRAIN_LM_WITH_ONEDNN)
 #include <olmax/backend/onednn_gemm.hpp>
 #endif
+#include <olmax/distributed/overlapped_allreduce.hpp>
 #if defined(TRAIN_LM_WITH_GLOO)  // set by examples/CMakeLists.txt when CMake found Gloo
 #include <olmax/distributed/gloo.hpp>
 #endif
@@ -329,6 +330,11 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
     auto own_rows = [&](const data::Batch& batch) {
         return ranks == 1 ? batch : data::batch_rows(batch, rows * rank / ranks, rows * (rank + 1) / ranks);
     };
+    // --overlap_allreduce: the last backward of each step hands finished gradient buckets to a
+    // reducer thread that exchanges them while backward goes on (the same result, bit for bit).
+    const dist::BucketOptions buckets{std::max<std::size_t>(1, std::size_t(c.bucket_mb * double(1 << 20))), {}};
+    std::optional<dist::OverlappedAllreduce<typename Model::value_type>> reducer;
+    if (c.overlap_allreduce && comm.world_size() > 1 && !xla) reducer.emplace(comm, tensors, dist::Reduction::mean, dist::OverlapOptions{buckets});
     io::ProgressBar progress(out, c.steps, lead && io::stdout_is_terminal(), c.log_every, step);
     double tokens_this_run = 0, last_eval = std::nan("");
     std::filesystem::path last_checkpoint;
@@ -352,17 +358,23 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
                                                          " and the gradient norm ", result.grad_norm, " at step ", step + 1,
                                                          " (on the device: its state is not kept)");
             } else {
-                double loss_sum = 0;
-                for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro)
-                    loss_sum += model.accumulate_gradients(own_rows(*loader.next()), shards, 1.0 / double(c.grad_accumulation));
+                double loss_sum = 0, exchanged = 0;
+                for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro) {
+                    auto backward = [&] { return model.accumulate_gradients(own_rows(*loader.next()), shards, 1.0 / double(c.grad_accumulation)); };
+                    if (!reducer || micro + 1 < c.grad_accumulation) loss_sum += backward();
+                    else {
+                        loss_sum += reducer->overlap(backward);  // gradients are final in the last micro-batch only
+                        exchanged = reducer->finish_seconds();    // what backward did not hide
+                    }
+                }
                 const auto exchange_started = clock::now();
-                dist::allreduce_gradients(comm, tensors);
+                if (!reducer) dist::allreduce_gradients(comm, tensors, dist::Reduction::mean, buckets);
                 // The batch's loss (mean over ranks) and rank 0's verdict on the time budget, in one exchange.
                 const double elapsed = train_seconds + seconds_since(step_started);
                 std::array<double, 2> shared{loss_sum / double(c.grad_accumulation),
                                              lead && c.time_budget_s > 0 && elapsed >= c.time_budget_s ? 1.0 : 0.0};
                 comm.allreduce(std::span<double>(shared));
-                exchange_seconds += seconds_since(exchange_started);
+                exchange_seconds += exchanged + seconds_since(exchange_started);
                 loss = shared[0] / double(ranks);
                 out_of_time = shared[1] > 0;
                 olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "the loss is ", loss, " at step ", step + 1);
@@ -410,6 +422,13 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
                       tokens_this_run > 0 ? 1e3 * train_seconds * tokens_per_step / tokens_this_run : 0.0, exchange_seconds,
                       train_seconds > 0 ? 100 * exchange_seconds / train_seconds : 0.0, comm.world_size());
         out << line;
+        if (reducer) {
+            std::snprintf(line, sizeof line,
+                          "overlapped exchange: %zu bucket(s) per step (at most %.3g MiB, split where gradients became final apart), "
+                          "%zu sent before backward ended in the last step\n",
+                          reducer->buckets().size(), c.bucket_mb, reducer->reduced_during_backward());
+            out << line;
+        }
     }
     if (!lead) return 0;  // the rest (loss curve, samples) is rank 0's
     std::cout << "checkpoint: " << (last_checkpoint.empty() ? std::string("(none written in this run)") : last_checkpoint.string()) << "\n";

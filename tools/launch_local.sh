@@ -48,18 +48,29 @@ for (( rank = 0; rank < ranks; ++rank )); do
   pids+=($!)
 done
 
+# Each rank's status by `wait PID` (bash keeps it even when it reaped the process early), not by
+# `wait -n -p`: a rank that has already ended by then can make that fail with "no such job".
 status=0
-remaining=$ranks
-while [ "$remaining" -gt 0 ]; do
-  wait -n -p finished "${pids[@]}"
-  code=$?
-  remaining=$(( remaining - 1 ))
-  if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then
-    status=$code
-    for (( rank = 0; rank < ranks; ++rank )); do
-      [ "${pids[$rank]}" = "$finished" ] && echo "launch_local: rank $rank exited with status $code; stopping the others" >&2
-    done
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
-  fi
+running=("${pids[@]}")
+while [ "${#running[@]}" -gt 0 ]; do
+  wait -n "${running[@]}" 2>/dev/null || true  # until one ends (at once if one has)
+  still=()
+  for pid in "${running[@]}"; do
+    if kill -0 "$pid" 2>/dev/null && [ -d "/proc/$pid" ] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; then
+      still+=("$pid")
+      continue
+    fi
+    wait "$pid"
+    code=$?
+    if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then
+      status=$code
+      for (( rank = 0; rank < ranks; ++rank )); do
+        [ "${pids[$rank]}" = "$pid" ] && echo "launch_local: rank $rank exited with status $code; stopping the others" >&2
+      done
+      for other in "${pids[@]}"; do kill "$other" 2>/dev/null; done
+    fi
+  done
+  running=("${still[@]}")
+  [ "${#running[@]}" -eq 0 ] || sleep 0.05
 done
 exit "$status"

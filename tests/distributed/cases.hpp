@@ -335,7 +335,7 @@ std::vector<std::vector<Tensor<T>>> train_partial(dist::Communicator& comm, std:
     auto tensors = model.tensors();
     const dist::BucketOptions buckets{bucket_bytes, {}};
     std::optional<dist::OverlappedAllreduce<T>> reducer;
-    if (overlap) reducer.emplace(comm, tensors, dist::Reduction::mean, buckets);
+    if (overlap) reducer.emplace(comm, tensors, dist::Reduction::mean, dist::OverlapOptions{buckets});
     const int ranks = comm.world_size(), rank = comm.rank();
     std::vector<std::vector<Tensor<T>>> out;
     for (int step = 0; step < train_steps; ++step) {
@@ -407,10 +407,62 @@ void check_overlap(dist::Communicator& comm) {
                 std::string(olmax::dtype_name<T>()).c_str(), comm.world_size());
 }
 
+/// The partial model's loss on rank `rank`'s shard, whose backward runs `midway` between the layers
+/// (after the output layer's gradients are final, before the hidden layer's).
+inline Tensor<float> midway_loss(const Partial<float>& model, int rank, const std::function<void()>& midway) {
+    auto [x, y] = shard<float>(0, rank, 3);
+    auto h = olmax::tanh(model.mlp.hidden.forward(x));
+    h = olmax::autodiff::custom_op<float>("midway", h, {h}, [midway](const Tensor<float>& dh, olmax::autodiff::GradientSink<float>& g) {
+        midway();
+        g.add(0, dh);
+    });
+    return olmax::mean(olmax::square(model.mlp.out.forward(h) - y));
+}
+
+/// One overlapped step of midway_loss (each gradient in a bucket of its own).
+inline void overlap_step(dist::OverlappedAllreduce<float>& reducer, Partial<float>& model, const std::function<void()>& midway) {
+    reducer.overlap([&] { midway_loss(model, 0, midway).backward(); });
+}
+
+/// The learned plan splits buckets where rank 0 saw a gap: a 30 ms pause between the output and
+/// the hidden layer's gradients (split_gap 10 ms) puts them in different buckets, which one 25 MiB
+/// bucket would otherwise hold together; the results stay those of allreduce_gradients.
+inline void check_overlap_gap_split(dist::Communicator& comm) {
+    olmax::Generator rng_a(7), rng_b(7);
+    Partial<float> plain(rng_a), overlapped(rng_b);  // equal parameters, separate tensors
+    auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
+    dist::OverlappedAllreduce<float> reducer(comm, overlapped.tensors(), dist::Reduction::mean,
+                                             dist::OverlapOptions{{}, std::chrono::milliseconds(10)});
+    expect(reducer.buckets().size() == 1, "overlap: 6 small gradients and the flags should start in one 25 MiB bucket");
+    for (int step = 0; step < 2; ++step) {
+        for (auto t : plain.tensors()) t.zero_grad();
+        for (auto t : overlapped.tensors()) t.zero_grad();
+        midway_loss(plain, comm.rank(), pause).backward();
+        dist::allreduce_gradients<float>(comm, plain.tensors());
+        reducer.overlap([&] { midway_loss(overlapped, comm.rank(), pause).backward(); });
+        const auto a = plain.tensors(), b = overlapped.tensors();
+        for (std::size_t i = 0; i < a.size(); ++i) {
+            expect(a[i].grad().defined() == b[i].grad().defined(), "overlap with gap splits: parameter ", i, " has a gradient in one path only");
+            expect(!a[i].grad().defined() || same_bits<float>(a[i].grad().span(), b[i].grad().span()), "overlap with gap splits: step ", step,
+                   " parameter ", i, " differs from allreduce_gradients");
+        }
+    }
+    std::vector<std::size_t> bucket_of(6);
+    const auto buckets = reducer.buckets();
+    for (std::size_t b = 0; b < buckets.size(); ++b)
+        for (std::size_t k = buckets[b].first; k < buckets[b].second; ++k) bucket_of[reducer.order()[k]] = b;
+    // parameters: 0 some, 1 none (unused here), 2 hidden W, 3 hidden b, 4 out W, 5 out b
+    expect(bucket_of[4] != bucket_of[3] && bucket_of[5] != bucket_of[2], "overlap: the gap of 30 ms did not split the buckets (",
+           buckets.size(), " buckets)");
+    if (comm.rank() == 0)
+        std::printf("overlap: a 30 ms gap in rank 0's backward split one 25 MiB bucket into %zu; results still bit-identical\n", buckets.size());
+}
+
 inline void case_overlap(dist::Communicator& comm) {
     const auto start = Clock::now();
     check_overlap<float>(comm);
     check_overlap<double>(comm);
+    check_overlap_gap_split(comm);
     std::printf("rank %d: overlap checks took %.2f s\n", comm.rank(), seconds_since(start));
 }
 
@@ -450,24 +502,10 @@ inline void case_peer_exit(dist::Communicator& comm) {
     expect_failure(comm, "allreduce", limit, [&] { comm.allreduce(std::span<float>(data)); });
 }
 
-/// One overlapped step of the partial model whose backward runs `midway` between the layers (after
-/// the output layer's gradients are final and have left in buckets of their own).
-inline void overlap_step(dist::OverlappedAllreduce<float>& reducer, Partial<float>& model, const std::function<void()>& midway) {
-    reducer.overlap([&] {
-        auto [x, y] = shard<float>(0, 0, 1);
-        auto h = olmax::tanh(model.mlp.hidden.forward(x));
-        h = olmax::autodiff::custom_op<float>("midway", h, {h}, [&](const Tensor<float>& dh, olmax::autodiff::GradientSink<float>& g) {
-            midway();
-            g.add(0, dh);
-        });
-        olmax::mean(olmax::square(model.mlp.out.forward(h) - y)).backward();
-    });
-}
-
 inline void case_overlap_peer_exit(dist::Communicator& comm) {
     olmax::Generator rng(7);
     Partial<float> model(rng);
-    dist::OverlappedAllreduce<float> reducer(comm, model.tensors(), dist::Reduction::mean, {1, {}});
+    dist::OverlappedAllreduce<float> reducer(comm, model.tensors(), dist::Reduction::mean, dist::OverlapOptions{{1, {}}});
     overlap_step(reducer, model, [] {});  // a good step first
     comm.barrier();
     const double limit = std::chrono::duration<double>(comm.default_timeout()).count() + 3;
@@ -488,7 +526,7 @@ inline void case_overlap_peer_exit(dist::Communicator& comm) {
 inline void case_overlap_abandon(dist::Communicator& comm) {
     olmax::Generator rng(7);
     Partial<float> model(rng);
-    dist::OverlappedAllreduce<float> reducer(comm, model.tensors(), dist::Reduction::mean, {1, {}});
+    dist::OverlappedAllreduce<float> reducer(comm, model.tensors(), dist::Reduction::mean, dist::OverlapOptions{{1, {}}});
     overlap_step(reducer, model, [] {});
     comm.barrier();
     const auto timeout = comm.default_timeout();

@@ -5,6 +5,9 @@
 #    digits, as one process whose two threads each take half of every batch.
 # 2. The two-rank run resumes from its own checkpoint (rank 0 hands it to rank 1) and goes on.
 # 3. A rank that dies makes the launcher stop the other and fail; the last checkpoint stays valid.
+# 4. --overlap_allreduce=true (the exchange during backward) logs the same losses as without it,
+#    with one thread per rank and with two (data_parallel_backward shards), in tiny buckets; a bad
+#    value is a usage error.
 set -euo pipefail
 train_lm=$1
 launcher=$2
@@ -52,3 +55,24 @@ fi
 grep -q "^train_lm: rendezvous (rank 0 of 2, gloo).*timeout" "$work/rank0.log" ||
   { cat "$work/rank0.log"; echo "FAIL: rank 0's error does not say which collective of which rank timed out"; exit 1; }
 echo "ok: a rank that fails at start stops the other within $elapsed s (exit codes $code0, $code1)"
+
+# The exchange overlapped with backward: the same losses, to the printed digits.
+bash "$launcher" 2 "$train_lm" "${common[@]}" --threads=1 --overlap_allreduce=true --bucket_mb=0.001 \
+  --checkpoint_dir="$work/overlap" > "$work/overlap.log" 2>&1 || { cat "$work/overlap.log"; echo "FAIL: the overlapped run failed"; exit 1; }
+diff "$work/one/metrics.csv" "$work/overlap/metrics.csv" ||
+  { echo "FAIL: two ranks with --overlap_allreduce=true logged other losses than one process with two shards"; exit 1; }
+grep -Eq "^overlapped exchange: [0-9]+ bucket" "$work/overlap.log" || { cat "$work/overlap.log"; echo "FAIL: no overlap report"; exit 1; }
+for overlap in false true; do
+  bash "$launcher" 2 "$train_lm" "${common[@]}" --threads=2 --overlap_allreduce=$overlap --bucket_mb=0.001 \
+    --checkpoint_dir="$work/shards-$overlap" > "$work/shards-$overlap.log" 2>&1 ||
+    { cat "$work/shards-$overlap.log"; echo "FAIL: the two-rank two-thread run (overlap $overlap) failed"; exit 1; }
+done
+diff "$work/shards-false/metrics.csv" "$work/shards-true/metrics.csv" ||
+  { echo "FAIL: with two thread shards per rank, --overlap_allreduce=true logged other losses"; exit 1; }
+set +e
+"$train_lm" "${common[@]}" --overlap_allreduce=maybe --checkpoint_dir="$work/bad" > "$work/bad.log" 2>&1
+code=$?
+set -e
+[ "$code" -eq 2 ] && grep -q "overlap_allreduce.*expects true or false, got 'maybe'" "$work/bad.log" ||
+  { cat "$work/bad.log"; echo "FAIL: --overlap_allreduce=maybe gave exit status $code"; exit 1; }
+echo "ok: --overlap_allreduce=true logs the same losses (1 and 2 threads per rank); a bad value is a usage error"

@@ -60,6 +60,8 @@ struct TrainConfig {
     std::int64_t rank = 0;
     std::string rendezvous;  // file:DIR or tcp:HOST:PORT
     double collective_timeout_s = 120;
+    bool overlap_allreduce = false;  // exchange gradient buckets during backward (distributed::OverlappedAllreduce)
+    double bucket_mb = 25;           // MiB of gradients per collective (PyTorch DDP's default)
     // where the steps run (the whole-step XLA path: docs/xla.md)
     std::string device = "cpu";
     std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
@@ -146,6 +148,11 @@ struct TrainConfig {
                                                    "tcp:HOST:PORT (rank 0 listens there)"},
             Field<C>{"collective_timeout_s", &C::collective_timeout_s, "a peer silent this long is an error (rendezvous and every "
                                                                        "gradient exchange)"}.greater_than(0).at_most(1e6),
+            Field<C>{"overlap_allreduce", &C::overlap_allreduce,
+                     "with world_size > 1, send each bucket of gradients to the other processes as soon as backward has finished it, "
+                     "from a thread of its own, instead of all after backward (the same result, bit for bit; docs/DISTRIBUTED.md)"},
+            Field<C>{"bucket_mb", &C::bucket_mb, "with world_size > 1, MiB of gradients exchanged per collective (smaller: more "
+                                                 "collectives, each of which can start earlier with --overlap_allreduce)"}.greater_than(0).at_most(1e6),
             Field<C>{"sample_bytes", &C::sample_bytes, "bytes to generate after training"}.in(0, size_max),
             Field<C>{"temperature", &C::temperature, "sampling temperature (0: greedy)"}.in(0, 100),
             Field<C>{"top_k", &C::top_k, "sample among the k most likely bytes (0: all)"}.in(0, 256),

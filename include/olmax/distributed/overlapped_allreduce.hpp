@@ -34,6 +34,7 @@
 // timeout, and this reducer refuses further steps.
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <cstddef>
@@ -55,20 +56,31 @@
 
 namespace olmax::distributed {
 
+struct OverlapOptions {
+    /// Bucket size cap and collective timeout, as for allreduce_gradients.
+    BucketOptions buckets;
+    /// The learned plan also ends a bucket where rank 0 saw more than this pass between two
+    /// gradients becoming final in the first step: a bucket waits for its last gradient, so one
+    /// that mixes early and late ones cannot start early. (A model whose gradients are final in
+    /// groups, such as olmax's stacked layers, then gets a bucket per group.) None: by bytes only.
+    std::optional<std::chrono::microseconds> split_gap = std::chrono::milliseconds(2);
+};
+
 template <Real T>
 class OverlappedAllreduce {
 public:
     /// `parameters`: every trainable tensor, in the same order on every rank (as for
     /// `allreduce_gradients`). Starts the worker thread when the world has more than one rank.
-    OverlappedAllreduce(Communicator& comm, std::vector<Tensor<T>> parameters, Reduction op = Reduction::mean, BucketOptions options = {})
-        : comm_(comm), params_(std::move(parameters)), op_(op), options_(options), ready_(params_.size(), 0) {
+    OverlappedAllreduce(Communicator& comm, std::vector<Tensor<T>> parameters, Reduction op = Reduction::mean, OverlapOptions options = {})
+        : comm_(comm), params_(std::move(parameters)), op_(op), options_(options.buckets), split_gap_(options.split_gap),
+          ready_(params_.size(), 0) {
         for (const auto& p : params_)
             check<autodiff_error>(p.defined() && p.is_leaf() && p.requires_grad(),
                                   "OverlappedAllreduce: every parameter must be a defined leaf tensor that requires grad");
         check(options_.bucket_bytes > 0, "OverlappedAllreduce: bucket_bytes must be positive");
         std::vector<std::size_t> order(params_.size());
         for (std::size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
-        plan(std::move(order));
+        plan(std::move(order), std::vector<bool>(params_.size(), false));
         if (comm_.world_size() > 1) worker_ = std::thread([this] { work(); });
     }
     ~OverlappedAllreduce() {
@@ -112,6 +124,7 @@ public:
         for (std::size_t b = 0; b < buckets_.size(); ++b) missing_[b] = buckets_[b].last - buckets_[b].first;
         ready_count_ = next_bucket_ = 0;
         observed_.clear();
+        observed_at_.clear();
         in_step_ = true;
     }
 
@@ -133,6 +146,12 @@ public:
     /// collectives' timeout), rethrows the worker's failure, and applies the has-gradient flags.
     /// After the first step, agrees on the bucket order for the next ones (one broadcast).
     void finish() {
+        const auto started = std::chrono::steady_clock::now();
+        struct timed {
+            std::chrono::steady_clock::time_point started;
+            double& seconds;
+            ~timed() { seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); }
+        } timing{started, finish_seconds_};
         std::unique_lock lock(mutex_);
         check<value_error>(in_step_, "OverlappedAllreduce: finish() without start()");
         reported_early_ = ready_count_;
@@ -149,25 +168,7 @@ public:
         if (comm_.world_size() == 1) return;  // as allreduce_gradients: one contribution is the result
         for (std::size_t i = 0; i < params_.size(); ++i)
             if (sidecar_[i] == T{0}) params_[i].zero_grad();  // no rank had a gradient: keep none, as one process would
-        if (!learned_) {
-            learned_ = true;
-            std::vector<std::uint64_t> order(observed_.begin(), observed_.end());
-            try {
-                comm_.broadcast(std::span<std::uint64_t>(order), 0, options_.timeout);  // rank 0's order for everyone
-            } catch (...) {
-                broken_ = true;
-                throw;
-            }
-            std::vector<bool> seen(params_.size(), false);
-            std::vector<std::size_t> plan_order;
-            for (const auto i : order) {
-                check<distributed_error>(i < params_.size() && !seen[i], "OverlappedAllreduce: rank 0's bucket order is not a permutation of ",
-                                         params_.size(), " parameters (do all ranks list the same parameters?)");
-                seen[i] = true;
-                plan_order.push_back(std::size_t(i));
-            }
-            plan(std::move(plan_order));
-        }
+        if (!learned_) learn();
     }
 
     /// Gives up the step in flight (backward failed): waits until the worker is out of its
@@ -184,6 +185,8 @@ public:
     /// already reduced by then (the exchange that overlapped backward).
     std::size_t reported_during_backward() const { return reported_early_; }
     std::size_t reduced_during_backward() const { return reduced_early_; }
+    /// Seconds the last `finish()` took: the part of the exchange that backward did not hide.
+    double finish_seconds() const { return finish_seconds_; }
 
     /// The current plan: parameter indices in bucket order, and each bucket's [first, last) in it
     /// (the last bucket also carries the has-gradient flags).
@@ -200,24 +203,65 @@ private:
         bool flags;               // carries the has-gradient flags (the last bucket)
     };
 
-    void plan(std::vector<std::size_t> order) {
+    /// After the first step (on every rank, all buckets done): rank 0's order of final gradients
+    /// and where it saw gaps, broadcast in one collective (the top bit of an entry: a new group).
+    void learn() {
+        learned_ = true;
+        constexpr std::uint64_t group_bit = std::uint64_t(1) << 63;
+        std::vector<std::uint64_t> message(observed_.size());
+        for (std::size_t k = 0; k < observed_.size(); ++k) {
+            const bool gap = k > 0 && split_gap_ && observed_at_[k] - observed_at_[k - 1] > *split_gap_;
+            message[k] = std::uint64_t(observed_[k]) | (gap ? group_bit : 0);
+        }
+        try {
+            comm_.broadcast(std::span<std::uint64_t>(message), 0, options_.timeout);
+        } catch (...) {
+            broken_ = true;
+            throw;
+        }
+        std::vector<bool> seen(params_.size(), false), starts(params_.size(), false);
+        std::vector<std::size_t> order;
+        for (std::size_t k = 0; k < message.size(); ++k) {
+            const std::uint64_t i = message[k] & ~group_bit;
+            check<distributed_error>(i < params_.size() && !seen[i], "OverlappedAllreduce: rank 0's bucket order is not a permutation of ",
+                                     params_.size(), " parameters (do all ranks list the same parameters?)");
+            seen[i] = true;
+            starts[k] = (message[k] & group_bit) != 0;
+            order.push_back(std::size_t(i));
+        }
+        plan(std::move(order), std::move(starts));
+    }
+
+    /// Buckets over `order` of at most bucket_bytes, none across a group start; the flags last.
+    void plan(std::vector<std::size_t> order, const std::vector<bool>& group_starts) {
         order_ = std::move(order);
-        std::vector<std::size_t> sizes;
-        for (const auto i : order_) sizes.push_back(params_[i].size());
-        sizes.push_back(params_.size());  // the flags, last
         buckets_.clear();
         bucket_of_.assign(params_.size(), 0);
-        for (const auto& [first, last] : plan_buckets(sizes, sizeof(T), options_.bucket_bytes)) {
-            const bool flags = last == sizes.size();
-            buckets_.push_back({first, flags ? last - 1 : last, flags});
-            for (std::size_t k = first; k < buckets_.back().last; ++k) bucket_of_[order_[k]] = buckets_.size() - 1;
+        std::size_t group = 0;
+        for (std::size_t k = 1; k <= order_.size(); ++k) {
+            if (k < order_.size() && !group_starts[k]) continue;
+            std::vector<std::size_t> sizes;  // group [group, k)
+            for (std::size_t j = group; j < k; ++j) sizes.push_back(params_[order_[j]].size());
+            for (const auto& [first, last] : plan_buckets(sizes, sizeof(T), options_.bucket_bytes)) {
+                buckets_.push_back({group + first, group + last, false});
+                for (std::size_t j = group + first; j < group + last; ++j) bucket_of_[order_[j]] = buckets_.size() - 1;
+            }
+            group = k;
         }
+        // The flags ride with the last bucket when they fit it, else alone.
+        const std::size_t flag_bytes = params_.size() * sizeof(T);
+        std::size_t last_bytes = 0;
+        if (!buckets_.empty())
+            for (std::size_t j = buckets_.back().first; j < buckets_.back().last; ++j) last_bytes += params_[order_[j]].size() * sizeof(T);
+        if (buckets_.empty() || last_bytes + flag_bytes > options_.bucket_bytes) buckets_.push_back({order_.size(), order_.size(), true});
+        else buckets_.back().flags = true;
         missing_.assign(buckets_.size(), 0);
     }
 
     void mark_ready(std::size_t i) {  // under mutex_
         ready_[i] = 1;
         observed_.push_back(i);
+        observed_at_.push_back(std::chrono::steady_clock::now());
         ++ready_count_;
         --missing_[bucket_of_[i]];
     }
@@ -291,11 +335,14 @@ private:
     std::vector<std::size_t> order_, bucket_of_;
     std::vector<Bucket> buckets_;
     bool learned_ = false;
+    std::optional<std::chrono::microseconds> split_gap_;
+    double finish_seconds_ = 0;
     // The step, under mutex_.
     std::mutex mutex_;
     std::condition_variable changed_, done_;  // worker: something to do; caller: a bucket done or the worker idle
     std::vector<char> ready_;
     std::vector<std::size_t> missing_, observed_;
+    std::vector<std::chrono::steady_clock::time_point> observed_at_;
     std::size_t ready_count_ = 0, next_bucket_ = 0, reported_early_ = 0, reduced_early_ = 0;
     bool in_step_ = false, busy_ = false, stop_ = false, broken_ = false;
     std::exception_ptr error_;
