@@ -8,6 +8,7 @@
 #     benchmarks/train_step/run.sh build-trainbench         # another CMake build folder
 #     QUICK=1 benchmarks/train_step/run.sh build-trainbench # tiny sizes, seconds (checks the plumbing)
 #     WIDE=1 THREADS=2 benchmarks/train_step/run.sh          # features 512, depth 8, B 8, S 256 (42 M parameters)
+#     SWEEP=1 THREADS=2 benchmarks/train_step/run.sh         # widths 64 128 256 512 1024 at depth 4, B 8, S 256
 # Rows "olmax-bf16" (train_step --precision bf16: every GEMM bf16 x bf16 -> fp32, on oneDNN's bf16 kernels
 # where built with it) and "pytorch-bf16autocast-2.x" (the forward under torch.autocast("cpu", bfloat16))
 # come beside the fp32 rows; BF16=0 leaves them out.
@@ -27,7 +28,9 @@
 #
 # PyTorch 2.x from PyPI (benchmarks/quality/setup_torch_venv.sh makes <repo>/.venv-torch) adds rows
 # "pytorch-2.x+mkl" and "pytorch-checkpoint-2.x+mkl" when that venv (or TORCH2_PYTHON=path) imports
-# torch; TORCH2_PYTHON=none leaves them out. Debian's 1.13 stays as the historical rows. Row labels
+# torch; TORCH2_PYTHON=none leaves them out. With it come "pytorch-compiled-2.x" rows (torch.compile, fp32 and
+# bf16 autocast; their compile_s is the first step's time, which compiles); COMPILE=0 leaves them out, and a
+# compilation that fails (exit 3: no C++ toolchain or Python headers) leaves its row out with a note. Debian's 1.13 stays as the historical rows. Row labels
 # name torch's major.minor version and the BLAS it computes with (BLAS_INFO of
 # torch.__config__.show(); for Debian's generic build, the libblas.so.3 actually loaded).
 set -euo pipefail
@@ -56,6 +59,8 @@ if [ -n "${QUICK:-}" ]; then
   configs=("quick 2 32 16 2 2" "quick-deep 2 32 16 4 2")
 elif [ -n "${WIDE:-}" ]; then  # a realistic width (42 M parameters), where GEMMs dominate and bf16 pays
   configs=("wide 8 256 512 8 5")
+elif [ -n "${SWEEP:-}" ]; then  # where bf16 and the matrix units start to pay, and how the ratio to PyTorch moves with width
+  configs=("sweep-64 8 256 64 4 10" "sweep-128 8 256 128 4 10" "sweep-256 8 256 256 4 5" "sweep-512 8 256 512 4 5" "sweep-1024 8 256 1024 4 3")
 else
   configs=("default 8 64 64 2 30" "deep 8 64 64 16 10" "deep-long 8 256 64 16 6")
 fi
@@ -78,6 +83,14 @@ for config in "${configs[@]}"; do
       "$torch2" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b0-pytorch2.json"
       [ "${BF16:-1}" = 1 ] && "$torch2" "$here/torch_train_step.py" "${flags[@]}" --autocast_bf16 --json "$scratch/$i-b01-pytorch2-bf16.json"
       "$torch2" "$here/torch_train_step.py" "${flags[@]}" --checkpoint --json "$scratch/$i-b1-pytorch2-checkpoint.json"
+      if [ "${COMPILE:-1}" = 1 ]; then
+        "$torch2" "$here/torch_train_step.py" "${flags[@]}" --compile --json "$scratch/$i-b2-pytorch2-compiled.json" ||
+          echo "# torch.compile row left out (exit $?)"
+        if [ "${BF16:-1}" = 1 ]; then
+          "$torch2" "$here/torch_train_step.py" "${flags[@]}" --compile --autocast_bf16 --json "$scratch/$i-b21-pytorch2-compiled-bf16.json" ||
+            echo "# torch.compile bf16 row left out (exit $?)"
+        fi
+      fi
     fi
     [ -n "$debian_torch" ] && "$python" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b-pytorch.json"
     if [ -n "$openblas" ]; then
@@ -111,7 +124,7 @@ mib = lambda b: float("nan") if b is None else b / 2**20
 tensor_peak = lambda r: f"{mib(r['peak_bytes']):.1f}" if "peak_bytes" in r else "-"
 ratio = lambda a, b: float("nan") if a is None or not b else a / b
 ok = True
-print(f"\n{'config':10} {'B':>2} {'S':>4} {'F':>3} {'L':>3} {'thr':>3} {'params':>8} {'framework':27} {'ms/step':>8} {'tokens/s':>8}"
+print(f"\n{'config':10} {'B':>2} {'S':>4} {'F':>3} {'L':>3} {'thr':>3} {'params':>8} {'framework':40} {'ms/step':>8} {'tokens/s':>8}"
       f" {'olmax/this':>10} | {'step peak RSS MiB':>17} {'this/olmax':>10} | {'olmax tensor peak MiB':>21}")
 for k in dict.fromkeys(key(r) for r in rows):
     group = [r for r in rows if key(r) == k]
@@ -121,7 +134,7 @@ for k in dict.fromkeys(key(r) for r in rows):
         if r["params"] != olmax["params"]:
             print(f"PARAMETER COUNTS DIFFER for {k}: olmax {olmax['params']}, {r['framework']} {r['params']}")
             ok = False
-        print(f"{name:10} {batch:>2} {sequence:>4} {features:>3} {depth:>3} {threads:>3} {r['params']:>8} {r['framework']:27}"
+        print(f"{name:10} {batch:>2} {sequence:>4} {features:>3} {depth:>3} {threads:>3} {r['params']:>8} {r['framework']:40}"
               f" {r['seconds_median'] * 1e3:>8.2f} {r['tokens_per_s']:>8.0f} {ratio(olmax['tokens_per_s'], r['tokens_per_s']):>10.2f} |"
               f" {mib(r['peak_rss_bytes']):>17.1f} {ratio(r['peak_rss_bytes'], olmax['peak_rss_bytes']):>10.2f} |"
               f" {tensor_peak(r):>21}")

@@ -293,6 +293,9 @@ def main():
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every block")
     p.add_argument("--autocast_bf16", action="store_true",
                    help='the forward (and loss) under torch.autocast("cpu", dtype=torch.bfloat16): bf16 GEMMs, fp32 master weights')
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (Inductor's CPU code generation); the first step's time, which compiles, "
+                        "is reported as compile_s; exit 3 when compilation fails")
     p.add_argument("--json", default="")
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
     p.add_argument("--profile", action="store_true", help="per-layer timings instead of the step benchmark")
@@ -310,6 +313,9 @@ def main():
 
     model = ByteLM(a.features, a.depth, a.checkpoint)
     named = list(model.named_parameters())
+    forward = model
+    if a.compile:
+        forward = torch.compile(model)
     params = sum(t.numel() for _, t in named)
     opt = torch.optim.AdamW(
         [{"params": [t for n, t in named if decayed(n)], "weight_decay": 0.01},
@@ -329,7 +335,7 @@ def main():
     def step(batch):  # phases as in train_step.cpp: forward incl. loss, backward, optimiser incl. clipping
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast_bf16):
-            loss, with_z = model(*batch)
+            loss, with_z = forward(*batch)
         last_loss[0] = loss.item()
         t1 = time.perf_counter()
         with_z.backward()
@@ -343,7 +349,15 @@ def main():
             phases[key].append(value)
 
     hwm_before_first = proc_status_bytes("VmHWM")
-    step(batches[0])
+    first_start = time.perf_counter()
+    try:
+        step(batches[0])
+    except Exception as e:  # Inductor needs a working C++ toolchain and Python headers
+        if not a.compile:
+            raise
+        print(f"torch_train_step: torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        sys.exit(3)
+    first_step_s = time.perf_counter() - first_start
     first_step_rss = proc_status_bytes("VmHWM") - hwm_before_first
     for i in range(1, a.warmup):
         step(batches[i % len(batches)])
@@ -366,14 +380,16 @@ def main():
     blas = loaded_blas()
     label = blas_label(blas)
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    framework = ("pytorch-checkpoint" if a.checkpoint else "pytorch") + ("-bf16autocast" if a.autocast_bf16 else "") + f"-{version}+{label}"
+    framework = (("pytorch-checkpoint" if a.checkpoint else "pytorch") + ("-compiled" if a.compile else "")
+                 + ("-bf16autocast" if a.autocast_bf16 else "") + f"-{version}+{label}")
     if label == "openblas" and a.threads > 1 and os.environ.get("OPENBLAS_NUM_THREADS") == "1":
         framework += "(1 blas thread)"  # torch's threads only: OpenBLAS's own would oversubscribe the cores
     result = dict(framework=framework, torch_version=torch.__version__, blas=blas, blas_label=label, batch=a.batch, sequence=a.sequence, features=a.features,
                   depth=a.depth, threads=a.threads, repeats=a.repeats, seconds_median=median, seconds_min=min(seconds),
                   seconds_max=max(seconds), **{k: statistics.median(v) for k, v in phases.items()},
                   tokens_per_s=a.batch * a.sequence / median, peak_rss_bytes=peak_rss, first_step_rss_bytes=first_step_rss,
-                  footprint_rss_bytes=footprint, params=params, last_loss=last_loss[0])
+                  footprint_rss_bytes=footprint, params=params, last_loss=last_loss[0],
+                  compile_s=first_step_s if a.compile else None)
     print(f"{framework} B={a.batch} S={a.sequence} F={a.features} depth={a.depth} threads={a.threads} params={params}: "
           f"{median * 1e3:.3f} ms/step (median of {a.repeats}), {result['tokens_per_s']:.0f} tokens/s (forward "
           f"{result['forward_s'] * 1e3:.2f}, backward {result['backward_s'] * 1e3:.2f}, optimiser {result['optimizer_s'] * 1e3:.2f} ms), "

@@ -60,6 +60,7 @@ struct Options {
     std::string dump;  // folder: parameters, one batch, its loss and gradients as .npy (torch_train_step.py --check)
     bool profile = false;
     std::int64_t parallel_threshold = -1;  // -1: the backend's default
+    std::int64_t block_cache_mib = -1;     // -1: olmax::memory's default
     bool data_parallel = true;             // TrainConfig::data_parallel (rows split over threads)
     std::string precision = "fp32";        // bf16: the steps run inside backend::bf16_matmul_scope (as train_lm --precision=bf16)
     std::int64_t kept_layers = 0;          // nn::Stack::keep_activations: leading layers not recomputed in the backward
@@ -70,6 +71,7 @@ struct Options {
               << "\nusage: train_step [--batch N] [--sequence N] [--features N] [--depth N] [--threads N] [--repeats N]"
                  " [--warmup N] [--max_seconds S] [--json PATH] [--quick] [--profile] [--dump DIR]\n"
                  "       [--parallel_threshold WORK]  (olmax::backend::cpu_openmp's serial/parallel cut-off; diagnosis only)\n"
+                 "       [--block_cache_mib N]  (olmax::memory::set_cache_limit: freed large buffers kept for reuse; 0 = off; diagnosis only)\n"
                  "       [--data_parallel 0|1]  (1, the default as in train_lm: with threads > 1 each thread runs a shard of the batch)\n"
                  "       [--precision fp32|bf16]  (bf16: every float GEMM as bf16 x bf16 -> fp32, on oneDNN's bf16 kernels where built\n"
                  "                                 with olmax::onednn and the CPU has bf16 units, as train_lm --precision=bf16)\n"
@@ -121,6 +123,7 @@ Options parse(int argc, char** argv) {
         else if (arg == "dump") o.dump = value;
         else if (arg == "max_seconds") o.max_seconds = double(number());
         else if (arg == "parallel_threshold") o.parallel_threshold = number();
+        else if (arg == "block_cache_mib") o.block_cache_mib = number();
         else if (arg == "data_parallel") o.data_parallel = number() != 0;
         else if (arg == "kept_layers") o.kept_layers = number();
         else if (arg == "precision") {
@@ -147,9 +150,11 @@ std::size_t proc_status_bytes(const std::string& key) {
     return 0;
 }
 
-/// Gives freed heap pages back to the OS and restarts VmHWM from the current RSS; false where the
-/// kernel does not support resetting the peak (then steady-state RSS peaks are not measured).
+/// Gives freed heap pages and olmax's cached tensor buffers back to the OS and restarts VmHWM from
+/// the current RSS; false where the kernel does not support resetting the peak (then steady-state
+/// RSS peaks are not measured).
 bool restart_peak_rss() {
+    olmax::memory::release_cached();
     malloc_trim(0);
     std::ofstream clear("/proc/self/clear_refs");
     clear << "5";
@@ -285,6 +290,7 @@ int run(int argc, char** argv) {
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
 #endif
     if (o.parallel_threshold >= 0) olmax::backend::cpu_openmp::set_parallel_threshold(std::size_t(o.parallel_threshold));
+    if (o.block_cache_mib >= 0) olmax::memory::set_cache_limit(std::size_t(o.block_cache_mib) << 20);
     byte_lm::Model model(c);
     model.stack.keep_activations(std::size_t(o.kept_layers));
     olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), olmax::models::optimizer_config(c));
@@ -387,6 +393,7 @@ int run(int argc, char** argv) {
          << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations() << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
          << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"shards\": " << shards << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
+         << ", \"block_cache_bytes\": " << olmax::memory::cache_limit()
          << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()
          << ", \"forward_s\": " << median_of(forward_s) << ", \"backward_s\": " << median_of(backward_s)
          << ", \"optimizer_s\": " << median_of(optimizer_s) << ", \"tokens_per_s\": " << tokens_per_s << ", \"peak_bytes\": " << peak_bytes

@@ -1,6 +1,7 @@
 // Tensor construction, access, copies, casts, printing and random initialisation.
 #include "test_helpers.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 using olmax::Shape;
@@ -203,6 +204,41 @@ TEST_CASE("memory::stats counts tensor storage", "[tensor][memory]") {
         CHECK(reinterpret_cast<std::uintptr_t>(t.data()) % olmax::memory::alignment == 0);
     }
     CHECK(olmax::memory::stats().current_bytes == before.current_bytes);
+}
+
+TEST_CASE("memory: large freed buffers are reused from the block cache, within its limit", "[tensor][memory]") {
+    const std::size_t saved_limit = olmax::memory::cache_limit();
+    olmax::memory::set_cache_limit(std::size_t(64) << 20);
+    olmax::memory::release_cached();
+    const std::size_t n = olmax::memory::cached_block_bytes / sizeof(float) * 2;  // 2 MiB of floats
+    const float* first = nullptr;
+    {
+        Tensor<float> t = Tensor<float>::uninitialized({n});
+        first = t.data();
+    }
+    CHECK(olmax::memory::cached_bytes() == n * sizeof(float));
+    {
+        Tensor<float> t({n});  // same size: the cached buffer, and still zero-filled as asked
+        CHECK(t.data() == first);
+        CHECK(olmax::memory::cached_bytes() == 0);
+        CHECK(std::all_of(t.data(), t.data() + n, [](float v) { return v == 0.0f; }));
+        CHECK(reinterpret_cast<std::uintptr_t>(t.data()) % olmax::memory::alignment == 0);
+        Tensor<float> other = Tensor<float>::uninitialized({n + 16});  // another size: a new buffer
+        CHECK(other.data() != first);
+    }
+    CHECK(olmax::memory::cached_bytes() == (2 * n + 16) * sizeof(float));
+    {
+        Tensor<float> small({1000});  // below cached_block_bytes: never cached
+    }
+    CHECK(olmax::memory::cached_bytes() == (2 * n + 16) * sizeof(float));
+    olmax::memory::set_cache_limit(n * sizeof(float));  // lowering the limit frees what is above it
+    CHECK(olmax::memory::cached_bytes() <= n * sizeof(float));
+    olmax::memory::release_cached();
+    CHECK(olmax::memory::cached_bytes() == 0);
+    olmax::memory::set_cache_limit(0);  // off: nothing kept
+    { Tensor<float> t = Tensor<float>::uninitialized({n}); }
+    CHECK(olmax::memory::cached_bytes() == 0);
+    olmax::memory::set_cache_limit(saved_limit);
 }
 
 TEST_CASE("shapes whose element count overflows, and buffers that cannot be had, are olmax errors", "[tensor][errors]") {
