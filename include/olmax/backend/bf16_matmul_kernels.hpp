@@ -53,23 +53,61 @@ public:
               const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const override {
         if (m == 0 || n == 0) return;
         if (k == 0) return base_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // beta C only
-        const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-        const std::size_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+        on_operands([&]<class Out>(std::vector<Out>& a_buffer, std::vector<Out>& b_buffer) {
+            product(trans_a, trans_b, m, n, k, alpha, rounded_a(trans_a, m, k, a, lda, a_buffer), rounded_b(trans_b, n, k, b, ldb, b_buffer), beta, c,
+                    ldc);
+        });
+    }
+    /// Items that share one B (stride_b = 0: a weight applied to every batch element) round it
+    /// once for all of them; each item's A is rounded on the thread that runs the item.
+    void gemm_batched(std::size_t count, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                      std::size_t lda, std::size_t stride_a, const float* b, std::size_t ldb, std::size_t stride_b, float beta, float* c,
+                      std::size_t ldc, std::size_t stride_c) const override {
+        if (count < 2 || stride_b != 0 || m == 0 || n == 0 || k == 0)
+            return Kernels::gemm_batched(count, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c);
+        on_operands([&]<class Out>(std::vector<Out>&, std::vector<Out>& b_buffer) {
+            const Out* shared_b = rounded_b(trans_b, n, k, b, ldb, b_buffer);
+            batched_items(count, m * n * k, [&](std::size_t i) {
+                thread_local std::vector<Out> item_a;  // this thread's; the caller's b_buffer stays untouched
+                product(trans_a, trans_b, m, n, k, alpha, rounded_a(trans_a, m, k, a + i * stride_a, lda, item_a), shared_b, beta, c + i * stride_c,
+                        ldc);
+            });
+        });
+    }
+
+private:
+    /// Calls f(a_buffer, b_buffer) with this thread's operand buffers of the type the product takes:
+    /// bfloat16 for the given bf16 product, float (holding bfloat16 values) for the portable one,
+    /// which says once that it is not accelerated.
+    template <class F>
+    void on_operands(F&& f) const {
         if (bf16_gemm_) {
             thread_local std::vector<bfloat16> a16, b16;
-            bf16_gemm_(trans_a, trans_b, m, n, k, alpha, rounded(a, a_rows, a_cols, lda, a16), a_cols, rounded(b, b_rows, b_cols, ldb, b16), b_cols,
-                       beta, c, ldc);
+            f.template operator()<bfloat16>(a16, b16);
         } else {
             detail::bf16_notice("policy", "olmax: bf16 precision policy on the portable path: GEMM operands are rounded to bfloat16 and "
                                           "multiplied by the fp32 GEMM (the numbers of bf16 matrix units, at fp32 speed; pass "
                                           "backend::onednn::gemm_bf16 to use the CPU's bf16 units where it has them)");
             thread_local std::vector<float> a32, b32;
-            base_.gemm(trans_a, trans_b, m, n, k, alpha, rounded(a, a_rows, a_cols, lda, a32), a_cols, rounded(b, b_rows, b_cols, ldb, b32), b_cols,
-                       beta, c, ldc);
+            f.template operator()<float>(a32, b32);
         }
     }
-
-private:
+    /// The product of dense rounded operands (leading dimensions = their column counts).
+    template <class Out>
+    void product(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const Out* a, const Out* b, float beta,
+                 float* c, std::size_t ldc) const {
+        const std::size_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+        if constexpr (std::is_same_v<Out, bfloat16>) bf16_gemm_(trans_a, trans_b, m, n, k, alpha, a, a_cols, b, b_cols, beta, c, ldc);
+        else base_.gemm(trans_a, trans_b, m, n, k, alpha, a, a_cols, b, b_cols, beta, c, ldc);
+    }
+    template <class Out>
+    const Out* rounded_a(bool trans_a, std::size_t m, std::size_t k, const float* a, std::size_t lda, std::vector<Out>& buffer) const {
+        return rounded(a, trans_a ? k : m, trans_a ? m : k, lda, buffer);
+    }
+    template <class Out>
+    const Out* rounded_b(bool trans_b, std::size_t n, std::size_t k, const float* b, std::size_t ldb, std::vector<Out>& buffer) const {
+        return rounded(b, trans_b ? n : k, trans_b ? k : n, ldb, buffer);
+    }
     /// rows x cols of `src` (leading dimension ld) rounded to bfloat16, dense, into `buffer` (stored
     /// as Out: bfloat16, or float holding the bfloat16 value exactly); returns its data. The callers'
     /// buffers are thread_local and only grow: at small widths allocating and zeroing two fresh

@@ -52,6 +52,42 @@ public:
                       std::size_t lda, const double* b, std::size_t ldb, double beta, double* c, std::size_t ldc) const = 0;
     virtual double sum(const float* x, std::size_t n) const = 0;
     virtual double sum(const double* x, std::size_t n) const = 0;
+
+    /// `count` independent GEMMs C_i = alpha op(A_i) op(B_i) + beta C_i with A_i = a + i stride_a
+    /// (likewise B_i and C_i, element strides); stride_b = 0 shares one B, e.g. a weight applied to
+    /// every batch element. The default runs the items on the threads (each GEMM serial) when there
+    /// are at least two and as many as threads, else one after another with threaded GEMMs. A
+    /// backend overrides it where it can do better with the shared operand (Bf16MatmulKernels
+    /// rounds a shared B to bfloat16 once instead of once per item).
+    virtual void gemm_batched(std::size_t count, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                              const float* a, std::size_t lda, std::size_t stride_a, const float* b, std::size_t ldb, std::size_t stride_b,
+                              float beta, float* c, std::size_t ldc, std::size_t stride_c) const {
+        batched_items(count, m * n * k, [&](std::size_t i) {
+            gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+        });
+    }
+    virtual void gemm_batched(std::size_t count, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, double alpha,
+                              const double* a, std::size_t lda, std::size_t stride_a, const double* b, std::size_t ldb,
+                              std::size_t stride_b, double beta, double* c, std::size_t ldc, std::size_t stride_c) const {
+        batched_items(count, m * n * k, [&](std::size_t i) {
+            gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+        });
+    }
+
+protected:
+    /// Calls item(i) for i in [0, count): spread over the threads when there are at least two items
+    /// and as many as threads (the work inside each then runs serially), else in order on this
+    /// thread (the work inside may use the threads).
+    template <class Item>
+    void batched_items(std::size_t count, std::size_t work_per_item, Item&& item) const {
+        if (count < 2 || count < std::size_t(num_threads())) {
+            for (std::size_t i = 0; i < count; ++i) item(i);
+            return;
+        }
+        parallel_for(count, work_per_item, [&](std::size_t begin, std::size_t end) {
+            for (std::size_t i = begin; i < end; ++i) item(i);
+        });
+    }
 };
 
 namespace detail {
