@@ -9,6 +9,7 @@
 #     QUICK=1 benchmarks/train_step/run.sh build-trainbench # tiny sizes, seconds (checks the plumbing)
 #     WIDE=1 THREADS=2 benchmarks/train_step/run.sh          # features 512, depth 8, B 8, S 256 (42 M parameters)
 #     SWEEP=1 THREADS=2 benchmarks/train_step/run.sh         # widths 64 128 256 512 1024 at depth 4, B 8, S 256
+#     KEPT=8 WIDE=1 ...                                      # also olmax rows whose first 8 layers keep their activations
 # Rows "olmax-bf16" (train_step --precision bf16: every GEMM bf16 x bf16 -> fp32, on oneDNN's bf16 kernels
 # where built with it) and "pytorch-bf16autocast-2.x" (the forward under torch.autocast("cpu", bfloat16))
 # come beside the fp32 rows; BF16=0 leaves them out.
@@ -79,6 +80,10 @@ for config in "${configs[@]}"; do
            --max_seconds "${MAX_SECONDS:-20}")
     "$binary" "${flags[@]}" --json "$scratch/$i-a-olmax.json"
     [ "${BF16:-1}" = 1 ] && "$binary" "${flags[@]}" --precision bf16 --json "$scratch/$i-a1-olmax-bf16.json"
+    if [ -n "${KEPT:-}" ]; then  # recompute as a budget: the first KEPT reversible layers keep their activations
+      "$binary" "${flags[@]}" --kept_layers "$KEPT" --json "$scratch/$i-a2-olmax-kept.json"
+      [ "${BF16:-1}" = 1 ] && "$binary" "${flags[@]}" --precision bf16 --kept_layers "$KEPT" --json "$scratch/$i-a3-olmax-bf16-kept.json"
+    fi
     if [ -n "$torch2" ]; then
       "$torch2" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b0-pytorch2.json"
       [ "${BF16:-1}" = 1 ] && "$torch2" "$here/torch_train_step.py" "${flags[@]}" --autocast_bf16 --json "$scratch/$i-b01-pytorch2-bf16.json"

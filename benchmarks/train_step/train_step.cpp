@@ -389,7 +389,9 @@ int run(int argc, char** argv) {
     const std::size_t footprint_rss = proc_status_bytes("VmHWM") - rss_at_start;
 
     std::ostringstream json;
-    json << "{\"framework\": \"" << (o.precision == "bf16" ? "olmax-bf16" : "olmax") << "\", \"precision\": \"" << o.precision
+    const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : "olmax") +
+                                  (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "");
+    json << "{\"framework\": \"" << framework << "\", \"precision\": \"" << o.precision
          << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations() << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
          << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"shards\": " << shards << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
