@@ -11,6 +11,7 @@
 #include "test_helpers.hpp"
 
 #include <functional>
+#include <optional>
 #include <string>
 
 using olmax::Shape;
@@ -148,11 +149,14 @@ struct Outcome {
     std::vector<Tensor<T>> grads;
 };
 
-/// Where a case runs: inputs moved to `device`, with `host` as the host's kernels meanwhile.
+/// Where a case runs: inputs moved to `device`, with `host` as the host's kernels meanwhile;
+/// `bf16`: under the bf16 precision policy (Bf16MatmulKernels wrapping `host`: float GEMMs on
+/// bfloat16-rounded operands), and compared with cpu_serial under the same policy.
 struct Target {
     std::string name;
     olmax::Device device;
     const olmax::backend::Kernels* host;
+    bool bf16 = false;
 };
 
 const olmax::backend::Kernels& refusing() {
@@ -165,6 +169,7 @@ std::vector<Target> targets() {
         "stub", std::shared_ptr<const olmax::backend::Kernels>(&olmax::backend::kernels<olmax_test::stub_backend>(), [](const auto*) {}));
     return {{"host, cpu_serial kernels", olmax::Device::host(), &olmax::backend::kernels<cpu_serial>()},
             {"host, cpu_openmp kernels", olmax::Device::host(), &olmax::backend::kernels<cpu_openmp>()},
+            {"host, cpu_openmp kernels, bf16 policy", olmax::Device::host(), &olmax::backend::kernels<cpu_openmp>(), true},
             {"registered device on the stub backend", stub, &olmax::backend::kernels<cpu_serial>()},
             // The host refuses all work here: every primitive of forward and backward must reach the device.
             {"registered counting device, host refusing", olmax_test::counting().device, &refusing()}};
@@ -174,7 +179,9 @@ std::vector<Target> targets() {
 /// be on the target's device.
 template <class T>
 Outcome<T> run_case(const OpCase<T>& c, const std::vector<Tensor<T>>& inputs, olmax::Generator seed_rng, const Target& target) {
-    olmax::backend::host_kernels_scope host(*target.host);
+    std::optional<olmax::backend::Bf16MatmulKernels> policy;
+    if (target.bf16) policy.emplace(*target.host);
+    olmax::backend::host_kernels_scope host(policy ? *policy : *target.host);
     olmax::autodiff::tape_scope scope;
     std::vector<Tensor<T>> x;
     for (const auto& in : inputs) x.push_back(olmax::parameter(in.to(target.device)));
@@ -206,7 +213,7 @@ void check_close(const Tensor<T>& got, const Tensor<T>& reference, double tol, c
 template <class T>
 void run_conformance(const Target& target, bool small) {
     const auto cases = op_cases<T>();
-    const Target reference{"reference", olmax::Device::host(), &olmax::backend::kernels<cpu_serial>()};
+    const Target reference{"reference", olmax::Device::host(), &olmax::backend::kernels<cpu_serial>(), target.bf16};
     const double base = std::is_same_v<T, float> ? 2e-6 : 1e-14;
     olmax::Generator rng(small ? 41 : 42);
     for (std::size_t i = 0; i < cases.size(); ++i) {
@@ -344,4 +351,21 @@ TEST_CASE("cpu_serial GEMM caps Eigen to one thread only for its own call", "[co
 #else
     SUCCEED("built without OpenMP");
 #endif
+}
+
+TEST_CASE("conformance: the bf16-policy target really computes its GEMMs on rounded operands", "[conformance][backend][bf16]") {
+    // Its reference runs under the same policy, so the list alone would pass if the policy did
+    // nothing; here a product under the target's kernels is the fp32 product of the rounded
+    // operands, and differs from the plain fp32 one.
+    olmax::Generator rng(45);
+    const Tensor<float> a = olmax::randn<float>({64, 96}, rng), b = olmax::randn<float>({96, 80}, rng);
+    const Target target = targets()[2];
+    REQUIRE(target.bf16);
+    const Tensor<float> plain = olmax::matmul(a, b);
+    const Tensor<float> rounded_product = olmax::matmul(olmax::cast<float>(olmax::cast<olmax::bfloat16>(a)), olmax::cast<float>(olmax::cast<olmax::bfloat16>(b)));
+    olmax::backend::Bf16MatmulKernels policy(*target.host);
+    olmax::backend::host_kernels_scope host(policy);
+    const Tensor<float> got = olmax::matmul(a, b);
+    CHECK(olmax_test::max_abs_diff(got, rounded_product) <= 1e-4);
+    CHECK(olmax_test::max_abs_diff(got, plain) > 1e-3);
 }
