@@ -426,7 +426,8 @@ inline void overlap_step(dist::OverlappedAllreduce<float>& reducer, Partial<floa
 
 /// The learned plan splits buckets where rank 0 saw a gap: a 30 ms pause between the output and
 /// the hidden layer's gradients (split_gap 10 ms) puts them in different buckets, which one 25 MiB
-/// bucket would otherwise hold together; the results stay those of allreduce_gradients.
+/// bucket would otherwise hold together; the results stay those of allreduce_gradients. In the
+/// next step the first bucket is reduced while backward still waits inside the pausing node.
 inline void check_overlap_gap_split(dist::Communicator& comm) {
     olmax::Generator rng_a(7), rng_b(7);
     Partial<float> plain(rng_a), overlapped(rng_b);  // equal parameters, separate tensors
@@ -439,7 +440,15 @@ inline void check_overlap_gap_split(dist::Communicator& comm) {
         for (auto t : overlapped.tensors()) t.zero_grad();
         midway_loss(plain, comm.rank(), pause).backward();
         dist::allreduce_gradients<float>(comm, plain.tensors());
-        reducer.overlap([&] { midway_loss(overlapped, comm.rank(), pause).backward(); });
+        bool reduced_inside = false;
+        auto wait_for_first_bucket = [&] {  // step 2: the output layer's bucket leaves during backward
+            const auto deadline = Clock::now() + std::chrono::seconds(10);
+            while (reducer.buckets_reduced() == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            reduced_inside = reducer.buckets_reduced() > 0;
+        };
+        reducer.overlap([&] { midway_loss(overlapped, comm.rank(), step == 0 ? std::function<void()>(pause) : wait_for_first_bucket).backward(); });
+        expect(step == 0 || (reduced_inside && reducer.reduced_during_backward() >= 1),
+               "overlap: the first bucket was not reduced while backward was still running");
         const auto a = plain.tensors(), b = overlapped.tensors();
         for (std::size_t i = 0; i < a.size(); ++i) {
             expect(a[i].grad().defined() == b[i].grad().defined(), "overlap with gap splits: parameter ", i, " has a gradient in one path only");
@@ -455,7 +464,8 @@ inline void check_overlap_gap_split(dist::Communicator& comm) {
     expect(bucket_of[4] != bucket_of[3] && bucket_of[5] != bucket_of[2], "overlap: the gap of 30 ms did not split the buckets (",
            buckets.size(), " buckets)");
     if (comm.rank() == 0)
-        std::printf("overlap: a 30 ms gap in rank 0's backward split one 25 MiB bucket into %zu; results still bit-identical\n", buckets.size());
+        std::printf("overlap: a 30 ms gap in rank 0's backward split one 25 MiB bucket into %zu; the first is reduced while backward "
+                    "still runs; results still bit-identical\n", buckets.size());
 }
 
 inline void case_overlap(dist::Communicator& comm) {

@@ -185,6 +185,11 @@ public:
     /// already reduced by then (the exchange that overlapped backward).
     std::size_t reported_during_backward() const { return reported_early_; }
     std::size_t reduced_during_backward() const { return reduced_early_; }
+    /// Buckets of the step in flight reduced so far (any thread).
+    std::size_t buckets_reduced() const {
+        std::lock_guard lock(mutex_);
+        return next_bucket_;
+    }
     /// Seconds the last `finish()` took: the part of the exchange that backward did not hide.
     double finish_seconds() const { return finish_seconds_; }
 
@@ -338,7 +343,7 @@ private:
     std::optional<std::chrono::microseconds> split_gap_;
     double finish_seconds_ = 0;
     // The step, under mutex_.
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     std::condition_variable changed_, done_;  // worker: something to do; caller: a bucket done or the worker idle
     std::vector<char> ready_;
     std::vector<std::size_t> missing_, observed_;
