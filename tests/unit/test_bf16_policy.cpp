@@ -146,6 +146,12 @@ TEST_CASE("bf16 policy: gradients of the GEMM ops through it agree with fp64 at 
     };
     check_op("matmul", {16, 32}, {32, 24}, [](const auto& a, const auto& b) { return olmax::matmul(a, b); });
     check_op("causal_conv1d", {2, 16, 8}, {3, 8, 12}, [](const auto& x, const auto& w) { return olmax::causal_conv1d(x, w); });
+    check_op("causal_conv1d, 2 groups", {3, 16, 8}, {3, 4, 12}, [](const auto& x, const auto& w) { return olmax::causal_conv1d(x, w, 2); });
+    check_op("matmul batched", {3, 8, 16}, {3, 16, 12}, [](const auto& a, const auto& b) { return olmax::matmul(a, b); });
+    check_op("contract_axis (the mixer's)", {4, 16, 12}, {16, 16}, [](const auto& x, const auto& w) { return olmax::contract_axis(x, w, 1); });
+    check_op("grouped_matmul (the MoE's)", {24, 16}, {3, 16, 12}, [](const auto& x, const auto& w) {
+        return olmax::grouped_matmul(x, w, std::vector<std::size_t>{0, 5, 5, 24});
+    });
 }
 
 TEST_CASE("bf16 policy: the main job's model trains under it, close to fp32", "[bf16][policy]") {
