@@ -14,8 +14,9 @@
 // Buckets: consecutive parameters are packed into one flat buffer of at most `bucket_bytes` (a
 // larger parameter travels alone, in place) and reduced with one collective each, as PyTorch's
 // DistributedDataParallel does: small tensors would otherwise pay one network latency each.
-// Unlike DDP, the reduction starts after backward has finished; overlapping the buckets with the
-// backward pass (reducing a bucket as soon as its last gradient is final) is not implemented.
+// `allreduce_gradients` starts after backward has finished; `OverlappedAllreduce`
+// (overlapped_allreduce.hpp) gives the same result with each bucket reduced during backward, as
+// soon as its last gradient is final (DDP's bucketed hooks), on a thread of its own.
 
 #include <algorithm>
 #include <concepts>

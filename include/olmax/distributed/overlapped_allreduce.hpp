@@ -21,8 +21,9 @@
 // dependent graphs). So the worker reduces buckets strictly in the order of a plan that depends
 // on nothing a rank observes alone: at first the reverse of the parameter list (gradients of the
 // last-used parameters are final first, DDP's initial guess); after the first step, the order in
-// which rank 0 saw its gradients become final, broadcast once to every rank (DDP rebuilds its
-// buckets the same way). A rank whose order differs from the plan waits for the bucket in turn;
+// which rank 0 saw its gradients become final, with a bucket boundary wherever it saw a gap
+// (OverlapOptions::split_gap), broadcast once to every rank (DDP rebuilds its buckets from the
+// order it observed too). A rank whose order differs from the plan waits for the bucket in turn;
 // that costs overlap, never correctness. The has-gradient flags travel in the last bucket, the
 // first one at which all of them are known.
 //
