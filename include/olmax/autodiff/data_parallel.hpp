@@ -49,7 +49,9 @@ namespace olmax::autodiff {
 /// `parameters`' `grad()` (added to what is there, as `backward()` does); gradients reaching any
 /// other shared tensor are not supported (list every trainable tensor). Returns each shard's loss
 /// value. An exception thrown by a shard is rethrown here (the lowest shard's first), after all
-/// shards stopped; the parameters' gradients are then unspecified.
+/// shards stopped; the parameters' gradients are then unspecified. Under a gradient_ready_hook on
+/// the calling thread, each parameter is reported to it once every shard has finished it and the
+/// shard gradients are summed (see the top of this file).
 template <Real T, class ShardLoss>
     requires std::invocable<ShardLoss&, std::size_t> && std::same_as<std::invoke_result_t<ShardLoss&, std::size_t>, Tensor<T>>
 std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters, std::size_t shards, ShardLoss&& shard_loss) {
