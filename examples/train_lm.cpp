@@ -143,6 +143,8 @@ struct XlaTrainerOf {  // a train_lm without the PJRT runtime refuses --device=x
 template <class Model>
 void check_xla_settings(const config::TrainConfig& c) {
     if (c.device != "xla") return;
+    olmax::check<config::config_error>(c.kept_layers == 0, "config: --kept_layers is for --device=cpu (the XLA step is compiled as "
+                                                           "a whole, its memory planned by XLA); leave it at 0 with --device=xla");
 #if !defined(TRAIN_LM_WITH_PJRT)
     throw config::config_error("config: --device=xla needs a train_lm built with the PJRT runtime (CMake found no PJRT header: run "
                                "tools/setup_jax_venv.sh or set OLMAX_PJRT_INCLUDE_DIR, then rebuild)");
@@ -250,6 +252,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
 
     // ---- model, optimiser, resume ----------------------------------------------------------
     Model model(model_config);  // checked above
+    model.stack.keep_activations(std::size_t(c.kept_layers));
     optim::AdamW<typename Model::value_type> opt(model.parameters(), models::optimizer_config(c));
     const auto tensors = dist::tensors_of(opt.parameters());
     std::size_t parameter_count = 0;

@@ -69,6 +69,7 @@ struct TrainConfig {
     std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
     std::int64_t xla_devices = 1;
     std::string precision = "fp32";  // fp32 | bf16 (olmax::backend::bf16_matmul_scope)
+    std::int64_t kept_layers = 0;      // recompute as a budget (nn::Stack::keep_activations)
     // sampling at the end
     std::int64_t sample_bytes = 200;
     double temperature = 0.8;
@@ -146,6 +147,11 @@ struct TrainConfig {
                      "bfloat16 and fp32 sums (on oneDNN's bf16 kernels when built with it and the CPU has bf16 units); "
                      "parameters, optimiser state, norms, softmax, losses and scans stay fp32 (docs/BF16.md)",
                      {"fp32", "bf16"}},
+            Field<C>{"kept_layers", &C::kept_layers,
+                     "recompute as a budget: the first N reversible blocks keep their activations for the backward instead of "
+                     "rebuilding them from their outputs (faster, more memory: each shard thread keeps its own; more than depth "
+                     "keeps all; the CPU path only)"}
+                .in(0, 1 << 12),
             Field<C>{"rendezvous", &C::rendezvous, "how the processes find each other: file:DIR (a folder all can reach) or "
                                                    "tcp:HOST:PORT (rank 0 listens there)"},
             Field<C>{"collective_timeout_s", &C::collective_timeout_s, "a peer silent this long is an error (rendezvous and every "
