@@ -163,11 +163,18 @@ private:
     std::mutex mutex_;
     std::unordered_multimap<std::size_t, void*> blocks_;
     std::size_t cached_ = 0;
+    std::size_t limit_ = default_limit();
+
+    /// 1 GiB, or an eighth of the memory this process may use if that is less; 0 under
+    /// AddressSanitizer.
+    static std::size_t default_limit() {
 #if defined(__SANITIZE_ADDRESS__)
-    std::size_t limit_ = 0;
+        return 0;
 #else
-    std::size_t limit_ = std::size_t(1) << 30;
+        const std::size_t gib = std::size_t(1) << 30, available = available_bytes();
+        return available == 0 ? gib : std::min(gib, available / 8);
 #endif
+    }
 };
 
 /// Never destroyed: tensors with static storage may be freed after every other static is gone.
@@ -179,7 +186,9 @@ inline BlockCache& block_cache() {
 }  // namespace detail
 
 /// The most bytes of freed large tensor buffers (>= `cached_block_bytes`) kept for reuse; 0 turns
-/// the cache off. Default 1 GiB (0 under AddressSanitizer). Lowering it frees what is above it.
+/// the cache off. Default 1 GiB, or an eighth of `available_bytes()` if less (0 under
+/// AddressSanitizer). Lowering it frees what is above it. An allocation that fails frees the
+/// cache and tries once more.
 /// Cached bytes are not in `stats()` (they hold no tensor) but are in the process's resident set.
 inline void set_cache_limit(std::size_t bytes) { detail::block_cache().set_limit(bytes); }
 inline std::size_t cache_limit() { return detail::block_cache().limit(); }
@@ -202,6 +211,10 @@ struct TrackedAllocator {
         if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();  // n * sizeof(T) would wrap
         void* p = detail::block_cache().take(n * sizeof(T));
         if (!p) p = xsimd::aligned_malloc(n * sizeof(T), alignment);
+        if (!p && detail::block_cache().cached() > 0) {  // the cached buffers may be what is missing
+            detail::block_cache().release();
+            p = xsimd::aligned_malloc(n * sizeof(T), alignment);
+        }
         if (!p) throw std::bad_alloc();
         detail::on_allocate(n * sizeof(T));
         return static_cast<T*>(p);
