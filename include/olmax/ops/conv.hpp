@@ -1,9 +1,10 @@
 #pragma once
 // Causal 1-D convolution over time on [batch, time, channels], with channel groups; all three
 // passes (forward, dx, dw) are GEMMs on time-shifted row blocks, one per (batch, tap, group);
-// forward and dx batch them over the batch elements (Kernels::gemm_batched).
+// ungrouped forward and dx batch them over the batch elements (Kernels::gemm_batched).
 // (Measured against one im2col GEMM per pass on the byte LM's shapes: the same speed for forward
-// and dx, half the speed for dw, so the unfolded copy is not worth its memory.)
+// and dx, half the speed for dw, so the unfolded copy is not worth its memory; at width 512 under
+// the bf16 policy the unfolded step was 6% slower, 2026-11-24.)
 
 #include <cstddef>
 #include <vector>
@@ -56,6 +57,20 @@ inline bool few_items(std::size_t items) {
     return items < std::size_t(std::max(backend::current().num_threads(), 2));
 }
 
+/// Calls one_batch(b) for every batch element; batches go to separate threads when there are
+/// enough of them (the GEMMs inside stay single-threaded then). Grouped convolutions use it: their
+/// per-(tap, group) GEMMs are too small to be a parallel loop each.
+template <class F>
+void for_each_batch(const ConvDims& d, F&& one_batch) {
+    if (few_items(d.batch)) {
+        for (std::size_t b = 0; b < d.batch; ++b) one_batch(b);
+        return;
+    }
+    backend::current().parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t b = lo; b < hi; ++b) one_batch(b);
+    });
+}
+
 /// out[b, t, group cols] = beta out + sum_k x[b, t - s_k, group cols] w[k, :, group cols] with s_k = K-1-k:
 /// for tap k the output rows [s, T) take input rows [0, T - s), a GEMM on offset row blocks, batched
 /// over the batch elements (Kernels::gemm_batched: the items run on the threads, and the bf16
@@ -65,13 +80,18 @@ inline bool few_items(std::size_t items) {
 template <Real T>
 void forward(const ConvDims& d, const T* x, const T* w, T* out, T beta) {
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
-    for (std::size_t shift = 0; shift < std::min(d.taps, d.time); ++shift) {
-        const std::size_t k = d.taps - 1 - shift;
-        for (std::size_t g = 0; g < d.groups; ++g)  // one batched GEMM over the batch: the tap's weight is shared
-            backend::current().gemm_batched(d.batch, false, false, d.time - shift, cog, cig, T{1}, x + g * cig, d.cin, d.time * d.cin,
-                                            w + k * cig * d.cout + g * cog, d.cout, 0, shift == 0 ? beta : T{1}, out + shift * d.cout + g * cog,
-                                            d.cout, d.time * d.cout);
-    }
+    // The GEMMs of tap k and group g for batch elements [first, first + count).
+    auto taps = [&](std::size_t first, std::size_t count) {
+        for (std::size_t shift = 0; shift < std::min(d.taps, d.time); ++shift) {
+            const std::size_t k = d.taps - 1 - shift;
+            for (std::size_t g = 0; g < d.groups; ++g)
+                backend::current().gemm_batched(count, false, false, d.time - shift, cog, cig, T{1}, x + first * d.time * d.cin + g * cig, d.cin,
+                                                d.time * d.cin, w + k * cig * d.cout + g * cog, d.cout, 0, shift == 0 ? beta : T{1},
+                                                out + (first * d.time + shift) * d.cout + g * cog, d.cout, d.time * d.cout);
+        }
+    };
+    if (d.groups == 1) taps(0, d.batch);  // one batched GEMM per tap over the batch: its weight is shared
+    else for_each_batch(d, [&](std::size_t b) { taps(b, 1); });
 }
 
 /// dx[b, t - s] = sum_k dy[b, t, group out] w[k]^T, batched over the batch as the forward; the
@@ -79,13 +99,17 @@ void forward(const ConvDims& d, const T* x, const T* w, T* out, T beta) {
 template <Real T>
 void backward_input(const ConvDims& d, const T* dy, const T* w, T* dx) {
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
-    for (std::size_t shift = 0; shift < std::min(d.taps, d.time); ++shift) {
-        const std::size_t k = d.taps - 1 - shift;
-        for (std::size_t g = 0; g < d.groups; ++g)
-            backend::current().gemm_batched(d.batch, false, true, d.time - shift, cig, cog, T{1}, dy + shift * d.cout + g * cog, d.cout,
-                                            d.time * d.cout, w + k * cig * d.cout + g * cog, d.cout, 0, shift == 0 ? T{0} : T{1}, dx + g * cig,
-                                            d.cin, d.time * d.cin);
-    }
+    auto taps = [&](std::size_t first, std::size_t count) {
+        for (std::size_t shift = 0; shift < std::min(d.taps, d.time); ++shift) {
+            const std::size_t k = d.taps - 1 - shift;
+            for (std::size_t g = 0; g < d.groups; ++g)
+                backend::current().gemm_batched(count, false, true, d.time - shift, cig, cog, T{1}, dy + (first * d.time + shift) * d.cout + g * cog,
+                                                d.cout, d.time * d.cout, w + k * cig * d.cout + g * cog, d.cout, 0, shift == 0 ? T{0} : T{1},
+                                                dx + first * d.time * d.cin + g * cig, d.cin, d.time * d.cin);
+        }
+    };
+    if (d.groups == 1) taps(0, d.batch);
+    else for_each_batch(d, [&](std::size_t b) { taps(b, 1); });
 }
 
 /// dw[k, :, group out] += sum_b x[b, rows [0, T-s), group in]^T dy[b, rows [s, T), group out]; every
