@@ -184,6 +184,30 @@ TEMPLATE_TEST_CASE("scan: chunk sizes that do not divide T", "[scan]", sc::hilli
     }
 }
 
+// The in-place kernels walk a row in cache-line pieces from the top when time runs down in memory
+// (channel_span.hpp, for_lane_pieces): 37 channels are two whole lines of float plus a partial one.
+TEMPLATE_TEST_CASE("scan: rows wider than a cache line, forward and backward in both directions", "[scan]", sc::sequential_vectorized,
+                   sc::hillis_steele_chunked<128>) {
+    olmax::Generator rng(11);
+    for (const bool reverse : {false, true})
+        for (const bool with_h0 : {false, true}) {
+            const Shape shape{2, 300, 37};
+            const Tensor<float> gates = olmax::rand<float>(shape, rng), x = uniform_pm1<float>(shape, rng), dh = uniform_pm1<float>(shape, rng);
+            const Tensor<float> h0 = with_h0 ? uniform_pm1<float>({2, 37}, rng) : Tensor<float>();
+            const sc::ScanOptions<float> opt{.h0 = h0, .reverse = reverse};
+            const sc::ScanOptions<double> ref_opt{.h0 = with_h0 ? olmax::cast<double>(h0) : Tensor<double>(), .reverse = reverse};
+            INFO(TestType::name << " reverse=" << reverse << " h0=" << with_h0);
+            const Tensor<float> h = olmax_test::with_kernels<olmax::backend::cpu_openmp>([&] { return sc::scan<TestType>(gates, x, opt); });
+            const Tensor<double> ref = sc::scan<sc::sequential_fp64>(olmax::cast<double>(gates), olmax::cast<double>(x), ref_opt);
+            CHECK(rel_error(h, ref) <= 1e-5);
+            const auto grads = olmax_test::with_kernels<olmax::backend::cpu_openmp>([&] { return sc::scan_backward<TestType>(gates, h, dh, opt); });
+            const auto ref_grads = sc::scan_backward<sc::sequential_fp64>(olmax::cast<double>(gates), olmax::cast<double>(h), olmax::cast<double>(dh), ref_opt);
+            CHECK(rel_error(grads.x, ref_grads.x) <= 1e-5);
+            CHECK(rel_error(grads.gates, ref_grads.gates) <= 1e-5);
+            if (with_h0) CHECK(rel_error(grads.h0, ref_grads.h0, ref_grads.x) <= 1e-5);
+        }
+}
+
 TEMPLATE_TEST_CASE("scan: gates shared per head (Mamba-2 style) equal the expanded per-channel scan", "[scan]", sc::sequential,
                    sc::sequential_vectorized, sc::two_pass, sc::chunked_matmul<128>, sc::blelloch) {
     olmax::Generator rng(3);

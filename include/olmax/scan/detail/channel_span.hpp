@@ -27,6 +27,24 @@ inline std::size_t vector_span(const Geometry& g, int threads) {
     return width;
 }
 
+/// Calls lanes(begin, end) over [0, n) in one piece, or, when `descending`, in cache-line pieces
+/// (64 bytes of T) from the top down. A scan step touches one row segment per stream; when the walk
+/// over time goes to lower addresses (a backward pass, a reverse scan), rows read upwards make
+/// every stream a saw-tooth that the hardware prefetchers do not follow, while lines taken top
+/// down make it one descending stream, which they do (pieces of 2 to 8 lines measured slower:
+/// the streams must descend line by line). Measured (AMD EPYC Zen 4, 2 threads, [16,
+/// 4096, 1024], sequential_vectorized backward): bf16 3.1 -> 7.0 G elements/s, fp32 2.7 -> 3.8.
+template <class T, class Lanes>
+[[gnu::always_inline]] inline void for_lane_pieces(std::size_t n, bool descending, Lanes&& lanes) {
+    constexpr std::size_t line = std::max<std::size_t>(64 / sizeof(T), 1);
+    if (!descending || n <= line) return lanes(std::size_t{0}, n);
+    for (std::size_t end = n; end > 0;) {
+        const std::size_t begin = end > line ? end - line : 0;
+        lanes(begin, end);
+        end = begin;
+    }
+}
+
 /// Runs body(b, c0, n, scratch) for every span of `span` contiguous channels (n in the last one
 /// may be smaller) on the current device's threads, with flush-to-zero on and `scratch_size` elements of
 /// per-thread scratch.

@@ -30,6 +30,7 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
     const std::size_t T_ = g.time, span = vector_span(g, backend::current().num_threads()), chunks = (T_ + K - 1) / K;
     // Memory time of processing step r.
     auto time_at = [&](std::size_t r) { return Bwd ? g.time_of(T_ - 1 - r) : g.time_of(r); };
+    const bool descending = Bwd != g.reverse;  // time_at walks down in memory: rows in pieces from the top (for_lane_pieces)
     for_each_channel_span<Acc>(g, span, 2 * chunks * span + 2 * span, [&](std::size_t b, std::size_t c0, std::size_t n, Acc* scratch) {
         Acc* end_gate = scratch;
         Acc* end_scan = end_gate + chunks * span;
@@ -52,17 +53,19 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
             for (std::size_t r = r0; r < r0 + len; ++r) {
                 const T* a = gate_row(r);
                 const T* v = values + g.x_index(b, time_at(r), c0);
-                if (a) {
+                for_lane_pieces<T>(n, descending, [&](std::size_t lo, std::size_t hi) __attribute__((always_inline)) {
+                    if (a) {
 #pragma omp simd
-                    for (std::size_t w = 0; w < n; ++w) {
-                        const Acc gate = load_gate<Log, Acc>(a[w]);
-                        state[w] = gate * state[w] + Acc(v[w]);
-                        product[w] *= gate;
+                        for (std::size_t w = lo; w < hi; ++w) {
+                            const Acc gate = load_gate<Log, Acc>(a[w]);
+                            state[w] = gate * state[w] + Acc(v[w]);
+                            product[w] *= gate;
+                        }
+                    } else {
+#pragma omp simd
+                        for (std::size_t w = lo; w < hi; ++w) state[w] += Acc(v[w]);
                     }
-                } else {
-#pragma omp simd
-                    for (std::size_t w = 0; w < n; ++w) state[w] += Acc(v[w]);
-                }
+                });
             }
             for (std::size_t w = 0; w < n; ++w) end_gate[c * n + w] = product[w], end_scan[c * n + w] = state[w];
         }
@@ -77,35 +80,41 @@ void hs_chunked_run(const Geometry& g, const T* gates, const T* values, const T*
                 const T* a = gate_row(r);
                 const T* v = values + off;
                 T* o = out + off;
-                if (a) {
-#pragma omp simd
-                    for (std::size_t w = 0; w < n; ++w) {
-                        state[w] = load_gate<Log, Acc>(a[w]) * state[w] + Acc(v[w]);
-                        store_value(o[w], state[w]);
-                    }
-                } else {
-#pragma omp simd
-                    for (std::size_t w = 0; w < n; ++w) {
-                        state[w] += Acc(v[w]);
-                        store_value(o[w], state[w]);
-                    }
-                }
-                if constexpr (Bwd) {  // da(s) = g(s) h(s-1), h(-1) = h0; log gates: times a(s)
+                // Backward: da(s) = g(s) h(s-1), h(-1) = h0; log gates: times a(s).
+                const T* hp = nullptr;
+                if constexpr (Bwd) {
                     const std::size_t s = T_ - 1 - r;
-                    const T* hp = s > 0 ? h + g.x_index(b, g.time_of(s - 1), c0) : (h0 ? h0 + b * g.channels + c0 : nullptr);
-                    const T* a_self = gates + off;
-                    T* d = da + off;
-                    if (hp) {
+                    hp = s > 0 ? h + g.x_index(b, g.time_of(s - 1), c0) : (h0 ? h0 + b * g.channels + c0 : nullptr);
+                }
+                for_lane_pieces<T>(n, descending, [&](std::size_t lo, std::size_t hi) __attribute__((always_inline)) {
+                    if (a) {
 #pragma omp simd
-                        for (std::size_t w = 0; w < n; ++w) {
-                            Acc grad_a = state[w] * Acc(hp[w]);
-                            if constexpr (Log) grad_a *= std::exp(Acc(a_self[w]));
-                            store_value(d[w], grad_a);
+                        for (std::size_t w = lo; w < hi; ++w) {
+                            state[w] = load_gate<Log, Acc>(a[w]) * state[w] + Acc(v[w]);
+                            store_value(o[w], state[w]);
                         }
                     } else {
-                        std::fill(d, d + n, T(0));
+#pragma omp simd
+                        for (std::size_t w = lo; w < hi; ++w) {
+                            state[w] += Acc(v[w]);
+                            store_value(o[w], state[w]);
+                        }
                     }
-                }
+                    if constexpr (Bwd) {
+                        const T* a_self = gates + off;
+                        T* d = da + off;
+                        if (hp) {
+#pragma omp simd
+                            for (std::size_t w = lo; w < hi; ++w) {
+                                Acc grad_a = state[w] * Acc(hp[w]);
+                                if constexpr (Log) grad_a *= std::exp(Acc(a_self[w]));
+                                store_value(d[w], grad_a);
+                            }
+                        } else {
+                            std::fill(d + lo, d + hi, T(0));
+                        }
+                    }
+                });
             }
         }
         const Acc* last = end_scan + (chunks - 1) * n;

@@ -26,12 +26,14 @@ void vectorized_btc_span(const Geometry& g, const ForwardArgs<T>& args, std::siz
         const T* a = args.gates + off;
         const T* x = args.x + off;
         T* h = args.h + off;
+        for_lane_pieces<T>(n, g.reverse, [&](std::size_t begin, std::size_t end) __attribute__((always_inline)) {  // a reverse scan walks down in memory
 #pragma omp simd
-        for (std::size_t w = 0; w < n; ++w) {
-            const Acc v = load_gate<Log, Acc>(a[w]) * state[w] + Acc(x[w]);
-            state[w] = v;
-            store_value(h[w], v);
-        }
+            for (std::size_t w = begin; w < end; ++w) {
+                const Acc v = load_gate<Log, Acc>(a[w]) * state[w] + Acc(x[w]);
+                state[w] = v;
+                store_value(h[w], v);
+            }
+        });
     }
     if (args.h_last)
         for (std::size_t w = 0; w < n; ++w) store_value(args.h_last[b * g.channels + c0 + w], state[w]);
@@ -98,16 +100,19 @@ void fused_backward_lanes_impl(const Geometry& g, const BackwardArgs<T>& args, s
         T* dx = args.dx + off;
         T* da = args.da + off;
         if (r > 0 && s > 0) {  // every step but the two ends: no conditions in the vector loop
+            auto lanes = [&](std::size_t begin, std::size_t end) __attribute__((always_inline)) {
 #pragma omp simd
-            for (std::size_t w = 0; w < n; ++w) {
-                const std::size_t i = w * lane_stride;
-                const Acc v = load_gate<Log, Acc>(a_next[i]) * grad[w] + Acc(dh[i]);
-                grad[w] = v;
-                store_value(dx[i], v);
-                Acc d = v * Acc(h_prev[i]);
-                if constexpr (Log) d *= std::exp(Acc(a_self[i]));
-                store_value(da[i], d);
-            }
+                for (std::size_t w = begin; w < end; ++w) {
+                    const std::size_t i = w * lane_stride;
+                    const Acc v = load_gate<Log, Acc>(a_next[i]) * grad[w] + Acc(dh[i]);
+                    grad[w] = v;
+                    store_value(dx[i], v);
+                    Acc d = v * Acc(h_prev[i]);
+                    if constexpr (Log) d *= std::exp(Acc(a_self[i]));
+                    store_value(da[i], d);
+                }
+            };
+            for_lane_pieces<T>(n, UnitStride && !g.reverse, lanes);  // time walks down in memory unless the scan is reversed
             continue;
         }
         const bool last_step = r == 0;  // no a(T): the carry there is dh_last, taken with gate 1
