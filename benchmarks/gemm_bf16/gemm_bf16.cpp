@@ -1,6 +1,9 @@
 // GEMM throughput, fp32 and bf16 inputs (fp32 output and accumulation), in GFLOP/s (counter
-// "GFLOP", a rate: 2 m n k per product), at square sizes and at the shapes of a model layer ([B*S, F] x [F, 4F]):
+// "GFLOP", a rate: 2 m n k per product), at square sizes, at the shapes of a model layer ([B*S, F] x [F, 4F])
+// and at chunked_matmul<128>'s in-chunk product ([128, 128] decay matrix x [128, 64] inputs of a head):
 //   eigen_fp32        olmax::matmul on float tensors (the library's GEMM: Eigen blocks on its pool)
+//   kernels_fp32      backend::current().gemm into a preallocated C (what the scan's chunks call: no
+//                     tensor allocation or tape, which matter at chunk sizes)
 //   portable_bf16     olmax::backend::matmul_bf16 (bf16 widened to fp32, then the same Eigen GEMM)
 //   onednn_fp32       olmax::backend::onednn::gemm (oneDNN's fp32 matmul primitive)
 //   onednn_bf16       the oneDNN bf16 matmul primitive itself; only where the CPU has bf16 units
@@ -54,7 +57,7 @@ void report(benchmark::State& state, const Shape3& s) {
                                                    benchmark::Counter::kIsRate);
 }
 
-enum class Path { eigen_fp32, portable_bf16, onednn_fp32, onednn_bf16, onednn_bf16_api };
+enum class Path { eigen_fp32, kernels_fp32, portable_bf16, onednn_fp32, onednn_bf16, onednn_bf16_api };
 
 void bm_gemm(benchmark::State& state, Shape3 s, Path path, std::string label) {
     const Operands x(s);
@@ -63,6 +66,7 @@ void bm_gemm(benchmark::State& state, Shape3 s, Path path, std::string label) {
     auto product = [&] {
         switch (path) {
             case Path::eigen_fp32: c = olmax::matmul(x.a, x.b); break;
+            case Path::kernels_fp32: backend::current().gemm(false, false, s.m, s.n, s.k, 1.0f, x.a.data(), s.k, x.b.data(), s.n, 0.0f, c.data(), s.n); break;
             case Path::portable_bf16: c = backend::matmul_bf16(x.a16, x.b16); break;
 #if defined(OLMAX_BENCH_WITH_ONEDNN)
             case Path::onednn_fp32:
@@ -94,7 +98,8 @@ void bm_gemm(benchmark::State& state, Shape3 s, Path path, std::string label) {
 
 int main(int argc, char** argv) {
     std::vector<Shape3> shapes = {{512, 512, 512},   {1024, 1024, 1024}, {2048, 2048, 2048},
-                                  {4096, 4096, 4096}, {2048, 2048, 512},  {2048, 512, 2048}};
+                                  {4096, 4096, 4096}, {2048, 2048, 512},  {2048, 512, 2048},
+                                  {128, 64, 128}};  // m x n x k: chunked_matmul<128>'s chunk of a 64-channel head
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
         if (std::strcmp(argv[i], "--olmax_quick") == 0) shapes = {{64, 64, 64}};
@@ -117,6 +122,7 @@ int main(int argc, char** argv) {
                 ->UseRealTime();
         };
         add("eigen_fp32", Path::eigen_fp32, "");
+        add("kernels_fp32", Path::kernels_fp32, "");
         add("portable_bf16", Path::portable_bf16, "");
 #if defined(OLMAX_BENCH_WITH_ONEDNN)
         add("onednn_fp32", Path::onednn_fp32, backend::onednn::implementation(false, false, false, s.m, s.n, s.k));
