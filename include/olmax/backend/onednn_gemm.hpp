@@ -15,7 +15,7 @@
 // OMP_NUM_THREADS / omp_set_num_threads; cpu_serial is 1), and 1 when called inside an olmax
 // parallel loop or an OpenMP region, so nested calls do not oversubscribe. Primitives are cached per
 // (types, transposes, sizes, leading dimensions, alpha, beta, threads) and are safe to call from
-// several threads at once (each call brings its own scratchpad).
+// several threads at once (each thread binds its own memory objects and scratchpad to them).
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -28,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "olmax/backend/bf16_gemm.hpp"
@@ -144,15 +145,46 @@ inline std::shared_ptr<const Entry> entry(dnnl::memory::data_type type, bool tra
     return c.entries.emplace(key, std::move(made)).first->second;
 }
 
-/// Runs a cached product on the caller's pointers, with a scratchpad of its own.
-inline void execute(const Entry& e, const void* a, const void* b, float* c) {
+/// This thread's ready-to-run form of a cached product: its memory objects and argument map are
+/// made once and re-pointed at the caller's buffers on every call. Making them per call (four
+/// dnnl::memory objects and the argument map's hash table) cost as much as the GEMM kernel itself
+/// at the byte LM's 64-wide shapes. Holding the entry keeps its descriptors alive after the
+/// shared cache drops it.
+struct Prepared {
+    std::shared_ptr<const Entry> entry;
+    dnnl::memory a, b, c, scratchpad;
+    std::unordered_map<int, dnnl::memory> args;
+};
+
+inline Prepared& prepared(dnnl::memory::data_type type, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                          std::size_t lda, std::size_t ldb, std::size_t ldc, float alpha, float beta, int threads) {
+    thread_local std::map<Key, Prepared> mine;
+    const Key key{int(type), trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads};
+    if (auto it = mine.find(key); it != mine.end()) return it->second;
+    if (mine.size() >= max_cached) mine.clear();
+    Prepared p;
+    p.entry = entry(type, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
+    if (p.entry->available) {
+        p.a = dnnl::memory(p.entry->a, engine(), DNNL_MEMORY_NONE);
+        p.b = dnnl::memory(p.entry->b, engine(), DNNL_MEMORY_NONE);
+        p.c = dnnl::memory(p.entry->c, engine(), DNNL_MEMORY_NONE);
+        p.scratchpad = dnnl::memory(p.entry->scratchpad, engine(), DNNL_MEMORY_NONE);
+        p.args = {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}, {DNNL_ARG_SCRATCHPAD, p.scratchpad}};
+    }
+    return mine.emplace(key, std::move(p)).first->second;
+}
+
+/// Runs this thread's prepared product on the caller's pointers, with a scratchpad of its own.
+inline void execute(Prepared& p, const void* a, const void* b, float* c) {
     thread_local std::unique_ptr<dnnl::stream> stream;
     thread_local std::vector<std::byte> scratch;
     if (!stream) stream = std::make_unique<dnnl::stream>(engine());
-    if (scratch.size() < e.scratchpad.get_size()) scratch.resize(e.scratchpad.get_size());
-    dnnl::memory ma(e.a, engine(), const_cast<void*>(a)), mb(e.b, engine(), const_cast<void*>(b)), mc(e.c, engine(), c),
-        ms(e.scratchpad, engine(), scratch.data());
-    e.primitive->execute(*stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
+    if (scratch.size() < p.entry->scratchpad.get_size()) scratch.resize(p.entry->scratchpad.get_size());
+    p.a.set_data_handle(const_cast<void*>(a));
+    p.b.set_data_handle(const_cast<void*>(b));
+    p.c.set_data_handle(c);
+    p.scratchpad.set_data_handle(scratch.data());
+    p.entry->primitive->execute(*stream, p.args);
     stream->wait();
 }
 
@@ -201,8 +233,8 @@ inline void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::
     if (detail::trivial(m, n, k, beta, c, ldc)) return;
     const int threads = detail::threads_for_call();
     shared::omp_thread_cap cap(threads);
-    const auto e = detail::entry(dnnl::memory::data_type::f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
-    if (e->available) detail::execute(*e, a, b, c);
+    detail::Prepared& p = detail::prepared(dnnl::memory::data_type::f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
+    if (p.entry->available) detail::execute(p, a, b, c);
     else cpu_serial::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -216,9 +248,9 @@ inline void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
     if (support.accelerated) {
         const int threads = detail::threads_for_call();
         shared::omp_thread_cap cap(threads);
-        const auto e = detail::entry(dnnl::memory::data_type::bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
-        if (e->available) {
-            detail::execute(*e, a, b, c);
+        detail::Prepared& p = detail::prepared(dnnl::memory::data_type::bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
+        if (p.entry->available) {
+            detail::execute(p, a, b, c);
             return;
         }
         shared::bf16_notice("onednn-shape", "olmax: oneDNN has no bf16 matmul kernel for some shapes (first: " + std::to_string(m) + "x" +
