@@ -11,7 +11,11 @@
 // forward 3 values per element (read a, read x, write h), backward 5 (read dh, a, h; write dx, da);
 // 4 bytes a value in float32 rows, 2 in the bfloat16 rows (float carries, same kernels).
 #include <olmax/olmax.hpp>
+#include <olmax/backend/bf16_matmul_kernels.hpp>
 #include <olmax/scan/scan.hpp>
+#if defined(OLMAX_BENCH_WITH_ONEDNN)
+#include <olmax/backend/onednn_gemm.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +26,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -221,7 +226,10 @@ struct Bench {
     /// roofline is the fp32 triad / 3R2W in bytes, so the fraction compares bytes moved; the
     /// error is against the fp64 scan of the bf16-rounded inputs.
     template <class S, class Bk>
-    void run_bf16(const Problem& p, const std::string& label_suffix = "", bool backward = true) {
+    /// `product`: run inside a bf16_matmul_scope with that bf16 GEMM (oneDNN's), so the matrix-unit
+    /// form of chunked_matmul (gates shared by heads) multiplies on the CPU's bf16 units.
+    void run_bf16(const Problem& p, const std::string& label_suffix = "", bool backward = true,
+                  olmax::backend::Bf16MatmulKernels::Bf16Gemm product = {}) {
         using olmax::bfloat16;
         const std::string name = label<S>(p, "[bf16]" + label_suffix);
         if (!filter.empty() && name.find(filter) == std::string::npos) return;
@@ -232,6 +240,8 @@ struct Bench {
         const std::size_t chunk = sc::detail::default_chunk<S>();
         const std::size_t n = p.B * p.T * p.C;
         olmax::backend::host_kernels_scope on_kernels(olmax::backend::kernels<Bk>());
+        std::optional<olmax::backend::bf16_matmul_scope> policy;
+        if (product) policy.emplace(product);
         auto h = Tensor<bfloat16>::uninitialized(x.shape());
         const double fs = time_median([&] {
             sc::detail::run_forward<S>(g, sc::detail::ForwardArgs<bfloat16>{a.data(), x.data(), nullptr, h.data(), nullptr}, chunk);
@@ -376,6 +386,14 @@ int main(int argc, char** argv) {
             shared_rate = 2.0 * 128 * double(p.B * p.T * p.C) / bench.rows.back().seconds / 1e9;  // in-chunk GEMM flops: 2 Q per element
         bench.run<sc::sequential_vectorized, omp>(p, "", false);
         bench.run<sc::two_pass, omp>(p, "", false);
+        // The matrix-unit form in bf16 storage: decay matrices rounded to bf16, one bf16 x bf16 ->
+        // fp32 GEMM per head and chunk; the portable product (fp32 compute), and oneDNN's on the
+        // CPU's bf16 units where built with it.
+        bench.run_bf16<sc::chunked_matmul<128>, omp>(p, "", false);
+#if defined(OLMAX_BENCH_WITH_ONEDNN)
+        if (olmax::backend::onednn::bf16_support().accelerated)
+            bench.run_bf16<sc::chunked_matmul<128>, omp>(p, "[onednn]", false, olmax::backend::onednn::gemm_bf16);
+#endif
         gemm_rate = eigen_gemm_gflops(128, 64, 2000) * threads;  // independent GEMMs, one per thread
     }
     if (shared_rate > 0)

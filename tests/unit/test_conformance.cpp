@@ -369,3 +369,42 @@ TEST_CASE("conformance: the bf16-policy target really computes its GEMMs on roun
     CHECK(olmax_test::max_abs_diff(got, rounded_product) <= 1e-4);
     CHECK(olmax_test::max_abs_diff(got, plain) > 1e-3);
 }
+
+TEST_CASE("conformance: every target's bf16 product (Kernels::gemm_bf16) is the exact product of its bf16 operands, in fp32",
+          "[conformance][backend][bf16]") {
+    // The device seam for bf16 operands (a scan's chunks in bf16 storage, backend::gemm_bf16): with
+    // every transpose and leading dimensions wider than the matrices, against the fp64 product of the
+    // same bf16 values within fp32 accumulation, |C - exact| <= (k + 1) 2^-24 sum_p |a_ip b_pj|.
+    olmax::backend::set_bf16_notice_sink([](std::string_view) {});
+    olmax::Generator rng(46);
+    const std::size_t m = 7, n = 9, k = 33, ld = 40;
+    const auto a = olmax::cast<olmax::bfloat16>(olmax::randn<float>({k, ld}, rng));  // room for op(A) [m, k] either way
+    const auto b = olmax::cast<olmax::bfloat16>(olmax::randn<float>({k, ld}, rng));
+    for (const Target& target : targets()) {
+        if (target.host == &refusing()) continue;  // refuses every primitive by design
+        std::optional<olmax::backend::Bf16MatmulKernels> policy;
+        if (target.bf16) policy.emplace(*target.host);
+        const olmax::backend::Kernels& kernels = policy ? static_cast<const olmax::backend::Kernels&>(*policy) : *target.host;
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) {
+                INFO(target.name << ": ta " << ta << " tb " << tb);
+                Tensor<float> c({m, ld}, 0.5f);
+                kernels.gemm_bf16(ta, tb, m, n, k, 2.0f, a.data(), ld, b.data(), ld, 0.5f, c.data(), ld);
+                for (std::size_t i = 0; i < m; ++i)
+                    for (std::size_t j = 0; j < ld; ++j) {
+                        if (j >= n) {
+                            CHECK(c(i, j) == 0.5f);  // outside the n columns: untouched
+                            continue;
+                        }
+                        double exact = 0, magnitude = 0;
+                        for (std::size_t p = 0; p < k; ++p) {
+                            const double av = float(ta ? a(p, i) : a(i, p)), bv = float(tb ? b(j, p) : b(p, j));
+                            exact += av * bv;
+                            magnitude += std::abs(av * bv);
+                        }
+                        CHECK(std::abs(double(c(i, j)) - (2 * exact + 0.25)) <= 2 * (double(k) + 1) * 0x1p-24 * magnitude + 1e-6);
+                    }
+            }
+    }
+    olmax::backend::set_bf16_notice_sink({});
+}

@@ -1,22 +1,21 @@
 #pragma once
-// Mixed-precision GEMM, the portable path: C (fp32) = alpha op(A) op(B) + beta C with A and B in
-// bfloat16. Both operands are widened to float (exact) and multiplied by the fp32 GEMM of the
-// current device's kernels (Eigen on the CPU), so every build has a correct bf16 product; it is
-// not faster than fp32 (it computes in fp32) and says so once. With the optional oneDNN target,
-// olmax/backend/onednn_gemm.hpp runs the same product on the CPU's bf16 units when it has them and
-// falls back to fp32 compute (saying so once) when it has none.
+// Mixed-precision GEMM: C (fp32) = alpha op(A) op(B) + beta C with A and B in bfloat16, on the
+// current device's bf16 product (`Kernels::gemm_bf16`). Its portable default widens both operands
+// to float (exact) and multiplies them with the device's fp32 GEMM (Eigen on the CPU), so every
+// build has a correct bf16 product; it is not faster than fp32 (it computes in fp32) and says so
+// once. Inside a `bf16_matmul_scope` given a bf16 product (bf16_matmul_kernels.hpp) the same call
+// runs on it; with the optional oneDNN target, olmax/backend/onednn_gemm.hpp is such a product, on
+// the CPU's bf16 units when it has them (falling back to fp32 compute, saying so once, when not).
 //
 // Accumulation is in fp32 either way: |C - exact product of the bf16 inputs| is bounded by about
 // k 2^-24 sum_i |a_i||b_i| per element, whatever path runs.
 
 #include <cstddef>
-#include <cstdio>
 #include <functional>
 #include <mutex>
-#include <set>
-#include <string>
 #include <string_view>
 
+#include "olmax/backend/detail/bf16_notice.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/bfloat16.hpp"
 #include "olmax/core/error.hpp"
@@ -25,29 +24,6 @@
 namespace olmax::backend {
 
 namespace detail {
-
-struct bf16_notice_state {
-    std::mutex mutex;
-    std::set<std::string, std::less<>> shown;
-    std::function<void(std::string_view)> sink;
-};
-inline bf16_notice_state& bf16_notices() {
-    static bf16_notice_state state;
-    return state;
-}
-
-/// Shows `message` once per process per `key` (on stderr, or to the sink of set_bf16_notice_sink).
-inline void bf16_notice(std::string_view key, const std::string& message) {
-    std::function<void(std::string_view)> sink;
-    {
-        auto& state = bf16_notices();
-        std::lock_guard<std::mutex> lock(state.mutex);
-        if (!state.shown.emplace(key).second) return;
-        sink = state.sink;
-    }
-    if (sink) sink(message);
-    else std::fprintf(stderr, "%s; this notice is shown once\n", message.c_str());
-}
 
 /// Throws `value_error` naming `who` when a leading dimension is shorter than its rows.
 inline void check_gemm_layout(std::string_view who, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
@@ -58,7 +34,8 @@ inline void check_gemm_layout(std::string_view who, bool trans_a, bool trans_b, 
           trans_a ? " (a transposed)" : "", trans_b ? " (b transposed)" : "");
 }
 
-/// A rows x cols block of bfloat16 with leading dimension `ld`, widened into a dense float tensor.
+/// A rows x cols block of bfloat16 with leading dimension `ld`, widened into a dense float tensor
+/// (the fp32 fallback of onednn::gemm_bf16).
 inline Tensor<float> widen(const bfloat16* src, std::size_t rows, std::size_t cols, std::size_t ld) {
     auto out = Tensor<float>::uninitialized({rows, cols});
     float* dst = out.data();
@@ -66,16 +43,6 @@ inline Tensor<float> widen(const bfloat16* src, std::size_t rows, std::size_t co
         for (std::size_t r = lo; r < hi; ++r) to_float(src + r * ld, dst + r * cols, cols);
     });
     return out;
-}
-
-/// The portable product (no notice): widen both operands, one fp32 GEMM on the current kernels.
-inline void gemm_bf16_in_fp32(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
-                              std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-    if (m == 0 || n == 0) return;
-    const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-    const std::size_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-    const Tensor<float> a32 = widen(a, a_rows, a_cols, lda), b32 = widen(b, b_rows, b_cols, ldb);
-    current().gemm(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
 }
 
 }  // namespace detail
@@ -94,14 +61,13 @@ inline void reset_bf16_notices() {
     state.shown.clear();
 }
 
-/// Row-major C = alpha op(A) op(B) + beta C (as `Kernels::gemm`), A and B bfloat16, C float; the
-/// portable path (fp32 compute on the current device's GEMM).
+/// Row-major C = alpha op(A) op(B) + beta C (as `Kernels::gemm`), A and B bfloat16, C float, on the
+/// current device's bf16 product (`Kernels::gemm_bf16`): fp32 compute on its GEMM by default, the
+/// policy's product (e.g. oneDNN on the CPU's bf16 units) inside a `bf16_matmul_scope` given one.
 inline void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
                       std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
     detail::check_gemm_layout("gemm_bf16", trans_a, trans_b, m, n, k, lda, ldb, ldc);
-    detail::bf16_notice("portable", "olmax: bf16 GEMMs compute in fp32 (portable path: bfloat16 widened to float, Eigen GEMM); "
-                                    "olmax/backend/onednn_gemm.hpp (CMake target olmax::onednn) uses the CPU's bf16 units");
-    detail::gemm_bf16_in_fp32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    current().gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /// The sizes of op(a) [m, k] x op(b) [k, n] for two matrices; `shape_error` naming `who` and both

@@ -75,6 +75,15 @@ public:
         });
     }
 
+    /// Operands already in bfloat16 (a scan's chunks in bf16 storage): straight to the bf16 product
+    /// when one was given, else the wrapped kernels' (portable) one.
+    void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a, std::size_t lda,
+                   const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const override {
+        if (!bf16_gemm_) return base_.gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        if (m == 0 || n == 0) return;
+        bf16_gemm_(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+
 private:
     /// Calls f(a_buffer, b_buffer) with this thread's operand buffers of the type the product takes:
     /// bfloat16 for the given bf16 product, float (holding bfloat16 values) for the portable one,

@@ -15,8 +15,11 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "olmax/backend/concept.hpp"
+#include "olmax/backend/detail/bf16_notice.hpp"
+#include "olmax/core/bfloat16.hpp"
 #include "olmax/core/device.hpp"
 
 namespace olmax::backend {
@@ -72,6 +75,32 @@ public:
         batched_items(count, m * n * k, [&](std::size_t i) {
             gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
         });
+    }
+
+    /// bf16 x bf16 -> fp32: row-major C = alpha op(A) op(B) + beta C with A and B bfloat16 and C
+    /// float. The default widens both operands to float (exact) and runs this device's fp32 `gemm`:
+    /// the numbers of bf16 matrix units (every product of two bfloat16 is exact in fp32) at fp32
+    /// speed, said once on stderr. A device with bf16 units overrides it; inside a
+    /// `bf16_matmul_scope` it is the scope's product (Bf16MatmulKernels: e.g. oneDNN's on AMX or
+    /// AVX512-BF16). Callers check the layout (backend::gemm_bf16 does).
+    virtual void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
+                           std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const {
+        if (m == 0 || n == 0) return;
+        detail::bf16_notice("portable", "olmax: bf16 GEMMs compute in fp32 (portable path: bfloat16 widened to float, Eigen GEMM); "
+                                        "olmax/backend/onednn_gemm.hpp (CMake target olmax::onednn) uses the CPU's bf16 units");
+        const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+        thread_local std::vector<float> a32, b32;  // this thread's, reused: a scan calls this once per chunk
+        auto widen = [&](const bfloat16* src, std::size_t rows, std::size_t cols, std::size_t ld, std::vector<float>& out) {
+            if (out.size() < rows * cols) out.resize(rows * cols);
+            float* dst = out.data();
+            parallel_for(rows, cols, [&](std::size_t lo, std::size_t hi) {
+                for (std::size_t r = lo; r < hi; ++r) to_float(src + r * ld, dst + r * cols, cols);
+            });
+            return static_cast<const float*>(dst);
+        };
+        const float* wide_a = widen(a, a_rows, a_cols, lda, a32);
+        const float* wide_b = widen(b, b_rows, b_cols, ldb, b32);
+        gemm(trans_a, trans_b, m, n, k, alpha, wide_a, a_cols, wide_b, b_cols, beta, c, ldc);
     }
 
 protected:

@@ -97,13 +97,6 @@ template <class S, class T>
 using accumulator_t = std::conditional_t<is_one_of<S, sequential_fp64, log_space>, double,
                                          std::conditional_t<std::is_same_v<T, bfloat16>, float, T>>;
 
-/// The family that runs on storage type T: the shared-gate GEMM (backend GEMM on T, float and
-/// double only) gives way to the tile engine's per-head matmul kernel for bfloat16 storage, which
-/// computes the same chunked products in the float accumulator.
-template <class Family, class T>
-using storage_family = std::conditional_t<std::is_same_v<Family, shared_gate_matmul_family> && !std::is_floating_point_v<T>,
-                                          tile_family<tile_chunked_matmul>, Family>;
-
 template <class S>
 constexpr std::size_t default_chunk() {
     if constexpr (requires { S::chunk; }) return S::chunk;
@@ -125,24 +118,23 @@ decltype(auto) with_family(const Geometry& g, F&& f) {
     return f(typename R::strided{});
 }
 
-/// The name of the family that runs strategy S on geometry g in `pass` with storage type T (tests,
-/// diagnostics).
-template <class S, class T = float>
+/// The name of the family that runs strategy S on geometry g in `pass` (tests, diagnostics).
+template <class S>
 std::string_view family_name(const Geometry& g, Pass pass) {
-    auto name = [](auto family) { return storage_family<decltype(family), T>::name; };
+    auto name = [](auto family) { return decltype(family)::name; };
     return pass == Pass::forward ? with_family<Pass::forward, S>(g, name) : with_family<Pass::backward, S>(g, name);
 }
 
 template <class S, class T>
 void run_forward(const Geometry& g, const ForwardArgs<T>& args, std::size_t chunk) {
     using Acc = accumulator_t<S, T>;
-    with_family<Pass::forward, S>(g, [&](auto family) { storage_family<decltype(family), T>::template forward<Acc>(g, args, chunk); });
+    with_family<Pass::forward, S>(g, [&](auto family) { decltype(family)::template forward<Acc>(g, args, chunk); });
 }
 
 template <class S, class T>
 void run_backward(const Geometry& g, const BackwardArgs<T>& args, std::size_t chunk) {
     using Acc = accumulator_t<S, T>;
-    with_family<Pass::backward, S>(g, [&](auto family) { storage_family<decltype(family), T>::template backward<Acc>(g, args, chunk); });
+    with_family<Pass::backward, S>(g, [&](auto family) { decltype(family)::template backward<Acc>(g, args, chunk); });
 }
 
 }  // namespace olmax::scan::detail
