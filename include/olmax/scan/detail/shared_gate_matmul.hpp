@@ -71,14 +71,32 @@ void shared_matmul_forward_impl(const Geometry& g, const ForwardArgs<T>& args, s
                     Acc* out = chunk_out.data();
                     if (btc) backend::current().gemm_bf16(false, false, len, P, len, 1.0f, rounded_M.data(), len, args.x + xoff, g.channels, 0.0f, out, P);
                     else backend::current().gemm_bf16(false, true, P, len, len, 1.0f, args.x + xoff, T_, rounded_M.data(), len, 0.0f, out, len);
-                    const std::size_t step_stride = btc ? P : 1, channel_stride = btc ? 1 : len;
-                    for (std::size_t i = 0; i < len; ++i)
-                        for (std::size_t p = 0; p < P; ++p) {
-                            Acc& v = out[i * step_stride + p * channel_stride];
-                            v += decay[i] * carry[p];
-                            store_value(args.h[xoff + (btc ? i * g.channels + p : p * T_ + i)], v);
+                    // Add the carry term and round into h, along the contiguous axis of both.
+                    if (btc) {
+                        for (std::size_t i = 0; i < len; ++i) {
+                            Acc* o = out + i * P;
+                            T* hr = args.h + xoff + i * g.channels;
+                            const Acc d = decay[i];
+#pragma omp simd
+                            for (std::size_t p = 0; p < P; ++p) {
+                                o[p] += d * carry[p];
+                                store_value(hr[p], o[p]);
+                            }
                         }
-                    for (std::size_t p = 0; p < P; ++p) carry[p] = out[last * step_stride + p * channel_stride];
+                        for (std::size_t p = 0; p < P; ++p) carry[p] = out[last * P + p];
+                    } else {
+                        for (std::size_t p = 0; p < P; ++p) {
+                            Acc* o = out + p * len;
+                            T* hr = args.h + xoff + p * T_;
+                            const Acc c = carry[p];
+#pragma omp simd
+                            for (std::size_t i = 0; i < len; ++i) {
+                                o[i] += decay[i] * c;
+                                store_value(hr[i], o[i]);
+                            }
+                            carry[p] = o[last];
+                        }
+                    }
                 } else if (btc) {
                     backend::current().gemm(false, false, len, P, len, T(1), M.data(), len, args.x + xoff, g.channels, T(0), args.h + xoff, g.channels);
                     for (std::size_t i = 0; i < len; ++i) {
