@@ -84,8 +84,10 @@ ScanGradients<T> scan_gradients(const Geometry& g, std::size_t chunk, const Tens
 /// x) and the final state h_last ([batch, channels], the state after the last processed step).
 /// float and double: differentiable in gates, x and opt.h0. bfloat16: storage only (not recorded on
 /// the tape; `scan_backward` gives its gradients), computed with float carries and each h rounded
-/// once to bfloat16: |h - h_exact| <= 2^-8 |h_exact| plus the float recurrence's own rounding (see
-/// docs/BF16.md, "Scans in bf16 storage").
+/// once to bfloat16: |h - h_exact| <= 2^-8 |h_exact| plus the float recurrence's own rounding;
+/// chunked_matmul with gates shared by heads multiplies on the device's bf16 product with its decay
+/// matrix rounded to bf16, which adds 2^-8 of the scan on |inputs| (see docs/BF16.md, "Scans in
+/// bf16 storage").
 /// Throws shape_error / value_error on mismatched shapes, T = 0, empty rows or a chunk size < 1; NaN
 /// gates or inputs propagate as NaN.
 template <class Strategy, ScanElement T>
