@@ -33,7 +33,8 @@ inline std::size_t vector_span(const Geometry& g, int threads) {
 /// every stream a saw-tooth that the hardware prefetchers do not follow, while lines taken top
 /// down make it one descending stream, which they do (pieces of 2 to 8 lines measured slower:
 /// the streams must descend line by line). Measured (AMD EPYC Zen 4, 2 threads, [16,
-/// 4096, 1024], sequential_vectorized backward): bf16 3.1 -> 7.0 G elements/s, fp32 2.7 -> 3.8.
+/// 4096, 1024], sequential_vectorized backward): bf16 3.3 -> 6.2 G elements/s (0.47 -> 0.89-0.98
+/// of a 3-read/2-write stream kernel), fp32 2.3-2.5 -> 3.4-3.6 (benchmarks/RESULTS.md).
 template <class T, class Lanes>
 [[gnu::always_inline]] inline void for_lane_pieces(std::size_t n, bool descending, Lanes&& lanes) {
     constexpr std::size_t line = std::max<std::size_t>(64 / sizeof(T), 1);
