@@ -34,17 +34,6 @@ inline void check_gemm_layout(std::string_view who, bool trans_a, bool trans_b, 
           trans_a ? " (a transposed)" : "", trans_b ? " (b transposed)" : "");
 }
 
-/// A rows x cols block of bfloat16 with leading dimension `ld`, widened into a dense float tensor
-/// (the fp32 fallback of onednn::gemm_bf16).
-inline Tensor<float> widen(const bfloat16* src, std::size_t rows, std::size_t cols, std::size_t ld) {
-    auto out = Tensor<float>::uninitialized({rows, cols});
-    float* dst = out.data();
-    current().parallel_for(rows, cols, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t r = lo; r < hi; ++r) to_float(src + r * ld, dst + r * cols, cols);
-    });
-    return out;
-}
-
 }  // namespace detail
 
 /// Where bf16 notices ("bf16 GEMMs compute in fp32 ...") go instead of stderr; an empty function

@@ -84,24 +84,7 @@ public:
     /// `bf16_matmul_scope` it is the scope's product (Bf16MatmulKernels: e.g. oneDNN's on AMX or
     /// AVX512-BF16). Callers check the layout (backend::gemm_bf16 does).
     virtual void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
-                           std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const {
-        if (m == 0 || n == 0) return;
-        detail::bf16_notice("portable", "olmax: bf16 GEMMs compute in fp32 (portable path: bfloat16 widened to float, Eigen GEMM); "
-                                        "olmax/backend/onednn_gemm.hpp (CMake target olmax::onednn) uses the CPU's bf16 units");
-        const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-        thread_local std::vector<float> a32, b32;  // this thread's, reused: a scan calls this once per chunk
-        auto widen = [&](const bfloat16* src, std::size_t rows, std::size_t cols, std::size_t ld, std::vector<float>& out) {
-            if (out.size() < rows * cols) out.resize(rows * cols);
-            float* dst = out.data();
-            parallel_for(rows, cols, [&](std::size_t lo, std::size_t hi) {
-                for (std::size_t r = lo; r < hi; ++r) to_float(src + r * ld, dst + r * cols, cols);
-            });
-            return static_cast<const float*>(dst);
-        };
-        const float* wide_a = widen(a, a_rows, a_cols, lda, a32);
-        const float* wide_b = widen(b, b_rows, b_cols, ldb, b32);
-        gemm(trans_a, trans_b, m, n, k, alpha, wide_a, a_cols, wide_b, b_cols, beta, c, ldc);
-    }
+                           std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const;
 
 protected:
     /// Calls item(i) for i in [0, count): spread over the threads when there are at least two items
@@ -187,6 +170,35 @@ template <class B>
 const Kernels& kernels() {
     static const static_kernels<B> instance;
     return instance;
+}
+
+namespace detail {
+
+/// A rows x cols block of bfloat16 (leading dimension `ld`) widened, exactly, into `buffer` (dense
+/// float, grown as needed) on the kernels `on`; returns its data. The callers' buffers are
+/// thread_local: a scan calls a bf16 product once per chunk.
+inline const float* widen_into(const Kernels& on, const bfloat16* src, std::size_t rows, std::size_t cols, std::size_t ld,
+                               std::vector<float>& buffer) {
+    if (buffer.size() < rows * cols) buffer.resize(rows * cols);
+    float* dst = buffer.data();
+    on.parallel_for(rows, cols, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = lo; r < hi; ++r) to_float(src + r * ld, dst + r * cols, cols);
+    });
+    return dst;
+}
+
+}  // namespace detail
+
+inline void Kernels::gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
+                               std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const {
+    if (m == 0 || n == 0) return;
+    detail::bf16_notice("portable", "olmax: bf16 GEMMs compute in fp32 (portable path: bfloat16 widened to float, Eigen GEMM); "
+                                    "olmax/backend/onednn_gemm.hpp (CMake target olmax::onednn) uses the CPU's bf16 units");
+    const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    thread_local std::vector<float> a32, b32;
+    const float* wide_a = detail::widen_into(*this, a, a_rows, a_cols, lda, a32);
+    const float* wide_b = detail::widen_into(*this, b, b_rows, b_cols, ldb, b32);
+    gemm(trans_a, trans_b, m, n, k, alpha, wide_a, a_cols, wide_b, b_cols, beta, c, ldc);
 }
 
 }  // namespace olmax::backend

@@ -263,8 +263,10 @@ inline void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
     }
     const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
     const std::size_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-    const Tensor<float> a32 = shared::widen(a, a_rows, a_cols, lda), b32 = shared::widen(b, b_rows, b_cols, ldb);
-    gemm(trans_a, trans_b, m, n, k, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, c, ldc);
+    thread_local std::vector<float> a32, b32;
+    const float* wide_a = shared::widen_into(current(), a, a_rows, a_cols, lda, a32);
+    const float* wide_b = shared::widen_into(current(), b, b_rows, b_cols, ldb, b32);
+    gemm(trans_a, trans_b, m, n, k, alpha, wide_a, a_cols, wide_b, b_cols, beta, c, ldc);
 }
 
 /// op(a) x op(b) for bfloat16 matrices as a new float tensor [m, n], through gemm_bf16 above (the

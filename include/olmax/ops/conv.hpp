@@ -57,17 +57,19 @@ inline bool few_items(std::size_t items) {
     return items < std::size_t(std::max(backend::current().num_threads(), 2));
 }
 
-/// Calls one_batch(b) for every batch element; batches go to separate threads when there are
-/// enough of them (the GEMMs inside stay single-threaded then). Grouped convolutions use it: their
-/// per-(tap, group) GEMMs are too small to be a parallel loop each.
-template <class F>
-void for_each_batch(const ConvDims& d, F&& one_batch) {
+/// Runs taps(first, count), the per-tap GEMMs of batch elements [first, first + count), over the
+/// whole batch: ungrouped, as one call (its GEMMs are batched over the elements, whose weight is
+/// shared: Kernels::gemm_batched); grouped, one call per element, the elements on separate threads
+/// when there are enough of them (per-(tap, group) GEMMs are too small to be a parallel loop each).
+template <class Taps>
+void over_batch(const ConvDims& d, Taps&& taps) {
+    if (d.groups == 1) return taps(std::size_t{0}, d.batch);
     if (few_items(d.batch)) {
-        for (std::size_t b = 0; b < d.batch; ++b) one_batch(b);
+        for (std::size_t b = 0; b < d.batch; ++b) taps(b, std::size_t{1});
         return;
     }
     backend::current().parallel_for(d.batch, d.time * d.cin * d.cout * d.taps / d.groups, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t b = lo; b < hi; ++b) one_batch(b);
+        for (std::size_t b = lo; b < hi; ++b) taps(b, std::size_t{1});
     });
 }
 
@@ -90,8 +92,7 @@ void forward(const ConvDims& d, const T* x, const T* w, T* out, T beta) {
                                                 out + (first * d.time + shift) * d.cout + g * cog, d.cout, d.time * d.cout);
         }
     };
-    if (d.groups == 1) taps(0, d.batch);  // one batched GEMM per tap over the batch: its weight is shared
-    else for_each_batch(d, [&](std::size_t b) { taps(b, 1); });
+    over_batch(d, taps);
 }
 
 /// dx[b, t - s] = sum_k dy[b, t, group out] w[k]^T, batched over the batch as the forward; the
@@ -108,8 +109,7 @@ void backward_input(const ConvDims& d, const T* dy, const T* w, T* dx) {
                                                 dx + first * d.time * d.cin + g * cig, d.cin, d.time * d.cin);
         }
     };
-    if (d.groups == 1) taps(0, d.batch);
-    else for_each_batch(d, [&](std::size_t b) { taps(b, 1); });
+    over_batch(d, taps);
 }
 
 /// dw[k, :, group out] += sum_b x[b, rows [0, T-s), group in]^T dy[b, rows [s, T), group out]; every

@@ -66,51 +66,47 @@ void shared_matmul_forward_impl(const Geometry& g, const ForwardArgs<T>& args, s
                 }
                 const std::size_t xoff = g.x_index(b, t0, c0);
                 const std::size_t last = g.reverse ? 0 : len - 1;  // the chunk's last step in processing order
+                // The GEMM writes the chunk's h without the carry term into `out` [len, P] (btc) or
+                // [P, len] (bct) with leading dimension ld_out: h itself for float and double, a float
+                // chunk for bf16 storage, which is rounded into h once the carry term is in.
+                Acc* out;
+                std::size_t ld_out;
                 if constexpr (bf16) {
                     to_bfloat16(M.data(), rounded_M.data(), len * len);
-                    Acc* out = chunk_out.data();
-                    if (btc) backend::current().gemm_bf16(false, false, len, P, len, 1.0f, rounded_M.data(), len, args.x + xoff, g.channels, 0.0f, out, P);
-                    else backend::current().gemm_bf16(false, true, P, len, len, 1.0f, args.x + xoff, T_, rounded_M.data(), len, 0.0f, out, len);
-                    // Add the carry term and round into h, along the contiguous axis of both.
-                    if (btc) {
-                        for (std::size_t i = 0; i < len; ++i) {
-                            Acc* o = out + i * P;
-                            T* hr = args.h + xoff + i * g.channels;
-                            const Acc d = decay[i];
-#pragma omp simd
-                            for (std::size_t p = 0; p < P; ++p) {
-                                o[p] += d * carry[p];
-                                store_value(hr[p], o[p]);
-                            }
-                        }
-                        for (std::size_t p = 0; p < P; ++p) carry[p] = out[last * P + p];
-                    } else {
-                        for (std::size_t p = 0; p < P; ++p) {
-                            Acc* o = out + p * len;
-                            T* hr = args.h + xoff + p * T_;
-                            const Acc c = carry[p];
-#pragma omp simd
-                            for (std::size_t i = 0; i < len; ++i) {
-                                o[i] += decay[i] * c;
-                                store_value(hr[i], o[i]);
-                            }
-                            carry[p] = o[last];
-                        }
-                    }
-                } else if (btc) {
-                    backend::current().gemm(false, false, len, P, len, T(1), M.data(), len, args.x + xoff, g.channels, T(0), args.h + xoff, g.channels);
-                    for (std::size_t i = 0; i < len; ++i) {
-                        T* hr = args.h + xoff + i * g.channels;
-                        for (std::size_t p = 0; p < P; ++p) hr[p] += decay[i] * carry[p];
-                    }
-                    const T* last_row = args.h + xoff + last * g.channels;
-                    for (std::size_t p = 0; p < P; ++p) carry[p] = last_row[p];
+                    out = chunk_out.data();
+                    ld_out = btc ? P : len;
+                    if (btc) backend::current().gemm_bf16(false, false, len, P, len, 1.0f, rounded_M.data(), len, args.x + xoff, g.channels, 0.0f, out, ld_out);
+                    else backend::current().gemm_bf16(false, true, P, len, len, 1.0f, args.x + xoff, T_, rounded_M.data(), len, 0.0f, out, ld_out);
                 } else {
-                    backend::current().gemm(false, true, P, len, len, T(1), args.x + xoff, T_, M.data(), len, T(0), args.h + xoff, T_);
+                    out = args.h + xoff;
+                    ld_out = btc ? g.channels : T_;
+                    if (btc) backend::current().gemm(false, false, len, P, len, T(1), M.data(), len, args.x + xoff, g.channels, T(0), out, ld_out);
+                    else backend::current().gemm(false, true, P, len, len, T(1), args.x + xoff, T_, M.data(), len, T(0), out, ld_out);
+                }
+                // Add the carry term (and round into h) along the contiguous axis of both.
+                if (btc) {
+                    for (std::size_t i = 0; i < len; ++i) {
+                        Acc* o = out + i * ld_out;
+                        [[maybe_unused]] T* hr = args.h + xoff + i * g.channels;
+                        const Acc d = decay[i];
+#pragma omp simd
+                        for (std::size_t p = 0; p < P; ++p) {
+                            o[p] += d * carry[p];
+                            if constexpr (bf16) store_value(hr[p], o[p]);
+                        }
+                    }
+                    for (std::size_t p = 0; p < P; ++p) carry[p] = out[last * ld_out + p];
+                } else {
                     for (std::size_t p = 0; p < P; ++p) {
-                        T* hr = args.h + xoff + p * T_;
-                        for (std::size_t i = 0; i < len; ++i) hr[i] += decay[i] * carry[p];
-                        carry[p] = hr[last];
+                        Acc* o = out + p * ld_out;
+                        [[maybe_unused]] T* hr = args.h + xoff + p * T_;
+                        const Acc c = carry[p];
+#pragma omp simd
+                        for (std::size_t i = 0; i < len; ++i) {
+                            o[i] += decay[i] * c;
+                            if constexpr (bf16) store_value(hr[i], o[i]);
+                        }
+                        carry[p] = o[last];
                     }
                 }
             }
