@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -152,6 +153,120 @@ TEST_CASE("bf16 policy: gradients of the GEMM ops through it agree with fp64 at 
     check_op("grouped_matmul (the MoE's)", {24, 16}, {3, 16, 12}, [](const auto& x, const auto& w) {
         return olmax::grouped_matmul(x, w, std::vector<std::size_t>{0, 5, 5, 24});
     });
+}
+
+namespace {
+
+/// The policy's kernels, seen through a wrapper that counts the float and bf16 GEMMs reaching it and
+/// can hide that the float ones round (`says_it_rounds` false): ops then pass float operands to every
+/// GEMM and each rounds its own, the way the policy worked before ops rounded their operands once.
+class CountingKernels final : public backend::Kernels {
+public:
+    CountingKernels(const backend::Kernels& policy, bool says_it_rounds) : policy_(policy), says_(says_it_rounds) {}
+    std::string_view name() const override { return "counting"; }
+    int num_threads() const override { return policy_.num_threads(); }
+    void parallel_for(std::size_t n, std::size_t work, backend::range_body body) const override { policy_.parallel_for(n, work, body); }
+    double sum(const float* x, std::size_t n) const override { return policy_.sum(x, n); }
+    double sum(const double* x, std::size_t n) const override { return policy_.sum(x, n); }
+    void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a, std::size_t lda, const double* b,
+              std::size_t ldb, double beta, double* c, std::size_t ldc) const override {
+        policy_.gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda, const float* b,
+              std::size_t ldb, float beta, float* c, std::size_t ldc) const override {
+        ++float_gemms;
+        policy_.gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    void gemm_batched(std::size_t count, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                      std::size_t lda, std::size_t stride_a, const float* b, std::size_t ldb, std::size_t stride_b, float beta, float* c,
+                      std::size_t ldc, std::size_t stride_c) const override {
+        float_gemms += count;
+        policy_.gemm_batched(count, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c);
+    }
+    void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const olmax::bfloat16* a, std::size_t lda,
+                   const olmax::bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const override {
+        ++bf16_gemms;
+        policy_.gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    bool float_gemms_in_bf16() const override { return says_; }
+
+    mutable std::atomic<std::size_t> float_gemms{0}, bf16_gemms{0};
+
+private:
+    const backend::Kernels& policy_;
+    bool says_;
+};
+
+}  // namespace
+
+TEST_CASE("bf16 policy: ops round each operand once, with the numbers of rounding per GEMM", "[bf16][policy]") {
+    // Rounding is a function of the value, so an op that rounds x once for all of a convolution's
+    // taps computes what rounding inside every GEMM computed: outputs and gradients bit for bit.
+    olmax::Generator rng(11);
+    auto run = [](auto op, const olmax::Tensor<float>& a0, const olmax::Tensor<float>& b0, const olmax::Tensor<float>& r,
+                  const backend::Kernels& kernels) {
+        auto a = olmax::parameter(a0.clone()), b = olmax::parameter(b0.clone());
+        backend::host_kernels_scope on(kernels);
+        auto y = op(a, b);
+        olmax::sum(olmax::mul(y, r)).backward();
+        return std::vector<olmax::Tensor<float>>{y.detach(), a.grad(), b.grad()};
+    };
+    auto check_op = [&](const char* what, const olmax::Shape& a_shape, const olmax::Shape& b_shape, auto op) {
+        INFO(what);
+        const auto a = olmax::randn<float>(a_shape, rng), b = olmax::randn<float>(b_shape, rng);
+        olmax::Tensor<float> r;
+        {
+            olmax::autodiff::no_grad off;
+            r = olmax::randn<float>(op(a, b).shape(), rng);
+        }
+        const backend::Bf16MatmulKernels policy(backend::host_kernels());
+        CountingKernels once(policy, true), per_gemm(policy, false);
+        const auto got = run(op, a, b, r, once), expected = run(op, a, b, r, per_gemm);
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            INFO("output " << i << " (value, then the two gradients)");
+            REQUIRE(got[i].shape() == expected[i].shape());
+            CHECK(std::equal(got[i].data(), got[i].data() + got[i].size(), expected[i].data()));
+        }
+        CHECK(once.float_gemms == 0);  // every GEMM got operands the op had rounded
+        CHECK(once.bf16_gemms > 0);
+        CHECK(per_gemm.bf16_gemms == 0);
+    };
+    check_op("causal_conv1d", {2, 16, 8}, {3, 8, 12}, [](const auto& x, const auto& w) { return olmax::causal_conv1d(x, w); });
+    check_op("causal_conv1d, 2 groups", {3, 16, 8}, {3, 4, 12}, [](const auto& x, const auto& w) { return olmax::causal_conv1d(x, w, 2); });
+    check_op("causal_conv1d, bias", {2, 9, 8}, {4, 8, 6}, [](const auto& x, const auto& w) {
+        return olmax::causal_conv1d(x, w, olmax::Tensor<float>({6}, 0.25f));
+    });
+    check_op("matmul", {16, 32}, {32, 24}, [](const auto& a, const auto& b) { return olmax::matmul(a, b); });
+    check_op("matmul batched", {3, 8, 16}, {3, 16, 12}, [](const auto& a, const auto& b) { return olmax::matmul(a, b); });
+    check_op("contract_axis", {4, 16, 12}, {16, 16}, [](const auto& x, const auto& w) { return olmax::contract_axis(x, w, 1); });
+    check_op("grouped_matmul (an empty group too)", {24, 16}, {3, 16, 12}, [](const auto& x, const auto& w) {
+        return olmax::grouped_matmul(x, w, std::vector<std::size_t>{0, 5, 5, 24});
+    });
+    const auto targets = olmax::Tensor<std::int32_t>::from({7}, {0, 3, 9, 1, 4, 4, 2});
+    check_op("chunked_cross_entropy, chunks of 3 (the last one short)", {7, 12}, {12, 10}, [&](const auto& h, const auto& w) {
+        return olmax::reshape(olmax::chunked_cross_entropy(h, w, targets, olmax::ChunkedLossOptions{0.0, 3}), {1});
+    });
+}
+
+TEST_CASE("bf16 policy: an operand rounded in the scope still multiplies after it ends", "[bf16][policy][backend]") {
+    // backend::gemm with one rounded and one float operand (a bf16 copy made under the policy, used
+    // outside it): the rounded one is widened, exactly, and the float GEMM computes.
+    const std::size_t m = 5, n = 4, k = 6;
+    const auto a = random_floats(m * k, 21), b = random_floats(k * n, 22);
+    auto a_tensor = olmax::Tensor<float>::from({m, k}, a);
+    std::optional<backend::GemmOperand<float>> rounded_a;
+    {
+        backend::bf16_matmul_scope bf16;
+        rounded_a.emplace(a_tensor);
+    }
+    REQUIRE(rounded_a->is_rounded());
+    const backend::GemmOperand<float> full_b(olmax::Tensor<float>::from({k, n}, b));
+    REQUIRE_FALSE(full_b.is_rounded());
+    std::vector<float> got(m * n), expected(m * n);
+    backend::gemm(false, false, m, n, k, 1.0f, rounded_a->source(), k, full_b.source(), n, 0.0f, got.data(), n);
+    const auto ra = rounded(a);
+    backend::current().gemm(false, false, m, n, k, 1.0f, ra.data(), k, b.data(), n, 0.0f, expected.data(), n);
+    CHECK(got == expected);
 }
 
 TEST_CASE("bf16 policy: the main job's model trains under it, close to fp32", "[bf16][policy]") {

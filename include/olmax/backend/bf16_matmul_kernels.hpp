@@ -79,10 +79,14 @@ public:
     /// when one was given, else the wrapped kernels' (portable) one.
     void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a, std::size_t lda,
                    const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const override {
-        if (!bf16_gemm_) return base_.gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         if (m == 0 || n == 0) return;
-        bf16_gemm_(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        if (bf16_gemm_) return bf16_gemm_(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        portable_notice();
+        detail::gemm_widened(base_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
+    /// Its float GEMMs round their operands (ops may round them once for several GEMMs instead,
+    /// backend/gemm_operand.hpp).
+    bool float_gemms_in_bf16() const override { return true; }
 
 private:
     /// Calls f(a_buffer, b_buffer) with this thread's operand buffers of the type the product takes:
@@ -94,12 +98,15 @@ private:
             thread_local std::vector<bfloat16> a16, b16;
             f.template operator()<bfloat16>(a16, b16);
         } else {
-            detail::bf16_notice("policy", "olmax: bf16 precision policy on the portable path: GEMM operands are rounded to bfloat16 and "
-                                          "multiplied by the fp32 GEMM (the numbers of bf16 matrix units, at fp32 speed; pass "
-                                          "backend::onednn::gemm_bf16 to use the CPU's bf16 units where it has them)");
+            portable_notice();
             thread_local std::vector<float> a32, b32;
             f.template operator()<float>(a32, b32);
         }
+    }
+    static void portable_notice() {
+        detail::bf16_notice("policy", "olmax: bf16 precision policy on the portable path: GEMM operands are rounded to bfloat16 and "
+                                      "multiplied by the fp32 GEMM (the numbers of bf16 matrix units, at fp32 speed; pass "
+                                      "backend::onednn::gemm_bf16 to use the CPU's bf16 units where it has them)");
     }
     /// The product of dense rounded operands (leading dimensions = their column counts).
     template <class Out>

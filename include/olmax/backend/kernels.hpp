@@ -85,6 +85,22 @@ public:
     /// AVX512-BF16). Callers check the layout (backend::gemm_bf16 does).
     virtual void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
                            std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const;
+    /// `count` bf16 products laid out as in `gemm_batched` (stride_b = 0 shares one B), run as it
+    /// runs its items.
+    virtual void gemm_batched_bf16(std::size_t count, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                                   const bfloat16* a, std::size_t lda, std::size_t stride_a, const bfloat16* b, std::size_t ldb,
+                                   std::size_t stride_b, float beta, float* c, std::size_t ldc, std::size_t stride_c) const {
+        batched_items(count, m * n * k, [&](std::size_t i) {
+            gemm_bf16(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+        });
+    }
+
+    /// Whether this device's float GEMMs round both operands to bfloat16 first (true under the bf16
+    /// precision policy, Bf16MatmulKernels). An op that passes one tensor to several GEMMs (a
+    /// convolution: every tap, forward and backward) may then round it once itself and call
+    /// `gemm_bf16`, which gives the same numbers with one rounding pass instead of one per GEMM
+    /// (backend/gemm_operand.hpp).
+    virtual bool float_gemms_in_bf16() const { return false; }
 
 protected:
     /// Calls item(i) for i in [0, count): spread over the threads when there are at least two items
@@ -189,16 +205,27 @@ inline const float* widen_into(const Kernels& on, const bfloat16* src, std::size
 
 }  // namespace detail
 
+namespace detail {
+
+/// op(A) op(B) of bfloat16 operands as the fp32 GEMM of `on` on their exact float values (dense
+/// widened copies in this thread's buffers).
+inline void gemm_widened(const Kernels& on, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                         const bfloat16* a, std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+    const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    thread_local std::vector<float> a32, b32;
+    const float* wide_a = widen_into(on, a, a_rows, a_cols, lda, a32);
+    const float* wide_b = widen_into(on, b, b_rows, b_cols, ldb, b32);
+    on.gemm(trans_a, trans_b, m, n, k, alpha, wide_a, a_cols, wide_b, b_cols, beta, c, ldc);
+}
+
+}  // namespace detail
+
 inline void Kernels::gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const bfloat16* a,
                                std::size_t lda, const bfloat16* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const {
     if (m == 0 || n == 0) return;
     detail::bf16_notice("portable", "olmax: bf16 GEMMs compute in fp32 (portable path: bfloat16 widened to float, Eigen GEMM); "
                                     "olmax/backend/onednn_gemm.hpp (CMake target olmax::onednn) uses the CPU's bf16 units");
-    const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-    thread_local std::vector<float> a32, b32;
-    const float* wide_a = detail::widen_into(*this, a, a_rows, a_cols, lda, a32);
-    const float* wide_b = detail::widen_into(*this, b, b_rows, b_cols, ldb, b32);
-    gemm(trans_a, trans_b, m, n, k, alpha, wide_a, a_cols, wide_b, b_cols, beta, c, ldc);
+    detail::gemm_widened(*this, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace olmax::backend

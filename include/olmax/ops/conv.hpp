@@ -4,17 +4,20 @@
 // ungrouped forward and dx batch them over the batch elements (Kernels::gemm_batched).
 // (Measured against one im2col GEMM per pass on the byte LM's shapes: the same speed for forward
 // and dx, half the speed for dw, so the unfolded copy is not worth its memory; at width 512 under
-// the bf16 policy the unfolded step was 6% slower, 2026-11-24.)
+// the bf16 policy the unfolded step was 6% slower, 2026-11-24.) Each pass prepares its operands
+// once (backend::GemmOperand): under the bf16 policy x, w and dy are rounded once for all taps.
 
 #include <cstddef>
 #include <vector>
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/gemm_operand.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -80,14 +83,14 @@ void over_batch(const ConvDims& d, Taps&& taps) {
 /// unshifted tap (s = 0) goes first and covers every row, so it alone applies beta: out may start
 /// uninitialised when beta = 0.
 template <Real T>
-void forward(const ConvDims& d, const T* x, const T* w, T* out, T beta) {
+void forward(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> w, T* out, T beta) {
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     // The GEMMs of tap k and group g for batch elements [first, first + count).
     auto taps = [&](std::size_t first, std::size_t count) {
         for (std::size_t shift = 0; shift < std::min(d.taps, d.time); ++shift) {
             const std::size_t k = d.taps - 1 - shift;
             for (std::size_t g = 0; g < d.groups; ++g)
-                backend::current().gemm_batched(count, false, false, d.time - shift, cog, cig, T{1}, x + first * d.time * d.cin + g * cig, d.cin,
+                backend::gemm_batched(count, false, false, d.time - shift, cog, cig, T{1}, x + first * d.time * d.cin + g * cig, d.cin,
                                                 d.time * d.cin, w + k * cig * d.cout + g * cog, d.cout, 0, shift == 0 ? beta : T{1},
                                                 out + (first * d.time + shift) * d.cout + g * cog, d.cout, d.time * d.cout);
         }
@@ -98,13 +101,13 @@ void forward(const ConvDims& d, const T* x, const T* w, T* out, T beta) {
 /// dx[b, t - s] = sum_k dy[b, t, group out] w[k]^T, batched over the batch as the forward; the
 /// unshifted tap goes first with beta = 0 and covers every row, so dx may start uninitialised.
 template <Real T>
-void backward_input(const ConvDims& d, const T* dy, const T* w, T* dx) {
+void backward_input(const ConvDims& d, backend::GemmSource<T> dy, backend::GemmSource<T> w, T* dx) {
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     auto taps = [&](std::size_t first, std::size_t count) {
         for (std::size_t shift = 0; shift < std::min(d.taps, d.time); ++shift) {
             const std::size_t k = d.taps - 1 - shift;
             for (std::size_t g = 0; g < d.groups; ++g)
-                backend::current().gemm_batched(count, false, true, d.time - shift, cig, cog, T{1}, dy + (first * d.time + shift) * d.cout + g * cog,
+                backend::gemm_batched(count, false, true, d.time - shift, cig, cog, T{1}, dy + (first * d.time + shift) * d.cout + g * cog,
                                                 d.cout, d.time * d.cout, w + k * cig * d.cout + g * cog, d.cout, 0, shift == 0 ? T{0} : T{1},
                                                 dx + first * d.time * d.cin + g * cig, d.cin, d.time * d.cin);
         }
@@ -117,7 +120,7 @@ void backward_input(const ConvDims& d, const T* dy, const T* w, T* dx) {
 /// The output columns are cut into pieces when the K * groups blocks do not divide evenly over the
 /// threads (5 taps on 2 threads would leave one thread a third of the work idle).
 template <Real T>
-void backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw) {
+void backward_weight(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     const std::size_t blocks = d.taps * d.groups, threads = std::size_t(std::max(backend::current().num_threads(), 1));
     const std::size_t pieces = std::clamp<std::size_t>(threads / std::gcd(blocks, threads), 1, std::max<std::size_t>(cog, 1));
@@ -127,7 +130,7 @@ void backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw) {
         const std::size_t col0 = g * cog + cog * piece / pieces, cols = g * cog + cog * (piece + 1) / pieces - col0;
         if (shift >= d.time || cols == 0) return;
         for (std::size_t b = 0; b < d.batch; ++b)
-            backend::current().gemm(true, false, cig, cols, d.time - shift, T{1}, x + b * d.time * d.cin + g * cig, d.cin,
+            backend::gemm(true, false, cig, cols, d.time - shift, T{1}, x + b * d.time * d.cin + g * cig, d.cin,
                     dy + (b * d.time + shift) * d.cout + col0, d.cout, T{1}, dw + k * cig * d.cout + col0, d.cout);
     };
     const std::size_t items = blocks * pieces;
@@ -156,20 +159,23 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
             for (std::size_t r = lo; r < hi; ++r) std::copy_n(bp, d.cout, yp + r * d.cout);
         });
     }
-    forward(d, x.data(), w.data(), y.data(), bias ? T{1} : T{0});
+    forward(d, backend::GemmOperand<T>(x).source(), backend::GemmOperand<T>(w).source(), y.data(), bias ? T{1} : T{0});
     std::vector<Tensor<T>> inputs{x, w};
     if (bias) inputs.push_back(*bias);
     autodiff::record<T>(bias ? "causal_conv1d(bias)" : "causal_conv1d", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
                         [d, x, w](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             const T* dy = g[0].data();
-                            if (sink.needs(0)) {
+                            const bool dx_needed = sink.needs(0), dw_needed = sink.needs(1);
+                            const std::optional<backend::GemmOperand<T>> dys =
+                                dx_needed || dw_needed ? std::optional(backend::GemmOperand<T>(g[0])) : std::nullopt;
+                            if (dx_needed) {
                                 auto dx = Tensor<T>::uninitialized(x.shape());  // every element is written
-                                backward_input(d, dy, w.data(), dx.data());
+                                backward_input(d, dys->source(), backend::GemmOperand<T>(w).source(), dx.data());
                                 sink.add(0, std::move(dx));
                             }
-                            if (sink.needs(1)) {
+                            if (dw_needed) {
                                 Tensor<T> dw(w.shape());
-                                backward_weight(d, x.data(), dy, dw.data());
+                                backward_weight(d, backend::GemmOperand<T>(x).source(), dys->source(), dw.data());
                                 sink.add(1, std::move(dw));
                             }
                             if (sink.needs(2)) {  // db[o] = sum over batch and time of dy[., ., o]

@@ -6,7 +6,9 @@
 //
 //     y[offsets[g] : offsets[g+1]] = x[offsets[g] : offsets[g+1]] W_g        x [M, K], w [G, K, N]
 //
-// Backward per group: dx_g = dy_g W_g^T, dW_g = x_g^T dy_g (zero for an empty group).
+// Backward per group: dx_g = dy_g W_g^T, dW_g = x_g^T dy_g (zero for an empty group). Each pass
+// prepares its operands once (backend::GemmOperand: under the bf16 policy dy is rounded once for
+// both backward products, not once per GEMM).
 
 #include <algorithm>
 #include <span>
@@ -16,6 +18,7 @@
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/gemm_operand.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -58,38 +61,40 @@ Tensor<T> grouped_matmul(const Tensor<T>& x, const Tensor<T>& w, std::span<const
     auto y = Tensor<T>::uninitialized({M, N});
     const std::size_t work = G ? M / G * K * N + 1 : 1;
     {
-        const T *xp = x.data(), *wp = w.data();
+        const backend::GemmOperand<T> xs(x), ws(w);
         T* yp = y.data();
         detail::grouped_ops::for_each_group(G, work, [&](std::size_t g) {
             const std::size_t rows = bounds[g + 1] - bounds[g];
-            if (rows) backend::current().gemm(false, false, rows, N, K, T{1}, xp + bounds[g] * K, K, wp + g * K * N, N, T{0}, yp + bounds[g] * N, N);
+            if (rows) backend::gemm(false, false, rows, N, K, T{1}, xs.source() + bounds[g] * K, K, ws.source() + g * K * N, N, T{0}, yp + bounds[g] * N, N);
         });
     }
     const Tensor<T> inputs[2] = {x, w};
     autodiff::record<T>(op, inputs, std::span<Tensor<T>>(&y, 1),
                         [x = x.detach(), w = w.detach(), bounds = std::move(bounds), M, K, G, N, work](std::span<const Tensor<T>> g,
                                                                                                     autodiff::GradientSink<T>& sink) {
-                            const T *xp = x.data(), *wp = w.data(), *dy = g[0].data();
+                            const backend::GemmOperand<T> dy(g[0]);
                             if (sink.needs(0)) {  // dx_g = dy_g W_g^T
+                                const backend::GemmOperand<T> ws(w);
                                 auto dx = Tensor<T>::uninitialized({M, K});
                                 T* dxp = dx.data();
                                 detail::grouped_ops::for_each_group(G, work, [&](std::size_t e) {
                                     const std::size_t rows = bounds[e + 1] - bounds[e];
                                     if (rows)
-                                        backend::current().gemm(false, true, rows, K, N, T{1}, dy + bounds[e] * N, N, wp + e * K * N, N, T{0},
-                                                                dxp + bounds[e] * K, K);
+                                        backend::gemm(false, true, rows, K, N, T{1}, dy.source() + bounds[e] * N, N, ws.source() + e * K * N, N,
+                                                      T{0}, dxp + bounds[e] * K, K);
                                 });
                                 sink.add(0, std::move(dx));
                             }
                             if (sink.needs(1)) {  // dW_g = x_g^T dy_g
+                                const backend::GemmOperand<T> xs(x);
                                 auto dw = Tensor<T>::uninitialized({G, K, N});
                                 T* dwp = dw.data();
                                 detail::grouped_ops::for_each_group(G, work, [&](std::size_t e) {
                                     const std::size_t rows = bounds[e + 1] - bounds[e];
                                     T* dst = dwp + e * K * N;
                                     if (rows)
-                                        backend::current().gemm(true, false, K, N, rows, T{1}, xp + bounds[e] * K, K, dy + bounds[e] * N, N, T{0},
-                                                                dst, N);
+                                        backend::gemm(true, false, K, N, rows, T{1}, xs.source() + bounds[e] * K, K, dy.source() + bounds[e] * N, N,
+                                                      T{0}, dst, N);
                                     else
                                         std::fill_n(dst, K * N, T{0});
                                 });

@@ -1,11 +1,14 @@
 #pragma once
-// Matrix products through the GEMM of the inputs' device (Eigen on the CPU kernels).
+// Matrix products through the GEMM of the inputs' device (Eigen on the CPU kernels). Each pass
+// prepares its operands once (backend::GemmOperand: under the bf16 policy the output gradient is
+// rounded once for both backward products).
 
 #include <algorithm>
 #include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/gemm_operand.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -49,20 +52,20 @@ inline MatmulPlan plan_matmul(const Shape& a, const Shape& b) {
 
 /// C[batch] = op(A[batch]) op(B[batch]) (+ C when accumulate), batches spread over threads.
 template <Real T>
-void batched_gemm(std::size_t batch, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t a_stride,
-                  const T* b, std::size_t b_stride, T* c, std::size_t c_stride, bool accumulate) {
+void batched_gemm(std::size_t batch, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, backend::GemmSource<T> a,
+                  std::size_t a_stride, backend::GemmSource<T> b, std::size_t b_stride, T* c, std::size_t c_stride, bool accumulate) {
     const std::size_t lda = ta ? m : k, ldb = tb ? k : n;
     const T beta = accumulate ? T{1} : T{0};
     // Fewer batches than threads: one GEMM at a time, each free to use every thread (Eigen's own
     // OpenMP split). Otherwise batches go to threads and each GEMM runs serially inside the region.
     if (batch < static_cast<std::size_t>(std::max(2, backend::current().num_threads()))) {
         for (std::size_t i = 0; i < batch; ++i)
-            backend::current().gemm(ta, tb, m, n, k, T{1}, a + i * a_stride, lda, b + i * b_stride, ldb, beta, c + i * c_stride, n);
+            backend::gemm(ta, tb, m, n, k, T{1}, a + i * a_stride, lda, b + i * b_stride, ldb, beta, c + i * c_stride, n);
         return;
     }
     backend::current().parallel_for(batch, m * n * k, [&](std::size_t lo, std::size_t hi) {
         for (std::size_t i = lo; i < hi; ++i)
-            backend::current().gemm(ta, tb, m, n, k, T{1}, a + i * a_stride, lda, b + i * b_stride, ldb, beta, c + i * c_stride, n);
+            backend::gemm(ta, tb, m, n, k, T{1}, a + i * a_stride, lda, b + i * b_stride, ldb, beta, c + i * c_stride, n);
     });
 }
 
@@ -76,22 +79,26 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
     const auto p = detail::plan_matmul(a.shape(), b.shape());
     auto y = Tensor<T>::uninitialized(p.out_shape);
     const std::size_t bs = p.batched_b ? p.k * p.n : 0;
-    detail::batched_gemm(p.batch, false, false, p.m, p.n, p.k, a.data(), p.m * p.k, b.data(), bs, y.data(), p.m * p.n, false);
+    detail::batched_gemm(p.batch, false, false, p.m, p.n, p.k, backend::GemmOperand<T>(a).source(), p.m * p.k,
+                         backend::GemmOperand<T>(b).source(), bs, y.data(), p.m * p.n, false);
     const Tensor<T> inputs[2] = {a, b};
     autodiff::record<T>("matmul", inputs, std::span<Tensor<T>>(&y, 1), [a, b, p](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-        const T* dy = g[0].data();
+        const backend::GemmOperand<T> dy(g[0]);
         const std::size_t bs = p.batched_b ? p.k * p.n : 0;
         if (sink.needs(0)) {  // dA = dY B^T
             auto da = Tensor<T>::uninitialized(a.shape());
-            detail::batched_gemm(p.batch, false, true, p.m, p.k, p.n, dy, p.m * p.n, b.data(), bs, da.data(), p.m * p.k, false);
+            detail::batched_gemm(p.batch, false, true, p.m, p.k, p.n, dy.source(), p.m * p.n, backend::GemmOperand<T>(b).source(), bs, da.data(),
+                                 p.m * p.k, false);
             sink.add(0, std::move(da));
         }
         if (sink.needs(1)) {  // dB = A^T dY (summed over batches when b is shared)
             auto db = Tensor<T>::uninitialized(b.shape());
+            const backend::GemmOperand<T> as(a);
             if (p.batched_b)
-                detail::batched_gemm(p.batch, true, false, p.k, p.n, p.m, a.data(), p.m * p.k, dy, p.m * p.n, db.data(), p.k * p.n, false);
+                detail::batched_gemm(p.batch, true, false, p.k, p.n, p.m, as.source(), p.m * p.k, dy.source(), p.m * p.n, db.data(), p.k * p.n,
+                                     false);
             else
-                backend::current().gemm(true, false, p.k, p.n, p.m, T{1}, a.data(), p.k, dy, p.n, T{0}, db.data(), p.n);
+                backend::gemm(true, false, p.k, p.n, p.m, T{1}, as.source(), p.k, dy.source(), p.n, T{0}, db.data(), p.n);
             sink.add(1, std::move(db));
         }
     });
@@ -116,21 +123,24 @@ Tensor<T> contract_axis(const Tensor<T>& x, const Tensor<T>& w, std::size_t axis
     out_shape[axis] = n;
     auto y = Tensor<T>::uninitialized(out_shape);
     // y_o [n, inner] = w^T x_o
-    detail::batched_gemm(outer, true, false, n, inner, k, w.data(), 0, x.data(), k * inner, y.data(), n * inner, false);
+    detail::batched_gemm(outer, true, false, n, inner, k, backend::GemmOperand<T>(w).source(), 0, backend::GemmOperand<T>(x).source(),
+                         k * inner, y.data(), n * inner, false);
     const Tensor<T> inputs[2] = {x, w};
     autodiff::record<T>("contract_axis", inputs, std::span<Tensor<T>>(&y, 1),
                         [x, w, outer, inner, k, n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const T* dy = g[0].data();
+                            const backend::GemmOperand<T> dy(g[0]);
                             if (sink.needs(0)) {  // dx_o [k, inner] = w dy_o
                                 auto dx = Tensor<T>::uninitialized(x.shape());
-                                detail::batched_gemm(outer, false, false, k, inner, n, w.data(), 0, dy, n * inner, dx.data(), k * inner, false);
+                                detail::batched_gemm(outer, false, false, k, inner, n, backend::GemmOperand<T>(w).source(), 0, dy.source(), n * inner,
+                                                     dx.data(), k * inner, false);
                                 sink.add(0, std::move(dx));
                             }
                             if (sink.needs(1)) {  // dw [k, n] = sum_o x_o dy_o^T, summed in order of o (thread-count independent)
                                 auto dw = Tensor<T>(w.shape());
+                                const backend::GemmOperand<T> xs(x);
                                 for (std::size_t o = 0; o < outer; ++o)
-                                    backend::current().gemm(false, true, k, n, inner, T{1}, x.data() + o * k * inner, inner, dy + o * n * inner, inner, T{1},
-                                            dw.data(), n);
+                                    backend::gemm(false, true, k, n, inner, T{1}, xs.source() + o * k * inner, inner, dy.source() + o * n * inner, inner,
+                                                  T{1}, dw.data(), n);
                                 sink.add(1, std::move(dw));
                             }
                         });

@@ -20,6 +20,7 @@
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/gemm_operand.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/detail/third_party.hpp"
 
@@ -259,20 +260,24 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
     Tensor<T> dhidden = need_dh ? Tensor<T>(hidden.shape()) : Tensor<T>();
     Tensor<T> dw = need_dw ? Tensor<T>(w_out.shape()) : Tensor<T>();
     const std::size_t chunk = std::min(opt.chunk_tokens, n);
-    Tensor<T> logits = Tensor<T>::uninitialized({chunk, vocab});  // reused by every chunk
-    const T *hp = hidden.data(), *wp = w_out.data();
+    Tensor<T> logits = Tensor<T>::uninitialized({chunk, vocab});  // reused by every chunk (but a shorter last one)
+    // Each operand prepared once (under the bf16 policy: rounded once, not once per GEMM).
+    const backend::GemmOperand<T> hs(hidden), ws(w_out);
     double loss_sum = 0, lse_sq_sum = 0;
     for (std::size_t start = 0; start < n; start += chunk) {
         const std::size_t rows = std::min(chunk, n - start);
-        const T* h_rows = hp + start * features;
-        backend::current().gemm(false, false, rows, vocab, features, T{1}, h_rows, features, wp, vocab, T{0}, logits.data(), vocab);
+        if (rows != logits.shape()[0]) logits = Tensor<T>::uninitialized({rows, vocab});
+        const backend::GemmSource<T> h_rows = hs.source() + start * features;
+        backend::gemm(false, false, rows, vocab, features, T{1}, h_rows, features, ws.source(), vocab, T{0}, logits.data(), vocab);
         detail::loss_ops::softmax_xent_rows(logits.data(), rows, vocab, targets.data() + start, recording, opt.z_loss, 1.0 / double(n),
                                                loss_sum, lse_sq_sum);
+        if (!need_dh && !need_dw) continue;
+        const backend::GemmOperand<T> dlogits(logits);
         if (need_dh)  // dhidden rows = dlogits w_out^T
-            backend::current().gemm(false, true, rows, features, vocab, T{1}, logits.data(), vocab, wp, vocab, T{0}, dhidden.data() + start * features,
-                    features);
+            backend::gemm(false, true, rows, features, vocab, T{1}, dlogits.source(), vocab, ws.source(), vocab, T{0},
+                          dhidden.data() + start * features, features);
         if (need_dw)  // dw_out += hidden_rows^T dlogits
-            backend::current().gemm(true, false, features, vocab, rows, T{1}, h_rows, features, logits.data(), vocab, T{1}, dw.data(), vocab);
+            backend::gemm(true, false, features, vocab, rows, T{1}, h_rows, features, dlogits.source(), vocab, T{1}, dw.data(), vocab);
     }
     logits = Tensor<T>();
     auto y = Tensor<T>::scalar(T(loss_sum / double(n)));
