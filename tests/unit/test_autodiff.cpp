@@ -371,15 +371,58 @@ TEST_CASE("backward frees the activations the tape kept alive", "[autodiff][memo
     auto w = olmax::parameter(Tensor<double>({256}, 0.5));
     const auto before = olmax::memory::stats().current_bytes;
     {
-        auto h = olmax::tanh(olmax::exp(w) * w);  // intermediates held by the tape
+        auto h = olmax::tanh(olmax::exp(w) * w);  // exp(w) held by the tape (exp's and mul's backward read it), h by both
         auto loss = olmax::sum(h);
-        CHECK(olmax::memory::stats().current_bytes > before + 3 * 256 * sizeof(double));
+        CHECK(olmax::memory::stats().current_bytes > before + 2 * 256 * sizeof(double));
         loss.backward();
     }
     // Only w's gradient remains.
     CHECK(olmax::memory::stats().current_bytes == before + 256 * sizeof(double));
     w.zero_grad();
     CHECK(olmax::memory::stats().current_bytes == before);
+}
+
+TEST_CASE("an activation no backward reads is freed when its last handle goes", "[autodiff][memory]") {
+    // h = x w feeds only an add and a slice, whose backward passes read no values: once the code
+    // drops h, the tape keeps its node (to pass h's gradient on) but not its buffer.
+    olmax::Generator rng(4);
+    const auto x = olmax::randn<double>({64, 32}, rng);
+    auto w = olmax::parameter(olmax::randn<double>({32, 32}, rng));
+    const std::size_t h_bytes = 64 * 32 * sizeof(double);
+    Tensor<double> y;
+    std::size_t with_h = 0;
+    {
+        auto h = olmax::matmul(x, w);
+        y = olmax::slice(h + h, 1, 0, 8);
+        with_h = olmax::memory::stats().current_bytes;
+    }
+    CHECK(olmax::memory::stats().current_bytes == with_h - h_bytes);
+    // (h + h)'s buffer went with its handle too: the slice made a copy. The gradient still flows.
+    olmax::sum(y).backward();
+    const auto expected = olmax::matmul(olmax::transpose(x), olmax::concat(std::vector<Tensor<double>>{Tensor<double>({64, 8}, 2.0),
+                                                                                                       Tensor<double>({64, 24})},
+                                                                           1));
+    for (std::size_t i = 0; i < expected.size(); ++i) CHECK(w.grad().data()[i] == Approx(expected.data()[i]).epsilon(1e-12));
+}
+
+TEST_CASE("values a backward reads stay alive without a handle, and only those", "[autodiff][memory]") {
+    // tanh's derivative reads its output, not its input; mul's reads both inputs, not its output.
+    auto w = olmax::parameter(Tensor<double>({256}, 0.5));
+    const std::size_t n_bytes = 256 * sizeof(double);
+    Tensor<double> loss;
+    std::size_t before = olmax::memory::stats().current_bytes;
+    {
+        auto a = olmax::scale(w, 2.0);  // read by no backward once tanh consumed it
+        auto t = olmax::tanh(a);        // its output is read by tanh's backward and by mul's
+        auto m = olmax::mul(t, t);      // its output is read by nothing
+        loss = olmax::sum(m);
+        before = olmax::memory::stats().current_bytes - 3 * n_bytes;  // a, t and m held by handles here
+    }
+    CHECK(olmax::memory::stats().current_bytes == before + n_bytes);  // t alone
+    loss.backward();
+    // d/dw sum(tanh(2w)^2) = 4 tanh(2w) (1 - tanh(2w)^2)
+    const double t = std::tanh(1.0);
+    CHECK(w.grad()(0) == Approx(4 * t * (1 - t * t)).epsilon(1e-12));
 }
 
 TEST_CASE("GradientSink::add copies an lvalue gradient and may adopt a temporary one", "[autodiff][custom]") {

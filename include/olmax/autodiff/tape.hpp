@@ -16,6 +16,11 @@
 //    the whole tape (unless `retain_graph`). A later op or backward that reaches a tensor of a freed
 //    graph throws `autodiff_error` instead of silently dropping gradient. Code that evaluates without
 //    differentiating (evaluation, sampling) runs under `no_grad` so the tape does not grow.
+//  * Activation memory. A node keeps its inputs to add their gradients, not their values: the
+//    backward closure holds (handles to) exactly the values it reads, and a tensor whose last
+//    handle goes while only nodes keep it lets go of its buffer (core/tensor.hpp). So a tensor
+//    consumed only by ops whose backward does not read it (add, slice, tanh, which reads its own
+//    output) is freed during the forward pass.
 //  * Nesting. `tape_scope` pushes a fresh tape: ops inside record there and a backward inside
 //    differentiates only them; gradients reaching tensors from the enclosing tape are accumulated
 //    into those tensors and go no further. Reversible blocks recompute their forward this way.

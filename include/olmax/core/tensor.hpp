@@ -1,5 +1,6 @@
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <concepts>
 #include <cstdint>
 #include <initializer_list>
@@ -69,6 +70,9 @@ struct TensorImpl {
     bool retains_grad = false;             // non-leaf keeps its gradient after backward
     std::shared_ptr<Storage<T>> grad;      // same element count as the tensor, or null
     NodeHandle node;
+    // How many Tensor handles point here. The tape's nodes point here too, but only to add
+    // gradients: when the last handle goes while they still do, `storage` is let go (Tensor).
+    std::atomic<std::size_t> handles{0};
 
     T* data() { return storage ? storage->data() + offset : nullptr; }
     const T* data() const { return storage ? storage->data() + offset : nullptr; }
@@ -97,6 +101,25 @@ public:
     /// An undefined tensor (no buffer); `defined()` is false.
     Tensor() = default;
 
+    /// Copies are handles to the same tensor (buffer and gradient). When the last handle goes while
+    /// the autodiff tape still refers to the tensor (it was an input of a recorded op, whose node
+    /// keeps it to add its gradient), the buffer is freed right away: a backward closure that needs
+    /// the values holds a handle of its own, so what no backward reads (a matmul's output that only
+    /// an add or a slice consumed) is freed during the forward pass, as PyTorch frees it.
+    Tensor(const Tensor& other) noexcept : impl_(other.impl_) { hold(); }
+    Tensor(Tensor&& other) noexcept = default;
+    Tensor& operator=(const Tensor& other) noexcept {
+        Tensor copy(other);
+        std::swap(impl_, copy.impl_);  // the old one is let go with `copy`
+        return *this;
+    }
+    Tensor& operator=(Tensor&& other) noexcept {
+        Tensor moved(std::move(other));
+        std::swap(impl_, moved.impl_);
+        return *this;
+    }
+    ~Tensor() { let_go(); }
+
     /// A zero-filled tensor of this shape.
     explicit Tensor(const Shape& shape) : Tensor(uninitialized(shape)) { fill(T{0}); }
     Tensor(const Shape& shape, T value) : Tensor(uninitialized(shape)) { fill(value); }
@@ -106,8 +129,7 @@ public:
     /// (naming the shape and the bytes) when the memory cannot be had.
     static Tensor uninitialized(const Shape& shape) {
         const std::size_t n = numel(shape);
-        Tensor t;
-        t.impl_ = std::make_shared<detail::TensorImpl<T>>();
+        Tensor t = adopt(std::make_shared<detail::TensorImpl<T>>());
         t.impl_->device = current_device();
         try {
             t.impl_->storage = std::make_shared<Storage<T>>(n);
@@ -186,8 +208,7 @@ public:
 
     /// The same buffer, cut from the autodiff graph.
     Tensor detach() const {
-        Tensor t;
-        t.impl_ = std::make_shared<detail::TensorImpl<T>>();
+        Tensor t = adopt(std::make_shared<detail::TensorImpl<T>>());
         t.impl_->storage = impl().storage;
         t.impl_->device = impl().device;
         t.impl_->offset = impl().offset;
@@ -214,9 +235,8 @@ public:
 
     /// The accumulated gradient, sharing its buffer; undefined when no gradient has reached it.
     Tensor grad() const {
-        Tensor g;
-        if (!defined() || !impl_->grad) return g;
-        g.impl_ = std::make_shared<detail::TensorImpl<T>>();
+        if (!defined() || !impl_->grad) return Tensor();
+        Tensor g = adopt(std::make_shared<detail::TensorImpl<T>>());
         g.impl_->storage = impl_->grad;
         g.impl_->device = impl_->device;
         g.impl_->shape = impl_->shape;
@@ -237,6 +257,20 @@ private:
     detail::TensorImpl<T>& impl() const {
         check<value_error>(static_cast<bool>(impl_), "olmax: operation on an undefined tensor");
         return *impl_;
+    }
+    static Tensor adopt(std::shared_ptr<detail::TensorImpl<T>> impl) noexcept {
+        Tensor t;
+        t.impl_ = std::move(impl);
+        t.hold();
+        return t;
+    }
+    void hold() noexcept {
+        if (impl_) impl_->handles.fetch_add(1, std::memory_order_relaxed);
+    }
+    /// Drops this handle; the last one lets go of the buffer when others (the tape's nodes) still
+    /// keep the implementation, for its gradient. Nothing reads the values through them.
+    void let_go() noexcept {
+        if (impl_ && impl_->handles.fetch_sub(1, std::memory_order_acq_rel) == 1 && impl_.use_count() > 1) impl_->storage.reset();
     }
 
     std::size_t flat_index(std::initializer_list<std::size_t> index) const {
@@ -263,11 +297,7 @@ template <Scalar T>
 struct TensorAccess {
     static TensorImpl<T>& impl(const Tensor<T>& t) { return t.impl(); }
     static const std::shared_ptr<TensorImpl<T>>& impl_ptr(const Tensor<T>& t) { return t.impl_; }
-    static Tensor<T> from_impl(std::shared_ptr<TensorImpl<T>> impl) {
-        Tensor<T> t;
-        t.impl_ = std::move(impl);
-        return t;
-    }
+    static Tensor<T> from_impl(std::shared_ptr<TensorImpl<T>> impl) { return Tensor<T>::adopt(std::move(impl)); }
     /// A tensor of `shape` over `base`'s buffer starting `offset` elements after `base`'s first,
     /// on `base`'s device, not on the tape.
     static Tensor<T> alias(const Tensor<T>& base, std::size_t offset, const Shape& shape) {

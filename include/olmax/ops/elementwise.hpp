@@ -161,24 +161,38 @@ Tensor<T> sum_to_shape(const Tensor<T>& grad, const Shape& shape) {
     return out;
 }
 
-/// A differentiable unary op: y = f(x), dx = dy * df(x, y).
-template <Real T, class F, class DF>
+/// Which values an element-wise op's derivative reads, so that its backward closure keeps only
+/// those: a tensor no closure keeps is freed during the forward pass (core/tensor.hpp).
+enum class Reads { nothing, input, output, both };
+
+/// A differentiable unary op: y = f(x), dx = dy * df(x, y); df reads what `reads` says (it is
+/// given dy in place of a value it does not read).
+template <Reads reads = Reads::both, Real T, class F, class DF>
 Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
     backend::op_scope on(name, x);
     auto y = Tensor<T>::uninitialized(x.shape());
     backend::map(x.size(), y.data(), f, x.data());
+    constexpr bool keep_x = reads == Reads::input || reads == Reads::both, keep_y = reads == Reads::output || reads == Reads::both;
     autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [x, y = y.detach(), df](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            auto dx = Tensor<T>::uninitialized(x.shape());
-                            const T *xp = x.data(), *yp = y.data(), *gp = g[0].data();
-                            backend::map(x.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
+                        [shape = x.shape(), x = keep_x ? x.detach() : Tensor<T>(), y = keep_y ? y.detach() : Tensor<T>(),
+                         df](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            auto dx = Tensor<T>::uninitialized(shape);
+                            const T* gp = g[0].data();
+                            const T *xp = keep_x ? x.data() : gp, *yp = keep_y ? y.data() : gp;
+                            backend::map(dx.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
                             sink.add(0, std::move(dx));
                         });
     return y;
 }
 
-/// A differentiable binary op with broadcasting: y = f(a, b), da = dy * dfa(a, b, y), db = dy * dfb(a, b, y).
-template <Real T, class F, class DFA, class DFB>
+/// Which of a, b and y a binary op's derivatives read (add's: none; mul's: a and b).
+struct BinaryReads {
+    bool a = true, b = true, y = true;
+};
+
+/// A differentiable binary op with broadcasting: y = f(a, b), da = dy * dfa(a, b, y), db = dy * dfb(a, b, y);
+/// the derivatives read what `reads` says (they are given dy in place of a value they do not read).
+template <BinaryReads reads = BinaryReads{}, Real T, class F, class DFA, class DFB>
 Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& b, F f, DFA dfa, DFB dfb) {
     backend::op_scope on(name, a, b);
     const bool same = a.shape() == b.shape();
@@ -192,23 +206,27 @@ Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& 
     }
     const Tensor<T> inputs[2] = {a, b};
     autodiff::record<T>(name, inputs, std::span<Tensor<T>>(&y, 1),
-                        [a, b, y = y.detach(), dfa, dfb, same](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const T *ap = a.data(), *bp = b.data(), *yp = y.data(), *gp = g[0].data();
-                            const Shape& os = y.shape();
+                        [a_shape = a.shape(), b_shape = b.shape(), a = reads.a ? a.detach() : Tensor<T>(), b = reads.b ? b.detach() : Tensor<T>(),
+                         y = reads.y ? y.detach() : Tensor<T>(), dfa, dfb, same](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            const T* gp = g[0].data();
+                            // dy (output-shaped, read at the output index) stands in for a value not kept.
+                            const T *ap = reads.a ? a.data() : gp, *bp = reads.b ? b.data() : gp, *yp = reads.y ? y.data() : gp;
+                            const Shape& os = g[0].shape();
                             for (int side = 0; side < 2; ++side) {
                                 if (!sink.needs(side)) continue;
                                 auto full = Tensor<T>::uninitialized(os);
                                 T* dp = full.data();
                                 if (same && side == 0) {
-                                    backend::map(y.size(), dp, [dfa](T gi, T ai, T bi, T yi) { return gi * dfa(ai, bi, yi); }, gp, ap, bp, yp);
+                                    backend::map(full.size(), dp, [dfa](T gi, T ai, T bi, T yi) { return gi * dfa(ai, bi, yi); }, gp, ap, bp, yp);
                                 } else if (same) {
-                                    backend::map(y.size(), dp, [dfb](T gi, T ai, T bi, T yi) { return gi * dfb(ai, bi, yi); }, gp, ap, bp, yp);
+                                    backend::map(full.size(), dp, [dfb](T gi, T ai, T bi, T yi) { return gi * dfb(ai, bi, yi); }, gp, ap, bp, yp);
                                 } else {
-                                    for_each_broadcast(os, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) {
-                                        dp[i] = gp[i] * (side == 0 ? dfa(ap[ia], bp[ib], yp[i]) : dfb(ap[ia], bp[ib], yp[i]));
+                                    for_each_broadcast(os, a_shape, b_shape, [&](std::size_t i, std::size_t ia, std::size_t ib) {
+                                        const T av = ap[reads.a ? ia : i], bv = bp[reads.b ? ib : i];
+                                        dp[i] = gp[i] * (side == 0 ? dfa(av, bv, yp[i]) : dfb(av, bv, yp[i]));
                                     });
                                 }
-                                const Shape& target = side == 0 ? a.shape() : b.shape();
+                                const Shape& target = side == 0 ? a_shape : b_shape;
                                 if (full.shape() == target) sink.add(side, std::move(full));  // first arrival: no copy
                                 else sink.add(side, sum_to_shape(full, target));
                             }
@@ -222,26 +240,26 @@ Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& 
 
 template <Real T>
 Tensor<T> add(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op("add", a, b, [](T x, T y) { return x + y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{1}; });
+    return detail::binary_op<detail::BinaryReads{false, false, false}>("add", a, b, [](T x, T y) { return x + y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{1}; });
 }
 template <Real T>
 Tensor<T> sub(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op("sub", a, b, [](T x, T y) { return x - y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{-1}; });
+    return detail::binary_op<detail::BinaryReads{false, false, false}>("sub", a, b, [](T x, T y) { return x - y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{-1}; });
 }
 template <Real T>
 Tensor<T> mul(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op("mul", a, b, [](T x, T y) { return x * y; }, [](T, T y, T) { return y; }, [](T x, T, T) { return x; });
+    return detail::binary_op<detail::BinaryReads{true, true, false}>("mul", a, b, [](T x, T y) { return x * y; }, [](T, T y, T) { return y; }, [](T x, T, T) { return x; });
 }
 template <Real T>
 Tensor<T> div(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op("div", a, b, [](T x, T y) { return x / y; }, [](T, T y, T) { return T{1} / y; },
+    return detail::binary_op<detail::BinaryReads{false, true, true}>("div", a, b, [](T x, T y) { return x / y; }, [](T, T y, T) { return T{1} / y; },
                                 [](T, T y, T out) { return -out / y; });
 }
 /// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b`. A NaN in either
 /// operand gives NaN (as `numpy.maximum`), with the gradient routed to the NaN operand.
 template <Real T>
 Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op("maximum", a, b, [](T x, T y) { return (x >= y || x != x) ? x : y; },
+    return detail::binary_op<detail::BinaryReads{true, true, false}>("maximum", a, b, [](T x, T y) { return (x >= y || x != x) ? x : y; },
                                 [](T x, T y, T) { return T(x >= y || x != x); }, [](T x, T y, T) { return T(!(x >= y || x != x)); });
 }
 
@@ -249,11 +267,11 @@ Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
 
 template <Real T>
 Tensor<T> add_scalar(const Tensor<T>& x, T s) {
-    return detail::unary_op("add_scalar", x, [s](T v) { return v + s; }, [](T, T) { return T{1}; });
+    return detail::unary_op<detail::Reads::nothing>("add_scalar", x, [s](T v) { return v + s; }, [](T, T) { return T{1}; });
 }
 template <Real T>
 Tensor<T> scale(const Tensor<T>& x, T s) {
-    return detail::unary_op("scale", x, [s](T v) { return v * s; }, [s](T, T) { return s; });
+    return detail::unary_op<detail::Reads::nothing>("scale", x, [s](T v) { return v * s; }, [s](T, T) { return s; });
 }
 template <Real T>
 Tensor<T> neg(const Tensor<T>& x) { return scale(x, T{-1}); }
@@ -275,15 +293,15 @@ template <Real T> Tensor<T> operator/(const Tensor<T>& x, std::type_identity_t<T
 
 template <Real T>
 Tensor<T> exp(const Tensor<T>& x) {
-    return detail::unary_op("exp", x, [](T v) { return std::exp(v); }, [](T, T y) { return y; });
+    return detail::unary_op<detail::Reads::output>("exp", x, [](T v) { return std::exp(v); }, [](T, T y) { return y; });
 }
 template <Real T>
 Tensor<T> log(const Tensor<T>& x) {
-    return detail::unary_op("log", x, [](T v) { return std::log(v); }, [](T v, T) { return T{1} / v; });
+    return detail::unary_op<detail::Reads::input>("log", x, [](T v) { return std::log(v); }, [](T v, T) { return T{1} / v; });
 }
 template <Real T>
 Tensor<T> sqrt(const Tensor<T>& x) {
-    return detail::unary_op("sqrt", x, [](T v) { return std::sqrt(v); }, [](T, T y) { return T{0.5} / y; });
+    return detail::unary_op<detail::Reads::output>("sqrt", x, [](T v) { return std::sqrt(v); }, [](T, T y) { return T{0.5} / y; });
 }
 template <Real T>
 Tensor<T> rsqrt(const Tensor<T>& x) {
@@ -291,35 +309,35 @@ Tensor<T> rsqrt(const Tensor<T>& x) {
 }
 template <Real T>
 Tensor<T> square(const Tensor<T>& x) {
-    return detail::unary_op("square", x, [](T v) { return v * v; }, [](T v, T) { return T{2} * v; });
+    return detail::unary_op<detail::Reads::input>("square", x, [](T v) { return v * v; }, [](T v, T) { return T{2} * v; });
 }
 template <Real T>
 Tensor<T> abs(const Tensor<T>& x) {
-    return detail::unary_op("abs", x, [](T v) { return std::abs(v); }, [](T v, T) { return T((v > 0) - (v < 0)); });
+    return detail::unary_op<detail::Reads::input>("abs", x, [](T v) { return std::abs(v); }, [](T v, T) { return T((v > 0) - (v < 0)); });
 }
 template <Real T>
 Tensor<T> tanh(const Tensor<T>& x) {
-    return detail::unary_op("tanh", x, [](T v) { return std::tanh(v); }, [](T, T y) { return T{1} - y * y; });
+    return detail::unary_op<detail::Reads::output>("tanh", x, [](T v) { return std::tanh(v); }, [](T, T y) { return T{1} - y * y; });
 }
 template <Real T>
 Tensor<T> sigmoid(const Tensor<T>& x) {
-    return detail::unary_op("sigmoid", x, [](T v) { return T{1} / (T{1} + std::exp(-v)); }, [](T, T y) { return y * (T{1} - y); });
+    return detail::unary_op<detail::Reads::output>("sigmoid", x, [](T v) { return T{1} / (T{1} + std::exp(-v)); }, [](T, T y) { return y * (T{1} - y); });
 }
 /// clip((x + 3) / 6, 0, 1): the QRNN gate of the original Olmax.
 template <Real T>
 Tensor<T> hard_sigmoid(const Tensor<T>& x) {
-    return detail::unary_op("hard_sigmoid", x, [](T v) { return std::clamp((v + T{3}) / T{6}, T{0}, T{1}); },
+    return detail::unary_op<detail::Reads::input>("hard_sigmoid", x, [](T v) { return std::clamp((v + T{3}) / T{6}, T{0}, T{1}); },
                                [](T v, T) { return (v > T{-3} && v < T{3}) ? T{1} / T{6} : T{0}; });
 }
 template <Real T>
 Tensor<T> relu(const Tensor<T>& x) {
     // !(v <= 0) rather than v > 0: NaN propagates instead of turning into 0.
-    return detail::unary_op("relu", x, [](T v) { return !(v <= T{0}) ? v : T{0}; }, [](T v, T) { return T(v > T{0}); });
+    return detail::unary_op<detail::Reads::input>("relu", x, [](T v) { return !(v <= T{0}) ? v : T{0}; }, [](T v, T) { return T(v > T{0}); });
 }
 /// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
 template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
-    return detail::unary_op("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
+    return detail::unary_op<detail::Reads::input>("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
                                [slope](T v, T) { return v < T{0} ? slope : T{1}; });
 }
 namespace detail {

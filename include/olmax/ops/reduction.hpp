@@ -155,7 +155,7 @@ template <Real T>
 Tensor<T> sum(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     backend::op_scope on("sum", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "sum");
-    if (ax.empty()) return detail::unary_op("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
+    if (ax.empty()) return detail::unary_op<detail::Reads::nothing>("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
     return detail::reduce_runs(x, ax, keepdims, /*average=*/false, "sum");
 }
 
@@ -164,7 +164,7 @@ template <Real T>
 Tensor<T> mean(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     backend::op_scope on("mean", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "mean");
-    if (ax.empty()) return detail::unary_op("mean", x, [](T v) { return v; }, [](T, T) { return T{1}; });
+    if (ax.empty()) return detail::unary_op<detail::Reads::nothing>("mean", x, [](T v) { return v; }, [](T, T) { return T{1}; });
     return detail::reduce_runs(x, ax, keepdims, /*average=*/true, "mean");
 }
 
