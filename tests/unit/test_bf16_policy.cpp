@@ -207,7 +207,7 @@ TEST_CASE("bf16 policy: ops round each operand once, with the numbers of roundin
                   const backend::Kernels& kernels) {
         auto a = olmax::parameter(a0.clone()), b = olmax::parameter(b0.clone());
         backend::host_kernels_scope on(kernels);
-        auto y = op(a, b);
+        auto y = op(olmax::scale(a, 1.0f), b);  // the first operand an activation: kept rounded for the backward pass
         olmax::sum(olmax::mul(y, r)).backward();
         return std::vector<olmax::Tensor<float>>{y.detach(), a.grad(), b.grad()};
     };
@@ -246,6 +246,30 @@ TEST_CASE("bf16 policy: ops round each operand once, with the numbers of roundin
     check_op("chunked_cross_entropy, chunks of 3 (the last one short)", {7, 12}, {12, 10}, [&](const auto& h, const auto& w) {
         return olmax::reshape(olmax::chunked_cross_entropy(h, w, targets, olmax::ChunkedLossOptions{0.0, 3}), {1});
     });
+}
+
+TEST_CASE("bf16 policy: a GEMM op keeps its activation operand in bfloat16, and the fp32 one is freed", "[bf16][policy][memory]") {
+    olmax::Generator rng(8);
+    auto w = olmax::parameter(olmax::randn<float>({64, 32}, rng));
+    auto v = olmax::parameter(olmax::randn<float>({128, 64}, rng));
+    for (bool conv : {false, true}) {
+        INFO((conv ? "causal_conv1d" : "matmul"));
+        backend::bf16_matmul_scope bf16;
+        olmax::Tensor<float> y;
+        std::size_t with_x = 0;
+        {
+            auto x = olmax::scale(v, 2.0f);  // an activation (scale's backward reads no values)
+            y = conv ? olmax::causal_conv1d(olmax::reshape(x, {2, 64, 64}), olmax::reshape(w, {2, 32, 32}), 2) : olmax::matmul(x, w);
+            with_x = olmax::memory::stats().current_bytes;
+        }
+        // x's fp32 buffer went with its handle; the op's backward keeps the bf16 copy (already counted).
+        CHECK(olmax::memory::stats().current_bytes == with_x - 128 * 64 * sizeof(float));
+        olmax::sum(y).backward();
+        CHECK(w.grad().defined());
+        CHECK(v.grad().defined());
+        w.zero_grad();
+        v.zero_grad();
+    }
 }
 
 TEST_CASE("bf16 policy: an operand rounded in the scope still multiplies after it ends", "[bf16][policy][backend]") {

@@ -50,7 +50,19 @@ public:
     bool is_rounded() const { return rounded_.defined(); }
     GemmSource<T> source() const { return is_rounded() ? GemmSource<T>{nullptr, rounded_.data()} : GemmSource<T>{full_.data(), nullptr}; }
 
+    /// What a backward closure keeps of `t`, the tensor this operand was made from: the bfloat16
+    /// copy when `t` was rounded and is an activation (the closure then holds half the bytes, and
+    /// the fp32 activation is freed once nothing else reads it, core/tensor.hpp; the backward GEMMs
+    /// would round it to the same values), else `t` itself (a parameter or an input lives anyway,
+    /// and rounding it again costs less than a second copy).
+    GemmOperand kept_for_backward(const Tensor<T>& t) const { return is_rounded() && !t.is_leaf() ? *this : GemmOperand(t, as_is{}); }
+    /// Ready for GEMMs now: a rounded copy as it is; a kept tensor prepared under the policy in force.
+    GemmOperand ready() const { return is_rounded() ? *this : GemmOperand(full_); }
+
 private:
+    struct as_is {};
+    GemmOperand(const Tensor<T>& t, as_is) : full_(t) {}
+
     Tensor<T> full_;
     Tensor<bfloat16> rounded_;
 };

@@ -159,23 +159,24 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
             for (std::size_t r = lo; r < hi; ++r) std::copy_n(bp, d.cout, yp + r * d.cout);
         });
     }
-    forward(d, backend::GemmOperand<T>(x).source(), backend::GemmOperand<T>(w).source(), y.data(), bias ? T{1} : T{0});
+    const backend::GemmOperand<T> xs(x);
+    forward(d, xs.source(), backend::GemmOperand<T>(w).source(), y.data(), bias ? T{1} : T{0});
     std::vector<Tensor<T>> inputs{x, w};
     if (bias) inputs.push_back(*bias);
     autodiff::record<T>(bias ? "causal_conv1d(bias)" : "causal_conv1d", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
-                        [d, x, w](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                        [d, xs = xs.kept_for_backward(x), w](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             const T* dy = g[0].data();
                             const bool dx_needed = sink.needs(0), dw_needed = sink.needs(1);
                             const std::optional<backend::GemmOperand<T>> dys =
                                 dx_needed || dw_needed ? std::optional(backend::GemmOperand<T>(g[0])) : std::nullopt;
                             if (dx_needed) {
-                                auto dx = Tensor<T>::uninitialized(x.shape());  // every element is written
+                                auto dx = Tensor<T>::uninitialized({d.batch, d.time, d.cin});  // every element is written
                                 backward_input(d, dys->source(), backend::GemmOperand<T>(w).source(), dx.data());
                                 sink.add(0, std::move(dx));
                             }
                             if (dw_needed) {
                                 Tensor<T> dw(w.shape());
-                                backward_weight(d, backend::GemmOperand<T>(x).source(), dys->source(), dw.data());
+                                backward_weight(d, xs.ready().source(), dys->source(), dw.data());
                                 sink.add(1, std::move(dw));
                             }
                             if (sink.needs(2)) {  // db[o] = sum over batch and time of dy[., ., o]

@@ -60,8 +60,9 @@ Tensor<T> grouped_matmul(const Tensor<T>& x, const Tensor<T>& w, std::span<const
     std::vector<std::size_t> bounds(offsets.begin(), offsets.end());
     auto y = Tensor<T>::uninitialized({M, N});
     const std::size_t work = G ? M / G * K * N + 1 : 1;
+    const backend::GemmOperand<T> xs(x);
     {
-        const backend::GemmOperand<T> xs(x), ws(w);
+        const backend::GemmOperand<T> ws(w);
         T* yp = y.data();
         detail::grouped_ops::for_each_group(G, work, [&](std::size_t g) {
             const std::size_t rows = bounds[g + 1] - bounds[g];
@@ -70,7 +71,7 @@ Tensor<T> grouped_matmul(const Tensor<T>& x, const Tensor<T>& w, std::span<const
     }
     const Tensor<T> inputs[2] = {x, w};
     autodiff::record<T>(op, inputs, std::span<Tensor<T>>(&y, 1),
-                        [x = x.detach(), w = w.detach(), bounds = std::move(bounds), M, K, G, N, work](std::span<const Tensor<T>> g,
+                        [xk = xs.kept_for_backward(x), w = w.detach(), bounds = std::move(bounds), M, K, G, N, work](std::span<const Tensor<T>> g,
                                                                                                     autodiff::GradientSink<T>& sink) {
                             const backend::GemmOperand<T> dy(g[0]);
                             if (sink.needs(0)) {  // dx_g = dy_g W_g^T
@@ -86,7 +87,7 @@ Tensor<T> grouped_matmul(const Tensor<T>& x, const Tensor<T>& w, std::span<const
                                 sink.add(0, std::move(dx));
                             }
                             if (sink.needs(1)) {  // dW_g = x_g^T dy_g
-                                const backend::GemmOperand<T> xs(x);
+                                const backend::GemmOperand<T> xs = xk.ready();
                                 auto dw = Tensor<T>::uninitialized({G, K, N});
                                 T* dwp = dw.data();
                                 detail::grouped_ops::for_each_group(G, work, [&](std::size_t e) {

@@ -79,21 +79,22 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
     const auto p = detail::plan_matmul(a.shape(), b.shape());
     auto y = Tensor<T>::uninitialized(p.out_shape);
     const std::size_t bs = p.batched_b ? p.k * p.n : 0;
-    detail::batched_gemm(p.batch, false, false, p.m, p.n, p.k, backend::GemmOperand<T>(a).source(), p.m * p.k,
-                         backend::GemmOperand<T>(b).source(), bs, y.data(), p.m * p.n, false);
+    const backend::GemmOperand<T> a_op(a), b_op(b);
+    detail::batched_gemm(p.batch, false, false, p.m, p.n, p.k, a_op.source(), p.m * p.k, b_op.source(), bs, y.data(), p.m * p.n, false);
     const Tensor<T> inputs[2] = {a, b};
-    autodiff::record<T>("matmul", inputs, std::span<Tensor<T>>(&y, 1), [a, b, p](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+    autodiff::record<T>("matmul", inputs, std::span<Tensor<T>>(&y, 1),
+                        [a_shape = a.shape(), b_shape = b.shape(), ak = a_op.kept_for_backward(a), bk = b_op.kept_for_backward(b),
+                         p](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
         const backend::GemmOperand<T> dy(g[0]);
         const std::size_t bs = p.batched_b ? p.k * p.n : 0;
         if (sink.needs(0)) {  // dA = dY B^T
-            auto da = Tensor<T>::uninitialized(a.shape());
-            detail::batched_gemm(p.batch, false, true, p.m, p.k, p.n, dy.source(), p.m * p.n, backend::GemmOperand<T>(b).source(), bs, da.data(),
-                                 p.m * p.k, false);
+            auto da = Tensor<T>::uninitialized(a_shape);
+            detail::batched_gemm(p.batch, false, true, p.m, p.k, p.n, dy.source(), p.m * p.n, bk.ready().source(), bs, da.data(), p.m * p.k, false);
             sink.add(0, std::move(da));
         }
         if (sink.needs(1)) {  // dB = A^T dY (summed over batches when b is shared)
-            auto db = Tensor<T>::uninitialized(b.shape());
-            const backend::GemmOperand<T> as(a);
+            auto db = Tensor<T>::uninitialized(b_shape);
+            const backend::GemmOperand<T> as = ak.ready();
             if (p.batched_b)
                 detail::batched_gemm(p.batch, true, false, p.k, p.n, p.m, as.source(), p.m * p.k, dy.source(), p.m * p.n, db.data(), p.k * p.n,
                                      false);
@@ -123,21 +124,23 @@ Tensor<T> contract_axis(const Tensor<T>& x, const Tensor<T>& w, std::size_t axis
     out_shape[axis] = n;
     auto y = Tensor<T>::uninitialized(out_shape);
     // y_o [n, inner] = w^T x_o
-    detail::batched_gemm(outer, true, false, n, inner, k, backend::GemmOperand<T>(w).source(), 0, backend::GemmOperand<T>(x).source(),
-                         k * inner, y.data(), n * inner, false);
+    const backend::GemmOperand<T> xs(x);
+    detail::batched_gemm(outer, true, false, n, inner, k, backend::GemmOperand<T>(w).source(), 0, xs.source(), k * inner, y.data(), n * inner,
+                         false);
     const Tensor<T> inputs[2] = {x, w};
     autodiff::record<T>("contract_axis", inputs, std::span<Tensor<T>>(&y, 1),
-                        [x, w, outer, inner, k, n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                        [x_shape = x.shape(), xk = xs.kept_for_backward(x), w, outer, inner, k,
+                         n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             const backend::GemmOperand<T> dy(g[0]);
                             if (sink.needs(0)) {  // dx_o [k, inner] = w dy_o
-                                auto dx = Tensor<T>::uninitialized(x.shape());
+                                auto dx = Tensor<T>::uninitialized(x_shape);
                                 detail::batched_gemm(outer, false, false, k, inner, n, backend::GemmOperand<T>(w).source(), 0, dy.source(), n * inner,
                                                      dx.data(), k * inner, false);
                                 sink.add(0, std::move(dx));
                             }
                             if (sink.needs(1)) {  // dw [k, n] = sum_o x_o dy_o^T, summed in order of o (thread-count independent)
                                 auto dw = Tensor<T>(w.shape());
-                                const backend::GemmOperand<T> xs(x);
+                                const backend::GemmOperand<T> xs = xk.ready();
                                 for (std::size_t o = 0; o < outer; ++o)
                                     backend::gemm(false, true, k, n, inner, T{1}, xs.source() + o * k * inner, inner, dy.source() + o * n * inner, inner,
                                                   T{1}, dw.data(), n);
