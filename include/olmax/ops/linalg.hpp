@@ -3,7 +3,6 @@
 // prepares its operands once (backend::GemmOperand: under the bf16 policy the output gradient is
 // rounded once for both backward products).
 
-#include <algorithm>
 #include <utility>
 
 #include "olmax/autodiff/tape.hpp"
@@ -50,23 +49,13 @@ inline MatmulPlan plan_matmul(const Shape& a, const Shape& b) {
     return p;
 }
 
-/// C[batch] = op(A[batch]) op(B[batch]) (+ C when accumulate), batches spread over threads.
+/// C[batch] = op(A[batch]) op(B[batch]) (+ C when accumulate) for dense matrices: the device's
+/// batched GEMM (Kernels::gemm_batched: batches spread over threads when there are at least as many
+/// as threads, else one threaded GEMM after another).
 template <Real T>
 void batched_gemm(std::size_t batch, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, backend::GemmSource<T> a,
                   std::size_t a_stride, backend::GemmSource<T> b, std::size_t b_stride, T* c, std::size_t c_stride, bool accumulate) {
-    const std::size_t lda = ta ? m : k, ldb = tb ? k : n;
-    const T beta = accumulate ? T{1} : T{0};
-    // Fewer batches than threads: one GEMM at a time, each free to use every thread (Eigen's own
-    // OpenMP split). Otherwise batches go to threads and each GEMM runs serially inside the region.
-    if (batch < static_cast<std::size_t>(std::max(2, backend::current().num_threads()))) {
-        for (std::size_t i = 0; i < batch; ++i)
-            backend::gemm(ta, tb, m, n, k, T{1}, a + i * a_stride, lda, b + i * b_stride, ldb, beta, c + i * c_stride, n);
-        return;
-    }
-    backend::current().parallel_for(batch, m * n * k, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t i = lo; i < hi; ++i)
-            backend::gemm(ta, tb, m, n, k, T{1}, a + i * a_stride, lda, b + i * b_stride, ldb, beta, c + i * c_stride, n);
-    });
+    backend::gemm_batched(batch, ta, tb, m, n, k, T{1}, a, ta ? m : k, a_stride, b, tb ? k : n, b_stride, accumulate ? T{1} : T{0}, c, n, c_stride);
 }
 
 }  // namespace detail
