@@ -364,8 +364,11 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
                 double loss_sum = 0, exchanged = 0;
                 for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro) {
                     auto backward = [&] { return model.accumulate_gradients(own_rows(*loader.next()), shards, 1.0 / double(c.grad_accumulation)); };
-                    if (!reducer || micro + 1 < c.grad_accumulation) loss_sum += backward();
-                    else {
+                    if (c.update_in_backward && micro + 1 == c.grad_accumulation) {
+                        opt.step_during_backward([&] { loss_sum += backward(); });  // the update happens here (one process)
+                    } else if (!reducer || micro + 1 < c.grad_accumulation) {
+                        loss_sum += backward();
+                    } else {
                         loss_sum += reducer->overlap(backward);  // gradients are final in the last micro-batch only
                         exchanged = reducer->finish_seconds();    // what backward did not hide
                     }
@@ -381,7 +384,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
                 loss = shared[0] / double(ranks);
                 out_of_time = shared[1] > 0;
                 olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "the loss is ", loss, " at step ", step + 1);
-                opt.step();
+                if (!c.update_in_backward) opt.step();
             }
         } catch (const optim::non_finite_gradient& e) {
             progress.message(std::string("training diverged: ") + e.what());

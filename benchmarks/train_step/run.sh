@@ -10,6 +10,9 @@
 #     WIDE=1 THREADS=2 benchmarks/train_step/run.sh          # features 512, depth 8, B 8, S 256 (42 M parameters)
 #     SWEEP=1 THREADS=2 benchmarks/train_step/run.sh         # widths 64 128 256 512 1024 at depth 4, B 8, S 256
 #     KEPT=8 WIDE=1 ...                                      # also olmax rows whose first 8 layers keep their activations
+#     FUSED=1 ...                                            # also rows without gradient clipping (--max_grad_norm 0): olmax bf16
+#                                                            # updating during backward (--update_in_backward 1), PyTorch bf16
+#                                                            # autocast eager, compiled, and with its optimizer-in-backward hooks
 # Rows "olmax-bf16" (train_step --precision bf16: every GEMM bf16 x bf16 -> fp32, on oneDNN's bf16 kernels
 # where built with it) and "pytorch-bf16autocast-2.x" (the forward under torch.autocast("cpu", bfloat16))
 # come beside the fp32 rows; BF16=0 leaves them out.
@@ -83,6 +86,18 @@ for config in "${configs[@]}"; do
     if [ -n "${KEPT:-}" ]; then  # recompute as a budget: the first KEPT reversible layers keep their activations
       "$binary" "${flags[@]}" --kept_layers "$KEPT" --json "$scratch/$i-a2-olmax-kept.json"
       [ "${BF16:-1}" = 1 ] && "$binary" "${flags[@]}" --precision bf16 --kept_layers "$KEPT" --json "$scratch/$i-a3-olmax-bf16-kept.json"
+    fi
+    if [ "${FUSED:-}" = 1 ]; then  # no clipping, so the update can run inside backward
+      "$binary" "${flags[@]}" --precision bf16 --max_grad_norm 0 --update_in_backward 1 --json "$scratch/$i-a4-olmax-bf16-fused.json"
+      [ -n "${KEPT:-}" ] && "$binary" "${flags[@]}" --precision bf16 --max_grad_norm 0 --update_in_backward 1 --kept_layers "$KEPT" \
+        --json "$scratch/$i-a5-olmax-bf16-kept-fused.json"
+      if [ -n "$torch2" ]; then
+        "$torch2" "$here/torch_train_step.py" "${flags[@]}" --autocast_bf16 --max_grad_norm 0 --json "$scratch/$i-b02-pytorch2-bf16-clip0.json"
+        "$torch2" "$here/torch_train_step.py" "${flags[@]}" --autocast_bf16 --max_grad_norm 0 --optimizer_in_backward \
+          --json "$scratch/$i-b03-pytorch2-bf16-optinbwd.json"
+        [ "${COMPILE:-1}" = 1 ] && { "$torch2" "$here/torch_train_step.py" "${flags[@]}" --compile --autocast_bf16 --max_grad_norm 0 \
+          --json "$scratch/$i-b22-pytorch2-compiled-bf16-clip0.json" || echo "# torch.compile bf16 clip0 row left out (exit $?)"; }
+      fi
     fi
     if [ -n "$torch2" ]; then
       "$torch2" "$here/torch_train_step.py" "${flags[@]}" --json "$scratch/$i-b0-pytorch2.json"

@@ -17,7 +17,8 @@ parameter count:
       (the loss value excludes the z-loss term, its gradient includes it, as olmax's chunked loss)
 ScaleNorm is x / max(||x||_2, eps) * w (eps 1e-16), not RMSNorm.
 Optimiser: torch.optim.AdamW(lr 3e-3, betas (0.9, 0.99), eps 1e-8, weight decay 0.01 on matrices and
-the embedding only), torch.nn.utils.clip_grad_norm_(1.0), linear warmup over 50 steps (TrainConfig defaults).
+the embedding only), torch.nn.utils.clip_grad_norm_(1.0), linear warmup over 50 steps (TrainConfig defaults);
+--max_grad_norm 0 --optimizer_in_backward updates each parameter from its gradient hook instead.
 
 Backward is plain autograd (every activation kept, PyTorch's normal way); --checkpoint wraps every block in
 torch.utils.checkpoint (recompute in backward), the usual PyTorch way to trade time for memory.
@@ -296,6 +297,11 @@ def main():
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (Inductor's CPU code generation); the first step's time, which compiles, "
                         "is reported as compile_s; exit 3 when compilation fails")
+    p.add_argument("--max_grad_norm", type=float, default=1.0, help="global-norm clip (TrainConfig's max_grad_norm); 0: off")
+    p.add_argument("--optimizer_in_backward", action="store_true",
+                   help="AdamW per parameter in a post-accumulate-grad hook, applied as soon as that gradient is ready and the "
+                        "gradient then freed (PyTorch's optimizer-in-backward recipe; the peer of train_step --update_in_backward 1); "
+                        "needs --max_grad_norm 0")
     p.add_argument("--json", default="")
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
     p.add_argument("--profile", action="store_true", help="per-layer timings instead of the step benchmark")
@@ -305,6 +311,8 @@ def main():
         sys.exit(check(a.check))
     if a.quick:
         a.batch, a.sequence, a.features, a.depth, a.repeats, a.warmup = 2, 32, 16, 2, 2, 1
+    if a.optimizer_in_backward and a.max_grad_norm:
+        sys.exit("torch_train_step: --optimizer_in_backward needs --max_grad_norm 0 (clipping reads every gradient first)")
     if a.sequence % MIXER_CHUNK:
         sys.exit(f"torch_train_step: --sequence must be a multiple of {MIXER_CHUNK}, got {a.sequence}")
     torch.set_num_threads(a.threads)
@@ -322,6 +330,16 @@ def main():
          {"params": [t for n, t in named if not decayed(n)], "weight_decay": 0.0}],
         lr=3e-3, betas=(0.9, 0.99), eps=1e-8)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 50))
+    steps_taken = [0]
+    if a.optimizer_in_backward:  # one AdamW per parameter, stepped from its gradient hook (same schedule)
+        for name, tensor in named:
+            own = torch.optim.AdamW([tensor], lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01 if decayed(name) else 0.0)
+
+            def update(param, own=own):
+                own.param_groups[0]["lr"] = 3e-3 * min(1.0, (steps_taken[0] + 1) / 50)
+                own.step()
+                own.zero_grad(set_to_none=True)
+            tensor.register_post_accumulate_grad_hook(update)
 
     gen = torch.Generator().manual_seed(1234)
     batches = [(torch.randint(0, VOCAB, (a.batch, a.sequence), generator=gen),
@@ -340,10 +358,13 @@ def main():
         t1 = time.perf_counter()
         with_z.backward()
         t2 = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        schedule.step()
-        opt.zero_grad(set_to_none=True)
+        if not a.optimizer_in_backward:
+            if a.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
+            opt.step()
+            schedule.step()
+            opt.zero_grad(set_to_none=True)
+        steps_taken[0] += 1
         t3 = time.perf_counter()
         for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
             phases[key].append(value)
@@ -381,13 +402,15 @@ def main():
     label = blas_label(blas)
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     framework = (("pytorch-checkpoint" if a.checkpoint else "pytorch") + ("-compiled" if a.compile else "")
-                 + ("-bf16autocast" if a.autocast_bf16 else "") + f"-{version}+{label}")
+                 + ("-bf16autocast" if a.autocast_bf16 else "") + ("-optinbwd" if a.optimizer_in_backward else "")
+                 + ("" if a.max_grad_norm == 1.0 else f"-clip{a.max_grad_norm:g}") + f"-{version}+{label}")
     if label == "openblas" and a.threads > 1 and os.environ.get("OPENBLAS_NUM_THREADS") == "1":
         framework += "(1 blas thread)"  # torch's threads only: OpenBLAS's own would oversubscribe the cores
     result = dict(framework=framework, torch_version=torch.__version__, blas=blas, blas_label=label, batch=a.batch, sequence=a.sequence, features=a.features,
                   depth=a.depth, threads=a.threads, repeats=a.repeats, seconds_median=median, seconds_min=min(seconds),
                   seconds_max=max(seconds), **{k: statistics.median(v) for k, v in phases.items()},
-                  tokens_per_s=a.batch * a.sequence / median, peak_rss_bytes=peak_rss, first_step_rss_bytes=first_step_rss,
+                  tokens_per_s=a.batch * a.sequence / median, max_grad_norm=a.max_grad_norm,
+                  optimizer_in_backward=a.optimizer_in_backward, peak_rss_bytes=peak_rss, first_step_rss_bytes=first_step_rss,
                   footprint_rss_bytes=footprint, params=params, last_loss=last_loss[0],
                   compile_s=first_step_s if a.compile else None)
     print(f"{framework} B={a.batch} S={a.sequence} F={a.features} depth={a.depth} threads={a.threads} params={params}: "

@@ -64,6 +64,8 @@ struct Options {
     bool data_parallel = true;             // TrainConfig::data_parallel (rows split over threads)
     std::string precision = "fp32";        // bf16: the steps run inside backend::bf16_matmul_scope (as train_lm --precision=bf16)
     std::int64_t kept_layers = 0;          // nn::Stack::keep_activations: leading layers not recomputed in the backward
+    bool update_in_backward = false;       // AdamW::step_during_backward (TrainConfig::update_in_backward)
+    double max_grad_norm = -1;             // -1: the main job's default
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -75,7 +77,10 @@ struct Options {
                  "       [--data_parallel 0|1]  (1, the default as in train_lm: with threads > 1 each thread runs a shard of the batch)\n"
                  "       [--precision fp32|bf16]  (bf16: every float GEMM as bf16 x bf16 -> fp32, on oneDNN's bf16 kernels where built\n"
                  "                                 with olmax::onednn and the CPU has bf16 units, as train_lm --precision=bf16)\n"
-                 "       [--kept_layers N]  (recompute as a budget: the first N reversible layers keep their activations)\n";
+                 "       [--kept_layers N]  (recompute as a budget: the first N reversible layers keep their activations)\n"
+                 "       [--max_grad_norm X]  (global-norm clip; default the main job's, 0 = off)\n"
+                 "       [--update_in_backward 0|1]  (1: AdamW applied inside backward as each gradient is final, as train_lm\n"
+                 "                                    --update_in_backward; needs --max_grad_norm 0)\n";
     std::exit(1);
 }
 
@@ -126,6 +131,15 @@ Options parse(int argc, char** argv) {
         else if (arg == "block_cache_mib") o.block_cache_mib = number();
         else if (arg == "data_parallel") o.data_parallel = number() != 0;
         else if (arg == "kept_layers") o.kept_layers = number();
+        else if (arg == "update_in_backward") o.update_in_backward = number() != 0;
+        else if (arg == "max_grad_norm") {
+            try {
+                o.max_grad_norm = std::stod(value);
+            } catch (const std::exception&) {
+                usage("--max_grad_norm needs a number, got '" + value + "'");
+            }
+            if (!(o.max_grad_norm >= 0)) usage("--max_grad_norm must be >= 0, got '" + value + "'");
+        }
         else if (arg == "precision") {
             if (value != "fp32" && value != "bf16") usage("--precision takes fp32 or bf16, got '" + value + "'");
             o.precision = value;
@@ -285,6 +299,8 @@ int run(int argc, char** argv) {
     olmax::config::TrainConfig c;  // the main job's defaults (lr, betas, weight decay, clipping, ...)
     c.batch = o.batch, c.sequence = o.sequence, c.features = o.features, c.depth = o.depth, c.threads = o.threads;
     c.data_parallel = o.data_parallel;
+    if (o.max_grad_norm >= 0) c.max_grad_norm = o.max_grad_norm;
+    c.update_in_backward = o.update_in_backward;
     c.validate();
 #if defined(_OPENMP)
     if (c.threads > 0) omp_set_num_threads(int(c.threads));
@@ -334,17 +350,21 @@ int run(int argc, char** argv) {
     auto step = [&](const olmax::data::Batch& batch) {
         const auto t0 = clock::now();
         auto t1 = t0;
-        if (shards > 1) {
-            last_loss = model.accumulate_gradients(batch, shards, 1.0);
-        } else {
-            olmax::autodiff::tape_scope tape;
-            auto loss = model.loss(batch);
-            last_loss = double(loss.item());
-            t1 = clock::now();
-            loss.backward();
-        }
+        auto backward = [&] {
+            if (shards > 1) {
+                last_loss = model.accumulate_gradients(batch, shards, 1.0);
+            } else {
+                olmax::autodiff::tape_scope tape;
+                auto loss = model.loss(batch);
+                last_loss = double(loss.item());
+                t1 = clock::now();
+                loss.backward();
+            }
+        };
+        if (c.update_in_backward) opt.step_during_backward(backward);  // the optimiser's time is in backward's
+        else backward();
         const auto t2 = clock::now();
-        opt.step();
+        if (!c.update_in_backward) opt.step();
         opt.zero_grad();
         const auto t3 = clock::now();
         forward_s.push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -390,9 +410,11 @@ int run(int argc, char** argv) {
 
     std::ostringstream json;
     const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : "olmax") +
-                                  (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "");
+                                  (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "") +
+                                  (c.update_in_backward ? "-fused" : "");
     json << "{\"framework\": \"" << framework << "\", \"precision\": \"" << o.precision
-         << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations() << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
+         << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations()
+         << ", \"update_in_backward\": " << (c.update_in_backward ? "true" : "false") << ", \"max_grad_norm\": " << c.max_grad_norm << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
          << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"shards\": " << shards << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
          << ", \"block_cache_bytes\": " << olmax::memory::cache_limit()

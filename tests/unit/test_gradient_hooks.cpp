@@ -178,3 +178,42 @@ TEST_CASE("data_parallel_backward under a gradient_ready_hook: each parameter on
         CHECK_FALSE(unused.grad().defined());
     }
 }
+
+TEST_CASE("offer_final_slice: a slice is taken only when no other node of the pass adds into it", "[autodiff][gradient_hooks]") {
+    // P [3, 2]; take_leading nodes add into one row each and offer it. Taken rows never reach P's
+    // gradient; declined ones are added there as usual.
+    auto run = [](auto&& build) {
+        auto p = olmax::parameter(Tensor<double>::from({3, 2}, {1, 2, 3, 4, 5, 6}));
+        std::map<std::size_t, std::vector<double>> taken;  // offset -> gradient
+        std::vector<std::size_t> ready;
+        {
+            ad::gradient_ready_hook<double> hook(
+                std::vector<Tensor<double>>{p}, [&](std::size_t i) { ready.push_back(i); },
+                [&](std::size_t, std::size_t offset, const Tensor<double>& g) {
+                    taken[offset] = std::vector<double>(g.data(), g.data() + g.size());
+                    return true;
+                });
+            olmax::sum(build(p)).backward();
+        }
+        CHECK(ready == std::vector<std::size_t>{0});
+        return std::make_pair(taken, p.grad().defined() ? std::vector<double>(p.grad().data(), p.grad().data() + 6) : std::vector<double>{});
+    };
+    namespace nn = olmax::nn;
+    SECTION("disjoint rows: both taken, nothing stored") {
+        const auto [taken, stored] = run([](const Tensor<double>& p) { return nn::take_leading(p, 0) * 2.0 + nn::take_leading(p, 2) * 3.0; });
+        CHECK(taken.size() == 2);
+        CHECK(taken.at(0) == std::vector<double>{2, 2});
+        CHECK(taken.at(4) == std::vector<double>{3, 3});
+        CHECK(stored.empty());
+    }
+    SECTION("the same row twice: neither is final alone, both are stored") {
+        const auto [taken, stored] = run([](const Tensor<double>& p) { return nn::take_leading(p, 1) * 2.0 + nn::take_leading(p, 1) * 3.0; });
+        CHECK(taken.empty());
+        CHECK(stored == std::vector<double>{0, 0, 5, 5, 0, 0});
+    }
+    SECTION("a node adding anywhere in P: no row is final") {
+        const auto [taken, stored] = run([](const Tensor<double>& p) { return olmax::sum(nn::take_leading(p, 0) * 2.0) + olmax::sum(p * 1.0); });
+        CHECK(taken.empty());
+        CHECK(stored == std::vector<double>{3, 3, 1, 1, 1, 1});
+    }
+}

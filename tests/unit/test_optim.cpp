@@ -1,6 +1,7 @@
 // Optimisers: Adam/AdamW against PyTorch reference values (tests/data/optim_reference_*.txt, made
 // by tools/make_optim_reference.py), clipping and the LR schedule against hand-derived values.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -517,4 +518,149 @@ TEST_CASE("optim::parameters_of reads names, roles, stacked axes and embedding u
     CHECK(optim::parameters_of(model).front().tensor.data()[0] == 42.0f);
     // A prefix names a model placed inside something larger.
     CHECK(optim::parameters_of(model, "lm").front().name == "lm/" + params.front().name);
+}
+
+namespace {
+
+olmax::data::Batch random_bytes(std::size_t rows, std::size_t sequence, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> byte(0, 255);
+    olmax::data::Batch b;
+    b.inputs = Tensor<std::int32_t>({rows, sequence});
+    b.targets = Tensor<std::int32_t>({rows, sequence});
+    b.mask = Tensor<float>({rows, sequence}, 1.0f);
+    for (std::size_t i = 0; i < rows * sequence; ++i) {
+        b.inputs.data()[i] = byte(rng);
+        b.targets.data()[i] = byte(rng);
+    }
+    b.real_targets = rows * sequence;
+    return b;
+}
+
+optim::AdamWConfig unclipped_adamw() {
+    optim::AdamWConfig c;
+    c.schedule.peak_lr = 3e-3;
+    c.beta2 = 0.99;
+    c.weight_decay = 0.01;
+    return c;
+}
+
+bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("optim: step_during_backward updates exactly as backward + step + zero_grad, and drops every gradient", "[optim]") {
+    olmax::models::ByteLMConfig config;
+    config.features = 8;
+    config.depth = 3;
+    // One shard (the whole backward on this thread) and two (data_parallel_backward's shards report
+    // to the caller's hook once summed); all layers recomputed, and the first one keeping its activations.
+    for (const std::size_t shards : {std::size_t(1), std::size_t(2)})
+        for (const std::size_t kept : {std::size_t(0), std::size_t(1)}) {
+            INFO("shards " << shards << ", kept layers " << kept);
+            olmax::models::ByteLM<> reference(config), fused(config);
+            reference.stack.keep_activations(kept);
+            fused.stack.keep_activations(kept);
+            optim::AdamW<float> reference_opt(optim::parameters_of(reference), unclipped_adamw());
+            optim::AdamW<float> fused_opt(optim::parameters_of(fused), unclipped_adamw());
+            for (std::uint64_t step = 0; step < 3; ++step) {
+                const auto batch = random_bytes(4, 16, 100 + step);
+                const double reference_loss = reference.accumulate_gradients(batch, shards, 1.0);
+                double reference_sq = 0;
+                for (const auto& p : reference_opt.parameters())
+                    for (std::size_t e = 0; e < p.tensor.grad().size(); ++e) reference_sq += double(p.tensor.grad().data()[e]) * p.tensor.grad().data()[e];
+                reference_opt.step();
+                reference_opt.zero_grad();
+                double fused_loss = 0;
+                const auto report = fused_opt.step_during_backward([&] { fused_loss = fused.accumulate_gradients(batch, shards, 1.0); });
+                CHECK(fused_loss == reference_loss);
+                CHECK(report.step == std::int64_t(step + 1));
+                CHECK(report.grad_norm == Approx(std::sqrt(reference_sq)).epsilon(1e-12));
+                CHECK(fused_opt.step_count() == reference_opt.step_count());
+            }
+            const auto want = reference_opt.parameters();
+            const auto got = fused_opt.parameters();
+            REQUIRE(want.size() == got.size());
+            for (std::size_t i = 0; i < want.size(); ++i) {
+                INFO(want[i].name);
+                CHECK(same_bits(want[i].tensor, got[i].tensor));
+                CHECK_FALSE(got[i].tensor.grad().defined());
+            }
+            const auto want_state = reference_opt.export_state(), got_state = fused_opt.export_state();
+            for (std::size_t i = 0; i < want_state.slots.size(); ++i) {
+                CHECK(want_state.slots[i].step == got_state.slots[i].step);
+                CHECK(std::memcmp(want_state.slots[i].second_moment.data(), got_state.slots[i].second_moment.data(),
+                                  want_state.slots[i].second_moment.size() * sizeof(double)) == 0);
+            }
+        }
+}
+
+TEST_CASE("optim: step_during_backward never holds all gradients at once", "[optim]") {
+    olmax::models::ByteLMConfig config;
+    config.features = 32;
+    config.depth = 6;
+    // Two shards run at once only with two threads; on one they run one after the other and every
+    // slice waits for the second shard (correct, no saving), so that case is measured only with two.
+    std::vector<std::size_t> shard_counts{1};
+    if (olmax::backend::current().num_threads() >= 2) shard_counts.push_back(2);
+    for (const std::size_t shards : shard_counts)
+        for (const std::size_t kept : {std::size_t(0), std::size_t(3)}) {  // all layers recomputed; half keeping their activations
+            INFO("shards " << shards << ", kept layers " << kept);
+            olmax::models::ByteLM<> reference(config), fused(config);
+            reference.stack.keep_activations(kept);
+            fused.stack.keep_activations(kept);
+            optim::AdamW<float> reference_opt(optim::parameters_of(reference), unclipped_adamw());
+            optim::AdamW<float> fused_opt(optim::parameters_of(fused), unclipped_adamw());
+            std::size_t gradient_bytes = 0;
+            for (const auto& p : fused_opt.parameters()) gradient_bytes += p.tensor.size() * sizeof(float);
+            const auto batch = random_bytes(2, 16, 7);
+            auto step_peak = [](auto&& step) {  // tensor bytes a step adds at its highest
+                const std::size_t before = olmax::memory::stats().current_bytes;
+                olmax::memory::reset_peak();
+                step();
+                return olmax::memory::stats().peak_bytes - before;
+            };
+            for (int round = 0; round < 2; ++round) {  // the second round is measured (moments and caches exist)
+                const std::size_t separate = step_peak([&] {
+                    reference.accumulate_gradients(batch, shards, 1.0);
+                    reference_opt.step();
+                    reference_opt.zero_grad();
+                });
+                const std::size_t during = step_peak([&] { fused_opt.step_during_backward([&] { fused.accumulate_gradients(batch, shards, 1.0); }); });
+                INFO("step peak: separate " << separate << " B, during backward " << during << " B; gradients " << gradient_bytes << " B");
+                // The separate step holds every gradient at its end; updating during backward frees
+                // each layer's slice of the stacked gradients before the next layer's are made.
+                if (round == 1) CHECK(during + gradient_bytes / 2 < separate);
+            }
+        }
+}
+
+TEST_CASE("optim: step_during_backward refuses clipping and reports non-finite gradients", "[optim]") {
+    auto w = olmax::parameter(Tensor<double>::from({2}, {1.0, 2.0}));
+    auto u = olmax::parameter(Tensor<double>::from({1}, {5.0}));
+    optim::AdamWConfig clipped;
+    clipped.max_grad_norm = 1.0;
+    optim::AdamW<double> refuses({optim::make_parameter("w", olmax::nn::Role::weight, w)}, clipped);
+    bool ran = false;
+    CHECK_THROWS_WITH(refuses.step_during_backward([&] { ran = true; }), Catch::Contains("max_grad_norm=0"));
+    CHECK_FALSE(ran);
+
+    optim::AdamW<double> opt({optim::make_parameter("w", olmax::nn::Role::weight, w), optim::make_parameter("u", olmax::nn::Role::weight, u)},
+                             optim::AdamWConfig{});
+    CHECK_THROWS_AS(opt.step_during_backward([&] { (w * 1.0).backward(Tensor<double>::from({2}, {1.0, std::nan("")})); }),
+                    optim::non_finite_gradient);
+    CHECK(opt.step_count() == 0);
+    CHECK(w(0) == 1.0);  // the parameter with the NaN gradient is not updated
+    CHECK(w(1) == 2.0);
+    opt.zero_grad();
+    // A parameter no gradient reaches is left alone, as in step().
+    const auto report = opt.step_during_backward([&] { (w * 2.0).backward(Tensor<double>::from({2}, {1.0, 1.0})); });
+    CHECK(report.step == 1);
+    CHECK(report.grad_norm == Approx(std::sqrt(8.0)));
+    CHECK(w(0) != 1.0);
+    CHECK(u(0) == 5.0);
+    CHECK(opt.export_state().slots[1].step == 0);
+    CHECK_FALSE(w.grad().defined());
 }

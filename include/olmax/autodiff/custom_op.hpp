@@ -45,14 +45,16 @@ Tensor<T> custom_op(std::string_view name, Tensor<T> value, std::initializer_lis
     return value;
 }
 
-/// Multi-output form: `backward(std::span<const Tensor<T>> grad_outputs, grads)`.
+/// Multi-output form: `backward(std::span<const Tensor<T>> grad_outputs, grads)`. `slices` names
+/// inputs the backward adds into only in part (InputSlice, tape.hpp).
 template <Real T, class F>
     requires std::invocable<F&, std::span<const Tensor<T>>, GradientSink<T>&>
-std::vector<Tensor<T>> custom_op(std::string_view name, std::vector<Tensor<T>> values, std::vector<Tensor<T>> inputs, F&& backward) {
+std::vector<Tensor<T>> custom_op(std::string_view name, std::vector<Tensor<T>> values, std::vector<Tensor<T>> inputs, F&& backward,
+                                 std::vector<InputSlice> slices = {}) {
     if (!should_record(std::span<const Tensor<T>>(inputs))) return values;
     for (auto& v : values)
         if (!v.is_leaf() || v.requires_grad()) v = v.detach();
-    record<T>(name, inputs, values, BackwardFn<T>(std::forward<F>(backward)));
+    record<T>(name, inputs, values, BackwardFn<T>(std::forward<F>(backward)), std::move(slices));
     return values;
 }
 

@@ -20,9 +20,11 @@
 // same additions as without the hook, so bit for bit the same result), and tells the hook. The
 // sum then happens during backward instead of after it.
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -87,6 +89,51 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
         for (std::size_t j = 0; j < covered.size(); ++j)  // not a parameter here: no gradient reaches it
             if (!covered[j]) outer->notify(j);
     }
+    // Final slices (offer_final_slice: a reversible stack's layer slices of a stacked parameter),
+    // when the caller's hook takes them and the parameter had no gradient before: each shard's part
+    // waits in `pending` until every shard has handed its part in; the sum in shard order (as
+    // sum_shards adds) goes to the caller's hook, or into the parameter's gradient if it declines.
+    std::vector<bool> sliceable(parameters.size(), false);
+    if (outer && outer->takes_slices())
+        for (std::size_t i = 0; i < parameters.size(); ++i) sliceable[i] = hook_index[i] != std::size_t(-1) && !parameters[i].grad().defined();
+    std::map<std::pair<std::size_t, std::size_t>, std::vector<Tensor<T>>> pending;  // (parameter, offset) -> part of each shard
+    std::mutex pending_mutex;
+    auto deliver = [&](std::size_t i, std::size_t offset, const std::vector<Tensor<T>>& parts) {  // holds notify_mutex
+        Tensor<T> total;
+        for (const auto& part : parts) {
+            if (!part.defined()) continue;  // a shard whose graph did not reach this slice
+            if (!total.defined()) {
+                total = part.clone();
+                continue;
+            }
+            T* sum = total.data();
+            const T* add = part.data();
+            backend::map(total.size(), sum, [](T a, T b) { return a + b; }, static_cast<const T*>(sum), add);
+        }
+        if (!total.defined() || outer->take_slice(hook_index[i], offset, total)) return;
+        typename private_gradients<T>::suspend own;
+        accumulate_grad_slice(olmax::detail::impl_of(parameters[i]), offset, total);
+    };
+    auto shard_slice = [&](std::size_t s, std::size_t i, std::size_t offset, const Tensor<T>& grad) {
+        if (!sliceable[i]) return false;
+        std::vector<Tensor<T>> parts;
+        {
+            std::lock_guard lock(pending_mutex);
+            std::vector<Tensor<T>>& waiting = pending[{i, offset}];
+            if (waiting.empty()) waiting.resize(shards);
+            check<autodiff_error>(!waiting[s].defined(), "data_parallel_backward: shard ", s, " handed in the gradient of elements ", offset,
+                                  ".. of parameter ", i, " twice");
+            waiting[s] = grad;
+            if (std::count_if(waiting.begin(), waiting.end(), [](const Tensor<T>& t) { return t.defined(); }) < std::ptrdiff_t(shards))
+                return true;
+            parts = std::move(waiting);
+            pending.erase({i, offset});
+        }
+        std::lock_guard lock(notify_mutex);
+        deliver(i, offset, parts);
+        return true;
+    };
+
     // Shard s finished parameter i (under a gradient hook, on the shard's thread).
     auto shard_finished = [&](std::size_t s, std::size_t i, const private_gradients<T>* redirect) {
         if (redirect) private_grads[s][i] = redirect->grad(parameters[i]);
@@ -97,7 +144,14 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
         typename private_gradients<T>::suspend own;  // add into the parameter's own gradient, not this shard's buffer
         sum_shards(i);
         if (hook_index[i] != std::size_t(-1)) {
+            std::vector<std::pair<std::size_t, std::vector<Tensor<T>>>> leftover;  // slices some shard never handed in
+            {
+                std::lock_guard lock(pending_mutex);
+                for (auto it = pending.lower_bound({i, 0}); it != pending.end() && it->first.first == i; it = pending.erase(it))
+                    leftover.emplace_back(it->first.second, std::move(it->second));
+            }
             std::lock_guard lock(notify_mutex);
+            for (const auto& [offset, parts] : leftover) deliver(i, offset, parts);
             outer->notify(hook_index[i]);
         }
     };
@@ -109,7 +163,10 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
             {
                 tape_scope tape;
                 std::optional<gradient_ready_hook<T>> hook;  // this shard's own: the caller's does not see shard passes
-                if (outer) hook.emplace(parameters, [&, s](std::size_t i) { shard_finished(s, i, redirect ? &*redirect : nullptr); });
+                if (outer)
+                    hook.emplace(
+                        parameters, [&, s](std::size_t i) { shard_finished(s, i, redirect ? &*redirect : nullptr); },
+                        [&, s](std::size_t i, std::size_t offset, const Tensor<T>& grad) { return shard_slice(s, i, offset, grad); });
                 Tensor<T> loss = shard_loss(s);
                 check<shape_error>(loss.size() == 1, "data_parallel_backward: shard ", s, " returned a loss of shape ",
                                    to_string(loss.shape()), "; expected a scalar");

@@ -7,6 +7,7 @@
 // on the kernels of the gradient's device (olmax/backend/dispatch.hpp), above their parallel
 // threshold on several threads: activation gradients of long sequences are hundreds of megabytes.
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -126,6 +127,26 @@ void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::
         }
     }
     accumulate_grad(impl, static_cast<const Tensor<T>&>(grad), op);
+}
+
+/// Adds `grad` into elements [offset, offset + grad.size()) of `impl`'s gradient buffer (zero-filled
+/// on first use), so a slice hands back its gradient without a full-size tensor of its own (a layer's
+/// slice of a stacked parameter, nn::Stack; one stream of a reversible state, nn::take_leading).
+template <Real T>
+void accumulate_grad_slice(olmax::detail::TensorImpl<T>& impl, std::size_t offset, const Tensor<T>& grad) {
+    const std::size_t total = numel(impl.shape);
+    check<autodiff_error>(offset + grad.size() <= total, "slice gradient of ", grad.size(), " elements at offset ", offset,
+                          " does not fit a tensor of shape ", to_string(impl.shape));
+    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);  // this thread's, see data_parallel_backward
+    if (!buffer) {
+        buffer = std::make_shared<Storage<T>>(total);
+        std::fill(buffer->begin(), buffer->end(), T{0});
+    }
+    T* dst = buffer->data() + offset;
+    const T* src = grad.data();
+    const std::size_t n = grad.size();
+#pragma omp simd
+    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
 /// What a backward closure writes into: one slot per op input, in the order they were recorded.

@@ -53,6 +53,15 @@ public:
     /// Appends the identities (TensorImpl addresses) of the inputs this node adds gradients into;
     /// false when it cannot tell, and a gradient hook (gradient_hooks.hpp) then assumes any.
     virtual bool gradient_inputs(std::vector<const void*>&) const { return false; }
+    /// Whether this node adds into `input` only within elements [offset, offset + size) (a slice
+    /// op); false: anywhere in it, as far as anyone knows.
+    virtual bool gradient_input_slice(const void* /*input*/, std::size_t& /*offset*/, std::size_t& /*size*/) const { return false; }
+};
+
+/// Elements [offset, offset + size) of input `input` of a node: the only ones its backward adds
+/// into (`record`'s optional argument; gradient hooks use it to tell when a slice is final).
+struct InputSlice {
+    std::size_t input = 0, offset = 0, size = 0;
 };
 
 /// An append-only list of nodes; `id` changes whenever the tape is cleared so that handles into a
@@ -97,6 +106,18 @@ inline BackwardObserver*& backward_observer() {
     return observer;
 }
 
+/// The observed reverse pass running on this thread and the node of it that is running now (null
+/// observer: none), so that code inside a node can reach the observer, which `backward` hides from
+/// the passes nested in its nodes (gradient_hooks.hpp: `offer_final_slice`).
+struct ObservedNode {
+    BackwardObserver* observer = nullptr;
+    std::size_t index = 0;
+};
+inline ObservedNode& observed_node() {
+    thread_local ObservedNode running;
+    return running;
+}
+
 /// Whether the node `handle` points at is on one of this thread's live tapes.
 inline bool is_live(const olmax::detail::NodeHandle& handle) {
     for (const auto& tape : tape_stack())
@@ -135,8 +156,8 @@ template <Real T>
 class Node final : public NodeBase {
 public:
     Node(std::string name, std::vector<std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs,
-         const std::vector<Tensor<T>>& outputs, BackwardFn<T> fn)
-        : name_(std::move(name)), inputs_(std::move(inputs)), fn_(std::move(fn)) {
+         const std::vector<Tensor<T>>& outputs, BackwardFn<T> fn, std::vector<InputSlice> slices = {})
+        : name_(std::move(name)), inputs_(std::move(inputs)), slices_(std::move(slices)), fn_(std::move(fn)) {
         if (!outputs.empty()) device_ = outputs.front().device();
         for (const auto& o : outputs) {
             outputs_.push_back(olmax::detail::impl_ptr_of(o));
@@ -150,6 +171,15 @@ public:
         for (const auto& in : inputs_)
             if (in) out.push_back(in.get());
         return true;
+    }
+
+    bool gradient_input_slice(const void* input, std::size_t& offset, std::size_t& size) const override {
+        for (const auto& s : slices_)
+            if (s.input < inputs_.size() && inputs_[s.input].get() == input) {
+                offset = s.offset, size = s.size;
+                return true;
+            }
+        return false;
     }
 
     void run_backward() override {
@@ -176,6 +206,7 @@ public:
 private:
     std::string name_;
     std::vector<std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs_;  // null where no grad is needed
+    std::vector<InputSlice> slices_;                                      // inputs added into only in part
     std::vector<std::weak_ptr<olmax::detail::TensorImpl<T>>> outputs_;   // weak: the tape must not keep dead outputs alive
     std::vector<Shape> output_shapes_;
     Device device_;  // of the outputs (an op's outputs share its inputs' device)
@@ -192,9 +223,11 @@ bool should_record(std::span<const Tensor<T>> inputs) {
 }
 
 /// Records one node with these inputs and outputs. Outputs become non-leaf tensors that require grad.
-/// Does nothing (outputs stay constants) when no input requires grad or grad mode is off.
+/// Does nothing (outputs stay constants) when no input requires grad or grad mode is off. `slices`
+/// names inputs whose gradient the backward adds into only in part (InputSlice).
 template <Real T>
-void record(std::string_view name, std::span<const Tensor<T>> inputs, std::span<Tensor<T>> outputs, BackwardFn<T> fn) {
+void record(std::string_view name, std::span<const Tensor<T>> inputs, std::span<Tensor<T>> outputs, BackwardFn<T> fn,
+            std::vector<InputSlice> slices = {}) {
     if (!should_record(inputs)) return;
     std::vector<std::shared_ptr<olmax::detail::TensorImpl<T>>> slots;
     slots.reserve(inputs.size());
@@ -211,7 +244,7 @@ void record(std::string_view name, std::span<const Tensor<T>> inputs, std::span<
     }
     Tape& tape = current_tape();
     std::vector<Tensor<T>> outs(outputs.begin(), outputs.end());
-    tape.nodes.push_back(std::make_unique<Node<T>>(std::string(name), std::move(slots), outs, std::move(fn)));
+    tape.nodes.push_back(std::make_unique<Node<T>>(std::string(name), std::move(slots), outs, std::move(fn), std::move(slices)));
     for (auto& o : outputs) {
         olmax::detail::impl_of(o).requires_grad = true;
         olmax::detail::impl_of(o).node = {tape.id, tape.nodes.size() - 1};
@@ -245,7 +278,12 @@ void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_g
     if (observer) observer->before_nodes(tape, count);
     {
         no_grad guard;  // backward closures compute with plain tensors; they re-enable grad explicitly if they recompute
+        struct restore_node {
+            detail::ObservedNode saved = detail::observed_node();
+            ~restore_node() { detail::observed_node() = saved; }
+        } restore_running;
         for (std::size_t i = count; i-- > 0;) {
+            if (observer) detail::observed_node() = {observer, i};
             tape.nodes[i]->run_backward();
             if (observer) observer->after_node(i);
         }

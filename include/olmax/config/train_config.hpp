@@ -42,6 +42,7 @@ struct TrainConfig {
     std::string decay_policy = "matrices";
     double agc_clip = 0.0;
     double max_grad_norm = 1.0;
+    bool update_in_backward = false;
     // evaluation, checkpoints, logging
     std::int64_t eval_every = 250;
     std::int64_t eval_batches = 16;
@@ -116,6 +117,10 @@ struct TrainConfig {
             Field<C>{"decay_policy", &C::decay_policy, "which parameter roles are decayed", {"matrices", "embeddings_only", "all", "none"}},
             Field<C>{"agc_clip", &C::agc_clip, "unit-wise adaptive gradient clipping ratio (0: off)"}.in(0, 1e6),
             Field<C>{"max_grad_norm", &C::max_grad_norm, "global gradient-norm clip (0: off)"}.in(0, 1e12),
+            Field<C>{"update_in_backward", &C::update_in_backward,
+                     "apply AdamW to each parameter (each layer's slice of the stacked ones) as soon as backward has finished its "
+                     "gradient, and drop it: the gradients of the whole model never exist at once (the same numbers as the separate "
+                     "step; needs max_grad_norm=0, agc_clip=0, one process and the CPU path)"},
             Field<C>{"eval_every", &C::eval_every, "steps between held-out evaluations"}.in(1, steps_max),
             Field<C>{"eval_batches", &C::eval_batches, "held-out batches per evaluation"}.in(1, size_max),
             Field<C>{"checkpoint_every", &C::checkpoint_every, "steps between checkpoints"}.in(1, steps_max),
@@ -183,6 +188,11 @@ struct TrainConfig {
             check<config_error>(batch % xla_devices == 0, "config: key 'batch' (", batch, ") must be a multiple of 'xla_devices' (",
                                 xla_devices, ")");
         }
+        check<config_error>(!update_in_backward || (max_grad_norm == 0 && agc_clip == 0 && world_size == 1 && device == "cpu"),
+                            "config: --update_in_backward needs every update to depend on its own gradient only: set max_grad_norm=0 and "
+                            "agc_clip=0 (clipping reads every gradient first), one process (world_size=1: gradients are exchanged first) "
+                            "and device=cpu (got max_grad_norm=", max_grad_norm, ", agc_clip=", agc_clip, ", world_size=", world_size,
+                            ", device=", device, ")");
         check<config_error>(rank < world_size, "config: key 'rank' (", rank, ") must be below 'world_size' (", world_size, ")");
         check<config_error>(batch % world_size == 0, "config: key 'batch' (", batch, ") must be a multiple of 'world_size' (", world_size,
                             "): every process takes an equal share of each batch's rows");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "olmax/autodiff/custom_op.hpp"
+#include "olmax/autodiff/gradient_hooks.hpp"
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/core/memory.hpp"
 #include "olmax/nn/contract.hpp"
@@ -298,7 +299,12 @@ private:
             }
         }
         std::vector<Tensor<T>> inputs{x};
-        for (const auto& slot : slots_) inputs.push_back(slot.stored);
+        std::vector<autodiff::InputSlice> slices;  // per-layer parameters: only layers first.. (the kept ones are recorded apart)
+        for (const auto& slot : slots_) {
+            if (slot.sharing != Sharing::tied)
+                slices.push_back({inputs.size(), first * numel(slot.shape), (depth_ - first) * numel(slot.shape)});
+            inputs.push_back(slot.stored);
+        }
         // The closure keeps the output (needed to start the reverse walk), the parameters and the
         // stack description; no per-layer activation.
         return autodiff::custom_op<T>(
@@ -315,14 +321,22 @@ private:
                         const Slot& slot = self.slots_[i];
                         const Tensor<T> grad = leaves[i].grad();
                         if (!grad.defined() || !sink.needs(i + 1)) continue;
-                        const std::size_t offset = slot.sharing == Sharing::tied ? 0 : l * grad.size();
-                        detail::accumulate_grad_slice(olmax::detail::impl_of(slot.stored), offset, grad);
+                        if (slot.sharing == Sharing::tied) {
+                            autodiff::accumulate_grad_slice(olmax::detail::impl_of(slot.stored), 0, grad);
+                            continue;
+                        }
+                        // Layer l's slice gets nothing more from this node: a gradient hook may take it
+                        // (optim::AdamW::step_during_backward updates it now) instead of it being stored.
+                        const std::size_t offset = l * grad.size();
+                        if (!autodiff::offer_final_slice(slot.stored, offset, grad))
+                            autodiff::accumulate_grad_slice(olmax::detail::impl_of(slot.stored), offset, grad);
                     }
                     out = in;
                     dout = din;
                 }
                 sink.add(0, dout);
-            })[0];
+            },
+            std::move(slices))[0];
     }
 
     Block worker_;  // layer 0's instance; its parameter handles are rebound per layer

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "olmax/autodiff/gradient_hooks.hpp"
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
@@ -20,25 +21,6 @@ namespace detail {
 template <Real T>
 Tensor<T> view_of(const Tensor<T>& base, std::size_t offset, const Shape& shape) {
     return olmax::detail::TensorAccess<T>::alias(base, offset, shape);
-}
-
-/// Adds `grad` into elements [offset, offset + grad.size()) of `impl`'s gradient buffer (zero-filled
-/// on first use). Lets a slice hand back its gradient without materialising a full-size tensor.
-template <Real T>
-void accumulate_grad_slice(olmax::detail::TensorImpl<T>& impl, std::size_t offset, const Tensor<T>& grad) {
-    const std::size_t total = numel(impl.shape);
-    check<autodiff_error>(offset + grad.size() <= total, "nn: slice gradient of ", grad.size(), " elements at offset ", offset,
-                          " does not fit a tensor of shape ", to_string(impl.shape));
-    std::shared_ptr<Storage<T>>& buffer = autodiff::private_gradients<T>::buffer_of(impl);  // this thread's, see data_parallel_backward
-    if (!buffer) {
-        buffer = std::make_shared<Storage<T>>(total);
-        std::fill(buffer->begin(), buffer->end(), T{0});
-    }
-    T* dst = buffer->data() + offset;
-    const T* src = grad.data();
-    const std::size_t n = grad.size();
-#pragma omp simd
-    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
 inline Shape drop_leading(const Shape& shape) { return Shape(shape.begin() + 1, shape.end()); }
@@ -55,10 +37,16 @@ Tensor<T> take_leading(const Tensor<T>& x, std::size_t index) {
     const std::size_t offset = index * numel(inner);
     Tensor<T> out = detail::view_of(x, offset, inner);
     if (!autodiff::should_record(std::span<const Tensor<T>>(&x, 1))) return out;
-    autodiff::record<T>("take_leading", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&out, 1),
-                        [impl = olmax::detail::impl_ptr_of(x), offset](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            if (sink.needs(0)) detail::accumulate_grad_slice(*impl, offset, g[0]);
-                        });
+    // The slice is all this node adds into, and all of it at once: a gradient hook may take it as
+    // final (a stack's kept layer, whose optimiser update then runs here; gradient_hooks.hpp).
+    autodiff::record<T>(
+        "take_leading", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&out, 1),
+        [impl = olmax::detail::impl_ptr_of(x), offset](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+            if (!sink.needs(0)) return;
+            if (!autodiff::offer_final_slice(*impl, offset, g[0]))
+                autodiff::accumulate_grad_slice(*impl, offset, g[0]);
+        },
+        {autodiff::InputSlice{0, offset, numel(inner)}});
     return out;
 }
 

@@ -13,6 +13,11 @@
 // applied inside the update (the gradients are not rewritten), and the update is one explicitly
 // vectorised loop (xsimd; GCC does not vectorise std::sqrt because of errno) over all parameters,
 // split across the threads of the parameters' device's kernels.
+//
+// Memory: `step_during_backward` applies each parameter's update inside the reverse pass, as soon as
+// its gradient is final, and drops that gradient, so a step never holds every gradient at once
+// (the optimiser step fused into backward, as PyTorch's post-accumulate-grad hooks do and LOMO,
+// Lv et al. 2023, "Full Parameter Fine-tuning for Large Language Models with Limited Resources").
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +30,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "olmax/autodiff/gradient_hooks.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/optim/clipping.hpp"
@@ -231,7 +237,126 @@ public:
             sum_sq += sums[a];
         }
         report.grad_norm = std::sqrt(sum_sq);
-        update_all(grads, report.lr, detail::clip_coefficient(report.grad_norm, config_.max_grad_norm));
+        const double grad_scale = detail::clip_coefficient(report.grad_norm, config_.max_grad_norm);
+        std::vector<UpdateJob> jobs;
+        std::size_t total = 0;
+        for (std::size_t i = 0; i < params_.size(); ++i) {
+            if (!grads[i].defined()) continue;
+            const detail::AdamCoefficients c = begin_update(i, report.lr, grad_scale);
+            const std::size_t n = params_[i].tensor.size();
+            if (n == 0) continue;
+            jobs.push_back(UpdateJob{params_[i].tensor.data(), grads[i].data(), slots_[i].first_moment.data(), slots_[i].second_moment.data(),
+                                     total, n, c});
+            total += n;
+        }
+        run_jobs(jobs, total);
+        step_ = report.step;
+        return report;
+    }
+
+    /// One step whose update runs inside the reverse pass. `run_backward()` runs the step's
+    /// backward pass on this thread (`loss.backward()`, or `autodiff::data_parallel_backward` /
+    /// `ByteLM::accumulate_gradients`, whose shards report to this thread's hook); as soon as a
+    /// parameter's gradient is final (autodiff::gradient_ready_hook) its update is applied and its
+    /// gradient dropped. A reversible `nn::Stack` hands over each layer's slice of its stacked
+    /// parameters as soon as backward has passed that layer (autodiff::offer_final_slice), and the
+    /// slice is updated then, so a stacked gradient is never stored whole. A step's gradient memory
+    /// is then what backward has in flight (about one layer's), not one buffer per parameter.
+    ///
+    /// The same arithmetic as `step()` element for element, and no op reads a parameter after its
+    /// gradient is final (the node that reads it is the one that finishes it), so parameters and
+    /// moments come out bit for bit as from `run_backward(); step(); zero_grad();`
+    /// (tests/unit/test_optim.cpp). A gradient that was already there (accumulated micro-batches) is
+    /// part of the update. Differences from `step()`:
+    ///  - global-norm clipping and AGC need every gradient before the first update, so
+    ///    `max_grad_norm` and `agc.clip` must be 0 (checked; the report's `grad_norm` is still computed);
+    ///  - a NaN/Inf gradient throws `non_finite_gradient` out of backward, but the parameters (and
+    ///    slices) whose gradients were final before it have been updated: the step is not
+    ///    all-or-nothing (nor after any other exception out of `run_backward`), and the optimiser's
+    ///    step count does not advance. Restart from a checkpoint, as after divergence.
+    /// Layer slices are handed over by the recomputed layers of a single-shard backward; the kept
+    /// layers of a stack (`keep_activations`) and data_parallel_backward's shards store their
+    /// gradients as usual, and those parameters are updated whole once final.
+    template <class RunBackward>
+        requires std::invocable<RunBackward&>
+    StepReport step_during_backward(RunBackward&& run_backward) {
+        check(config_.max_grad_norm == 0 && config_.agc.clip == 0,
+              "AdamW::step_during_backward: gradient clipping needs every gradient before the first update; set max_grad_norm=0 and "
+              "agc.clip=0 (got ", config_.max_grad_norm, " and ", config_.agc.clip, ") or use backward + step()");
+        std::vector<Tensor<T>> tensors;
+        for (const auto& p : params_) tensors.push_back(p.tensor);
+        StepReport report;
+        report.step = step_ + 1;
+        report.lr = config_.schedule(report.step);
+        double sum_sq = 0;
+        // Per parameter: the constants of its update once its first slice came, and the slices taken.
+        struct Sliced {
+            bool started = false;
+            detail::AdamCoefficients coefficients;
+            std::vector<std::pair<std::size_t, std::size_t>> taken;  // [offset, offset + size)
+        };
+        std::vector<Sliced> sliced(params_.size());
+        // Hook calls never overlap (data_parallel_backward serialises its threads' calls), so no lock.
+        auto update = [&](std::size_t i, std::size_t offset, const T* grad, std::size_t n, const detail::AdamCoefficients& c) {
+            const std::pair<const T*, std::size_t> values{grad, n};
+            const double sq = detail::sums_of_squares<T>(std::span(&values, 1)).front();
+            if (!std::isfinite(sq) && !detail::all_finite(grad, n)) throw_non_finite(i);
+            sum_sq += sq;
+            run_jobs({UpdateJob{params_[i].tensor.data() + offset, grad, slots_[i].first_moment.data() + offset,
+                                slots_[i].second_moment.data() + offset, 0, n, c}},
+                     n);
+        };
+        auto take_slice = [&](std::size_t i, std::size_t offset, const Tensor<T>& grad) {
+            Sliced& s = sliced[i];
+            if (!s.started && params_[i].tensor.grad().defined()) return false;  // it has a gradient: update it whole
+            check<autodiff_error>(offset + grad.size() <= params_[i].tensor.size(), "AdamW::step_during_backward: a slice at ", offset,
+                                  " of ", grad.size(), " elements is outside parameter '", params_[i].name, "'");
+            backend::op_scope on("AdamW::step_during_backward", params_[i].tensor, grad);
+            if (!s.started) {
+                s.coefficients = begin_update(i, report.lr, 1.0);
+                s.started = true;
+            }
+            update(i, offset, grad.data(), grad.size(), s.coefficients);
+            s.taken.emplace_back(offset, grad.size());
+            return true;
+        };
+        auto on_ready = [&](std::size_t i) {
+            Tensor<T> grad = params_[i].tensor.grad();
+            Sliced& s = sliced[i];
+            if (!s.started && !grad.defined()) return;  // no gradient this step: the parameter and its moments stay (as in step())
+            backend::op_scope on("AdamW::step_during_backward", params_[i].tensor, grad);
+            if (!s.started) {
+                update(i, 0, grad.data(), grad.size(), begin_update(i, report.lr, 1.0));
+            } else {
+                // The elements no slice covered: from the stored gradient where there is one, else
+                // zeros (what step() reads from a stored gradient that only some slices reached).
+                std::sort(s.taken.begin(), s.taken.end());
+                if (grad.defined())  // stored after the slices were taken: what it holds there would be lost
+                    for (const auto& [offset, size] : s.taken)
+                        check<autodiff_error>(std::all_of(grad.data() + offset, grad.data() + offset + size, [](T g) { return g == T(0); }),
+                                              "AdamW::step_during_backward: parameter '", params_[i].name, "' received gradient at elements ",
+                                              offset, ".. after they were updated; use backward + step() for this model");
+                std::size_t at = 0;
+                std::vector<T> zeros;
+                s.taken.emplace_back(params_[i].tensor.size(), 0);
+                for (const auto& [offset, size] : s.taken) {
+                    check<autodiff_error>(offset >= at, "AdamW::step_during_backward: parameter '", params_[i].name,
+                                          "' received the gradient of elements ", offset, ".. twice");
+                    if (offset > at) {
+                        if (!grad.defined()) zeros.assign(offset - at, T(0));
+                        update(i, at, grad.defined() ? grad.data() + at : zeros.data(), offset - at, s.coefficients);
+                    }
+                    at = offset + size;
+                }
+            }
+            grad = Tensor<T>();
+            params_[i].tensor.zero_grad();
+        };
+        {
+            autodiff::gradient_ready_hook<T> hook(tensors, on_ready, take_slice);
+            run_backward();
+        }
+        report.grad_norm = std::sqrt(sum_sq);
         step_ = report.step;
         return report;
     }
@@ -315,36 +440,33 @@ private:
         detail::AdamCoefficients coefficients;
     };
 
-    /// Applies the update to every parameter with a gradient (the others, and their moments, stay
-    /// as they are, as in PyTorch). `grad_scale` is the global-norm clipping factor.
-    void update_all(const std::vector<Tensor<T>>& grads, double scheduled_lr, double grad_scale) {
+    /// The constants of parameter i's update this step, in torch.optim.AdamW's order; its moments'
+    /// step count advances. `grad_scale` is the global-norm clipping factor.
+    detail::AdamCoefficients begin_update(std::size_t i, double scheduled_lr, double grad_scale) {
         const bool decoupled = config_.decay_mode == WeightDecayMode::decoupled;
-        std::vector<UpdateJob> jobs;
-        std::size_t total = 0;
-        for (std::size_t i = 0; i < params_.size(); ++i) {
-            if (!grads[i].defined()) continue;
-            SlotState& slot = slots_[i];
-            slot.step += 1;
-            const double lr = scheduled_lr * params_[i].lr_scale;
-            const double wd = receives_weight_decay(params_[i].role, config_.decay_policy) ? config_.weight_decay : 0.0;
-            const double t = double(slot.step);
-            detail::AdamCoefficients c;
-            c.grad_scale = grad_scale;
-            c.decay = decoupled ? 1.0 - lr * wd : 1.0;
-            c.l2 = decoupled ? 0.0 : wd;
-            c.beta1 = config_.beta1;
-            c.one_minus_beta1 = 1.0 - config_.beta1;
-            c.beta2 = config_.beta2;
-            c.one_minus_beta2 = 1.0 - config_.beta2;
-            c.step_size = lr / (1.0 - std::pow(config_.beta1, t));
-            c.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(config_.beta2, t));
-            c.eps = config_.eps;
-            const std::size_t n = params_[i].tensor.size();
-            if (n == 0) continue;
-            jobs.push_back(UpdateJob{params_[i].tensor.data(), grads[i].data(), slot.first_moment.data(), slot.second_moment.data(), total,
-                                     n, c});
-            total += n;
-        }
+        SlotState& slot = slots_[i];
+        slot.step += 1;
+        const double lr = scheduled_lr * params_[i].lr_scale;
+        const double wd = receives_weight_decay(params_[i].role, config_.decay_policy) ? config_.weight_decay : 0.0;
+        const double t = double(slot.step);
+        detail::AdamCoefficients c;
+        c.grad_scale = grad_scale;
+        c.decay = decoupled ? 1.0 - lr * wd : 1.0;
+        c.l2 = decoupled ? 0.0 : wd;
+        c.beta1 = config_.beta1;
+        c.one_minus_beta1 = 1.0 - config_.beta1;
+        c.beta2 = config_.beta2;
+        c.one_minus_beta2 = 1.0 - config_.beta2;
+        c.step_size = lr / (1.0 - std::pow(config_.beta1, t));
+        c.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(config_.beta2, t));
+        c.eps = config_.eps;
+        return c;
+    }
+
+    /// Applies the queued updates (the parameters without a gradient, and their moments, stay as
+    /// they are, as in PyTorch).
+    void run_jobs(const std::vector<UpdateJob>& jobs, std::size_t total) const {
+        const bool decoupled = config_.decay_mode == WeightDecayMode::decoupled;
         // Element-wise and independent: one split of all parameters' elements across the threads
         // of their device's kernels (one parallel region per step, same result for any thread count).
         backend::current().parallel_for(total, 16, [&](std::size_t begin, std::size_t end) {
