@@ -93,30 +93,51 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
     // when the caller's hook takes them and the parameter had no gradient before: each shard's part
     // waits in `pending` until every shard has handed its part in; the sum in shard order (as
     // sum_shards adds) goes to the caller's hook, or into the parameter's gradient if it declines.
+    // A completed slice is queued; a shard thread handing in a part delivers one queued slice when
+    // no other thread is delivering (never waiting for it), so no thread queues behind another.
     std::vector<bool> sliceable(parameters.size(), false);
     if (outer && outer->takes_slices())
         for (std::size_t i = 0; i < parameters.size(); ++i) sliceable[i] = hook_index[i] != std::size_t(-1) && !parameters[i].grad().defined();
+    struct Completed {
+        std::size_t parameter, offset;
+        std::vector<Tensor<T>> parts;
+    };
     std::map<std::pair<std::size_t, std::size_t>, std::vector<Tensor<T>>> pending;  // (parameter, offset) -> part of each shard
+    std::vector<Completed> completed;                                               // waiting for a thread to deliver them
     std::mutex pending_mutex;
-    auto deliver = [&](std::size_t i, std::size_t offset, const std::vector<Tensor<T>>& parts) {  // holds notify_mutex
+    auto deliver = [&](const Completed& c) {  // holds notify_mutex
         Tensor<T> total;
-        for (const auto& part : parts) {
+        bool copied = false;  // total is a copy (a shard's tensor is not written into)
+        for (const auto& part : c.parts) {
             if (!part.defined()) continue;  // a shard whose graph did not reach this slice
             if (!total.defined()) {
-                total = part.clone();
+                total = part;
                 continue;
             }
+            if (!copied) total = total.clone(), copied = true;
             T* sum = total.data();
-            const T* add = part.data();
-            backend::map(total.size(), sum, [](T a, T b) { return a + b; }, static_cast<const T*>(sum), add);
+            backend::map(total.size(), sum, [](T a, T b) { return a + b; }, static_cast<const T*>(sum), part.data());
         }
-        if (!total.defined() || outer->take_slice(hook_index[i], offset, total)) return;
+        if (!total.defined() || outer->take_slice(hook_index[c.parameter], c.offset, total)) return;
         typename private_gradients<T>::suspend own;
-        accumulate_grad_slice(olmax::detail::impl_of(parameters[i]), offset, total);
+        accumulate_grad_slice(olmax::detail::impl_of(parameters[c.parameter]), c.offset, total);
+    };
+    // Pops a queued slice (of `parameter` when given, else the oldest). Popping and delivering happen
+    // under notify_mutex, so a parameter is reported final only after all its slices are delivered.
+    auto pop_completed = [&](std::size_t parameter) {
+        std::optional<Completed> next;
+        std::lock_guard lock(pending_mutex);
+        const auto it = parameter == std::size_t(-1) ? completed.begin()
+                                                     : std::find_if(completed.begin(), completed.end(),
+                                                                    [&](const Completed& c) { return c.parameter == parameter; });
+        if (it != completed.end()) {
+            next = std::move(*it);
+            completed.erase(it);
+        }
+        return next;
     };
     auto shard_slice = [&](std::size_t s, std::size_t i, std::size_t offset, const Tensor<T>& grad) {
         if (!sliceable[i]) return false;
-        std::vector<Tensor<T>> parts;
         {
             std::lock_guard lock(pending_mutex);
             std::vector<Tensor<T>>& waiting = pending[{i, offset}];
@@ -124,13 +145,13 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
             check<autodiff_error>(!waiting[s].defined(), "data_parallel_backward: shard ", s, " handed in the gradient of elements ", offset,
                                   ".. of parameter ", i, " twice");
             waiting[s] = grad;
-            if (std::count_if(waiting.begin(), waiting.end(), [](const Tensor<T>& t) { return t.defined(); }) < std::ptrdiff_t(shards))
-                return true;
-            parts = std::move(waiting);
-            pending.erase({i, offset});
+            if (std::count_if(waiting.begin(), waiting.end(), [](const Tensor<T>& t) { return t.defined(); }) == std::ptrdiff_t(shards)) {
+                completed.push_back(Completed{i, offset, std::move(waiting)});
+                pending.erase({i, offset});
+            }
         }
-        std::lock_guard lock(notify_mutex);
-        deliver(i, offset, parts);
+        if (std::unique_lock lock(notify_mutex, std::try_to_lock); lock.owns_lock())
+            while (auto next = pop_completed(std::size_t(-1))) deliver(*next);
         return true;
     };
 
@@ -144,14 +165,13 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
         typename private_gradients<T>::suspend own;  // add into the parameter's own gradient, not this shard's buffer
         sum_shards(i);
         if (hook_index[i] != std::size_t(-1)) {
-            std::vector<std::pair<std::size_t, std::vector<Tensor<T>>>> leftover;  // slices some shard never handed in
             {
-                std::lock_guard lock(pending_mutex);
+                std::lock_guard lock(pending_mutex);  // slices some shard never handed in: what the others did
                 for (auto it = pending.lower_bound({i, 0}); it != pending.end() && it->first.first == i; it = pending.erase(it))
-                    leftover.emplace_back(it->first.second, std::move(it->second));
+                    completed.push_back(Completed{i, it->first.second, std::move(it->second)});
             }
             std::lock_guard lock(notify_mutex);
-            for (const auto& [offset, parts] : leftover) deliver(i, offset, parts);
+            while (auto next = pop_completed(i)) deliver(*next);  // every slice of parameter i before it is reported final
             outer->notify(hook_index[i]);
         }
     };
