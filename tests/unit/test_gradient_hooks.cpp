@@ -217,3 +217,29 @@ TEST_CASE("offer_final_slice: a slice is taken only when no other node of the pa
         CHECK(stored == std::vector<double>{3, 3, 1, 1, 1, 1});
     }
 }
+
+TEST_CASE("offer_final_slice: offers from a pass nested in a node are declined", "[autodiff][gradient_hooks]") {
+    // A node whose backward differentiates a recompute that reads the hooked leaf itself, taking its
+    // row 0 twice: the nested take_leading nodes are not the observed pass's nodes, so the hook must
+    // not take their rows (each holds only part of the row's gradient).
+    auto p = olmax::parameter(Tensor<double>::from({2, 2}, {1, 2, 3, 4}));
+    std::size_t taken = 0;
+    {
+        ad::gradient_ready_hook<double> hook(
+            std::vector<Tensor<double>>{p}, [](std::size_t) {},
+            [&](std::size_t, std::size_t, const Tensor<double>&) {
+                ++taken;
+                return true;
+            });
+        auto y = ad::custom_op<double>("recompute", {olmax::Tensor<double>::from({1}, {0.0})}, {p},
+                                       [&](std::span<const Tensor<double>>, ad::GradientSink<double>&) {
+                                           ad::enable_grad recording;  // backward closures run under no_grad
+                                           ad::tape_scope nested;
+                                           olmax::sum(olmax::nn::take_leading(p, 0) * 2.0 + olmax::nn::take_leading(p, 0) * 3.0).backward();
+                                       })[0];
+        olmax::sum(y).backward();
+    }
+    CHECK(taken == 0);
+    REQUIRE(p.grad().defined());
+    CHECK(std::vector<double>(p.grad().data(), p.grad().data() + 4) == std::vector<double>{5, 5, 0, 0});
+}

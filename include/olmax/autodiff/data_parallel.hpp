@@ -183,10 +183,12 @@ std::vector<double> data_parallel_backward(std::span<const Tensor<T>> parameters
             {
                 tape_scope tape;
                 std::optional<gradient_ready_hook<T>> hook;  // this shard's own: the caller's does not see shard passes
-                if (outer)
-                    hook.emplace(
-                        parameters, [&, s](std::size_t i) { shard_finished(s, i, redirect ? &*redirect : nullptr); },
-                        [&, s](std::size_t i, std::size_t offset, const Tensor<T>& grad) { return shard_slice(s, i, offset, grad); });
+                if (outer) {
+                    typename gradient_ready_hook<T>::SliceCallback slices;  // none unless the caller takes them
+                    if (outer->takes_slices())
+                        slices = [&, s](std::size_t i, std::size_t offset, const Tensor<T>& grad) { return shard_slice(s, i, offset, grad); };
+                    hook.emplace(parameters, [&, s](std::size_t i) { shard_finished(s, i, redirect ? &*redirect : nullptr); }, std::move(slices));
+                }
                 Tensor<T> loss = shard_loss(s);
                 check<shape_error>(loss.size() == 1, "data_parallel_backward: shard ", s, " returned a loss of shape ",
                                    to_string(loss.shape()), "; expected a scalar");

@@ -174,12 +174,12 @@ private:
     std::size_t next_ = 0;
 };
 
-/// Called from inside a node's backward with `grad`, the final gradient of elements [offset, offset +
-/// grad.size()) of `leaf` from this node (the caller adds nothing more there): true when the
-/// observed pass's gradient hook took it (then the caller must not add it to the leaf's gradient),
-/// false otherwise, when the caller adds it as usual. Declined unless this node is the leaf's last
-/// in the pass. Passes nested in a node, and data_parallel_backward's shards, are not observed by
-/// the caller's hook, so their offers are declined.
+/// Called from inside a node's backward with `grad`, the whole of this node's gradient for elements
+/// [offset, offset + grad.size()) of `leaf` (it adds nothing else there): true when the observed
+/// pass's gradient hook took it (then the caller must not add it to the leaf's gradient), false
+/// otherwise, when the caller adds it as usual. Declined unless no other node of the pass adds into
+/// those elements. Nodes of passes nested in a node are not the observed pass's, so their offers are
+/// declined; data_parallel_backward's shards have hooks of their own.
 template <Real T>
 bool offer_final_slice(const olmax::detail::TensorImpl<T>& leaf, std::size_t offset, const Tensor<T>& grad) {
     const detail::ObservedNode& running = detail::observed_node();

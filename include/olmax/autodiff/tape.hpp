@@ -106,9 +106,10 @@ inline BackwardObserver*& backward_observer() {
     return observer;
 }
 
-/// The observed reverse pass running on this thread and the node of it that is running now (null
-/// observer: none), so that code inside a node can reach the observer, which `backward` hides from
-/// the passes nested in its nodes (gradient_hooks.hpp: `offer_final_slice`).
+/// The reverse pass running on this thread, its observer (null: none, or a pass nested in a node)
+/// and the node of it that is running now, so that code inside a node of the observed pass can
+/// reach the observer, which `backward` hides from nested passes (gradient_hooks.hpp:
+/// `offer_final_slice`).
 struct ObservedNode {
     BackwardObserver* observer = nullptr;
     std::size_t index = 0;
@@ -283,7 +284,7 @@ void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_g
             ~restore_node() { detail::observed_node() = saved; }
         } restore_running;
         for (std::size_t i = count; i-- > 0;) {
-            if (observer) detail::observed_node() = {observer, i};
+            detail::observed_node() = {observer, i};  // null in passes nested in a node: their nodes are not the observed pass's
             tape.nodes[i]->run_backward();
             if (observer) observer->after_node(i);
         }

@@ -274,9 +274,10 @@ public:
     ///    slices) whose gradients were final before it have been updated: the step is not
     ///    all-or-nothing (nor after any other exception out of `run_backward`), and the optimiser's
     ///    step count does not advance. Restart from a checkpoint, as after divergence.
-    /// Layer slices are handed over by the recomputed layers of a single-shard backward; the kept
-    /// layers of a stack (`keep_activations`) and data_parallel_backward's shards store their
-    /// gradients as usual, and those parameters are updated whole once final.
+    /// Layer slices come from a stack's recomputed layers and from its kept layers (`keep_activations`;
+    /// `nn::take_leading` hands them over), with data_parallel_backward's shards summed first. A
+    /// slice that another node of the pass also adds into is not handed over; it is stored, and the
+    /// rest of its parameter is updated once the parameter is final.
     template <class RunBackward>
         requires std::invocable<RunBackward&>
     StepReport step_during_backward(RunBackward&& run_backward) {
