@@ -317,7 +317,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
     std::optional<olmax::backend::bf16_matmul_scope> bf16;
     if (c.precision == "bf16") {
 #if defined(TRAIN_LM_WITH_ONEDNN)
-        bf16.emplace(olmax::backend::onednn::gemm_bf16);  // the CPU's bf16 units where it has them
+        bf16.emplace(olmax::backend::onednn::gemm_bf16, olmax::backend::onednn::gemm_batched_bf16);  // the CPU's bf16 units where it has them
         if (lead) out << "precision bf16: GEMMs on " << olmax::backend::onednn::bf16_gemm_description() << "\n";
 #else
         bf16.emplace();  // the portable product (fp32 compute; it says so once)

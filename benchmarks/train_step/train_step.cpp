@@ -337,7 +337,7 @@ int run(int argc, char** argv) {
     std::string bf16_gemm = "none";
     if (o.precision == "bf16") {
 #if defined(TRAIN_STEP_WITH_ONEDNN)
-        bf16.emplace(olmax::backend::onednn::gemm_bf16);
+        bf16.emplace(olmax::backend::onednn::gemm_bf16, olmax::backend::onednn::gemm_batched_bf16);
         bf16_gemm = olmax::backend::onednn::bf16_gemm_description();
 #else
         bf16.emplace();

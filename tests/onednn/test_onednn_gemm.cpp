@@ -140,3 +140,64 @@ TEST_CASE("onednn: leading dimensions, alpha and beta, empty sizes, threads, bad
     CHECK_THROWS_AS(onednn::gemm(false, true, 2, 2, 3, 1.0f, af.data(), 5, bf.data(), 2, 0.0f, cf.data(), 3), olmax::value_error);
     backend::set_bf16_notice_sink({});
 }
+
+TEST_CASE("onednn: a batch of bf16 products in one call equals the products one by one", "[onednn]") {
+    backend::set_bf16_notice_sink([](std::string_view) {});
+    olmax::Generator rng(11);
+    struct Layout {
+        std::size_t count, m, n, k;
+        bool ta, tb, share_a, share_b;
+        float alpha, beta;
+    };
+    // The byte LM's: a convolution tap (shared weight B), the mixer (shared weight A, transposed),
+    // its input gradient; then odd sizes, both operands per item, alpha and beta.
+    const Layout layouts[] = {{8, 64, 128, 64, false, false, false, true, 1.0f, 0.0f}, {32, 16, 64, 16, true, false, true, false, 1.0f, 0.0f},
+                              {32, 16, 64, 16, false, false, true, false, 1.0f, 1.0f}, {5, 7, 13, 9, false, true, false, false, 0.5f, 2.0f},
+                              {3, 17, 5, 33, true, true, false, true, 1.0f, 1.0f}};
+    for (const Layout& l : layouts) {
+        INFO("count " << l.count << " m " << l.m << " n " << l.n << " k " << l.k << " ta " << l.ta << " tb " << l.tb << " shared A "
+                      << l.share_a << " shared B " << l.share_b);
+        const std::size_t stride_a = l.share_a ? 0 : l.m * l.k, stride_b = l.share_b ? 0 : l.k * l.n, stride_c = l.m * l.n;
+        const auto a = random_values<bfloat16>(l.share_a ? l.m * l.k : l.count * l.m * l.k, rng);
+        const auto b = random_values<bfloat16>(l.share_b ? l.k * l.n : l.count * l.k * l.n, rng);
+        const auto c0 = random_values<float>(l.count * stride_c, rng);
+        std::vector<float> batched = c0, one_by_one = c0;
+        const std::size_t lda = l.ta ? l.m : l.k, ldb = l.tb ? l.k : l.n;
+        const bool ran = onednn::gemm_batched_bf16(l.count, l.ta, l.tb, l.m, l.n, l.k, l.alpha, a.data(), lda, stride_a, b.data(), ldb,
+                                                   stride_b, l.beta, batched.data(), l.n, stride_c);
+        for (std::size_t i = 0; i < l.count; ++i)
+            onednn::gemm_bf16(l.ta, l.tb, l.m, l.n, l.k, l.alpha, a.data() + i * stride_a, lda, b.data() + i * stride_b, ldb, l.beta,
+                              one_by_one.data() + i * stride_c, l.n);
+        // The model's layouts (the first three) run as one call wherever the CPU has bf16 units.
+        if (onednn::bf16_support().accelerated && &l - layouts < 3) CHECK(ran);
+        if (!ran) {  // nothing computed: the caller runs the items (no bf16 units here, or no batch kernel)
+            CHECK(batched == c0);
+            continue;
+        }
+        // The same products; the kernels may block the sums differently: fp32 accumulation error.
+        for (std::size_t i = 0; i < batched.size(); ++i) {
+            INFO("element " << i);
+            REQUIRE(std::abs(batched[i] - one_by_one[i]) <= 1e-5f * (1.0f + std::abs(one_by_one[i])));
+        }
+    }
+
+    // Through the policy's kernels: a layout the batch kernels may refuse (items with gaps between
+    // them) still gives the products, item by item.
+    const std::size_t count = 4, m = 6, n = 8, k = 5, gap = 3;
+    const auto a = random_values<bfloat16>(count * (m * k + gap), rng), b = random_values<bfloat16>(k * n, rng);
+    std::vector<float> c(count * (m * n + gap), 0.0f), want = c;
+    backend::Bf16MatmulKernels policy(backend::host_kernels(), onednn::gemm_bf16, onednn::gemm_batched_bf16);
+    policy.gemm_batched_bf16(count, false, false, m, n, k, 1.0f, a.data(), k, m * k + gap, b.data(), n, 0, 0.0f, c.data(), n, m * n + gap);
+    for (std::size_t i = 0; i < count; ++i)
+        onednn::gemm_bf16(false, false, m, n, k, 1.0f, a.data() + i * (m * k + gap), k, b.data(), n, 0.0f, want.data() + i * (m * n + gap), n);
+    for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(std::abs(c[i] - want[i]) <= 1e-5f * (1.0f + std::abs(want[i])));
+
+    // Items whose outputs overlap are not a batch: refused, nothing written.
+    std::vector<float> overlapping(64, 1.0f);
+    CHECK_FALSE(onednn::gemm_batched_bf16(2, false, false, m, n, k, 1.0f, a.data(), k, m * k, b.data(), n, 0, 0.0f, overlapping.data(), n, n));
+    CHECK(overlapping == std::vector<float>(64, 1.0f));
+    CHECK_FALSE(onednn::gemm_batched_bf16(1, false, false, m, n, k, 1.0f, a.data(), k, m * k, b.data(), n, 0, 0.0f, c.data(), n, m * n));
+    CHECK_THROWS_AS(onednn::gemm_batched_bf16(2, false, false, m, n, k, 1.0f, a.data(), 2, m * k, b.data(), n, 0, 0.0f, c.data(), n, m * n),
+                    olmax::value_error);
+    backend::set_bf16_notice_sink({});
+}

@@ -107,6 +107,13 @@ TEST_CASE("causal_conv1d gradients (groups, bias, K > T)", "[ops][nn][conv][grad
     auto long_kernel = check_gradients([](const Inputs& v) { return olmax::causal_conv1d(v[0], v[1], v[2], 1); },
                                        {olmax::randn<double>({1, 3, 2}, rng), olmax::randn<double>({5, 2, 2}, rng), olmax::randn<double>({2}, rng)});
     CHECK(long_kernel);
+    // Under the bf16 policy an ungrouped convolution's dw is one GEMM on the unfolded input
+    // (conv.hpp); double GEMMs stay exact there, so the same checks hold, K > T included.
+    olmax::backend::bf16_matmul_scope policy;
+    CHECK(check_gradients([](const Inputs& v) { return olmax::causal_conv1d(v[0], v[1]); },
+                          {olmax::randn<double>({2, 5, 3}, rng), olmax::randn<double>({3, 3, 2}, rng)}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::causal_conv1d(v[0], v[1], v[2], 1); },
+                          {olmax::randn<double>({2, 3, 2}, rng), olmax::randn<double>({5, 2, 2}, rng), olmax::randn<double>({2}, rng)}));
 }
 
 TEST_CASE("causal_conv1d is causal: changing x at time t leaves earlier outputs unchanged", "[ops][nn][conv]") {

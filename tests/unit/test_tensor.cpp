@@ -2,6 +2,9 @@
 #include "test_helpers.hpp"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <sstream>
 
 using olmax::Shape;
@@ -235,6 +238,79 @@ TEST_CASE("memory: large freed buffers are reused from the block cache, within i
     CHECK(olmax::memory::cached_bytes() <= n * sizeof(float));
     olmax::memory::release_cached();
     CHECK(olmax::memory::cached_bytes() == 0);
+    olmax::memory::set_cache_limit(0);  // off: nothing kept
+    { Tensor<float> t = Tensor<float>::uninitialized({n}); }
+    CHECK(olmax::memory::cached_bytes() == 0);
+    olmax::memory::set_cache_limit(saved_limit);
+}
+
+TEST_CASE("memory: mid-sized freed buffers go back to the cache of the thread that allocated them", "[tensor][memory]") {
+    const std::size_t saved_limit = olmax::memory::cache_limit();
+    olmax::memory::set_cache_limit(std::size_t(64) << 20);
+    olmax::memory::release_cached();
+    const std::size_t n = olmax::memory::thread_cached_block_bytes / sizeof(float) * 2;  // 32 KiB of floats
+    const std::size_t bytes = n * sizeof(float);
+    const float* first = nullptr;
+    {
+        Tensor<float> t = Tensor<float>::uninitialized({n});
+        first = t.data();
+        CHECK(reinterpret_cast<std::uintptr_t>(t.data()) % olmax::memory::alignment == 0);
+    }
+    CHECK(olmax::memory::cached_bytes() == bytes);
+    {
+        Tensor<float> t({n});  // the same buffer again, zero-filled as asked
+        CHECK(t.data() == first);
+        CHECK(olmax::memory::cached_bytes() == 0);
+        CHECK(std::all_of(t.data(), t.data() + n, [](float v) { return v == 0.0f; }));
+        // Freed on another thread: still back to this thread's cache, so reused here.
+        std::thread([dropped = std::move(t)]() mutable { dropped = Tensor<float>(); }).join();
+    }
+    CHECK(olmax::memory::cached_bytes() == bytes);
+    {
+        Tensor<float> t = Tensor<float>::uninitialized({n});
+        CHECK(t.data() == first);
+    }
+    olmax::memory::release_cached();
+    CHECK(olmax::memory::cached_bytes() == 0);
+
+    // A buffer another thread allocated goes back to that thread's cache; release_cached reaches it
+    // while the thread lives, and the thread's end frees what its cache holds.
+    std::mutex mutex;
+    std::condition_variable changed;
+    int stage = 0;  // 1: the worker's buffer is here; 2: main dropped it; 3: main released; 4: worker cached one more
+    Tensor<float> from_worker;
+    auto wait_for = [&](int s) {
+        std::unique_lock lock(mutex);
+        changed.wait(lock, [&] { return stage >= s; });
+    };
+    auto advance = [&](int s) {
+        {
+            std::lock_guard lock(mutex);
+            stage = s;
+        }
+        changed.notify_all();
+    };
+    std::thread worker([&] {
+        from_worker = Tensor<float>::uninitialized({n});
+        advance(1);
+        wait_for(3);
+        { Tensor<float> mine = Tensor<float>::uninitialized({n + 16}); }  // cached by this thread
+        advance(4);
+        wait_for(5);
+    });
+    wait_for(1);
+    from_worker = Tensor<float>();
+    CHECK(olmax::memory::cached_bytes() == bytes);  // in the worker's cache
+    advance(2);
+    olmax::memory::release_cached();
+    CHECK(olmax::memory::cached_bytes() == 0);
+    advance(3);
+    wait_for(4);
+    CHECK(olmax::memory::cached_bytes() == (n + 16) * sizeof(float));
+    advance(5);
+    worker.join();
+    CHECK(olmax::memory::cached_bytes() == 0);  // the worker ended: its cache was emptied
+
     olmax::memory::set_cache_limit(0);  // off: nothing kept
     { Tensor<float> t = Tensor<float>::uninitialized({n}); }
     CHECK(olmax::memory::cached_bytes() == 0);

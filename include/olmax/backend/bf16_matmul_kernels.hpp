@@ -32,9 +32,19 @@ public:
     using Bf16Gemm = std::function<void(bool, bool, std::size_t, std::size_t, std::size_t, float, const bfloat16*, std::size_t,
                                         const bfloat16*, std::size_t, float, float*, std::size_t)>;
 
-    /// Wraps `base` (which must outlive this); `bf16_gemm` empty: the portable product on `base`.
-    explicit Bf16MatmulKernels(const Kernels& base, Bf16Gemm bf16_gemm = {})
-        : base_(base), bf16_gemm_(std::move(bf16_gemm)), name_(std::string(base.name()) + "+bf16_matmul") {}
+    /// Several bf16 products in one call, with gemm_batched_bf16's signature; returns false, having
+    /// computed nothing, for layouts it does not take (the items then go to `Bf16Gemm` one by one).
+    using Bf16GemmBatched = std::function<bool(std::size_t, bool, bool, std::size_t, std::size_t, std::size_t, float, const bfloat16*,
+                                               std::size_t, std::size_t, const bfloat16*, std::size_t, std::size_t, float, float*,
+                                               std::size_t, std::size_t)>;
+
+    /// Wraps `base` (which must outlive this); `bf16_gemm` empty: the portable product on `base`;
+    /// `bf16_gemm_batched` empty: batches run item by item.
+    explicit Bf16MatmulKernels(const Kernels& base, Bf16Gemm bf16_gemm = {}, Bf16GemmBatched bf16_gemm_batched = {})
+        : base_(base),
+          bf16_gemm_(std::move(bf16_gemm)),
+          bf16_gemm_batched_(std::move(bf16_gemm_batched)),
+          name_(std::string(base.name()) + "+bf16_matmul") {}
 
     std::string_view name() const override { return name_; }
     int num_threads() const override { return base_.num_threads(); }
@@ -83,6 +93,16 @@ public:
         if (bf16_gemm_) return bf16_gemm_(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         portable_notice();
         detail::gemm_widened(base_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    /// A batch in one call of the batched product when it was given one and takes the layout, else
+    /// item by item.
+    void gemm_batched_bf16(std::size_t count, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                           const bfloat16* a, std::size_t lda, std::size_t stride_a, const bfloat16* b, std::size_t ldb, std::size_t stride_b,
+                           float beta, float* c, std::size_t ldc, std::size_t stride_c) const override {
+        if (bf16_gemm_ && bf16_gemm_batched_ &&
+            bf16_gemm_batched_(count, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c))
+            return;
+        Kernels::gemm_batched_bf16(count, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c);
     }
     /// Its float GEMMs round their operands (ops may round them once for several GEMMs instead,
     /// backend/gemm_operand.hpp).
@@ -144,6 +164,7 @@ private:
 
     const Kernels& base_;
     Bf16Gemm bf16_gemm_;
+    Bf16GemmBatched bf16_gemm_batched_;
     std::string name_;
 };
 
@@ -151,7 +172,8 @@ private:
 /// kernels are the current ones with bf16 GEMMs (Bf16MatmulKernels). Nests; not movable.
 class bf16_matmul_scope {
 public:
-    explicit bf16_matmul_scope(Bf16MatmulKernels::Bf16Gemm bf16_gemm = {}) : kernels_(host_kernels(), std::move(bf16_gemm)), scope_(kernels_) {}
+    explicit bf16_matmul_scope(Bf16MatmulKernels::Bf16Gemm bf16_gemm = {}, Bf16MatmulKernels::Bf16GemmBatched bf16_gemm_batched = {})
+        : kernels_(host_kernels(), std::move(bf16_gemm), std::move(bf16_gemm_batched)), scope_(kernels_) {}
     bf16_matmul_scope(const bf16_matmul_scope&) = delete;
     bf16_matmul_scope& operator=(const bf16_matmul_scope&) = delete;
     const Bf16MatmulKernels& kernels() const { return kernels_; }

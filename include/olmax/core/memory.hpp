@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <vector>
 
 #include <unistd.h>  // sysconf
 
@@ -95,21 +96,29 @@ inline std::size_t available_bytes() {
 /// Alignment of every tensor buffer: one cache line, enough for AVX-512 loads.
 inline constexpr std::size_t alignment = 64;
 
-/// Buffers of at least this many bytes are kept for reuse when freed (see `set_cache_limit`).
+/// Freed buffers of at least this many bytes go to a cache shared by all threads (see
+/// `set_cache_limit`).
 inline constexpr std::size_t cached_block_bytes = std::size_t(1) << 20;
+/// Freed buffers from this size up to `cached_block_bytes` go back to a cache of the thread that
+/// allocated them (smaller ones are glibc's cheap case: its per-thread bins, no page faults).
+inline constexpr std::size_t thread_cached_block_bytes = std::size_t(16) << 10;
+/// The most bytes one thread's cache keeps (less when `cache_limit()` is less).
+inline constexpr std::size_t thread_cache_limit = std::size_t(64) << 20;
 
 namespace detail {
 
-/// Freed large buffers, by exact byte size, for the next allocation of that size. Why: glibc
-/// serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap and unmaps them on
-/// free, so a training step that allocates the same large activations every step pays the
-/// kernel's page faults and zeroing for every one of them again (18% of a width-512 bf16 step's
-/// time, measured with perf). Steps allocate the same sizes each time, so exact sizes reuse well.
+/// Freed buffers by exact byte size, for the next allocation of that size. Why: a training step
+/// allocates the same sizes every step, and glibc makes it pay the kernel for them again:
+/// - blocks above its mmap threshold (at most 32 MiB) get a fresh mmap and are unmapped on free
+///   (page faults and zeroing were 18% of a width-512 bf16 step's time, measured with perf);
+/// - below it, freed memory at the top of the heap is given back once more than the trim
+///   threshold is free, so a step whose peak is low (the update inside backward) faults its
+///   128-512 KiB activations in again: 8% of a 64-wide step's samples in the kernel, against 2%.
 /// Under AddressSanitizer nothing is cached, so a use after free is still reported.
 class BlockCache {
 public:
+    explicit BlockCache(std::size_t limit) : limit_(limit) {}
     void* take(std::size_t bytes) {
-        if (bytes < cached_block_bytes) return nullptr;
         std::lock_guard lock(mutex_);
         auto it = blocks_.find(bytes);
         if (it == blocks_.end()) return nullptr;
@@ -118,9 +127,8 @@ public:
         cached_ -= bytes;
         return p;
     }
-    /// Keeps `p` if it is large and fits under the limit; false: the caller frees it.
+    /// Keeps `p` if it fits under the limit; false: the caller frees it.
     bool keep(void* p, std::size_t bytes) noexcept {
-        if (bytes < cached_block_bytes) return false;
         std::lock_guard lock(mutex_);
         if (cached_ + bytes > limit_) return false;
         try {
@@ -151,6 +159,7 @@ public:
         std::lock_guard lock(mutex_);
         return limit_;
     }
+
 private:
     void trim_locked() {
         for (auto it = blocks_.begin(); it != blocks_.end() && cached_ > limit_;) {
@@ -160,45 +169,159 @@ private:
         }
     }
 
-    std::mutex mutex_;
+    std::mutex mutex_;  // the owning thread's, except when another thread releases or lowers the limit
     std::unordered_multimap<std::size_t, void*> blocks_;
     std::size_t cached_ = 0;
-    std::size_t limit_ = default_limit();
-
-    /// 1 GiB, or an eighth of the memory this process may use if that is less; 0 under
-    /// AddressSanitizer.
-    static std::size_t default_limit() {
-#if defined(__SANITIZE_ADDRESS__)
-        return 0;
-#else
-        const std::size_t gib = std::size_t(1) << 30, available = available_bytes();
-        return available == 0 ? gib : std::min(gib, available / 8);
-#endif
-    }
+    std::size_t limit_;
 };
 
-/// Never destroyed: tensors with static storage may be freed after every other static is gone.
-inline BlockCache& block_cache() {
-    static BlockCache* cache = new BlockCache;
-    return *cache;
+/// 1 GiB, or an eighth of the memory this process may use if that is less; 0 under
+/// AddressSanitizer.
+inline std::size_t default_cache_limit() {
+#if defined(__SANITIZE_ADDRESS__)
+    return 0;
+#else
+    const std::size_t gib = std::size_t(1) << 30, available = available_bytes();
+    return available == 0 ? gib : std::min(gib, available / 8);
+#endif
+}
+
+/// The shared cache of large blocks and every thread cache ever made. A thread cache outlives its
+/// thread (it is idle until another thread takes it over) so that a block can always be handed
+/// back to the cache named in its header. Never destroyed: tensors with static storage may be
+/// freed after every other static is gone.
+struct Caches {
+    BlockCache shared{default_cache_limit()};  // large blocks (>= cached_block_bytes)
+    std::mutex mutex;                          // guards the lists and `thread_limit`
+    std::vector<BlockCache*> threads;          // in use by a live thread
+    std::vector<BlockCache*> idle;             // their threads ended: limit 0, empty
+    std::size_t thread_limit = std::min(default_cache_limit(), thread_cache_limit);
+};
+inline Caches& caches() {
+    static Caches* instance = new Caches;
+    return *instance;
+}
+
+/// Holds a thread's cache of mid-sized blocks while the thread lives; when it ends the cache's
+/// blocks are freed and its limit set to 0, so blocks freed into it afterwards go to glibc.
+class ThreadBlockCache {
+public:
+    explicit ThreadBlockCache(bool& ended) noexcept : ended_(ended) {
+        Caches& all = caches();
+        std::lock_guard lock(all.mutex);
+        try {
+            all.threads.reserve(all.threads.size() + 1);
+            if (all.idle.empty()) {
+                cache_ = new BlockCache(0);
+            } else {
+                cache_ = all.idle.back();
+                all.idle.pop_back();
+            }
+            all.threads.push_back(cache_);
+        } catch (...) {  // no memory: this thread caches nothing
+            return;
+        }
+        cache_->set_limit(all.thread_limit);
+    }
+    ~ThreadBlockCache() {
+        ended_ = true;
+        if (!cache_) return;
+        Caches& all = caches();
+        std::lock_guard lock(all.mutex);
+        cache_->set_limit(0);  // frees its blocks
+        std::erase(all.threads, cache_);
+        try {
+            all.idle.push_back(cache_);
+        } catch (...) {  // not listed for reuse: it stays allocated (blocks may still name it), holding nothing
+        }
+    }
+    ThreadBlockCache(const ThreadBlockCache&) = delete;
+    ThreadBlockCache& operator=(const ThreadBlockCache&) = delete;
+    BlockCache* cache() const { return cache_; }
+
+private:
+    bool& ended_;
+    BlockCache* cache_ = nullptr;
+};
+
+/// The calling thread's cache of mid-sized blocks; null while the thread is ending (its
+/// thread_local objects being destroyed) or when it could not get one.
+inline BlockCache* this_thread_cache() {
+    thread_local bool ended = false;  // trivially destructible: still readable while the thread ends
+    if (ended) return nullptr;
+    thread_local ThreadBlockCache mine(ended);
+    return mine.cache();
+}
+
+/// A mid-sized block starts with a header of `alignment` bytes naming the cache of the thread that
+/// allocated it (or null); the tensor's data follows. A block goes back to that cache whichever
+/// thread frees it, as glibc returns a chunk to the arena it came from: the freeing thread (say,
+/// the one that drops a shard's tape) may never allocate that size, and a cache of its own would
+/// only grow.
+inline BlockCache*& block_owner(void* block) { return *static_cast<BlockCache**>(block); }
+
+inline void* allocate_block(std::size_t bytes) {
+    if (bytes >= cached_block_bytes) {
+        if (void* p = caches().shared.take(bytes)) return p;
+        return xsimd::aligned_malloc(bytes, alignment);
+    }
+    if (bytes < thread_cached_block_bytes) return xsimd::aligned_malloc(bytes, alignment);
+    BlockCache* mine = this_thread_cache();
+    void* block = mine ? mine->take(bytes) : nullptr;
+    if (!block) block = xsimd::aligned_malloc(bytes + alignment, alignment);
+    if (!block) return nullptr;
+    block_owner(block) = mine;
+    return static_cast<std::byte*>(block) + alignment;
+}
+
+inline void free_block(void* p, std::size_t bytes) noexcept {
+    if (bytes >= cached_block_bytes) {
+        if (!caches().shared.keep(p, bytes)) xsimd::aligned_free(p);
+        return;
+    }
+    if (bytes < thread_cached_block_bytes) return xsimd::aligned_free(p);
+    void* block = static_cast<std::byte*>(p) - alignment;
+    BlockCache* owner = block_owner(block);
+    if (!owner || !owner->keep(block, bytes)) xsimd::aligned_free(block);
 }
 
 }  // namespace detail
 
-/// The most bytes of freed large tensor buffers (>= `cached_block_bytes`) kept for reuse; 0 turns
-/// the cache off. Default 1 GiB, or an eighth of `available_bytes()` if less (0 under
-/// AddressSanitizer). Lowering it frees what is above it. An allocation that fails frees the
-/// cache and tries once more.
+/// The most bytes of freed tensor buffers kept for reuse by the cache of large buffers (>=
+/// `cached_block_bytes`, shared by all threads). Mid-sized buffers (`thread_cached_block_bytes` up
+/// to `cached_block_bytes`) go back to a cache of the thread that allocated them, whichever thread
+/// frees them; each thread's keeps at most `thread_cache_limit` and at most this. 0 turns them all
+/// off. Default 1 GiB, or an eighth of `available_bytes()` if less (0 under AddressSanitizer).
+/// Lowering it frees what is above it. An allocation that fails frees the caches and tries once
+/// more.
 /// Cached bytes are not in `stats()` (they hold no tensor) but are in the process's resident set.
-inline void set_cache_limit(std::size_t bytes) { detail::block_cache().set_limit(bytes); }
-inline std::size_t cache_limit() { return detail::block_cache().limit(); }
-/// Bytes held by the cache now.
-inline std::size_t cached_bytes() { return detail::block_cache().cached(); }
-/// Frees every cached buffer (e.g. before measuring the resident set); the limit stays.
-inline void release_cached() { detail::block_cache().release(); }
+inline void set_cache_limit(std::size_t bytes) {
+    detail::Caches& all = detail::caches();
+    all.shared.set_limit(bytes);
+    std::lock_guard lock(all.mutex);
+    all.thread_limit = std::min(bytes, thread_cache_limit);
+    for (detail::BlockCache* cache : all.threads) cache->set_limit(all.thread_limit);
+}
+inline std::size_t cache_limit() { return detail::caches().shared.limit(); }
+/// Bytes held by the caches now (the shared one and every thread's).
+inline std::size_t cached_bytes() {
+    detail::Caches& all = detail::caches();
+    std::size_t bytes = all.shared.cached();
+    std::lock_guard lock(all.mutex);
+    for (detail::BlockCache* cache : all.threads) bytes += cache->cached();
+    return bytes;
+}
+/// Frees every cached buffer, every thread's too (e.g. before measuring the resident set); the
+/// limits stay.
+inline void release_cached() {
+    detail::Caches& all = detail::caches();
+    all.shared.release();
+    std::lock_guard lock(all.mutex);
+    for (detail::BlockCache* cache : all.threads) cache->release();
+}
 
 /// Standard-conforming allocator for tensor storage: 64-byte aligned (xsimd's aligned_malloc),
-/// large buffers reused through the block cache, and counted in `memory::stats()`.
+/// freed buffers reused through the block caches, and counted in `memory::stats()`.
 template <class T>
 struct TrackedAllocator {
     using value_type = T;
@@ -209,11 +332,10 @@ struct TrackedAllocator {
     T* allocate(std::size_t n) {
         if (n == 0) return nullptr;
         if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();  // n * sizeof(T) would wrap
-        void* p = detail::block_cache().take(n * sizeof(T));
-        if (!p) p = xsimd::aligned_malloc(n * sizeof(T), alignment);
-        if (!p && detail::block_cache().cached() > 0) {  // the cached buffers may be what is missing
-            detail::block_cache().release();
-            p = xsimd::aligned_malloc(n * sizeof(T), alignment);
+        void* p = detail::allocate_block(n * sizeof(T));
+        if (!p && cached_bytes() > 0) {  // the cached buffers may be what is missing
+            release_cached();
+            p = detail::allocate_block(n * sizeof(T));
         }
         if (!p) throw std::bad_alloc();
         detail::on_allocate(n * sizeof(T));
@@ -221,7 +343,7 @@ struct TrackedAllocator {
     }
     void deallocate(T* p, std::size_t n) noexcept {
         if (!p) return;
-        if (!detail::block_cache().keep(p, n * sizeof(T))) xsimd::aligned_free(p);
+        detail::free_block(p, n * sizeof(T));
         detail::on_deallocate(n * sizeof(T));
     }
     template <class U>
