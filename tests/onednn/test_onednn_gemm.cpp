@@ -168,8 +168,9 @@ TEST_CASE("onednn: a batch of bf16 products in one call equals the products one 
         for (std::size_t i = 0; i < l.count; ++i)
             onednn::gemm_bf16(l.ta, l.tb, l.m, l.n, l.k, l.alpha, a.data() + i * stride_a, lda, b.data() + i * stride_b, ldb, l.beta,
                               one_by_one.data() + i * stride_c, l.n);
-        // The model's layouts (the first three) run as one call wherever the CPU has bf16 units.
-        if (onednn::bf16_support().accelerated && &l - layouts < 3) CHECK(ran);
+        // The model's layouts (the first three) run as one call on AVX512-BF16 (measured there;
+        // on AMX which kernel oneDNN picks is its choice, and only the numbers are required).
+        if (onednn::bf16_support().isa == "avx512_core_bf16" && &l - layouts < 3) CHECK(ran);
         if (!ran) {  // nothing computed: the caller runs the items (no bf16 units here, or no batch kernel)
             CHECK(batched == c0);
             continue;
