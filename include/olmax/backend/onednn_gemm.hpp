@@ -149,7 +149,8 @@ inline std::shared_ptr<const Entry> make_entry(const Key& key) {
         if (e->impl.rfind("ref", 0) == 0) return e;  // reference kernels: unavailable, not slow
         // A batch only where the batch-reduce kernels take it (each item's matrices dense): oneDNN
         // 2.6 serves other strides with its "gemm:jit" kernels, which ran a convolution tap's 8
-        // items 0.7-0.8x as fast as 8 calls to the brgemm kernels (AMD EPYC Zen 4, 2026-11-24).
+        // items 0.74-0.84x as fast as 8 calls to the brgemm kernels (AMD EPYC Zen 4, 2026-11-24;
+        // benchmarks/gemm_bf16/onednn_batch_layouts.cpp).
         if (key.count > 1 && e->impl.rfind("brg", 0) != 0) return e;
         e->scratchpad = pd.scratchpad_desc();
         e->primitive = std::make_unique<dnnl::matmul>(pd);
@@ -320,8 +321,8 @@ inline void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
 /// operand, e.g. a weight). Returns false, computing nothing, where that is not worth one call:
 /// fewer than two items, CPUs without bf16 units, items whose C overlap, and layouts oneDNN's
 /// batch-reduce kernels do not take (each item's matrices must be dense); the caller then runs the
-/// items one by one. The mixer's 32 [16 x 16] x [16 x 64] products ran 2.8x as fast as one call
-/// as in 32 (AMD EPYC Zen 4, one thread, 2026-11-24).
+/// items one by one. The mixer's 32 [16 x 16] x [16 x 64] products ran 2.9x as fast as one call
+/// as in 32 (AMD EPYC Zen 4, one thread, 2026-11-24; benchmarks/gemm_bf16/onednn_batch_layouts.cpp).
 inline bool gemm_batched_bf16(std::size_t count, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
                               const bfloat16* a, std::size_t lda, std::size_t stride_a, const bfloat16* b, std::size_t ldb, std::size_t stride_b,
                               float beta, float* c, std::size_t ldc, std::size_t stride_c) {

@@ -119,8 +119,9 @@ void backward_input(const ConvDims& d, backend::GemmSource<T> dy, backend::GemmS
 
 /// Under the bf16 policy, an ungrouped dw whose unfolded input has at most this many elements is
 /// one GEMM (`backward_weight_unfolded`): at the byte LM's 64-wide shapes, one [320 x 512] x
-/// [512 x 128] product ran in 92 us against 114 us for its 40 per-(tap, batch element) products
-/// (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-24); the per-call cost is what a larger
+/// [512 x 128] product ran in 85-89 us against 107-108 us for its 40 per-(tap, batch element)
+/// products (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-24;
+/// benchmarks/gemm_bf16/onednn_batch_layouts.cpp); the per-call cost is what a larger
 /// shape does not pay, and its unfolded copy (taps x the input, in bf16) would be large.
 inline constexpr std::size_t unfolded_dw_elements = std::size_t(1) << 20;
 
