@@ -1,14 +1,16 @@
 // How oneDNN 2.x serves the byte LM's small bf16 products one call at a time against one call for
-// a batch, for the layouts behind two choices in olmax (issue 13, benchmarks/RESULTS.md):
+// a batch, for the layouts behind the choices in olmax (issue 13, benchmarks/RESULTS.md):
 // - onednn::gemm_batched_bf16 batches only layouts whose items are dense (the mixer's products, a
 //   convolution's unshifted tap); for a shifted tap (items with gaps) oneDNN picks other kernels;
 // - under the bf16 policy a small convolution's weight gradient is one GEMM on the unfolded input
-//   instead of one per (tap, batch element) (ops/conv.hpp, `unfolded_dw_elements`).
+//   instead of one per (tap, batch element) (ops/conv.hpp, `unfolded_dw_elements`), and so is its
+//   forward (`unfolded_forward_elements`); its dx stays per tap (the last lines: the unfolded forms
+//   of dx measured, the copies they need timed).
 // oneDNN alone, no olmax, so the figures are the library's. Not built by CMake (a measurement, not
 // a tool); build and run with
 //     g++ -O2 -std=c++20 benchmarks/gemm_bf16/onednn_batch_layouts.cpp -ldnnl -o /tmp/onednn_batch_layouts
-//     OMP_NUM_THREADS=1 /tmp/onednn_batch_layouts
-// Prints the best of 30 repetitions of 10 calls each, in microseconds.
+//     OMP_NUM_THREADS=1 /tmp/onednn_batch_layouts [T]
+// (T: the sequence length, 64 by default; the model's deep-long row has 256). Prints the best of 30 repetitions of 10 calls each, in microseconds.
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -67,10 +70,10 @@ double best_us(dnnl::stream& stream, F&& f) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
     const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
-    const long B = 8, T = 64, taps = 5;
+    const long B = 8, T = argc > 1 ? std::atol(argv[1]) : 64, taps = 5;  // T: the sequence length (argument; 64 by default)
     std::vector<std::uint16_t> x(B * T * 128 * taps, 0x3f80), w(128 * 128 * taps, 0x3f80);  // bf16 ones
     std::vector<float> y(B * T * 128 * taps);
 
@@ -122,5 +125,87 @@ int main() {
         const double once = best_us(stream, [&] { run(stream, unfolded, x.data(), w.data(), y.data()); });
         std::printf("conv dw   Cin 64 Cout 128, 5 taps:      40 calls %6.1f us, one GEMM on the unfolded input %6.1f us: %.2fx\n", items, once,
                     items / once);
+    }
+
+    // A whole convolution's forward and dx, (Cin, Cout) = (64, 128) and (128, 64), 5 taps: per tap
+    // (the unshifted tap one batched call, each shifted tap one call per batch element) against one
+    // GEMM over [B T, K Cin] on the unfolded input (forward; the unfolding copy timed) and one GEMM
+    // dU [B T, K Cin] = dy w^T followed by the fold dx[b, t] = sum_k dU[b, t + s_k, k] (dx; timed).
+    for (const auto& [cin, cout] : {std::tuple{64L, 128L}, std::tuple{128L, 64L}}) {
+        std::vector<std::uint16_t> unfolded(B * T * taps * cin);
+        std::vector<float> du(B * T * taps * cin), dx(B * T * cin);
+        Product tap0 = make(engine, memory::desc({B, T, cin}, bf16, dims{T * cin, cin, 1}), memory::desc({1, cin, cout}, bf16, dims{cin * cout, cout, 1}),
+                            memory::desc({B, T, cout}, f32, dims{T * cout, cout, 1}), 0.0f);
+        Product dtap0 = make(engine, memory::desc({B, T, cout}, bf16, dims{T * cout, cout, 1}), memory::desc({1, cout, cin}, bf16, dims{cin * cout, 1, cout}),
+                             memory::desc({B, T, cin}, f32, dims{T * cin, cin, 1}), 0.0f);
+        std::vector<Product> shifted, dshifted;
+        for (long s = 1; s < taps; ++s) {
+            shifted.push_back(make(engine, memory::desc({T - s, cin}, bf16, dims{cin, 1}), memory::desc({cin, cout}, bf16, dims{cout, 1}),
+                                   memory::desc({T - s, cout}, f32, dims{cout, 1}), 1.0f));
+            dshifted.push_back(make(engine, memory::desc({T - s, cout}, bf16, dims{cout, 1}), memory::desc({cout, cin}, bf16, dims{1, cout}),
+                                    memory::desc({T - s, cin}, f32, dims{cin, 1}), 1.0f));
+        }
+        Product forward_once = make(engine, memory::desc({B * T, taps * cin}, bf16, dims{taps * cin, 1}),
+                                    memory::desc({taps * cin, cout}, bf16, dims{cout, 1}), memory::desc({B * T, cout}, f32, dims{cout, 1}), 0.0f);
+        Product dx_once = make(engine, memory::desc({B * T, cout}, bf16, dims{cout, 1}), memory::desc({cout, taps * cin}, bf16, dims{1, cout}),
+                               memory::desc({B * T, taps * cin}, f32, dims{taps * cin, 1}), 0.0f);
+        const double forward_taps = best_us(stream, [&] {
+            run(stream, tap0, x.data(), w.data() + (taps - 1) * cin * cout, y.data());
+            for (long s = 1; s < taps; ++s)
+                for (long b = 0; b < B; ++b)
+                    run(stream, shifted[s - 1], x.data() + b * T * cin, w.data() + (taps - 1 - s) * cin * cout, y.data() + (b * T + s) * cout);
+        });
+        const double forward_unfolded = best_us(stream, [&] {
+            for (long r = 0; r < B * T; ++r)
+                for (long k = 0; k < taps; ++k) {
+                    const long s = taps - 1 - k, t = r % T;
+                    std::uint16_t* out = unfolded.data() + (r * taps + k) * cin;
+                    if (t >= s) std::copy_n(x.data() + (r - s) * cin, cin, out);
+                    else std::fill_n(out, cin, std::uint16_t{0});
+                }
+            run(stream, forward_once, unfolded.data(), w.data(), y.data());
+        });
+        const double dx_taps = best_us(stream, [&] {
+            run(stream, dtap0, x.data(), w.data() + (taps - 1) * cin * cout, dx.data());
+            for (long s = 1; s < taps; ++s)
+                for (long b = 0; b < B; ++b)
+                    run(stream, dshifted[s - 1], x.data() + (b * T + s) * cout, w.data() + (taps - 1 - s) * cin * cout, dx.data() + b * T * cin);
+        });
+        const double dx_folded = best_us(stream, [&] {
+            run(stream, dx_once, x.data(), w.data(), du.data());
+            for (long r = 0; r < B * T; ++r) {
+                const long t = r % T;
+                float* out = dx.data() + r * cin;
+                std::copy_n(du.data() + (r * taps + taps - 1) * cin, cin, out);
+                for (long s = 1; s < taps && t + s < T; ++s) {
+                    const float* in = du.data() + ((r + s) * taps + taps - 1 - s) * cin;
+                    for (long c = 0; c < cin; ++c) out[c] += in[c];
+                }
+            }
+        });
+        // dx as one GEMM on dy unfolded forwards in time: dx[b, t] = [dy[b, t + s_k]]_k [w_k^T]_k, the
+        // weight rearranged to [K Cout, Cin] (both copies timed).
+        std::vector<std::uint16_t> dy_unfolded(B * T * taps * cout);
+        Product dx_future = make(engine, memory::desc({B * T, taps * cout}, bf16, dims{taps * cout, 1}),
+                                 memory::desc({taps * cout, cin}, bf16, dims{cin, 1}), memory::desc({B * T, cin}, f32, dims{cin, 1}), 0.0f);
+        std::vector<std::uint16_t> stacked(taps * cout * cin);
+        const double dx_unfolded = best_us(stream, [&] {
+            for (long k = 0; k < taps; ++k)
+                for (long c = 0; c < cin; ++c)
+                    for (long o = 0; o < cout; ++o) stacked[(k * cout + o) * cin + c] = w[(k * cin + c) * cout + o];
+            for (long r = 0; r < B * T; ++r)
+                for (long k = 0; k < taps; ++k) {
+                    const long s = taps - 1 - k, t = r % T;
+                    std::uint16_t* out = dy_unfolded.data() + (r * taps + k) * cout;
+                    if (t + s < T) std::copy_n(x.data() + (r + s) * cout, cout, out);
+                    else std::fill_n(out, cout, std::uint16_t{0});
+                }
+            run(stream, dx_future, dy_unfolded.data(), stacked.data(), dx.data());
+        });
+        std::printf("  dx on dy unfolded forwards (copy + 1 call) %6.1f us: %.2fx [%s]\n", dx_unfolded, dx_taps / dx_unfolded, dx_future.impl.c_str());
+        std::printf("conv Cin %3ld Cout %3ld, 5 taps: forward 33 calls %6.1f us, unfolded (copy + 1 call) %6.1f us: %.2fx; "
+                    "dx 33 calls %6.1f us, 1 call + fold %6.1f us: %.2fx  [%s | %s]\n",
+                    cin, cout, forward_taps, forward_unfolded, forward_taps / forward_unfolded, dx_taps, dx_folded, dx_taps / dx_folded,
+                    forward_once.impl.c_str(), dx_once.impl.c_str());
     }
 }

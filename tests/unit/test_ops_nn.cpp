@@ -107,13 +107,33 @@ TEST_CASE("causal_conv1d gradients (groups, bias, K > T)", "[ops][nn][conv][grad
     auto long_kernel = check_gradients([](const Inputs& v) { return olmax::causal_conv1d(v[0], v[1], v[2], 1); },
                                        {olmax::randn<double>({1, 3, 2}, rng), olmax::randn<double>({5, 2, 2}, rng), olmax::randn<double>({2}, rng)});
     CHECK(long_kernel);
-    // Under the bf16 policy an ungrouped convolution's dw is one GEMM on the unfolded input
-    // (conv.hpp); double GEMMs stay exact there, so the same checks hold, K > T included.
+    // Under the bf16 policy an ungrouped convolution's forward and dw are one GEMM each on the
+    // unfolded input (conv.hpp); double GEMMs stay exact there, so the same checks hold, K > T and
+    // a single tap (no unfolding copy) included.
     olmax::backend::bf16_matmul_scope policy;
     CHECK(check_gradients([](const Inputs& v) { return olmax::causal_conv1d(v[0], v[1]); },
                           {olmax::randn<double>({2, 5, 3}, rng), olmax::randn<double>({3, 3, 2}, rng)}));
     CHECK(check_gradients([](const Inputs& v) { return olmax::causal_conv1d(v[0], v[1], v[2], 1); },
                           {olmax::randn<double>({2, 3, 2}, rng), olmax::randn<double>({5, 2, 2}, rng), olmax::randn<double>({2}, rng)}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::causal_conv1d(v[0], v[1], v[2]); },
+                          {olmax::randn<double>({2, 4, 3}, rng), olmax::randn<double>({1, 3, 2}, rng), olmax::randn<double>({2}, rng)}));
+}
+
+TEST_CASE("causal_conv1d under the bf16 policy matches the scalar-loop reference in double", "[ops][nn][conv][bf16]") {
+    // The policy's unfolded forward (ungrouped) and per-tap forward (grouped); double GEMMs are exact.
+    olmax::Generator rng(15);
+    olmax::backend::bf16_matmul_scope policy;
+    struct Case {
+        std::size_t batch, time, cin, cout, taps, groups;
+    };
+    for (const Case c : {Case{2, 7, 4, 6, 3, 1}, Case{2, 3, 2, 2, 5, 1}, Case{3, 6, 3, 4, 1, 1}, Case{3, 5, 4, 6, 2, 2}}) {
+        INFO("batch " << c.batch << " time " << c.time << " taps " << c.taps << " groups " << c.groups);
+        auto x = olmax::randn<double>({c.batch, c.time, c.cin}, rng);
+        auto w = olmax::randn<double>({c.taps, c.cin / c.groups, c.cout}, rng);
+        auto b = olmax::randn<double>({c.cout}, rng);
+        CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d(x, w, c.groups), naive_conv(x, w, c.groups)) < 1e-12);
+        CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d(x, w, b, c.groups), naive_conv(x, w, c.groups, &b)) < 1e-12);
+    }
 }
 
 TEST_CASE("causal_conv1d is causal: changing x at time t leaves earlier outputs unchanged", "[ops][nn][conv]") {

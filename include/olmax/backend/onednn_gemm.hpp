@@ -201,8 +201,9 @@ inline Prepared& prepared(const Key& key) {
     return mine.emplace(key, std::move(p)).first->second;
 }
 
+/// The key of one product; its thread count is the caller's to set (`run` sets it per call).
 inline Key product_key(dnnl::memory::data_type type, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, std::size_t lda,
-                       std::size_t ldb, std::size_t ldc, float alpha, float beta, int threads) {
+                       std::size_t ldb, std::size_t ldc, float alpha, float beta) {
     Key key;
     key.type = int(type);
     key.trans_a = trans_a;
@@ -215,7 +216,6 @@ inline Key product_key(dnnl::memory::data_type type, bool trans_a, bool trans_b,
     key.ldc = ldc;
     key.alpha = alpha;
     key.beta = beta;
-    key.threads = threads;
     return key;
 }
 
@@ -240,6 +240,17 @@ inline int threads_for_call() {
     nested = nested || omp_in_parallel();
 #endif
     return nested ? 1 : std::max(1, current().num_threads());
+}
+
+/// Runs the product `key` names on the caller's pointers with this call's OpenMP threads (OpenMP
+/// capped to them meanwhile); false, computing nothing, where oneDNN has no kernel for it.
+inline bool run(Key key, const void* a, const void* b, float* c) {
+    key.threads = threads_for_call();
+    shared::omp_thread_cap cap(key.threads);
+    Prepared& p = prepared(key);
+    if (!p.entry->available) return false;
+    execute(p, a, b, c);
+    return true;
 }
 
 /// C = beta C for the sizes oneDNN does not take (m, n or k zero); true when nothing is left to do.
@@ -276,12 +287,8 @@ inline void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::
                  const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
     shared::check_gemm_layout("onednn::gemm", trans_a, trans_b, m, n, k, lda, ldb, ldc);
     if (detail::trivial(m, n, k, beta, c, ldc)) return;
-    const int threads = detail::threads_for_call();
-    shared::omp_thread_cap cap(threads);
-    detail::Prepared& p =
-        detail::prepared(detail::product_key(dnnl::memory::data_type::f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads));
-    if (p.entry->available) detail::execute(p, a, b, c);
-    else cpu_serial::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (!detail::run(detail::product_key(dnnl::memory::data_type::f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta), a, b, c))
+        cpu_serial::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /// Row-major C (fp32) = alpha op(A) op(B) + beta C with A and B bfloat16: on the CPU's bf16 units
@@ -292,14 +299,8 @@ inline void gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, 
     if (detail::trivial(m, n, k, beta, c, ldc)) return;
     const Bf16Support& support = bf16_support();
     if (support.accelerated) {
-        const int threads = detail::threads_for_call();
-        shared::omp_thread_cap cap(threads);
-        detail::Prepared& p =
-            detail::prepared(detail::product_key(dnnl::memory::data_type::bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads));
-        if (p.entry->available) {
-            detail::execute(p, a, b, c);
+        if (detail::run(detail::product_key(dnnl::memory::data_type::bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta), a, b, c))
             return;
-        }
         shared::bf16_notice("onednn-shape", "olmax: oneDNN has no bf16 matmul kernel for some shapes (first: " + std::to_string(m) + "x" +
                                                 std::to_string(k) + " by " + std::to_string(k) + "x" + std::to_string(n) +
                                                 "); those compute in fp32");
@@ -329,17 +330,12 @@ inline bool gemm_batched_bf16(std::size_t count, bool trans_a, bool trans_b, std
     if (count < 2 || m == 0 || n == 0 || k == 0) return false;
     shared::check_gemm_layout("onednn::gemm_batched_bf16", trans_a, trans_b, m, n, k, lda, ldb, ldc);
     if (!bf16_support().accelerated || stride_c < (m - 1) * ldc + n) return false;  // no bf16 units; the items' outputs overlap
-    const int threads = detail::threads_for_call();
-    shared::omp_thread_cap cap(threads);
-    detail::Key key = detail::product_key(dnnl::memory::data_type::bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
+    detail::Key key = detail::product_key(dnnl::memory::data_type::bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta);
     key.count = count;
     key.stride_a = stride_a;
     key.stride_b = stride_b;
     key.stride_c = stride_c;
-    detail::Prepared& p = detail::prepared(key);
-    if (!p.entry->available) return false;
-    detail::execute(p, a, b, c);
-    return true;
+    return detail::run(key, a, b, c);
 }
 
 /// op(a) x op(b) for bfloat16 matrices as a new float tensor [m, n], through gemm_bf16 above (the
@@ -351,10 +347,11 @@ inline Tensor<float> matmul_bf16(const Tensor<bfloat16>& a, const Tensor<bfloat1
 /// The implementation oneDNN chose for a bf16 (or fp32) product of these sizes with the current
 /// thread count, e.g. "brg:avx512_core_amx", "gemm:jit"; empty when it has none (benchmarks, tests).
 inline std::string implementation(bool bf16, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k) {
-    const int threads = detail::threads_for_call();
-    shared::omp_thread_cap cap(threads);
-    const auto type = bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
-    const auto e = detail::entry(detail::product_key(type, trans_a, trans_b, m, n, k, trans_a ? m : k, trans_b ? k : n, n, 1.0f, 0.0f, threads));
+    detail::Key key = detail::product_key(bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32, trans_a, trans_b, m, n, k,
+                                          trans_a ? m : k, trans_b ? k : n, n, 1.0f, 0.0f);
+    key.threads = detail::threads_for_call();
+    shared::omp_thread_cap cap(key.threads);
+    const auto e = detail::entry(key);
     return e->available ? e->impl : std::string();
 }
 

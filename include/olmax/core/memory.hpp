@@ -192,10 +192,12 @@ inline std::size_t default_cache_limit() {
 /// freed after every other static is gone.
 struct Caches {
     BlockCache shared{default_cache_limit()};  // large blocks (>= cached_block_bytes)
-    std::mutex mutex;                          // guards the lists and `thread_limit`
+    std::mutex mutex;                          // guards the lists; held while thread caches' limits are set
     std::vector<BlockCache*> threads;          // in use by a live thread
     std::vector<BlockCache*> idle;             // their threads ended: limit 0, empty
-    std::size_t thread_limit = std::min(default_cache_limit(), thread_cache_limit);
+
+    /// A thread cache keeps at most `thread_cache_limit`, and no more than the shared cache.
+    std::size_t thread_limit() { return std::min(shared.limit(), thread_cache_limit); }
 };
 inline Caches& caches() {
     static Caches* instance = new Caches;
@@ -221,7 +223,7 @@ public:
         } catch (...) {  // no memory: this thread caches nothing
             return;
         }
-        cache_->set_limit(all.thread_limit);
+        cache_->set_limit(all.thread_limit());
     }
     ~ThreadBlockCache() {
         ended_ = true;
@@ -299,8 +301,8 @@ inline void set_cache_limit(std::size_t bytes) {
     detail::Caches& all = detail::caches();
     all.shared.set_limit(bytes);
     std::lock_guard lock(all.mutex);
-    all.thread_limit = std::min(bytes, thread_cache_limit);
-    for (detail::BlockCache* cache : all.threads) cache->set_limit(all.thread_limit);
+    const std::size_t per_thread = all.thread_limit();
+    for (detail::BlockCache* cache : all.threads) cache->set_limit(per_thread);
 }
 inline std::size_t cache_limit() { return detail::caches().shared.limit(); }
 /// Bytes held by the caches now (the shared one and every thread's).

@@ -5,9 +5,11 @@
 // (Measured against one im2col GEMM per pass on the byte LM's shapes in fp32: the same speed for
 // forward and dx, half the speed for dw, so the unfolded copy is not worth its memory; at width
 // 512 under the bf16 policy the unfolded step was 6% slower, 2026-11-24.) The exception: under the
-// bf16 policy a small ungrouped dw is one GEMM on the unfolded input (`unfolded_dw_elements`),
-// where oneDNN's per-call cost outweighs the copy. Each pass prepares its operands once
-// (backend::GemmOperand): under the bf16 policy x, w and dy are rounded once for all taps.
+// bf16 policy a small ungrouped convolution's forward and dw are one GEMM each on the unfolded
+// input (`unfolded_forward_elements`, `unfolded_dw_elements`), where oneDNN's per-call cost
+// outweighs the copy.
+// Each pass prepares its operands once (backend::GemmOperand): under the bf16 policy x, w and dy
+// are rounded once for all taps.
 
 #include <cstddef>
 #include <vector>
@@ -78,6 +80,79 @@ void over_batch(const ConvDims& d, Taps&& taps) {
     });
 }
 
+/// Under the bf16 policy, an ungrouped forward whose unfolded input (taps x the input) has at
+/// most this many elements is one GEMM (`forward_unfolded`). At the byte LM's 64-wide shapes
+/// (B 8, T 64, 5 taps, 64 <-> 128 channels) the unfolding copy and one call ran 1.09-1.20x as
+/// fast as the 33 per-tap calls; at T 256 it was 0.95-1.05x, so the limit keeps those per tap.
+/// dx the same way (dy unfolded forwards in time, the taps' transposed weights stacked) gained
+/// nothing once the weight's rearranging copy was counted (0.95-1.04x), so dx stays per tap.
+/// (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-25; benchmarks/gemm_bf16/onednn_batch_layouts.cpp.)
+inline constexpr std::size_t unfolded_forward_elements = std::size_t(1) << 19;
+
+/// Under the bf16 policy, an ungrouped dw whose unfolded input has at most this many elements is
+/// one GEMM (`backward_weight_unfolded`): at the byte LM's 64-wide shapes, one [320 x 512] x
+/// [512 x 128] product ran in 85-89 us against 107-108 us for its 40 per-(tap, batch element)
+/// products (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-24;
+/// benchmarks/gemm_bf16/onednn_batch_layouts.cpp); the per-call cost is what a larger
+/// shape does not pay, and its unfolded copy (taps x the input, in bf16) would be large.
+inline constexpr std::size_t unfolded_dw_elements = std::size_t(1) << 20;
+
+/// Whether a pass runs as one GEMM on the unfolded input: an ungrouped convolution under the bf16
+/// policy whose unfolded input has at most `limit` elements.
+inline bool unfolds(const ConvDims& d, std::size_t limit) {
+    return d.groups == 1 && backend::current().float_gemms_in_bf16() && d.taps * d.batch * d.time * d.cin <= limit;
+}
+
+/// unfolded[(b, t), (k, c)] = x[b, t - s_k, c] (0 where t < s_k), s_k = K-1-k: the input as the
+/// [B T, K Cin] matrix whose product with w read as [K Cin, Cout] is every tap at once (the
+/// forward), and whose transposed product with dy is every tap's dw. E is bfloat16 for a rounded
+/// source, else T.
+template <class E>
+void unfold(const ConvDims& d, const E* x, E* unfolded) {
+    const std::size_t row = d.taps * d.cin;
+    backend::current().parallel_for(d.batch * d.time, row, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = lo; r < hi; ++r) {
+            const std::size_t t = r % d.time;
+            for (std::size_t k = 0; k < d.taps; ++k) {
+                const std::size_t shift = d.taps - 1 - k;
+                E* out = unfolded + r * row + k * d.cin;
+                if (t >= shift) std::copy_n(x + (r - shift) * d.cin, d.cin, out);
+                else std::fill_n(out, d.cin, E{});
+            }
+        }
+    });
+}
+
+/// Calls f with the GEMM source of unfold(x): with one tap that is x itself.
+template <Real T, class F>
+void with_unfolded(const ConvDims& d, backend::GemmSource<T> x, F&& f) {
+    if (d.taps == 1) return f(x);
+    auto run = [&]<class E>(const E* source) {
+        auto unfolded = Tensor<E>::uninitialized({d.batch * d.time, d.taps * d.cin});  // every element is written
+        unfold(d, source, unfolded.data());
+        backend::GemmSource<T> a;
+        if constexpr (std::is_same_v<E, bfloat16>) a.rounded = unfolded.data();
+        else a.full = unfolded.data();
+        f(a);
+    };
+    if (x.full) run(x.full);
+    else run(x.rounded);
+}
+
+/// out [B T, Cout] = beta out + unfold(x) w, w read as [K Cin, Cout] (groups = 1).
+template <Real T>
+void forward_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> w, T* out, T beta) {
+    const std::size_t rows = d.batch * d.time, cols = d.taps * d.cin;
+    with_unfolded(d, x, [&](backend::GemmSource<T> a) { backend::gemm(false, false, rows, d.cout, cols, T{1}, a, cols, w, d.cout, beta, out, d.cout); });
+}
+
+/// dw [K Cin, Cout] = unfold(x)^T dy, one GEMM over all B T rows (groups = 1).
+template <Real T>
+void backward_weight_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
+    const std::size_t rows = d.batch * d.time, cols = d.taps * d.cin;
+    with_unfolded(d, x, [&](backend::GemmSource<T> a) { backend::gemm(true, false, cols, d.cout, rows, T{1}, a, cols, dy, d.cout, T{1}, dw, d.cout); });
+}
+
 /// out[b, t, group cols] = beta out + sum_k x[b, t - s_k, group cols] w[k, :, group cols] with s_k = K-1-k:
 /// for tap k the output rows [s, T) take input rows [0, T - s), a GEMM on offset row blocks, batched
 /// over the batch elements (Kernels::gemm_batched: the items run on the threads, and the bf16
@@ -86,6 +161,7 @@ void over_batch(const ConvDims& d, Taps&& taps) {
 /// uninitialised when beta = 0.
 template <Real T>
 void forward(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> w, T* out, T beta) {
+    if (unfolds(d, unfolded_forward_elements)) return forward_unfolded(d, x, w, out, beta);
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     // The GEMMs of tap k and group g for batch elements [first, first + count).
     auto taps = [&](std::size_t first, std::size_t count) {
@@ -117,57 +193,13 @@ void backward_input(const ConvDims& d, backend::GemmSource<T> dy, backend::GemmS
     over_batch(d, taps);
 }
 
-/// Under the bf16 policy, an ungrouped dw whose unfolded input has at most this many elements is
-/// one GEMM (`backward_weight_unfolded`): at the byte LM's 64-wide shapes, one [320 x 512] x
-/// [512 x 128] product ran in 85-89 us against 107-108 us for its 40 per-(tap, batch element)
-/// products (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-24;
-/// benchmarks/gemm_bf16/onednn_batch_layouts.cpp); the per-call cost is what a larger
-/// shape does not pay, and its unfolded copy (taps x the input, in bf16) would be large.
-inline constexpr std::size_t unfolded_dw_elements = std::size_t(1) << 20;
-
-/// unfolded[(b, t), (k, c)] = x[b, t - s_k, c] (0 where t < s_k), s_k = K-1-k: the input as the
-/// [B T, K Cin] matrix whose product with dy is every tap's dw at once. E is bfloat16 for a rounded
-/// source, else T.
-template <class E>
-void unfold(const ConvDims& d, const E* x, E* unfolded) {
-    const std::size_t row = d.taps * d.cin;
-    backend::current().parallel_for(d.batch * d.time, row, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t r = lo; r < hi; ++r) {
-            const std::size_t t = r % d.time;
-            for (std::size_t k = 0; k < d.taps; ++k) {
-                const std::size_t shift = d.taps - 1 - k;
-                E* out = unfolded + r * row + k * d.cin;
-                if (t >= shift) std::copy_n(x + (r - shift) * d.cin, d.cin, out);
-                else std::fill_n(out, d.cin, E{});
-            }
-        }
-    });
-}
-
-/// dw [K Cin, Cout] = unfold(x)^T dy, one GEMM over all B T rows (groups = 1).
-template <Real T>
-void backward_weight_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
-    const std::size_t rows = d.batch * d.time, cols = d.taps * d.cin;
-    auto run = [&]<class E>(const E* source) {
-        auto unfolded = Tensor<E>::uninitialized({rows, cols});  // every element is written
-        unfold(d, source, unfolded.data());
-        backend::GemmSource<T> a;
-        if constexpr (std::is_same_v<E, bfloat16>) a.rounded = unfolded.data();
-        else a.full = unfolded.data();
-        backend::gemm(true, false, cols, d.cout, rows, T{1}, a, cols, dy, d.cout, T{1}, dw, d.cout);
-    };
-    if (x.full) run(x.full);
-    else run(x.rounded);
-}
-
 /// dw[k, :, group out] += sum_b x[b, rows [0, T-s), group in]^T dy[b, rows [s, T), group out]; every
 /// (tap, group, column piece) block of dw belongs to one thread, so the batch sum needs no atomics.
 /// The output columns are cut into pieces when the K * groups blocks do not divide evenly over the
 /// threads (5 taps on 2 threads would leave one thread a third of the work idle).
 template <Real T>
 void backward_weight(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
-    if (d.groups == 1 && backend::current().float_gemms_in_bf16() && d.taps * d.batch * d.time * d.cin <= unfolded_dw_elements)
-        return backward_weight_unfolded(d, x, dy, dw);
+    if (unfolds(d, unfolded_dw_elements)) return backward_weight_unfolded(d, x, dy, dw);
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     const std::size_t blocks = d.taps * d.groups, threads = std::size_t(std::max(backend::current().num_threads(), 1));
     const std::size_t pieces = std::clamp<std::size_t>(threads / std::gcd(blocks, threads), 1, std::max<std::size_t>(cog, 1));
