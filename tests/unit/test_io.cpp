@@ -348,6 +348,19 @@ TEST_CASE("config: unknown or mistyped keys and bad values are errors naming the
     std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("config: the update inside backward takes unit-wise AGC but not global-norm clipping", "[io][config]") {
+    olmax::config::TrainConfig c;
+    c.update_in_backward = true;
+    CHECK_THROWS_WITH(c.validate(), Catch::Contains("max_grad_norm=0"));  // the default clips the global norm
+    c.max_grad_norm = 0;
+    CHECK_NOTHROW(c.validate());
+    c.agc_clip = 0.01;
+    CHECK_NOTHROW(c.validate());
+    c.world_size = 2;
+    c.rendezvous = "file:/tmp";
+    CHECK_THROWS_WITH(c.validate(), Catch::Contains("world_size=1"));
+}
+
 TEST_CASE("config: every number has a declared range, checked when set and when validated", "[io][config]") {
     namespace config = olmax::config;
     config::TrainConfig c;

@@ -537,11 +537,13 @@ olmax::data::Batch random_bytes(std::size_t rows, std::size_t sequence, std::uin
     return b;
 }
 
-optim::AdamWConfig unclipped_adamw() {
+/// AdamW without global-norm clipping; with unit-wise AGC at `agc_clip` (0: off).
+optim::AdamWConfig unclipped_adamw(double agc_clip = 0) {
     optim::AdamWConfig c;
     c.schedule.peak_lr = 3e-3;
     c.beta2 = 0.99;
     c.weight_decay = 0.01;
+    c.agc.clip = agc_clip;
     return c;
 }
 
@@ -551,13 +553,15 @@ bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
 
 /// Two identical models with their optimisers: one steps after backward, one during it.
 struct SeparateAndDuring {
-    SeparateAndDuring(const olmax::models::ByteLMConfig& config, std::size_t kept) : reference(config), fused(config) {
+    SeparateAndDuring(const olmax::models::ByteLMConfig& config, std::size_t kept, double agc_clip = 0)
+        : reference(config), fused(config), reference_opt(optim::parameters_of(reference), unclipped_adamw(agc_clip)),
+          fused_opt(optim::parameters_of(fused), unclipped_adamw(agc_clip)) {
         reference.stack.keep_activations(kept);
         fused.stack.keep_activations(kept);
     }
     olmax::models::ByteLM<> reference, fused;
-    optim::AdamW<float> reference_opt{optim::parameters_of(reference), unclipped_adamw()};
-    optim::AdamW<float> fused_opt{optim::parameters_of(fused), unclipped_adamw()};
+    optim::AdamW<float> reference_opt;
+    optim::AdamW<float> fused_opt;
 };
 
 }  // namespace
@@ -567,40 +571,45 @@ TEST_CASE("optim: step_during_backward updates exactly as backward + step + zero
     config.features = 8;
     config.depth = 3;
     // One shard (the whole backward on this thread) and two (data_parallel_backward's shards report
-    // to the caller's hook once summed); all layers recomputed, and the first one keeping its activations.
-    for (const std::size_t shards : {std::size_t(1), std::size_t(2)})
-        for (const std::size_t kept : {std::size_t(0), std::size_t(1)}) {
-            INFO("shards " << shards << ", kept layers " << kept);
-            SeparateAndDuring models(config, kept);
-            auto& [reference, fused, reference_opt, fused_opt] = models;
-            for (std::uint64_t step = 0; step < 3; ++step) {
-                const auto batch = random_bytes(4, 16, 100 + step);
-                const double reference_loss = reference.accumulate_gradients(batch, shards, 1.0);
-                const double reference_norm = optim::global_grad_norm(std::span<const optim::Parameter<float>>(reference_opt.parameters()));
-                reference_opt.step();
-                reference_opt.zero_grad();
-                double fused_loss = 0;
-                const auto report = fused_opt.step_during_backward([&] { fused_loss = fused.accumulate_gradients(batch, shards, 1.0); });
-                CHECK(fused_loss == reference_loss);
-                CHECK(report.step == std::int64_t(step + 1));
-                CHECK(report.grad_norm == Approx(reference_norm).epsilon(1e-12));
-                CHECK(fused_opt.step_count() == reference_opt.step_count());
+    // to the caller's hook once summed); all layers recomputed, and the first one keeping its
+    // activations; without clipping, and with unit-wise AGC (applied per parameter or layer slice
+    // during backward, to every gradient at once by step(); at 0.01 it clips units of every step).
+    for (const double agc_clip : {0.0, 0.01}) {
+        for (const std::size_t shards : {std::size_t(1), std::size_t(2)})
+            for (const std::size_t kept : {std::size_t(0), std::size_t(1)}) {
+                INFO("AGC " << agc_clip << ", shards " << shards << ", kept layers " << kept);
+                SeparateAndDuring models(config, kept, agc_clip);
+                auto& [reference, fused, reference_opt, fused_opt] = models;
+                for (std::uint64_t step = 0; step < 3; ++step) {
+                    const auto batch = random_bytes(4, 16, 100 + step);
+                    const double reference_loss = reference.accumulate_gradients(batch, shards, 1.0);
+                    const auto reference_report = reference_opt.step();
+                    reference_opt.zero_grad();
+                    double fused_loss = 0;
+                    const auto report = fused_opt.step_during_backward([&] { fused_loss = fused.accumulate_gradients(batch, shards, 1.0); });
+                    CHECK(fused_loss == reference_loss);
+                    CHECK(report.step == std::int64_t(step + 1));
+                    CHECK(report.grad_norm == Approx(reference_report.grad_norm).epsilon(1e-12));  // after AGC in both
+                    CHECK(report.agc_clipped_units == reference_report.agc_clipped_units);
+                    if (agc_clip > 0) CHECK(report.agc_clipped_units > 0);
+                    CHECK(fused_opt.step_count() == reference_opt.step_count());
+                }
+                const auto want = reference_opt.parameters();
+                const auto got = fused_opt.parameters();
+                REQUIRE(want.size() == got.size());
+                for (std::size_t i = 0; i < want.size(); ++i) {
+                    INFO(want[i].name);
+                    CHECK(same_bits(want[i].tensor, got[i].tensor));
+                    CHECK_FALSE(got[i].tensor.grad().defined());
+                }
+                const auto want_state = reference_opt.export_state(), got_state = fused_opt.export_state();
+                for (std::size_t i = 0; i < want_state.slots.size(); ++i) {
+                    CHECK(want_state.slots[i].step == got_state.slots[i].step);
+                    CHECK(std::memcmp(want_state.slots[i].second_moment.data(), got_state.slots[i].second_moment.data(),
+                                      want_state.slots[i].second_moment.size() * sizeof(double)) == 0);
+                }
             }
-            const auto want = reference_opt.parameters();
-            const auto got = fused_opt.parameters();
-            REQUIRE(want.size() == got.size());
-            for (std::size_t i = 0; i < want.size(); ++i) {
-                INFO(want[i].name);
-                CHECK(same_bits(want[i].tensor, got[i].tensor));
-                CHECK_FALSE(got[i].tensor.grad().defined());
-            }
-            const auto want_state = reference_opt.export_state(), got_state = fused_opt.export_state();
-            for (std::size_t i = 0; i < want_state.slots.size(); ++i) {
-                CHECK(want_state.slots[i].step == got_state.slots[i].step);
-                CHECK(std::memcmp(want_state.slots[i].second_moment.data(), got_state.slots[i].second_moment.data(),
-                                  want_state.slots[i].second_moment.size() * sizeof(double)) == 0);
-            }
-        }
+    }
 }
 
 TEST_CASE("optim: step_during_backward never holds all gradients at once", "[optim]") {

@@ -268,8 +268,10 @@ public:
     /// moments come out bit for bit as from `run_backward(); step(); zero_grad();`
     /// (tests/unit/test_optim.cpp). A gradient that was already there (accumulated micro-batches) is
     /// part of the update. Differences from `step()`:
-    ///  - global-norm clipping and AGC need every gradient before the first update, so
-    ///    `max_grad_norm` and `agc.clip` must be 0 (checked; the report's `grad_norm` is still computed);
+    ///  - global-norm clipping needs every gradient before the first update, so `max_grad_norm`
+    ///    must be 0 (checked; the report's `grad_norm` is still computed). AGC is unit-wise and a
+    ///    unit never spans layers, so it runs on each parameter or layer slice as it is updated
+    ///    (on a copy of the gradient), with step()'s numbers;
     ///  - a NaN/Inf gradient throws `non_finite_gradient` out of backward, but the parameters (and
     ///    slices) whose gradients were final before it have been updated: the step is not
     ///    all-or-nothing (nor after any other exception out of `run_backward`), and the optimiser's
@@ -281,9 +283,9 @@ public:
     template <class RunBackward>
         requires std::invocable<RunBackward&>
     StepReport step_during_backward(RunBackward&& run_backward) {
-        check(config_.max_grad_norm == 0 && config_.agc.clip == 0,
-              "AdamW::step_during_backward: gradient clipping needs every gradient before the first update; set max_grad_norm=0 and "
-              "agc.clip=0 (got ", config_.max_grad_norm, " and ", config_.agc.clip, ") or use backward + step()");
+        check(config_.max_grad_norm == 0,
+              "AdamW::step_during_backward: global-norm clipping needs every gradient before the first update; set max_grad_norm=0 "
+              "(got ", config_.max_grad_norm, "; unit-wise AGC works here) or use backward + step()");
         std::vector<Tensor<T>> tensors;
         for (const auto& p : params_) tensors.push_back(p.tensor);
         StepReport report;
@@ -297,8 +299,25 @@ public:
             std::vector<std::pair<std::size_t, std::size_t>> taken;  // [offset, offset + size)
         };
         std::vector<Sliced> sliced(params_.size());
+        // AGC's units for elements [offset, offset + n) of parameter i: whole stack entries (layers).
+        auto agc_layout = [&](std::size_t i, std::size_t offset, std::size_t n) {
+            detail::UnitLayout layout = detail::unit_layout(params_[i].tensor.shape(), params_[i].stacked_axes, params_[i].unit_axis);
+            const std::size_t entry = params_[i].tensor.size() / layout.stack;  // elements per layer
+            check<autodiff_error>(offset % entry == 0 && n % entry == 0, "AdamW::step_during_backward: AGC needs whole layers of parameter '",
+                                  params_[i].name, "', got elements ", offset, "..", offset + n, " (", entry, " per layer)");
+            layout.stack = n / entry;
+            return layout;
+        };
+        std::vector<T> clipped;  // AGC rewrites a copy: a handed-over slice gradient may be shared
         // Hook calls never overlap (data_parallel_backward serialises its threads' calls), so no lock.
         auto update = [&](std::size_t i, std::size_t offset, const T* grad, std::size_t n, const detail::AdamCoefficients& c) {
+            if (config_.agc.clip > 0 && n > 0) {
+                if (!detail::all_finite(grad, n)) throw_non_finite(i);
+                clipped.assign(grad, grad + n);
+                report.agc_clipped_units +=
+                    detail::clip_units(params_[i].tensor.data() + offset, clipped.data(), agc_layout(i, offset, n), config_.agc);
+                grad = clipped.data();
+            }
             const std::pair<const T*, std::size_t> values{grad, n};
             const double sq = detail::sums_of_squares<T>(std::span(&values, 1)).front();
             if (!std::isfinite(sq) && !detail::all_finite(grad, n)) throw_non_finite(i);

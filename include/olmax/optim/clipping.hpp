@@ -81,19 +81,16 @@ inline UnitLayout unit_layout(const Shape& shape, std::size_t stacked_axes, long
 
 }  // namespace detail
 
-/// Unit-wise AGC of `grad` (same shape as `param`), in place. Returns how many units were clipped.
+namespace detail {
+
+/// Unit-wise AGC of the gradient g of the parameter values p, both laid out as `layout`, in place.
+/// Returns how many units were clipped. A unit never spans stack entries, so clipping a run of
+/// whole stack entries on its own (one layer's slice of a stacked parameter) gives the numbers of
+/// clipping the whole tensor.
 template <Real P, Real G>
-std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const AgcConfig& config, std::size_t stacked_axes = 0,
-                               long unit_axis = -1) {
-    check<shape_error>(param.shape() == grad.shape(), "adaptive_grad_clip: parameter shape ", olmax::to_string(param.shape()),
-                       " differs from gradient shape ", olmax::to_string(grad.shape()));
-    check(config.clip >= 0, "adaptive_grad_clip: clip must be >= 0, got ", config.clip);
-    if (config.clip == 0 || param.empty()) return 0;
-    const detail::UnitLayout layout = detail::unit_layout(param.shape(), stacked_axes, unit_axis);
+std::size_t clip_units(const P* p, G* g, const UnitLayout& layout, const AgcConfig& config) {
     const std::size_t units = layout.units();
     std::vector<double> param_sq(units, 0.0), grad_sq(units, 0.0);
-    const P* p = param.data();
-    G* g = grad.data();
     // With the unit axis last (the usual W[..., in, out]) every run is one element: walk whole
     // rows instead, accumulating all units of a row at once (vectorised; the same sums in the same
     // order as run by run).
@@ -136,6 +133,19 @@ std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const Ag
             for (std::size_t i = offset; i < offset + length; ++i) g[i] = G(double(g[i]) * factor[unit]);
         });
     return clipped;
+}
+
+}  // namespace detail
+
+/// Unit-wise AGC of `grad` (same shape as `param`), in place. Returns how many units were clipped.
+template <Real P, Real G>
+std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const AgcConfig& config, std::size_t stacked_axes = 0,
+                               long unit_axis = -1) {
+    check<shape_error>(param.shape() == grad.shape(), "adaptive_grad_clip: parameter shape ", olmax::to_string(param.shape()),
+                       " differs from gradient shape ", olmax::to_string(grad.shape()));
+    check(config.clip >= 0, "adaptive_grad_clip: clip must be >= 0, got ", config.clip);
+    if (config.clip == 0 || param.empty()) return 0;
+    return detail::clip_units(param.data(), grad.data(), detail::unit_layout(param.shape(), stacked_axes, unit_axis), config);
 }
 
 namespace detail {
