@@ -649,7 +649,7 @@ TEST_CASE("optim: step_during_backward never holds all gradients at once", "[opt
         }
 }
 
-TEST_CASE("optim: step_during_backward refuses clipping and reports non-finite gradients", "[optim]") {
+TEST_CASE("optim: step_during_backward refuses global-norm clipping and reports non-finite gradients", "[optim]") {
     auto w = olmax::parameter(Tensor<double>::from({2}, {1.0, 2.0}));
     auto u = olmax::parameter(Tensor<double>::from({1}, {5.0}));
     optim::AdamWConfig clipped;

@@ -7,9 +7,8 @@
 // 512 under the bf16 policy the unfolded step was 6% slower, 2026-11-24.) The exception: under the
 // bf16 policy a small ungrouped convolution's forward and dw are one GEMM each on the unfolded
 // input (`unfolded_forward_elements`, `unfolded_dw_elements`), where oneDNN's per-call cost
-// outweighs the copy.
-// Each pass prepares its operands once (backend::GemmOperand): under the bf16 policy x, w and dy
-// are rounded once for all taps.
+// outweighs the copy. Each pass prepares its operands once (backend::GemmOperand): under the bf16
+// policy x, w and dy are rounded once for all taps.
 
 #include <cstddef>
 #include <vector>
@@ -86,7 +85,8 @@ void over_batch(const ConvDims& d, Taps&& taps) {
 /// fast as the 33 per-tap calls; at T 256 it was 0.95-1.05x, so the limit keeps those per tap.
 /// dx the same way (dy unfolded forwards in time, the taps' transposed weights stacked) gained
 /// nothing once the weight's rearranging copy was counted (0.95-1.04x), so dx stays per tap.
-/// (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-25; benchmarks/gemm_bf16/onednn_batch_layouts.cpp.)
+/// (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-25;
+/// benchmarks/gemm_bf16/onednn_batch_layouts.cpp.)
 inline constexpr std::size_t unfolded_forward_elements = std::size_t(1) << 19;
 
 /// Under the bf16 policy, an ungrouped dw whose unfolded input has at most this many elements is
@@ -143,14 +143,18 @@ void with_unfolded(const ConvDims& d, backend::GemmSource<T> x, F&& f) {
 template <Real T>
 void forward_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> w, T* out, T beta) {
     const std::size_t rows = d.batch * d.time, cols = d.taps * d.cin;
-    with_unfolded(d, x, [&](backend::GemmSource<T> a) { backend::gemm(false, false, rows, d.cout, cols, T{1}, a, cols, w, d.cout, beta, out, d.cout); });
+    with_unfolded(d, x, [&](backend::GemmSource<T> a) {
+        backend::gemm(false, false, rows, d.cout, cols, T{1}, a, cols, w, d.cout, beta, out, d.cout);
+    });
 }
 
 /// dw [K Cin, Cout] = unfold(x)^T dy, one GEMM over all B T rows (groups = 1).
 template <Real T>
 void backward_weight_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
     const std::size_t rows = d.batch * d.time, cols = d.taps * d.cin;
-    with_unfolded(d, x, [&](backend::GemmSource<T> a) { backend::gemm(true, false, cols, d.cout, rows, T{1}, a, cols, dy, d.cout, T{1}, dw, d.cout); });
+    with_unfolded(d, x, [&](backend::GemmSource<T> a) {
+        backend::gemm(true, false, cols, d.cout, rows, T{1}, a, cols, dy, d.cout, T{1}, dw, d.cout);
+    });
 }
 
 /// out[b, t, group cols] = beta out + sum_k x[b, t - s_k, group cols] w[k, :, group cols] with s_k = K-1-k:

@@ -303,8 +303,9 @@ public:
         auto agc_layout = [&](std::size_t i, std::size_t offset, std::size_t n) {
             detail::UnitLayout layout = detail::unit_layout(params_[i].tensor.shape(), params_[i].stacked_axes, params_[i].unit_axis);
             const std::size_t entry = params_[i].tensor.size() / layout.stack;  // elements per layer
-            check<autodiff_error>(offset % entry == 0 && n % entry == 0, "AdamW::step_during_backward: AGC needs whole layers of parameter '",
-                                  params_[i].name, "', got elements ", offset, "..", offset + n, " (", entry, " per layer)");
+            check<autodiff_error>(offset % entry == 0 && n % entry == 0,
+                                  "AdamW::step_during_backward: AGC needs whole layers of parameter '", params_[i].name,
+                                  "', got elements ", offset, "..", offset + n, " (", entry, " per layer)");
             layout.stack = n / entry;
             return layout;
         };
