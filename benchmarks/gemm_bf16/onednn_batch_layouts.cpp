@@ -131,6 +131,17 @@ int main(int argc, char** argv) {
     // (the unshifted tap one batched call, each shifted tap one call per batch element) against one
     // GEMM over [B T, K Cin] on the unfolded input (forward; the unfolding copy timed) and one GEMM
     // dU [B T, K Cin] = dy w^T followed by the fold dx[b, t] = sum_k dU[b, t + s_k, k] (dx; timed).
+    // unfolded[(b, t), (k, c)] = source[b, t -+ s_k, c] (0 outside [0, T)), s_k = taps-1-k: backwards in
+    // time for the forward's input, forwards for dx's output gradient.
+    auto unfold = [&](const std::uint16_t* source, long channels, bool forwards, std::uint16_t* unfolded) {
+        for (long r = 0; r < B * T; ++r)
+            for (long k = 0; k < taps; ++k) {
+                const long s = taps - 1 - k, t = r % T;
+                std::uint16_t* out = unfolded + (r * taps + k) * channels;
+                if (forwards ? t + s < T : t >= s) std::copy_n(source + (forwards ? r + s : r - s) * channels, channels, out);
+                else std::fill_n(out, channels, std::uint16_t{0});
+            }
+    };
     for (const auto& [cin, cout] : {std::tuple{64L, 128L}, std::tuple{128L, 64L}}) {
         std::vector<std::uint16_t> unfolded(B * T * taps * cin);
         std::vector<float> du(B * T * taps * cin), dx(B * T * cin);
@@ -156,13 +167,7 @@ int main(int argc, char** argv) {
                     run(stream, shifted[s - 1], x.data() + b * T * cin, w.data() + (taps - 1 - s) * cin * cout, y.data() + (b * T + s) * cout);
         });
         const double forward_unfolded = best_us(stream, [&] {
-            for (long r = 0; r < B * T; ++r)
-                for (long k = 0; k < taps; ++k) {
-                    const long s = taps - 1 - k, t = r % T;
-                    std::uint16_t* out = unfolded.data() + (r * taps + k) * cin;
-                    if (t >= s) std::copy_n(x.data() + (r - s) * cin, cin, out);
-                    else std::fill_n(out, cin, std::uint16_t{0});
-                }
+            unfold(x.data(), cin, false, unfolded.data());
             run(stream, forward_once, unfolded.data(), w.data(), y.data());
         });
         const double dx_taps = best_us(stream, [&] {
@@ -193,19 +198,13 @@ int main(int argc, char** argv) {
             for (long k = 0; k < taps; ++k)
                 for (long c = 0; c < cin; ++c)
                     for (long o = 0; o < cout; ++o) stacked[(k * cout + o) * cin + c] = w[(k * cin + c) * cout + o];
-            for (long r = 0; r < B * T; ++r)
-                for (long k = 0; k < taps; ++k) {
-                    const long s = taps - 1 - k, t = r % T;
-                    std::uint16_t* out = dy_unfolded.data() + (r * taps + k) * cout;
-                    if (t + s < T) std::copy_n(x.data() + (r + s) * cout, cout, out);
-                    else std::fill_n(out, cout, std::uint16_t{0});
-                }
+            unfold(x.data(), cout, true, dy_unfolded.data());
             run(stream, dx_future, dy_unfolded.data(), stacked.data(), dx.data());
         });
-        std::printf("  dx on dy unfolded forwards (copy + 1 call) %6.1f us: %.2fx [%s]\n", dx_unfolded, dx_taps / dx_unfolded, dx_future.impl.c_str());
         std::printf("conv Cin %3ld Cout %3ld, 5 taps: forward 33 calls %6.1f us, unfolded (copy + 1 call) %6.1f us: %.2fx; "
                     "dx 33 calls %6.1f us, 1 call + fold %6.1f us: %.2fx  [%s | %s]\n",
                     cin, cout, forward_taps, forward_unfolded, forward_taps / forward_unfolded, dx_taps, dx_folded, dx_taps / dx_folded,
                     forward_once.impl.c_str(), dx_once.impl.c_str());
+        std::printf("  dx on dy unfolded forwards (copy + 1 call) %6.1f us: %.2fx [%s]\n", dx_unfolded, dx_taps / dx_unfolded, dx_future.impl.c_str());
     }
 }

@@ -79,10 +79,6 @@ inline UnitLayout unit_layout(const Shape& shape, std::size_t stacked_axes, long
     return layout;
 }
 
-}  // namespace detail
-
-namespace detail {
-
 /// Unit-wise AGC of the gradient g of the parameter values p, both laid out as `layout`, in place.
 /// Returns how many units were clipped. A unit never spans stack entries, so clipping a run of
 /// whole stack entries on its own (one layer's slice of a stacked parameter) gives the numbers of
