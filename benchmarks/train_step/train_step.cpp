@@ -4,6 +4,7 @@
 //
 //     build/benchmarks/train_step/train_step --batch=8 --sequence=64 --features=64 --depth=2 --threads=1
 //     build/benchmarks/train_step/train_step --quick --json=/tmp/quick.json
+//     build/benchmarks/train_step/train_step --precision=bf16 --memory_profile   (what the step's peak holds)
 //
 // Memory (the same method in torch_train_step.py; see benchmarks/RESULTS.md):
 //   peak_rss_bytes  growth of the process's peak resident set over one steady-state step (after
@@ -38,6 +39,7 @@
 #include <olmax/backend/bf16_matmul_kernels.hpp>
 #include <olmax/config/program.hpp>
 #include <olmax/core/memory.hpp>
+#include <olmax/core/memory_profile.hpp>
 #include <olmax/io/npy.hpp>
 #include <olmax/models/models.hpp>
 #if defined(TRAIN_STEP_WITH_ONEDNN)
@@ -66,6 +68,7 @@ struct Options {
     std::int64_t kept_layers = 0;          // nn::Stack::keep_activations: leading layers not recomputed in the backward
     bool update_in_backward = false;       // AdamW::step_during_backward (TrainConfig::update_in_backward)
     double max_grad_norm = -1;             // -1: the main job's default
+    bool memory_profile = false;           // also print olmax::memory::profile_peak of one more step
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -80,7 +83,9 @@ struct Options {
                  "       [--kept_layers N]  (recompute as a budget: the first N reversible layers keep their activations)\n"
                  "       [--max_grad_norm X]  (global-norm clip; default the main job's, 0 = off)\n"
                  "       [--update_in_backward 0|1]  (1: AdamW applied inside backward as each gradient is final, as train_lm\n"
-                 "                                    --update_in_backward; needs --max_grad_norm 0)\n";
+                 "                                    --update_in_backward; needs --max_grad_norm 0)\n"
+                 "       [--memory_profile]  (after the timed steps, one more step under olmax::memory::profile_peak: its\n"
+                 "                            peak's tensor buffers by the op that made them)\n";
     std::exit(1);
 }
 
@@ -90,6 +95,10 @@ Options parse(int argc, char** argv) {
         std::string arg = argv[i], value;
         if (arg.rfind("--", 0) != 0) usage("unexpected argument '" + arg + "'");
         arg = arg.substr(2);
+        if (arg == "memory_profile") {
+            o.memory_profile = true;
+            continue;
+        }
         if (arg == "profile") {  // per-layer timings instead of the step benchmark
             o.profile = true;
             continue;
@@ -434,6 +443,10 @@ int run(int argc, char** argv) {
                 double(peak_bytes) / 1048576.0, double(peak_bytes - held_before) / 1048576.0,
                 double(peak_rss) / 1048576.0, double(first_step_rss) / 1048576.0,
                 double(footprint_rss) / 1048576.0);
+    if (o.memory_profile) {
+        const auto profile = olmax::memory::profile_peak([&] { step(batches[0]); });
+        std::printf("tensor buffers made by one step, live at its peak, by the op that made them:\n%s", profile.table().c_str());
+    }
     if (!o.json.empty()) {
         std::ofstream out(o.json);
         out << json.str() << "\n";

@@ -94,6 +94,110 @@ TEST_CASE("backward frees the tape; a stale graph throws autodiff_error; retain_
     }
 }
 
+TEST_CASE("backward frees what each node saved once the node has run, unless retain_graph", "[autodiff]") {
+    // Two custom ops, each saving a 1 MiB tensor: `early` runs first in the forward and last in
+    // backward. When its closure runs, `late`'s closure has run and (without retain_graph) freed
+    // its saved tensor; with retain_graph both are still held.
+    constexpr std::size_t n = std::size_t(1) << 17;  // doubles: 1 MiB
+    auto x = olmax::parameter(Tensor<double>({n}, 1.0));
+    auto saving_op = [](const char* name, const Tensor<double>& in, std::size_t* held_at_run) {
+        auto saved = Tensor<double>(in.shape(), 2.0);  // the derivative its backward reads
+        return ad::custom_op(name, olmax::scale(in.detach(), 2.0), {in},
+                             [saved, held_at_run](const Tensor<double>& dy, GradientSink<double>& g) {
+                                 if (held_at_run) *held_at_run = olmax::memory::stats().current_bytes;
+                                 g.add(0, olmax::map([](double s, double d) { return s * d; }, saved, dy));
+                             });
+    };
+    for (const bool retain : {false, true}) {
+        CAPTURE(retain);
+        x.zero_grad();
+        std::size_t held_in_early = 0, held_in_late = 0;
+        auto y = saving_op("early", x, &held_in_early);
+        auto z = saving_op("late", y, &held_in_late);
+        auto loss = olmax::sum(z);
+        loss.backward(retain);
+        // Between the two closures z's gradient (1 MiB) was freed and y's (1 MiB) made, either way;
+        // `late`'s saved 1 MiB was freed too exactly when the graph is not retained.
+        CHECK(held_in_late > 0);
+        const std::ptrdiff_t change = std::ptrdiff_t(held_in_early) - std::ptrdiff_t(held_in_late);
+        CHECK(change == (retain ? 0 : -std::ptrdiff_t(n * sizeof(double))));
+        CHECK(x.grad()(0) == 4.0);
+        if (retain) {
+            loss.backward();  // the retained graph runs again, with what it saved
+            CHECK(x.grad()(0) == 8.0);
+        }
+    }
+}
+
+TEST_CASE("GradientSink::take_grad_output hands the incoming gradient over, once", "[autodiff]") {
+    auto x = olmax::parameter(Tensor<double>::from({2}, {1, 2}));
+    bool checked = false;
+    auto y = ad::custom_op<double>("takes", {olmax::scale(x.detach(), 3.0)}, {x},
+                                   [&checked](std::span<const Tensor<double>> g, GradientSink<double>& sink) {
+                                       Tensor<double> dy = sink.take_grad_output(0);
+                                       CHECK_FALSE(g[0].defined());  // the node no longer holds it
+                                       CHECK_THROWS_WITH(sink.take_grad_output(0), Catch::Contains("taken already"));
+                                       CHECK_THROWS_AS(sink.take_grad_output(1), olmax::autodiff_error);
+                                       sink.add(0, olmax::scale(dy, 3.0));
+                                       checked = true;
+                                   })[0];
+    olmax::sum(olmax::square(y)).backward();
+    CHECK(checked);
+    CHECK(x.grad()(1) == 36.0);  // d/dx (3x)^2 = 18 x
+}
+
+TEST_CASE("a backward that threw part-way cannot be rerun on the nodes it already ran", "[autodiff][errors]") {
+    // Before nodes freed what they saved, a rerun added the gradient of the nodes that had run twice.
+    auto x = olmax::parameter(Tensor<double>::from({2}, {1, 2}));
+    bool fail = true;
+    auto failing = ad::custom_op("fails_once", olmax::scale(x.detach(), 1.0), {x}, [&fail](const Tensor<double>& dy, GradientSink<double>& g) {
+        if (fail) throw olmax::value_error("fails_once: backward failed");
+        g.add(0, dy);
+    });
+    auto loss = olmax::sum(olmax::square(failing));
+    CHECK_THROWS_AS(loss.backward(), olmax::value_error);
+    fail = false;
+    CHECK_THROWS_WITH(loss.backward(), Catch::Contains("already ran in an earlier backward"));
+    CHECK_FALSE(x.grad().defined());
+    ad::clear_tape();
+}
+
+TEST_CASE("memory::profile_peak names the ops whose buffers make up a step's peak", "[autodiff][memory]") {
+    constexpr std::size_t n = std::size_t(1) << 15;  // doubles: 256 KiB
+    constexpr std::size_t kib256 = n * sizeof(double);
+    auto x = olmax::parameter(Tensor<double>({n}, 0.5));
+    auto before = Tensor<double>({n}, 1.0);  // made before the profile: not counted, even when freed inside
+    const auto profile = olmax::memory::profile_peak([&] {
+        before = Tensor<double>();
+        auto y = olmax::exp(x);          // exp keeps its output for backward
+        auto z = olmax::mul(y, y);       // mul keeps both inputs (y, twice)
+        olmax::sum(z).backward();        // backward of mul makes dy * y twice, then x's gradient
+    });
+    INFO(profile.table());
+    std::size_t total = 0;
+    for (const auto& e : profile.entries) total += e.bytes;
+    CHECK(total == profile.peak_bytes);
+    auto bytes_of = [&](const std::string& label) {
+        for (const auto& e : profile.entries)
+            if (e.label == label) return e.bytes;
+        return std::size_t(0);
+    };
+    // The peak is inside mul's backward: exp's output y, mul's output z and sum's gradient of z are
+    // live, with what mul's backward has made by then (256 KiB each; the scalars add a few bytes).
+    CHECK(bytes_of("exp") == kib256);
+    CHECK(bytes_of("mul") == kib256);
+    CHECK(bytes_of("backward of sum") == kib256);
+    CHECK(bytes_of("backward of mul") >= kib256);
+    CHECK(profile.peak_bytes >= 4 * kib256);
+    CHECK(profile.peak_bytes < 6 * kib256 + 1024);
+    CHECK(profile.table().find("in all at the peak") != std::string::npos);
+    // A throwing call ends the profile; the next one starts clean.
+    CHECK_THROWS_AS(olmax::memory::profile_peak([] { throw olmax::value_error("inside a profile"); }), olmax::value_error);
+    const auto empty = olmax::memory::profile_peak([] {});
+    CHECK(empty.peak_bytes == 0);
+    CHECK(empty.entries.empty());
+}
+
 TEST_CASE("backward on a non-scalar needs a grad_output of the same shape", "[autodiff][errors]") {
     auto w = olmax::parameter(Tensor<double>::from({2}, {1, 2}));
     auto y = olmax::scale(w, 3.0);

@@ -142,6 +142,27 @@ TEST_CASE("Stack of reversible blocks: equal gradients, O(1) recompute, names", 
     CHECK(olmax::autodiff::tape_size() == 0);
 }
 
+TEST_CASE("Stack of reversible blocks: a retained graph runs its reverse walk twice with the same gradients",
+          "[nn][stack][reversible]") {
+    // The walk takes the saved output over on the closure's last run only; with retain_graph the
+    // output must still be there for the second run.
+    olmax::Generator data(5);
+    auto x_value = olmax::randn<double>({2, 2, 6, 4}, data);
+    auto dy = olmax::randn<double>({2, 2, 6, 4}, data);
+    nn::Stack<Block> stack(small_config(true), 3);
+    auto params = tensors_of(stack);
+    auto x = olmax::parameter(x_value.clone());
+    auto y = stack.forward(x, {});
+    y.backward(dy, /*retain_graph=*/true);
+    const auto once_x = x.grad().clone();
+    const auto once = grads_of(params);
+    y.backward(dy);
+    CHECK(max_abs_diff(x.grad(), olmax::scale(once_x, 2.0)) < 1e-12);
+    const auto twice = grads_of(params);
+    for (std::size_t i = 0; i < params.size(); ++i) CHECK(max_abs_diff(twice[i], olmax::scale(once[i], 2.0)) < 1e-12);
+    CHECK(olmax::autodiff::tape_size() == 0);
+}
+
 TEST_CASE("Stack: a whole stacked model is causal along time", "[nn][stack][causal]") {
     nn::Stack<Block> body(small_config(true), 4);
     olmax::Generator data(6);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 using olmax::Shape;
 using olmax::Tensor;
@@ -134,6 +135,31 @@ TEST_CASE("causal_conv1d under the bf16 policy matches the scalar-loop reference
         CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d(x, w, c.groups), naive_conv(x, w, c.groups)) < 1e-12);
         CHECK(olmax_test::max_abs_diff(olmax::causal_conv1d(x, w, b, c.groups), naive_conv(x, w, c.groups, &b)) < 1e-12);
     }
+}
+
+TEST_CASE("causal_conv1d under the bf16 policy unfolds a large batch in groups of batch elements", "[ops][nn][conv][bf16]") {
+    // One batch element unfolds to 40 x 5 x 250 = 50,000 elements, so a buffer of
+    // unfolded_buffer_elements (2^17) holds two: the batch of 3 goes as groups of 2 and 1, whose
+    // forward rows and dw sums must cover every element once. Checked against the scalar loop
+    // (forward) and the per-tap path outside the policy (dx, dw), in double.
+    static_assert(2 * 40 * 5 * 250 <= olmax::detail::conv_ops::unfolded_buffer_elements &&
+                  3 * 40 * 5 * 250 > olmax::detail::conv_ops::unfolded_buffer_elements);
+    olmax::Generator rng(16);
+    auto x_value = olmax::randn<double>({3, 40, 250}, rng);
+    auto w_value = olmax::randn<double>({5, 250, 4}, rng);
+    auto r = olmax::randn<double>({3, 40, 4}, rng);
+    auto grads = [&](bool policy_on) {
+        std::optional<olmax::backend::bf16_matmul_scope> policy;
+        if (policy_on) policy.emplace();
+        auto x = olmax::parameter(x_value.clone()), w = olmax::parameter(w_value.clone());
+        auto y = olmax::causal_conv1d(x, w);
+        olmax::sum(olmax::mul(y, r)).backward();
+        return std::vector<Tensor<double>>{y.detach(), x.grad(), w.grad()};
+    };
+    const auto grouped = grads(true), per_tap = grads(false);
+    CHECK(olmax_test::max_abs_diff(grouped[0], naive_conv(x_value, w_value, 1)) < 1e-11);
+    CHECK(olmax_test::max_abs_diff(grouped[1], per_tap[1]) < 1e-11);
+    CHECK(olmax_test::max_abs_diff(grouped[2], per_tap[2]) < 1e-10);
 }
 
 TEST_CASE("causal_conv1d is causal: changing x at time t leaves earlier outputs unchanged", "[ops][nn][conv]") {

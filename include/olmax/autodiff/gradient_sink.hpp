@@ -153,8 +153,9 @@ void accumulate_grad_slice(olmax::detail::TensorImpl<T>& impl, std::size_t offse
 template <Real T>
 class GradientSink {
 public:
-    GradientSink(std::span<const std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs, std::string_view op)
-        : inputs_(inputs), op_(op) {}
+    GradientSink(std::span<const std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs, std::string_view op, bool last_use = false,
+                 std::span<Tensor<T>> grad_outputs = {})
+        : inputs_(inputs), op_(op), last_use_(last_use), grad_outputs_(grad_outputs) {}
 
     std::size_t size() const { return inputs_.size(); }
     /// Whether input `i` wants a gradient (skip the work when it does not).
@@ -170,9 +171,25 @@ public:
         accumulate_grad(*inputs_[i], std::move(grad), op_);
     }
 
+    /// Whether this is the closure's last run: the graph is not retained, so the node frees the
+    /// closure (and what it saved) right after it returns. A closure that walks a long chain (nn::Stack's
+    /// reverse pass) may then move a saved value out and drop it as soon as it is used, instead of
+    /// holding it to the end; with `retain_graph` it must leave its saved values as they were.
+    bool last_use() const { return last_use_; }
+    /// Takes output `i`'s incoming gradient out of the node, so it is freed once the closure drops
+    /// it rather than when the closure returns (a long walk such as nn::Stack's reverse pass moves
+    /// past it after its first layer). The closure's `grad_outputs[i]` is empty afterwards.
+    Tensor<T> take_grad_output(std::size_t i) {
+        check<autodiff_error>(i < grad_outputs_.size() && grad_outputs_[i].defined(), op_, ": no incoming gradient ", i,
+                              " to take (out of range, or taken already)");
+        return std::exchange(grad_outputs_[i], Tensor<T>());
+    }
+
 private:
     std::span<const std::shared_ptr<olmax::detail::TensorImpl<T>>> inputs_;
     std::string_view op_;
+    bool last_use_ = false;
+    std::span<Tensor<T>> grad_outputs_;  // the node's, handed to the closure as its grad_outputs
 };
 
 }  // namespace olmax::autodiff

@@ -13,8 +13,11 @@
 //    intermediate tensor's gradient is freed as soon as its producing node has run (unless
 //    `retain_grad()`).
 //  * Lifetime. `backward()` walks the tape from the root's node down to the first node, then frees
-//    the whole tape (unless `retain_graph`). A later op or backward that reaches a tensor of a freed
-//    graph throws `autodiff_error` instead of silently dropping gradient. Code that evaluates without
+//    the whole tape (unless `retain_graph`). Without `retain_graph` each node also frees its
+//    backward closure, and with it the values it saved, as soon as it has run (as PyTorch frees
+//    saved tensors), so a graph's saved activations go during the reverse pass, not after it. A
+//    later op or backward that reaches a tensor of a freed graph throws `autodiff_error` instead of
+//    silently dropping gradient. Code that evaluates without
 //    differentiating (evaluation, sampling) runs under `no_grad` so the tape does not grow.
 //  * Activation memory. A node keeps its inputs to add their gradients, not their values: the
 //    backward closure holds (handles to) exactly the values it reads, and a tensor whose last
@@ -40,6 +43,7 @@
 
 #include "olmax/autodiff/grad_mode.hpp"
 #include "olmax/autodiff/gradient_sink.hpp"
+#include "olmax/core/memory_profile.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax::autodiff {
@@ -48,7 +52,9 @@ namespace olmax::autodiff {
 class NodeBase {
 public:
     virtual ~NodeBase() = default;
-    virtual void run_backward() = 0;
+    /// Runs the node's backward closure; with `last_use` (the graph is not retained) frees the
+    /// closure afterwards, so a later run throws autodiff_error instead of computing.
+    virtual void run_backward(bool last_use) = 0;
     virtual std::string_view name() const = 0;
     /// Appends the identities (TensorImpl addresses) of the inputs this node adds gradients into;
     /// false when it cannot tell, and a gradient hook (gradient_hooks.hpp) then assumes any.
@@ -183,7 +189,15 @@ public:
         return false;
     }
 
-    void run_backward() override {
+    void run_backward(bool last_use) override {
+        // Frees the closure (its saved values) when this is its last run, on every way out.
+        struct release_after {
+            BackwardFn<T>& fn;
+            bool last_use;
+            ~release_after() {
+                if (last_use) fn = nullptr;
+            }
+        } release{fn_, last_use};
         std::vector<Tensor<T>> grads(outputs_.size());
         std::vector<std::shared_ptr<olmax::detail::TensorImpl<T>>> alive(outputs_.size());
         bool any = false;
@@ -195,13 +209,19 @@ public:
             }
         }
         if (!any) return;  // nothing downstream depends on this op
+        if (!fn_)
+            throw autodiff_error(olmax::detail::concat("backward: the node '", name_,
+                                                       "' already ran in an earlier backward, which freed what it saved; "
+                                                       "call that backward with retain_graph=true to run a graph twice"));
         device_scope on(device_);  // the backward closure computes where the forward did
         for (std::size_t i = 0; i < grads.size(); ++i)
             if (!grads[i].defined()) grads[i] = Tensor<T>(output_shapes_[i]);
-        GradientSink<T> sink(inputs_, name_);
-        fn_(std::span<const Tensor<T>>(grads), sink);
+        // An output's gradient is needed no longer than this run (unless retained): `grads` alone
+        // holds it from here, so a closure that takes it (take_grad_output) frees it when done.
         for (auto& o : alive)
             if (o && !o->retains_grad) o->grad.reset();
+        GradientSink<T> sink(inputs_, name_, last_use, std::span<Tensor<T>>(grads));
+        fn_(std::span<const Tensor<T>>(grads), sink);
     }
 
 private:
@@ -285,7 +305,8 @@ void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_g
         } restore_running;
         for (std::size_t i = count; i-- > 0;) {
             detail::observed_node() = {observer, i};  // null in passes nested in a node: their nodes are not the observed pass's
-            tape.nodes[i]->run_backward();
+            memory::backward_label_scope label(tape.nodes[i]->name());  // for memory::profile_peak
+            tape.nodes[i]->run_backward(/*last_use=*/!retain_graph);
             if (observer) observer->after_node(i);
         }
     }

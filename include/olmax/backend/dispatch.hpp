@@ -22,6 +22,7 @@
 #include "olmax/backend/kernels.hpp"
 #include "olmax/backend/registry.hpp"
 #include "olmax/core/device.hpp"
+#include "olmax/core/memory_profile.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax::backend {
@@ -79,12 +80,13 @@ Device common_device(std::string_view op, const Inputs&... inputs) {
 class op_scope {
 public:
     template <class... Inputs>
-    explicit op_scope(std::string_view op, const Inputs&... inputs) : scope_(common_device(op, inputs...)) {}
+    explicit op_scope(std::string_view op, const Inputs&... inputs) : scope_(common_device(op, inputs...)), label_(op) {}
     op_scope(const op_scope&) = delete;
     op_scope& operator=(const op_scope&) = delete;
 
 private:
     device_scope scope_;
+    memory::op_label_scope label_;  // names the op's buffers in memory::profile_peak
 };
 
 /// out[i] = f(in[i]...) for i in [0, n) on the current device's kernels: chunks of the index range

@@ -1,11 +1,12 @@
 #pragma once
 // Module header: tensors and the devices they live on, the bfloat16 storage type, shapes, errors,
-// memory statistics, random initialisation, state dictionaries (named state that optimisers export
+// memory statistics and peak profiles, random initialisation, state dictionaries (named state that optimisers export
 // and checkpoints store).
 #include "olmax/core/bfloat16.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/memory.hpp"
+#include "olmax/core/memory_profile.hpp"
 #include "olmax/core/random.hpp"
 #include "olmax/core/shape.hpp"
 #include "olmax/core/state_dict.hpp"

@@ -11,6 +11,7 @@
 
 #include <unistd.h>  // sysconf
 
+#include "olmax/core/memory_profile.hpp"
 #include "olmax/detail/third_party.hpp"
 
 namespace olmax::memory {
@@ -341,10 +342,12 @@ struct TrackedAllocator {
         }
         if (!p) throw std::bad_alloc();
         detail::on_allocate(n * sizeof(T));
+        detail::on_labelled_allocate(p, n * sizeof(T));
         return static_cast<T*>(p);
     }
     void deallocate(T* p, std::size_t n) noexcept {
         if (!p) return;
+        detail::on_labelled_deallocate(p);
         detail::free_block(p, n * sizeof(T));
         detail::on_deallocate(n * sizeof(T));
     }

@@ -306,12 +306,13 @@ private:
             inputs.push_back(slot.stored);
         }
         // The closure keeps the output (needed to start the reverse walk), the parameters and the
-        // stack description; no per-layer activation.
+        // stack description; no per-layer activation. The walk takes the incoming gradient over, and
+        // on the closure's last run the output too, so both are freed once the top layer is reversed.
         return autodiff::custom_op<T>(
             "stack_reversible", {y}, std::move(inputs),
-            [self = *this, y_saved = y.detach(), ctx, first](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+            [self = *this, y_saved = y.detach(), ctx, first](std::span<const Tensor<T>>, autodiff::GradientSink<T>& sink) mutable {
                 Block block = self.worker_;
-                Tensor<T> out = y_saved, dout = g[0];
+                Tensor<T> out = sink.last_use() ? std::exchange(y_saved, Tensor<T>()) : y_saved, dout = sink.take_grad_output(0);
                 std::vector<Tensor<T>> leaves;
                 for (std::size_t l = self.depth_; l-- > first;) {
                     leaves.clear();

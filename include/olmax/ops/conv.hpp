@@ -5,9 +5,9 @@
 // (Measured against one im2col GEMM per pass on the byte LM's shapes in fp32: the same speed for
 // forward and dx, half the speed for dw, so the unfolded copy is not worth its memory; at width
 // 512 under the bf16 policy the unfolded step was 6% slower, 2026-11-24.) The exception: under the
-// bf16 policy a small ungrouped convolution's forward and dw are one GEMM each on the unfolded
-// input (`unfolded_forward_elements`, `unfolded_dw_elements`), where oneDNN's per-call cost
-// outweighs the copy. Each pass prepares its operands once (backend::GemmOperand): under the bf16
+// bf16 policy a small ungrouped convolution's forward and dw are GEMMs on the unfolded input
+// (`unfolded_forward_elements`, `unfolded_dw_elements`), one per group of batch elements whose
+// unfolding fits `unfolded_buffer_elements`, where oneDNN's per-call cost outweighs the copy. Each pass prepares its operands once (backend::GemmOperand): under the bf16
 // policy x, w and dy are rounded once for all taps.
 
 #include <cstddef>
@@ -80,7 +80,7 @@ void over_batch(const ConvDims& d, Taps&& taps) {
 }
 
 /// Under the bf16 policy, an ungrouped forward whose unfolded input (taps x the input) has at
-/// most this many elements is one GEMM (`forward_unfolded`). At the byte LM's 64-wide shapes
+/// most this many elements runs on it (`forward_unfolded`; one GEMM per group of batch elements). At the byte LM's 64-wide shapes
 /// (B 8, T 64, 5 taps, 64 <-> 128 channels) the unfolding copy and one call ran 1.09-1.20x as
 /// fast as the 33 per-tap calls; at T 256 it was 0.95-1.05x, so the limit keeps those per tap.
 /// dx the same way (dy unfolded forwards in time, the taps' transposed weights stacked) gained
@@ -89,16 +89,16 @@ void over_batch(const ConvDims& d, Taps&& taps) {
 /// benchmarks/gemm_bf16/onednn_batch_layouts.cpp.)
 inline constexpr std::size_t unfolded_forward_elements = std::size_t(1) << 19;
 
-/// Under the bf16 policy, an ungrouped dw whose unfolded input has at most this many elements is
-/// one GEMM (`backward_weight_unfolded`): at the byte LM's 64-wide shapes, one [320 x 512] x
+/// Under the bf16 policy, an ungrouped dw whose unfolded input has at most this many elements runs
+/// on it (`backward_weight_unfolded`): at the byte LM's 64-wide shapes, one [320 x 512] x
 /// [512 x 128] product ran in 85-89 us against 107-108 us for its 40 per-(tap, batch element)
 /// products (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-24;
 /// benchmarks/gemm_bf16/onednn_batch_layouts.cpp); the per-call cost is what a larger
 /// shape does not pay, and its unfolded copy (taps x the input, in bf16) would be large.
 inline constexpr std::size_t unfolded_dw_elements = std::size_t(1) << 20;
 
-/// Whether a pass runs as one GEMM on the unfolded input: an ungrouped convolution under the bf16
-/// policy whose unfolded input has at most `limit` elements.
+/// Whether a pass runs on the unfolded input: an ungrouped convolution under the bf16 policy whose
+/// unfolded input has at most `limit` elements.
 inline bool unfolds(const ConvDims& d, std::size_t limit) {
     return d.groups == 1 && backend::current().float_gemms_in_bf16() && d.taps * d.batch * d.time * d.cin <= limit;
 }
@@ -123,17 +123,32 @@ void unfold(const ConvDims& d, const E* x, E* unfolded) {
     });
 }
 
-/// Calls f with the GEMM source of unfold(x): with one tap that is x itself.
+/// The most elements one unfolded buffer holds: the batch is unfolded in groups of whole batch
+/// elements (at least one) that fit, each group's GEMM adding into the same output. The full
+/// unfolding was the largest tensor of the byte LM's 64-wide bf16 step ([512, 640] in bf16, 640 KiB,
+/// live at the step's peak in the second convolution's dw); in groups of this size the 64-wide
+/// shapes take 2-3 calls instead of one.
+inline constexpr std::size_t unfolded_buffer_elements = std::size_t(1) << 17;
+
+/// Calls f(a, first, count) for consecutive groups of batch elements [first, first + count), a the
+/// GEMM source of their unfolded input ([count T, K Cin], `unfold`); with one tap that is x's rows
+/// themselves, in one group.
 template <Real T, class F>
-void with_unfolded(const ConvDims& d, backend::GemmSource<T> x, F&& f) {
-    if (d.taps == 1) return f(x);
+void for_unfolded_groups(const ConvDims& d, backend::GemmSource<T> x, F&& f) {
+    if (d.taps == 1) return f(x, std::size_t{0}, d.batch);
+    const std::size_t item = d.time * d.taps * d.cin;  // one batch element's unfolded elements
+    const std::size_t group = std::clamp<std::size_t>(unfolded_buffer_elements / std::max<std::size_t>(item, 1), 1, d.batch);
     auto run = [&]<class E>(const E* source) {
-        auto unfolded = Tensor<E>::uninitialized({d.batch * d.time, d.taps * d.cin});  // every element is written
-        unfold(d, source, unfolded.data());
-        backend::GemmSource<T> a;
-        if constexpr (std::is_same_v<E, bfloat16>) a.rounded = unfolded.data();
-        else a.full = unfolded.data();
-        f(a);
+        auto unfolded = Tensor<E>::uninitialized({group * d.time, d.taps * d.cin});  // every used element is written
+        for (std::size_t first = 0; first < d.batch; first += group) {
+            ConvDims part = d;
+            part.batch = std::min(group, d.batch - first);
+            unfold(part, source + first * d.time * d.cin, unfolded.data());
+            backend::GemmSource<T> a;
+            if constexpr (std::is_same_v<E, bfloat16>) a.rounded = unfolded.data();
+            else a.full = unfolded.data();
+            f(a, first, part.batch);
+        }
     };
     if (x.full) run(x.full);
     else run(x.rounded);
@@ -142,18 +157,18 @@ void with_unfolded(const ConvDims& d, backend::GemmSource<T> x, F&& f) {
 /// out [B T, Cout] = beta out + unfold(x) w, w read as [K Cin, Cout] (groups = 1).
 template <Real T>
 void forward_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> w, T* out, T beta) {
-    const std::size_t rows = d.batch * d.time, cols = d.taps * d.cin;
-    with_unfolded(d, x, [&](backend::GemmSource<T> a) {
-        backend::gemm(false, false, rows, d.cout, cols, T{1}, a, cols, w, d.cout, beta, out, d.cout);
+    const std::size_t cols = d.taps * d.cin;
+    for_unfolded_groups(d, x, [&](backend::GemmSource<T> a, std::size_t first, std::size_t count) {
+        backend::gemm(false, false, count * d.time, d.cout, cols, T{1}, a, cols, w, d.cout, beta, out + first * d.time * d.cout, d.cout);
     });
 }
 
-/// dw [K Cin, Cout] = unfold(x)^T dy, one GEMM over all B T rows (groups = 1).
+/// dw [K Cin, Cout] += unfold(x)^T dy, one GEMM per group of batch elements (groups = 1).
 template <Real T>
 void backward_weight_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
-    const std::size_t rows = d.batch * d.time, cols = d.taps * d.cin;
-    with_unfolded(d, x, [&](backend::GemmSource<T> a) {
-        backend::gemm(true, false, cols, d.cout, rows, T{1}, a, cols, dy, d.cout, T{1}, dw, d.cout);
+    const std::size_t cols = d.taps * d.cin;
+    for_unfolded_groups(d, x, [&](backend::GemmSource<T> a, std::size_t first, std::size_t count) {
+        backend::gemm(true, false, cols, d.cout, count * d.time, T{1}, a, cols, dy + first * d.time * d.cout, d.cout, T{1}, dw, d.cout);
     });
 }
 
