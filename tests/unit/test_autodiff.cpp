@@ -193,6 +193,7 @@ TEST_CASE("memory::profile_peak names the ops whose buffers make up a step's pea
     CHECK(profile.table().find("in all at the peak") != std::string::npos);
     // A throwing call ends the profile; the next one starts clean.
     CHECK_THROWS_AS(olmax::memory::profile_peak([] { throw olmax::value_error("inside a profile"); }), olmax::value_error);
+    CHECK_THROWS_WITH(olmax::memory::profile_peak([] { olmax::memory::profile_peak([] {}); }), Catch::Contains("already running"));
     const auto empty = olmax::memory::profile_peak([] {});
     CHECK(empty.peak_bytes == 0);
     CHECK(empty.entries.empty());

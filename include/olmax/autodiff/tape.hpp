@@ -17,8 +17,8 @@
 //    backward closure, and with it the values it saved, as soon as it has run (as PyTorch frees
 //    saved tensors), so a graph's saved activations go during the reverse pass, not after it. A
 //    later op or backward that reaches a tensor of a freed graph throws `autodiff_error` instead of
-//    silently dropping gradient. Code that evaluates without
-//    differentiating (evaluation, sampling) runs under `no_grad` so the tape does not grow.
+//    silently dropping gradient. Code that evaluates without differentiating (evaluation,
+//    sampling) runs under `no_grad` so the tape does not grow.
 //  * Activation memory. A node keeps its inputs to add their gradients, not their values: the
 //    backward closure holds (handles to) exactly the values it reads, and a tensor whose last
 //    handle goes while only nodes keep it lets go of its buffer (core/tensor.hpp). So a tensor

@@ -1,7 +1,7 @@
 #pragma once
 // Module header: tensors and the devices they live on, the bfloat16 storage type, shapes, errors,
-// memory statistics and peak profiles, random initialisation, state dictionaries (named state that optimisers export
-// and checkpoints store).
+// memory statistics and peak profiles, random initialisation, state dictionaries (named state that
+// optimisers export and checkpoints store).
 #include "olmax/core/bfloat16.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "olmax/core/error.hpp"
+
 namespace olmax::memory {
 
 /// The label of one group of buffers and what it held at the peak.
@@ -43,7 +45,8 @@ struct PeakProfile {
     std::string table() const {
         std::ostringstream out;
         out << std::fixed << std::setprecision(1);
-        for (const auto& e : entries) out << std::setw(10) << double(e.bytes) / 1024.0 << " KiB  " << std::setw(4) << e.buffers << "x  " << e.label << "\n";
+        for (const auto& e : entries)
+            out << std::setw(10) << double(e.bytes) / 1024.0 << " KiB  " << std::setw(4) << e.buffers << "x  " << e.label << "\n";
         out << std::setw(10) << double(peak_bytes) / 1024.0 << " KiB  in all at the peak\n";
         return out.str();
     }
@@ -67,6 +70,7 @@ public:
 
     void start() {
         std::lock_guard lock(mutex_);
+        check<value_error>(!on(), "memory::profile_peak: a profile is already running (one at a time per process)");
         live_.clear();
         at_peak_.clear();
         current_ = peak_ = 0;
@@ -166,8 +170,8 @@ private:
 };
 
 /// Runs f() and returns what the tensor buffers allocated inside it held at their peak, by label
-/// (see the file comment). One profile at a time per process; buffers that existed before f are
-/// not counted, even if f frees them.
+/// (see the file comment). One profile at a time per process (a second one, nested or on another
+/// thread, throws value_error); buffers that existed before f are not counted, even if f frees them.
 template <class F>
 PeakProfile profile_peak(F&& f) {
     auto& profiler = detail::peak_profiler();
@@ -176,7 +180,11 @@ PeakProfile profile_peak(F&& f) {
         detail::PeakProfiler& profiler;
         bool done = false;
         ~stop_on_throw() {
-            if (!done) profiler.stop();
+            if (done) return;
+            try {
+                profiler.stop();
+            } catch (...) {  // already unwinding: the profile is dropped either way
+            }
         }
     } guard{profiler};
     f();
