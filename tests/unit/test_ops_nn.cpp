@@ -157,6 +157,15 @@ TEST_CASE("causal_conv1d under the bf16 policy unfolds a large batch in groups o
         return std::vector<Tensor<double>>{y.detach(), x.grad(), w.grad()};
     };
     const auto grouped = grads(true), per_tap = grads(false);
+    // An empty batch makes no group (and no out-of-range group size).
+    {
+        olmax::backend::bf16_matmul_scope policy;
+        auto w = olmax::parameter(w_value.clone());
+        auto y = olmax::causal_conv1d(olmax::parameter(Tensor<double>({0, 40, 250})), w);
+        CHECK(y.shape() == Shape{0, 40, 4});
+        olmax::sum(y).backward();
+        CHECK(olmax_test::max_abs_diff(w.grad(), Tensor<double>(w.shape(), 0.0)) == 0.0);
+    }
     CHECK(olmax_test::max_abs_diff(grouped[0], naive_conv(x_value, w_value, 1)) < 1e-11);
     CHECK(olmax_test::max_abs_diff(grouped[1], per_tap[1]) < 1e-11);
     CHECK(olmax_test::max_abs_diff(grouped[2], per_tap[2]) < 1e-10);

@@ -7,8 +7,9 @@
 // 512 under the bf16 policy the unfolded step was 6% slower, 2026-11-24.) The exception: under the
 // bf16 policy a small ungrouped convolution's forward and dw are GEMMs on the unfolded input
 // (`unfolded_forward_elements`, `unfolded_dw_elements`), one per group of batch elements whose
-// unfolding fits `unfolded_buffer_elements`, where oneDNN's per-call cost outweighs the copy. Each pass prepares its operands once (backend::GemmOperand): under the bf16
-// policy x, w and dy are rounded once for all taps.
+// unfolding fits `unfolded_buffer_elements`, where oneDNN's per-call cost outweighs the copy. Each
+// pass prepares its operands once (backend::GemmOperand): under the bf16 policy x, w and dy are
+// rounded once for all taps.
 
 #include <cstddef>
 #include <vector>
@@ -80,9 +81,10 @@ void over_batch(const ConvDims& d, Taps&& taps) {
 }
 
 /// Under the bf16 policy, an ungrouped forward whose unfolded input (taps x the input) has at
-/// most this many elements runs on it (`forward_unfolded`; one GEMM per group of batch elements). At the byte LM's 64-wide shapes
-/// (B 8, T 64, 5 taps, 64 <-> 128 channels) the unfolding copy and one call ran 1.09-1.20x as
-/// fast as the 33 per-tap calls; at T 256 it was 0.95-1.05x, so the limit keeps those per tap.
+/// most this many elements runs on it (`forward_unfolded`; one GEMM per group of batch elements).
+/// At the byte LM's 64-wide shapes (B 8, T 64, 5 taps, 64 <-> 128 channels) the unfolding copy and
+/// one call ran 1.09-1.20x as fast as the 33 per-tap calls; at T 256 it was 0.95-1.05x, so the
+/// limit keeps those per tap.
 /// dx the same way (dy unfolded forwards in time, the taps' transposed weights stacked) gained
 /// nothing once the weight's rearranging copy was counted (0.95-1.04x), so dx stays per tap.
 /// (oneDNN bf16, AMD EPYC Zen 4, one thread, 2026-11-25;
@@ -124,10 +126,10 @@ void unfold(const ConvDims& d, const E* x, E* unfolded) {
 }
 
 /// The most elements one unfolded buffer holds: the batch is unfolded in groups of whole batch
-/// elements (at least one) that fit, each group's GEMM adding into the same output. The full
-/// unfolding was the largest tensor of the byte LM's 64-wide bf16 step ([512, 640] in bf16, 640 KiB,
-/// live at the step's peak in the second convolution's dw); in groups of this size the 64-wide
-/// shapes take 2-3 calls instead of one.
+/// elements (at least one) that fit, each group's GEMM writing its rows of the output (forward) or
+/// adding into dw. The full unfolding was the largest tensor of the byte LM's 64-wide bf16 step
+/// ([512, 640] in bf16, 640 KiB, live at the step's peak in the second convolution's dw); in groups
+/// of this size the 64-wide shapes take 2-3 calls instead of one, at the same step time.
 inline constexpr std::size_t unfolded_buffer_elements = std::size_t(1) << 17;
 
 /// Calls f(a, first, count) for consecutive groups of batch elements [first, first + count), a the
@@ -137,7 +139,8 @@ template <Real T, class F>
 void for_unfolded_groups(const ConvDims& d, backend::GemmSource<T> x, F&& f) {
     if (d.taps == 1) return f(x, std::size_t{0}, d.batch);
     const std::size_t item = d.time * d.taps * d.cin;  // one batch element's unfolded elements
-    const std::size_t group = std::clamp<std::size_t>(unfolded_buffer_elements / std::max<std::size_t>(item, 1), 1, d.batch);
+    const std::size_t group =
+        std::clamp<std::size_t>(unfolded_buffer_elements / std::max<std::size_t>(item, 1), 1, std::max<std::size_t>(d.batch, 1));
     auto run = [&]<class E>(const E* source) {
         auto unfolded = Tensor<E>::uninitialized({group * d.time, d.taps * d.cin});  // every used element is written
         for (std::size_t first = 0; first < d.batch; first += group) {
