@@ -21,6 +21,10 @@
 
 #include "olmax/core/bfloat16.hpp"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace olmax::scan::detail {
 
 #if (defined(__GNUC__) && __GNUC__ >= 12) || defined(__clang__)
@@ -84,9 +88,14 @@ typedef std::uint32_t block_f32_bits __attribute__((vector_size(64)));
 
 template <bool Descending>
 [[gnu::always_inline]] inline void load_steps(const bfloat16* p, block_f32& v) {
+#if defined(__AVX512F__)
+    // One zero-extending widen of all 16 lanes (GCC splits the generic conversion in two halves).
+    const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(Descending ? p - 15 : p))), 16);
+#else
     block_bf16_bits bits;
     std::memcpy(&bits, Descending ? p - 15 : p, sizeof bits);
     const block_f32_bits wide = __builtin_convertvector(bits, block_f32_bits) << 16;
+#endif
     std::memcpy(&v, &wide, sizeof v);
     if constexpr (Descending) block_reverse(v, std::make_index_sequence<16>{});
 }
@@ -95,12 +104,21 @@ template <bool Descending>
 [[gnu::always_inline]] inline void store_steps(bfloat16* p, const block_f32& v) {
     block_f32 w = v;
     if constexpr (Descending) block_reverse(w, std::make_index_sequence<16>{});
+#if defined(__AVX512BF16__)
+    // vcvtneps2bf16: the same rounding in one instruction (NaN quieted the same way; it reads a
+    // denormal as zero, and the scan kernels store none: they run with denormals flushed,
+    // denormals.hpp).
+    __m512 in;
+    std::memcpy(&in, &w, sizeof in);
+    const __m256bh bits = _mm512_cvtneps_pbh(in);
+#else
     block_f32_bits u;
     std::memcpy(&u, &w, sizeof u);
     const block_f32_bits rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     const block_f32_bits nan = (u & 0x7FFFFFFFu) > 0x7F800000u;  // lanes all ones where NaN
     const block_f32_bits result = (rounded & ~nan) | (((u >> 16) | 0x0040u) & nan);
     const block_bf16_bits bits = __builtin_convertvector(result, block_bf16_bits);
+#endif
     std::memcpy(static_cast<void*>(Descending ? p - 15 : p), &bits, sizeof bits);
 }
 
