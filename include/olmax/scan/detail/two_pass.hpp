@@ -322,13 +322,12 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
         };
         // Tasks that touch the global first/last processing index are peeled one element in the
         // backward (gate before index 0 does not exist; h before forward step 0 is h0).
-        auto special = [&](std::size_t task) {
-            const std::size_t k = task / R;
-            return Bwd && ((first_round && k == 0) || (last_round && k == S - 1));
-        };
-        // Work items: up to 8 consecutive tasks of equal length run as 8 interleaved chains (a short
-        // group is padded with copies of its last task, whose results are identical and discarded);
-        // peeled tasks run alone.
+        auto peels_first = [&](std::size_t task) { return Bwd && first_round && task / R == 0; };
+        auto peels_last = [&](std::size_t task) { return Bwd && last_round && task / R == S - 1; };
+        auto special = [&](std::size_t task) { return peels_first(task) || peels_last(task); };
+        // Work items: up to 8 consecutive tasks of equal length and the same peeling run as 8
+        // interleaved chains (a short group is padded with copies of its last task, whose results
+        // are identical and discarded); with block kernels every task runs alone.
         struct Item {
             std::size_t first, count;
             bool alone;
@@ -337,13 +336,16 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
         auto for_groups = [&](std::size_t n, auto&& group8, auto&& single) {
             items.clear();
             for (std::size_t task = 0; task < n;) {
-                if (pass.use_blocks() || special(task)) {
+                if (pass.use_blocks()) {
                     items.push_back({task++, 1, true});
                     continue;
                 }
                 const std::size_t len = make(task).length;
+                const bool first = peels_first(task), last = peels_last(task);
                 std::size_t count = 1;
-                while (count < 8 && task + count < n && !special(task + count) && make(task + count).length == len) ++count;
+                while (count < 8 && task + count < n && make(task + count).length == len && peels_first(task + count) == first &&
+                       peels_last(task + count) == last)
+                    ++count;
                 items.push_back({task, count, false});
                 task += count;
             }
@@ -358,31 +360,38 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
         // Pass 1 over segments 0 .. S-2 (the last segment's map only feeds the next round, which
         // pass 2 provides as its final state); in the stored-maps form over every segment, whose
         // maps pass 2 reads (and with as many tasks as pass 2, so that each thread finds the maps
-        // of its tasks in its own cache).
+        // of its tasks in its own cache). A peeled first index has gate 1 (the carry is dh_last):
+        // its map is (1, value), composed before the rest of the segment's.
         const std::size_t reduce_tasks = (stored_maps ? S : S - 1) * R;
+        auto peel_first_map = [&](std::size_t task, Segment& seg) {
+            if (!peels_first(task)) return Acc(0);
+            const Acc x_first = Acc(values[pass.offset(seg, 0)]);
+            ++seg.start, --seg.length;
+            return x_first;
+        };
         auto reduce_single = [&](std::size_t task) {
             Segment seg = make(task);
             if (stored_maps && !special(task)) return pass.store_maps(seg, maps_of(task), A[task], X[task]);
             if (task / R == S - 1) return;  // (a peeled last segment: pass 2 scans it from a and x)
-            Acc a_map = 1, x_map = 0;
-            if (Bwd && first_round && task / R == 0) {  // index 0: gate 1 (the carry is dh_last)
-                x_map = Acc(values[pass.offset(seg, 0)]);
-                ++seg.start, --seg.length;
-            }
+            const Acc x_first = peel_first_map(task, seg);
             Acc a2 = 1, x2 = 0;
             pass.template reduce<1>(&seg, seg.length, &a2, &x2);
-            A[task] = a2 * a_map;
-            X[task] = a2 * x_map + x2;
+            A[task] = a2;
+            X[task] = a2 * x_first + x2;
         };
         if (reduce_tasks > 0)
             for_groups(
                 reduce_tasks,
                 [&](std::size_t task, std::size_t count) {
                     std::array<Segment, 8> segs{};
-                    std::array<Acc, 8> a_map{}, x_map{};
-                    for (std::size_t j = 0; j < 8; ++j) segs[j] = make(task + std::min(j, count - 1));
+                    std::array<Acc, 8> a_map{}, x_map{}, x_first{};
+                    for (std::size_t j = 0; j < 8; ++j) {
+                        const std::size_t member = task + std::min(j, count - 1);
+                        segs[j] = make(member);
+                        x_first[j] = peel_first_map(member, segs[j]);
+                    }
                     pass.template reduce<8>(segs.data(), segs[0].length, a_map.data(), x_map.data());
-                    for (std::size_t j = 0; j < count; ++j) A[task + j] = a_map[j], X[task + j] = x_map[j];
+                    for (std::size_t j = 0; j < count; ++j) A[task + j] = a_map[j], X[task + j] = a_map[j] * x_first[j] + x_map[j];
                 },
                 reduce_single);
         for (std::size_t r = 0; r < R; ++r) {
@@ -392,6 +401,27 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
                 if (k + 1 < S) c = A[k * R + r] * c + X[k * R + r];
             }
         }
+        // Pass 2's peeled steps: the first index (gate 1) before the segment's chain, the last
+        // (forward step 0, whose h before is h0) after it.
+        auto rescan_first_step = [&](std::size_t task, Segment& seg, Acc& st) {
+            const std::ptrdiff_t o = pass.offset(seg, 0);
+            st = st + Acc(values[o]);
+            store_value(out[o], st);
+            const bool only_step = T_ == 1;  // index 0 is then also forward step 0
+            const Acc hp = only_step ? (h0_for_da ? Acc(h0_for_da[task % R]) : Acc(0)) : Acc(h[o + pass.step]);
+            Acc d = st * hp;
+            if constexpr (Log) d *= std::exp(Acc(gates[o]));
+            store_value(da[o], d);
+            ++seg.start, --seg.length;
+        };
+        auto rescan_last_step = [&](std::size_t task, const Segment& seg, Acc& st) {
+            const std::ptrdiff_t o = pass.offset(seg, seg.length);
+            st = load_gate<Log, Acc>(gates[o - pass.step]) * st + Acc(values[o]);
+            store_value(out[o], st);
+            Acc d = st * (h0_for_da ? Acc(h0_for_da[task % R]) : Acc(0));
+            if constexpr (Log) d *= std::exp(Acc(gates[o]));
+            store_value(da[o], d);
+        };
         auto rescan_single = [&](std::size_t task) {
             Segment seg = make(task);
             Acc st = carry_in[task];
@@ -401,28 +431,11 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
                 if (k == S - 1) carry[task % R] = st;
                 return;
             }
-            if (Bwd && first_round && k == 0) {  // index 0: gate 1 (the carry is dh_last)
-                const std::ptrdiff_t o = pass.offset(seg, 0);
-                st = st + Acc(values[o]);
-                store_value(out[o], st);
-                const bool only_step = T_ == 1;  // index 0 is then also forward step 0
-                const Acc hp = only_step ? (h0_for_da ? Acc(h0_for_da[task % R]) : Acc(0)) : Acc(h[o + pass.step]);
-                Acc d = st * hp;
-                if constexpr (Log) d *= std::exp(Acc(gates[o]));
-                store_value(da[o], d);
-                ++seg.start, --seg.length;
-            }
-            const bool peel_last = Bwd && last_round && k == S - 1 && seg.length > 0;
+            if (peels_first(task)) rescan_first_step(task, seg, st);
+            const bool peel_last = peels_last(task) && seg.length > 0;
             if (peel_last) --seg.length;
             pass.template rescan<1>(&seg, seg.length, &st);
-            if (peel_last) {
-                const std::ptrdiff_t o = pass.offset(seg, seg.length);
-                st = load_gate<Log, Acc>(gates[o - pass.step]) * st + Acc(values[o]);
-                store_value(out[o], st);
-                Acc d = st * (h0_for_da ? Acc(h0_for_da[task % R]) : Acc(0));
-                if constexpr (Log) d *= std::exp(Acc(gates[o]));
-                store_value(da[o], d);
-            }
+            if (peel_last) rescan_last_step(task, seg, st);
             if (k == S - 1) carry[task % R] = st;
         };
         for_groups(
@@ -431,10 +444,17 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
                 std::array<Segment, 8> segs{};
                 std::array<Acc, 8> st{};
                 for (std::size_t j = 0; j < 8; ++j) {
-                    segs[j] = make(task + std::min(j, count - 1));
-                    st[j] = carry_in[task + std::min(j, count - 1)];
+                    const std::size_t member = task + std::min(j, count - 1);
+                    segs[j] = make(member);
+                    st[j] = carry_in[member];
+                    if (peels_first(member)) rescan_first_step(member, segs[j], st[j]);
                 }
+                const bool peel_last = peels_last(task) && segs[0].length > 0;  // (the members' lengths are equal)
+                if (peel_last)
+                    for (Segment& seg : segs) --seg.length;
                 pass.template rescan<8>(segs.data(), segs[0].length, st.data());
+                if (peel_last)
+                    for (std::size_t j = 0; j < 8; ++j) rescan_last_step(task + std::min(j, count - 1), segs[j], st[j]);
                 for (std::size_t j = 0; j < count; ++j)
                     if ((task + j) / R == S - 1) carry[(task + j) % R] = st[j];
             },
