@@ -8,8 +8,8 @@
 // segment from its carry, reading a and x again, now from cache, and writes h. DRAM traffic stays
 // near 3 moves per element (Zhang, Wang & Ross 2020). Eight segments are interleaved per thread so
 // eight independent FMA chains hide the FMA latency of a single long row. Rows whose steps are
-// adjacent in memory scan 16-step vector blocks in registers instead (vector_block.hpp); there pass
-// 1 keeps each block's scanned maps in cache and pass 2 only applies the carries to them.
+// adjacent in memory scan 16-step vector blocks in registers instead (vector_block.hpp); in bf16
+// storage pass 1 keeps each block's scanned maps in cache and pass 2 only applies the carries.
 // The backward runs the same passes over the reversed order with gates taken one step later, and
 // pass 2 also writes da = g h(s-1).
 
@@ -172,11 +172,10 @@ struct SegmentPass {
     }
 
     /// Pass 1 of the stored-maps form (one segment, adjacent steps): the block scans of
-    /// reduce_blocks, whose results are also kept for pass 2 (apply_stored_maps), which then only
-    /// applies the carries. Per block of N steps, the N gate products go to `maps` and the N values
-    /// scanned from a zero state to `out` where it holds Acc (the values' final place: fewer bytes
-    /// in cache than a second scratch array, and `out` is written anyway), else to `maps` too;
-    /// after the last whole block, each step's raw (a, x) goes to `maps`. Returns the segment's map.
+    /// reduce_blocks, whose results are also stored in `maps` for pass 2 (apply_stored_maps), which
+    /// then only applies the carries: per block of N steps the N gate products, then the N values
+    /// scanned from a zero state; after the last whole block, each step's raw (a, x). Returns the
+    /// segment's map.
     void store_maps(const Segment& seg, Acc* maps, Acc& A, Acc& X) const {
         if (step == 1) store_maps_impl<false>(seg, maps, A, X);
         else store_maps_impl<true>(seg, maps, A, X);
@@ -189,27 +188,20 @@ struct SegmentPass {
         else apply_stored_maps_impl<true>(seg, maps, state);
     }
 
-    /// Whether store_maps keeps the scanned values in `out` (fp32 and fp64 storage).
-    static constexpr bool values_in_out = std::is_same_v<T, Acc>;
-    /// Acc of `maps` per block of steps.
-    static constexpr std::size_t maps_per_block = (values_in_out ? 1 : 2) * block_lanes<Acc>;
-
     template <bool Descending>
     void store_maps_impl(const Segment& seg, Acc* maps, Acc& A, Acc& X) const {
         constexpr std::size_t N = block_lanes<Acc>;
         const T* const gate_base = gates - (Bwd ? step : 0);
         const T* const value_base = values;  // (locals: the stores below could alias the members)
-        T* const out_base = out;
         const std::ptrdiff_t s = step;
         std::ptrdiff_t o = offset(seg, 0);
         Acc pa = 1, px = 0;
         std::size_t i = 0;
-        for (; i + N <= seg.length; i += N, o += s * std::ptrdiff_t(N), maps += maps_per_block) {
+        for (; i + N <= seg.length; i += N, o += s * std::ptrdiff_t(N), maps += 2 * N) {
             block_of<Acc> a, x;
             load_and_scan_block<Descending, Acc>(gate_base + o, value_base + o, a, x);
             std::memcpy(maps, &a, sizeof a);
-            if constexpr (values_in_out) store_steps<Descending>(out_base + o, x);
-            else std::memcpy(maps + N, &x, sizeof x);
+            std::memcpy(maps + N, &x, sizeof x);
             px = a[N - 1] * px + x[N - 1];
             pa *= a[N - 1];
         }
@@ -232,11 +224,10 @@ struct SegmentPass {
         std::ptrdiff_t o = offset(seg, 0);
         Acc st = state;
         std::size_t i = 0;
-        for (; i + N <= seg.length; i += N, o += s * std::ptrdiff_t(N), maps += maps_per_block) {
+        for (; i + N <= seg.length; i += N, o += s * std::ptrdiff_t(N), maps += 2 * N) {
             block_of<Acc> a, x;
             std::memcpy(&a, maps, sizeof a);
-            if constexpr (values_in_out) load_steps<Descending>(out_base + o, x);
-            else std::memcpy(&x, maps + N, sizeof x);
+            std::memcpy(&x, maps + N, sizeof x);
             // The carry chain is one scalar FMA per block; taking it from v's last lane would put a
             // broadcast and a lane extract on the chain too.
             const Acc next = x[N - 1] + a[N - 1] * st;
@@ -283,11 +274,13 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
     SegmentPass<Bwd, Log, Acc, T> pass{&g, gates, values, h, out, da, ascending ? xt : -xt, ascending ? 0 : (T_ - 1) * g.xt};
 
     Storage<Acc> carry(R), A(R * 64), X(R * 64), carry_in(R * 64);
-    // Rows with adjacent steps take the stored-maps form: pass 1 keeps each block's scanned maps
-    // (at most 2 Acc per step of a round, in cache for pass 2), so pass 2 applies the carries
-    // instead of loading, widening and scanning every block again (measured: the long row's bf16
-    // forward 1.5x, backward 1.8x faster; fp32 forward 1.1x, where memory bandwidth bounds it).
-    const bool stored_maps = pass.use_blocks();
+    // Rows with adjacent steps in bf16 storage take the stored-maps form: pass 1 keeps each block's
+    // scanned maps in float (2 per step of a round, in cache for pass 2), so pass 2 applies the
+    // carries instead of loading, widening and scanning every block again (measured on one long
+    // row: forward 1.6x, backward 1.8x faster). Float storage keeps the rescan: there the stored
+    // form ran 0.9-1.1x the rescan's speed in 12 runs of 14 but fell to 0.4x in two (both while the
+    // machine's memory ran in its faster state), unexplained.
+    const bool stored_maps = pass.use_blocks() && !std::is_same_v<T, Acc>;
     Storage<Acc> maps;
     for (std::size_t r = 0; r < R; ++r) carry[r] = init ? Acc(init[r]) : Acc(0);
     auto row_base = [&](std::size_t r) { return (r / g.channels) * g.xb + (r % g.channels) * g.xc; };
