@@ -362,6 +362,8 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
             ++seg.start, --seg.length;
             return x_first;
         };
+        // The map (a, x) of a peeled task's remaining steps composed after (1, x_first).
+        auto compose_peeled = [&](std::size_t task, Acc a, Acc x, Acc x_first) { return peels_first(task) ? a * x_first + x : x; };
         auto reduce_single = [&](std::size_t task) {
             Segment seg = make(task);
             if (stored_maps && !special(task)) return pass.store_maps(seg, maps_of(task), A[task], X[task]);
@@ -370,7 +372,7 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
             Acc a2 = 1, x2 = 0;
             pass.template reduce<1>(&seg, seg.length, &a2, &x2);
             A[task] = a2;
-            X[task] = a2 * x_first + x2;
+            X[task] = compose_peeled(task, a2, x2, x_first);
         };
         if (reduce_tasks > 0)
             for_groups(
@@ -384,7 +386,8 @@ void two_pass_run(const Geometry& g, const T* gates, const T* values, const T* h
                         x_first[j] = peel_first_map(member, segs[j]);
                     }
                     pass.template reduce<8>(segs.data(), segs[0].length, a_map.data(), x_map.data());
-                    for (std::size_t j = 0; j < count; ++j) A[task + j] = a_map[j], X[task + j] = a_map[j] * x_first[j] + x_map[j];
+                    for (std::size_t j = 0; j < count; ++j)
+                        A[task + j] = a_map[j], X[task + j] = compose_peeled(task + j, a_map[j], x_map[j], x_first[j]);
                 },
                 reduce_single);
         for (std::size_t r = 0; r < R; ++r) {
