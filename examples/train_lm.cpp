@@ -363,9 +363,13 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
             } else {
                 double loss_sum = 0, exchanged = 0;
                 for (std::int64_t micro = 0; micro < c.grad_accumulation; ++micro) {
-                    auto backward = [&] { return model.accumulate_gradients(own_rows(*loader.next()), shards, 1.0 / double(c.grad_accumulation)); };
+                    const data::Batch batch = own_rows(*loader.next());
+                    auto backward = [&] { return model.accumulate_gradients(batch, shards, 1.0 / double(c.grad_accumulation)); };
                     if (c.update_in_backward && micro + 1 == c.grad_accumulation) {
-                        opt.step_during_backward([&] { loss_sum += backward(); });  // the update happens here (one process)
+                        // The update happens here (one process); with clipping backward runs twice on this batch.
+                        double last = 0;
+                        opt.step_during_backward([&] { last = backward(); });
+                        loss_sum += last;
                     } else if (!reducer || micro + 1 < c.grad_accumulation) {
                         loss_sum += backward();
                     } else {

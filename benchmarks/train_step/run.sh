@@ -87,7 +87,7 @@ for config in "${configs[@]}"; do
       "$binary" "${flags[@]}" --kept_layers "$KEPT" --json "$scratch/$i-a2-olmax-kept.json"
       [ "${BF16:-1}" = 1 ] && "$binary" "${flags[@]}" --precision bf16 --kept_layers "$KEPT" --json "$scratch/$i-a3-olmax-bf16-kept.json"
     fi
-    if [ "${FUSED:-}" = 1 ]; then  # no clipping, so the update can run inside backward
+    if [ "${FUSED:-}" = 1 ]; then  # no clipping: one backward (with clipping the update inside backward runs it twice)
       "$binary" "${flags[@]}" --precision bf16 --max_grad_norm 0 --update_in_backward 1 --json "$scratch/$i-a4-olmax-bf16-fused.json"
       [ -n "${KEPT:-}" ] && "$binary" "${flags[@]}" --precision bf16 --max_grad_norm 0 --update_in_backward 1 --kept_layers "$KEPT" \
         --json "$scratch/$i-a5-olmax-bf16-kept-fused.json"

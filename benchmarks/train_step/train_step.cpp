@@ -83,7 +83,7 @@ struct Options {
                  "       [--kept_layers N]  (recompute as a budget: the first N reversible layers keep their activations)\n"
                  "       [--max_grad_norm X]  (global-norm clip; default the main job's, 0 = off)\n"
                  "       [--update_in_backward 0|1]  (1: AdamW applied inside backward as each gradient is final, as train_lm\n"
-                 "                                    --update_in_backward; needs --max_grad_norm 0)\n"
+                 "                                    --update_in_backward; with clipping (max_grad_norm > 0) backward runs twice)\n"
                  "       [--memory_profile]  (after the timed steps, one more step under olmax::memory::profile_peak: its\n"
                  "                            peak's tensor buffers by the op that made them)\n";
     std::exit(1);
@@ -359,7 +359,7 @@ int run(int argc, char** argv) {
     auto step = [&](const olmax::data::Batch& batch) {
         const auto t0 = clock::now();
         auto t1 = t0;
-        auto backward = [&] {
+        auto backward = [&] {  // with clipping step_during_backward runs it twice: forward_s then holds the first run too
             if (shards > 1) {
                 last_loss = model.accumulate_gradients(batch, shards, 1.0);
             } else {
@@ -420,7 +420,7 @@ int run(int argc, char** argv) {
     std::ostringstream json;
     const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : "olmax") +
                                   (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "") +
-                                  (c.update_in_backward ? "-fused" : "");
+                                  (c.update_in_backward ? (c.max_grad_norm > 0 ? "-fused-clip" : "-fused") : "");
     json << "{\"framework\": \"" << framework << "\", \"precision\": \"" << o.precision
          << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations()
          << ", \"update_in_backward\": " << (c.update_in_backward ? "true" : "false") << ", \"max_grad_norm\": " << c.max_grad_norm << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features

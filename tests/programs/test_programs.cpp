@@ -464,6 +464,43 @@ TEST_CASE("fuzzed command line: every flag with boundary, malformed and random v
     }
 }
 
+TEST_CASE("train_lm --update_in_backward logs the separate step's losses, with the default global-norm clipping", "[programs]") {
+    const Program train_lm = train_lm_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    // Every training loss and held-out loss of 30 steps (metrics.csv). With clipping, backward runs
+    // twice per step and the norm is summed per layer slice, so the updates may differ from the
+    // separate step's by the clip factor's last bits: the logged losses are compared at 1e-5.
+    auto losses = [&](const std::string& name, std::initializer_list<std::string> flags) {
+        auto args = with(tiny_run(dir.path / "corpus.txt", dir.path / name), {"--steps=30", "--depth=2", "--checkpoint_every=30"});
+        args.insert(args.end(), flags);
+        const Outcome o = run(train_lm, args, dir.path);
+        check_contract(o, train_lm);
+        REQUIRE(o.code == 0);
+        std::istringstream csv(read_file(dir.path / name / "metrics.csv"));
+        std::string line;
+        std::getline(csv, line);  // step,tokens,split,loss,bits_per_byte
+        std::vector<double> values;
+        while (std::getline(csv, line)) values.push_back(std::stod(line.substr(line.find(',', line.find(',', line.find(',') + 1) + 1) + 1)));
+        return values;
+    };
+    const std::vector<double> separate = losses("separate", {});
+    const std::vector<double> inside = losses("inside", {"--update_in_backward=true"});
+    const std::vector<double> unclipped = losses("unclipped", {"--update_in_backward=true", "--max_grad_norm=0"});
+    REQUIRE(separate.size() >= 60);  // a training row per step and a held-out row per evaluation
+    REQUIRE(inside.size() == separate.size());
+    double worst = 0, clip_effect = 0;
+    for (std::size_t i = 0; i < separate.size(); ++i) {
+        worst = std::max(worst, std::abs(inside[i] - separate[i]));
+        clip_effect = std::max(clip_effect, std::abs(unclipped[i] - separate[i]));
+    }
+    CHECK(worst <= 1e-5);
+    CHECK(clip_effect > 1e-3);  // the clipping is on in these runs and changes the losses
+    expect_usage_error(train_lm, with(tiny_run(dir.path / "corpus.txt", dir.path / "accumulated"),
+                                      {"--update_in_backward=true", "--grad_accumulation=2"}),
+                       dir.path, "grad_accumulation=1");
+}
+
 TEST_CASE("train_lm trains on a plain text file, a folder with a link loop, CRLF fortunes and JSON Lines", "[programs]") {
     const Program train_lm = train_lm_program();
     TempDir dir;

@@ -348,10 +348,12 @@ TEST_CASE("config: unknown or mistyped keys and bad values are errors naming the
     std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("config: the update inside backward takes unit-wise AGC but not global-norm clipping", "[io][config]") {
+TEST_CASE("config: the update inside backward takes both clippings, global-norm clipping without accumulated micro-batches", "[io][config]") {
     olmax::config::TrainConfig c;
     c.update_in_backward = true;
-    CHECK_THROWS_WITH(c.validate(), Catch::Contains("max_grad_norm=0"));  // the default clips the global norm
+    CHECK_NOTHROW(c.validate());  // the default clips the global norm: backward runs twice
+    c.grad_accumulation = 2;
+    CHECK_THROWS_WITH(c.validate(), Catch::Contains("grad_accumulation=1"));
     c.max_grad_norm = 0;
     CHECK_NOTHROW(c.validate());
     c.agc_clip = 0.01;

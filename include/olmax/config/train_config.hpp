@@ -120,7 +120,8 @@ struct TrainConfig {
             Field<C>{"update_in_backward", &C::update_in_backward,
                      "apply AdamW to each parameter (each layer's slice of the stacked ones) as soon as backward has finished its "
                      "gradient, and drop it: the gradients of the whole model never exist at once (the same numbers as the separate "
-                     "step; needs max_grad_norm=0 (agc_clip works), one process and the CPU path)"},
+                     "step; with max_grad_norm > 0 backward runs twice, the first run measuring the norm, and needs grad_accumulation=1; "
+                     "one process and the CPU path)"},
             Field<C>{"eval_every", &C::eval_every, "steps between held-out evaluations"}.in(1, steps_max),
             Field<C>{"eval_batches", &C::eval_batches, "held-out batches per evaluation"}.in(1, size_max),
             Field<C>{"checkpoint_every", &C::checkpoint_every, "steps between checkpoints"}.in(1, steps_max),
@@ -188,11 +189,13 @@ struct TrainConfig {
             check<config_error>(batch % xla_devices == 0, "config: key 'batch' (", batch, ") must be a multiple of 'xla_devices' (",
                                 xla_devices, ")");
         }
-        check<config_error>(!update_in_backward || (max_grad_norm == 0 && world_size == 1 && device == "cpu"),
-                            "config: --update_in_backward needs every update to depend on its own gradient only: set max_grad_norm=0 "
-                            "(global-norm clipping reads every gradient first; agc_clip, unit-wise, is fine), one process (world_size=1: "
-                            "gradients are exchanged first) and device=cpu (got max_grad_norm=", max_grad_norm, ", world_size=", world_size,
-                            ", device=", device, ")");
+        check<config_error>(!update_in_backward || (world_size == 1 && device == "cpu"),
+                            "config: --update_in_backward needs one process (world_size=1: gradients are exchanged before any update) and "
+                            "device=cpu (got world_size=", world_size, ", device=", device, ")");
+        check<config_error>(!update_in_backward || max_grad_norm == 0 || grad_accumulation == 1,
+                            "config: --update_in_backward with global-norm clipping (max_grad_norm=", max_grad_norm,
+                            ") runs backward twice, the first run only measuring the norm, so the gradients of earlier micro-batches "
+                            "cannot be kept: set grad_accumulation=1 (got ", grad_accumulation, ") or max_grad_norm=0");
         check<config_error>(rank < world_size, "config: key 'rank' (", rank, ") must be below 'world_size' (", world_size, ")");
         check<config_error>(batch % world_size == 0, "config: key 'batch' (", batch, ") must be a multiple of 'world_size' (", world_size,
                             "): every process takes an equal share of each batch's rows");

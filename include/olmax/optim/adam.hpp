@@ -18,6 +18,7 @@
 // its gradient is final, and drops that gradient, so a step never holds every gradient at once
 // (the optimiser step fused into backward, as PyTorch's post-accumulate-grad hooks do and LOMO,
 // Lv et al. 2023, "Full Parameter Fine-tuning for Large Language Models with Limited Resources").
+// With global-norm clipping it runs backward twice, as LOMO does: once for the norm, once to update.
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -267,15 +269,27 @@ public:
     /// gradient is final (the node that reads it is the one that finishes it), so parameters and
     /// moments come out bit for bit as from `run_backward(); step(); zero_grad();`
     /// (tests/unit/test_optim.cpp). A gradient that was already there (accumulated micro-batches) is
-    /// part of the update. Differences from `step()`:
-    ///  - global-norm clipping needs every gradient before the first update, so `max_grad_norm`
-    ///    must be 0 (checked; the report's `grad_norm` is still computed). AGC is unit-wise and a
-    ///    unit never spans layers, so it runs on each parameter or layer slice as it is updated
-    ///    (on a copy of the gradient), with step()'s numbers;
-    ///  - a NaN/Inf gradient throws `non_finite_gradient` out of backward, but the parameters (and
-    ///    slices) whose gradients were final before it have been updated: the step is not
-    ///    all-or-nothing (nor after any other exception out of `run_backward`), and the optimiser's
-    ///    step count does not advance. Restart from a checkpoint, as after divergence.
+    /// part of the update. AGC is unit-wise and a unit never spans layers, so it runs on each
+    /// parameter or layer slice as it is updated (on a copy of the gradient), with step()'s numbers.
+    ///
+    /// Global-norm clipping (`max_grad_norm` > 0) needs every gradient before the first update, so
+    /// the step calls `run_backward()` twice (as LOMO does, Lv et al. 2023): the
+    /// first run only measures the norm, dropping each gradient as it is final; the second updates
+    /// with the clip factor of that norm. Memory stays that of one pass; time is one more backward.
+    /// `run_backward` must then give the same gradients twice: run the forward inside it (or keep
+    /// the graph for the second run), on the same batch, with the same dropout masks. The second
+    /// run's gradients are checked against the first's (each piece's sum of squares, exactly); if
+    /// they differ, the parameters have been updated with the first run's factor and
+    /// `autodiff_error` says so. Every parameter must start without a gradient (nothing
+    /// accumulated), since the first run drops what it finishes. A NaN/Inf gradient is found by
+    /// the first run, before any update: with clipping the step is all-or-nothing. The norm is summed
+    /// per parameter and slice, so it can differ from step()'s in the last bits when slices are
+    /// handed over, and the updates then by the rounding of the clip factor (tested at 1e-6).
+    ///
+    /// Without clipping, a NaN/Inf gradient throws `non_finite_gradient` out of backward, but the
+    /// parameters (and slices) whose gradients were final before it have been updated: the step is
+    /// not all-or-nothing (nor after any other exception out of `run_backward`), and the optimiser's
+    /// step count does not advance. Restart from a checkpoint, as after divergence.
     /// Layer slices come from a stack's recomputed layers and from its kept layers (`keep_activations`;
     /// `nn::take_leading` hands them over), with data_parallel_backward's shards summed first. A
     /// slice that another node of the pass also adds into is not handed over; it is stored, and the
@@ -283,102 +297,40 @@ public:
     template <class RunBackward>
         requires std::invocable<RunBackward&>
     StepReport step_during_backward(RunBackward&& run_backward) {
-        check(config_.max_grad_norm == 0,
-              "AdamW::step_during_backward: global-norm clipping needs every gradient before the first update; set max_grad_norm=0 "
-              "(got ", config_.max_grad_norm, "; unit-wise AGC works here) or use backward + step()");
-        std::vector<Tensor<T>> tensors;
-        for (const auto& p : params_) tensors.push_back(p.tensor);
         StepReport report;
         report.step = step_ + 1;
         report.lr = config_.schedule(report.step);
-        double sum_sq = 0;
-        // Per parameter: the constants of its update once its first slice came, and the slices taken.
-        struct Sliced {
-            bool started = false;
-            detail::AdamCoefficients coefficients;
-            std::vector<std::pair<std::size_t, std::size_t>> taken;  // [offset, offset + size)
-        };
-        std::vector<Sliced> sliced(params_.size());
-        // AGC's units for elements [offset, offset + n) of parameter i: whole stack entries (layers).
-        auto agc_layout = [&](std::size_t i, std::size_t offset, std::size_t n) {
-            detail::UnitLayout layout = detail::unit_layout(params_[i].tensor.shape(), params_[i].stacked_axes, params_[i].unit_axis);
-            const std::size_t entry = params_[i].tensor.size() / layout.stack;  // elements per layer
-            check<autodiff_error>(offset % entry == 0 && n % entry == 0,
-                                  "AdamW::step_during_backward: AGC needs whole layers of parameter '", params_[i].name,
-                                  "', got elements ", offset, "..", offset + n, " (", entry, " per layer)");
-            layout.stack = n / entry;
-            return layout;
-        };
-        std::vector<T> clipped;  // AGC rewrites a copy: a handed-over slice gradient may be shared
-        // Hook calls never overlap (data_parallel_backward serialises its threads' calls), so no lock.
-        auto update = [&](std::size_t i, std::size_t offset, const T* grad, std::size_t n, const detail::AdamCoefficients& c) {
-            if (config_.agc.clip > 0 && n > 0) {
-                if (!detail::all_finite(grad, n)) throw_non_finite(i);
-                clipped.assign(grad, grad + n);
-                report.agc_clipped_units +=
-                    detail::clip_units(params_[i].tensor.data() + offset, clipped.data(), agc_layout(i, offset, n), config_.agc);
-                grad = clipped.data();
-            }
-            const std::pair<const T*, std::size_t> values{grad, n};
-            const double sq = detail::sums_of_squares<T>(std::span(&values, 1)).front();
-            if (!std::isfinite(sq) && !detail::all_finite(grad, n)) throw_non_finite(i);
-            sum_sq += sq;
-            run_jobs({UpdateJob{params_[i].tensor.data() + offset, grad, slots_[i].first_moment.data() + offset,
-                                slots_[i].second_moment.data() + offset, 0, n, c}},
-                     n);
-        };
-        auto take_slice = [&](std::size_t i, std::size_t offset, const Tensor<T>& grad) {
-            Sliced& s = sliced[i];
-            if (!s.started && params_[i].tensor.grad().defined()) return false;  // it has a gradient: update it whole
-            check<autodiff_error>(offset + grad.size() <= params_[i].tensor.size(), "AdamW::step_during_backward: a slice at ", offset,
-                                  " of ", grad.size(), " elements is outside parameter '", params_[i].name, "'");
-            backend::op_scope on("AdamW::step_during_backward", params_[i].tensor, grad);
-            if (!s.started) {
-                s.coefficients = begin_update(i, report.lr, 1.0);
-                s.started = true;
-            }
-            update(i, offset, grad.data(), grad.size(), s.coefficients);
-            s.taken.emplace_back(offset, grad.size());
-            return true;
-        };
-        auto on_ready = [&](std::size_t i) {
-            Tensor<T> grad = params_[i].tensor.grad();
-            Sliced& s = sliced[i];
-            if (!s.started && !grad.defined()) return;  // no gradient this step: the parameter and its moments stay (as in step())
-            backend::op_scope on("AdamW::step_during_backward", params_[i].tensor, grad);
-            if (!s.started) {
-                update(i, 0, grad.data(), grad.size(), begin_update(i, report.lr, 1.0));
-            } else {
-                // The elements no slice covered: from the stored gradient where there is one, else
-                // zeros (what step() reads from a stored gradient that only some slices reached).
-                std::sort(s.taken.begin(), s.taken.end());
-                if (grad.defined())  // stored after the slices were taken: what it holds there would be lost
-                    for (const auto& [offset, size] : s.taken)
-                        check<autodiff_error>(std::all_of(grad.data() + offset, grad.data() + offset + size, [](T g) { return g == T(0); }),
-                                              "AdamW::step_during_backward: parameter '", params_[i].name, "' received gradient at elements ",
-                                              offset, ".. after they were updated; use backward + step() for this model");
-                std::size_t at = 0;
-                std::vector<T> zeros;
-                s.taken.emplace_back(params_[i].tensor.size(), 0);
-                for (const auto& [offset, size] : s.taken) {
-                    check<autodiff_error>(offset >= at, "AdamW::step_during_backward: parameter '", params_[i].name,
-                                          "' received the gradient of elements ", offset, ".. twice");
-                    if (offset > at) {
-                        if (!grad.defined()) zeros.assign(offset - at, T(0));
-                        update(i, at, grad.defined() ? grad.data() + at : zeros.data(), offset - at, s.coefficients);
-                    }
-                    at = offset + size;
-                }
-            }
-            grad = Tensor<T>();
-            params_[i].tensor.zero_grad();
-        };
-        {
-            autodiff::gradient_ready_hook<T> hook(tensors, on_ready, take_slice);
-            run_backward();
+        if (config_.max_grad_norm == 0) {
+            FusedPass pass = fused_pass(run_backward, report.lr, 1.0, /*apply=*/true);
+            report.grad_norm = pass.norm();
+            report.agc_clipped_units = pass.agc_clipped_units;
+            step_ = report.step;
+            return report;
         }
-        report.grad_norm = std::sqrt(sum_sq);
-        step_ = report.step;
+        for (const auto& p : params_)
+            check(!p.tensor.grad().defined(), "AdamW::step_during_backward: parameter '", p.name,
+                  "' already holds a gradient; with global-norm clipping (max_grad_norm=", config_.max_grad_norm,
+                  ") backward runs twice and the first run drops every gradient it finishes, so nothing may be accumulated "
+                  "before the step (accumulate micro-batches with backward + step(), or set max_grad_norm=0)");
+        FusedPass measured = fused_pass(run_backward, report.lr, 1.0, /*apply=*/false);
+        report.grad_norm = measured.norm();
+        FusedPass applied = fused_pass(run_backward, report.lr, detail::clip_coefficient(report.grad_norm, config_.max_grad_norm),
+                                       /*apply=*/true);
+        report.agc_clipped_units = applied.agc_clipped_units;
+        step_ = report.step;  // the updates are done: the step counts even if the check below fails
+        applied.norm();       // sorts its pieces as the first run's are
+        const std::size_t n = std::min(measured.pieces.size(), applied.pieces.size());
+        const auto differ = std::mismatch(measured.pieces.begin(), measured.pieces.begin() + std::ptrdiff_t(n), applied.pieces.begin());
+        if (differ.first != measured.pieces.begin() + std::ptrdiff_t(n) || measured.pieces.size() != applied.pieces.size()) {
+            const GradientPiece& first = differ.first != measured.pieces.end() ? *differ.first : applied.pieces[n];
+            throw autodiff_error(olmax::detail::concat(
+                "AdamW::step_during_backward: with global-norm clipping backward runs twice, and the second run gave other gradients "
+                "than the first (parameter '",
+                params_[first.parameter].name, "', elements from ", first.offset,
+                "): run_backward must be deterministic (same batch, same dropout masks); the parameters were updated with the "
+                "first run's clip factor at step ",
+                report.step));
+        }
         return report;
     }
 
@@ -501,6 +453,127 @@ private:
                 begin = job->start + hi;
             }
         });
+    }
+
+    /// A gradient, or a slice of one, as a fused pass saw it: where it is and its sum of squares
+    /// (after AGC).
+    struct GradientPiece {
+        std::size_t parameter = 0, offset = 0, size = 0;
+        double sum_of_squares = 0;
+        bool operator==(const GradientPiece&) const = default;
+    };
+
+    /// What one run of backward under step_during_backward's hook saw.
+    struct FusedPass {
+        std::vector<GradientPiece> pieces;
+        std::size_t agc_clipped_units = 0;
+        /// The global norm, summed in parameter and offset order (it sorts `pieces`): the same for
+        /// any order of the hook's calls (data-parallel shards finish in any order).
+        double norm() {
+            std::sort(pieces.begin(), pieces.end(),
+                      [](const GradientPiece& a, const GradientPiece& b) { return std::tie(a.parameter, a.offset) < std::tie(b.parameter, b.offset); });
+            double sum_sq = 0;
+            for (const auto& piece : pieces) sum_sq += piece.sum_of_squares;
+            return std::sqrt(sum_sq);
+        }
+    };
+
+    /// One run of `run_backward` with the hook of step_during_backward: every gradient (or layer
+    /// slice) is checked, AGC-clipped, measured and, if `apply`, used for its parameter's update
+    /// scaled by `grad_scale`; then dropped.
+    template <class RunBackward>
+    FusedPass fused_pass(RunBackward& run_backward, double lr, double grad_scale, bool apply) {
+        std::vector<Tensor<T>> tensors;
+        for (const auto& p : params_) tensors.push_back(p.tensor);
+        FusedPass pass;
+        // Per parameter: the constants of its update once its first slice came, and the slices taken.
+        struct Sliced {
+            bool started = false;
+            detail::AdamCoefficients coefficients;
+            std::vector<std::pair<std::size_t, std::size_t>> taken;  // [offset, offset + size)
+        };
+        std::vector<Sliced> sliced(params_.size());
+        auto start_update = [&](std::size_t i) { return apply ? begin_update(i, lr, grad_scale) : detail::AdamCoefficients{}; };
+        // AGC's units for elements [offset, offset + n) of parameter i: whole stack entries (layers).
+        auto agc_layout = [&](std::size_t i, std::size_t offset, std::size_t n) {
+            detail::UnitLayout layout = detail::unit_layout(params_[i].tensor.shape(), params_[i].stacked_axes, params_[i].unit_axis);
+            const std::size_t entry = params_[i].tensor.size() / layout.stack;  // elements per layer
+            check<autodiff_error>(offset % entry == 0 && n % entry == 0,
+                                  "AdamW::step_during_backward: AGC needs whole layers of parameter '", params_[i].name,
+                                  "', got elements ", offset, "..", offset + n, " (", entry, " per layer)");
+            layout.stack = n / entry;
+            return layout;
+        };
+        std::vector<T> clipped;  // AGC rewrites a copy: a handed-over slice gradient may be shared
+        // Hook calls never overlap (data_parallel_backward serialises its threads' calls), so no lock.
+        auto update = [&](std::size_t i, std::size_t offset, const T* grad, std::size_t n, const detail::AdamCoefficients& c) {
+            if (config_.agc.clip > 0 && n > 0) {
+                if (!detail::all_finite(grad, n)) throw_non_finite(i);
+                clipped.assign(grad, grad + n);
+                pass.agc_clipped_units +=
+                    detail::clip_units(params_[i].tensor.data() + offset, clipped.data(), agc_layout(i, offset, n), config_.agc);
+                grad = clipped.data();
+            }
+            const std::pair<const T*, std::size_t> values{grad, n};
+            const double sq = detail::sums_of_squares<T>(std::span(&values, 1)).front();
+            if (!std::isfinite(sq) && !detail::all_finite(grad, n)) throw_non_finite(i);
+            pass.pieces.push_back(GradientPiece{i, offset, n, sq});
+            if (apply)
+                run_jobs({UpdateJob{params_[i].tensor.data() + offset, grad, slots_[i].first_moment.data() + offset,
+                                    slots_[i].second_moment.data() + offset, 0, n, c}},
+                         n);
+        };
+        auto take_slice = [&](std::size_t i, std::size_t offset, const Tensor<T>& grad) {
+            Sliced& s = sliced[i];
+            if (!s.started && params_[i].tensor.grad().defined()) return false;  // it has a gradient: update it whole
+            check<autodiff_error>(offset + grad.size() <= params_[i].tensor.size(), "AdamW::step_during_backward: a slice at ", offset,
+                                  " of ", grad.size(), " elements is outside parameter '", params_[i].name, "'");
+            backend::op_scope on("AdamW::step_during_backward", params_[i].tensor, grad);
+            if (!s.started) {
+                s.coefficients = start_update(i);
+                s.started = true;
+            }
+            update(i, offset, grad.data(), grad.size(), s.coefficients);
+            s.taken.emplace_back(offset, grad.size());
+            return true;
+        };
+        auto on_ready = [&](std::size_t i) {
+            Tensor<T> grad = params_[i].tensor.grad();
+            Sliced& s = sliced[i];
+            if (!s.started && !grad.defined()) return;  // no gradient this step: the parameter and its moments stay (as in step())
+            backend::op_scope on("AdamW::step_during_backward", params_[i].tensor, grad);
+            if (!s.started) {
+                update(i, 0, grad.data(), grad.size(), start_update(i));
+            } else {
+                // The elements no slice covered: from the stored gradient where there is one, else
+                // zeros (what step() reads from a stored gradient that only some slices reached).
+                std::sort(s.taken.begin(), s.taken.end());
+                if (grad.defined())  // stored after the slices were taken: what it holds there would be lost
+                    for (const auto& [offset, size] : s.taken)
+                        check<autodiff_error>(std::all_of(grad.data() + offset, grad.data() + offset + size, [](T g) { return g == T(0); }),
+                                              "AdamW::step_during_backward: parameter '", params_[i].name, "' received gradient at elements ",
+                                              offset, ".. after they were updated; use backward + step() for this model");
+                std::size_t at = 0;
+                std::vector<T> zeros;
+                s.taken.emplace_back(params_[i].tensor.size(), 0);
+                for (const auto& [offset, size] : s.taken) {
+                    check<autodiff_error>(offset >= at, "AdamW::step_during_backward: parameter '", params_[i].name,
+                                          "' received the gradient of elements ", offset, ".. twice");
+                    if (offset > at) {
+                        if (!grad.defined()) zeros.assign(offset - at, T(0));
+                        update(i, at, grad.defined() ? grad.data() + at : zeros.data(), offset - at, s.coefficients);
+                    }
+                    at = offset + size;
+                }
+            }
+            grad = Tensor<T>();
+            params_[i].tensor.zero_grad();
+        };
+        {
+            autodiff::gradient_ready_hook<T> hook(tensors, on_ready, take_slice);
+            run_backward();
+        }
+        return pass;
     }
 
     std::vector<Parameter<T>> params_;
