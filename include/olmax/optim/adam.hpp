@@ -301,7 +301,7 @@ public:
         report.step = step_ + 1;
         report.lr = config_.schedule(report.step);
         if (config_.max_grad_norm == 0) {
-            FusedPass pass = fused_pass(run_backward, report.lr, 1.0, /*apply=*/true);
+            const FusedPass pass = fused_pass(run_backward, report.lr, 1.0, /*apply=*/true);
             report.grad_norm = pass.norm();
             report.agc_clipped_units = pass.agc_clipped_units;
             step_ = report.step;
@@ -312,17 +312,15 @@ public:
                   "' already holds a gradient; with global-norm clipping (max_grad_norm=", config_.max_grad_norm,
                   ") backward runs twice and the first run drops every gradient it finishes, so nothing may be accumulated "
                   "before the step (accumulate micro-batches with backward + step(), or set max_grad_norm=0)");
-        FusedPass measured = fused_pass(run_backward, report.lr, 1.0, /*apply=*/false);
+        const FusedPass measured = fused_pass(run_backward, report.lr, 1.0, /*apply=*/false);
         report.grad_norm = measured.norm();
-        FusedPass applied = fused_pass(run_backward, report.lr, detail::clip_coefficient(report.grad_norm, config_.max_grad_norm),
+        const FusedPass applied = fused_pass(run_backward, report.lr, detail::clip_coefficient(report.grad_norm, config_.max_grad_norm),
                                        /*apply=*/true);
         report.agc_clipped_units = applied.agc_clipped_units;
         step_ = report.step;  // the updates are done: the step counts even if the check below fails
-        applied.norm();       // sorts its pieces as the first run's are
-        const std::size_t n = std::min(measured.pieces.size(), applied.pieces.size());
-        const auto differ = std::mismatch(measured.pieces.begin(), measured.pieces.begin() + std::ptrdiff_t(n), applied.pieces.begin());
-        if (differ.first != measured.pieces.begin() + std::ptrdiff_t(n) || measured.pieces.size() != applied.pieces.size()) {
-            const GradientPiece& first = differ.first != measured.pieces.end() ? *differ.first : applied.pieces[n];
+        const auto [was, is] = std::mismatch(measured.pieces.begin(), measured.pieces.end(), applied.pieces.begin(), applied.pieces.end());
+        if (was != measured.pieces.end() || is != applied.pieces.end()) {
+            const GradientPiece& first = was != measured.pieces.end() ? *was : *is;
             throw autodiff_error(olmax::detail::concat(
                 "AdamW::step_during_backward: with global-norm clipping backward runs twice, and the second run gave other gradients "
                 "than the first (parameter '",
@@ -465,13 +463,10 @@ private:
 
     /// What one run of backward under step_during_backward's hook saw.
     struct FusedPass {
-        std::vector<GradientPiece> pieces;
+        std::vector<GradientPiece> pieces;  // in parameter and offset order (data-parallel shards finish in any order)
         std::size_t agc_clipped_units = 0;
-        /// The global norm, summed in parameter and offset order (it sorts `pieces`): the same for
-        /// any order of the hook's calls (data-parallel shards finish in any order).
-        double norm() {
-            std::sort(pieces.begin(), pieces.end(),
-                      [](const GradientPiece& a, const GradientPiece& b) { return std::tie(a.parameter, a.offset) < std::tie(b.parameter, b.offset); });
+        /// The global norm, summed in the pieces' order: the same for any order of the hook's calls.
+        double norm() const {
             double sum_sq = 0;
             for (const auto& piece : pieces) sum_sq += piece.sum_of_squares;
             return std::sqrt(sum_sq);
@@ -573,6 +568,8 @@ private:
             autodiff::gradient_ready_hook<T> hook(tensors, on_ready, take_slice);
             run_backward();
         }
+        std::sort(pass.pieces.begin(), pass.pieces.end(),
+                  [](const GradientPiece& a, const GradientPiece& b) { return std::tie(a.parameter, a.offset) < std::tie(b.parameter, b.offset); });
         return pass;
     }
 
