@@ -315,7 +315,7 @@ public:
         const FusedPass measured = fused_pass(run_backward, report.lr, 1.0, /*apply=*/false);
         report.grad_norm = measured.norm();
         const FusedPass applied = fused_pass(run_backward, report.lr, detail::clip_coefficient(report.grad_norm, config_.max_grad_norm),
-                                       /*apply=*/true);
+                                             /*apply=*/true);
         report.agc_clipped_units = applied.agc_clipped_units;
         step_ = report.step;  // the updates are done: the step counts even if the check below fails
         const auto [was, is] = std::mismatch(measured.pieces.begin(), measured.pieces.end(), applied.pieces.begin(), applied.pieces.end());
