@@ -66,6 +66,7 @@ template <Real T>
 Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
     backend::op_scope on("matmul", a, b);
     const auto p = detail::plan_matmul(a.shape(), b.shape());
+    if (on.traced()) return backend::trace::call1<T>("matmul", {a, b});
     auto y = Tensor<T>::uninitialized(p.out_shape);
     const std::size_t bs = p.batched_b ? p.k * p.n : 0;
     const backend::GemmOperand<T> a_op(a), b_op(b);

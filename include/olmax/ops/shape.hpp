@@ -113,6 +113,7 @@ Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
     if (!(numel(shape) == x.size()))
         throw shape_error(olmax::detail::concat("reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", x.size(),
                                                 " elements) to ", to_string(shape), " (", numel(shape), " elements)"));
+    if (on.traced()) return backend::trace::call1<T>("reshape", {x}, {std::vector<std::int64_t>(shape.begin(), shape.end()), {}});
     Tensor<T> y = detail::shape_ops::share_storage(x, shape);
     detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
         sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
@@ -139,6 +140,7 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
         throw shape_error(olmax::detail::concat("transpose: [", listed, "] is not a permutation of the axes of a tensor of shape ",
                                                 to_string(x.shape())));
     }
+    if (on.traced()) return backend::trace::call1<T>("transpose", {x}, {std::vector<std::int64_t>(perm.begin(), perm.end()), {}});
     Shape out_shape(rank);
     for (std::size_t i = 0; i < rank; ++i) out_shape[i] = x.shape()[perm[i]];
     auto y = Tensor<T>::uninitialized(out_shape);
