@@ -53,7 +53,9 @@ private:
             found_ = true;
             device_ = d;
             first_at_ = position_;
-        } else if (d != device_) {
+        } else if (d != device_ && olmax::detail::is_tracing_device(d) && device_.is_host()) {
+            device_ = d;  // a host tensor read by a traced op: the rule captures it as a constant
+        } else if (d != device_ && !(olmax::detail::is_tracing_device(device_) && d.is_host())) {
             throw device_error(olmax::detail::concat(op_, ": inputs are on different devices: input ", first_at_, " on ", device_.name(),
                                                      ", input ", position_, " on ", d.name(),
                                                      "; move one with .to(device) (ops never copy between devices on their own)"));

@@ -72,10 +72,22 @@ inline bool has_rule(std::string_view op) {
 /// them as float32); a float tensor is returned as it is.
 template <Scalar T>
 Tensor<float> as_float(const Tensor<T>& t) {
+    if (t.defined() && !t.traced()) {  // a host tensor read by the program: captured as a constant
+        const olmax::detail::Tracer* tracer = olmax::detail::active_tracer();
+        check<trace_error>(tracer != nullptr, "olmax: trace::as_float outside a trace");
+        std::vector<float> values(t.size());
+        const T* p = t.data();
+        for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(p[i]);
+        auto impl = std::make_shared<olmax::detail::TensorImpl<float>>();
+        impl->device = tracer->device();
+        impl->shape = t.shape();
+        impl->traced = true;
+        impl->symbol = tracer->capture(std::move(values), t.shape());
+        return olmax::detail::TensorAccess<float>::from_impl(std::move(impl));
+    }
     if constexpr (std::is_same_v<T, float>) {
         return t;
     } else {
-        check<trace_error>(t.traced(), "olmax: trace::as_float of a tensor that is not traced");
         const auto& from = olmax::detail::impl_of(t);
         auto impl = std::make_shared<olmax::detail::TensorImpl<float>>();
         impl->device = from.device;
@@ -84,6 +96,20 @@ Tensor<float> as_float(const Tensor<T>& t) {
         impl->symbol = from.symbol;
         return olmax::detail::TensorAccess<float>::from_impl(std::move(impl));
     }
+}
+
+/// The same traced value seen as a tensor of element type `To` (token ids the program holds as
+/// float32 values, after a reshape).
+template <Scalar To>
+Tensor<To> as_type(const Tensor<float>& t) {
+    check<trace_error>(t.traced(), "olmax: trace::as_type of a tensor that is not traced");
+    const auto& from = olmax::detail::impl_of(t);
+    auto impl = std::make_shared<olmax::detail::TensorImpl<To>>();
+    impl->device = from.device;
+    impl->shape = from.shape;
+    impl->traced = true;
+    impl->symbol = from.symbol;
+    return olmax::detail::TensorAccess<To>::from_impl(std::move(impl));
 }
 
 /// Makes `dst` (a traced tensor) name `value` from here on: an in-place update inside a traced
@@ -116,6 +142,40 @@ inline void after_each_run(std::function<void()> f) {
     tracer->after_each_run(std::move(f));
 }
 
+/// Layers applied one after another inside a traced program, as ONE loop over their stacked
+/// parameters (nn::Stack under tracing), so the program does not grow with depth. The layer's
+/// behaviour may depend on its index only modulo `period` (each loop iteration runs `period`
+/// layers); `body` runs layer `position` (its index modulo `period`) on traced tensors: its input,
+/// its slices of the per-layer parameters and the shared ones. With `inverse` (a reversible layer),
+/// backward rebuilds each layer's input from its output instead of the loop storing them.
+struct layer_loop {
+    using layer_fn = std::function<Tensor<float>(const Tensor<float>& input, std::span<const Tensor<float>> layer,
+                                                 std::span<const Tensor<float>> shared, std::size_t position)>;
+    std::string name;                    // for messages, e.g. the block's name
+    Tensor<float> input;
+    std::vector<Tensor<float>> stacked;  // [depth, ...] per-layer parameters
+    std::vector<Tensor<float>> shared;   // used by every layer
+    std::size_t depth = 1, period = 1;
+    layer_fn body;
+    layer_fn inverse;                    // empty: not reversible
+};
+
+namespace detail {
+inline std::function<Tensor<float>(const layer_loop&)>& loop_rule() {
+    static std::function<Tensor<float>(const layer_loop&)> rule;
+    return rule;
+}
+}  // namespace detail
+
+/// Sets how layer loops lower (olmax/trace/ does, when included).
+inline void register_loop_rule(std::function<Tensor<float>(const layer_loop&)> rule) { detail::loop_rule() = std::move(rule); }
+
+/// The output of `loop`'s layers inside the program being traced.
+inline Tensor<float> loop_layers(const layer_loop& loop) {
+    check<trace_error>(static_cast<bool>(detail::loop_rule()), "olmax: ", loop.name, ": a stack of layers has no lowering rule (include olmax/trace/trace.hpp)");
+    return detail::loop_rule()(loop);
+}
+
 /// Runs the rule of op `op` on traced `inputs`; throws `trace_error` naming the op when it has
 /// none, or when the op runs in another precision than float32.
 template <Real T>
@@ -144,7 +204,8 @@ Tensor<T> call1(std::string_view op, std::initializer_list<Tensor<T>> inputs, co
     if constexpr (!std::is_same_v<T, float>) {
         return call<T>(op, {}, attrs).front();  // throws: float32 only
     } else {
-        std::vector<Tensor<float>> in(inputs);
+        std::vector<Tensor<float>> in;
+        for (const auto& t : inputs) in.push_back(t.defined() ? as_float(t) : t);  // host inputs become constants
         auto out = call<T>(op, in, attrs);
         check<trace_error>(out.size() == 1, "olmax: the rule of '", op, "' returned ", out.size(), " values, expected 1");
         return std::move(out.front());

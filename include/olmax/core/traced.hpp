@@ -46,6 +46,9 @@ public:
     virtual Device device() const = 0;
     /// A constant of `shape` whose every element is `value`.
     virtual std::shared_ptr<const TracedValue> constant(const Shape& shape, double value) const = 0;
+    /// A constant holding a host tensor's `values` (row-major, as float32): a host tensor that an op
+    /// of the traced program reads (a layer's fixed mask).
+    virtual std::shared_ptr<const TracedValue> capture(std::vector<float> values, const Shape& shape) const = 0;
     /// a + b, both of `shape` (two gradients of one tensor).
     virtual std::shared_ptr<const TracedValue> add(const TracedValue& a, const TracedValue& b, const Shape& shape) const = 0;
     /// A per-call input of `count` values that the host computes before each run of the program

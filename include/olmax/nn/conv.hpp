@@ -75,6 +75,7 @@ template <Real T>
 Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T eps, T slope) {
     backend::op_scope on("nn::DenseConv norm", h, scale);
     check<value_error>(eps > T{0}, "nn::DenseConv: the norm's eps must be positive, got ", eps);
+    if (on.traced()) return leaky_relu(scale_norm(h, scale, eps), slope);  // the same function from its parts
     check<shape_error>(h.rank() >= 1 && scale.rank() == 1 && scale.shape()[0] == h.shape().back(), "nn::DenseConv: norm scale of shape ",
                        to_string(scale.shape()), " does not match the last axis of ", to_string(h.shape()));
     const std::size_t f = h.shape().back();

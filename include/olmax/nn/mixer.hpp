@@ -64,6 +64,9 @@ public:
         return s;
     }
 
+    /// The mixer alternates its mode with the layer index (nn::layer_period): a period of `levels`.
+    std::size_t layer_period(const Shape& input_shape) const { return input_shape.size() == 3 ? levels(input_shape[1]) : 1; }
+
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         check<shape_error>(x.rank() == 3 && x.shape()[2] == scale_.size(), "nn::HierarchicalMixer<", K, ">: expected input [B, S, ",
                            scale_.size(), "], got ", to_string(x.shape()));

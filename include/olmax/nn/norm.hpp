@@ -87,6 +87,7 @@ public:
         visit.child("norm_out", norm_out_);
     }
     const Inner& inner() const { return inner_; }
+    std::size_t layer_period(const Shape& input_shape) const { return nn::layer_period(inner_, input_shape); }
 
 private:
     ScaleNorm<value_type> norm_in_;

@@ -18,6 +18,7 @@
 // forward, inverse and reverse (child_context), so no generator state has to be saved.
 
 #include <array>
+#include <numeric>
 #include <tuple>
 #include <span>
 #include <string>
@@ -251,6 +252,13 @@ public:
     }
 
     bool memory_saving() const { return memory_saving_; }
+    /// The least common multiple of the steps' periods (nn::layer_period); each sees one stream.
+    std::size_t layer_period(const Shape& state_shape) const {
+        const Shape stream = state_shape.empty() ? state_shape : detail::drop_leading(state_shape);
+        std::size_t period = 1;
+        std::apply([&](const auto&... f) { ((period = std::lcm(period, nn::layer_period(f, stream))), ...); }, fs_);
+        return period;
+    }
 
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit_each(visit, std::index_sequence_for<Fs...>{});

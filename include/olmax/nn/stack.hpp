@@ -119,6 +119,7 @@ public:
     const Block& block() const { return worker_; }
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
+        if (x.traced()) return traced_layers(x, ctx);
         if constexpr (InvertibleLayer<Block>) {
             if (worker_.memory_saving()) return forward_reversible(x, ctx);
         }
@@ -264,6 +265,41 @@ private:
 
     /// Layers 0 .. count-1 recorded on the tape, every activation kept (the plain stack, and the
     /// kept layers of a memory-saving one).
+    /// The layers inside a traced program (olmax/trace/): ONE loop over the stacked parameters
+    /// (backend::trace::layer_loop), its body this block's own forward, traced once; a reversible
+    /// block's backward rebuilds each layer's input with the block's own inverse.
+    Tensor<T> traced_layers(const Tensor<T>& x, const LayerContext& ctx) const {
+        if constexpr (!std::is_same_v<T, float>) {
+            throw trace_error("nn::Stack: traced programs compute in float32; trace a float model");
+        } else {
+            backend::trace::layer_loop loop;
+            loop.name = olmax::detail::concat("nn::Stack<", Block::name, ">");
+            loop.input = x;
+            loop.depth = depth_;
+            loop.period = layer_period(worker_, x.shape());
+            for (const auto& slot : slots_) (slot.sharing == Sharing::tied ? loop.shared : loop.stacked).push_back(slot.stored);
+            auto layer = [this, ctx](bool inverse) {
+                return [this, ctx, inverse](const Tensor<T>& h, std::span<const Tensor<T>> per_layer, std::span<const Tensor<T>> shared,
+                                            std::size_t position) -> Tensor<T> {
+                    Block block = worker_;
+                    std::size_t next_layer = 0, next_shared = 0, i = 0;
+                    ParameterVisitor<T> rebind([&](const std::string&, Tensor<T>& t, Role, Sharing) {
+                        t = slots_[i++].sharing == Sharing::tied ? shared[next_shared++] : per_layer[next_layer++];
+                    });
+                    block.visit_parameters(rebind);
+                    const LayerContext at = layer_context(ctx, position, depth_);
+                    if constexpr (InvertibleLayer<Block>)
+                        if (inverse) return block.inverse(h, at);
+                    return kept_forward(block, h, at);
+                };
+            };
+            loop.body = layer(false);
+            if constexpr (InvertibleLayer<Block>)
+                if (worker_.memory_saving()) loop.inverse = layer(true);
+            return backend::trace::loop_layers(loop);
+        }
+    }
+
     Tensor<T> recorded_layers(const Tensor<T>& x, std::size_t count, const LayerContext& ctx) const {
         Block block = worker_;
         Tensor<T> h = x;

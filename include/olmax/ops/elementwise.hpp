@@ -341,6 +341,7 @@ Tensor<T> relu(const Tensor<T>& x) {
 /// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
 template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
+    if (x.traced()) return backend::trace::call1<T>("leaky_relu", {x}, {{}, {double(slope)}});
     return detail::unary_op<detail::Reads::input>("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
                                [slope](T v, T) { return v < T{0} ? slope : T{1}; });
 }

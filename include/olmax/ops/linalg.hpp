@@ -106,6 +106,7 @@ Tensor<T> contract_axis(const Tensor<T>& x, const Tensor<T>& w, std::size_t axis
     if (!(axis < x.rank() && w.rank() == 2 && w.shape()[0] == x.shape()[axis]))
         throw shape_error(detail::concat("contract_axis: x of shape ", to_string(x.shape()), " (axis ", axis, ") and w of shape ",
                                          to_string(w.shape()), " do not contract (need w [x.shape[axis], N])"));
+    if (on.traced()) return backend::trace::call1<T>("contract_axis", {x, w}, {{std::int64_t(axis)}, {}});
     const std::size_t k = w.shape()[0], n = w.shape()[1];
     std::size_t outer = 1, inner = 1;
     for (std::size_t i = 0; i < axis; ++i) outer *= x.shape()[i];

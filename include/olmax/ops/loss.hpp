@@ -256,6 +256,10 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
                                                 to_string(hidden.shape()), ", ", to_string(w_out.shape()), " and ",
                                                 to_string(targets.shape())));
     const std::size_t n = hidden.shape()[0], features = hidden.shape()[1], vocab = w_out.shape()[1];
+    if (on.traced()) {
+        const Tensor<float> in[3] = {backend::trace::as_float(hidden), backend::trace::as_float(w_out), backend::trace::as_float(targets)};
+        return backend::trace::call<T>("chunked_cross_entropy", in, {{}, {opt.z_loss}}).front();
+    }
     detail::loss_ops::check_targets("chunked_cross_entropy", targets.data(), n, vocab);
 
     const Tensor<T> inputs[2] = {hidden, w_out};

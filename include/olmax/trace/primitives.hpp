@@ -43,11 +43,7 @@ inline gx::dims_t all_axes(std::size_t rank) {
 
 /// A value that no gradient flows through (iota, comparisons, constants from the graph).
 inline T constant(const gx::var& v) { return wrap(v); }
-inline T full(const Shape& shape, double value) {
-    const auto* tracer = dynamic_cast<const tracing*>(olmax::detail::active_tracer());
-    check<trace_error>(tracer != nullptr, "olmax: trace: a constant outside a trace");
-    return wrap(gx::constant(const_cast<tracing*>(tracer)->graph(), value, gx::f32(dims_of(shape))));
-}
+inline T full(const Shape& shape, double value) { return wrap(gx::constant(active().graph(), value, gx::f32(dims_of(shape)))); }
 
 /// `g` summed down to `shape` (the gradient of a numpy broadcast to g's shape).
 inline T sum_to(const T& g, const Shape& shape) {
@@ -91,6 +87,86 @@ inline T transpose(const T& x, const std::vector<std::int64_t>& perm) {
     std::vector<std::int64_t> inverse(perm.size());
     for (std::size_t i = 0; i < perm.size(); ++i) inverse[std::size_t(perm[i])] = std::int64_t(i);
     return detail::record("transpose", {x}, y, [inverse](const T& g, auto& sink) { sink.add(0, transpose(g, inverse)); });
+}
+
+/// The block [start, limit) of `x` (unit strides).
+inline T slice(const T& x, const gx::dims_t& start, const gx::dims_t& limit) {
+    const T y = wrap(gx::slice(var_of(x), start, limit));
+    return detail::record("slice", {x}, y, [shape = x.shape(), start, limit](const T& g, auto& sink) {
+        gx::dims_t high;
+        for (std::size_t d = 0; d < shape.size(); ++d) high.push_back(std::int64_t(shape[d]) - limit[d]);
+        sink.add(0, wrap(gx::pad(var_of(g), start, high)));
+    });
+}
+
+/// `x` with zeros around it: `low` and `high` entries per axis.
+inline T pad(const T& x, const gx::dims_t& low, const gx::dims_t& high) {
+    const T y = wrap(gx::pad(var_of(x), low, high));
+    return detail::record("pad", {x}, y, [shape = x.shape(), low](const T& g, auto& sink) {
+        gx::dims_t limit;
+        for (std::size_t d = 0; d < shape.size(); ++d) limit.push_back(low[d] + std::int64_t(shape[d]));
+        sink.add(0, wrap(gx::slice(var_of(g), low, limit)));
+    });
+}
+
+/// Parts joined along `axis`.
+inline T concatenate(const std::vector<T>& parts, std::size_t axis) {
+    std::vector<gx::var> vars;
+    for (const auto& part : parts) vars.push_back(var_of(part));
+    const T y = wrap(gx::concatenate(vars, std::int64_t(axis)));
+    std::vector<Shape> shapes;
+    for (const auto& part : parts) shapes.push_back(part.shape());
+    return detail::record("concatenate", parts, y, [shapes, axis](const T& g, auto& sink) {
+        std::int64_t at = 0;
+        for (std::size_t i = 0; i < shapes.size(); ++i) {
+            gx::dims_t start(shapes[i].size(), 0), limit = dims_of(g.shape());
+            start[axis] = at;
+            limit[axis] = at + std::int64_t(shapes[i][axis]);
+            at = limit[axis];
+            if (sink.needs(i)) sink.add(i, wrap(gx::slice(var_of(g), start, limit)));
+        }
+    });
+}
+
+/// Entries [begin, end) of the leading axis.
+inline T slice_leading(const T& x, std::size_t begin, std::size_t end) {
+    if (begin == 0 && end == x.shape()[0]) return x;
+    gx::dims_t start(x.rank(), 0), limit = dims_of(x.shape());
+    start[0] = std::int64_t(begin);
+    limit[0] = std::int64_t(end);
+    const T y = wrap(gx::slice(var_of(x), start, limit));
+    return detail::record("slice", {x}, y, [shape = x.shape(), begin, end](const T& g, auto& sink) {
+        gx::dims_t low(shape.size(), 0), high(shape.size(), 0);
+        low[0] = std::int64_t(begin);
+        high[0] = std::int64_t(shape[0] - end);
+        sink.add(0, wrap(gx::pad(var_of(g), low, high)));
+    });
+}
+
+/// x[index] along the leading axis.
+inline T take_leading(const T& x, std::size_t index) {
+    Shape inner(x.shape().begin() + 1, x.shape().end());
+    return reshape(slice_leading(x, index, index + 1), inner);
+}
+
+/// Equal-shaped parts stacked along a new leading axis.
+inline T stack_leading(const std::vector<T>& parts) {
+    if (parts.size() == 1) {
+        Shape one{1};
+        one.insert(one.end(), parts[0].shape().begin(), parts[0].shape().end());
+        return reshape(parts[0], one);
+    }
+    std::vector<gx::var> rows;
+    for (const auto& part : parts) {
+        gx::dims_t one{1};
+        for (auto d : part.shape()) one.push_back(std::int64_t(d));
+        rows.push_back(gx::reshape(var_of(part), one));
+    }
+    const T y = wrap(gx::concatenate(rows, 0));
+    return detail::record("stack", parts, y, [count = parts.size()](const T& g, auto& sink) {
+        for (std::size_t i = 0; i < count; ++i)
+            if (sink.needs(i)) sink.add(i, take_leading(g, i));
+    });
 }
 
 /// Sum over `axes` (increasing); `keepdims` keeps them with extent 1.

@@ -64,6 +64,26 @@ inline Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<flo
     return p::scale(p::sum(per_row, {0, 1}, false), 1.0 / double(n));
 }
 
+/// L2 ScaleNorm (scale_norm) or RMSNorm over the last axis: x * r * w with r = 1 / max(||x||, eps)
+/// or 1 / sqrt(mean(x^2) + eps), `w` undefined for no scale. r is formed from the sum of squares so
+/// that a row of zeros (r clamped) has a finite gradient, as the eager op's.
+inline Tensor<float> normalize(const Tensor<float>& x, const Tensor<float>& w, double eps, bool rms) {
+    const std::size_t last = x.rank() - 1;
+    const Tensor<float> sum_sq = p::sum(p::mul(x, x), {std::int64_t(last)}, true);
+    const Tensor<float> clamped = rms ? p::add_scalar(p::scale(sum_sq, 1.0 / double(x.shape()[last])), eps)
+                                      : p::maximum(sum_sq, p::full(sum_sq.shape(), eps * eps));
+    const Tensor<float> r = p::div(p::full(sum_sq.shape(), 1.0), p::sqrt(clamped));
+    Tensor<float> out = p::mul(x, p::broadcast_to(r, x.shape()));
+    return w.defined() ? p::mul(out, p::broadcast_to(w, x.shape())) : out;
+}
+
+/// `x` [B, T, C] moved `steps` later along time (zeros enter at the front).
+inline Tensor<float> shift_later(const Tensor<float>& x, std::size_t steps) {
+    if (steps == 0) return x;
+    const std::int64_t B = std::int64_t(x.shape()[0]), T = std::int64_t(x.shape()[1]), C = std::int64_t(x.shape()[2]), s = std::int64_t(steps);
+    return p::slice(p::pad(x, {0, s, 0}, {0, 0, 0}), {0, 0, 0}, {B, T, C});
+}
+
 inline bool register_all() {
     using Tf = Tensor<float>;
     binary("add", [](const Tf& a, const Tf& b) { return p::add(a, b); });
@@ -123,6 +143,56 @@ inline bool register_all() {
         out.push_back(features);
         return {p::reshape(rows, out)};
     });
+    // leaky_relu: reals = slope (refused without it: the generic unary path passes none).
+    backend::trace::register_rule("leaky_relu", [](Ts in, const attributes& a) -> Out {
+        check<trace_error>(a.reals.size() == 1, "olmax: leaky_relu: the lowering rule needs the slope");
+        const Tf& x = in[0];  // x times (slope where x < 0, else 1): that factor is also the gradient's
+        const gx::var v = var_of(x), negative = gx::compare(v, gx::constant_like(v, 0.0), gx::compare_direction::LT);
+        return {p::mul(x, wrap(gx::select(negative, gx::constant_like(v, a.reals[0]), gx::constant_like(v, 1.0))))};
+    });
+    backend::trace::register_rule("scale_norm", [](Ts in, const attributes& a) -> Out { return {normalize(in[0], in[1], a.reals.at(0), false)}; });
+    backend::trace::register_rule("rms_norm", [](Ts in, const attributes& a) -> Out { return {normalize(in[0], in[1], a.reals.at(0), true)}; });
+    // causal_conv1d: x [B, T, Cin], w [K, Cin, Cout], bias [Cout] or undefined; ints = groups.
+    // out[b, t] = sum_k x[b, t - (K-1-k)] w[k]: one GEMM over the K shifted copies side by side.
+    backend::trace::register_rule("causal_conv1d", [](Ts in, const attributes& a) -> Out {
+        check<trace_error>(a.ints.at(0) == 1, "olmax: causal_conv1d: the lowering rule has no grouped convolution (", a.ints.at(0), " groups) yet");
+        const Tf &x = in[0], &w = in[1];
+        const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2], K = w.shape()[0], O = w.shape()[2];
+        std::vector<Tf> taps;
+        for (std::size_t k = 0; k < K; ++k) taps.push_back(shift_later(x, K - 1 - k));
+        const Tf columns = p::reshape(K == 1 ? taps[0] : p::concatenate(taps, 2), {B * T, K * C});
+        Tf y = p::reshape(p::matmul(columns, p::reshape(w, {K * C, O})), {B, T, O});
+        if (in.size() > 2 && in[2].defined()) y = p::add(y, p::broadcast_to(in[2], y.shape()));
+        return {y};
+    });
+    // contract_axis: x [..., K (axis), ...], w [K, N]; ints = axis.
+    backend::trace::register_rule("contract_axis", [](Ts in, const attributes& a) -> Out {
+        const Tf &x = in[0], &w = in[1];
+        const std::size_t axis = std::size_t(a.ints.at(0)), rank = x.rank();
+        std::vector<std::int64_t> to_last, back(rank);
+        for (std::size_t d = 0; d < rank; ++d)
+            if (d != axis) to_last.push_back(std::int64_t(d));
+        to_last.push_back(std::int64_t(axis));
+        for (std::size_t d = 0; d < rank; ++d) back[std::size_t(to_last[d])] = std::int64_t(d);
+        const Tf moved = axis + 1 == rank ? x : p::transpose(x, to_last);
+        const std::size_t k = w.shape()[0], rows = x.size() / (k ? k : 1);
+        Shape out = moved.shape();
+        out.back() = w.shape()[1];
+        const Tf y = p::reshape(p::matmul(p::reshape(moved, {rows, k}), w), out);
+        return {axis + 1 == rank ? y : p::transpose(y, back)};
+    });
+    // chunked_cross_entropy: hidden [N, F], w_out [F, V], targets [N]; reals = z_loss. Its value
+    // leaves out the z-loss term that its gradient includes (ops/loss.hpp).
+    backend::trace::register_rule("chunked_cross_entropy", [](Ts in, const attributes& a) -> Out {
+        const double z_loss = a.reals.at(0);
+        const Tf logits = p::matmul(in[0], in[1]);
+        const Tf full = cross_entropy(logits, in[2], z_loss);
+        if (z_loss == 0) return {full};
+        const Tf plain = cross_entropy(logits, in[2], 0.0);
+        return {p::add(full, wrap(var_of(plain) - var_of(full)))};  // value: the plain loss; gradient: the full one's
+    });
+    backend::trace::register_rule("take_leading", [](Ts in, const attributes& a) -> Out { return {p::take_leading(in[0], std::size_t(a.ints.at(0)))}; });
+    backend::trace::register_rule("stack_leading", [](Ts in, const attributes&) -> Out { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; });
     return true;
 }
 

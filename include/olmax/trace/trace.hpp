@@ -4,6 +4,7 @@
 // the program compiled once for a PJRT device (program.hpp). Not part of olmax/olmax.hpp: a program
 // that never traces does not compile the tracer.
 
+#include "olmax/trace/layer_loop.hpp"
 #include "olmax/trace/primitives.hpp"
 #include "olmax/trace/program.hpp"
 #include "olmax/trace/rules.hpp"

@@ -133,10 +133,14 @@ struct traced_program {
     std::vector<Shape> reported;                   // the shapes of the reported values
 };
 
+/// The tracer active on this thread; throws when none is.
+class tracing;
+inline const tracing& active();
+
 /// RAII: this thread traces while the scope lives (see the file comment). One at a time per thread.
 class tracing final : public olmax::detail::Tracer {
 public:
-    tracing() : device_(tracing_device()), graph_(std::make_unique<gx::graph>()) {
+    tracing() : device_(tracing_device()), graph_(std::make_unique<gx::graph>()), graphs_{graph_.get()} {
         check<trace_error>(olmax::detail::active_tracer() == nullptr, "olmax: trace: a trace is already running on this thread");
         olmax::detail::active_tracer() = this;
         tape_ = std::make_unique<autodiff::tape_scope>();  // the trace's nodes stay off the caller's tape
@@ -150,16 +154,33 @@ public:
     tracing& operator=(const tracing&) = delete;
 
     Device device() const override { return device_; }
-    gx::graph& graph() { return *graph_; }
+    /// The graph values are made in now: the program's, or the body of a loop being traced.
+    gx::graph& graph() const { return *graphs_.back(); }
+
+    /// RAII: values made while it lives go into `body` (a loop's body, traced once; layer_loop.hpp).
+    class body_scope {
+    public:
+        body_scope(const tracing& t, gx::graph& body) : t_(t) { t_.graphs_.push_back(&body); }
+        ~body_scope() { t_.graphs_.pop_back(); }
+        body_scope(const body_scope&) = delete;
+        body_scope& operator=(const body_scope&) = delete;
+
+    private:
+        const tracing& t_;
+    };
 
     std::shared_ptr<const olmax::detail::TracedValue> constant(const Shape& shape, double value) const override {
-        return std::make_shared<traced_value>(gx::constant(*graph_, value, gx::f32(dims_of(shape))));
+        return std::make_shared<traced_value>(gx::constant(graph(), value, gx::f32(dims_of(shape))));
+    }
+    std::shared_ptr<const olmax::detail::TracedValue> capture(std::vector<float> values, const Shape& shape) const override {
+        return std::make_shared<traced_value>(gx::dense_constant(graph(), std::move(values), gx::f32(dims_of(shape))));
     }
     std::shared_ptr<const olmax::detail::TracedValue> add(const olmax::detail::TracedValue& a, const olmax::detail::TracedValue& b,
                                                           const Shape&) const override {
         return std::make_shared<traced_value>(as_traced(a).var + as_traced(b).var);
     }
     std::shared_ptr<const olmax::detail::TracedValue> host_values(std::size_t count, std::function<std::vector<float>()> compute) const override {
+        check<trace_error>(graphs_.size() == 1, "olmax: trace: a per-call host value inside a loop body (make it before the loop)");
         inputs_.push_back({{count}, std::move(compute)});
         return std::make_shared<traced_value>(graph_->input(gx::f32({std::int64_t(count)})));
     }
@@ -223,6 +244,7 @@ public:
     /// A per-call input of `shape` (token ids and targets as float32 values: exact below 2^24).
     template <Scalar T>
     Tensor<T> input(const Shape& shape) {
+        check<trace_error>(graphs_.size() == 1, "olmax: trace: a program input inside a loop body");
         inputs_.push_back({shape, nullptr});
         return wrap<T>(graph_->input(gx::f32(dims_of(shape))));
     }
@@ -276,6 +298,7 @@ private:
 
     Device device_;
     std::unique_ptr<gx::graph> graph_;
+    mutable std::vector<gx::graph*> graphs_;  // graph_, then the loop bodies being traced
     std::unique_ptr<autodiff::tape_scope> tape_;
     std::vector<state_slot> state_;
     std::vector<bound> bound_;
@@ -283,5 +306,11 @@ private:
     mutable std::vector<std::function<void()>> after_run_;
     bool finished_ = false;
 };
+
+inline const tracing& active() {
+    const auto* t = dynamic_cast<const tracing*>(olmax::detail::active_tracer());
+    check<trace_error>(t != nullptr, "olmax: trace: no trace is running on this thread");
+    return *t;
+}
 
 }  // namespace olmax::trace

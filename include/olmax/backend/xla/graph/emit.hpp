@@ -141,7 +141,7 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
         auto one = [&](value x) { v[i] = {std::move(x)}; };
         switch (n.kind) {
             case op::input: break;
-            case op::constant: one(b.constant(n.scalar, n.outputs[0])); break;
+            case op::constant: one(n.values ? b.dense_constant(*n.values, n.outputs[0]) : b.constant(n.scalar, n.outputs[0])); break;
             case op::iota: one(b.convert(b.iota({n.outputs[0].dims, element::i32}, n.axis), element::f32)); break;
             case op::add: one(b.add(in[0], in[1])); break;
             case op::subtract: one(b.sub(in[0], in[1])); break;

@@ -94,7 +94,10 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
         auto map2 = [&](auto f) { for (std::size_t k = 0; k < out.data.size(); ++k) out.data[k] = f(in[0]->data[k], in[1]->data[k]); };
         switch (n.kind) {
             case op::input: break;
-            case op::constant: std::fill(out.data.begin(), out.data.end(), n.scalar); break;
+            case op::constant:
+                if (n.values) std::copy(n.values->begin(), n.values->end(), out.data.begin());
+                else std::fill(out.data.begin(), out.data.end(), n.scalar);
+                break;
             case op::iota:
                 for_each_index(out.type.dims, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
                     out.data[std::size_t(flat)] = double(idx[std::size_t(n.axis)]);

@@ -112,6 +112,7 @@ struct node {
     std::vector<var> operands;
     std::vector<tensor_type> outputs;
     double scalar = 0;                      // constant: the value
+    std::shared_ptr<const std::vector<float>> values;  // constant: its elements, row-major (null: every one is `scalar`)
     dims_t dims;                            // reduce axes, permutation, broadcast dims, dot's (lhs, rhs) contracting dims
     std::int64_t axis = 0;                  // iota: the axis; all_reduce_sum: the replica count
     compare_direction direction = compare_direction::EQ;
@@ -225,6 +226,16 @@ inline var constant(graph& g, double value, tensor_type type) {
     return g.add(std::move(n));
 }
 /// A constant of x's type (x only gives the graph and the shape).
+/// A constant holding `values` (row-major) of `type` (f32): a host tensor captured by a traced program.
+inline var dense_constant(graph& g, std::vector<float> values, tensor_type type) {
+    check<graph_error>(type.elem == element::f32 && std::int64_t(values.size()) == type.elements(), "xla::graph: a dense constant of ",
+                       values.size(), " values for ", type.str());
+    node n;
+    n.kind = op::constant;
+    n.outputs = {std::move(type)};
+    n.values = std::make_shared<const std::vector<float>>(std::move(values));
+    return g.add(std::move(n));
+}
 inline var constant_like(const var& x, double value) { return constant(x.owner(), value, x.type()); }
 
 /// f32 indices 0, 1, ... along `axis` of `type`.

@@ -5,7 +5,9 @@
 // format parses. Every dot_general gets `precision = HIGHEST` (the default is one bf16 pass on TPU
 // and TF32 on NVIDIA).
 
+#include <bit>
 #include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <sstream>
@@ -127,6 +129,25 @@ public:
         return emit("\"stablehlo.constant\"() {value = dense<" + literal + "> : " + type.str() + "}", {}, type, true);
     }
     value scalar(double v, element e = element::f32) { return constant(v, {{}, e}); }
+    /// An f32 constant holding `values` (row-major), written as the bytes of the little-endian
+    /// floats (MLIR's hex form of a dense attribute): exact, and one token however large.
+    value dense_constant(const std::vector<float>& values, tensor_type type) {
+        check<shape_error>(type.elem == element::f32 && std::int64_t(values.size()) == type.elements(), "stablehlo: a dense constant of ",
+                           values.size(), " values for ", type.str());
+        static constexpr char hex[] = "0123456789ABCDEF";
+        std::string literal = "\"0x";
+        for (float v : values) {
+            unsigned char bytes[sizeof(float)];
+            std::memcpy(bytes, &v, sizeof v);
+            for (std::size_t i = 0; i < sizeof v; ++i) {  // little-endian: least significant byte first
+                const unsigned char byte = bytes[std::endian::native == std::endian::little ? i : sizeof v - 1 - i];
+                literal += hex[byte >> 4];
+                literal += hex[byte & 15];
+            }
+        }
+        literal += "\"";
+        return emit("\"stablehlo.constant\"() {value = dense<" + literal + "> : " + type.str() + "}", {}, type, true);
+    }
     value iota(tensor_type type, std::int64_t dimension) {
         check_dim("iota", type, dimension);
         return emit("\"stablehlo.iota\"() {iota_dimension = " + std::to_string(dimension) + " : i64}", {}, type, true);
