@@ -172,8 +172,8 @@ TEST_CASE("xla model step: SPMD data parallel over 2 and 4 plugin devices equals
         olmax::optim::AdamW<float> split_opt(split.parameters(), adam_config());
         olmax::models::XlaTrainer<Model> trainer(split, split_opt, client, rows, sequence, devices);
         // One global program for XLA's partitioner: the batch split, no collective written by olmax.
-        const std::string& text = trainer.program().module().text;
-        CHECK(trainer.program().devices() == std::size_t(devices));
+        const std::string& text = trainer.module().text;
+        CHECK(trainer.devices() == std::size_t(devices));
         CHECK(text.find("mhlo.num_partitions = " + std::to_string(devices)) != std::string::npos);
         CHECK(text.find("mhlo.sharding = \"{devices=[" + std::to_string(devices) + ",1]") != std::string::npos);
         CHECK(text.find("all_reduce") == std::string::npos);

@@ -135,6 +135,13 @@ inline Tensor<float> host_values(std::size_t count, std::function<std::vector<fl
     return olmax::detail::TensorAccess<float>::from_impl(std::move(impl));
 }
 
+/// Makes each run of the program being traced report the scalar `value` under `name`.
+inline void report(std::string_view name, const Tensor<float>& value) {
+    const olmax::detail::Tracer* tracer = olmax::detail::active_tracer();
+    check<trace_error>(tracer != nullptr && value.traced() && value.size() == 1, "olmax: trace::report takes a traced scalar inside a trace");
+    tracer->report(name, *olmax::detail::impl_of(value).symbol);
+}
+
 /// Runs `f` on the host after each run of the program being traced.
 inline void after_each_run(std::function<void()> f) {
     const olmax::detail::Tracer* tracer = olmax::detail::active_tracer();

@@ -56,6 +56,8 @@ public:
     virtual std::shared_ptr<const TracedValue> host_values(std::size_t count, std::function<std::vector<float>()> compute) const = 0;
     /// `f` runs on the host after each run of the program (an optimiser's step counter advancing).
     virtual void after_each_run(std::function<void()> f) const = 0;
+    /// `value` (a scalar) is reported by each run under `name` (an optimiser's gradient norm).
+    virtual void report(std::string_view name, const TracedValue& value) const = 0;
 };
 
 /// The tracer of this thread (null: none; set by olmax/trace's `tracing` scope).

@@ -508,11 +508,13 @@ private:
                 ++step_;
                 for (auto& slot : slots_) ++slot.step;
             });
+            Tensor<float> sum_sq = Tensor<float>::scalar(0.0f);
+            for (const auto& g : grads) sum_sq = sum_sq + sum(g * g);
+            const Tensor<float> grad_norm = sqrt(sum_sq);
+            backend::trace::report("grad_norm", grad_norm);  // each run reports it, as step() does (StepReport::grad_norm)
             Tensor<float> grad_scale = Tensor<float>::scalar(1.0f);
             if (config_.max_grad_norm > 0) {  // detail::clip_coefficient: min(1, max_norm / (norm + 1e-6))
-                Tensor<float> sum_sq = Tensor<float>::scalar(0.0f);
-                for (const auto& g : grads) sum_sq = sum_sq + sum(g * g);
-                const Tensor<float> wanted = Tensor<float>::scalar(float(config_.max_grad_norm)) / (sqrt(sum_sq) + 1e-6f);
+                const Tensor<float> wanted = Tensor<float>::scalar(float(config_.max_grad_norm)) / (grad_norm + 1e-6f);
                 grad_scale = -maximum(Tensor<float>::scalar(-1.0f), -wanted);
             }
             auto constant = [](double v) { return Tensor<float>::scalar(float(v)); };

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,15 @@ public:
     }
 
     const traced_program& program() const { return program_; }
+    const xla::stablehlo::emitted_module& module() const { return program_.module; }
+    /// Devices one run uses (SPMD partitions).
+    std::size_t devices() const { return device_->devices(); }
+    /// Where `run`'s result holds the value reported under `name` (trace::report).
+    std::size_t reported_index(std::string_view name) const {
+        for (std::size_t i = 0; i < program_.reported_names.size(); ++i)
+            if (program_.reported_names[i] == name) return program_.reported.size() - program_.reported_names.size() + i;
+        throw value_error(olmax::detail::concat("trace::compiled_program: the program reports no value named '", name, "'"));
+    }
 
 private:
     traced_program program_;

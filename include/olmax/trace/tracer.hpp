@@ -120,6 +120,7 @@ struct state_slot {
 struct call_input {
     Shape shape;
     std::function<std::vector<float>()> host;
+    gx::var value{};  // the program's input
 };
 
 /// A traced program: its module and what a runner needs around it. Inputs are the state (in
@@ -130,7 +131,8 @@ struct traced_program {
     std::vector<state_slot> state;
     std::vector<call_input> inputs;
     std::vector<std::function<void()>> after_run;  // run after each run
-    std::vector<Shape> reported;                   // the shapes of the reported values
+    std::vector<Shape> reported;                   // the shapes of the reported values: the results, then the named ones
+    std::vector<std::string> reported_names;       // the names of the reported values after the results (trace::report)
 };
 
 /// The tracer active on this thread; throws when none is.
@@ -181,10 +183,15 @@ public:
     }
     std::shared_ptr<const olmax::detail::TracedValue> host_values(std::size_t count, std::function<std::vector<float>()> compute) const override {
         check<trace_error>(graphs_.size() == 1, "olmax: trace: a per-call host value inside a loop body (make it before the loop)");
-        inputs_.push_back({{count}, std::move(compute)});
-        return std::make_shared<traced_value>(graph_->input(gx::f32({std::int64_t(count)})));
+        const gx::var input = graph_->input(gx::f32({std::int64_t(count)}));
+        inputs_.push_back({{count}, std::move(compute), input});
+        return std::make_shared<traced_value>(input);
     }
     void after_each_run(std::function<void()> f) const override { after_run_.push_back(std::move(f)); }
+    void report(std::string_view name, const olmax::detail::TracedValue& value) const override {
+        check<trace_error>(graphs_.size() == 1, "olmax: trace: a reported value inside a loop body");
+        named_.emplace_back(std::string(name), as_traced(value).var);
+    }
 
     /// Makes `t` (a host tensor of any element type; the program holds it as float32) part of the
     /// program's state, in place (see the file comment). All state is bound before the first input.
@@ -245,13 +252,18 @@ public:
     template <Scalar T>
     Tensor<T> input(const Shape& shape) {
         check<trace_error>(graphs_.size() == 1, "olmax: trace: a program input inside a loop body");
-        inputs_.push_back({shape, nullptr});
-        return wrap<T>(graph_->input(gx::f32(dims_of(shape))));
+        const gx::var value = graph_->input(gx::f32(dims_of(shape)));
+        inputs_.push_back({shape, nullptr, value});
+        return wrap<T>(value);
     }
 
-    /// Ends the trace: the module reports `results` (traced values of the program) and each state
-    /// tensor's final value, and the bound tensors get their host buffers back.
-    traced_program finish(const std::vector<Tensor<float>>& results, std::string_view name = "olmax_step") {
+    /// Ends the trace: the module reports `results` (traced values of the program), then the named
+    /// reported values (trace::report), then each state tensor's final value, and the bound tensors
+    /// get their host buffers back. With `devices` D > 1 the module is annotated for XLA's SPMD
+    /// partitioner: the caller's inputs are split along their first axis (one share per device),
+    /// the state and everything else replicated; the partitioner inserts the reductions the split
+    /// implies (a gradient's sum over the batch).
+    traced_program finish(const std::vector<Tensor<float>>& results, std::string_view name = "olmax_step", std::size_t devices = 1) {
         check<trace_error>(!finished_, "olmax: trace: finish called twice");
         finished_ = true;
         std::vector<gx::var> outputs;
@@ -260,8 +272,16 @@ public:
             outputs.push_back(var_of(r));
             program.reported.push_back(r.shape());
         }
+        for (const auto& [reported_name, value] : named_) {
+            outputs.push_back(value);
+            program.reported.push_back(Shape(value.dims().begin(), value.dims().end()));
+            program.reported_names.push_back(reported_name);
+        }
         for (const auto& b : bound_) outputs.push_back(b.final_value());
-        program.module = gx::emit(*graph_, name, outputs, bound_.size());
+        gx::spmd_partitioning spmd{devices, {}};
+        for (const auto& in : inputs_)
+            if (!in.host) spmd.split_inputs.push_back(in.value);
+        program.module = gx::emit(*graph_, name, outputs, bound_.size(), spmd);
         program.state = std::move(state_);
         program.inputs = std::move(inputs_);
         program.after_run = std::move(after_run_);
@@ -303,6 +323,7 @@ private:
     std::vector<state_slot> state_;
     std::vector<bound> bound_;
     mutable std::vector<call_input> inputs_;
+    mutable std::vector<std::pair<std::string, gx::var>> named_;
     mutable std::vector<std::function<void()>> after_run_;
     bool finished_ = false;
 };
