@@ -15,6 +15,7 @@
 
 #include <olmax/backend/xla/pjrt_runtime.hpp>
 #include <olmax/olmax.hpp>
+#include <olmax/models/xla_trainer.hpp>
 #include <olmax/trace/trace.hpp>
 
 namespace {
@@ -216,4 +217,30 @@ TEST_CASE("the main job's model (reversible conv/mixer stack) traced from its ea
     // runs round differently moves its weight a whole step apart (tests/xla/test_model_step.cpp).
     INFO("relative difference of the updates: " << std::sqrt(diff / moved));
     CHECK(std::sqrt(diff / moved) < 1e-2);
+}
+
+TEST_CASE("the QRNN model traced from its eager code trains on the CPU plugin as on olmax's CPU", "[cpu_plugin]") {
+    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
+    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
+    auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(path));
+    using QrnnLM = olmax::models::ByteLM<olmax::models::QrnnMlp, float>;
+    constexpr std::size_t rows = 2, sequence = 16, steps = 10;
+    const olmax::models::ByteLMConfig config{16, 2, 3};
+    QrnnLM eager(config), traced(config);
+    olmax::optim::AdamW<float> eager_opt(eager.parameters(), adam_config()), traced_opt(traced.parameters(), adam_config());
+    olmax::models::XlaTrainer<QrnnLM> trainer(traced, traced_opt, client, rows, sequence);
+    float first = 0, last = 0;
+    for (std::size_t step = 0; step < steps; ++step) {
+        const auto b = text_batch(rows, sequence, std::uint32_t(step + 7));
+        Tensor<float> loss = eager.loss(b);
+        loss.backward();
+        eager_opt.step();
+        eager_opt.zero_grad();
+        const double reported = trainer.step(b).loss;
+        INFO("step " << step << ": olmax CPU " << loss.item() << ", traced on XLA " << reported);
+        CHECK(reported == Approx(loss.item()).epsilon(1e-4));
+        if (step == 0) first = float(reported);
+        last = float(reported);
+    }
+    CHECK(last < first);
 }

@@ -43,6 +43,7 @@ public:
         trace::traced_program traced;
         {
             trace::tracing t;
+            t.set_target(client->platform_name());
             for (const auto& p : optimizer.parameters()) t.bind_state(p.tensor);
             for (const auto& m : optimizer.moments()) t.bind_state(m);
             const data::Batch rows{t.input<std::int32_t>({batch, sequence}), t.input<std::int32_t>({batch, sequence}), Tensor<float>(),

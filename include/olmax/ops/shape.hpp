@@ -179,6 +179,8 @@ Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t en
     if (!(begin <= end && end <= lay.n))
         throw shape_error(olmax::detail::concat("slice: range [", begin, ", ", end, ") along axis ", axis, " of shape ",
                                                 to_string(x.shape()), " is not within [0, ", lay.n, "] with begin <= end"));
+    if (on.traced())
+        return backend::trace::call1<T>("slice", {x}, {{std::int64_t(a), std::int64_t(begin), std::int64_t(end)}, {}});
     Shape out_shape = x.shape();
     out_shape[a] = end - begin;
     auto y = Tensor<T>::uninitialized(out_shape);

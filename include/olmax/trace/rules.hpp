@@ -84,6 +84,25 @@ inline Tensor<float> shift_later(const Tensor<float>& x, std::size_t steps) {
     return p::slice(p::pad(x, {0, s, 0}, {0, 0, 0}), {0, 0, 0}, {B, T, C});
 }
 
+/// h_t = a_t h_{t-1} + x_t along axis 1 of [B, T, C] (from the end with `reverse`), from the state
+/// h0 [B, C] (undefined: zeros), in the scan form of the target device (tracing::scan_form); also
+/// returns the final state [B, C].
+inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const Tensor<float>& h0, bool reverse, bool log_gates) {
+    const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
+    const Tf a = log_gates ? p::exp(gates) : gates;
+    Tf in = x;
+    if (h0.defined()) {  // a_first h0 enters at the first step processed
+        const Tf start = p::pad(p::reshape(h0, {B, 1, C}), {0, reverse ? std::int64_t(T) - 1 : 0, 0}, {0, reverse ? 0 : std::int64_t(T) - 1, 0});
+        in = p::add(x, p::mul(a, start));
+    }
+    auto rows = [&](const Tf& v) { return p::reshape(p::transpose(v, {0, 2, 1}), {B * C, T}); };
+    const Tf h_rows = p::linear_scan_rows(rows(a), rows(in), active().scan_form(), reverse);
+    const Tf h = p::transpose(p::reshape(h_rows, {B, C, T}), {0, 2, 1});
+    const std::int64_t last = reverse ? 0 : std::int64_t(T) - 1;
+    const Tf h_last = p::reshape(p::slice(h, {0, last, 0}, {std::int64_t(B), last + 1, std::int64_t(C)}), {B, C});
+    return {h, h_last};
+}
+
 inline bool register_all() {
     using Tf = Tensor<float>;
     binary("add", [](const Tf& a, const Tf& b) { return p::add(a, b); });
@@ -190,6 +209,21 @@ inline bool register_all() {
         if (z_loss == 0) return {full};
         const Tf plain = cross_entropy(logits, in[2], 0.0);
         return {p::add(full, wrap(var_of(plain) - var_of(full)))};  // value: the plain loss; gradient: the full one's
+    });
+    // linear_scan: gates, x [B, T, C], h0 [B, C] or undefined; ints = reverse, log_gates.
+    backend::trace::register_rule("linear_scan", [](Ts in, const attributes& a) -> Out {
+        return linear_scan(in[0], in[1], in[2], a.ints.at(0) != 0, a.ints.at(1) != 0);
+    });
+    unary("hard_sigmoid", [](const Tf& x) {  // clip(x / 6 + 1/2, 0, 1) as the eager op (ops/elementwise.hpp)
+        const Tf y = p::add_scalar(p::scale(x, 1.0 / 6.0), 0.5);
+        return p::neg(p::maximum(p::neg(p::maximum(y, p::full(y.shape(), 0.0))), p::full(y.shape(), -1.0)));
+    });
+    // slice: ints = axis, begin, end.
+    backend::trace::register_rule("slice", [](Ts in, const attributes& a) -> Out {
+        gx::dims_t start(in[0].rank(), 0), limit = dims_of(in[0].shape());
+        start[std::size_t(a.ints.at(0))] = a.ints.at(1);
+        limit[std::size_t(a.ints.at(0))] = a.ints.at(2);
+        return {p::slice(in[0], start, limit)};
     });
     backend::trace::register_rule("take_leading", [](Ts in, const attributes& a) -> Out { return {p::take_leading(in[0], std::size_t(a.ints.at(0)))}; });
     backend::trace::register_rule("stack_leading", [](Ts in, const attributes&) -> Out { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; });

@@ -193,6 +193,18 @@ public:
         named_.emplace_back(std::string(name), as_traced(value).var);
     }
 
+    /// The device the program is traced for, as its PJRT plugin names its platform ("cpu", "cuda",
+    /// "tpu"; empty: unknown). Rules whose best form depends on the device read it: a scan is
+    /// chunked triangular matmuls where a matrix unit pays (TPU), a loop over time on the CPU, and
+    /// log-depth doubling elsewhere.
+    void set_target(std::string platform) { target_ = std::move(platform); }
+    const std::string& target() const { return target_; }
+    xla::stablehlo::scan_strategy scan_form() const {
+        if (target_ == "tpu") return xla::stablehlo::scan_strategy::chunked_matmul<128>();
+        if (target_ == "cpu" || target_.empty()) return xla::stablehlo::scan_strategy::sequential();
+        return xla::stablehlo::scan_strategy::hillis_steele();
+    }
+
     /// Makes `t` (a host tensor of any element type; the program holds it as float32) part of the
     /// program's state, in place (see the file comment). All state is bound before the first input.
     template <Scalar T>
@@ -326,6 +338,7 @@ private:
     mutable std::vector<std::pair<std::string, gx::var>> named_;
     mutable std::vector<std::function<void()>> after_run_;
     bool finished_ = false;
+    std::string target_;
 };
 
 inline const tracing& active() {
