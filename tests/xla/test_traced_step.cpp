@@ -244,3 +244,99 @@ TEST_CASE("the QRNN model traced from its eager code trains on the CPU plugin as
     }
     CHECK(last < first);
 }
+
+namespace {
+
+/// f's value and its gradients with respect to `inputs`, on olmax's CPU (eager) and as one traced
+/// program run on the CPU plugin; checks they agree within `tolerance` (relative to the largest).
+template <class F>
+void check_traced_matches(const std::vector<Tensor<float>>& inputs, F f, double tolerance) {
+    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
+    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
+    auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(path));
+    std::vector<Tensor<float>> leaves;
+    for (const auto& x : inputs) leaves.push_back(olmax::parameter(x.clone()));
+    Tensor<float> value = f(leaves);
+    value.backward();
+    trace::traced_program program;
+    {
+        trace::tracing t;
+        std::vector<Tensor<float>> traced;
+        for (const auto& x : inputs) traced.push_back(t.input<float>(x.shape()).set_requires_grad(true));
+        Tensor<float> loss = f(traced);
+        loss.backward();
+        std::vector<Tensor<float>> results{loss};
+        for (const auto& x : traced) results.push_back(x.grad());
+        program = t.finish(results);
+    }
+    trace::compiled_program device(client, std::move(program));
+    std::vector<std::vector<float>> values;
+    for (const auto& x : inputs) values.push_back(trace::input_values(x));
+    const auto out = device.run(values);
+    CHECK(out[0][0] == Approx(value.item()).epsilon(tolerance));
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const Tensor<float> g = leaves[i].grad();
+        double scale = 0, worst = 0;
+        for (std::size_t e = 0; e < g.size(); ++e) scale = std::max(scale, double(std::abs(g.data()[e])));
+        for (std::size_t e = 0; e < g.size(); ++e) worst = std::max(worst, double(std::abs(out[1 + i][e] - g.data()[e])));
+        INFO("input " << i << ": largest gradient " << scale << ", largest difference " << worst);
+        CHECK(worst <= tolerance * scale);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("Mamba's selective scan with document resets and a carried state traces to the eager op's values and gradients", "[cpu_plugin]") {
+    olmax::Generator rng(11);
+    const std::size_t B = 2, T = 7, E = 3, N = 4;
+    Tensor<float> resets({B, T});
+    resets(0, 3) = 1;
+    resets(1, 0) = 1;
+    resets(1, 5) = 1;
+    const std::vector<Tensor<float>> inputs{olmax::randn<float>({B, T, E}, rng),
+                                            olmax::rand<float>({B, T, E}, rng, 0.1f, 0.9f),
+                                            olmax::rand<float>({E, N}, rng, -1.5f, -0.2f),
+                                            olmax::randn<float>({B, T, N}, rng),
+                                            olmax::randn<float>({B, T, N}, rng),
+                                            olmax::randn<float>({E}, rng),
+                                            olmax::randn<float>({B, E, N}, rng)};
+    const Tensor<float> weights = olmax::randn<float>({B, T, E}, rng);
+    check_traced_matches(inputs, [&](const std::vector<Tensor<float>>& x) {
+        const auto s = olmax::scan::selective_scan(x[0], x[1], x[2], x[3], x[4], x[5], {.h0 = x[6], .resets = resets});
+        return olmax::sum(s.y * weights) + olmax::sum(s.h_last);
+    }, 1e-4);
+}
+
+TEST_CASE("the Mamba layer with document resets traces to the eager layer's values and input gradients", "[cpu_plugin]") {
+    olmax::Generator rng(12);
+    const olmax::nn::SelectiveSSM<float> layer(olmax::nn::SelectiveSSMConfig{.features = 8}, rng);
+    Tensor<float> resets({2, 9});
+    resets(0, 4) = 1;
+    resets(1, 1) = 1;
+    resets(1, 2) = 1;
+    const Tensor<float> weights = olmax::randn<float>({2, 9, 8}, rng);
+    check_traced_matches({olmax::randn<float>({2, 9, 8}, rng)},
+                         [&](const std::vector<Tensor<float>>& x) { return olmax::sum(layer.forward(x[0], resets) * weights); }, 1e-4);
+}
+
+TEST_CASE("the Mamba model traced from its eager code trains on the CPU plugin as on olmax's CPU", "[cpu_plugin]") {
+    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
+    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
+    auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(path));
+    using MambaLM = olmax::models::ByteLM<olmax::models::Mamba, float>;
+    constexpr std::size_t rows = 2, sequence = 16, steps = 5;
+    const olmax::models::ByteLMConfig config{16, 2, 3};
+    MambaLM eager(config), traced(config);
+    olmax::optim::AdamW<float> eager_opt(eager.parameters(), adam_config()), traced_opt(traced.parameters(), adam_config());
+    olmax::models::XlaTrainer<MambaLM> trainer(traced, traced_opt, client, rows, sequence);
+    for (std::size_t step = 0; step < steps; ++step) {
+        const auto b = text_batch(rows, sequence, std::uint32_t(step + 3));
+        Tensor<float> loss = eager.loss(b);
+        loss.backward();
+        eager_opt.step();
+        eager_opt.zero_grad();
+        const double reported = trainer.step(b).loss;
+        INFO("step " << step << ": olmax CPU " << loss.item() << ", traced on XLA " << reported);
+        CHECK(reported == Approx(loss.item()).epsilon(1e-4));
+    }
+}

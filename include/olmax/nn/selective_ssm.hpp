@@ -101,6 +101,21 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
                        " must be [batch, T, E], [K, E] and [E]");
     const std::size_t nb = x.extent(0), nt = x.extent(1), ne = x.extent(2), K = w.extent(0), back = K - 1;
     check<value_error>(nb > 0 && nt > 0 && ne > 0, op, ": x of shape ", to_string(x.shape()), " is empty");
+    if (on.traced()) {  // the same function from ops: each tap a shifted copy, cut where a document starts
+        check<trace_error>(!tail.defined(), op, ": a traced step takes no carried convolution state");
+        Tensor<T> pre = add(mul(x, reshape(slice(w, 0, back, K), Shape{ne})), bias);  // tap K-1 reads x_t
+        Tensor<T> open;  // 1 while no document started in (t - j, t]
+        for (std::size_t j = 1; j <= back && j < nt; ++j) {
+            if (resets.defined()) {
+                const Tensor<T> step = add_scalar(neg(slice(pad(resets, 1, j - 1, 0), 1, 0, nt)), T{1});  // 1 - resets[t - j + 1]
+                open = open.defined() ? mul(open, step) : step;
+            }
+            Tensor<T> tap = mul(slice(pad(x, 1, j, 0), 1, 0, nt), reshape(slice(w, 0, back - j, back - j + 1), Shape{ne}));
+            if (open.defined()) tap = mul(tap, reshape(open, Shape{nb, nt, 1}));
+            pre = add(pre, tap);
+        }
+        return {silu(pre), Tensor<T>()};
+    }
     if (resets.defined())
         check<shape_error>(resets.rank() == 2 && resets.extent(0) == nb && resets.extent(1) == nt, op, ": resets of shape ",
                            to_string(resets.shape()), " does not match [batch, T] = [", nb, ", ", nt, "]");

@@ -251,6 +251,8 @@ template <Real T>
 Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, std::type_identity_t<T> value = 0) {
     backend::op_scope on("pad", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "pad");
+    if (on.traced())
+        return backend::trace::call1<T>("pad", {x}, {{std::int64_t(a), std::int64_t(before), std::int64_t(after)}, {double(value)}});
     const auto lay = olmax::detail::split_at(x.shape(), a);
     Shape out_shape = x.shape();
     out_shape[a] = lay.n + before + after;

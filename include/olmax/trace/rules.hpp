@@ -103,6 +103,23 @@ inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const
     return {h, h_last};
 }
 
+/// Mamba's selective scan (scan/selective_scan.hpp) from the traced primitives: the [B, T, E, N]
+/// recurrence as one linear scan over B E N rows, abar = exp(delta A) zeroed where a document starts.
+/// It holds the [B, T, E, N] states (the eager op does not); a fused lowering is future work.
+inline Out selective_scan(Ts in) {
+    const Tf &u = in[0], &delta = in[1], &A = in[2], &B = in[3], &C = in[4], &D = in[5], &h0 = in[6], &resets = in[7];
+    const std::size_t nb = u.shape()[0], nt = u.shape()[1], ne = u.shape()[2], ns = A.shape()[1];
+    const Shape full{nb, nt, ne, ns};
+    Tf abar = p::exp(p::mul(p::broadcast_to(p::reshape(delta, {nb, nt, ne, 1}), full), p::broadcast_to(A, full)));
+    if (resets.defined()) abar = p::mul(abar, p::broadcast_to(p::reshape(p::add_scalar(p::neg(resets), 1.0), {nb, nt, 1, 1}), full));
+    const Tf drive = p::mul(p::broadcast_to(p::reshape(p::mul(delta, u), {nb, nt, ne, 1}), full), p::broadcast_to(p::reshape(B, {nb, nt, 1, ns}), full));
+    const Out h = linear_scan(p::reshape(abar, {nb, nt, ne * ns}), p::reshape(drive, {nb, nt, ne * ns}),
+                              h0.defined() ? p::reshape(h0, {nb, ne * ns}) : h0, false, false);
+    Tf y = p::sum(p::mul(p::reshape(h[0], full), p::broadcast_to(p::reshape(C, {nb, nt, 1, ns}), full)), {3}, false);
+    if (D.defined()) y = p::add(y, p::mul(u, p::broadcast_to(D, u.shape())));
+    return {y, p::reshape(h[1], {nb, ne, ns})};
+}
+
 inline bool register_all() {
     using Tf = Tensor<float>;
     binary("add", [](const Tf& a, const Tf& b) { return p::add(a, b); });
@@ -224,6 +241,22 @@ inline bool register_all() {
         start[std::size_t(a.ints.at(0))] = a.ints.at(1);
         limit[std::size_t(a.ints.at(0))] = a.ints.at(2);
         return {p::slice(in[0], start, limit)};
+    });
+    backend::trace::register_rule("selective_scan", [](Ts in, const attributes&) -> Out { return selective_scan(in); });
+    unary("silu", [](const Tf& x) { return p::mul(x, p::logistic(x)); });
+    unary("softplus", [](const Tf& x) {  // max(x, 0) + log(1 + exp(-|x|)), without overflow
+        const Tf zero = p::full(x.shape(), 0.0), magnitude = p::maximum(x, p::neg(x));
+        return p::add(p::maximum(x, zero), p::log(p::add_scalar(p::exp(p::neg(magnitude)), 1.0)));
+    });
+    // pad: ints = axis, before, after; reals = the value.
+    backend::trace::register_rule("pad", [](Ts in, const attributes& a) -> Out {
+        gx::dims_t low(in[0].rank(), 0), high(in[0].rank(), 0);
+        low[std::size_t(a.ints.at(0))] = a.ints.at(1);
+        high[std::size_t(a.ints.at(0))] = a.ints.at(2);
+        Tf y = p::pad(in[0], low, high);
+        if (a.reals.at(0) != 0) y = p::add(y, p::pad(p::full(in[0].shape(), -a.reals[0]), low, high));  // the border, not x, gets the value...
+        if (a.reals.at(0) != 0) y = p::add_scalar(y, a.reals[0]);                                       // ...as value - value inside
+        return {y};
     });
     backend::trace::register_rule("take_leading", [](Ts in, const attributes& a) -> Out { return {p::take_leading(in[0], std::size_t(a.ints.at(0)))}; });
     backend::trace::register_rule("stack_leading", [](Ts in, const attributes&) -> Out { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; });
