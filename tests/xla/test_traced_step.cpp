@@ -16,6 +16,7 @@
 #include <olmax/backend/xla/pjrt_runtime.hpp>
 #include <olmax/olmax.hpp>
 #include <olmax/models/xla_trainer.hpp>
+#include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
 namespace {

@@ -20,6 +20,7 @@
 
 #include "olmax/data/loader.hpp"
 #include "olmax/optim/adam.hpp"
+#include "olmax/trace/program.hpp"
 #include "olmax/trace/trace.hpp"
 
 namespace olmax::models {
