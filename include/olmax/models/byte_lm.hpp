@@ -23,7 +23,6 @@
 #include "olmax/data/tokenizer.hpp"
 #include "olmax/models/recipes.hpp"
 #include "olmax/nn/embedding.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/nn/reversible.hpp"
 #include "olmax/nn/stack.hpp"
 #include "olmax/nn/views.hpp"
@@ -101,23 +100,6 @@ public:
 
     /// Mean training loss (nats per byte, without the z-loss term; its gradient includes it).
     Tensor<T> loss(const data::Batch& batch) const { return head.loss(hidden(batch.inputs), batch.targets); }
-
-    /// The training loss on traced values (the whole-step XLA path, nn/lowering.hpp): ids and
-    /// targets are byte values as f32 [B, S]; returns {the mean cross-entropy `loss` reports, the
-    /// value whose gradient training follows (with the head's z-loss)}.
-    std::pair<xla::graph::var, xla::graph::var> lower_loss(const xla::graph::lowering& at, const xla::graph::var& ids,
-                                                           const xla::graph::var& targets) const
-        requires nn::LowerableLayer<block_type>
-    {
-        xla::graph::var h = nn::lower(embedding, at.child(decltype(embedding)::name), ids);
-        if constexpr (nn::InvertibleLayer<block_type>) {
-            const xla::graph::var state = nn::lower(stack, at.child(decltype(stack)::name), xla::graph::stack_leading({h, h}));
-            h = xla::graph::take_leading(state, 0) + xla::graph::take_leading(state, 1);  // merge_streams
-        } else {
-            h = nn::lower(stack, at.child(decltype(stack)::name), h);
-        }
-        return head.lower_loss(at.child(decltype(head)::name), h, targets);
-    }
 
     /// Forward and backward of the training loss on `batch`, gradients (times `scale`, e.g.
     /// 1 / grad_accumulation) added to the parameters; returns the batch's mean loss. With

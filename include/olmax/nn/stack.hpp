@@ -15,7 +15,6 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/core/memory.hpp"
 #include "olmax/nn/contract.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/nn/parameters.hpp"
 #include "olmax/nn/views.hpp"
 
@@ -127,51 +126,6 @@ public:
     }
     Tensor<T> operator()(const Tensor<T>& x, const LayerContext& ctx = {}) const { return forward(x, ctx); }
 
-    /// The lowering rule (nn/lowering.hpp): depth is a loop, not an unrolling. The block's rule is
-    /// traced once as the body of one `scan_layers` over the stacked [depth, ...] parameters (tied
-    /// ones passed whole), with the loop counter as the layer index: the program's size does not
-    /// grow with depth, and neither does its gradient (one reverse loop). keep_activations does not
-    /// apply: what a compiled step stores is XLA's choice.
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const
-        requires LowerableLayer<Block>
-    {
-        namespace gx = xla::graph;
-        std::vector<gx::tensor_type> per_layer, shared;
-        std::vector<gx::var> stacked, tied;
-        for (const auto& slot : slots_) {
-            gx::dims_t dims(slot.shape.begin(), slot.shape.end());
-            if (slot.sharing == Sharing::tied) {
-                tied.push_back(at.parameter(slot.name));
-                shared.push_back(gx::f32(dims));
-            } else {
-                stacked.push_back(at.parameter("*/" + slot.name));
-                per_layer.push_back(gx::f32(dims));
-            }
-        }
-        const auto body = gx::trace_layer(x.type(), per_layer, shared,
-                                          [&](gx::graph&, const gx::var& carry, const std::vector<gx::var>& layer,
-                                              const std::vector<gx::var>& tied_in, const gx::var& index) {
-                                              return nn::lower(worker_, gx::lowering(bind_lowered(layer, tied_in), index, depth_), carry);
-                                          });
-        // An invertible block (with memory saving on, as the eager stack) also gets a reverse body: the
-        // gradient loop then rebuilds each layer's input from its output and stores nothing per layer.
-        std::shared_ptr<const gx::layer_body> reverse;
-        if constexpr (ReversiblyLowerableLayer<Block>) {
-            if (worker_.memory_saving())
-                reverse = gx::trace_reverse_layer(
-                    x.type(), per_layer, shared,
-                    [&](gx::graph&, const gx::var& y, const std::vector<gx::var>& layer, const std::vector<gx::var>& tied_in, const gx::var& index,
-                        const gx::var& gy) {
-                        std::vector<gx::var> parameters;
-                        const auto names = bind_lowered(layer, tied_in, &parameters);
-                        const LoweredReverse r = worker_.lower_reverse(gx::lowering(names, index, depth_), y, gy, parameters);
-                        std::vector<gx::var> out{r.input, r.input_grad};
-                        out.insert(out.end(), r.parameter_grads.begin(), r.parameter_grads.end());
-                        return out;
-                    });
-        }
-        return gx::scan_layers(body, x, stacked, tied, reverse);
-    }
     /// Stacked and tied parameters (the trainable leaves), named "<prefix>/*/<block names>" and
     /// "<prefix>/<block names>" for tied ones.
     void visit_parameters(ParameterVisitor<T>& visit) {
@@ -215,20 +169,6 @@ private:
         Tensor<T> stored;  // [depth, ...shape] or the tied tensor
     };
     enum class Binding { recorded, plain, fresh_leaf };
-    /// A layer body's parameter names: slot i's block-relative name -> its per-layer or tied input.
-    /// `ordered`, when given, receives the per-layer values then the tied ones (the body's order).
-    std::shared_ptr<const xla::graph::lowering::parameter_map> bind_lowered(const std::vector<xla::graph::var>& layer,
-                                                                            const std::vector<xla::graph::var>& tied,
-                                                                            std::vector<xla::graph::var>* ordered = nullptr) const {
-        auto names = std::make_shared<xla::graph::lowering::parameter_map>();
-        std::size_t next_layer = 0, next_tied = 0;
-        for (const auto& slot : slots_) (*names)[slot.name] = slot.sharing == Sharing::tied ? tied[next_tied++] : layer[next_layer++];
-        if (ordered) {
-            *ordered = layer;
-            ordered->insert(ordered->end(), tied.begin(), tied.end());
-        }
-        return names;
-    }
 
     static Generator seeded(const config_type& config) {
         if constexpr (requires { config.seed; }) return Generator(config.seed);

@@ -218,14 +218,16 @@ public:
         state_slot slot;
         slot.what = olmax::detail::concat(dtype_name<T>(), " ", to_string(t.shape()));
         slot.shape = t.shape();
-        slot.read = [impl] {
-            const T* p = impl->data();
-            std::vector<float> out(numel(impl->shape));
+        // Handles, not the implementation: a handle keeps the host buffer alive after the caller's
+        // own handles go (core/tensor.hpp frees a buffer that only non-handles still reach).
+        slot.read = [host = t] {
+            const T* p = host.data();
+            std::vector<float> out(host.size());
             for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
             return out;
         };
-        slot.write = [impl](const std::vector<float>& values) {
-            T* p = impl->data();
+        slot.write = [host = t](const std::vector<float>& values) mutable {
+            T* p = host.data();
             for (std::size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
         };
         state_.push_back(std::move(slot));

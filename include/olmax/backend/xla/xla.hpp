@@ -6,10 +6,7 @@
 // finds the xla-cpu-pjrt wheel's or takes OLMAX_PJRT_INCLUDE_DIR), and so is device_program.hpp,
 // which runs a traced whole step with its state on the device. See docs/xla.md.
 #include "olmax/backend/xla/backend.hpp"
-#include "olmax/backend/xla/graph/adam.hpp"
 #include "olmax/backend/xla/graph/emit.hpp"
 #include "olmax/backend/xla/graph/evaluate.hpp"
-#include "olmax/backend/xla/graph/gradients.hpp"
 #include "olmax/backend/xla/graph/graph.hpp"
-#include "olmax/backend/xla/graph/residual_lm.hpp"
 #include "olmax/backend/xla/stablehlo/stablehlo.hpp"
