@@ -92,7 +92,7 @@ public:
     Fingerprint& add_parameters(const std::vector<Named>& named) {
         for (const auto& p : named) {
             using T = typename std::remove_cvref_t<decltype(p.tensor)>::value_type;
-            add("parameter " + std::string(p.name), olmax::detail::concat(dtype_name<T>(), " ", to_string(p.tensor.shape())));
+            add("parameter " + std::string(p.name), olmax::detail::concat(dtype_name<T>(), " ", olmax::to_string(p.tensor.shape())));
         }
         return *this;
     }
