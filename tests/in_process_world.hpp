@@ -63,7 +63,7 @@ public:
 
     /// Runs `body(comm)` on one thread per rank; returns each rank's exception (null: it returned).
     std::vector<std::exception_ptr> run(const std::function<void(olmax::distributed::Communicator&)>& body) {
-        std::vector<std::exception_ptr> errors(std::size_t(size_));
+        std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size_));
         std::vector<std::thread> threads;
         for (int r = 0; r < size_; ++r)
             threads.emplace_back([&, r] {

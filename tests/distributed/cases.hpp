@@ -26,10 +26,10 @@
 //   case_overlap_abandon    rank 1's backward throws: rank 1 gets that exception and its reducer
 //                     refuses the next step; rank 0's step times out with distributed_error.
 //   case_agreement    check_agreement between processes: equal fingerprints pass; a value that
-//                     differs on the last rank, a rank that declares 500 entries more (bytes that
-//                     would crash a collective of mismatched sizes) and, with 3 ranks, differences
-//                     on two ranks give every rank the same disagreement_error; the communicator
-//                     still works afterwards.
+//                     differs on the last rank, a last rank that declares 500 entries more (bytes
+//                     that would crash a collective of mismatched sizes) or two fewer, and, with 3
+//                     ranks, differences on two ranks give every rank the same disagreement_error;
+//                     the communicator still works afterwards.
 
 #include <chrono>
 #include <cmath>
@@ -546,6 +546,12 @@ inline void case_agreement(dist::Communicator& comm) {
                         olmax::detail::concat("ranks disagree on 'parameter layer0.w': rank ", last,
                                               " has float32 [64, 64], rank 0 has no such entry (it declares 4 entries, rank ", last, " 504) (1",
                                               of, "differs ", tail));
+
+    dist::Fingerprint shorter;  // the last rank lacks the entry: it sends an empty one
+    shorter.add("--block", "conv_mixer").add("--features", std::int64_t(64));
+    expect_disagreement(comm, comm.rank() == last ? shorter : agreement_base(),
+                        olmax::detail::concat("ranks disagree on '--lr': rank 0 has 0.003, rank ", last,
+                                              " has no such entry (it declares 2 entries, rank 0 4) (1", of, "differs ", tail));
 
     if (world >= 3) {  // rank 1 differs late, rank 2 early: the earlier entry is named, at rank 2
         dist::Fingerprint mine = agreement_base();

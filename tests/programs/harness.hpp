@@ -85,9 +85,7 @@ struct Started {
 
 /// Starts `program args...` in `workdir` with stdin closed, stdout and stderr to files named after
 /// `name` there, and SIGINT and SIGTERM at their default actions (whatever the test runner's were).
-/// `env` adds NAME=VALUE entries to its environment.
-inline Started start(const Program& tested, const std::vector<std::string>& args, const fs::path& workdir, const std::string& name = "",
-              const std::vector<std::string>& env = {}) {
+inline Started start(const Program& tested, const std::vector<std::string>& args, const fs::path& workdir, const std::string& name = "") {
     const std::string& program = tested.path;
     Started s;
     s.command = program;
@@ -109,7 +107,6 @@ inline Started start(const Program& tested, const std::vector<std::string>& args
         ::dup2(in, 0), ::dup2(out, 1), ::dup2(err, 2);
         ::signal(SIGINT, SIG_DFL);
         ::signal(SIGTERM, SIG_DFL);
-        for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
         ::execv(program.c_str(), argv.data());
         ::_exit(127);
     }

@@ -85,7 +85,7 @@ void stop_and_resume(int signal) {
     const Program train_lm = train_lm_program();
     TempDir dir;
     write_file(dir.path / "corpus.txt", fortune_corpus());
-    constexpr int steps = 400;
+    constexpr int steps = 1000;  // the signal comes near step 20: a margin for a loaded machine
     const auto args = stop_run(dir.path / "corpus.txt", dir.path / "stopped", steps);
     const Started started = start(train_lm, args, dir.path, "stopped");
     REQUIRE(wait_for_text(started.out_file, "step 20/"));
