@@ -84,6 +84,19 @@ TEST_CASE("Fingerprint: entries in order, exact numbers, bytes that read back, a
     CHECK(p.entries()[0].value == "float32 [4, 3]");
 }
 
+TEST_CASE("the in-process world refuses collectives whose sizes differ between ranks, as the checks below rely on", "[distributed][agreement]") {
+    InProcessWorld world(2);
+    const auto errors = world.run([&](dist::Communicator& comm) {
+        std::vector<char> own(comm.rank() == 0 ? 24 : 40);  // what a check that sent each rank's own bytes would do
+        comm.broadcast(std::span<char>(own), 0);
+    });
+    CHECK(world.mismatched());
+    for (const auto& e : errors) {
+        REQUIRE(e);
+        CHECK_THROWS_AS(std::rethrow_exception(e), InProcessWorld::mismatch);
+    }
+}
+
 TEST_CASE("check_agreement: agreeing ranks pass with two small collectives; a world of one exchanges nothing", "[distributed][agreement]") {
     dist::LocalCommunicator local;
     dist::check_agreement(local, base());
