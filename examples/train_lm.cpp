@@ -12,6 +12,7 @@
 // SIGINT / SIGTERM after finishing the current step and writing a checkpoint (all ranks together;
 // a second SIGINT stops at once, without one).
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cinttypes>
@@ -116,9 +117,10 @@ std::optional<olmax::io::Archive> share_checkpoint(dist::Communicator& comm, con
 /// verdict). Every other flag must agree (docs/DISTRIBUTED.md).
 bool may_differ_between_ranks(std::string_view key) {
     static const std::unordered_set<std::string_view> keys{
-        "data",       "checkpoint_every", "checkpoint_dir", "keep_checkpoints", "resume",      "log_every", "threads",
-        "data_parallel", "kept_layers", "plot",          "time_budget_s",    "rank",        "rendezvous", "collective_timeout_s",
-        "xla_plugin", "sample_bytes",     "temperature",    "top_k",            "top_p",       "prompt"};
+        "data", "checkpoint_dir", "rendezvous", "rank", "collective_timeout_s", "xla_plugin",              // files and peers
+        "threads", "data_parallel", "kept_layers",                                                       // this process's resources
+        "checkpoint_every", "keep_checkpoints", "resume", "log_every", "plot", "time_budget_s",           // rank 0's
+        "sample_bytes", "temperature", "top_k", "top_p", "prompt"};
     return keys.contains(key);
 }
 
