@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -177,17 +178,32 @@ public:
     /// `count` sampled bytes continuing `prompt` (stops early at an end-of-document byte).
     std::string sample(const std::string& prompt, std::size_t count, std::size_t sequence, const data::SamplingConfig& sampling,
                        Generator& sampler) const {
+        std::string out;
+        sample(prompt, count, sequence, sampling, sampler, [&](char byte) {
+            out.push_back(byte);
+            return true;
+        });
+        return out;
+    }
+
+    /// The same bytes, each handed to `on_byte` as soon as it is drawn (a program prints them as
+    /// they come); sampling also stops when `on_byte` returns false. Returns how many were drawn.
+    template <class OnByte>
+        requires std::predicate<OnByte&, char>
+    std::size_t sample(const std::string& prompt, std::size_t count, std::size_t sequence, const data::SamplingConfig& sampling,
+                       Generator& sampler, OnByte&& on_byte) const {
         std::vector<std::uint8_t> context = data::ByteTokenizer::encode(prompt);
         context.insert(context.begin(), data::ByteTokenizer::end_of_document);
-        std::string out;
+        std::size_t drawn = 0;
         for (std::size_t i = 0; i < count; ++i) {
             const auto logits = next_logits(context, sequence);
             const auto byte = std::uint8_t(data::sample_token(std::span<const T>(logits), sampling, sampler));
             if (byte == data::ByteTokenizer::end_of_document) break;
             context.push_back(byte);
-            out.push_back(char(byte));
+            ++drawn;
+            if (!on_byte(char(byte))) break;
         }
-        return out;
+        return drawn;
     }
 
 private:
