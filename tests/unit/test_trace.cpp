@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <olmax/backend/xla/graph/evaluate.hpp>
+#include <olmax/xla/graph/evaluate.hpp>
 #include <olmax/olmax.hpp>
 #include <olmax/trace/trace.hpp>
 
@@ -235,4 +235,28 @@ TEST_CASE("trace: what cannot be traced fails at trace time with one line naming
                           Catch::Contains("my_op ran a parallel loop on traced tensors"));
     }
     CHECK_THROWS_WITH(trace::tracing(), Catch::Contains("already running"));
+}
+
+TEST_CASE("trace: a reversible stack's traced backward rebuilds each layer's input and stores nothing per layer", "[trace]") {
+    // depth 5 of a block whose period at S = 32 is 2: two loop iterations of 2 layers, then one.
+    // The loop storing its carries holds them as one [2, 2 streams, 1, 32, 4] buffer.
+    for (bool reversible : {true, false}) {
+        INFO((reversible ? "memory saving" : "inputs stored"));
+        olmax::nn::Config config;
+        config.features = 4;
+        config.norm_eps = 1e-3;
+        config.reversible_backward = reversible;
+        olmax::Generator rng(4);
+        olmax::nn::Stack<olmax::models::ConvMixer::block<float>> stack(config, 5, rng);
+        trace::tracing t;
+        for (const auto& p : olmax::optim::parameters_of(stack)) t.bind_state(p.tensor);
+        auto x = t.input<float>({2, 1, 32, 4}).set_requires_grad(true);
+        Tensor<float> loss = olmax::sum(olmax::square(stack.forward(x)));
+        loss.backward();
+        const std::string text = t.finish({loss, x.grad()}).module.text;
+        CHECK((text.find("tensor<2x2x1x32x4xf32>") != std::string::npos) == !reversible);
+        std::size_t loops = 0;
+        for (auto at = text.find("stablehlo.while"); at != std::string::npos; at = text.find("stablehlo.while", at + 1)) ++loops;
+        CHECK(loops == 2);  // the forward loop and the reverse loop, whatever the depth
+    }
 }

@@ -1,4 +1,4 @@
-// The traced-program IR of the XLA path (olmax/backend/xla/graph): primitives evaluate as StableHLO
+// The traced-program IR of the XLA path (olmax/xla/graph): primitives evaluate as StableHLO
 // defines them, bad programs fail while they are built naming the primitive, and the emitter writes
 // the ops named. The primitives' gradients are the tracer's (tests/unit/test_trace.cpp checks them
 // against finite differences); running modules on a real PJRT plugin is in tests/xla/.
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include <olmax/backend/xla/graph/emit.hpp>
-#include <olmax/backend/xla/graph/evaluate.hpp>
+#include <olmax/xla/graph/emit.hpp>
+#include <olmax/xla/graph/evaluate.hpp>
 
 namespace gx = olmax::xla::graph;
 using gx::dims_t;

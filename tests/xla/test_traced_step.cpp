@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <olmax/backend/xla/pjrt_runtime.hpp>
+#include <olmax/xla/pjrt_runtime.hpp>
 #include <olmax/olmax.hpp>
 #include <olmax/models/xla_trainer.hpp>
 #include <olmax/trace/program.hpp>

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include <olmax/backend/xla/device_program.hpp>
-#include <olmax/backend/xla/graph/emit.hpp>
-#include <olmax/backend/xla/graph/evaluate.hpp>
+#include <olmax/xla/device_program.hpp>
+#include <olmax/xla/graph/emit.hpp>
+#include <olmax/xla/graph/evaluate.hpp>
 #include <olmax/olmax.hpp>
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "olmax/backend/xla/device_program.hpp"
+#include "olmax/xla/device_program.hpp"
 #include "olmax/trace/tracer.hpp"
 
 namespace olmax::trace {

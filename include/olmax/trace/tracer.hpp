@@ -1,6 +1,6 @@
 #pragma once
 // The tracer: while a `tracing` scope lives on a thread, tensors made there are values of one
-// program (a graph of StableHLO-level primitives, olmax/backend/xla/graph/graph.hpp) instead of
+// program (a graph of StableHLO-level primitives, olmax/xla/graph/graph.hpp) instead of
 // arrays of elements. Ops on them run their lowering rules (rules.hpp), the tape records the rules'
 // primitives with their gradients (primitives.hpp), and so a model's ordinary forward, `backward()`
 // and optimiser step, run once inside the scope, write the whole training step as one program.
@@ -29,8 +29,8 @@
 #include "olmax/backend/kernels.hpp"
 #include "olmax/backend/registry.hpp"
 #include "olmax/backend/trace_rules.hpp"
-#include "olmax/backend/xla/graph/emit.hpp"
-#include "olmax/backend/xla/graph/graph.hpp"
+#include "olmax/xla/graph/emit.hpp"
+#include "olmax/xla/graph/graph.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/core/traced.hpp"
 

@@ -14,10 +14,10 @@
 #include <string_view>
 #include <vector>
 
-#include "olmax/backend/xla/graph/graph.hpp"
-#include "olmax/backend/xla/stablehlo/function_builder.hpp"
-#include "olmax/backend/xla/stablehlo/module.hpp"
-#include "olmax/backend/xla/stablehlo/scan.hpp"
+#include "olmax/xla/graph/graph.hpp"
+#include "olmax/xla/stablehlo/function_builder.hpp"
+#include "olmax/xla/stablehlo/module.hpp"
+#include "olmax/xla/stablehlo/scan.hpp"
 
 namespace olmax::xla::graph {
 

@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#include "olmax/backend/xla/graph/graph.hpp"
+#include "olmax/xla/graph/graph.hpp"
 
 namespace olmax::xla::graph {
 

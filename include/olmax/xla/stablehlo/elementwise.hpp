@@ -4,9 +4,9 @@
 #include <string>
 #include <string_view>
 
-#include "olmax/backend/xla/stablehlo/function_builder.hpp"
-#include "olmax/backend/xla/stablehlo/ir.hpp"
-#include "olmax/backend/xla/stablehlo/module.hpp"
+#include "olmax/xla/stablehlo/function_builder.hpp"
+#include "olmax/xla/stablehlo/ir.hpp"
+#include "olmax/xla/stablehlo/module.hpp"
 
 namespace olmax::xla::stablehlo {
 

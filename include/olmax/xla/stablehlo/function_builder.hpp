@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "olmax/backend/xla/stablehlo/ir.hpp"
+#include "olmax/xla/stablehlo/ir.hpp"
 #include "olmax/core/error.hpp"
 
 namespace olmax::xla::stablehlo {

@@ -30,8 +30,8 @@
 #include <utility>
 #include <vector>
 
-#include "olmax/backend/xla/pjrt_runtime.hpp"
-#include "olmax/backend/xla/stablehlo/module.hpp"
+#include "olmax/xla/pjrt_runtime.hpp"
+#include "olmax/xla/stablehlo/module.hpp"
 
 namespace olmax::xla {
 

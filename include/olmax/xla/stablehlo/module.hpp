@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "olmax/backend/xla/stablehlo/ir.hpp"
+#include "olmax/xla/stablehlo/ir.hpp"
 
 namespace olmax::xla::stablehlo {
 

@@ -10,11 +10,11 @@
 //                   module_cache), scan.hpp (scan_forward, scan_backward and the scan lowerings),
 //                   qrnn.hpp, matmul.hpp, elementwise.hpp, reduction.hpp
 
-#include "olmax/backend/xla/stablehlo/elementwise.hpp"
-#include "olmax/backend/xla/stablehlo/function_builder.hpp"
-#include "olmax/backend/xla/stablehlo/ir.hpp"
-#include "olmax/backend/xla/stablehlo/matmul.hpp"
-#include "olmax/backend/xla/stablehlo/module.hpp"
-#include "olmax/backend/xla/stablehlo/qrnn.hpp"
-#include "olmax/backend/xla/stablehlo/reduction.hpp"
-#include "olmax/backend/xla/stablehlo/scan.hpp"
+#include "olmax/xla/stablehlo/elementwise.hpp"
+#include "olmax/xla/stablehlo/function_builder.hpp"
+#include "olmax/xla/stablehlo/ir.hpp"
+#include "olmax/xla/stablehlo/matmul.hpp"
+#include "olmax/xla/stablehlo/module.hpp"
+#include "olmax/xla/stablehlo/qrnn.hpp"
+#include "olmax/xla/stablehlo/reduction.hpp"
+#include "olmax/xla/stablehlo/scan.hpp"

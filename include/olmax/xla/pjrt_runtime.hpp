@@ -17,7 +17,7 @@
 #include <dlfcn.h>
 
 #if !__has_include(<xla/pjrt/c/pjrt_c_api.h>)
-#error "olmax/backend/xla/pjrt_runtime.hpp needs the PJRT C API header xla/pjrt/c/pjrt_c_api.h: configure with -DOLMAX_PJRT_INCLUDE_DIR=<folder containing xla/> and link olmax::pjrt (docs/xla.md)"
+#error "olmax/xla/pjrt_runtime.hpp needs the PJRT C API header xla/pjrt/c/pjrt_c_api.h: configure with -DOLMAX_PJRT_INCLUDE_DIR=<folder containing xla/> and link olmax::pjrt (docs/xla.md)"
 #endif
 #include <xla/pjrt/c/pjrt_c_api.h>
 
@@ -34,7 +34,7 @@
 #include <variant>
 #include <vector>
 
-#include "olmax/backend/xla/xla.hpp"
+#include "olmax/xla/xla.hpp"
 
 namespace olmax::xla::pjrt {
 

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <string>
 
-#include "olmax/backend/xla/stablehlo/function_builder.hpp"
-#include "olmax/backend/xla/stablehlo/ir.hpp"
-#include "olmax/backend/xla/stablehlo/module.hpp"
+#include "olmax/xla/stablehlo/function_builder.hpp"
+#include "olmax/xla/stablehlo/ir.hpp"
+#include "olmax/xla/stablehlo/module.hpp"
 #include "olmax/core/error.hpp"
 
 namespace olmax::xla::stablehlo {

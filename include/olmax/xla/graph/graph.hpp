@@ -26,8 +26,8 @@
 #include <utility>
 #include <vector>
 
-#include "olmax/backend/xla/stablehlo/ir.hpp"
-#include "olmax/backend/xla/stablehlo/scan_strategy.hpp"
+#include "olmax/xla/stablehlo/ir.hpp"
+#include "olmax/xla/stablehlo/scan_strategy.hpp"
 #include "olmax/core/error.hpp"
 
 namespace olmax::xla::graph {

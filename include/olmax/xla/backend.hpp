@@ -3,7 +3,7 @@
 //
 // Tensors moved to `xla_device()` (`t.to(backend::xla_device())`) stay in host memory; ops on them
 // run on `kernels<xla>()`, whose primitives reach the PJRT device through a `device_dispatcher`
-// that the PJRT runtime (olmax/backend/xla/pjrt_runtime.hpp, built only when the PJRT C API header
+// that the PJRT runtime (olmax/xla/pjrt_runtime.hpp, built only when the PJRT C API header
 // is available) attaches at run time. Primitives with a StableHLO lowering (float GEMM, float sum)
 // run on the attached device, with a host round trip per call; everything else -- the C++ loop
 // bodies of element-wise and shape ops (`parallel_for`), double precision (not native on TPU), or
