@@ -260,3 +260,14 @@ TEST_CASE("trace: a reversible stack's traced backward rebuilds each layer's inp
         CHECK(loops == 2);  // the forward loop and the reverse loop, whatever the depth
     }
 }
+
+TEST_CASE("trace: an op without a rule inside a stack's layer names the op and the stack", "[trace]") {
+    olmax::nn::Config config;
+    config.features = 4;
+    config.depth = 2;
+    olmax::Generator rng(1);
+    olmax::nn::Stack<olmax::nn::Mish<float>> stack(config, rng);  // mish has no lowering rule
+    trace::tracing t;
+    auto x = t.input<float>({1, 3, 4});
+    CHECK_THROWS_WITH(stack.forward(x), Catch::Contains("'mish' has no lowering rule") && Catch::Contains("(in a layer of nn::Stack<"));
+}

@@ -35,11 +35,21 @@ using Tf = Tensor<float>;
 
 /// `period` layers in a row on traced values of one body: `layer` holds [period, ...] slices
 /// (period > 1) or one layer's parameters.
+/// loop.body (or loop.inverse) of layer `position`; a trace_error from inside names the stack too.
+inline Tf run_layer(const backend::trace::layer_loop& loop, const backend::trace::layer_loop::layer_fn& f, const Tf& h,
+                    std::span<const Tf> layer, std::span<const Tf> shared, std::size_t position) {
+    try {
+        return f(h, layer, shared, position);
+    } catch (const trace_error& e) {
+        throw trace_error(olmax::detail::concat(e.what(), " (in a layer of ", loop.name, ")"));
+    }
+}
+
 inline Tf run_period(const backend::trace::layer_loop& loop, Tf h, std::span<const Tf> layer, std::span<const Tf> shared) {
     for (std::size_t position = 0; position < loop.period; ++position) {
         std::vector<Tf> own;
         for (const auto& w : layer) own.push_back(loop.period > 1 ? p::take_leading(w, position) : w);
-        h = loop.body(h, own, shared, position);
+        h = run_layer(loop, loop.body, h, own, shared, position);
     }
     return h;
 }
@@ -88,7 +98,7 @@ inline std::shared_ptr<gx::layer_body> gradient_body(const backend::trace::layer
         for (std::size_t position = loop.period; position-- > 0;) {
             std::vector<Tf> own;
             for (const auto& w : b.layer) own.push_back(loop.period > 1 ? p::take_leading(w, position) : w);
-            input = loop.inverse(input, own, b.shared, position);
+            input = run_layer(loop, loop.inverse, input, own, b.shared, position);
         }
     }
     // Leaves of a fresh tape: the input and every parameter, then the layers again with gradients on.
@@ -154,10 +164,13 @@ inline Tf loop_node(const backend::trace::layer_loop& loop, const Tf& carry, con
 }
 
 inline Tf lower_layer_loop(const backend::trace::layer_loop& loop) {
-    check<trace_error>(loop.period >= 1 && loop.depth >= 1 && !loop.stacked.empty(), "olmax: ", loop.name,
-                       ": a layer loop needs a depth, a period >= 1 and at least one per-layer parameter");
-    const std::size_t iterations = loop.depth / loop.period, rest = loop.depth % loop.period;
+    check<trace_error>(loop.period >= 1 && loop.depth >= 1, "olmax: ", loop.name, ": a layer loop needs a depth and a period >= 1");
     Tf h = loop.input;
+    if (loop.stacked.empty()) {  // layers without parameters of their own: nothing to loop over, so one after another
+        for (std::size_t l = 0; l < loop.depth; ++l) h = run_layer(loop, loop.body, h, {}, loop.shared, l % loop.period);
+        return h;
+    }
+    const std::size_t iterations = loop.depth / loop.period, rest = loop.depth % loop.period;
     if (iterations > 0) {
         std::vector<Tf> looped;  // [iterations, (period,) ...]
         for (const auto& w : loop.stacked) {
@@ -174,7 +187,7 @@ inline Tf lower_layer_loop(const backend::trace::layer_loop& loop) {
     for (std::size_t r = 0; r < rest; ++r) {  // the layers after the last whole period, recorded as they run
         std::vector<Tf> own;
         for (const auto& w : loop.stacked) own.push_back(p::take_leading(w, iterations * loop.period + r));
-        h = loop.body(h, own, loop.shared, r);
+        h = run_layer(loop, loop.body, h, own, loop.shared, r);
     }
     return h;
 }
