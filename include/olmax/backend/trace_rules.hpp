@@ -52,6 +52,18 @@ inline rule_table& rules() {
     return table;
 }
 
+/// A traced tensor of element type To naming `t`'s value (the program holds every value as float32).
+template <Scalar To, Scalar From>
+Tensor<To> retyped(const Tensor<From>& t) {
+    const auto& from = olmax::detail::impl_of(t);
+    auto impl = std::make_shared<olmax::detail::TensorImpl<To>>();
+    impl->device = from.device;
+    impl->shape = from.shape;
+    impl->traced = true;
+    impl->symbol = from.symbol;
+    return olmax::detail::TensorAccess<To>::from_impl(std::move(impl));
+}
+
 }  // namespace detail
 
 /// Sets the rule of op `op` (a later registration replaces an earlier one).
@@ -85,17 +97,8 @@ Tensor<float> as_float(const Tensor<T>& t) {
         impl->symbol = tracer->capture(std::move(values), t.shape());
         return olmax::detail::TensorAccess<float>::from_impl(std::move(impl));
     }
-    if constexpr (std::is_same_v<T, float>) {
-        return t;
-    } else {
-        const auto& from = olmax::detail::impl_of(t);
-        auto impl = std::make_shared<olmax::detail::TensorImpl<float>>();
-        impl->device = from.device;
-        impl->shape = from.shape;
-        impl->traced = true;
-        impl->symbol = from.symbol;
-        return olmax::detail::TensorAccess<float>::from_impl(std::move(impl));
-    }
+    if constexpr (std::is_same_v<T, float>) return t;
+    else return detail::retyped<float>(t);
 }
 
 /// The same traced value seen as a tensor of element type `To` (token ids the program holds as
@@ -103,13 +106,7 @@ Tensor<float> as_float(const Tensor<T>& t) {
 template <Scalar To>
 Tensor<To> as_type(const Tensor<float>& t) {
     check<trace_error>(t.traced(), "olmax: trace::as_type of a tensor that is not traced");
-    const auto& from = olmax::detail::impl_of(t);
-    auto impl = std::make_shared<olmax::detail::TensorImpl<To>>();
-    impl->device = from.device;
-    impl->shape = from.shape;
-    impl->traced = true;
-    impl->symbol = from.symbol;
-    return olmax::detail::TensorAccess<To>::from_impl(std::move(impl));
+    return detail::retyped<To>(t);
 }
 
 /// Makes `dst` (a traced tensor) name `value` from here on: an in-place update inside a traced
