@@ -13,7 +13,7 @@ Which blocks:
 
 How: all blocks of one markdown file go into ONE translation unit (a few seconds of compiling per
 file, not per snippet). `#include` lines are hoisted to the top; each block's code goes into its own
-`namespace snippet_<n>`, so blocks may reuse names; `#line` directives make compiler errors point
+`namespace snippet_<file>_<n>`, so blocks may reuse names; `#line` directives make compiler errors point
 at the markdown file and line. A driver calls every runnable block's `main` in document order.
 
 Usage:
@@ -83,7 +83,7 @@ def translation_unit(shown, blocks, function):
     for index, block in enumerate(blocks):
         if not block.is_cpp or block.skip:
             continue
-        name = f"snippet_{index}"
+        name = f"snippet_{unit_name(shown)}_{index}"  # unique in the program, not only in its file
         code = []
         main_line = None
         for offset, line in enumerate(block.lines):
