@@ -271,7 +271,7 @@ public:
     static constexpr std::string_view name = "selective_ssm";
 
     /// features -> features with every other size at Mamba's default (E = 2 D, N = 16, K = 4).
-    SelectiveSSM(const Config& config, Generator& rng) : SelectiveSSM(SelectiveSSMConfig{.features = config.features}, rng) {}
+    SelectiveSSM(const Config& config, Generator& rng) : SelectiveSSM(SelectiveSSMConfig{.features = config.checked_features("nn::SelectiveSSM")}, rng) {}
 
     /// Mamba's initialisation: A_log[e, n] = log(n + 1) (so A = -(n + 1), the S4D-real init),
     /// D = 1, dt_bias = softplus^-1(dt) with dt log-uniform in [dt_min, dt_max], dt_proj uniform in
