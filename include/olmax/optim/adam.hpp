@@ -31,11 +31,10 @@
 #include <utility>
 #include <vector>
 
-#include <xsimd/xsimd.hpp>
-
 #include "olmax/autodiff/gradient_hooks.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/core.hpp"
+#include "olmax/detail/simd.hpp"
 #include "olmax/optim/clipping.hpp"
 #include "olmax/optim/param.hpp"
 #include "olmax/optim/schedule.hpp"
