@@ -246,9 +246,9 @@ TEST_CASE("olmax::nn::Config has no silent width or depth", "[errors][nn]") {
     olmax::Generator rng(1);
     const olmax::nn::Config unset;
     CHECK(unset.features == 0);
-    CHECK_THROWS_WITH(olmax::nn::Linear<float>(unset, rng), Catch::Contains("olmax::nn::Linear: olmax::nn::Config::features is 0 (not set)"));
-    CHECK_THROWS_WITH((olmax::nn::Sandwich<olmax::nn::QRNN<>>(unset, rng)), Catch::Contains("olmax::nn::Config::features is 0"));
-    CHECK_THROWS_WITH(olmax::nn::Embedding<float>(unset, rng), Catch::Contains("olmax::nn::Embedding: olmax::nn::Config::features is 0"));
+    CHECK_THROWS_WITH(olmax::nn::Linear<float>(unset, rng), Catch::Contains("nn::Linear: nn::Config::features is 0 (not set)"));
+    CHECK_THROWS_WITH((olmax::nn::Sandwich<olmax::nn::QRNN<>>(unset, rng)), Catch::Contains("nn::Config::features is 0"));
+    CHECK_THROWS_WITH(olmax::nn::Embedding<float>(unset, rng), Catch::Contains("nn::Embedding: nn::Config::features is 0"));
     CHECK_THROWS_WITH(olmax::nn::Stack<olmax::nn::Linear<float>>(olmax::nn::Config{.features = 4}, rng), Catch::Contains("depth must be at least 1, got 0"));
     CHECK(olmax::nn::Stack<olmax::nn::Linear<float>>(olmax::nn::Config{.features = 4, .depth = 3}, rng).depth() == 3);
 }
