@@ -242,7 +242,7 @@ TEST_CASE("gates given per channel are refused with the expansion that works", "
     CHECK(per_channel.grad().shape() == olmax::Shape{4});
 }
 
-TEST_CASE("olmax::nn::Config has no silent width or depth", "[errors][nn]") {
+TEST_CASE("nn::Config has no silent width or depth", "[errors][nn]") {
     olmax::Generator rng(1);
     const olmax::nn::Config unset;
     CHECK(unset.features == 0);
