@@ -1,4 +1,4 @@
-# olmax::pjrt: what code that includes olmax/backend/xla/pjrt_runtime.hpp links. The runtime is
+# olmax::pjrt: what code that includes olmax/xla/pjrt_runtime.hpp links. The runtime is
 # header-only like the rest of olmax, but it needs the PJRT C API header (xla/pjrt/c/pjrt_c_api.h,
 # third-party source that olmax does not ship) and libdl (plugins are loaded with dlopen).
 #

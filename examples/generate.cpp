@@ -3,7 +3,9 @@
 //         --sample_bytes=400 --temperature=0.8 --top_k=40 --top_p=0.95
 // The model's shape comes from the config stored in the checkpoint; sampling keys given on the
 // command line (prompt, sample_bytes, temperature, top_k, top_p, seed) override it. A positional
-// argument names a checkpoint file instead of the newest one in --checkpoint_dir.
+// argument names a checkpoint file instead of the newest one in --checkpoint_dir. The text is
+// printed as it is sampled. Ctrl-C (SIGINT) or SIGTERM stops after the byte being drawn: the text
+// so far, a line saying so on stderr, exit status 128 + the signal (130, 143).
 
 #include <algorithm>
 #include <iostream>
@@ -16,6 +18,7 @@ namespace config = olmax::config;
 namespace io = olmax::io;
 
 int run(int argc, char** argv) {
+    olmax::stop_on_signals stop("generate", "stopping after this byte");
     config::TrainConfig flags;
     auto cl = config::parse_command_line(flags, argc, argv);
     if (cl.help) {
@@ -70,7 +73,17 @@ int run(int argc, char** argv) {
 
         olmax::Generator sampler(std::uint64_t(c.seed) + 1);
         const olmax::data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
-        std::cout << c.prompt << model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler) << "\n";
+        std::cout << c.prompt << std::flush;
+        const std::size_t drawn = model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler, [](char byte) {
+            std::cout << byte << std::flush;
+            return !olmax::stop_requested();
+        });
+        std::cout << "\n" << std::flush;
+        if (olmax::stop_requested()) {
+            std::cerr << "generate: stopped by " << olmax::signal_name(olmax::stop_signal()) << " after " << drawn << " of " << c.sample_bytes
+                      << " bytes" << std::endl;
+            return olmax::stop_signal() > 0 ? 128 + olmax::stop_signal() : 0;
+        }
         return 0;
     });
 }

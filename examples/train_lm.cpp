@@ -7,11 +7,15 @@
 // Shows a progress bar (plain log lines when stdout is not a terminal), evaluates on held-out
 // documents, writes checkpoints (resumed automatically), metrics.csv and loss.png into
 // --checkpoint_dir, and prints samples at the end. Exit status (olmax/config/program.hpp): 0 done,
-// 1 bad input or another failure, 2 bad usage (flags), 3 training diverged (NaN/Inf; the last good
-// checkpoint is kept).
+// 1 bad input or another failure, 2 bad usage (flags, or ranks started with settings that
+// disagree), 3 training diverged (NaN/Inf; the last good checkpoint is kept), 130 / 143 stopped by
+// SIGINT / SIGTERM after finishing the current step and writing a checkpoint (all ranks together;
+// a second SIGINT stops at once, without one).
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,12 +25,17 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <sstream>
+#include <string_view>
+#include <unordered_set>
 
 #include <olmax/olmax.hpp>
 #if defined(TRAIN_LM_WITH_ONEDNN)
 #include <olmax/backend/onednn_gemm.hpp>
 #endif
+#include <olmax/distributed/agreement.hpp>
 #include <olmax/distributed/overlapped_allreduce.hpp>
+#include <olmax/distributed/stop.hpp>
 #if defined(TRAIN_LM_WITH_GLOO)  // set by examples/CMakeLists.txt when CMake found Gloo
 #include <olmax/distributed/gloo.hpp>
 #endif
@@ -103,6 +112,48 @@ std::optional<olmax::io::Archive> share_checkpoint(dist::Communicator& comm, con
     return archive;
 }
 
+/// Flags that may differ between the ranks: where each finds its files and peers, its own threads
+/// and timeouts, and what only rank 0 does (checkpoints, logs, the plot, samples, the time budget's
+/// verdict). Every other flag must agree (docs/DISTRIBUTED.md).
+bool may_differ_between_ranks(std::string_view key) {
+    static const std::unordered_set<std::string_view> keys{
+        "data", "checkpoint_dir", "rendezvous", "rank", "collective_timeout_s", "xla_plugin",              // files and peers
+        "threads", "data_parallel", "kept_layers",                                                       // this process's resources
+        "checkpoint_every", "keep_checkpoints", "resume", "log_every", "plot", "time_budget_s",           // rank 0's
+        "sample_bytes", "temperature", "top_k", "top_p", "prompt"};
+    return keys.contains(key);
+}
+
+/// What the ranks must agree on before their first collective whose size depends on it: the
+/// olmax version, every flag that must agree, each rank's share of the batch, the training bytes
+/// (by content: --data may name another path on each machine), every parameter's name, element
+/// type and shape, and the step of the checkpoint resumed from.
+template <class Named>
+dist::Fingerprint fingerprint_of(const config::TrainConfig& c, const data::Documents& train_documents, const std::vector<Named>& parameters,
+                                 std::int64_t resumed_step) {
+    dist::Fingerprint f;
+    f.add("olmax version", olmax::version_string);
+    std::istringstream lines(config::to_text(c));
+    for (std::string line; std::getline(lines, line);) {
+        const auto eq = line.find(" = ");
+        if (eq == std::string::npos || may_differ_between_ranks(std::string_view(line).substr(0, eq))) continue;
+        f.add("--" + line.substr(0, eq), line.substr(eq + 3));
+    }
+    f.add("rows per rank", c.batch / c.world_size);
+    std::uint64_t hash = 14695981039346656037ull, bytes = 0;  // FNV-1a over the documents, each ended by a 0xff
+    for (const auto& d : train_documents) {
+        for (const std::uint8_t b : d) hash = (hash ^ b) * 1099511628211ull;
+        hash = (hash ^ 0xffu) * 1099511628211ull;
+        bytes += d.size();
+    }
+    char text[96];
+    std::snprintf(text, sizeof text, "%zu documents, %" PRIu64 " bytes, FNV-1a %016" PRIx64, train_documents.size(), bytes, hash);
+    f.add("training documents", text);
+    f.add_parameters(parameters);
+    f.add("resumed from step", resumed_step);
+    return f;
+}
+
 /// Cross-entropy of held-out bytes under the training bytes' frequencies (add-one smoothed): what
 /// a model that ignores context achieves.
 double unigram_baseline(const data::Documents& train, const data::Documents& held_out) {
@@ -149,9 +200,6 @@ void check_xla_settings(const config::TrainConfig& c) {
     throw config::config_error("config: --device=xla needs a train_lm built with the PJRT runtime (CMake found no PJRT header: run "
                                "tools/setup_jax_venv.sh or set OLMAX_PJRT_INCLUDE_DIR, then rebuild)");
 #else
-    if constexpr (!models::LowerableModel<Model>)
-        throw config::config_error("config: --device=xla: the '" + c.block + "' block has no XLA lowering rule yet (docs/xla.md lists the "
-                                   "layers that have one); use --block=conv_mixer, qrnn or mamba, or --device=cpu");
     const char* env = std::getenv("OLMAX_PJRT_PLUGIN");
     const std::string plugin = !c.xla_plugin.empty() ? c.xla_plugin : env ? std::string(env) : std::string();
     olmax::check<config::config_error>(!plugin.empty(),
@@ -166,7 +214,7 @@ template <class Model>
 std::unique_ptr<XlaTrainerOf<Model>> make_xla_trainer(const config::TrainConfig& c, Model& model, optim::AdamW<float>& opt, std::ostream& out) {
     if (c.device != "xla") return nullptr;
 #if defined(TRAIN_LM_WITH_PJRT)
-    if constexpr (models::LowerableModel<Model>) {
+    {
         namespace pjrt = olmax::xla::pjrt;
         const auto& plugin = pjrt::plugin::load(c.xla_plugin);
         auto client = std::make_shared<pjrt::client>(plugin);
@@ -175,13 +223,10 @@ std::unique_ptr<XlaTrainerOf<Model>> make_xla_trainer(const config::TrainConfig&
         char line[200];
         std::snprintf(line, sizeof line, "device xla: %s, %zu device(s), step compiled in %.2f s (%zu bytes of StableHLO), data parallel over %lld\n",
                       plugin.path().c_str(), client->device_count(),
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), trainer->program().module().text.size(),
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), trainer->module().text.size(),
                       static_cast<long long>(c.xla_devices));
         out << line;
         return trainer;
-    } else {
-        check_xla_settings<Model>(c);  // refuses this case (run() calls it before any work)
-        return nullptr;
     }
 #else
     (void)model, (void)opt, (void)out;
@@ -198,9 +243,12 @@ int run(int argc, char** argv) {
     const auto cl = config::parse_train_command_line(c, argc, argv);
     if (cl.help) {
         std::cout << "usage: train_lm [--config=FILE] [--key=value ...]\n\n" << config::help_text<config::TrainConfig>()
-                  << "\nexit status: 0 done, 1 failure, 2 usage error, 3 training diverged\n";
+                  << "\nexit status: 0 done, 1 failure, 2 usage error (or ranks that disagree), 3 training diverged, 130 / 143 stopped by "
+                     "SIGINT / SIGTERM (after the current step and a checkpoint)\n";
         return 0;
     }
+    // From here on, SIGINT and SIGTERM end the run at the next step boundary, with a checkpoint.
+    olmax::stop_on_signals stop("train_lm", "finishing the current step, then writing a checkpoint");
     olmax::check<config::config_error>(cl.positional.empty(), "unexpected argument '", cl.positional.empty() ? "" : cl.positional[0],
                                        "' (flags are --key=value)");
     c.validate();
@@ -283,6 +331,14 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
         out << "resumed from " << loaded->path.string() << " at step " << loaded->archive.integer("train/step") << "\n";
         return std::move(loaded->archive);
     });
+    // Before the first collective whose size depends on the model or the flags (broadcast_parameters):
+    // ranks started differently stop here, all with the same line, instead of crashing in Gloo.
+    try {
+        dist::check_agreement(comm, fingerprint_of(c, split.train, opt.parameters(), resumed ? resumed->integer("train/step") : 0));
+    } catch (const dist::disagreement_error& e) {
+        std::cerr << "train_lm: " << e.what() << std::endl;
+        return config::exit_usage;
+    }
     if (resumed) {
         config::TrainConfig saved;
         config::load_text(saved, resumed->text("train/config"), "the checkpoint's config");
@@ -346,7 +402,8 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
     auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
     double train_seconds = 0, exchange_seconds = 0;
     bool out_of_time = false;
-    while (step < c.steps && !out_of_time) {
+    dist::StopDecision stopping;  // a signal asked some rank to stop: all stop after the same step
+    while (step < c.steps && !out_of_time && !stopping.stop) {
         const auto step_started = clock::now();
         double loss = 0;
         try {
@@ -356,6 +413,7 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
                 const auto result = xla->step(*loader.next());
                 loss = result.loss;
                 out_of_time = c.time_budget_s > 0 && train_seconds + seconds_since(step_started) >= c.time_budget_s;
+                stopping = dist::decide_stop(dist::stop_vote());  // one process (validate() refuses xla with world_size > 1)
                 olmax::check<optim::non_finite_gradient>(std::isfinite(loss) && std::isfinite(result.grad_norm), "the loss is ", loss,
                                                          " and the gradient norm ", result.grad_norm, " at step ", step + 1,
                                                          " (on the device: its state is not kept)");
@@ -378,14 +436,18 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
                 }
                 const auto exchange_started = clock::now();
                 if (!reducer) dist::allreduce_gradients(comm, tensors, dist::Reduction::mean, buckets);
-                // The batch's loss (mean over ranks) and rank 0's verdict on the time budget, in one exchange.
+                // The batch's loss (mean over ranks), rank 0's verdict on the time budget and every
+                // rank's stop vote (a signal received), in one exchange.
                 const double elapsed = train_seconds + seconds_since(step_started);
-                std::array<double, 2> shared{loss_sum / double(c.grad_accumulation),
-                                             lead && c.time_budget_s > 0 && elapsed >= c.time_budget_s ? 1.0 : 0.0};
+                const auto vote = dist::stop_vote();
+                std::array<double, 2 + dist::stop_vote_size> shared{loss_sum / double(c.grad_accumulation),
+                                                                    lead && c.time_budget_s > 0 && elapsed >= c.time_budget_s ? 1.0 : 0.0};
+                std::copy(vote.begin(), vote.end(), shared.begin() + 2);
                 comm.allreduce(std::span<double>(shared));
                 exchange_seconds += exchanged + seconds_since(exchange_started);
                 loss = shared[0] / double(ranks);
                 out_of_time = shared[1] > 0;
+                stopping = dist::decide_stop(std::span<const double>(shared).subspan(2));
                 olmax::check<optim::non_finite_gradient>(std::isfinite(loss), "the loss is ", loss, " at step ", step + 1);
                 if (!c.update_in_backward) opt.step();
             }
@@ -401,8 +463,9 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
         tokens_this_run += tokens_per_step;
         const double tokens_total = double(step) * tokens_per_step;
         if (metrics) metrics->write(step, tokens_total, "train", loss);
-        const bool last = step == c.steps || out_of_time;
-        if (step % c.eval_every == 0 || last) {
+        const bool last = step == c.steps || out_of_time || stopping.stop;
+        // A stop skips the final evaluation: a scheduler's grace period is short, the checkpoint matters.
+        if (step % c.eval_every == 0 || (last && !stopping.stop)) {
             if (xla) xla->download();
             last_eval = evaluate(model, split.held_out, c, comm);
             if (metrics) metrics->write(step, tokens_total, "eval", last_eval);
@@ -438,6 +501,17 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
                           reducer->buckets().size(), c.bucket_mb, reducer->reduced_during_backward());
             out << line;
         }
+    }
+    if (stopping.stop) {
+        // Every rank reports; rank 0 wrote the checkpoint. No loss curve, no samples: stop soon.
+        const std::string by = olmax::signal_name(stopping.signal);
+        if (lead)
+            std::cout << "stopped by " << by << " after step " << step << "; checkpoint: " << last_checkpoint.string()
+                      << " (the same command resumes from it)" << std::endl;
+        else
+            std::cout << "rank " << comm.rank() << ": stopped by " << by << " after step " << step
+                      << " together with the other ranks (rank 0 wrote the checkpoint)" << std::endl;
+        return stopping.exit_status();
     }
     if (!lead) return 0;  // the rest (loss curve, samples) is rank 0's
     std::cout << "checkpoint: " << (last_checkpoint.empty() ? std::string("(none written in this run)") : last_checkpoint.string()) << "\n";

@@ -5,7 +5,10 @@
 # --threads=T with T = cores / N unless the flags set --threads. Rank 0's output is shown as is;
 # the other ranks' lines are prefixed with "[rank R]". When a rank fails, the others are stopped
 # (they would otherwise wait for it until --collective_timeout_s) and the launcher exits with the
-# first failing rank's status.
+# first failing rank's status. SIGINT (Ctrl-C) or SIGTERM to the launcher is passed on to the ranks
+# as SIGTERM, which train_lm answers by finishing the current step and writing a checkpoint; the
+# launcher waits for them and exits with their status (143). A second SIGINT or SIGTERM kills the
+# ranks at once.
 set -uo pipefail
 
 if [ $# -lt 2 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
@@ -36,7 +39,18 @@ cleanup() {
   rm -rf "$store"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+stopping=false
+on_signal() {
+  if $stopping; then
+    echo "launch_local: stopping the ranks at once" >&2
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+    exit 130
+  fi
+  stopping=true
+  echo "launch_local: asking the ranks to stop after their current step (again: at once)" >&2
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+}
+trap on_signal INT TERM
 
 for (( rank = 0; rank < ranks; ++rank )); do
   flags=("$@" "${extra[@]}" "--world_size=$ranks" "--rank=$rank" "--rendezvous=file:$store")
@@ -64,6 +78,7 @@ while [ "${#running[@]}" -gt 0 ]; do
     code=$?
     if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then
       status=$code
+      $stopping && continue  # every rank is stopping anyway
       for (( rank = 0; rank < ranks; ++rank )); do
         [ "${pids[$rank]}" = "$pid" ] && echo "launch_local: rank $rank exited with status $code; stopping the others" >&2
       done

@@ -1,8 +1,8 @@
-// XLA compile time, module size and step time of the whole traced training step (forward, gradient
-// through the layer loop, AdamW: olmax/backend/xla/graph/residual_lm.hpp) against depth, on a PJRT
-// plugin. Usage:
-//   bench_xla_whole_step [--plugin PATH] [--depths 4,16,64,256] [--repeats 3] [--steps 5]
-//                        [--features 64] [--tokens 512] [--json OUT.json]
+// XLA compile time, module size and step time of the main job's whole training step (ByteLM's own
+// eager forward, backward and AdamW step, traced once: olmax/trace/) against depth, for each block,
+// on a PJRT plugin. Usage:
+//   bench_xla_whole_step [--plugin PATH] [--blocks conv_mixer,qrnn,mamba] [--depths 4,16,64]
+//                        [--repeats 3] [--steps 5] [--features 64] [--batch 8] [--sequence 64] [--json OUT.json]
 // The plugin comes from --plugin or $OLMAX_PJRT_PLUGIN (the xla-cpu-pjrt wheel's CPU plugin by
 // default in run.sh). Every compile is a fresh one (a new cache key); figures are medians.
 
@@ -14,16 +14,13 @@
 #include <iostream>
 #include <memory>
 #include <new>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <olmax/backend/xla/device_program.hpp>
-#include <olmax/backend/xla/graph/emit.hpp>
-#include <olmax/backend/xla/graph/residual_lm.hpp>
-
-namespace gx = olmax::xla::graph;
+#include <olmax/olmax.hpp>
+#include <olmax/trace/program.hpp>
+#include <olmax/trace/trace.hpp>
 
 namespace {
 
@@ -57,13 +54,82 @@ std::vector<std::int64_t> parse_list(const std::string& flag, const std::string&
     return out;
 }
 
+std::vector<std::string> parse_names(const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+    return out;
+}
+
+struct sizes {
+    std::size_t features = 64, batch = 8, sequence = 64;
+};
+
+/// One block's row at one depth: the traced step's module size, trace time, XLA compile times and
+/// step time.
+template <class Recipe>
+std::string measure(const std::shared_ptr<olmax::xla::pjrt::client>& client, const sizes& z, std::size_t depth, int repeats, int steps) {
+    using Model = olmax::models::ByteLM<Recipe, float>;
+    Model model(olmax::models::ByteLMConfig{z.features, depth, 1});
+    olmax::optim::AdamWConfig adam;
+    adam.schedule.peak_lr = 1e-3;
+    olmax::optim::AdamW<float> opt(model.parameters(), adam);
+    const auto t0 = std::chrono::steady_clock::now();
+    olmax::trace::traced_program traced;
+    {
+        olmax::trace::tracing t;
+        t.set_target(client->platform_name());
+        for (const auto& p : opt.parameters()) t.bind_state(p.tensor);
+        for (const auto& m : opt.moments()) t.bind_state(m);
+        const olmax::data::Batch rows{t.input<std::int32_t>({z.batch, z.sequence}), t.input<std::int32_t>({z.batch, z.sequence}),
+                                      olmax::Tensor<float>(), z.batch * z.sequence, 0};
+        olmax::Tensor<float> loss = model.loss(rows);
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        traced = t.finish({loss}, Model::name);
+    }
+    const double trace_s = seconds_since(t0);
+    std::vector<double> compile_s;
+    for (int r = 0; r < repeats; ++r) {
+        const auto c0 = std::chrono::steady_clock::now();
+        client->compile(traced.module.key + ".repeat" + std::to_string(r), traced.module.text);
+        compile_s.push_back(seconds_since(c0));
+    }
+    const std::size_t module_bytes = traced.module.text.size();
+    olmax::trace::compiled_program program(client, std::move(traced));
+    std::vector<float> ids(z.batch * z.sequence), targets(ids.size());
+    for (std::size_t n = 0; n < ids.size(); ++n) {
+        ids[n] = float(n * 31 % 256);
+        targets[n] = float((n * 31 + 1) % 256);
+    }
+    program.run({ids, targets});  // warm-up
+    std::vector<double> step_s;
+    float loss = 0;
+    for (int s = 0; s < steps; ++s) {
+        const auto s0 = std::chrono::steady_clock::now();
+        loss = program.run({ids, targets})[0][0];
+        step_s.push_back(seconds_since(s0));
+    }
+    std::printf("%-11s %6zu %12zu %10.1f %12.3f %12.2f   (loss %.4f)\n", std::string(Recipe::key).c_str(), depth, module_bytes, trace_s * 1e3,
+                median(compile_s), median(step_s) * 1e3, double(loss));
+    std::ostringstream json;
+    json << "{\"block\": \"" << Recipe::key << "\", \"depth\": " << depth << ", \"module_bytes\": " << module_bytes << ", \"trace_s\": " << trace_s
+         << ", \"compile_s_median\": " << median(compile_s) << ", \"compile_s\": [";
+    for (std::size_t r = 0; r < compile_s.size(); ++r) json << (r ? ", " : "") << compile_s[r];
+    json << "], \"step_s_median\": " << median(step_s) << ", \"final_loss\": " << loss << "}";
+    return json.str();
+}
+
 }  // namespace
+
 
 int main(int argc, char** argv) try {
     std::string plugin_path, json_path;
-    std::vector<std::int64_t> depths{4, 16, 64, 256};
+    std::vector<std::int64_t> depths{4, 16, 64};
+    std::vector<std::string> blocks{"conv_mixer", "qrnn", "mamba"};
     int repeats = 3, steps = 5;
-    gx::residual_lm_shape shape{256, 64, 4, 512};
+    sizes z;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -72,64 +138,38 @@ int main(int argc, char** argv) try {
         };
         if (a == "--plugin") plugin_path = next();
         else if (a == "--depths") depths = parse_list(a, next());
+        else if (a == "--blocks") blocks = parse_names(next());
         else if (a == "--repeats") repeats = int(std::min<std::int64_t>(positive(a, next()), 1000));
         else if (a == "--steps") steps = int(std::min<std::int64_t>(positive(a, next()), 1000000));
-        else if (a == "--features") shape.features = positive(a, next());
-        else if (a == "--tokens") shape.tokens = positive(a, next());
+        else if (a == "--features") z.features = std::size_t(positive(a, next()));
+        else if (a == "--batch") z.batch = std::size_t(positive(a, next()));
+        else if (a == "--sequence") z.sequence = std::size_t(positive(a, next()));
         else if (a == "--json") json_path = next();
         else throw std::runtime_error("unknown argument " + a + " (see the usage at the top of whole_step.cpp)");
     }
+    if (plugin_path.empty())
+        if (const char* env = std::getenv("OLMAX_PJRT_PLUGIN")) plugin_path = env;
     auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(plugin_path));
     std::ostringstream json;
-    json << "{\n  \"benchmark\": \"xla_whole_step\",\n  \"platform\": \"" << client->platform_name() << "\",\n  \"vocab\": " << shape.vocab
-         << ", \"features\": " << shape.features << ", \"tokens\": " << shape.tokens << ",\n  \"rows\": [\n";
-    std::printf("%6s %12s %10s %12s %12s\n", "depth", "module_B", "trace_ms", "compile_s", "step_ms");
-    for (std::size_t d = 0; d < depths.size(); ++d) {
-        shape.depth = depths[d];
-        const auto t0 = std::chrono::steady_clock::now();
-        const auto step = gx::trace_residual_lm_step(shape, {});
-        const auto module = gx::emit(*step.g, "residual_lm_step", step.results);
-        const double trace_s = seconds_since(t0);
-        std::vector<double> compile_s;
-        for (int r = 0; r < repeats; ++r) {
-            const auto c0 = std::chrono::steady_clock::now();
-            client->compile(module.key + ".repeat" + std::to_string(r) + ".depth" + std::to_string(shape.depth), module.text);
-            compile_s.push_back(seconds_since(c0));
+    json << "{\n  \"benchmark\": \"xla_whole_step\",\n  \"model\": \"ByteLM\",\n  \"platform\": \"" << client->platform_name()
+         << "\",\n  \"features\": " << z.features << ", \"batch\": " << z.batch << ", \"sequence\": " << z.sequence << ",\n  \"rows\": [\n";
+    std::printf("%-11s %6s %12s %10s %12s %12s\n", "block", "depth", "module_B", "trace_ms", "compile_s", "step_ms");
+    bool first = true;
+    for (const auto& block : blocks)
+        for (const auto depth : depths) {
+            std::string row;
+            if (block == "conv_mixer") row = measure<olmax::models::ConvMixer>(client, z, std::size_t(depth), repeats, steps);
+            else if (block == "qrnn") row = measure<olmax::models::QrnnMlp>(client, z, std::size_t(depth), repeats, steps);
+            else if (block == "mamba") row = measure<olmax::models::Mamba>(client, z, std::size_t(depth), repeats, steps);
+            else throw std::runtime_error("--blocks: unknown block '" + block + "' (conv_mixer, qrnn, mamba)");
+            json << (first ? "" : ",\n") << "    " << row;
+            first = false;
         }
-        olmax::xla::device_program program(client, module, step.state_count());
-        std::mt19937 rng(3);
-        std::normal_distribution<float> normal(0.0f, 0.3f / std::sqrt(float(shape.features)));
-        for (std::size_t i = 0; i < step.state_count(); ++i) {
-            std::vector<float> v(std::size_t(module.inputs[i].elements()), 0.0f);
-            if (step.state_names[i] == "stack/scale") std::fill(v.begin(), v.end(), 0.05f);
-            else if (i >= 1 && i <= 5) for (auto& x : v) x = normal(rng);
-            program.set_state(i, v);
-        }
-        std::vector<float> ids(std::size_t(shape.tokens)), targets(ids.size());
-        for (std::size_t n = 0; n < ids.size(); ++n) {
-            ids[n] = float(n * 31 % std::size_t(shape.vocab));
-            targets[n] = float((n * 31 + 1) % std::size_t(shape.vocab));
-        }
-        program.run({ids.data(), targets.data()});  // warm-up
-        std::vector<double> step_s;
-        float loss = 0;
-        for (int s = 0; s < steps; ++s) {
-            const auto s0 = std::chrono::steady_clock::now();
-            loss = program.run({ids.data(), targets.data()})[0][0];
-            step_s.push_back(seconds_since(s0));
-        }
-        std::printf("%6lld %12zu %10.1f %12.3f %12.2f   (loss %.4f)\n", (long long)shape.depth, module.text.size(), trace_s * 1e3,
-                    median(compile_s), median(step_s) * 1e3, double(loss));
-        json << "    {\"depth\": " << shape.depth << ", \"module_bytes\": " << module.text.size() << ", \"trace_emit_s\": " << trace_s
-             << ", \"compile_s_median\": " << median(compile_s) << ", \"compile_s\": [";
-        for (std::size_t r = 0; r < compile_s.size(); ++r) json << (r ? ", " : "") << compile_s[r];
-        json << "], \"step_s_median\": " << median(step_s) << ", \"final_loss\": " << loss << "}" << (d + 1 < depths.size() ? "," : "") << "\n";
-    }
-    json << "  ]\n}\n";
+    json << "\n  ]\n}\n";
     if (!json_path.empty()) std::ofstream(json_path) << json.str();
     return 0;
 } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "bench_xla_whole_step: out of memory: reduce --tokens, --features or --depths\n");
+    std::fprintf(stderr, "bench_xla_whole_step: out of memory: reduce --batch, --sequence, --features or --depths\n");
     return 1;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_xla_whole_step: %s\n", e.what());

@@ -7,7 +7,6 @@
 #include "olmax/core/core.hpp"          // Tensor, Device, Shape, errors, memory stats, random init
 #include "olmax/autodiff/autodiff.hpp"  // tape, no_grad, custom backward (custom_op, Function<Op>)
 #include "olmax/backend/backend.hpp"    // Kernels, devices' kernels, op dispatch, cpu_serial, cpu_openmp
-#include "olmax/backend/xla/xla.hpp"    // backend::xla, xla_device(), StableHLO emitter (PJRT runtime: olmax/backend/xla/pjrt_runtime.hpp)
 #include "olmax/ops/ops.hpp"            // differentiable ops
 #include "olmax/scan/scan.hpp"          // linear-recurrence scans and their strategies
 #include "olmax/nn/nn.hpp"              // layers as template types, Reversible, Stack, Sequential
@@ -18,3 +17,7 @@
 #include "olmax/testing/testing.hpp"   // check_gradients, check_layer_gradients
 #include "olmax/distributed/distributed.hpp"  // Communicator, gradient allreduce across processes (Gloo: olmax/distributed/gloo.hpp)
 #include "olmax/models/models.hpp"      // the main job's byte-level LM (ByteLM over a block recipe)
+// Not included here, so that a program that never uses them does not compile them:
+//   olmax/trace/trace.hpp   the tracer: a model's eager step as one StableHLO program (docs/xla.md)
+//   olmax/xla/xla.hpp       the XLA module: the program IR, the StableHLO emitter, backend::xla
+//   olmax/xla/pjrt_runtime.hpp, olmax/trace/program.hpp, olmax/models/xla_trainer.hpp (need olmax::pjrt)

@@ -25,6 +25,11 @@
 //                     rank 0's step must throw distributed_error within timeout + 3 s.
 //   case_overlap_abandon    rank 1's backward throws: rank 1 gets that exception and its reducer
 //                     refuses the next step; rank 0's step times out with distributed_error.
+//   case_agreement    check_agreement between processes: equal fingerprints pass; a value that
+//                     differs on the last rank, a last rank that declares 500 entries more (bytes
+//                     that would crash a collective of mismatched sizes) or two fewer, and, with 3
+//                     ranks, differences on two ranks give every rank the same disagreement_error;
+//                     the communicator still works afterwards.
 
 #include <chrono>
 #include <cmath>
@@ -44,6 +49,7 @@
 
 #include <olmax/autodiff/autodiff.hpp>
 #include <olmax/core/core.hpp>
+#include <olmax/distributed/agreement.hpp>
 #include <olmax/distributed/communicator.hpp>
 #include <olmax/distributed/data_parallel.hpp>
 #include <olmax/distributed/overlapped_allreduce.hpp>
@@ -502,6 +508,66 @@ inline void expect_failure(dist::Communicator& comm, std::string_view operation,
         refused = std::string_view(e.what()).find("unusable") != std::string_view::npos;
     }
     expect(refused, "a broken communicator accepted another collective");
+}
+
+inline dist::Fingerprint agreement_base() {
+    dist::Fingerprint f;
+    f.add("--block", "conv_mixer").add("--features", std::int64_t(64)).add("--lr", 3e-3).add("parameter head.w", "float32 [64, 257]");
+    return f;
+}
+
+/// check_agreement(comm, mine) must throw disagreement_error with exactly `expected` on this rank.
+inline void expect_disagreement(dist::Communicator& comm, const dist::Fingerprint& mine, const std::string& expected) {
+    const auto start = Clock::now();
+    std::string message;
+    try {
+        dist::check_agreement(comm, mine);
+    } catch (const dist::disagreement_error& e) {
+        message = e.what();
+    }
+    std::printf("rank %d: check_agreement failed after %.3f s: %s\n", comm.rank(), seconds_since(start), message.c_str());
+    expect(message == expected, "rank ", comm.rank(), " expected the disagreement '", expected, "', got '", message, "'");
+}
+
+inline void case_agreement(dist::Communicator& comm) {
+    const int last = comm.world_size() - 1, world = comm.world_size();
+    const std::string of = olmax::detail::concat(" of ", world, " ranks ");
+    const std::string tail = "from rank 0; every rank must run the same program with the same settings)";
+    dist::check_agreement(comm, agreement_base());  // equal: returns on every rank
+
+    dist::Fingerprint narrow;
+    narrow.add("--block", "conv_mixer").add("--features", std::int64_t(32)).add("--lr", 3e-3).add("parameter head.w", "float32 [32, 257]");
+    expect_disagreement(comm, comm.rank() == last ? narrow : agreement_base(),
+                        olmax::detail::concat("ranks disagree on '--features': rank 0 has 64, rank ", last, " has 32 (1", of, "differs ", tail));
+
+    dist::Fingerprint longer = agreement_base();
+    for (int i = 0; i < 500; ++i) longer.add(olmax::detail::concat("parameter layer", i, ".w"), "float32 [64, 64]");
+    expect_disagreement(comm, comm.rank() == last ? longer : agreement_base(),
+                        olmax::detail::concat("ranks disagree on 'parameter layer0.w': rank ", last,
+                                              " has float32 [64, 64], rank 0 has no such entry (it declares 4 entries, rank ", last, " 504) (1",
+                                              of, "differs ", tail));
+
+    dist::Fingerprint shorter;  // the last rank lacks the entry: it sends an empty one
+    shorter.add("--block", "conv_mixer").add("--features", std::int64_t(64));
+    expect_disagreement(comm, comm.rank() == last ? shorter : agreement_base(),
+                        olmax::detail::concat("ranks disagree on '--lr': rank 0 has 0.003, rank ", last,
+                                              " has no such entry (it declares 2 entries, rank 0 4) (1", of, "differs ", tail));
+
+    if (world >= 3) {  // rank 1 differs late, rank 2 early: the earlier entry is named, at rank 2
+        dist::Fingerprint mine = agreement_base();
+        if (comm.rank() == 1) mine.add("--steps", std::int64_t(10));
+        if (comm.rank() == 2) {
+            mine = dist::Fingerprint();
+            mine.add("--block", "qrnn").add("--features", std::int64_t(64)).add("--lr", 3e-3).add("parameter head.w", "float32 [64, 257]");
+        }
+        expect_disagreement(comm, mine, olmax::detail::concat("ranks disagree on '--block': rank 0 has conv_mixer, rank 2 has qrnn (2", of, "differ ", tail));
+    }
+
+    // A disagreement is not a transport failure: the communicator goes on.
+    std::vector<double> ones(3, 1.0);
+    comm.allreduce(std::span<double>(ones));
+    expect(ones[0] == double(world) && ones[2] == double(world), "the allreduce after the disagreements gave ", ones[0]);
+    std::printf("rank %d: agreement checks passed\n", comm.rank());
 }
 
 inline void case_peer_exit(dist::Communicator& comm) {

@@ -6,7 +6,7 @@
 // --rendezvous=tcp:HOST:PORT (run_ranks.sh ... tcp) meets through the TCP store rank 0 hosts
 // instead of the file store in DIR (parse_rendezvous reads the spec).
 // Cases (cases.hpp, shared with the MPI test): collectives, train, overlap, overlap_peer_exit,
-// overlap_abandon, peer_exit, peer_hang; and
+// overlap_abandon, agreement, peer_exit, peer_hang; and
 //   rendezvous   run alone in a world of 2: the rendezvous must fail within timeout + 3 s.
 //   tcp_store    one process, --rendezvous=tcp:127.0.0.1:PORT with PORT free: address and spec
 //                parsing; a client with no server fails within its timeout; a server started after
@@ -316,6 +316,7 @@ int main(int argc, char** argv) {
         else if (args.name == "overlap") case_overlap(comm);
         else if (args.name == "overlap_peer_exit") case_overlap_peer_exit(comm);
         else if (args.name == "overlap_abandon") case_overlap_abandon(comm);
+        else if (args.name == "agreement") case_agreement(comm);
         else if (args.name == "peer_exit") case_peer_exit(comm);
         else if (args.name == "peer_hang") case_peer_hang(comm);
         else throw std::invalid_argument("unknown case " + args.name);

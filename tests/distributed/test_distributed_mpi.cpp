@@ -4,7 +4,7 @@
 //   test_distributed_mpi --case=NAME [--timeout_ms=T]
 //
 // Cases (cases.hpp, shared with the Gloo test): collectives, train, overlap (the collectives on
-// OverlappedAllreduce's worker thread: MPI_THREAD_SERIALIZED suffices), peer_exit, peer_hang; and
+// OverlappedAllreduce's worker thread: MPI_THREAD_SERIALIZED suffices), agreement, peer_exit, peer_hang; and
 //   collectives  also: allreduce and broadcast in several rounds (max_count 1000), two
 //                communicators side by side, bad options refused, MPI finalised by olmax once
 //                the last communicator is gone (a new one is then refused with distributed_error).
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
     };
     if (name == "collectives") return checked([&] { case_mpi_collectives(timeout_ms); std::printf("all checks passed\n"); });
     if (name == "adopt") return checked([&] { case_adopt(timeout_ms); std::printf("all checks passed\n"); });
-    if (name != "train" && name != "overlap" && name != "peer_exit" && name != "peer_hang") {
+    if (name != "train" && name != "overlap" && name != "agreement" && name != "peer_exit" && name != "peer_hang") {
         std::fprintf(stderr, "test_distributed_mpi: unknown case '%s'\n", name.c_str());
         return 2;
     }
@@ -168,6 +168,7 @@ int main(int argc, char** argv) {
         std::printf("rank %d of %d: MPI communicator ready\n", comm->rank(), comm->world_size());
         if (name == "train") case_train(*comm);
         else if (name == "overlap") case_overlap(*comm);
+        else if (name == "agreement") case_agreement(*comm);
         else if (name == "peer_exit") case_peer_exit(*comm);
         else case_peer_hang(*comm);
         std::printf("rank %d: all checks passed\n", comm->rank());

@@ -8,6 +8,8 @@
 # 4. --overlap_allreduce=true (the exchange during backward) logs the same losses as without it,
 #    with one thread per rank and with two (data_parallel_backward shards), in tiny buckets; a bad
 #    value is a usage error.
+# 5. SIGTERM to the launcher reaches both ranks: they finish the same step, rank 0 writes a
+#    checkpoint, every process exits 143.
 set -euo pipefail
 train_lm=$1
 launcher=$2
@@ -76,3 +78,22 @@ set -e
 [ "$code" -eq 2 ] && grep -q "overlap_allreduce.*expects true or false, got 'maybe'" "$work/bad.log" ||
   { cat "$work/bad.log"; echo "FAIL: --overlap_allreduce=maybe gave exit status $code"; exit 1; }
 echo "ok: --overlap_allreduce=true logs the same losses (1 and 2 threads per rank); a bad value is a usage error"
+
+# SIGTERM to the launcher (what a batch scheduler sends): both ranks stop after the same step.
+bash "$launcher" 2 "$train_lm" "${common[@]}" --steps=100000 --eval_every=100000 --checkpoint_every=100000 --log_every=10 \
+  --threads=1 --checkpoint_dir="$work/term" > "$work/term.log" 2>&1 &
+launched=$!
+for _ in $(seq 1 600); do grep -q "^step 20/" "$work/term.log" && break; sleep 0.1; done
+kill -TERM "$launched"
+set +e
+wait "$launched"
+code=$?
+set -e
+step=$(sed -n 's/^stopped by SIGTERM after step \([0-9]*\); checkpoint: .*$/\1/p' "$work/term.log")
+# Rank 1's lines pass through the launcher's sed, which may still be writing them.
+for _ in $(seq 1 50); do grep -q "^\[rank 1\] rank 1: stopped by SIGTERM" "$work/term.log" && break; sleep 0.1; done
+if [ "$code" -ne 143 ] || [ -z "$step" ] || ! grep -q "^\[rank 1\] rank 1: stopped by SIGTERM after step $step " "$work/term.log" ||
+   [ ! -e "$work/term/ckpt-$(printf %010d "$step").olmax" ]; then
+  cat "$work/term.log"; ls -la "$work/term"; echo "FAIL: SIGTERM to the launcher: exit status $code, stopped after step '$step'"; exit 1
+fi
+echo "ok: SIGTERM to the launcher stops both ranks after step $step with rank 0's checkpoint (exit 143)"

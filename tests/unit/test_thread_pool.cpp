@@ -3,9 +3,11 @@
 #include "test_helpers.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -118,6 +120,35 @@ TEST_CASE("thread_pool: an exception from the body reaches the caller and the po
     std::atomic<std::size_t> total{0};
     cpu_openmp::parallel_for(100, 1, [&](std::size_t b, std::size_t e) { total += e - b; });
     CHECK(total.load() == 100);
+}
+
+TEST_CASE("thread_pool: an exception thrown on a worker thread reaches the caller, with its type and message", "[backend][thread_pool][errors]") {
+    bd::thread_pool pool;  // its own workers, no back-off history
+    const auto me = std::this_thread::get_id();
+    std::atomic<bool> worker_threw{false};
+    auto chunk = [&](std::size_t) {
+        if (std::this_thread::get_id() != me) {
+            worker_threw = true;
+            throw olmax::value_error("a kernel failed on a pool thread");
+        }
+        // The caller's chunks wait until a worker has taken one (at most 5 s: a machine whose workers
+        // never run fails the check below instead of hanging).
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (!worker_threw && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    };
+    std::string message;
+    try {
+        pool.run(64, 2, chunk);
+    } catch (const olmax::value_error& e) {
+        message = e.what();
+    }
+    CHECK(worker_threw);
+    CHECK(message == "a kernel failed on a pool thread");
+    CHECK(bd::this_thread_region().threads == 0);
+    std::atomic<std::size_t> visits{0};
+    auto count = [&](std::size_t) { ++visits; };
+    pool.run(64, 2, count);  // the pool still works
+    CHECK(visits.load() == 64);
 }
 
 TEST_CASE("thread_pool: one thread runs the whole range in one call on the caller", "[backend][thread_pool]") {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include <olmax/backend/xla/xla.hpp>
+#include <olmax/xla/xla.hpp>
 
 #include "test_helpers.hpp"
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "olmax/backend/xla/pjrt_runtime.hpp"
+#include "olmax/xla/pjrt_runtime.hpp"
 
 namespace pjrt = olmax::xla::pjrt;
 namespace shlo = olmax::xla::stablehlo;

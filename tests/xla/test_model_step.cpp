@@ -16,6 +16,8 @@
 #include <olmax/models/xla_trainer.hpp>
 #include <olmax/olmax.hpp>
 
+#include "xla/text_batch.hpp"
+
 namespace pjrt = olmax::xla::pjrt;
 
 namespace {
@@ -28,22 +30,7 @@ std::shared_ptr<pjrt::client> cpu_client() {
     return std::make_shared<pjrt::client>(pjrt::plugin::load(path));
 }
 
-/// A batch of text-like bytes (a fixed pseudo-random walk over a small alphabet, so the model can
-/// learn something and the loss falls).
-olmax::data::Batch batch_of(std::size_t rows, std::size_t sequence, std::uint32_t seed) {
-    olmax::data::Batch b{olmax::Tensor<std::int32_t>({rows, sequence}), olmax::Tensor<std::int32_t>({rows, sequence}),
-                         olmax::Tensor<float>({rows, sequence}, 1.0f), rows * sequence, 0};
-    std::uint32_t state = seed;
-    std::int32_t previous = 'a';
-    for (std::size_t i = 0; i < rows * sequence; ++i) {
-        state = state * 1664525u + 1013904223u;
-        const std::int32_t next = 'a' + std::int32_t((std::uint32_t(previous) * 7u + (state >> 29)) % 12u);
-        b.inputs.data()[i] = previous;
-        b.targets.data()[i] = next;
-        previous = next;
-    }
-    return b;
-}
+using olmax_test::text_batch;
 
 olmax::optim::AdamWConfig adam_config() {
     olmax::optim::AdamWConfig c;
@@ -89,7 +76,7 @@ TEST_CASE("xla model step: ByteLM<ConvMixer> on the CPU plugin follows olmax's C
 
     double first = 0, last = 0, worst = 0;
     for (std::uint32_t step = 1; step <= 40; ++step) {
-        const auto batch = batch_of(rows, sequence, step);
+        const auto batch = text_batch(rows, sequence, step);
         const double cpu_loss = cpu.accumulate_gradients(batch, 1, 1.0);
         cpu_opt.step();
         cpu_opt.zero_grad();
@@ -121,7 +108,7 @@ TEST_CASE("xla model step: the state moves between host and device both ways", "
     olmax::optim::AdamW<float> reference_opt(reference.parameters(), adam_config()), moved_opt(moved.parameters(), adam_config());
     for (std::uint32_t step = 1; step <= 5; ++step) {
         for (auto [model, opt] : {std::pair{&reference, &reference_opt}, std::pair{&moved, &moved_opt}}) {
-            model->accumulate_gradients(batch_of(rows, sequence, step), 1, 1.0);
+            model->accumulate_gradients(text_batch(rows, sequence, step), 1, 1.0);
             opt->step();
             opt->zero_grad();
         }
@@ -130,7 +117,7 @@ TEST_CASE("xla model step: the state moves between host and device both ways", "
     CHECK(trainer.steps() == 5);
     double worst = 0;
     for (std::uint32_t step = 6; step <= 10; ++step) {
-        const auto batch = batch_of(rows, sequence, step);
+        const auto batch = text_batch(rows, sequence, step);
         const double reference_loss = reference.accumulate_gradients(batch, 1, 1.0);
         reference_opt.step();
         reference_opt.zero_grad();
@@ -140,7 +127,7 @@ TEST_CASE("xla model step: the state moves between host and device both ways", "
     // ... and back: the downloaded state continues on the CPU like the reference.
     trainer.download();
     CHECK(moved_opt.step_count() == 10);
-    const auto batch = batch_of(rows, sequence, 11);
+    const auto batch = text_batch(rows, sequence, 11);
     const double a = reference.accumulate_gradients(batch, 1, 1.0), b = moved.accumulate_gradients(batch, 1, 1.0);
     CHECK(std::abs(a - b) / a < 1e-4);
     const auto state = moved_opt.export_state(), expected = reference_opt.export_state();
@@ -164,7 +151,7 @@ TEST_CASE("xla model step: SPMD data parallel over 2 and 4 plugin devices equals
     olmax::optim::AdamW<float> one_opt(one.parameters(), adam_config());
     olmax::models::XlaTrainer<Model> single(one, one_opt, client, rows, sequence, 1);
     std::vector<double> losses;
-    for (std::uint32_t step = 1; step <= 3; ++step) losses.push_back(single.step(batch_of(rows, sequence, step)).loss);
+    for (std::uint32_t step = 1; step <= 3; ++step) losses.push_back(single.step(text_batch(rows, sequence, step)).loss);
     single.download();
     for (int devices : {2, 4}) {
         INFO(devices << " devices");
@@ -172,13 +159,13 @@ TEST_CASE("xla model step: SPMD data parallel over 2 and 4 plugin devices equals
         olmax::optim::AdamW<float> split_opt(split.parameters(), adam_config());
         olmax::models::XlaTrainer<Model> trainer(split, split_opt, client, rows, sequence, devices);
         // One global program for XLA's partitioner: the batch split, no collective written by olmax.
-        const std::string& text = trainer.program().module().text;
-        CHECK(trainer.program().devices() == std::size_t(devices));
+        const std::string& text = trainer.module().text;
+        CHECK(trainer.devices() == std::size_t(devices));
         CHECK(text.find("mhlo.num_partitions = " + std::to_string(devices)) != std::string::npos);
         CHECK(text.find("mhlo.sharding = \"{devices=[" + std::to_string(devices) + ",1]") != std::string::npos);
         CHECK(text.find("all_reduce") == std::string::npos);
         for (std::uint32_t step = 1; step <= 3; ++step)
-            CHECK(std::abs(trainer.step(batch_of(rows, sequence, step)).loss - losses[step - 1]) < 1e-5 * losses[step - 1]);
+            CHECK(std::abs(trainer.step(text_batch(rows, sequence, step)).loss - losses[step - 1]) < 1e-5 * losses[step - 1]);
         trainer.download();
         const double parameters = relative_difference(one, split, start);  // measured 0.13% (2) and 0.47% (4)
         INFO("parameters differ by " << parameters << " of the training updates (RMS)");
@@ -191,7 +178,7 @@ TEST_CASE("xla model step: bad batches and settings are clear errors", "[cpu_plu
     Model model(model_config);
     olmax::optim::AdamW<float> opt(model.parameters(), adam_config());
     olmax::models::XlaTrainer<Model> trainer(model, opt, client, rows, sequence);
-    CHECK_THROWS_WITH(trainer.step(batch_of(rows, 2 * sequence, 1)), Catch::Contains("compiled for batches of [4, 32]"));
+    CHECK_THROWS_WITH(trainer.step(text_batch(rows, 2 * sequence, 1)), Catch::Contains("compiled for batches of [4, 32]"));
     CHECK_THROWS_WITH(olmax::models::XlaTrainer<Model>(model, opt, client, 3, sequence, 2), Catch::Contains("does not split into 2"));
     CHECK_THROWS_WITH(olmax::models::XlaTrainer<Model>(model, opt, client, 16, sequence, 16), Catch::Contains("devices asked for"));
 }

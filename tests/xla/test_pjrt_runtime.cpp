@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "olmax/backend/xla/device_program.hpp"
-#include "olmax/backend/xla/pjrt_runtime.hpp"
+#include "olmax/xla/device_program.hpp"
+#include "olmax/xla/pjrt_runtime.hpp"
 #include "test_helpers.hpp"
 
 namespace pjrt = olmax::xla::pjrt;

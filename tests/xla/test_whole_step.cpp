@@ -1,7 +1,8 @@
-// The whole training step as ONE module on the real OpenXLA CPU plugin (OLMAX_TEST_CPU_PJRT_PLUGIN):
-// forward, gradients through the layer loop and AdamW compiled once, state kept on the device, each
-// step's loss and the final state compared with the double-precision reference evaluation of the
-// same traced program.
+// Traced programs on the real OpenXLA CPU plugin (OLMAX_TEST_CPU_PJRT_PLUGIN), below the level of a
+// model: the linear scan and its adjoint in every StableHLO form against the double-precision
+// reference evaluation, a wrong lowering caught by such a comparison, donated state updated in
+// place, and clear errors for bad programs and bad calls. Whole models are in test_model_step.cpp
+// and test_traced_step.cpp.
 
 #include <catch2/catch.hpp>
 
@@ -13,14 +14,17 @@
 #include <string>
 #include <vector>
 
-#include <olmax/backend/xla/device_program.hpp>
-#include <olmax/backend/xla/graph/emit.hpp>
-#include <olmax/backend/xla/graph/evaluate.hpp>
-#include <olmax/backend/xla/graph/gradients.hpp>
-#include <olmax/backend/xla/graph/residual_lm.hpp>
+#include <olmax/xla/device_program.hpp>
+#include <olmax/xla/graph/emit.hpp>
+#include <olmax/xla/graph/evaluate.hpp>
+#include <olmax/olmax.hpp>
+#include <olmax/trace/program.hpp>
+#include <olmax/trace/trace.hpp>
 
 namespace gx = olmax::xla::graph;
 namespace pjrt = olmax::xla::pjrt;
+namespace trace = olmax::trace;
+using olmax::Tensor;
 
 namespace {
 
@@ -30,185 +34,83 @@ std::shared_ptr<pjrt::client> cpu_client() {
     return std::make_shared<pjrt::client>(pjrt::plugin::load(path));
 }
 
-/// Initial state of the residual LM step: t = 0, N(0, 0.3) weights, stack scale 0.05, zero moments.
-std::vector<gx::host_value> initial_state(const gx::traced_training_step& step) {
-    std::mt19937 rng(11);
-    std::normal_distribution<double> normal(0.0, 0.3);
-    std::vector<gx::host_value> state;
-    for (std::size_t i = 0; i < step.state_count(); ++i) {
-        const auto& type = step.g->at(step.g->inputs()[i]).outputs[0];
-        gx::host_value v{type, std::vector<double>(std::size_t(type.elements()), 0.0)};
-        if (step.state_names[i] == "stack/scale") std::fill(v.data.begin(), v.data.end(), 0.05);
-        else if (i >= 1 && i <= 5)
-            for (auto& x : v.data) x = double(float(normal(rng)));  // representable in f32: both sides start equal
-        state.push_back(std::move(v));
-    }
-    return state;
-}
-
-struct run_result {
-    double worst_loss = 0, worst_state = 0;
-};
-
-/// `steps` steps on the device and in the reference; the largest relative loss error and absolute
-/// state error.
-run_result run_against_reference(const std::shared_ptr<pjrt::client>& client, const gx::residual_lm_shape& shape, std::size_t steps,
-                                 const std::string& tamper_from = {}, const std::string& tamper_to = {}) {
-    gx::adam_options adam;
-    adam.learning_rate = 1e-2;
-    const auto step = gx::trace_residual_lm_step(shape, adam);
-    auto module = gx::emit(*step.g, "residual_lm_step", step.results, step.state_count());  // state updated in place
-    if (!tamper_from.empty()) {
-        for (auto at = module.text.find(tamper_from); at != std::string::npos; at = module.text.find(tamper_from, at + tamper_to.size()))
-            module.text.replace(at, tamper_from.size(), tamper_to);
-        module.key += ".tampered";
-    }
-    olmax::xla::device_program program(client, module, step.state_count());
-    auto state = initial_state(step);
-    for (std::size_t i = 0; i < state.size(); ++i) program.set_state(i, std::vector<float>(state[i].data.begin(), state[i].data.end()));
-    std::vector<float> ids(std::size_t(shape.tokens)), targets(std::size_t(shape.tokens));
-    run_result result;
-    for (std::size_t s = 0; s < steps; ++s) {
-        for (std::size_t n = 0; n < ids.size(); ++n) {
-            ids[n] = float((n * 7 + s * 3) % std::size_t(shape.vocab));
-            targets[n] = float((n * 7 + s * 3 + 1) % std::size_t(shape.vocab));
-        }
-        const auto reported = program.run({ids.data(), targets.data()});
-        auto inputs = state;
-        inputs.push_back({gx::f32({shape.tokens}), std::vector<double>(ids.begin(), ids.end())});
-        inputs.push_back({gx::f32({shape.tokens}), std::vector<double>(targets.begin(), targets.end())});
-        const auto reference = gx::evaluate(*step.g, inputs, step.results);
-        result.worst_loss = std::max(result.worst_loss, std::abs(double(reported[0][0]) - reference[0].data[0]) / reference[0].data[0]);
-        for (std::size_t i = 0; i < state.size(); ++i) state[i] = reference[1 + i];
-    }
-    for (std::size_t i = 0; i < state.size(); ++i) {
-        const auto on_device = program.state(i);
-        for (std::size_t e = 0; e < on_device.size(); ++e)
-            result.worst_state = std::max(result.worst_state, std::abs(double(on_device[e]) - state[i].data[e]));
-    }
-    return result;
-}
-
-struct device_run {
-    std::vector<double> losses;
-    std::vector<std::vector<float>> state;  // replica 0's, after the last step
-    bool replicas_agree = true;             // every replica ends with the same state, bit for bit
-};
-
-/// `steps` steps of the residual LM over a global batch of `global_tokens`, split over `replicas`.
-device_run run_data_parallel(const std::shared_ptr<pjrt::client>& client, gx::residual_lm_shape shape, std::int64_t global_tokens,
-                             int replicas, std::size_t steps) {
-    shape.replicas = replicas;
-    shape.tokens = global_tokens / replicas;
-    gx::adam_options adam;
-    adam.learning_rate = 1e-2;
-    const auto step = gx::trace_residual_lm_step(shape, adam);
-    olmax::xla::device_program program(client, gx::emit(*step.g, "residual_lm_step_dp", step.results), step.state_count(), replicas);
-    const auto state = initial_state(step);
-    for (std::size_t i = 0; i < state.size(); ++i) program.set_state(i, std::vector<float>(state[i].data.begin(), state[i].data.end()));
-    std::vector<float> ids(static_cast<std::size_t>(global_tokens)), targets(ids.size());
-    device_run result;
-    for (std::size_t s = 0; s < steps; ++s) {
-        for (std::size_t n = 0; n < ids.size(); ++n) {
-            ids[n] = float((n * 7 + s * 3) % std::size_t(shape.vocab));
-            targets[n] = float((n * 5 + s) % std::size_t(shape.vocab));
-        }
-        result.losses.push_back(program.run({ids.data(), targets.data()})[0][0]);
-    }
-    for (std::size_t i = 0; i < state.size(); ++i) {
-        result.state.push_back(program.state(i));
-        for (int r = 1; r < replicas; ++r) result.replicas_agree = result.replicas_agree && program.state(i, std::size_t(r)) == result.state.back();
-    }
-    return result;
+/// A small traced training step: state w [6, 4] (bound from the host), per-call inputs x [6] and
+/// target [6]; loss = mean((tanh(x w) summed over the 4 columns - target)^2), plain SGD on w.
+trace::traced_program small_step() {
+    olmax::Generator rng(2);
+    Tensor<float> w = olmax::parameter(olmax::randn<float>({1, 4}, rng));
+    trace::tracing t;
+    t.bind_state(w);
+    auto x = t.input<float>({6, 1}), target = t.input<float>({6});
+    const Tensor<float> y = olmax::reshape(olmax::sum(olmax::tanh(olmax::matmul(x, w)), {1}), {6});
+    Tensor<float> loss = olmax::mean(olmax::square(y - target));
+    loss.backward();
+    olmax::backend::trace::assign(w, w - w.grad() * 0.1f);
+    return t.finish({loss}, "small_step");
 }
 
 }  // namespace
 
-TEST_CASE("whole step: data parallel over 2 and 4 devices of one plugin matches one device", "[xla][cpu_plugin][whole_step]") {
-    auto client = cpu_client();
-    REQUIRE(client->device_count() >= 4);  // the OpenXLA CPU plugin makes 4
-    const gx::residual_lm_shape shape{32, 16, 3, 0, 1};
-    const auto one = run_data_parallel(client, shape, 48, 1, 4);
-    for (int replicas : {2, 4}) {
-        INFO(replicas << " replicas");
-        const auto many = run_data_parallel(client, shape, 48, replicas, 4);
-        CHECK(many.replicas_agree);
-        double worst_loss = 0, worst_state = 0;
-        for (std::size_t s = 0; s < one.losses.size(); ++s)
-            worst_loss = std::max(worst_loss, std::abs(many.losses[s] - one.losses[s]) / one.losses[s]);
-        for (std::size_t i = 0; i < one.state.size(); ++i)
-            for (std::size_t e = 0; e < one.state[i].size(); ++e)
-                worst_state = std::max(worst_state, std::abs(double(many.state[i][e]) - double(one.state[i][e])));
-        INFO("loss " << worst_loss << ", state " << worst_state);
-        // only the order of f32 sums differs (per-replica means, then the all-reduce): measured 6.8e-8
-        // (loss) and 6.0e-8 (state) at 2 and 4 replicas
-        CHECK(worst_loss < 1e-5);
-        CHECK(worst_state < 1e-4);
-    }
-    const auto small = gx::trace_residual_lm_step({8, 4, 1, 6}, {});
-    CHECK_THROWS_WITH(olmax::xla::device_program(client, gx::emit(*small.g, "small", small.results), small.state_count(), 64),
-                      Catch::Contains("64 devices asked for"));
-}
-
-TEST_CASE("whole step: forward, layer-loop gradient and AdamW as one module match the reference", "[xla][cpu_plugin][whole_step]") {
-    auto client = cpu_client();
-    // f32 on the device against double: after 4 AdamW steps (lr 1e-2) at these sizes the losses agree
-    // to 3.5e-7 and the state to 1.3e-5 (depth 48; 2.3e-7 at depth 3); the tolerances leave 8x room.
-    for (std::int64_t depth : {1, 3, 48}) {
-        INFO("depth " << depth);
-        const auto r = run_against_reference(client, {32, 16, depth, 24}, 4);
-        CHECK(r.worst_loss < 1e-5);
-        CHECK(r.worst_state < 1e-4);
-    }
-    CHECK(client->cached_executables() == 3);  // one compile per depth, none per step
-}
-
-TEST_CASE("whole step: the linear_scan primitive and its adjoint lower by every scan strategy", "[xla][cpu_plugin][whole_step]") {
-    // f = sum(w * h) with h the scan of (a, x) from the start and from the end; its gradients are
-    // the adjoint scans. Every strategy's module against the double reference: f32 rounding only.
+TEST_CASE("traced programs: the linear scan and its adjoint lower in every form", "[xla][cpu_plugin][whole_step]") {
+    // f = sum(w * h) with h the scan of (a, x) from the start and from the end; its gradients are the
+    // adjoint scans, recorded by the tape. Each form's module against the double reference: f32 rounding only.
     auto client = cpu_client();
     namespace hlo = olmax::xla::stablehlo;
-    const std::int64_t rows = 3, steps = 37;  // 37: neither a multiple of the chunk nor a power of two
+    const std::size_t rows = 3, steps = 37;  // 37: neither a multiple of the chunk nor a power of two
     std::mt19937 rng(5);
     std::uniform_real_distribution<double> gate(0.0, 1.0), value(-1.0, 1.0);
-    std::vector<gx::host_value> in(3, gx::host_value{gx::f32({rows, steps}), std::vector<double>(std::size_t(rows * steps))});
-    for (auto& x : in[0].data) x = double(float(gate(rng)));
+    std::vector<std::vector<float>> in(3, std::vector<float>(rows * steps));
+    for (auto& x : in[0]) x = float(gate(rng));
     for (std::size_t k = 1; k < 3; ++k)
-        for (auto& x : in[k].data) x = double(float(value(rng)));
+        for (auto& x : in[k]) x = float(value(rng));
     for (const auto& strategy : {hlo::scan_strategy::sequential(), hlo::scan_strategy::hillis_steele(), hlo::scan_strategy::chunked_matmul<8>(),
                                  hlo::scan_strategy::chunked_matmul<128>()})
         for (bool reverse : {false, true}) {
             INFO(strategy.name() << (reverse ? ", from the end" : ", from the start"));
-            gx::graph g;
-            const gx::var a = g.input(gx::f32({rows, steps})), x = g.input(gx::f32({rows, steps})), w = g.input(gx::f32({rows, steps}));
-            const gx::var h = gx::linear_scan_rows(a, x, strategy, reverse);
-            const auto grads = gx::gradients(gx::sum(h * w, {0, 1}), {a, x});
-            const std::vector<gx::var> results{h, grads[0], grads[1]};
-            const auto module = gx::emit(g, "scan_" + strategy.name(), results);
-            if (strategy.strategy == hlo::scan_strategy::kind::chunked_matmul) CHECK(module.text.find("stablehlo.dot_general") != std::string::npos);
-            const auto reference = gx::evaluate(g, in, results);
-            std::vector<pjrt::device_buffer> buffers;
-            for (const auto& v : in) {
-                const std::vector<float> f(v.data.begin(), v.data.end());
-                buffers.push_back(client->upload(f.data(), v.type.dims));
-            }
-            auto out = client->execute(client->compile(module), {&buffers[0], &buffers[1], &buffers[2]});
+            trace::tracing t;
+            auto a = t.input<float>({rows, steps}).set_requires_grad(true), x = t.input<float>({rows, steps}).set_requires_grad(true);
+            auto w = t.input<float>({rows, steps});
+            const Tensor<float> h = trace::primitives::linear_scan_rows(a, x, strategy, reverse);
+            Tensor<float> f = olmax::sum(h * w);
+            f.backward();
+            const std::vector<Tensor<float>> results{h, a.grad(), x.grad()};
+            std::vector<gx::host_value> values;
+            for (const auto& v : in) values.push_back({gx::f32({std::int64_t(rows), std::int64_t(steps)}), std::vector<double>(v.begin(), v.end())});
+            std::vector<gx::var> vars;
+            for (const auto& r : results) vars.push_back(trace::var_of(r));
+            const auto reference = gx::evaluate(t.graph(), values, vars);
+            auto program = t.finish(results, "scan_" + strategy.name());
+            if (strategy.strategy == hlo::scan_strategy::kind::chunked_matmul) CHECK(program.module.text.find("stablehlo.dot_general") != std::string::npos);
+            olmax::xla::device_program device(client, program.module, 0);
+            const auto out = device.run({in[0].data(), in[1].data(), in[2].data()});
             for (std::size_t r = 0; r < results.size(); ++r) {
-                std::vector<float> got(reference[r].data.size());
-                client->download(out[r], got.data(), got.size());
                 double worst = 0;
-                for (std::size_t e = 0; e < got.size(); ++e) worst = std::max(worst, std::abs(double(got[e]) - reference[r].data[e]));
+                for (std::size_t e = 0; e < out[r].size(); ++e) worst = std::max(worst, std::abs(double(out[r][e]) - reference[r].data[e]));
                 INFO("result " << r << " (h, da, dx): largest error " << worst);
                 CHECK(worst < 1e-4);  // values of order 1 to 10 after 37 steps of gates below 1
             }
         }
 }
 
-TEST_CASE("whole step: a wrong lowering is caught by the reference comparison", "[xla][cpu_plugin][whole_step]") {
+TEST_CASE("traced programs: a wrong lowering is caught by comparing with the reference", "[xla][cpu_plugin][whole_step]") {
     auto client = cpu_client();
-    // the layer's tanh lowered as logistic: a plausible-looking but wrong lowering rule
-    const auto r = run_against_reference(client, {32, 16, 3, 24}, 2, "\"stablehlo.tanh\"", "\"stablehlo.logistic\"");
-    CHECK(r.worst_loss > 1e-3);
+    auto run = [&](bool break_it) {
+        auto step = small_step();
+        if (break_it) {  // tanh emitted as logistic: a plausible-looking but wrong lowering
+            const auto at = step.module.text.find("\"stablehlo.tanh\"");
+            REQUIRE(at != std::string::npos);
+            step.module.text.replace(at, 16, "\"stablehlo.logistic\"");
+            step.module.key += ".broken";
+        }
+        trace::compiled_program device(client, std::move(step));
+        return device.run({{0.1f, -0.3f, 0.5f, 0.7f, -0.9f, 0.2f}, {0.5f, 0.1f, -0.2f, 0.3f, 0.4f, -0.6f}})[0][0];
+    };
+    olmax::Generator rng(2);  // the eager loss of the same step (small_step's initial w)
+    const Tensor<float> w = olmax::randn<float>({1, 4}, rng);
+    const Tensor<float> x = Tensor<float>::from({6, 1}, {0.1f, -0.3f, 0.5f, 0.7f, -0.9f, 0.2f}), target = Tensor<float>::from({6}, {0.5f, 0.1f, -0.2f, 0.3f, 0.4f, -0.6f});
+    const float eager = olmax::mean(olmax::square(olmax::reshape(olmax::sum(olmax::tanh(olmax::matmul(x, w)), {1}), {6}) - target)).item();
+    CHECK(run(false) == Approx(eager).epsilon(1e-6));
+    CHECK(std::abs(run(true) - eager) > 1e-3);
 }
 
 TEST_CASE("whole step: donated state is updated in place: the device consumes the old buffer", "[xla][cpu_plugin][whole_step]") {
@@ -239,13 +141,13 @@ TEST_CASE("whole step: donated state is updated in place: the device consumes th
 
 TEST_CASE("whole step: bad programs and bad calls are clear errors", "[xla][cpu_plugin][whole_step]") {
     auto client = cpu_client();
-    const auto step = gx::trace_residual_lm_step({8, 4, 2, 6}, {});
-    const auto module = gx::emit(*step.g, "residual_lm_step", step.results);
-    olmax::xla::device_program program(client, module, step.state_count());
+    const auto step = small_step();
+    const auto& module = step.module;
+    olmax::xla::device_program program(client, module, step.state.size());
     const std::vector<float> ids(6, 1.0f);
     CHECK_THROWS_WITH(program.run({ids.data()}), Catch::Contains("takes 2 per-call inputs, got 1"));
     CHECK_THROWS_WITH(program.run({ids.data(), ids.data()}), Catch::Contains("state tensor 0 was never set"));
-    CHECK_THROWS_WITH(program.set_state(1, {1.0f, 2.0f}), Catch::Contains("got 2 values"));
+    CHECK_THROWS_WITH(program.set_state(0, {1.0f, 2.0f}), Catch::Contains("got 2 values"));
     CHECK_THROWS_WITH(program.set_state(99, {}), Catch::Contains("no state tensor 99"));
     // one executable per replica count, even for the same module
     const auto& single = client->compile(module, 1);
@@ -255,10 +157,10 @@ TEST_CASE("whole step: bad programs and bad calls are clear errors", "[xla][cpu_
     CHECK(pair.replicas == 2);
     CHECK_THROWS_WITH(client->execute_replicated(pair, {{}}), Catch::Contains("compiled for 2 devices, got arguments for 1"));
     // state that leaves with another type than it entered
-    CHECK_THROWS_AS(olmax::xla::device_program(client, module, 3), olmax::shape_error);
+    CHECK_THROWS_AS(olmax::xla::device_program(client, module, 2), olmax::shape_error);
     // a module XLA rejects: the plugin's own message comes back as pjrt_error
     auto broken = module;
     broken.text.replace(broken.text.find("\"stablehlo.tanh\""), 16, "\"stablehlo.tahn\"");
     broken.key += ".broken";
-    CHECK_THROWS_AS(olmax::xla::device_program(client, broken, step.state_count()), pjrt::pjrt_error);
+    CHECK_THROWS_AS(olmax::xla::device_program(client, broken, step.state.size()), pjrt::pjrt_error);
 }

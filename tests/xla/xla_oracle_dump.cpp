@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "olmax/backend/cpu_serial.hpp"
-#include "olmax/backend/xla/xla.hpp"
+#include "olmax/xla/xla.hpp"
 
 namespace shlo = olmax::xla::stablehlo;
 using olmax::backend::cpu_serial;

@@ -99,6 +99,13 @@ void check_gradient_fits(const olmax::detail::TensorImpl<T>& impl, const Tensor<
 template <Real T>
 void accumulate_grad(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::string_view op) {
     detail::check_gradient_fits(impl, grad, op);
+    if (impl.traced || grad.traced()) {  // a traced program: the sum is a value of the program (core/traced.hpp)
+        const auto& symbol = olmax::detail::impl_of(grad).symbol;
+        const olmax::detail::Tracer* tracer = olmax::detail::active_tracer();
+        check<trace_error>(impl.traced && symbol && tracer, op, ": a gradient and its tensor are not both values of the program being traced");
+        impl.grad_symbol = impl.grad_symbol ? tracer->add(*impl.grad_symbol, *symbol, impl.shape) : symbol;
+        return;
+    }
     device_scope on(impl.device);  // the adds run on the tensor's device
     const std::size_t n = grad.size();
     const T* src = grad.data();
@@ -135,6 +142,8 @@ void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::
 template <Real T>
 void accumulate_grad_slice(olmax::detail::TensorImpl<T>& impl, std::size_t offset, const Tensor<T>& grad) {
     const std::size_t total = numel(impl.shape);
+    check<trace_error>(!impl.traced && !grad.traced(), "olmax: a gradient added into a slice of a tensor (accumulate_grad_slice) has no "
+                                                       "lowering rule yet");
     check<autodiff_error>(offset + grad.size() <= total, "slice gradient of ", grad.size(), " elements at offset ", offset,
                           " does not fit a tensor of shape ", to_string(impl.shape));
     std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);  // this thread's, see data_parallel_backward

@@ -203,7 +203,7 @@ public:
         bool any = false;
         for (std::size_t i = 0; i < outputs_.size(); ++i) {
             alive[i] = outputs_[i].lock();
-            if (alive[i] && alive[i]->grad) {
+            if (alive[i] && (alive[i]->grad || alive[i]->grad_symbol)) {
                 grads[i] = olmax::detail::TensorAccess<T>::from_impl(alive[i]).grad();
                 any = true;
             }
@@ -219,7 +219,10 @@ public:
         // An output's gradient is needed no longer than this run (unless retained): `grads` alone
         // holds it from here, so a closure that takes it (take_grad_output) frees it when done.
         for (auto& o : alive)
-            if (o && !o->retains_grad) o->grad.reset();
+            if (o && !o->retains_grad) {
+                o->grad.reset();
+                o->grad_symbol.reset();
+            }
         GradientSink<T> sink(inputs_, name_, last_use, std::span<Tensor<T>>(grads));
         fn_(std::span<const Tensor<T>>(grads), sink);
     }

@@ -21,6 +21,7 @@
 #include "olmax/backend/cpu_serial.hpp"
 #include "olmax/backend/kernels.hpp"
 #include "olmax/backend/registry.hpp"
+#include "olmax/backend/trace_rules.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/memory_profile.hpp"
 #include "olmax/core/tensor.hpp"
@@ -52,7 +53,9 @@ private:
             found_ = true;
             device_ = d;
             first_at_ = position_;
-        } else if (d != device_) {
+        } else if (d != device_ && olmax::detail::is_tracing_device(d) && device_.is_host()) {
+            device_ = d;  // a host tensor read by a traced op: the rule captures it as a constant
+        } else if (d != device_ && !(olmax::detail::is_tracing_device(device_) && d.is_host())) {
             throw device_error(olmax::detail::concat(op_, ": inputs are on different devices: input ", first_at_, " on ", device_.name(),
                                                      ", input ", position_, " on ", d.name(),
                                                      "; move one with .to(device) (ops never copy between devices on their own)"));
@@ -80,11 +83,16 @@ Device common_device(std::string_view op, const Inputs&... inputs) {
 class op_scope {
 public:
     template <class... Inputs>
-    explicit op_scope(std::string_view op, const Inputs&... inputs) : scope_(common_device(op, inputs...)), label_(op) {}
+    explicit op_scope(std::string_view op, const Inputs&... inputs) : device_(common_device(op, inputs...)), scope_(device_), label_(op) {}
     op_scope(const op_scope&) = delete;
     op_scope& operator=(const op_scope&) = delete;
 
+    /// Whether the op runs on traced tensors (core/traced.hpp): it must then return its lowering
+    /// rule's result (backend/trace_rules.hpp) instead of running kernels.
+    bool traced() const { return olmax::detail::is_tracing_device(device_); }
+
 private:
+    Device device_;
     device_scope scope_;
     memory::op_label_scope label_;  // names the op's buffers in memory::profile_peak
 };

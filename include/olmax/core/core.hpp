@@ -1,7 +1,7 @@
 #pragma once
 // Module header: tensors and the devices they live on, the bfloat16 storage type, shapes, errors,
 // memory statistics and peak profiles, random initialisation, state dictionaries (named state that
-// optimisers export and checkpoints store).
+// optimisers export and checkpoints store), the process's stop request (SIGINT / SIGTERM).
 #include "olmax/core/bfloat16.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
@@ -10,4 +10,5 @@
 #include "olmax/core/random.hpp"
 #include "olmax/core/shape.hpp"
 #include "olmax/core/state_dict.hpp"
+#include "olmax/core/stop.hpp"
 #include "olmax/core/tensor.hpp"

@@ -17,6 +17,7 @@
 #include "olmax/core/error.hpp"
 #include "olmax/core/memory.hpp"
 #include "olmax/core/shape.hpp"
+#include "olmax/core/traced.hpp"
 #include "olmax/detail/third_party.hpp"
 
 namespace olmax {
@@ -73,6 +74,12 @@ struct TensorImpl {
     // How many Tensor handles point here. The tape's nodes point here too, but only to add
     // gradients: when the last handle goes while they still do, `storage` is let go (Tensor).
     std::atomic<std::size_t> handles{0};
+    // Traced tensors (core/traced.hpp) hold no storage: `traced` is set for every tensor made on the
+    // tracing device, `symbol` once a rule or a constant has given it a value, `grad_symbol` is its
+    // gradient's value.
+    bool traced = false;
+    std::shared_ptr<const TracedValue> symbol;
+    std::shared_ptr<const TracedValue> grad_symbol;
 
     T* data() { return storage ? storage->data() + offset : nullptr; }
     const T* data() const { return storage ? storage->data() + offset : nullptr; }
@@ -131,6 +138,11 @@ public:
         const std::size_t n = numel(shape);
         Tensor t = adopt(std::make_shared<detail::TensorImpl<T>>());
         t.impl_->device = current_device();
+        if (detail::is_tracing_device(t.impl_->device)) {  // a value of the traced program, given by a rule or `fill`
+            t.impl_->traced = true;
+            t.impl_->shape = shape;
+            return t;
+        }
         try {
             t.impl_->storage = std::make_shared<Storage<T>>(n);
         } catch (const std::bad_alloc&) {
@@ -164,8 +176,12 @@ public:
     std::size_t extent(long axis) const { return shape()[normalize_axis(axis, rank(), "Tensor::extent")]; }
     bool empty() const { return size() == 0; }
 
-    T* data() { return impl().data(); }
-    const T* data() const { return impl().data(); }
+    /// The elements. Throws `trace_error` on a traced tensor, which has none (core/traced.hpp).
+    T* data() { return elements(); }
+    const T* data() const { return elements(); }
+    /// Whether this tensor is a value of a program being traced (core/traced.hpp): it has a shape
+    /// and a device but no elements.
+    bool traced() const { return defined() && impl_->traced; }
     T* begin() { return data(); }
     T* end() { return data() + size(); }
     const T* begin() const { return data(); }
@@ -186,7 +202,15 @@ public:
         return data()[0];
     }
 
-    void fill(T value) { std::fill(begin(), end(), value); }
+    void fill(T value) {
+        if (impl().traced) {  // a constant of the traced program
+            const detail::Tracer* tracer = detail::active_tracer();
+            check<trace_error>(tracer != nullptr && tracer->device() == impl_->device, "olmax: fill on a traced tensor outside its trace");
+            impl_->symbol = tracer->constant(impl_->shape, double(float(value)));
+            return;
+        }
+        std::fill(begin(), end(), value);
+    }
 
     /// A non-owning xtensor view of the data, for xtensor algorithms, I/O and printing. It is valid
     /// while this tensor (or a copy of the handle) lives.
@@ -213,6 +237,8 @@ public:
         t.impl_->device = impl().device;
         t.impl_->offset = impl().offset;
         t.impl_->shape = impl().shape;
+        t.impl_->traced = impl_->traced;
+        t.impl_->symbol = impl_->symbol;
         return t;
     }
 
@@ -235,15 +261,21 @@ public:
 
     /// The accumulated gradient, sharing its buffer; undefined when no gradient has reached it.
     Tensor grad() const {
-        if (!defined() || !impl_->grad) return Tensor();
+        if (!defined() || (!impl_->grad && !impl_->grad_symbol)) return Tensor();
         Tensor g = adopt(std::make_shared<detail::TensorImpl<T>>());
+        g.impl_->traced = impl_->traced;
+        g.impl_->symbol = impl_->grad_symbol;
         g.impl_->storage = impl_->grad;
         g.impl_->device = impl_->device;
         g.impl_->shape = impl_->shape;
         return g;
     }
     /// Drops the gradient (the next backward starts from zero).
-    void zero_grad() { if (defined()) impl_->grad.reset(); }
+    void zero_grad() {
+        if (!defined()) return;
+        impl_->grad.reset();
+        impl_->grad_symbol.reset();
+    }
 
     /// Reverse pass from this one-element tensor (seed 1) through the calling thread's tape
     /// (defined in olmax/autodiff/tape.hpp).
@@ -271,6 +303,19 @@ private:
     /// keep the implementation, for its gradient. Nothing reads the values through them.
     void let_go() noexcept {
         if (impl_ && impl_->handles.fetch_sub(1, std::memory_order_acq_rel) == 1 && impl_.use_count() > 1) impl_->storage.reset();
+    }
+
+    T* elements() const {
+        detail::TensorImpl<T>& i = impl();
+        if (i.traced) [[unlikely]] throw_traced();
+        return i.data();
+    }
+    /// Reading the elements of a traced tensor: the op that does it has no lowering rule.
+    [[noreturn]] void throw_traced() const {
+        const std::string_view op = memory::detail::allocation_label().op;
+        throw trace_error(detail::concat("olmax: ", op.empty() ? std::string_view("code outside any op") : op,
+                                         " read the elements of a traced tensor of shape ", to_string(shape()),
+                                         ": a traced program has no values until it runs; that op needs a lowering rule (docs/xla.md)"));
     }
 
     std::size_t flat_index(std::initializer_list<std::size_t> index) const {
@@ -306,6 +351,7 @@ struct TensorAccess {
         impl->device = base.impl().device;
         impl->offset = base.impl().offset + offset;
         impl->shape = shape;
+        impl->traced = base.impl().traced;  // a view of a traced tensor has no elements either
         return from_impl(std::move(impl));
     }
 };
@@ -394,6 +440,7 @@ std::ostream& operator<<(std::ostream& out, const Tensor<T>& t) {
     out << "Tensor<" << dtype_name<T>() << ">" << to_string(t.shape());
     if (!t.device().is_host()) out << " on " << t.device();
     if (t.requires_grad()) out << " requires_grad";
+    if (t.traced()) return out << " traced";
     out << ' ';
     if (t.empty()) return out << "[]";
     detail::print_block(out, t.data(), t.shape(), row_major_strides(t.shape()), 0, t.size() > 1000, 0);

@@ -276,7 +276,20 @@ private:
         return missing_[b] == 0 && (!buckets_[b].flags || ready_count_ == params_.size());
     }
 
-    void work() {
+    /// The worker thread's body: nothing escapes it. A failure outside the collective (none is
+    /// expected) ends the worker like a failed collective: the caller's finish() rethrows it.
+    void work() noexcept {
+        try {
+            work_until_stopped();
+        } catch (...) {
+            std::lock_guard lock(mutex_);
+            busy_ = false;
+            if (!error_) error_ = std::current_exception();
+            done_.notify_all();
+        }
+    }
+
+    void work_until_stopped() {
         std::unique_lock lock(mutex_);
         for (;;) {
             changed_.wait(lock, [&] { return stop_ || (in_step_ && !error_ && next_bucket_ < buckets_.size() && bucket_ready(next_bucket_)); });

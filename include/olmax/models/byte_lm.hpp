@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -23,7 +24,6 @@
 #include "olmax/data/tokenizer.hpp"
 #include "olmax/models/recipes.hpp"
 #include "olmax/nn/embedding.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/nn/reversible.hpp"
 #include "olmax/nn/stack.hpp"
 #include "olmax/nn/views.hpp"
@@ -102,23 +102,6 @@ public:
     /// Mean training loss (nats per byte, without the z-loss term; its gradient includes it).
     Tensor<T> loss(const data::Batch& batch) const { return head.loss(hidden(batch.inputs), batch.targets); }
 
-    /// The training loss on traced values (the whole-step XLA path, nn/lowering.hpp): ids and
-    /// targets are byte values as f32 [B, S]; returns {the mean cross-entropy `loss` reports, the
-    /// value whose gradient training follows (with the head's z-loss)}.
-    std::pair<xla::graph::var, xla::graph::var> lower_loss(const xla::graph::lowering& at, const xla::graph::var& ids,
-                                                           const xla::graph::var& targets) const
-        requires nn::LowerableLayer<block_type>
-    {
-        xla::graph::var h = nn::lower(embedding, at.child(decltype(embedding)::name), ids);
-        if constexpr (nn::InvertibleLayer<block_type>) {
-            const xla::graph::var state = nn::lower(stack, at.child(decltype(stack)::name), xla::graph::stack_leading({h, h}));
-            h = xla::graph::take_leading(state, 0) + xla::graph::take_leading(state, 1);  // merge_streams
-        } else {
-            h = nn::lower(stack, at.child(decltype(stack)::name), h);
-        }
-        return head.lower_loss(at.child(decltype(head)::name), h, targets);
-    }
-
     /// Forward and backward of the training loss on `batch`, gradients (times `scale`, e.g.
     /// 1 / grad_accumulation) added to the parameters; returns the batch's mean loss. With
     /// `shards` > 1 the batch's rows are split into that many shards differentiated at the same time
@@ -195,17 +178,32 @@ public:
     /// `count` sampled bytes continuing `prompt` (stops early at an end-of-document byte).
     std::string sample(const std::string& prompt, std::size_t count, std::size_t sequence, const data::SamplingConfig& sampling,
                        Generator& sampler) const {
+        std::string out;
+        sample(prompt, count, sequence, sampling, sampler, [&](char byte) {
+            out.push_back(byte);
+            return true;
+        });
+        return out;
+    }
+
+    /// The same bytes, each handed to `on_byte` as soon as it is drawn (a program prints them as
+    /// they come); sampling also stops when `on_byte` returns false. Returns how many were drawn.
+    template <class OnByte>
+        requires std::predicate<OnByte&, char>
+    std::size_t sample(const std::string& prompt, std::size_t count, std::size_t sequence, const data::SamplingConfig& sampling,
+                       Generator& sampler, OnByte&& on_byte) const {
         std::vector<std::uint8_t> context = data::ByteTokenizer::encode(prompt);
         context.insert(context.begin(), data::ByteTokenizer::end_of_document);
-        std::string out;
+        std::size_t drawn = 0;
         for (std::size_t i = 0; i < count; ++i) {
             const auto logits = next_logits(context, sequence);
             const auto byte = std::uint8_t(data::sample_token(std::span<const T>(logits), sampling, sampler));
             if (byte == data::ByteTokenizer::end_of_document) break;
             context.push_back(byte);
-            out.push_back(char(byte));
+            ++drawn;
+            if (!on_byte(char(byte))) break;
         }
-        return out;
+        return drawn;
     }
 
 private:

@@ -4,4 +4,3 @@
 #include "olmax/models/byte_lm.hpp"
 #include "olmax/models/recipes.hpp"
 #include "olmax/models/training.hpp"
-#include "olmax/models/xla_training_step.hpp"

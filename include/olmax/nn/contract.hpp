@@ -79,6 +79,17 @@ inline LayerContext child_context(const LayerContext& ctx, std::size_t child) {
     return c;
 }
 
+/// After how many consecutive layer indices a layer's behaviour repeats, for an input of
+/// `input_shape`. A layer whose forward reads `LayerContext::layer_index` declares it with a member
+/// `std::size_t layer_period(const Shape& input_shape) const` (the hierarchical mixer: its number of
+/// modes); every other layer's is 1. A traced nn::Stack runs its layers as one loop of `period`
+/// layers per iteration (olmax/trace/layer_loop.hpp), so this is what keeps a traced program right.
+template <class L>
+std::size_t layer_period(const L& layer, const Shape& input_shape) {
+    if constexpr (requires { { layer.layer_period(input_shape) } -> std::convertible_to<std::size_t>; }) return layer.layer_period(input_shape);
+    else return 1;
+}
+
 /// The context nn::Stack hands to layer `layer` of `depth`.
 inline LayerContext layer_context(const LayerContext& ctx, std::size_t layer, std::size_t depth) {
     LayerContext c = child_context(ctx, layer);

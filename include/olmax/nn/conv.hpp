@@ -10,7 +10,6 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/ops/conv.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/norm.hpp"
@@ -44,15 +43,6 @@ public:
                            weight_.shape()[1] * groups_, "], got ", to_string(x.shape()));
         return bias_.defined() ? causal_conv1d(x, weight_, bias_, groups_) : causal_conv1d(x, weight_, groups_);
     }
-    /// The lowering rule (nn/lowering.hpp): one GEMM over the K shifted copies of x.
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
-        if (groups_ != 1)
-            throw xla::graph::graph_error(olmax::detail::concat("nn::CausalConv<", K, ">: no lowering rule for grouped convolutions (", groups_,
-                                                                " groups)"));
-        xla::graph::var out = xla::graph::causal_conv1d(x, at.parameter("weight"));
-        if (bias_.defined()) out = out + xla::graph::broadcast_to(at.parameter("bias"), out.dims());
-        return out;
-    }
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit("weight", weight_, Role::weight);
         if (bias_.defined()) visit("bias", bias_, Role::bias);
@@ -76,6 +66,7 @@ template <Real T>
 Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T eps, T slope) {
     backend::op_scope on("nn::DenseConv norm", h, scale);
     check<value_error>(eps > T{0}, "nn::DenseConv: the norm's eps must be positive, got ", eps);
+    if (on.traced()) return leaky_relu(scale_norm(h, scale, eps), slope);  // the same function from its parts
     check<shape_error>(h.rank() >= 1 && scale.rank() == 1 && scale.shape()[0] == h.shape().back(), "nn::DenseConv: norm scale of shape ",
                        to_string(scale.shape()), " does not match the last axis of ", to_string(h.shape()));
     const std::size_t f = h.shape().back();
@@ -159,11 +150,6 @@ public:
         Tensor<T> h = conv0_.forward(x, ctx);
         h = detail::scale_norm_leaky_relu(h, mid_scale_, eps_, slope_);  // = leaky_relu(scale_norm(h, scale, eps), slope)
         return conv1_.forward(h, ctx);
-    }
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
-        namespace gx = xla::graph;
-        const gx::var h = conv0_.lower(at.child("conv0"), x);
-        return conv1_.lower(at.child("conv1"), gx::leaky_relu(gx::scale_norm(h, at.parameter("norm/scale"), double(eps_)), double(slope_)));
     }
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit.child("conv0", conv0_);

@@ -10,7 +10,6 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/ops/embedding.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/loss.hpp"
@@ -35,16 +34,6 @@ public:
 
     Tensor<T> forward(const Tensor<std::int32_t>& ids) const { return embedding(table_, ids); }
     Tensor<T> operator()(const Tensor<std::int32_t>& ids) const { return forward(ids); }
-    /// The lowering rule (nn/lowering.hpp): ids (token ids as f32, any shape) -> [..., F] as
-    /// onehot(ids) E.
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& ids) const {
-        namespace gx = xla::graph;
-        const gx::var table = at.parameter("table");
-        const gx::var flat = gx::reshape(ids, {ids.type().elements()});
-        gx::dims_t out = ids.dims();
-        out.push_back(table.dims()[1]);
-        return gx::reshape(gx::matmul(gx::one_hot(flat, table.dims()[0]), table), out);
-    }
     void visit_parameters(ParameterVisitor<T>& visit) { visit("table", table_, Role::embedding); }
 
 private:
@@ -76,28 +65,11 @@ public:
                            to_string(targets.shape()), " and ", features, " features");
         const std::size_t n = targets.size();
         Tensor<T> flat = reshape(scale_norm(hidden, Tensor<T>(), eps_), Shape{n, features});
-        auto flat_targets = Tensor<std::int32_t>::from(Shape{n}, targets.span());
+        auto flat_targets = targets.traced() ? backend::trace::as_type<std::int32_t>(reshape(backend::trace::as_float(targets), Shape{n}))
+                                             : Tensor<std::int32_t>::from(Shape{n}, targets.span());
         return chunked_cross_entropy(flat, w_out_, flat_targets, options_);
     }
 
-    /// The loss on traced values (nn/lowering.hpp): hidden [..., F], targets (ids as f32) of the
-    /// leading shape. Returns {the mean cross-entropy, the value to differentiate: it plus
-    /// z_loss * mean(lse^2)}, as `loss` reports the first and differentiates the second.
-    std::pair<xla::graph::var, xla::graph::var> lower_loss(const xla::graph::lowering& at, const xla::graph::var& hidden,
-                                                           const xla::graph::var& targets) const {
-        namespace gx = xla::graph;
-        const gx::var w = at.parameter("w_out");
-        const std::int64_t features = w.dims()[0];
-        check<shape_error>(hidden.type().rank() >= 1 && hidden.dims().back() == features && hidden.type().elements() == targets.type().elements() * features,
-                           "nn::OutputHead: hidden ", hidden.type().str(), " does not match targets ", targets.type().str(), " and ", features,
-                           " features");
-        const std::int64_t n = targets.type().elements();
-        const gx::var logits = gx::matmul(gx::scale_norm(gx::reshape(hidden, {n, features}), gx::var{}, double(eps_)), w);
-        const gx::var lse = gx::logsumexp_last(logits);
-        const gx::var picked = gx::sum(gx::one_hot(gx::reshape(targets, {n}), w.dims()[1]) * logits, {1});
-        const gx::var ce = gx::mean(lse - picked, {0});
-        return {ce, options_.z_loss != 0 ? ce + gx::mean(lse * lse, {0}) * options_.z_loss : ce};
-    }
 
     /// Full logits [..., V] (for evaluation and sampling).
     Tensor<T> logits(const Tensor<T>& hidden) const { return matmul(scale_norm(hidden, Tensor<T>(), eps_), w_out_); }

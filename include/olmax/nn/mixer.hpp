@@ -7,7 +7,6 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/norm.hpp"
@@ -64,6 +63,9 @@ public:
         return s;
     }
 
+    /// The mixer alternates its mode with the layer index (nn::layer_period): a period of `levels`.
+    std::size_t layer_period(const Shape& input_shape) const { return input_shape.size() == 3 ? levels(input_shape[1]) : 1; }
+
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         check<shape_error>(x.rank() == 3 && x.shape()[2] == scale_.size(), "nn::HierarchicalMixer<", K, ">: expected input [B, S, ",
                            scale_.size(), "], got ", to_string(x.shape()));
@@ -75,41 +77,6 @@ public:
         return reshape(mix(h, w1_), x.shape());
     }
 
-    /// The lowering rule (nn/lowering.hpp). Inside nn::Stack's loop the layer index is a traced
-    /// value, so the mode is too: every mode the stack's layers use is traced and the layer's own
-    /// is selected (mode = index mod levels). The mixer's GEMMs are [K, K] x [K, s F] per group,
-    /// small beside the convolutions, so the extra modes cost little.
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
-        namespace gx = xla::graph;
-        check<shape_error>(x.type().rank() == 3 && std::size_t(x.dims()[2]) == scale_.size(), "nn::HierarchicalMixer<", K,
-                           ">: expected input [B, S, ", scale_.size(), "], got ", x.type().str());
-        const std::int64_t B = x.dims()[0], S = x.dims()[1], F = x.dims()[2], k = std::int64_t(K);
-        gx::graph& g = x.owner();
-        const gx::var upper = gx::select(gx::compare(gx::iota(g, gx::f32({k, k}), 0), gx::iota(g, gx::f32({k, k}), 1), gx::compare_direction::LE),
-                                         gx::constant(g, 1.0, gx::f32({k, k})), gx::constant(g, 0.0, gx::f32({k, k})));
-        const gx::var w0 = at.parameter("w0") * upper, w1 = at.parameter("w1") * upper;
-        // [B, S, F] as [B, G, K, s, F]; out[.., g, ..] = sum_k in[.., k, ..] W[k, g] as one [K, K] x [K, B G s F] product.
-        auto mix = [&](const gx::var& h, const gx::var& w, std::int64_t s) {
-            const std::int64_t G = S / (k * s);
-            const gx::var rows = gx::reshape(gx::transpose(gx::reshape(h, {B, G, k, s, F}), {2, 0, 1, 3, 4}), {k, B * G * s * F});
-            const gx::var mixed = gx::dot(w, rows, 0, 0);  // [K (g), B G s F]
-            return gx::reshape(gx::transpose(gx::reshape(mixed, {k, B, G, s, F}), {1, 2, 0, 3, 4}), {B, S, F});
-        };
-        auto at_mode = [&](std::size_t mode) {
-            const auto s = std::int64_t(stride(std::size_t(S), mode));
-            const gx::var h = gx::leaky_relu(gx::scale_norm(mix(x, w0, s), at.parameter("norm/scale"), double(eps_)), double(slope_));
-            return mix(h, w1, s);
-        };
-        const std::size_t modes = std::min(levels(std::size_t(S)), at.layer_count());
-        gx::var out = at_mode(0);
-        if (modes <= 1 || !at.layer_index().defined()) return out;
-        const double L = double(levels(std::size_t(S)));
-        const gx::var index = at.layer_index();
-        const gx::var mode = gx::broadcast_to(index - gx::floor((index + 0.5) / L) * L, x.dims());
-        for (std::size_t m = 1; m < modes; ++m)
-            out = gx::select(gx::compare(mode, gx::constant_like(mode, double(m)), gx::compare_direction::EQ), at_mode(m), out);
-        return out;
-    }
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit("w0", w0_, Role::weight);
         visit("w1", w1_, Role::weight);

@@ -203,6 +203,8 @@ public:
     }
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
+        check<trace_error>(!x.traced(), "nn::MoE: has no traced form yet (its routing and balance loss run on the host); train it with "
+                                        "--device=cpu");
         const std::size_t features = router_.shape()[0], E = experts();
         check<shape_error>(x.defined() && x.rank() == 3 && x.shape()[2] == features, "nn::MoE: expected input [B, S, ", features, "], got ",
                            x.defined() ? to_string(x.shape()) : std::string("an undefined tensor"));

@@ -5,7 +5,6 @@
 
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/nn/contract.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/ops/norm.hpp"
 
 namespace olmax::nn {
@@ -26,9 +25,6 @@ public:
     }
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return scale_norm(x, scale_, eps_); }
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
-        return xla::graph::scale_norm(x, scale_.defined() ? at.parameter("scale") : xla::graph::var{}, double(eps_));
-    }
     void visit_parameters(ParameterVisitor<T>& visit) {
         if (scale_.defined()) visit("scale", scale_, Role::norm_scale);
     }
@@ -76,17 +72,13 @@ public:
     Tensor<value_type> forward(const Tensor<value_type>& x, const LayerContext& ctx = {}) const {
         return norm_out_.forward(inner_.forward(norm_in_.forward(x, ctx), ctx), ctx);
     }
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const
-        requires LowerableLayer<Inner>
-    {
-        return norm_out_.lower(at.child("norm_out"), nn::lower(inner_, at, norm_in_.lower(at.child("norm_in"), x)));
-    }
     void visit_parameters(ParameterVisitor<value_type>& visit) {
         visit.child("norm_in", norm_in_);
         inner_.visit_parameters(visit);
         visit.child("norm_out", norm_out_);
     }
     const Inner& inner() const { return inner_; }
+    std::size_t layer_period(const Shape& input_shape) const { return nn::layer_period(inner_, input_shape); }
 
 private:
     ScaleNorm<value_type> norm_in_;

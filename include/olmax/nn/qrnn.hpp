@@ -17,11 +17,9 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/random.hpp"
 #include "olmax/nn/contract.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/ops/conv.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/shape.hpp"
-#include "olmax/scan/lowered_strategy.hpp"
 #include "olmax/scan/scan.hpp"
 
 namespace olmax::nn {
@@ -62,29 +60,6 @@ public:
         return mul(sigmoid(part(2)), c);
     }
 
-    /// The lowering rule (nn/lowering.hpp): the same gates, with the recurrence as the linear_scan
-    /// primitive lowered by the StableHLO form of `Strategy` (scan::lowered_scan_strategy:
-    /// chunked_matmul<C> as C x C triangular matmuls, the TPU form; hillis_steele as doubling;
-    /// sequential as a loop over time; the CPU-only strategies as chunked_matmul<128>).
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
-        namespace gx = xla::graph;
-        gx::var z = gx::causal_conv1d(x, at.parameter("weight"));
-        z = z + gx::broadcast_to(at.parameter("bias"), z.dims());
-        const auto width = std::int64_t(hidden_);
-        auto part = [&](std::int64_t i) {
-            gx::dims_t limit = z.dims();
-            limit[2] = (i + 1) * width;
-            return gx::slice(z, {0, 0, i * width}, limit);
-        };
-        const gx::var forget = gx::hard_sigmoid(part(1));
-        const auto strategy = scan::lowered_scan_strategy<Strategy>();
-        if (pooling_ == QrnnPooling::original) return gx::linear_scan(forget, part(0), 1, strategy);
-        const gx::var candidate = gx::tanh(part(0));
-        const gx::var input = pooling_ == QrnnPooling::ifo ? gx::logistic(part(3)) * candidate : (1.0 - forget) * candidate;
-        const gx::var c = gx::linear_scan(forget, input, 1, strategy);
-        if (pooling_ == QrnnPooling::f) return c;
-        return gx::logistic(part(2)) * c;
-    }
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit("weight", weight_, Role::weight);
         visit("bias", bias_, Role::bias);

@@ -18,6 +18,7 @@
 // forward, inverse and reverse (child_context), so no generator state has to be saved.
 
 #include <array>
+#include <numeric>
 #include <tuple>
 #include <span>
 #include <string>
@@ -27,8 +28,6 @@
 #include "olmax/autodiff/custom_op.hpp"
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/nn/contract.hpp"
-#include "olmax/backend/xla/graph/gradients.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/nn/views.hpp"
 #include "olmax/ops/elementwise.hpp"
 
@@ -71,29 +70,6 @@ struct AdditiveCoupling {
         autodiff::no_grad guard;
         return {o1 - f.forward(o0, ctx), o0};
     }
-    /// The step on traced values (nn/lowering.hpp), f already lowered.
-    template <class LoweredF>
-    static std::pair<xla::graph::var, xla::graph::var> lower(const LoweredF& f, const xla::graph::var& a, const xla::graph::var& b, double) {
-        return {b, a + f(b)};
-    }
-    /// The traced reverse (see `reverse` below): f recomputed once at o0, its VJP taken with respect
-    /// to o0 and `parameters`. Returns {in0, in1, grad0, grad1, parameter gradients...}.
-    template <class LoweredF>
-    static std::vector<xla::graph::var> lower_reverse(const LoweredF& f, const xla::graph::var& o0, const xla::graph::var& o1,
-                                                      const xla::graph::var& d0, const xla::graph::var& d1, double,
-                                                      const std::vector<xla::graph::var>& parameters) {
-        // f is differentiated at a stopped copy of o0: o0 was itself rebuilt from parameters (by the
-        // step after this one), and the VJP must not reach them through it (the eager `reverse`
-        // recomputes on a detached copy for the same reason).
-        const xla::graph::var b = xla::graph::stop_gradient(o0);
-        const xla::graph::var fb = f(b);
-        std::vector<xla::graph::var> wrt{b};
-        wrt.insert(wrt.end(), parameters.begin(), parameters.end());
-        const auto grads = xla::graph::vjp({fb}, {d1}, wrt);
-        std::vector<xla::graph::var> out{o1 - fb, o0, d1, d0 + grads[0]};
-        out.insert(out.end(), grads.begin() + 1, grads.end());
-        return out;
-    }
     /// dL/da = d1; dL/db = d0 + J_f(b)^T d1.
     template <class F, Real T>
     static detail::StepReverse<T> reverse(const F& f, const Tensor<T>& o0, const Tensor<T>& o1, const Tensor<T>& d0, const Tensor<T>& d1,
@@ -117,24 +93,6 @@ struct MomentumCoupling {
         autodiff::no_grad guard;
         Tensor<T> x = o0 - o1;
         return {x, (o1 - f.forward(x, ctx) * T(1 - beta)) * T(1 / beta)};
-    }
-    template <class LoweredF>
-    static std::pair<xla::graph::var, xla::graph::var> lower(const LoweredF& f, const xla::graph::var& x, const xla::graph::var& v, double beta) {
-        const xla::graph::var v_next = v * beta + f(x) * (1 - beta);
-        return {x + v_next, v_next};
-    }
-    template <class LoweredF>
-    static std::vector<xla::graph::var> lower_reverse(const LoweredF& f, const xla::graph::var& o0, const xla::graph::var& o1,
-                                                      const xla::graph::var& d0, const xla::graph::var& d1, double beta,
-                                                      const std::vector<xla::graph::var>& parameters) {
-        const xla::graph::var x = xla::graph::stop_gradient(o0 - o1), dv_total = d0 + d1;  // stopped: see AdditiveCoupling
-        const xla::graph::var fx = f(x);
-        std::vector<xla::graph::var> wrt{x};
-        wrt.insert(wrt.end(), parameters.begin(), parameters.end());
-        const auto grads = xla::graph::vjp({fx}, {dv_total * (1 - beta)}, wrt);
-        std::vector<xla::graph::var> out{x, (o1 - fx * (1 - beta)) * (1 / beta), d0 + grads[0], dv_total * beta};
-        out.insert(out.end(), grads.begin() + 1, grads.end());
-        return out;
     }
     /// With dv'_total = d1 + d0: dL/dx = d0 + (1 - beta) J_f(x)^T dv'_total, dL/dv = beta dv'_total.
     template <class F, Real T>
@@ -251,38 +209,18 @@ public:
     }
 
     bool memory_saving() const { return memory_saving_; }
+    /// The least common multiple of the steps' periods (nn::layer_period); each sees one stream.
+    std::size_t layer_period(const Shape& state_shape) const {
+        const Shape stream = state_shape.empty() ? state_shape : detail::drop_leading(state_shape);
+        std::size_t period = 1;
+        std::apply([&](const auto&... f) { ((period = std::lcm(period, nn::layer_period(f, stream))), ...); }, fs_);
+        return period;
+    }
 
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit_each(visit, std::index_sequence_for<Fs...>{});
     }
 
-    /// The lowering rule (nn/lowering.hpp): the coupling steps on the two streams of a traced [2, ...]
-    /// state. Inside nn::Stack's loop the layer's input is kept for the gradient (the loop stores
-    /// its carries), so the traced backward does not rebuild inputs the way `reverse` does.
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& state) const
-        requires(LowerableLayer<Fs> && ...)
-    {
-        check<shape_error>(state.type().rank() >= 2 && state.dims()[0] == 2, "nn::Reversible: expected a two-stream state of shape [2, ...], got ",
-                           state.type().str());
-        xla::graph::var s0 = xla::graph::take_leading(state, 0), s1 = xla::graph::take_leading(state, 1);
-        lower_steps(at, s0, s1, std::index_sequence_for<Fs...>{});
-        return xla::graph::stack_leading({s0, s1});
-    }
-    /// The traced counterpart of `reverse` (nn::ReversiblyLowerableLayer): from the output state y and
-    /// its gradient, the input state, its gradient and the gradients of `parameters` (the traced values
-    /// the rule reads through `at`), each function recomputed once on the rebuilt input.
-    LoweredReverse lower_reverse(const xla::graph::lowering& at, const xla::graph::var& y, const xla::graph::var& dy,
-                                 const std::vector<xla::graph::var>& parameters) const
-        requires(LowerableLayer<Fs> && ...)
-    {
-        check<shape_error>(y.type().rank() >= 2 && y.dims()[0] == 2 && dy.type() == y.type(),
-                           "nn::Reversible: expected a two-stream state [2, ...] and its gradient, got ", y.type().str(), " and ", dy.type().str());
-        xla::graph::var s0 = xla::graph::take_leading(y, 0), s1 = xla::graph::take_leading(y, 1);
-        xla::graph::var d0 = xla::graph::take_leading(dy, 0), d1 = xla::graph::take_leading(dy, 1);
-        std::vector<xla::graph::var> parameter_grads(parameters.size());
-        reverse_lowered_steps(at, s0, s1, d0, d1, parameters, parameter_grads, std::index_sequence_for<Fs...>{});
-        return {xla::graph::stack_leading({s0, s1}), xla::graph::stack_leading({d0, d1}), std::move(parameter_grads)};
-    }
 
     template <std::size_t I>
     const auto& function() const { return std::get<I>(fs_); }
@@ -306,27 +244,6 @@ private:
             s0 = r.in0, s1 = r.in1, d0 = r.grad0, d1 = r.grad1;
         };
         (step(std::get<n - 1 - I>(fs_), n - 1 - I), ...);
-    }
-    template <std::size_t... I>
-    void lower_steps(const xla::graph::lowering& at, xla::graph::var& s0, xla::graph::var& s1, std::index_sequence<I...>) const {
-        auto step = [&](const auto& f, const xla::graph::lowering& view) {
-            std::tie(s0, s1) = Coupling::lower([&](const xla::graph::var& x) { return nn::lower(f, view, x); }, s0, s1, beta_);
-        };
-        (step(std::get<I>(fs_), at.child(child_name<I>())), ...);
-    }
-    template <std::size_t... I>
-    void reverse_lowered_steps(const xla::graph::lowering& at, xla::graph::var& s0, xla::graph::var& s1, xla::graph::var& d0,
-                               xla::graph::var& d1, const std::vector<xla::graph::var>& parameters,
-                               std::vector<xla::graph::var>& parameter_grads, std::index_sequence<I...>) const {
-        constexpr std::size_t n = sizeof...(Fs);
-        auto step = [&](const auto& f, const xla::graph::lowering& view) {
-            const auto r = Coupling::lower_reverse([&](const xla::graph::var& x) { return nn::lower(f, view, x); }, s0, s1, d0, d1, beta_,
-                                                   parameters);
-            s0 = r[0], s1 = r[1], d0 = r[2], d1 = r[3];
-            for (std::size_t k = 0; k < parameters.size(); ++k)
-                parameter_grads[k] = parameter_grads[k].defined() ? parameter_grads[k] + r[4 + k] : r[4 + k];
-        };
-        (step(std::get<n - 1 - I>(fs_), at.child(child_name<n - 1 - I>())), ...);
     }
     template <std::size_t... I>
     void visit_each(ParameterVisitor<T>& visit, std::index_sequence<I...>) {

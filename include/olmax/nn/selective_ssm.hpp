@@ -31,7 +31,6 @@
 #include "olmax/core/random.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/shape.hpp"
@@ -112,6 +111,21 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
                        " must be [batch, T, E], [K, E] and [E]");
     const std::size_t nb = x.extent(0), nt = x.extent(1), ne = x.extent(2), K = w.extent(0), back = K - 1;
     check<value_error>(nb > 0 && nt > 0 && ne > 0, op, ": x of shape ", to_string(x.shape()), " is empty");
+    if (on.traced()) {  // the same function from ops: each tap a shifted copy, cut where a document starts
+        check<trace_error>(!tail.defined(), op, ": a traced step takes no carried convolution state");
+        Tensor<T> pre = add(mul(x, reshape(slice(w, 0, back, K), Shape{ne})), bias);  // tap K-1 reads x_t
+        Tensor<T> open;  // 1 while no document started in (t - j, t]
+        for (std::size_t j = 1; j <= back && j < nt; ++j) {
+            if (resets.defined()) {
+                const Tensor<T> step = add_scalar(neg(slice(pad(resets, 1, j - 1, 0), 1, 0, nt)), T{1});  // 1 - resets[t - j + 1]
+                open = open.defined() ? mul(open, step) : step;
+            }
+            Tensor<T> tap = mul(slice(pad(x, 1, j, 0), 1, 0, nt), reshape(slice(w, 0, back - j, back - j + 1), Shape{ne}));
+            if (open.defined()) tap = mul(tap, reshape(open, Shape{nb, nt, 1}));
+            pre = add(pre, tap);
+        }
+        return {silu(pre), Tensor<T>()};
+    }
     if (resets.defined())
         check<shape_error>(resets.rank() == 2 && resets.extent(0) == nb && resets.extent(1) == nt, op, ": resets of shape ",
                            to_string(resets.shape()), " does not match [batch, T] = [", nb, ", ", nt, "]");
@@ -327,43 +341,6 @@ public:
         return run(x, resets, state);
     }
 
-    /// The lowering rule (nn/lowering.hpp) of forward(x): the same projections; the depthwise
-    /// convolution as K time-shifted copies; the selective scan as the linear_scan primitive over
-    /// the states [batch, T, E, N] (gates exp(delta A), inputs delta B u; chunked_matmul<128>, the
-    /// matrix-unit form), contracted with C, plus D u. Unlike the eager op, which never stores
-    /// those states, the traced program materialises them (B T E N values; XLA may fuse them away).
-    /// No resets or carried state: packed documents and forward_with_state stay eager.
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const {
-        namespace gx = xla::graph;
-        const auto D = std::int64_t(in_proj_.extent(0)), E = std::int64_t(A_log_.extent(0)), N = std::int64_t(A_log_.extent(1)),
-                   R = std::int64_t(dt_weight_.extent(0)), K = std::int64_t(conv_weight_.extent(0));
-        check<xla::graph::graph_error>(x.type().rank() == 3 && x.dims()[2] == D, "nn::SelectiveSSM::lower: expected input [batch, T, ", D,
-                                       "], got ", x.type().str());
-        const std::int64_t batch = x.dims()[0], steps = x.dims()[1];
-        const gx::dims_t rows{batch, steps, E}, states{batch, steps, E, N};
-        auto project = [&](const gx::var& v, const gx::var& w) {  // [batch, T, I] x [I, O]
-            return gx::reshape(gx::matmul(gx::reshape(v, {batch * steps, v.dims()[2]}), w), {batch, steps, w.dims()[1]});
-        };
-        auto features = [&](const gx::var& v, std::int64_t from, std::int64_t to) { return gx::slice(v, {0, 0, from}, {batch, steps, to}); };
-        auto per_channel = [&](const gx::var& v) { return gx::broadcast_in_dim(v, rows, {2}); };  // [E] -> [batch, T, E]
-        auto silu = [](const gx::var& v) { return v * gx::logistic(v); };
-
-        const gx::var xz = project(x, at.parameter("in_proj/weight"));
-        const gx::var gate = silu(features(xz, E, 2 * E)), inner = features(xz, 0, E);
-        const gx::var w = at.parameter("conv/weight");  // [K, E]: tap k reads step t - (K-1-k)
-        gx::var pre = per_channel(at.parameter("conv/bias"));
-        for (std::int64_t k = 0; k < K; ++k)
-            pre = pre + gx::shift_later(inner, 1, K - 1 - k) * per_channel(gx::reshape(gx::slice(w, {k, 0}, {k + 1, E}), {E}));
-        const gx::var u = silu(pre);
-        const gx::var p = project(u, at.parameter("x_proj/weight"));  // [batch, T, R + 2N]
-        const gx::var delta = gx::softplus(project(features(p, 0, R), at.parameter("dt_proj/weight")) + per_channel(at.parameter("dt_proj/bias")));
-        const gx::var A = -gx::exp(at.parameter("A_log"));  // [E, N]
-        const gx::var decay = gx::exp(gx::broadcast_in_dim(delta, states, {0, 1, 2}) * gx::broadcast_in_dim(A, states, {2, 3}));
-        const gx::var drive = gx::broadcast_in_dim(delta * u, states, {0, 1, 2}) * gx::broadcast_in_dim(features(p, R, R + N), states, {0, 1, 3});
-        const gx::var h = gx::linear_scan(decay, drive, 1);
-        const gx::var y = gx::sum(h * gx::broadcast_in_dim(features(p, R + N, R + 2 * N), states, {0, 1, 3}), {3}) + u * per_channel(at.parameter("D"));
-        return project(y * gate, at.parameter("out_proj/weight"));
-    }
 
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit("in_proj/weight", in_proj_, Role::weight);

@@ -15,7 +15,6 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/core/memory.hpp"
 #include "olmax/nn/contract.hpp"
-#include "olmax/nn/lowering.hpp"
 #include "olmax/nn/parameters.hpp"
 #include "olmax/nn/views.hpp"
 
@@ -119,6 +118,7 @@ public:
     const Block& block() const { return worker_; }
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
+        if (x.traced()) return traced_layers(x, ctx);
         if constexpr (InvertibleLayer<Block>) {
             if (worker_.memory_saving()) return forward_reversible(x, ctx);
         }
@@ -126,51 +126,6 @@ public:
     }
     Tensor<T> operator()(const Tensor<T>& x, const LayerContext& ctx = {}) const { return forward(x, ctx); }
 
-    /// The lowering rule (nn/lowering.hpp): depth is a loop, not an unrolling. The block's rule is
-    /// traced once as the body of one `scan_layers` over the stacked [depth, ...] parameters (tied
-    /// ones passed whole), with the loop counter as the layer index: the program's size does not
-    /// grow with depth, and neither does its gradient (one reverse loop). keep_activations does not
-    /// apply: what a compiled step stores is XLA's choice.
-    xla::graph::var lower(const xla::graph::lowering& at, const xla::graph::var& x) const
-        requires LowerableLayer<Block>
-    {
-        namespace gx = xla::graph;
-        std::vector<gx::tensor_type> per_layer, shared;
-        std::vector<gx::var> stacked, tied;
-        for (const auto& slot : slots_) {
-            gx::dims_t dims(slot.shape.begin(), slot.shape.end());
-            if (slot.sharing == Sharing::tied) {
-                tied.push_back(at.parameter(slot.name));
-                shared.push_back(gx::f32(dims));
-            } else {
-                stacked.push_back(at.parameter("*/" + slot.name));
-                per_layer.push_back(gx::f32(dims));
-            }
-        }
-        const auto body = gx::trace_layer(x.type(), per_layer, shared,
-                                          [&](gx::graph&, const gx::var& carry, const std::vector<gx::var>& layer,
-                                              const std::vector<gx::var>& tied_in, const gx::var& index) {
-                                              return nn::lower(worker_, gx::lowering(bind_lowered(layer, tied_in), index, depth_), carry);
-                                          });
-        // An invertible block (with memory saving on, as the eager stack) also gets a reverse body: the
-        // gradient loop then rebuilds each layer's input from its output and stores nothing per layer.
-        std::shared_ptr<const gx::layer_body> reverse;
-        if constexpr (ReversiblyLowerableLayer<Block>) {
-            if (worker_.memory_saving())
-                reverse = gx::trace_reverse_layer(
-                    x.type(), per_layer, shared,
-                    [&](gx::graph&, const gx::var& y, const std::vector<gx::var>& layer, const std::vector<gx::var>& tied_in, const gx::var& index,
-                        const gx::var& gy) {
-                        std::vector<gx::var> parameters;
-                        const auto names = bind_lowered(layer, tied_in, &parameters);
-                        const LoweredReverse r = worker_.lower_reverse(gx::lowering(names, index, depth_), y, gy, parameters);
-                        std::vector<gx::var> out{r.input, r.input_grad};
-                        out.insert(out.end(), r.parameter_grads.begin(), r.parameter_grads.end());
-                        return out;
-                    });
-        }
-        return gx::scan_layers(body, x, stacked, tied, reverse);
-    }
     /// Stacked and tied parameters (the trainable leaves), named "<prefix>/*/<block names>" and
     /// "<prefix>/<block names>" for tied ones.
     void visit_parameters(ParameterVisitor<T>& visit) {
@@ -214,20 +169,6 @@ private:
         Tensor<T> stored;  // [depth, ...shape] or the tied tensor
     };
     enum class Binding { recorded, plain, fresh_leaf };
-    /// A layer body's parameter names: slot i's block-relative name -> its per-layer or tied input.
-    /// `ordered`, when given, receives the per-layer values then the tied ones (the body's order).
-    std::shared_ptr<const xla::graph::lowering::parameter_map> bind_lowered(const std::vector<xla::graph::var>& layer,
-                                                                            const std::vector<xla::graph::var>& tied,
-                                                                            std::vector<xla::graph::var>* ordered = nullptr) const {
-        auto names = std::make_shared<xla::graph::lowering::parameter_map>();
-        std::size_t next_layer = 0, next_tied = 0;
-        for (const auto& slot : slots_) (*names)[slot.name] = slot.sharing == Sharing::tied ? tied[next_tied++] : layer[next_layer++];
-        if (ordered) {
-            *ordered = layer;
-            ordered->insert(ordered->end(), tied.begin(), tied.end());
-        }
-        return names;
-    }
 
     static Generator seeded(const config_type& config) {
         if constexpr (requires { config.seed; }) return Generator(config.seed);
@@ -264,6 +205,41 @@ private:
 
     /// Layers 0 .. count-1 recorded on the tape, every activation kept (the plain stack, and the
     /// kept layers of a memory-saving one).
+    /// The layers inside a traced program (olmax/trace/): ONE loop over the stacked parameters
+    /// (backend::trace::layer_loop), its body this block's own forward, traced once; a reversible
+    /// block's backward rebuilds each layer's input with the block's own inverse.
+    Tensor<T> traced_layers(const Tensor<T>& x, const LayerContext& ctx) const {
+        if constexpr (!std::is_same_v<T, float>) {
+            throw trace_error("nn::Stack: traced programs compute in float32; trace a float model");
+        } else {
+            backend::trace::layer_loop loop;
+            loop.name = olmax::detail::concat("nn::Stack<", Block::name, ">");
+            loop.input = x;
+            loop.depth = depth_;
+            loop.period = layer_period(worker_, x.shape());
+            for (const auto& slot : slots_) (slot.sharing == Sharing::tied ? loop.shared : loop.stacked).push_back(slot.stored);
+            auto layer = [this, ctx](bool inverse) {
+                return [this, ctx, inverse](const Tensor<T>& h, std::span<const Tensor<T>> per_layer, std::span<const Tensor<T>> shared,
+                                            std::size_t position) -> Tensor<T> {
+                    Block block = worker_;
+                    std::size_t next_layer = 0, next_shared = 0, i = 0;
+                    ParameterVisitor<T> rebind([&](const std::string&, Tensor<T>& t, Role, Sharing) {
+                        t = slots_[i++].sharing == Sharing::tied ? shared[next_shared++] : per_layer[next_layer++];
+                    });
+                    block.visit_parameters(rebind);
+                    const LayerContext at = layer_context(ctx, position, depth_);
+                    if constexpr (InvertibleLayer<Block>)
+                        if (inverse) return block.inverse(h, at);
+                    return kept_forward(block, h, at);
+                };
+            };
+            loop.body = layer(false);
+            if constexpr (InvertibleLayer<Block>)
+                if (worker_.memory_saving()) loop.inverse = layer(true);
+            return backend::trace::loop_layers(loop);
+        }
+    }
+
     Tensor<T> recorded_layers(const Tensor<T>& x, std::size_t count, const LayerContext& ctx) const {
         Block block = worker_;
         Tensor<T> h = x;

@@ -33,6 +33,7 @@ template <Real T>
 Tensor<T> take_leading(const Tensor<T>& x, std::size_t index) {
     check<shape_error>(x.rank() >= 1 && index < x.shape()[0], "nn::take_leading: index ", index, " out of range for shape ",
                        to_string(x.shape()));
+    if (x.traced()) return backend::trace::call1<T>("take_leading", {x}, {{std::int64_t(index)}, {}});
     const Shape inner = detail::drop_leading(x.shape());
     const std::size_t offset = index * numel(inner);
     Tensor<T> out = detail::view_of(x, offset, inner);
@@ -58,6 +59,11 @@ Tensor<T> stack_leading(const std::vector<Tensor<T>>& parts) {
     const Shape inner = parts[0].shape();
     for (const auto& p : parts)
         check<shape_error>(p.shape() == inner, "nn::stack_leading: shapes ", to_string(inner), " and ", to_string(p.shape()), " differ");
+    if (on.traced()) {
+        std::vector<Tensor<float>> in;
+        for (const auto& p : parts) in.push_back(backend::trace::as_float(p));
+        return backend::trace::call<T>("stack_leading", in).front();
+    }
     Shape shape{parts.size()};
     shape.insert(shape.end(), inner.begin(), inner.end());
     auto out = Tensor<T>::uninitialized(shape);

@@ -248,6 +248,7 @@ template <Real T>
 Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, std::size_t groups) {
     backend::op_scope on("causal_conv1d", x, w, bias ? *bias : Tensor<T>());
     const ConvDims d = validate(x, w, groups);
+    if (on.traced()) return backend::trace::call1<T>("causal_conv1d", {x, w, bias ? *bias : Tensor<T>()}, {{std::int64_t(groups)}, {}});
     if (bias)
         if (!(bias->rank() == 1 && bias->shape()[0] == d.cout))
             throw shape_error(olmax::detail::concat("causal_conv1d: bias of shape ", to_string(bias->shape()),

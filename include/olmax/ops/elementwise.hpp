@@ -170,6 +170,7 @@ enum class Reads { nothing, input, output, both };
 template <Reads reads = Reads::both, Real T, class F, class DF>
 Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
     backend::op_scope on(name, x);
+    if (on.traced()) return backend::trace::call1<T>(name, {x});  // the op's lowering rule, found by its name
     auto y = Tensor<T>::uninitialized(x.shape());
     backend::map(x.size(), y.data(), f, x.data());
     constexpr bool keep_x = reads == Reads::input || reads == Reads::both, keep_y = reads == Reads::output || reads == Reads::both;
@@ -195,6 +196,7 @@ struct BinaryReads {
 template <BinaryReads reads = BinaryReads{}, Real T, class F, class DFA, class DFB>
 Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& b, F f, DFA dfa, DFB dfb) {
     backend::op_scope on(name, a, b);
+    if (on.traced()) return backend::trace::call1<T>(name, {a, b});
     const bool same = a.shape() == b.shape();
     const Shape out_shape = same ? a.shape() : broadcast_shapes(a.shape(), b.shape(), name);
     auto y = Tensor<T>::uninitialized(out_shape);
@@ -267,10 +269,12 @@ Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
 
 template <Real T>
 Tensor<T> add_scalar(const Tensor<T>& x, T s) {
+    if (x.traced()) return backend::trace::call1<T>("add_scalar", {x}, {{}, {double(s)}});
     return detail::unary_op<detail::Reads::nothing>("add_scalar", x, [s](T v) { return v + s; }, [](T, T) { return T{1}; });
 }
 template <Real T>
 Tensor<T> scale(const Tensor<T>& x, T s) {
+    if (x.traced()) return backend::trace::call1<T>("scale", {x}, {{}, {double(s)}});
     return detail::unary_op<detail::Reads::nothing>("scale", x, [s](T v) { return v * s; }, [s](T, T) { return s; });
 }
 template <Real T>
@@ -337,6 +341,7 @@ Tensor<T> relu(const Tensor<T>& x) {
 /// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
 template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
+    if (x.traced()) return backend::trace::call1<T>("leaky_relu", {x}, {{}, {double(slope)}});
     return detail::unary_op<detail::Reads::input>("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
                                [slope](T v, T) { return v < T{0} ? slope : T{1}; });
 }

@@ -22,6 +22,10 @@ Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
         throw shape_error(olmax::detail::concat("embedding: the table must have shape [V, F], got ", to_string(table.shape())));
     const std::size_t vocab = table.shape()[0], features = table.shape()[1];
     const std::size_t count = ids.size();
+    if (on.traced()) {
+        const Tensor<float> in[2] = {backend::trace::as_float(table), backend::trace::as_float(ids)};
+        return backend::trace::call<T>("embedding", in).front();
+    }
     const std::int32_t* id = ids.data();
     for (std::size_t i = 0; i < count; ++i)
         if (id[i] < 0 || std::size_t(id[i]) >= vocab)

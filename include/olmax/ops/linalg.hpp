@@ -66,6 +66,7 @@ template <Real T>
 Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
     backend::op_scope on("matmul", a, b);
     const auto p = detail::plan_matmul(a.shape(), b.shape());
+    if (on.traced()) return backend::trace::call1<T>("matmul", {a, b});
     auto y = Tensor<T>::uninitialized(p.out_shape);
     const std::size_t bs = p.batched_b ? p.k * p.n : 0;
     const backend::GemmOperand<T> a_op(a), b_op(b);
@@ -105,6 +106,7 @@ Tensor<T> contract_axis(const Tensor<T>& x, const Tensor<T>& w, std::size_t axis
     if (!(axis < x.rank() && w.rank() == 2 && w.shape()[0] == x.shape()[axis]))
         throw shape_error(detail::concat("contract_axis: x of shape ", to_string(x.shape()), " (axis ", axis, ") and w of shape ",
                                          to_string(w.shape()), " do not contract (need w [x.shape[axis], N])"));
+    if (on.traced()) return backend::trace::call1<T>("contract_axis", {x, w}, {{std::int64_t(axis)}, {}});
     const std::size_t k = w.shape()[0], n = w.shape()[1];
     std::size_t outer = 1, inner = 1;
     for (std::size_t i = 0; i < axis; ++i) outer *= x.shape()[i];

@@ -205,6 +205,10 @@ Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& tar
         throw shape_error(olmax::detail::concat("cross_entropy: logits must be [N, V] and targets [N], got ", to_string(logits.shape()),
                                                 " and ", to_string(targets.shape())));
     const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
+    if (on.traced()) {  // targets are checked where the program's inputs are made (they have no values here)
+        const Tensor<float> in[2] = {backend::trace::as_float(logits), backend::trace::as_float(targets)};
+        return backend::trace::call<T>("cross_entropy", in, {{}, {double(z_loss)}}).front();
+    }
     detail::loss_ops::check_targets("cross_entropy", targets.data(), n, vocab);
     // The forward pass works on a copy so the gradient can be formed in the same sweep when needed.
     const Tensor<T> in[1] = {logits};
@@ -252,6 +256,10 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
                                                 to_string(hidden.shape()), ", ", to_string(w_out.shape()), " and ",
                                                 to_string(targets.shape())));
     const std::size_t n = hidden.shape()[0], features = hidden.shape()[1], vocab = w_out.shape()[1];
+    if (on.traced()) {
+        const Tensor<float> in[3] = {backend::trace::as_float(hidden), backend::trace::as_float(w_out), backend::trace::as_float(targets)};
+        return backend::trace::call<T>("chunked_cross_entropy", in, {{}, {opt.z_loss}}).front();
+    }
     detail::loss_ops::check_targets("chunked_cross_entropy", targets.data(), n, vocab);
 
     const Tensor<T> inputs[2] = {hidden, w_out};

@@ -158,6 +158,7 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
 template <Real T>
 Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-16)) {
     check<value_error>(eps > T{0}, "scale_norm: eps must be positive, got ", eps);
+    if (x.traced() || w.traced()) return backend::trace::call1<T>("scale_norm", {x, w}, {{}, {double(eps)}});
     return detail::norm_ops::normalize(
         "scale_norm", x, w,
         [eps](double sum_sq, bool& clamped) { return detail::norm_ops::l2_factor(sum_sq, T(eps), clamped); },
@@ -174,6 +175,7 @@ Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<
         throw shape_error(
             olmax::detail::concat("rms_norm: needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape())));
     const double features = double(x.shape().back());
+    if (x.traced() || w.traced()) return backend::trace::call1<T>("rms_norm", {x, w}, {{}, {double(eps)}});
     return detail::norm_ops::normalize(
         "rms_norm", x, w,
         [eps, features](double sum_sq, bool& clamped) {

@@ -127,6 +127,16 @@ Tensor<T> sum_one_axis(const Tensor<T>& x, std::size_t axis, bool keepdims, T fa
     return sum_run(x, axis, 1, keepdims, factor, name);
 }
 
+/// A reduction's attributes for its lowering rule: keepdims (0 or 1), then the reduced axes (every
+/// axis when `axes` is empty).
+inline std::vector<std::int64_t> trace_axes(const std::vector<std::size_t>& axes, std::size_t rank, bool keepdims) {
+    std::vector<std::int64_t> out{keepdims ? 1 : 0};
+    if (axes.empty())
+        for (std::size_t a = 0; a < rank; ++a) out.push_back(std::int64_t(a));
+    for (std::size_t a : axes) out.push_back(std::int64_t(a));
+    return out;
+}
+
 /// Sum (mean when `average`) over sorted unique `axes`: each run of consecutive axes is one pass
 /// (all axes of a contiguous tensor: a single reduction over the buffer), last run first so the
 /// axis numbers of earlier runs stay valid when the reduced axes are dropped.
@@ -155,6 +165,7 @@ template <Real T>
 Tensor<T> sum(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     backend::op_scope on("sum", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "sum");
+    if (on.traced()) return backend::trace::call1<T>("sum", {x}, {detail::trace_axes(ax, x.rank(), keepdims), {}});
     if (ax.empty()) return detail::unary_op<detail::Reads::nothing>("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
     return detail::reduce_runs(x, ax, keepdims, /*average=*/false, "sum");
 }
@@ -164,6 +175,7 @@ template <Real T>
 Tensor<T> mean(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     backend::op_scope on("mean", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "mean");
+    if (on.traced()) return backend::trace::call1<T>("mean", {x}, {detail::trace_axes(ax, x.rank(), keepdims), {}});
     if (ax.empty()) return detail::unary_op<detail::Reads::nothing>("mean", x, [](T v) { return v; }, [](T, T) { return T{1}; });
     return detail::reduce_runs(x, ax, keepdims, /*average=*/true, "mean");
 }

@@ -113,6 +113,7 @@ Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
     if (!(numel(shape) == x.size()))
         throw shape_error(olmax::detail::concat("reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", x.size(),
                                                 " elements) to ", to_string(shape), " (", numel(shape), " elements)"));
+    if (on.traced()) return backend::trace::call1<T>("reshape", {x}, {std::vector<std::int64_t>(shape.begin(), shape.end()), {}});
     Tensor<T> y = detail::shape_ops::share_storage(x, shape);
     detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
         sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
@@ -139,6 +140,7 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
         throw shape_error(olmax::detail::concat("transpose: [", listed, "] is not a permutation of the axes of a tensor of shape ",
                                                 to_string(x.shape())));
     }
+    if (on.traced()) return backend::trace::call1<T>("transpose", {x}, {std::vector<std::int64_t>(perm.begin(), perm.end()), {}});
     Shape out_shape(rank);
     for (std::size_t i = 0; i < rank; ++i) out_shape[i] = x.shape()[perm[i]];
     auto y = Tensor<T>::uninitialized(out_shape);
@@ -177,6 +179,8 @@ Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t en
     if (!(begin <= end && end <= lay.n))
         throw shape_error(olmax::detail::concat("slice: range [", begin, ", ", end, ") along axis ", axis, " of shape ",
                                                 to_string(x.shape()), " is not within [0, ", lay.n, "] with begin <= end"));
+    if (on.traced())
+        return backend::trace::call1<T>("slice", {x}, {{std::int64_t(a), std::int64_t(begin), std::int64_t(end)}, {}});
     Shape out_shape = x.shape();
     out_shape[a] = end - begin;
     auto y = Tensor<T>::uninitialized(out_shape);
@@ -247,6 +251,8 @@ template <Real T>
 Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, std::type_identity_t<T> value = 0) {
     backend::op_scope on("pad", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "pad");
+    if (on.traced())
+        return backend::trace::call1<T>("pad", {x}, {{std::int64_t(a), std::int64_t(before), std::int64_t(after)}, {double(value)}});
     const auto lay = olmax::detail::split_at(x.shape(), a);
     Shape out_shape = x.shape();
     out_shape[a] = lay.n + before + after;

@@ -35,6 +35,9 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/detail/simd.hpp"
+#include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/reduction.hpp"
+#include "olmax/ops/shape.hpp"
 #include "olmax/optim/clipping.hpp"
 #include "olmax/optim/param.hpp"
 #include "olmax/optim/schedule.hpp"
@@ -55,6 +58,34 @@ struct AdamCoefficients {
     double step_size = 0, bias_correction2_sqrt = 1, eps = 0;
 };
 
+/// AdamCoefficients as values of the type an update computes with (`S`): SIMD batches on the host,
+/// rank-0 tensors inside a traced program.
+template <class S>
+struct AdamTerms {
+    S grad_scale, decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bias_correction2_sqrt, eps;
+};
+
+/// fma / fnma of tensors (what xsimd's are for batches), so that `adam_update_values` reads the same
+/// for both: x * y + z and z - x * y.
+template <Real T>
+Tensor<T> fma(const Tensor<T>& x, const Tensor<T>& y, const Tensor<T>& z) { return x * y + z; }
+template <Real T>
+Tensor<T> fnma(const Tensor<T>& x, const Tensor<T>& y, const Tensor<T>& z) { return z - x * y; }
+
+/// The update of one parameter value (or batch of them, or tensor): the one definition of AdamW's
+/// arithmetic, run by the host's vectorised loop (V an xsimd batch) and by a traced step (V a
+/// traced tensor), in torch.optim.AdamW's order (AdamCoefficients).
+template <bool Decoupled, class V, class S>
+[[gnu::always_inline]] inline void adam_update_values(V& param, V grad, V& m, V& v, const AdamTerms<S>& c) {
+    grad = grad * c.grad_scale;
+    if constexpr (Decoupled) param = param * c.decay;
+    else grad = fma(c.l2, param, grad);
+    m = fma(m, c.beta1, c.one_minus_beta1 * grad);
+    v = fma(v, c.beta2, (c.one_minus_beta2 * grad) * grad);
+    const V denom = sqrt(v) / c.bias_correction2_sqrt + c.eps;
+    param = fnma(c.step_size, m / denom, param);
+}
+
 // GCC 12's _mm512_sqrt_pd (reached through xsimd::sqrt) reads a deliberately undefined register and
 // reports it as uninitialised when inlined (GCC bug 105593, fixed in GCC 13).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -67,16 +98,14 @@ struct AdamCoefficients {
 template <bool Decoupled, class Arch, Real T>
 [[gnu::always_inline]] inline void adam_update_batch(T* w, const T* g, double* m, double* v, const AdamCoefficients& c) {
     using batch = xsimd::batch<double, Arch>;
-    batch grad = batch::load_unaligned(g) * c.grad_scale;
-    batch param = batch::load_unaligned(w);
-    if constexpr (Decoupled) param = param * c.decay;
-    else grad = xsimd::fma(batch(c.l2), param, grad);
-    const batch m_new = xsimd::fma(batch::load_unaligned(m), batch(c.beta1), c.one_minus_beta1 * grad);
-    const batch v_new = xsimd::fma(batch::load_unaligned(v), batch(c.beta2), (c.one_minus_beta2 * grad) * grad);
+    const AdamTerms<batch> terms{batch(c.grad_scale), batch(c.decay),           batch(c.l2),        batch(c.beta1),
+                                 batch(c.one_minus_beta1), batch(c.beta2),       batch(c.one_minus_beta2), batch(c.step_size),
+                                 batch(c.bias_correction2_sqrt), batch(c.eps)};
+    batch param = batch::load_unaligned(w), m_new = batch::load_unaligned(m), v_new = batch::load_unaligned(v);
+    adam_update_values<Decoupled>(param, batch::load_unaligned(g), m_new, v_new, terms);
     m_new.store_unaligned(m);
     v_new.store_unaligned(v);
-    const batch denom = xsimd::sqrt(v_new) / c.bias_correction2_sqrt + c.eps;
-    xsimd::fnma(batch(c.step_size), m_new / denom, param).store_unaligned(w);
+    param.store_unaligned(w);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -220,6 +249,7 @@ public:
         }
         // The update runs where the parameters are (all on one device, their gradients with them).
         backend::op_scope on("AdamW::step", tensors, grads);
+        if (on.traced()) return traced_step(grads);
         StepReport report;
         report.step = step_ + 1;
         report.lr = config_.schedule(report.step);
@@ -404,6 +434,17 @@ public:
         import_state(state);
     }
 
+    /// The moment tensors (first and second of each parameter, in parameter order), sharing this
+    /// optimiser's buffers: the optimiser's part of a traced step's state (olmax/trace/).
+    std::vector<Tensor<double>> moments() const {
+        std::vector<Tensor<double>> out;
+        for (const auto& s : slots_) {
+            out.push_back(s.first_moment);
+            out.push_back(s.second_moment);
+        }
+        return out;
+    }
+
 private:
     static AdamWConfig with_lr(double lr, AdamWConfig config) {
         const double unset = LrSchedule{}.peak_lr;
@@ -449,6 +490,77 @@ private:
         c.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(config_.beta2, t));
         c.eps = config_.eps;
         return c;
+    }
+
+    /// `step()` inside a traced program (olmax/trace/): the same update (adam_update_values) on the
+    /// traced parameters, gradients and moments, whose new values become the program's. The
+    /// schedule's learning rate and the bias corrections are per-call inputs the host computes
+    /// before each run, and the step counters advance after each run, so one compiled program
+    /// serves every step. Every parameter must have a gradient; a traced step cannot refuse a
+    /// non-finite one (the caller watches the loss), and AGC has no rule yet.
+    StepReport traced_step(const std::vector<Tensor<T>>& grads) {
+        if constexpr (!std::is_same_v<T, float>) {
+            throw trace_error("AdamW::step: traced programs compute in float32; trace a float model");
+        } else {
+            check<trace_error>(config_.agc.clip == 0, "AdamW::step: adaptive gradient clipping (agc.clip ", config_.agc.clip,
+                               ") has no lowering rule yet; trace with agc.clip = 0");
+            for (std::size_t i = 0; i < params_.size(); ++i) {
+                check<trace_error>(grads[i].defined(), "AdamW::step: parameter '", params_[i].name,
+                                   "' has no gradient in the traced step; every parameter of a traced step must receive one");
+                check<trace_error>(slots_[i].step == step_, "AdamW::step: parameter '", params_[i].name, "' has taken ", slots_[i].step,
+                                   " updates of ", step_, " steps; a traced step updates every parameter every step");
+            }
+            const AdamWConfig config = config_;
+            auto per_call = [this, config](int which) {
+                return backend::trace::host_values(1, [this, config, which] {
+                    const double t = double(step_ + 1), lr = config.schedule(step_ + 1);
+                    const double value = which == 0   ? lr
+                                         : which == 1 ? lr / (1.0 - std::pow(config.beta1, t))
+                                                      : std::sqrt(1.0 - std::pow(config.beta2, t));
+                    return std::vector<float>{float(value)};
+                });
+            };
+            const Tensor<float> lr = reshape(per_call(0), {}), step_size = reshape(per_call(1), {}), correction2 = reshape(per_call(2), {});
+            backend::trace::after_each_run([this] {
+                ++step_;
+                for (auto& slot : slots_) ++slot.step;
+            });
+            Tensor<float> sum_sq = Tensor<float>::scalar(0.0f);
+            for (const auto& g : grads) sum_sq = sum_sq + sum(g * g);
+            const Tensor<float> grad_norm = sqrt(sum_sq);
+            backend::trace::report("grad_norm", grad_norm);  // each run reports it, as step() does (StepReport::grad_norm)
+            Tensor<float> grad_scale = Tensor<float>::scalar(1.0f);
+            if (config_.max_grad_norm > 0) {  // detail::clip_coefficient: min(1, max_norm / (norm + 1e-6))
+                const Tensor<float> wanted = Tensor<float>::scalar(float(config_.max_grad_norm)) / (grad_norm + 1e-6f);
+                grad_scale = -maximum(Tensor<float>::scalar(-1.0f), -wanted);
+            }
+            auto constant = [](double v) { return Tensor<float>::scalar(float(v)); };
+            const bool decoupled = config_.decay_mode == WeightDecayMode::decoupled;
+            for (std::size_t i = 0; i < params_.size(); ++i) {
+                const double wd = receives_weight_decay(params_[i].role, config_.decay_policy) ? config_.weight_decay : 0.0;
+                const double lr_scale = params_[i].lr_scale;
+                const detail::AdamTerms<Tensor<float>> terms{grad_scale,
+                                                              decoupled ? 1.0f - lr * float(lr_scale * wd) : constant(1.0),
+                                                              constant(decoupled ? 0.0 : wd),
+                                                              constant(config_.beta1),
+                                                              constant(1.0 - config_.beta1),
+                                                              constant(config_.beta2),
+                                                              constant(1.0 - config_.beta2),
+                                                              step_size * float(lr_scale),
+                                                              correction2,
+                                                              constant(config_.eps)};
+                Tensor<float> w = params_[i].tensor, m = backend::trace::as_float(slots_[i].first_moment),
+                              v = backend::trace::as_float(slots_[i].second_moment);
+                if (decoupled) detail::adam_update_values<true>(w, grads[i], m, v, terms);
+                else detail::adam_update_values<false>(w, grads[i], m, v, terms);
+                backend::trace::assign(params_[i].tensor, w);
+                backend::trace::assign(slots_[i].first_moment, m);
+                backend::trace::assign(slots_[i].second_moment, v);
+            }
+            StepReport report;
+            report.step = step_ + 1;
+            return report;
+        }
     }
 
     /// Applies the queued updates (the parameters without a gradient, and their moments, stay as

@@ -3,7 +3,6 @@
 // learning-rate schedule.
 #include "olmax/optim/adam.hpp"
 #include "olmax/optim/clipping.hpp"
-#include "olmax/optim/lowered_adamw.hpp"
 #include "olmax/optim/param.hpp"
 #include "olmax/optim/parameters_of.hpp"
 #include "olmax/optim/schedule.hpp"

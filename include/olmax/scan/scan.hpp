@@ -98,6 +98,16 @@ ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const 
     backend::op_scope on(op, gates, x, opt.h0);
     const detail::Geometry g = detail::make_geometry(op, gates, x, opt);
     const std::size_t chunk = opt.chunk ? static_cast<std::size_t>(*opt.chunk) : detail::default_chunk<Strategy>();
+    if (on.traced()) {  // the program's own scan: its form is the target device's (olmax/trace/rules.hpp), not Strategy's
+        check<trace_error>(opt.layout == Layout::btc && gates.shape() == x.shape(), op,
+                           ": a traced scan takes gates of x's shape in the [batch, time, channels] layout");
+        if constexpr (Real<T>) {
+            const Tensor<float> in[3] = {backend::trace::as_float(gates), backend::trace::as_float(x),
+                                         opt.h0.defined() ? backend::trace::as_float(opt.h0) : Tensor<float>()};
+            auto out = backend::trace::call<T>("linear_scan", in, {{opt.reverse ? 1 : 0, opt.log_gates ? 1 : 0}, {}});
+            return {std::move(out[0]), std::move(out[1])};
+        }
+    }
 
     ScanResult<T> result{Tensor<T>::uninitialized(x.shape()), Tensor<T>::uninitialized({g.batch, g.channels})};
     const T* h0 = opt.h0.defined() ? opt.h0.data() : nullptr;

@@ -308,6 +308,15 @@ SelectiveScanResult<T> selective_scan(const Tensor<T>& u, const Tensor<T>& delta
     namespace sel = detail::selective;
     backend::op_scope on("scan::selective_scan", u, delta, A, B, C, D, opt.h0, opt.resets);
     const sel::Geometry g = sel::make_geometry(u, delta, A, B, C, D, opt);
+    if (on.traced()) {
+        const Tensor<float> in[8] = {backend::trace::as_float(u),     backend::trace::as_float(delta),
+                                     backend::trace::as_float(A),     backend::trace::as_float(B),
+                                     backend::trace::as_float(C),     D.defined() ? backend::trace::as_float(D) : Tensor<float>(),
+                                     opt.h0.defined() ? backend::trace::as_float(opt.h0) : Tensor<float>(),
+                                     opt.resets.defined() ? backend::trace::as_float(opt.resets) : Tensor<float>()};
+        auto out = backend::trace::call<T>("selective_scan", in);
+        return {std::move(out[0]), std::move(out[1])};
+    }
     std::vector<Tensor<T>> inputs{u, delta, A, B, C, D, opt.h0};
     const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
 

@@ -274,24 +274,26 @@ private:
         wanted = std::min(wanted, worker_limit_);
         if (started_.load(std::memory_order_acquire) >= wanted) return;  // the common case: no lock
         std::lock_guard<std::mutex> lock(start_mutex_);
+        // A new worker starts from the generation before the job about to be published, so that it
+        // helps with that job even when it first runs after the publication (else a pool's first
+        // loop would run on the caller alone).
+        const std::uint32_t before = generation_.load(std::memory_order_acquire);
         while (workers_.size() < wanted) {
             const std::size_t index = workers_.size();
-            workers_.emplace_back([this, index] { worker_loop(index); });
+            workers_.emplace_back([this, index, before] { worker_loop(index, before); });
         }
         started_.store(workers_.size(), std::memory_order_release);
     }
 
-    void worker_loop(std::size_t index) {
+    void worker_loop(std::size_t index, std::uint32_t seen) {
         // Code inside a chunk that asks OpenMP for threads (Eigen's GEMM) gets one: no nested teams.
 #if defined(_OPENMP)
         omp_set_num_threads(1);
 #endif
-        std::uint32_t seen = generation_.load(std::memory_order_acquire);
         for (;;) {
-            // Checked before every wait: a worker that starts only after the destructor bumped the
-            // generation reads the bumped value as `seen` and would otherwise wait forever (the
-            // acquire load above makes the earlier stopping_ store visible).
-            if (stopping_.load(std::memory_order_relaxed)) return;
+            // Checked before every wait (the acquire loads of generation_ make an earlier stopping_
+            // store visible).
+            if (stopping_.load(std::memory_order_acquire)) return;
             if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; }))
                 for (std::uint32_t g; (g = generation_.load(std::memory_order_acquire)) == seen;) generation_.wait(g, std::memory_order_acquire);
             seen = generation_.load(std::memory_order_acquire);

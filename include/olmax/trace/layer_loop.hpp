@@ -1,0 +1,204 @@
+#pragma once
+// Depth as a loop: the lowering of `backend::trace::layer_loop` (what nn::Stack asks for when it
+// runs on traced tensors). The layers' body is traced ONCE into a loop body (one `stablehlo.while`
+// over the stacked [depth, ...] parameters, each iteration's slice taken at the loop index), so the
+// program's size does not grow with depth.
+//
+// Its gradient is one reverse loop whose body is traced the same way and differentiated by the
+// tape, like everything else: it re-runs the layers' forward from the layer's input with gradients
+// on, and calls backward() with the incoming gradient. The input comes from the carries the
+// forward loop stored, or, for a reversible layer (`inverse`), from the layer's own inverse of its
+// output: then nothing per layer is stored and memory stays flat in depth.
+//
+// A layer whose behaviour depends on its index (the hierarchical mixer's mode) declares the period
+// after which it repeats; each iteration then runs `period` layers, and the depth % period layers
+// left over run after the loop.
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "olmax/autodiff/grad_mode.hpp"
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/trace_rules.hpp"
+#include "olmax/trace/primitives.hpp"
+#include "olmax/trace/tracer.hpp"
+
+namespace olmax::trace {
+
+namespace detail {
+
+namespace p = primitives;
+using Tf = Tensor<float>;
+
+/// `period` layers in a row on traced values of one body: `layer` holds [period, ...] slices
+/// (period > 1) or one layer's parameters.
+/// loop.body (or loop.inverse) of layer `position`; a trace_error from inside names the stack too.
+inline Tf run_layer(const backend::trace::layer_loop& loop, const backend::trace::layer_loop::layer_fn& f, const Tf& h,
+                    std::span<const Tf> layer, std::span<const Tf> shared, std::size_t position) {
+    try {
+        return f(h, layer, shared, position);
+    } catch (const trace_error& e) {
+        throw trace_error(olmax::detail::concat(e.what(), " (in a layer of ", loop.name, ")"));
+    }
+}
+
+inline Tf run_period(const backend::trace::layer_loop& loop, Tf h, std::span<const Tf> layer, std::span<const Tf> shared) {
+    for (std::size_t position = 0; position < loop.period; ++position) {
+        std::vector<Tf> own;
+        for (const auto& w : layer) own.push_back(loop.period > 1 ? p::take_leading(w, position) : w);
+        h = run_layer(loop, loop.body, h, own, shared, position);
+    }
+    return h;
+}
+
+/// The gradient of `x`, or zeros where none reached it.
+inline Tf grad_or_zero(const Tf& x) {
+    const Tf g = x.grad();
+    return g.defined() ? g : p::full(x.shape(), 0.0);
+}
+
+/// A loop body's graph with its arguments as traced tensors: carry, per-layer..., shared..., the
+/// layer index (unused: the layers' behaviour is static within a body), then `extra` arguments.
+struct body_graph {
+    std::shared_ptr<gx::layer_body> body;
+    Tf carry;
+    std::vector<Tf> layer, shared, extra;
+};
+
+inline body_graph new_body(const Tf& carry, const std::vector<Tf>& layer_types, const std::vector<Tf>& shared_types, std::size_t extra) {
+    std::vector<gx::tensor_type> per_layer, shared;
+    for (const auto& t : layer_types) {
+        const auto& d = var_of(t).dims();
+        per_layer.push_back(gx::f32(gx::dims_t(d.begin() + 1, d.end())));  // one iteration's slice
+    }
+    for (const auto& t : shared_types) shared.push_back(var_of(t).type());
+    auto [body, args] = gx::detail::new_layer_body(var_of(carry).type(), per_layer, shared);
+    body_graph out;
+    out.body = body;
+    out.carry = wrap(args.carry);
+    for (const auto& v : args.layer) out.layer.push_back(wrap(v));
+    for (const auto& v : args.shared) out.shared.push_back(wrap(v));
+    for (std::size_t i = 0; i < extra; ++i) out.extra.push_back(wrap(body->g->input(var_of(carry).type())));
+    return out;
+}
+
+/// The reverse loop's body: from the layer's input (or, rebuilding, its output), its parameters and
+/// the gradient of its output, the gradients of its input and parameters (and, rebuilding, the
+/// input itself first).
+inline std::shared_ptr<gx::layer_body> gradient_body(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped,
+                                                     bool rebuild) {
+    body_graph b = new_body(carry, looped, loop.shared, 1);
+    const tracing::body_scope into(active(), *b.body->g);
+    Tf input = b.carry;
+    if (rebuild) {  // the layers' inputs from their outputs, last layer first
+        autodiff::no_grad off;
+        for (std::size_t position = loop.period; position-- > 0;) {
+            std::vector<Tf> own;
+            for (const auto& w : b.layer) own.push_back(loop.period > 1 ? p::take_leading(w, position) : w);
+            input = run_layer(loop, loop.inverse, input, own, b.shared, position);
+        }
+    }
+    // Leaves of a fresh tape: the input and every parameter, then the layers again with gradients on.
+    autodiff::enable_grad on;
+    autodiff::tape_scope tape;
+    Tf x = wrap(var_of(input));
+    x.set_requires_grad(true);
+    std::vector<Tf> layer, shared;
+    for (const auto& w : b.layer) layer.push_back(wrap(var_of(w)).set_requires_grad(true));
+    for (const auto& w : b.shared) shared.push_back(wrap(var_of(w)).set_requires_grad(true));
+    Tf y = run_period(loop, x, layer, shared);
+    if (y.requires_grad()) y.backward(b.extra[0]);
+    std::vector<gx::var> results;
+    if (rebuild) results.push_back(var_of(input));
+    results.push_back(var_of(grad_or_zero(x)));
+    for (const auto& w : layer) results.push_back(var_of(grad_or_zero(w)));
+    for (const auto& w : shared) results.push_back(var_of(grad_or_zero(w)));
+    b.body->results = std::move(results);
+    return b.body;
+}
+
+/// The loop over `iterations` x `period` layers: one scan_layers node, its gradient one
+/// scan_layers_backward node.
+inline Tf loop_node(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped) {
+    body_graph b = new_body(carry, looped, loop.shared, 0);
+    {
+        const tracing::body_scope into(active(), *b.body->g);
+        autodiff::no_grad off;  // the forward loop records nothing: its gradient is the reverse loop below
+        b.body->results = {var_of(run_period(loop, b.carry, b.layer, b.shared))};
+    }
+    check<trace_error>(b.body->results[0].type() == var_of(carry).type(), "olmax: ", loop.name, ": a layer changed the shape of its input (",
+                       var_of(carry).type().str(), " to ", b.body->results[0].type().str(), "); a stack's layers keep it");
+    std::vector<gx::var> stacked, shared;
+    for (const auto& w : looped) stacked.push_back(var_of(w));
+    for (const auto& w : loop.shared) shared.push_back(var_of(w));
+    const gx::var out = gx::scan_layers(b.body, var_of(carry), stacked, shared);
+    std::vector<Tf> inputs{carry};
+    inputs.insert(inputs.end(), looped.begin(), looped.end());
+    inputs.insert(inputs.end(), loop.shared.begin(), loop.shared.end());
+    const Tf y = wrap(out);
+    return p::detail::record("layer_loop", inputs, y, [loop, carry, looped, out](const Tf& gy, autodiff::GradientSink<float>& sink) {
+        const bool rebuild = static_cast<bool>(loop.inverse);
+        auto body = gradient_body(loop, carry, looped, rebuild);
+        gx::node n;
+        n.kind = gx::op::scan_layers_backward;
+        n.stacked = looped.size();
+        n.body = body;
+        if (rebuild) n.reverse = body;
+        n.operands = {var_of(gy), rebuild ? out : gx::var(&out.owner(), out.node(), 1)};  // the final carry, or the stored carries
+        n.outputs.push_back(var_of(carry).type());
+        for (const auto& w : looped) {
+            n.operands.push_back(var_of(w));
+            n.outputs.push_back(var_of(w).type());
+        }
+        for (const auto& w : loop.shared) {
+            n.operands.push_back(var_of(w));
+            n.outputs.push_back(var_of(w).type());
+        }
+        const gx::var first = out.owner().add(std::move(n));
+        for (std::uint32_t k = 0; k < 1 + looped.size() + loop.shared.size(); ++k)
+            if (sink.needs(k)) sink.add(k, wrap(gx::var(&out.owner(), first.node(), k)));
+    });
+}
+
+inline Tf lower_layer_loop(const backend::trace::layer_loop& loop) {
+    check<trace_error>(loop.period >= 1 && loop.depth >= 1, "olmax: ", loop.name, ": a layer loop needs a depth and a period >= 1");
+    Tf h = loop.input;
+    if (loop.stacked.empty()) {  // layers without parameters of their own: nothing to loop over, so one after another
+        for (std::size_t l = 0; l < loop.depth; ++l) h = run_layer(loop, loop.body, h, {}, loop.shared, l % loop.period);
+        return h;
+    }
+    const std::size_t iterations = loop.depth / loop.period, rest = loop.depth % loop.period;
+    if (iterations > 0) {
+        std::vector<Tf> looped;  // [iterations, (period,) ...]
+        for (const auto& w : loop.stacked) {
+            Tf v = p::slice_leading(w, 0, iterations * loop.period);
+            if (loop.period > 1) {
+                Shape split{iterations, loop.period};
+                split.insert(split.end(), w.shape().begin() + 1, w.shape().end());
+                v = p::reshape(v, split);
+            }
+            looped.push_back(v);
+        }
+        h = loop_node(loop, h, looped);
+    }
+    for (std::size_t r = 0; r < rest; ++r) {  // the layers after the last whole period, recorded as they run
+        std::vector<Tf> own;
+        for (const auto& w : loop.stacked) own.push_back(p::take_leading(w, iterations * loop.period + r));
+        h = run_layer(loop, loop.body, h, own, loop.shared, r);
+    }
+    return h;
+}
+
+inline bool register_loop() {
+    backend::trace::register_loop_rule(lower_layer_loop);
+    return true;
+}
+
+}  // namespace detail
+
+inline const bool loop_rule_registered = detail::register_loop();
+
+}  // namespace olmax::trace

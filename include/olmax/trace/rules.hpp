@@ -1,0 +1,271 @@
+#pragma once
+// The ops' lowering rules: for each op that can run inside a traced program, its value in the
+// traced primitives (primitives.hpp), whose recorded gradients make the op's backward. One rule per
+// op serves every program and every layer built from the op; an op missing here fails at trace
+// time with a `trace_error` naming it (backend/trace_rules.hpp).
+//
+// The rules are registered when this header is included (a program that never traces includes
+// none of it). Attributes follow each op's call of `backend::trace::call` in ops/.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "olmax/backend/trace_rules.hpp"
+#include "olmax/trace/primitives.hpp"
+
+namespace olmax::trace {
+
+namespace detail {
+
+namespace p = primitives;
+using backend::trace::attributes;
+using Ts = std::span<const Tensor<float>>;
+using Out = std::vector<Tensor<float>>;
+
+/// The numpy broadcast of two shapes (the eager ops have checked that they broadcast).
+inline Shape broadcast_shape(const Shape& a, const Shape& b) {
+    const std::size_t rank = std::max(a.size(), b.size());
+    Shape out(rank, 1);
+    for (std::size_t i = 0; i < rank; ++i) {
+        const std::size_t da = i + a.size() >= rank ? a[i + a.size() - rank] : 1, db = i + b.size() >= rank ? b[i + b.size() - rank] : 1;
+        check<shape_error>(da == db || da == 1 || db == 1, "trace: shapes ", to_string(a), " and ", to_string(b), " do not broadcast");
+        out[i] = da == 1 ? db : da;
+    }
+    return out;
+}
+
+template <class F>
+void binary(std::string_view name, F f) {
+    backend::trace::register_rule(name, [f](Ts in, const attributes&) -> Out {
+        const Shape shape = broadcast_shape(in[0].shape(), in[1].shape());
+        return {f(p::broadcast_to(in[0], shape), p::broadcast_to(in[1], shape))};
+    });
+}
+
+template <class F>
+void unary(std::string_view name, F f) {
+    backend::trace::register_rule(name, [f](Ts in, const attributes&) -> Out { return {f(in[0])}; });
+}
+
+/// Mean softmax cross-entropy of logits [N, V] against targets [N] (float32 class ids), plus
+/// z_loss * mean(lse^2): the eager op's value, whose gradient the primitives' rules give.
+inline Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<float>& targets, double z_loss) {
+    const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
+    const Tensor<float> m = p::max_last_detached(logits);
+    const Tensor<float> shifted = p::sub(logits, p::broadcast_to(m, logits.shape()));
+    const Tensor<float> lse = p::add(p::log(p::sum(p::exp(shifted), {1}, true)), m);  // [N, 1]
+    const Tensor<float> picked = p::sum(p::mul(logits, p::one_hot(targets, vocab)), {1}, true);
+    Tensor<float> per_row = p::sub(lse, picked);
+    if (z_loss != 0) per_row = p::add(per_row, p::scale(p::mul(lse, lse), z_loss));
+    return p::scale(p::sum(per_row, {0, 1}, false), 1.0 / double(n));
+}
+
+/// L2 ScaleNorm (scale_norm) or RMSNorm over the last axis: x * r * w with r = 1 / max(||x||, eps)
+/// or 1 / sqrt(mean(x^2) + eps), `w` undefined for no scale. r is formed from the sum of squares so
+/// that a row of zeros (r clamped) has a finite gradient, as the eager op's.
+inline Tensor<float> normalize(const Tensor<float>& x, const Tensor<float>& w, double eps, bool rms) {
+    const std::size_t last = x.rank() - 1;
+    const Tensor<float> sum_sq = p::sum(p::mul(x, x), {std::int64_t(last)}, true);
+    const Tensor<float> clamped = rms ? p::add_scalar(p::scale(sum_sq, 1.0 / double(x.shape()[last])), eps)
+                                      : p::maximum(sum_sq, p::full(sum_sq.shape(), eps * eps));
+    const Tensor<float> r = p::div(p::full(sum_sq.shape(), 1.0), p::sqrt(clamped));
+    Tensor<float> out = p::mul(x, p::broadcast_to(r, x.shape()));
+    return w.defined() ? p::mul(out, p::broadcast_to(w, x.shape())) : out;
+}
+
+/// `x` [B, T, C] moved `steps` later along time (zeros enter at the front).
+inline Tensor<float> shift_later(const Tensor<float>& x, std::size_t steps) {
+    if (steps == 0) return x;
+    const std::int64_t B = std::int64_t(x.shape()[0]), T = std::int64_t(x.shape()[1]), C = std::int64_t(x.shape()[2]), s = std::int64_t(steps);
+    return p::slice(p::pad(x, {0, s, 0}, {0, 0, 0}), {0, 0, 0}, {B, T, C});
+}
+
+/// h_t = a_t h_{t-1} + x_t along axis 1 of [B, T, C] (from the end with `reverse`), from the state
+/// h0 [B, C] (undefined: zeros), in the scan form of the target device (tracing::scan_form); also
+/// returns the final state [B, C].
+inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const Tensor<float>& h0, bool reverse, bool log_gates) {
+    const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
+    const Tf a = log_gates ? p::exp(gates) : gates;
+    Tf in = x;
+    if (h0.defined()) {  // a_first h0 enters at the first step processed
+        const Tf start = p::pad(p::reshape(h0, {B, 1, C}), {0, reverse ? std::int64_t(T) - 1 : 0, 0}, {0, reverse ? 0 : std::int64_t(T) - 1, 0});
+        in = p::add(x, p::mul(a, start));
+    }
+    auto rows = [&](const Tf& v) { return p::reshape(p::transpose(v, {0, 2, 1}), {B * C, T}); };
+    const Tf h_rows = p::linear_scan_rows(rows(a), rows(in), active().scan_form(), reverse);
+    const Tf h = p::transpose(p::reshape(h_rows, {B, C, T}), {0, 2, 1});
+    const std::int64_t last = reverse ? 0 : std::int64_t(T) - 1;
+    const Tf h_last = p::reshape(p::slice(h, {0, last, 0}, {std::int64_t(B), last + 1, std::int64_t(C)}), {B, C});
+    return {h, h_last};
+}
+
+/// Mamba's selective scan (scan/selective_scan.hpp) from the traced primitives: the [B, T, E, N]
+/// recurrence as one linear scan over B E N rows, abar = exp(delta A) zeroed where a document starts.
+/// It holds the [B, T, E, N] states (the eager op does not); a fused lowering is future work.
+inline Out selective_scan(Ts in) {
+    const Tf &u = in[0], &delta = in[1], &A = in[2], &B = in[3], &C = in[4], &D = in[5], &h0 = in[6], &resets = in[7];
+    const std::size_t nb = u.shape()[0], nt = u.shape()[1], ne = u.shape()[2], ns = A.shape()[1];
+    const Shape full{nb, nt, ne, ns};
+    Tf abar = p::exp(p::mul(p::broadcast_to(p::reshape(delta, {nb, nt, ne, 1}), full), p::broadcast_to(A, full)));
+    if (resets.defined()) abar = p::mul(abar, p::broadcast_to(p::reshape(p::add_scalar(p::neg(resets), 1.0), {nb, nt, 1, 1}), full));
+    const Tf drive = p::mul(p::broadcast_to(p::reshape(p::mul(delta, u), {nb, nt, ne, 1}), full), p::broadcast_to(p::reshape(B, {nb, nt, 1, ns}), full));
+    const Out h = linear_scan(p::reshape(abar, {nb, nt, ne * ns}), p::reshape(drive, {nb, nt, ne * ns}),
+                              h0.defined() ? p::reshape(h0, {nb, ne * ns}) : h0, false, false);
+    Tf y = p::sum(p::mul(p::reshape(h[0], full), p::broadcast_to(p::reshape(C, {nb, nt, 1, ns}), full)), {3}, false);
+    if (D.defined()) y = p::add(y, p::mul(u, p::broadcast_to(D, u.shape())));
+    return {y, p::reshape(h[1], {nb, ne, ns})};
+}
+
+inline bool register_all() {
+    using Tf = Tensor<float>;
+    binary("add", [](const Tf& a, const Tf& b) { return p::add(a, b); });
+    binary("sub", [](const Tf& a, const Tf& b) { return p::sub(a, b); });
+    binary("mul", [](const Tf& a, const Tf& b) { return p::mul(a, b); });
+    binary("div", [](const Tf& a, const Tf& b) { return p::div(a, b); });
+    binary("maximum", [](const Tf& a, const Tf& b) { return p::maximum(a, b); });
+    unary("exp", [](const Tf& x) { return p::exp(x); });
+    unary("log", [](const Tf& x) { return p::log(x); });
+    unary("sqrt", [](const Tf& x) { return p::sqrt(x); });
+    unary("rsqrt", [](const Tf& x) { return p::div(p::full(x.shape(), 1.0), p::sqrt(x)); });
+    unary("square", [](const Tf& x) { return p::mul(x, x); });
+    unary("tanh", [](const Tf& x) { return p::tanh(x); });
+    unary("sigmoid", [](const Tf& x) { return p::logistic(x); });
+    unary("relu", [](const Tf& x) { return p::maximum(x, p::full(x.shape(), 0.0)); });
+    // The rank-0 sum and mean (a sum over no axes) are the identity.
+    unary("sum", [](const Tf& x) { return x; });
+    unary("mean", [](const Tf& x) { return x; });
+    backend::trace::register_rule("add_scalar", [](Ts in, const attributes& a) -> Out { return {p::add_scalar(in[0], a.reals.at(0))}; });
+    backend::trace::register_rule("scale", [](Ts in, const attributes& a) -> Out { return {p::scale(in[0], a.reals.at(0))}; });
+    // sum / mean: ints = keepdims, then the reduced axes (increasing).
+    auto reduction = [](bool average) {
+        return [average](Ts in, const attributes& a) -> Out {
+            const bool keepdims = a.ints.at(0) != 0;
+            const std::vector<std::int64_t> axes(a.ints.begin() + 1, a.ints.end());
+            Tensor<float> y = p::sum(in[0], axes, keepdims);
+            if (!average) return {y};
+            double count = 1;
+            for (auto axis : axes) count *= double(in[0].shape()[std::size_t(axis)]);
+            return {p::scale(y, count > 0 ? 1.0 / count : std::nan(""))};
+        };
+    };
+    backend::trace::register_rule("sum", reduction(false));
+    backend::trace::register_rule("mean", reduction(true));
+    backend::trace::register_rule("reshape", [](Ts in, const attributes& a) -> Out { return {p::reshape(in[0], Shape(a.ints.begin(), a.ints.end()))}; });
+    backend::trace::register_rule("transpose", [](Ts in, const attributes& a) -> Out { return {p::transpose(in[0], a.ints)}; });
+    // matmul: [..., m, k] x [k, n] (the leading axes folded into m). The batched form has no rule yet.
+    backend::trace::register_rule("matmul", [](Ts in, const attributes&) -> Out {
+        const Tf &a = in[0], &b = in[1];
+        check<trace_error>(b.rank() == 2 && a.rank() >= 2, "olmax: matmul: the traced program has no rule for a batched product (",
+                           to_string(a.shape()), " x ", to_string(b.shape()), ") yet");
+        const std::size_t k = a.shape().back(), rows = a.size() / (k ? k : 1);
+        Shape out = a.shape();
+        out.back() = b.shape()[1];
+        return {p::reshape(p::matmul(p::reshape(a, {rows, k}), b), out)};
+    });
+    // cross_entropy: logits, targets (float32 ids); reals = z_loss.
+    backend::trace::register_rule("cross_entropy", [](Ts in, const attributes& a) -> Out {
+        return {cross_entropy(in[0], in[1], a.reals.at(0))};
+    });
+    // embedding: table [V, F], ids (float32, any shape) -> ids.shape + [F], as one-hot rows times the table.
+    backend::trace::register_rule("embedding", [](Ts in, const attributes&) -> Out {
+        const Tf &table = in[0], &ids = in[1];
+        const std::size_t vocab = table.shape()[0], features = table.shape()[1], n = ids.size();
+        const Tf rows = p::matmul(p::reshape(p::one_hot(ids, vocab), {n, vocab}), table);
+        Shape out = ids.shape();
+        out.push_back(features);
+        return {p::reshape(rows, out)};
+    });
+    // leaky_relu: reals = slope (refused without it: the generic unary path passes none).
+    backend::trace::register_rule("leaky_relu", [](Ts in, const attributes& a) -> Out {
+        check<trace_error>(a.reals.size() == 1, "olmax: leaky_relu: the lowering rule needs the slope");
+        const Tf& x = in[0];  // x times (slope where x < 0, else 1): that factor is also the gradient's
+        const gx::var v = var_of(x), negative = gx::compare(v, gx::constant_like(v, 0.0), gx::compare_direction::LT);
+        return {p::mul(x, wrap(gx::select(negative, gx::constant_like(v, a.reals[0]), gx::constant_like(v, 1.0))))};
+    });
+    backend::trace::register_rule("scale_norm", [](Ts in, const attributes& a) -> Out { return {normalize(in[0], in[1], a.reals.at(0), false)}; });
+    backend::trace::register_rule("rms_norm", [](Ts in, const attributes& a) -> Out { return {normalize(in[0], in[1], a.reals.at(0), true)}; });
+    // causal_conv1d: x [B, T, Cin], w [K, Cin, Cout], bias [Cout] or undefined; ints = groups.
+    // out[b, t] = sum_k x[b, t - (K-1-k)] w[k]: one GEMM over the K shifted copies side by side.
+    backend::trace::register_rule("causal_conv1d", [](Ts in, const attributes& a) -> Out {
+        check<trace_error>(a.ints.at(0) == 1, "olmax: causal_conv1d: the lowering rule has no grouped convolution (", a.ints.at(0), " groups) yet");
+        const Tf &x = in[0], &w = in[1];
+        const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2], K = w.shape()[0], O = w.shape()[2];
+        std::vector<Tf> taps;
+        for (std::size_t k = 0; k < K; ++k) taps.push_back(shift_later(x, K - 1 - k));
+        const Tf columns = p::reshape(K == 1 ? taps[0] : p::concatenate(taps, 2), {B * T, K * C});
+        Tf y = p::reshape(p::matmul(columns, p::reshape(w, {K * C, O})), {B, T, O});
+        if (in.size() > 2 && in[2].defined()) y = p::add(y, p::broadcast_to(in[2], y.shape()));
+        return {y};
+    });
+    // contract_axis: x [..., K (axis), ...], w [K, N]; ints = axis.
+    backend::trace::register_rule("contract_axis", [](Ts in, const attributes& a) -> Out {
+        const Tf &x = in[0], &w = in[1];
+        const std::size_t axis = std::size_t(a.ints.at(0)), rank = x.rank();
+        std::vector<std::int64_t> to_last, back(rank);
+        for (std::size_t d = 0; d < rank; ++d)
+            if (d != axis) to_last.push_back(std::int64_t(d));
+        to_last.push_back(std::int64_t(axis));
+        for (std::size_t d = 0; d < rank; ++d) back[std::size_t(to_last[d])] = std::int64_t(d);
+        const Tf moved = axis + 1 == rank ? x : p::transpose(x, to_last);
+        const std::size_t k = w.shape()[0], rows = x.size() / (k ? k : 1);
+        Shape out = moved.shape();
+        out.back() = w.shape()[1];
+        const Tf y = p::reshape(p::matmul(p::reshape(moved, {rows, k}), w), out);
+        return {axis + 1 == rank ? y : p::transpose(y, back)};
+    });
+    // chunked_cross_entropy: hidden [N, F], w_out [F, V], targets [N]; reals = z_loss. Its value
+    // leaves out the z-loss term that its gradient includes (ops/loss.hpp).
+    backend::trace::register_rule("chunked_cross_entropy", [](Ts in, const attributes& a) -> Out {
+        const double z_loss = a.reals.at(0);
+        const Tf logits = p::matmul(in[0], in[1]);
+        const Tf full = cross_entropy(logits, in[2], z_loss);
+        if (z_loss == 0) return {full};
+        const Tf plain = cross_entropy(logits, in[2], 0.0);
+        return {p::add(full, wrap(var_of(plain) - var_of(full)))};  // value: the plain loss; gradient: the full one's
+    });
+    // linear_scan: gates, x [B, T, C], h0 [B, C] or undefined; ints = reverse, log_gates.
+    backend::trace::register_rule("linear_scan", [](Ts in, const attributes& a) -> Out {
+        return linear_scan(in[0], in[1], in[2], a.ints.at(0) != 0, a.ints.at(1) != 0);
+    });
+    unary("hard_sigmoid", [](const Tf& x) {  // clip(x / 6 + 1/2, 0, 1) as the eager op (ops/elementwise.hpp)
+        const Tf y = p::add_scalar(p::scale(x, 1.0 / 6.0), 0.5);
+        return p::neg(p::maximum(p::neg(p::maximum(y, p::full(y.shape(), 0.0))), p::full(y.shape(), -1.0)));
+    });
+    // slice: ints = axis, begin, end.
+    backend::trace::register_rule("slice", [](Ts in, const attributes& a) -> Out {
+        gx::dims_t start(in[0].rank(), 0), limit = dims_of(in[0].shape());
+        start[std::size_t(a.ints.at(0))] = a.ints.at(1);
+        limit[std::size_t(a.ints.at(0))] = a.ints.at(2);
+        return {p::slice(in[0], start, limit)};
+    });
+    backend::trace::register_rule("selective_scan", [](Ts in, const attributes&) -> Out { return selective_scan(in); });
+    unary("silu", [](const Tf& x) { return p::mul(x, p::logistic(x)); });
+    unary("softplus", [](const Tf& x) {  // max(x, 0) + log(1 + exp(-|x|)), without overflow
+        const Tf zero = p::full(x.shape(), 0.0), magnitude = p::maximum(x, p::neg(x));
+        return p::add(p::maximum(x, zero), p::log(p::add_scalar(p::exp(p::neg(magnitude)), 1.0)));
+    });
+    // pad: ints = axis, before, after; reals = the value.
+    backend::trace::register_rule("pad", [](Ts in, const attributes& a) -> Out {
+        gx::dims_t low(in[0].rank(), 0), high(in[0].rank(), 0);
+        low[std::size_t(a.ints.at(0))] = a.ints.at(1);
+        high[std::size_t(a.ints.at(0))] = a.ints.at(2);
+        Tf y = p::pad(in[0], low, high);
+        if (a.reals.at(0) != 0) y = p::add(y, p::pad(p::full(in[0].shape(), -a.reals[0]), low, high));  // the border, not x, gets the value...
+        if (a.reals.at(0) != 0) y = p::add_scalar(y, a.reals[0]);                                       // ...as value - value inside
+        return {y};
+    });
+    backend::trace::register_rule("take_leading", [](Ts in, const attributes& a) -> Out { return {p::take_leading(in[0], std::size_t(a.ints.at(0)))}; });
+    backend::trace::register_rule("stack_leading", [](Ts in, const attributes&) -> Out { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; });
+    return true;
+}
+
+}  // namespace detail
+
+/// Set when this header is included: the rules are registered once per process, before main.
+inline const bool rules_registered = detail::register_all();
+
+}  // namespace olmax::trace

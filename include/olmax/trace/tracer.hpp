@@ -1,0 +1,352 @@
+#pragma once
+// The tracer: while a `tracing` scope lives on a thread, tensors made there are values of one
+// program (a graph of StableHLO-level primitives, olmax/xla/graph/graph.hpp) instead of
+// arrays of elements. Ops on them run their lowering rules (rules.hpp), the tape records the rules'
+// primitives with their gradients (primitives.hpp), and so a model's ordinary forward, `backward()`
+// and optimiser step, run once inside the scope, write the whole training step as one program.
+//
+//     olmax::trace::tracing t;
+//     for (auto& p : model.parameters()) t.bind_state(p.tensor);   // parameters: the program's state
+//     auto ids = t.input<std::int32_t>({batch, sequence});          // per-call inputs
+//     auto loss = model.loss(ids, ...);  loss.backward();  optimizer.step();
+//     auto program = t.finish({loss});                              // one StableHLO module
+//
+// State is bound *in place*: every handle of a bound tensor (the layer's member, the optimiser's
+// list) sees the traced value while the scope lives, and gets its host buffer back when it ends.
+// An in-place update of state inside the trace (the optimiser's) becomes the program's new value
+// of that state (`backend::trace::assign`).
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/kernels.hpp"
+#include "olmax/backend/registry.hpp"
+#include "olmax/backend/trace_rules.hpp"
+#include "olmax/xla/graph/emit.hpp"
+#include "olmax/xla/graph/graph.hpp"
+#include "olmax/core/tensor.hpp"
+#include "olmax/core/traced.hpp"
+
+namespace olmax::trace {
+
+namespace gx = olmax::xla::graph;
+
+/// A tensor's value in the traced program.
+struct traced_value final : olmax::detail::TracedValue {
+    explicit traced_value(gx::var v) : var(v) {}
+    gx::var var;
+};
+
+namespace detail {
+
+/// The kernels of the tracing device: every primitive refuses, naming the op that called it (an op
+/// that reached its kernels on traced tensors has no lowering rule).
+class refusing_kernels final : public backend::Kernels {
+public:
+    std::string_view name() const override { return "trace"; }
+    int num_threads() const override { return 1; }
+    void parallel_for(std::size_t, std::size_t, backend::range_body) const override { refuse("a parallel loop"); }
+    void gemm(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t, const float*, std::size_t, float, float*,
+              std::size_t) const override {
+        refuse("a GEMM");
+    }
+    void gemm(bool, bool, std::size_t, std::size_t, std::size_t, double, const double*, std::size_t, const double*, std::size_t, double,
+              double*, std::size_t) const override {
+        refuse("a GEMM");
+    }
+    double sum(const float*, std::size_t) const override { refuse("a sum"); }
+    double sum(const double*, std::size_t) const override { refuse("a sum"); }
+
+private:
+    [[noreturn]] static void refuse(std::string_view what) {
+        const std::string_view op = memory::detail::allocation_label().op;
+        throw trace_error(olmax::detail::concat("olmax: ", op.empty() ? std::string_view("code outside any op") : op, " ran ", what,
+                                                " on traced tensors: that op needs a lowering rule (docs/xla.md)"));
+    }
+};
+
+}  // namespace detail
+
+/// The device traced tensors live on (registered once per process).
+inline Device tracing_device() {
+    static const Device device = backend::register_device("trace", std::make_shared<detail::refusing_kernels>());
+    return device;
+}
+
+/// The value of traced tensor `t` in the program; throws when it has none yet (a tensor made by
+/// `Tensor::uninitialized` that no rule wrote).
+template <Scalar T>
+const gx::var& var_of(const Tensor<T>& t) {
+    check<trace_error>(t.traced(), "olmax: trace: a tensor that is not traced reached a traced op (shape ", to_string(t.shape()),
+                       "); make it inside the trace or pass it as an input");
+    const auto& symbol = olmax::detail::impl_of(t).symbol;
+    const auto* value = dynamic_cast<const traced_value*>(symbol.get());
+    check<trace_error>(value != nullptr, "olmax: trace: a traced tensor of shape ", to_string(t.shape()),
+                       " was never given a value (an op wrote its elements instead of running its lowering rule)");
+    return value->var;
+}
+
+/// The program's dims of a shape.
+inline gx::dims_t dims_of(const Shape& shape) { return gx::dims_t(shape.begin(), shape.end()); }
+
+/// A traced tensor of element type T holding `v` (not on the tape).
+template <Scalar T = float>
+Tensor<T> wrap(const gx::var& v) {
+    auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
+    impl->device = tracing_device();
+    impl->shape = Shape(v.dims().begin(), v.dims().end());
+    impl->traced = true;
+    impl->symbol = std::make_shared<traced_value>(v);
+    return olmax::detail::TensorAccess<T>::from_impl(std::move(impl));
+}
+
+/// One tensor of the program's state: read from and written to its host buffer around runs.
+struct state_slot {
+    std::string what;  // e.g. "float32 [64, 256]"
+    Shape shape;
+    std::function<std::vector<float>()> read;                // the host tensor's values
+    std::function<void(const std::vector<float>&)> write;    // into the host tensor
+};
+
+/// One per-call input of a traced program: the caller's (`host` empty), or values the host computes
+/// before each run.
+struct call_input {
+    Shape shape;
+    std::function<std::vector<float>()> host;
+    gx::var value{};  // the program's input
+};
+
+/// A traced program: its module and what a runner needs around it. Inputs are the state (in
+/// `state` order), then the per-call inputs in the order they were made; results are the reported
+/// values, then the state's next values.
+struct traced_program {
+    xla::stablehlo::emitted_module module;
+    std::vector<state_slot> state;
+    std::vector<call_input> inputs;
+    std::vector<std::function<void()>> after_run;  // run after each run
+    std::vector<Shape> reported;                   // the shapes of the reported values: the results, then the named ones
+    std::vector<std::string> reported_names;       // the names of the reported values after the results (trace::report)
+};
+
+/// The tracer active on this thread; throws when none is.
+class tracing;
+inline const tracing& active();
+
+/// RAII: this thread traces while the scope lives (see the file comment). One at a time per thread.
+class tracing final : public olmax::detail::Tracer {
+public:
+    tracing() : device_(tracing_device()), graph_(std::make_unique<gx::graph>()), graphs_{graph_.get()} {
+        check<trace_error>(olmax::detail::active_tracer() == nullptr, "olmax: trace: a trace is already running on this thread");
+        olmax::detail::active_tracer() = this;
+        tape_ = std::make_unique<autodiff::tape_scope>();  // the trace's nodes stay off the caller's tape
+    }
+    ~tracing() override {
+        tape_.reset();
+        restore();
+        olmax::detail::active_tracer() = nullptr;
+    }
+    tracing(const tracing&) = delete;
+    tracing& operator=(const tracing&) = delete;
+
+    Device device() const override { return device_; }
+    /// The graph values are made in now: the program's, or the body of a loop being traced.
+    gx::graph& graph() const { return *graphs_.back(); }
+
+    /// RAII: values made while it lives go into `body` (a loop's body, traced once; layer_loop.hpp).
+    class body_scope {
+    public:
+        body_scope(const tracing& t, gx::graph& body) : t_(t) { t_.graphs_.push_back(&body); }
+        ~body_scope() { t_.graphs_.pop_back(); }
+        body_scope(const body_scope&) = delete;
+        body_scope& operator=(const body_scope&) = delete;
+
+    private:
+        const tracing& t_;
+    };
+
+    std::shared_ptr<const olmax::detail::TracedValue> constant(const Shape& shape, double value) const override {
+        return std::make_shared<traced_value>(gx::constant(graph(), value, gx::f32(dims_of(shape))));
+    }
+    std::shared_ptr<const olmax::detail::TracedValue> capture(std::vector<float> values, const Shape& shape) const override {
+        return std::make_shared<traced_value>(gx::dense_constant(graph(), std::move(values), gx::f32(dims_of(shape))));
+    }
+    std::shared_ptr<const olmax::detail::TracedValue> add(const olmax::detail::TracedValue& a, const olmax::detail::TracedValue& b,
+                                                          const Shape&) const override {
+        return std::make_shared<traced_value>(as_traced(a).var + as_traced(b).var);
+    }
+    std::shared_ptr<const olmax::detail::TracedValue> host_values(std::size_t count, std::function<std::vector<float>()> compute) const override {
+        check<trace_error>(graphs_.size() == 1, "olmax: trace: a per-call host value inside a loop body (make it before the loop)");
+        const gx::var input = graph_->input(gx::f32({std::int64_t(count)}));
+        inputs_.push_back({{count}, std::move(compute), input});
+        return std::make_shared<traced_value>(input);
+    }
+    void after_each_run(std::function<void()> f) const override { after_run_.push_back(std::move(f)); }
+    void report(std::string_view name, const olmax::detail::TracedValue& value) const override {
+        check<trace_error>(graphs_.size() == 1, "olmax: trace: a reported value inside a loop body");
+        named_.emplace_back(std::string(name), as_traced(value).var);
+    }
+
+    /// The device the program is traced for, as its PJRT plugin names its platform ("cpu", "cuda",
+    /// "tpu"; empty: unknown). Rules whose best form depends on the device read it: a scan is
+    /// chunked triangular matmuls where a matrix unit pays (TPU), a loop over time on the CPU, and
+    /// log-depth doubling elsewhere.
+    void set_target(std::string platform) { target_ = std::move(platform); }
+    const std::string& target() const { return target_; }
+    xla::stablehlo::scan_strategy scan_form() const {
+        if (target_ == "tpu") return xla::stablehlo::scan_strategy::chunked_matmul<128>();
+        if (target_ == "cpu" || target_.empty()) return xla::stablehlo::scan_strategy::sequential();
+        return xla::stablehlo::scan_strategy::hillis_steele();
+    }
+
+    /// Makes `t` (a host tensor of any element type; the program holds it as float32) part of the
+    /// program's state, in place (see the file comment). All state is bound before the first input.
+    template <Scalar T>
+    void bind_state(const Tensor<T>& t) {
+        check<trace_error>(inputs_.empty(), "olmax: trace: bind every state tensor before making the first input");
+        check<trace_error>(t.defined() && !t.traced(), "olmax: trace: bind_state takes a host tensor");
+        auto impl = olmax::detail::impl_ptr_of(t);
+        for (const auto& b : bound_)
+            check<trace_error>(b.impl != impl.get(), "olmax: trace: a tensor is bound as state twice");
+        const gx::var input = graph_->input(gx::f32(dims_of(t.shape())));
+        state_slot slot;
+        slot.what = olmax::detail::concat(dtype_name<T>(), " ", to_string(t.shape()));
+        slot.shape = t.shape();
+        // Handles, not the implementation: a handle keeps the host buffer alive after the caller's
+        // own handles go (core/tensor.hpp frees a buffer that only non-handles still reach).
+        slot.read = [host = t] {
+            const T* p = host.data();
+            std::vector<float> out(host.size());
+            for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
+            return out;
+        };
+        slot.write = [host = t](const std::vector<float>& values) mutable {
+            T* p = host.data();
+            for (std::size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
+        };
+        state_.push_back(std::move(slot));
+        // Swap the host fields out; `restore` puts them back.
+        bound bound_entry;
+        bound_entry.impl = impl.get();
+        bound_entry.keep = impl;
+        bound_entry.device = impl->device;
+        bound_entry.swap_out = [impl, input, this]() mutable {
+            auto saved = std::make_shared<saved_fields<T>>(saved_fields<T>{impl->storage, impl->grad, impl->device});
+            impl->storage.reset();
+            impl->grad.reset();
+            impl->device = device_;
+            impl->traced = true;
+            impl->symbol = std::make_shared<traced_value>(input);
+            impl->grad_symbol.reset();
+            return std::function<void()>([impl, saved] {
+                impl->storage = saved->storage;
+                impl->grad = saved->grad;
+                impl->device = saved->device;
+                impl->traced = false;
+                impl->symbol.reset();
+                impl->grad_symbol.reset();
+            });
+        };
+        bound_entry.final_value = [impl]() -> gx::var {
+            const auto* value = dynamic_cast<const traced_value*>(impl->symbol.get());
+            check<trace_error>(value != nullptr, "olmax: trace: a state tensor lost its value");
+            return value->var;
+        };
+        bound_entry.undo = bound_entry.swap_out();
+        bound_.push_back(std::move(bound_entry));
+    }
+
+    /// A per-call input of `shape` (token ids and targets as float32 values: exact below 2^24).
+    template <Scalar T>
+    Tensor<T> input(const Shape& shape) {
+        check<trace_error>(graphs_.size() == 1, "olmax: trace: a program input inside a loop body");
+        const gx::var value = graph_->input(gx::f32(dims_of(shape)));
+        inputs_.push_back({shape, nullptr, value});
+        return wrap<T>(value);
+    }
+
+    /// Ends the trace: the module reports `results` (traced values of the program), then the named
+    /// reported values (trace::report), then each state tensor's final value, and the bound tensors
+    /// get their host buffers back. With `devices` D > 1 the module is annotated for XLA's SPMD
+    /// partitioner: the caller's inputs are split along their first axis (one share per device),
+    /// the state and everything else replicated; the partitioner inserts the reductions the split
+    /// implies (a gradient's sum over the batch).
+    traced_program finish(const std::vector<Tensor<float>>& results, std::string_view name = "olmax_step", std::size_t devices = 1) {
+        check<trace_error>(!finished_, "olmax: trace: finish called twice");
+        finished_ = true;
+        std::vector<gx::var> outputs;
+        traced_program program;
+        for (const auto& r : results) {
+            outputs.push_back(var_of(r));
+            program.reported.push_back(r.shape());
+        }
+        for (const auto& [reported_name, value] : named_) {
+            outputs.push_back(value);
+            program.reported.push_back(Shape(value.dims().begin(), value.dims().end()));
+            program.reported_names.push_back(reported_name);
+        }
+        for (const auto& b : bound_) outputs.push_back(b.final_value());
+        gx::spmd_partitioning spmd{devices, {}};
+        for (const auto& in : inputs_)
+            if (!in.host) spmd.split_inputs.push_back(in.value);
+        program.module = gx::emit(*graph_, name, outputs, bound_.size(), spmd);
+        program.state = std::move(state_);
+        program.inputs = std::move(inputs_);
+        program.after_run = std::move(after_run_);
+        tape_.reset();
+        restore();
+        return program;
+    }
+
+private:
+    template <Scalar T>
+    struct saved_fields {
+        std::shared_ptr<Storage<T>> storage, grad;
+        Device device;
+    };
+    struct bound {
+        const void* impl = nullptr;
+        std::shared_ptr<void> keep;
+        Device device;
+        std::function<std::function<void()>()> swap_out;
+        std::function<gx::var()> final_value;
+        std::function<void()> undo;
+    };
+
+    static const traced_value& as_traced(const olmax::detail::TracedValue& v) {
+        const auto* t = dynamic_cast<const traced_value*>(&v);
+        check<trace_error>(t != nullptr, "olmax: trace: a value of another tracer");
+        return *t;
+    }
+
+    void restore() {
+        for (auto it = bound_.rbegin(); it != bound_.rend(); ++it)
+            if (it->undo) std::exchange(it->undo, nullptr)();
+    }
+
+    Device device_;
+    std::unique_ptr<gx::graph> graph_;
+    mutable std::vector<gx::graph*> graphs_;  // graph_, then the loop bodies being traced
+    std::unique_ptr<autodiff::tape_scope> tape_;
+    std::vector<state_slot> state_;
+    std::vector<bound> bound_;
+    mutable std::vector<call_input> inputs_;
+    mutable std::vector<std::pair<std::string, gx::var>> named_;
+    mutable std::vector<std::function<void()>> after_run_;
+    bool finished_ = false;
+    std::string target_;
+};
+
+inline const tracing& active() {
+    const auto* t = dynamic_cast<const tracing*>(olmax::detail::active_tracer());
+    check<trace_error>(t != nullptr, "olmax: trace: no trace is running on this thread");
+    return *t;
+}
+
+}  // namespace olmax::trace

@@ -1,0 +1,179 @@
+#pragma once
+// Linear scans h_t = a_t h_{t-1} + x_t in StableHLO: the lowerings (a while loop over time,
+// Hillis-Steele doubling, chunked triangular matmuls), the reverse-time adjoint, and the
+// scan_forward / scan_backward modules.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "olmax/xla/stablehlo/function_builder.hpp"
+#include "olmax/xla/stablehlo/ir.hpp"
+#include "olmax/xla/stablehlo/module.hpp"
+#include "olmax/xla/stablehlo/scan_strategy.hpp"
+#include "olmax/core/error.hpp"
+
+namespace olmax::xla::stablehlo {
+
+namespace detail {
+
+inline std::int64_t ceil_log2(std::int64_t n) {
+    std::int64_t steps = 0;
+    while ((std::int64_t{1} << steps) < n) ++steps;
+    return steps;
+}
+
+/// x shifted by `d` towards higher indices along `axis` (the first d entries become `fill`).
+inline value shift_up(function_builder& b, const value& x, std::int64_t axis, std::int64_t d, double fill) {
+    dims_t low(x.type.rank(), 0), high(x.type.rank(), 0);
+    low[static_cast<std::size_t>(axis)] = d;
+    high[static_cast<std::size_t>(axis)] = -d;
+    return b.pad(x, fill, low, high);
+}
+
+/// Inclusive scan of the affine maps (A, X) along `axis`, Hillis–Steele: ceil(log2 n) steps of
+/// X <- X + A * shift(X, d), A <- A * shift(A, d) with d = 1, 2, 4, ... (the olmax QRNN loop).
+inline value hillis_steele(function_builder& b, value gates, value x, std::int64_t axis) {
+    const std::int64_t n = x.type.dims[static_cast<std::size_t>(axis)];
+    for (std::int64_t d = 1; d < n; d *= 2) {
+        x = b.add(x, b.mul(gates, shift_up(b, x, axis, d, 0.0)));
+        if (2 * d < n) gates = b.mul(gates, shift_up(b, gates, axis, d, 1.0));
+    }
+    return x;
+}
+
+/// Inclusive cumulative product along `axis` by log-depth doubling.
+inline value cumprod(function_builder& b, value x, std::int64_t axis) {
+    const std::int64_t n = x.type.dims[static_cast<std::size_t>(axis)];
+    for (std::int64_t d = 1; d < n; d *= 2) x = b.mul(x, shift_up(b, x, axis, d, 1.0));
+    return x;
+}
+
+/// Sequential scan as a stablehlo.while over time: carry (k, h, out, a, x); one step per iteration.
+inline value sequential_scan(function_builder& b, const value& a, const value& x) {
+    const std::int64_t rows = x.type.dims[0], steps = x.type.dims[1];
+    // The loop runs time-major ([T, rows]): each step reads and writes one contiguous row, not a
+    // column strided by T. On the XLA CPU plugin at 1024 rows x 256 steps that took the scan from
+    // 3.3 to 1.6-2.6 ms; unrolling 4 or 16 steps per iteration was no faster (benchmarks/RESULTS.md).
+    const value at = b.transpose(a, {1, 0}), xt = b.transpose(x, {1, 0});
+    const value k0 = b.scalar(0, element::i32);
+    const value h0 = b.constant(0.0, f32({rows}));
+    const value out0 = b.constant(0.0, f32({steps, rows}));
+    const auto results = b.while_loop(
+        {k0, h0, out0, at, xt},
+        [steps](function_builder& r, const std::vector<value>& c) {
+            return r.compare(c[0], r.scalar(static_cast<double>(steps), element::i32), compare_direction::LT);
+        },
+        [rows](function_builder& r, const std::vector<value>& c) {
+            const value zero = r.scalar(0, element::i32);
+            const value ak = r.reshape(r.dynamic_slice(c[3], {c[0], zero}, {1, rows}), {rows});
+            const value xk = r.reshape(r.dynamic_slice(c[4], {c[0], zero}, {1, rows}), {rows});
+            const value h = r.add(r.mul(ak, c[1]), xk);
+            const value out = r.dynamic_update_slice(c[2], r.reshape(h, {1, rows}), {c[0], zero});
+            const value next = r.add(c[0], r.scalar(1, element::i32));
+            return std::vector<value>{next, h, out, c[3], c[4]};
+        });
+    return b.transpose(results[2], {1, 0});
+}
+
+/// Chunked scan with per-chunk lower-triangular transfer matrices on the matrix unit:
+///   A_c[i, j] = prod_{k=j+1..i} a_k (i >= j, else 0), built by a log-depth row-wise cumulative
+///   product (never exp of log-gates: log 0 = -inf, nor P_i / P_j: underflow), then
+///   h_local = A_c x_c by a batched dot_general; chunk summaries (P_last, h_local_last) are scanned
+///   across chunks (Hillis–Steele) and fixed up: h = h_local + P * H_{c-1}.
+inline value chunked_matmul_scan(function_builder& b, value a, value x, std::int64_t chunk) {
+    const std::int64_t rows = x.type.dims[0], steps = x.type.dims[1];
+    const std::int64_t chunks = (steps + chunk - 1) / chunk, padded = chunks * chunk;
+    if (padded != steps) {  // pad on the host side of time: later steps never affect earlier ones
+        a = b.pad(a, 1.0, {0, 0}, {0, padded - steps});
+        x = b.pad(x, 0.0, {0, 0}, {0, padded - steps});
+    }
+    const dims_t square{rows, chunks, chunk, chunk};
+    const value a3 = b.reshape(a, {rows, chunks, chunk});
+    const value x3 = b.reshape(x, {rows, chunks, chunk});
+    // Masks from two iotas (constant-folded by XLA).
+    const tensor_type qq{{chunk, chunk}, element::i32};
+    const value row_index = b.iota(qq, 0), col_index = b.iota(qq, 1);
+    const value strictly_lower = b.broadcast_in_dim(b.compare(row_index, col_index, compare_direction::GT), square, {2, 3});
+    const value lower = b.broadcast_in_dim(b.compare(row_index, col_index, compare_direction::GE), square, {2, 3});
+    // G[i, j] = a_i below the diagonal, 1 elsewhere; cumulative product down the rows gives A_c.
+    const value gates_by_row = b.broadcast_in_dim(a3, square, {0, 1, 2});
+    const value g = b.select(strictly_lower, gates_by_row, b.constant(1.0, f32(square)));
+    const value transfer = b.select(lower, cumprod(b, g, 2), b.constant(0.0, f32(square)));
+    const value local = b.dot_general(transfer, x3, {0, 1}, {0, 1}, {3}, {2});  // [rows, chunks, chunk]
+    // P_i = prod_{k=0..i} a_k inside the chunk = A_c[i, 0] * a_0.
+    const value first_column = b.reshape(b.slice(transfer, {0, 0, 0, 0}, {rows, chunks, chunk, 1}), {rows, chunks, chunk});
+    const value first_gate = b.broadcast_in_dim(b.reshape(b.slice(a3, {0, 0, 0}, {rows, chunks, 1}), {rows, chunks}), {rows, chunks, chunk}, {0, 1});
+    const value prefix = b.mul(first_column, first_gate);
+    if (chunks > 1) {
+        const value chunk_gate = b.reshape(b.slice(prefix, {0, 0, chunk - 1}, {rows, chunks, chunk}), {rows, chunks});
+        const value chunk_state = b.reshape(b.slice(local, {0, 0, chunk - 1}, {rows, chunks, chunk}), {rows, chunks});
+        const value carry_out = hillis_steele(b, chunk_gate, chunk_state, 1);           // state after chunk c
+        const value carry_in = shift_up(b, carry_out, 1, 1, 0.0);                       // state before chunk c
+        const value fixed = b.add(local, b.mul(prefix, b.broadcast_in_dim(carry_in, {rows, chunks, chunk}, {0, 1})));
+        x = b.reshape(fixed, {rows, padded});
+    } else {
+        x = b.reshape(local, {rows, padded});
+    }
+    return padded == steps ? x : b.slice(x, {0, 0}, {rows, steps});
+}
+
+}  // namespace detail
+
+/// Inclusive scan h_t = a_t h_{t-1} + x_t from a zero state along dimension 1 of [rows, T] values.
+inline value emit_scan(function_builder& b, const scan_strategy& strategy, const value& a, const value& x) {
+    check<shape_error>(a.type == x.type && x.type.rank() == 2, "scan: gates ", a.type.str(), " and inputs ", x.type.str(),
+                       " must both be [rows, T]");
+    switch (strategy.strategy) {
+        case scan_strategy::kind::sequential: return detail::sequential_scan(b, a, x);
+        case scan_strategy::kind::hillis_steele: return detail::hillis_steele(b, a, x, 1);
+        case scan_strategy::kind::chunked_matmul:
+            check<value_error>(strategy.chunk >= 1, "scan: chunked_matmul chunk must be positive, got ", strategy.chunk);
+            return detail::chunked_matmul_scan(b, a, x, strategy.chunk);
+    }
+    return x;
+}
+
+/// Reverse-time adjoint of the scan: delta_t = g_t + a_{t+1} delta_{t+1} (a reverse scan with the
+/// gates shifted by one step, and gate 0 after the last step).
+inline value emit_reverse_adjoint(function_builder& b, const scan_strategy& strategy, const value& a, const value& g) {
+    const value next_gate = b.pad(a, 0.0, {0, -1}, {0, 1});  // a_{t+1}, 0 after the end
+    const value reversed = emit_scan(b, strategy, b.reverse(next_gate, {1}), b.reverse(g, {1}));
+    return b.reverse(reversed, {1});
+}
+
+inline void check_scan_sizes(std::string_view op, std::int64_t rows, std::int64_t steps) {
+    check<value_error>(rows >= 1 && steps >= 1, op, ": rows and T must be at least 1, got rows=", rows, " T=", steps);
+}
+
+/// (a [R,T], x [R,T], h0 [R]) -> h [R,T].
+inline emitted_module scan_forward(const scan_strategy& strategy, std::int64_t rows, std::int64_t steps) {
+    check_scan_sizes("scan_forward", rows, steps);
+    const tensor_type rt = f32({rows, steps}), r = f32({rows});
+    function_builder b({rt, rt, r});
+    const value a = b.arg(0), h0 = b.arg(2);
+    // Fold the initial state into the first input: h_0 = a_0 h0 + x_0.
+    const value first = b.mul(b.reshape(b.slice(a, {0, 0}, {rows, 1}), {rows}), h0);
+    const value x = b.add(b.arg(1), b.pad(b.reshape(first, {rows, 1}), 0.0, {0, 0}, {0, steps - 1}));
+    const value h = emit_scan(b, strategy, a, x);
+    const std::string key = "scan_forward." + strategy.name() + "." + std::to_string(rows) + "x" + std::to_string(steps);
+    return {key, b.finish("scan_forward", {h}), {rt, rt, r}, {rt}};
+}
+
+/// (a [R,T], h [R,T], h0 [R], g [R,T]) -> (dx [R,T], da [R,T], dh0 [R]):
+/// delta = reverse adjoint of g; dx = delta; da_t = delta_t h_{t-1} (h_{-1} = h0); dh0 = a_0 delta_0.
+inline emitted_module scan_backward(const scan_strategy& strategy, std::int64_t rows, std::int64_t steps) {
+    check_scan_sizes("scan_backward", rows, steps);
+    const tensor_type rt = f32({rows, steps}), r = f32({rows});
+    function_builder b({rt, rt, r, rt});
+    const value a = b.arg(0), h = b.arg(1), h0 = b.arg(2), g = b.arg(3);
+    const value delta = emit_reverse_adjoint(b, strategy, a, g);
+    const value h0_column = b.reshape(h0, {rows, 1});
+    const value previous = steps == 1 ? h0_column : b.concatenate({h0_column, b.slice(h, {0, 0}, {rows, steps - 1})}, 1);
+    const value da = b.mul(delta, previous);
+    const value dh0 = b.mul(b.reshape(b.slice(a, {0, 0}, {rows, 1}), {rows}), b.reshape(b.slice(delta, {0, 0}, {rows, 1}), {rows}));
+    const std::string key = "scan_backward." + strategy.name() + "." + std::to_string(rows) + "x" + std::to_string(steps);
+    return {key, b.finish("scan_backward", {delta, da, dh0}), {rt, rt, r, rt}, {rt, rt, r}};
+}
+
+}  // namespace olmax::xla::stablehlo
