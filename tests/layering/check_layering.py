@@ -70,6 +70,9 @@ SHARED_DETAIL_MODULES = ("core", "detail")
 DETAIL_EXCEPTIONS = {
     ("nn/conv.hpp", "norm_ops"): "DenseConv's fused ScaleNorm + leaky ReLU shares ScaleNorm's kernels from ops/norm.hpp; "
                                  "they become a public op when ops/ is next reworked",
+    ("trace/tracer.hpp", "allocation_label"): "the tracer's refusal names the op that ran a kernel on traced tensors by "
+                                              "reading core's current allocation label; a public accessor for the current "
+                                              "op's name in core/memory_profile.hpp would replace it",
 }
 
 KEYWORDS = {"decltype", "sizeof", "alignof", "alignas", "requires", "noexcept", "operator", "static_assert", "if", "for",
