@@ -38,24 +38,23 @@ int run(int argc, char** argv) {
     io::Archive archive;
     if (!cl.positional.empty()) {
         path = cl.positional[0];
-        const std::string problem = config::detail::path_problem(path.string(), config::PathKind::input_file);
+        const std::string problem = config::path_problem(path.string(), config::PathKind::input_file);
         olmax::check<config::config_error>(problem.empty() && !path.empty(), "checkpoint file '", path.string(), "' ",
                                            path.empty() ? "is empty" : problem);
         archive = io::load_archive(path);
     } else {
         // A folder (which may not exist yet: then there is simply no checkpoint), never a file.
-        const std::string problem = config::detail::path_problem(flags.checkpoint_dir, config::PathKind::output_folder);
+        const std::string problem = config::path_problem(flags.checkpoint_dir, config::PathKind::output_folder);
         olmax::check<config::config_error>(problem.empty(), "config: key 'checkpoint_dir': '", flags.checkpoint_dir, "' ", problem);
         io::CheckpointDirectory directory(flags.checkpoint_dir);
         std::vector<std::string> notices, rejected;
         const auto files = directory.list(&notices);
         for (const auto& notice : notices) std::cerr << "checkpoint folder: " << notice << "\n";
         auto loaded = directory.load_latest(files, &rejected);
-        if (!loaded) {
+        if (!loaded)
             for (const auto& why : rejected) std::cerr << "rejected checkpoint " << why << "\n";
-            throw olmax::value_error(olmax::detail::concat("no valid checkpoint in ", flags.checkpoint_dir,
-                                                           files.empty() ? " (train with examples/train_lm first)" : " (reasons above)"));
-        }
+        olmax::check<olmax::value_error>(loaded.has_value(), "no valid checkpoint in ", flags.checkpoint_dir,
+                                         files.empty() ? " (train with examples/train_lm first)" : " (reasons above)");
         for (const auto& why : loaded->rejected) std::cerr << "skipped damaged checkpoint " << why << "\n";
         path = loaded->path;
         archive = std::move(loaded->archive);

@@ -322,12 +322,11 @@ int train(const config::TrainConfig& c, dist::Communicator& comm) {
         if (existing.empty()) return std::nullopt;
         std::vector<std::string> rejected;
         auto loaded = checkpoints.load_latest(existing, &rejected);
-        if (!loaded) {
-            // Training afresh here would mix this run's checkpoints with the damaged ones.
+        if (!loaded)
             for (const auto& why : rejected) std::cerr << "rejected checkpoint " << why << "\n";
-            throw olmax::value_error(olmax::detail::concat("none of the ", existing.size(), " checkpoints in ", c.checkpoint_dir,
-                                                           " loads (reasons above); remove them or choose another --checkpoint_dir"));
-        }
+        // Training afresh here would mix this run's checkpoints with the damaged ones.
+        olmax::check<olmax::value_error>(loaded.has_value(), "none of the ", existing.size(), " checkpoints in ", c.checkpoint_dir,
+                                         " loads (reasons above); remove them or choose another --checkpoint_dir");
         for (const auto& why : loaded->rejected) out << "skipped damaged checkpoint " << why << "\n";
         out << "resumed from " << loaded->path.string() << " at step " << loaded->archive.integer("train/step") << "\n";
         return std::move(loaded->archive);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: installs missing Debian packages, builds olmax (Release, out of source in build/), and
-# runs the training example build/examples/train_lm when it exists, else the toy demo
-# build/examples/toy_fit (a small MLP fitting sin(x), printing the falling loss).
+# runs the training example build/examples/train_lm when it exists, else the smaller example
+# build/examples/train_mlp (a small model fitting sin(x), printing the falling loss).
 # Extra arguments are passed to the program. Usage: bash tools/main.sh [args...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,7 +10,7 @@ jobs=$(nproc)
 
 bash tools/install_deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
-program=toy_fit
+program=train_mlp
 targets=$(cmake --build build --target help)  # captured first: grep -q closing a pipe early would trip pipefail
 if grep -qw train_lm <<<"$targets"; then program=train_lm; fi
 cmake --build build --target "$program" --parallel "$jobs"

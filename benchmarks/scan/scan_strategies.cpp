@@ -3,8 +3,12 @@
 // backward) measured in the same run, and PyTorch CPU peers (benchmarks/scan/torch_peers.py, run
 // with /usr/bin/python3 and the same thread count) merged into the same report.
 //
-//   scan_strategies [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH] [--peers-script PATH]
-//                   [--filter TEXT]   (only the olmax rows whose strategy label contains TEXT)
+//   scan_strategies [--quick | --smoke] [--json PATH] [--threads N] [--no-peers] [--python PATH]
+//                   [--peers-script PATH] [--filter TEXT]        (--help says what each does)
+//
+// Output: a legend, one table (olmax rows as they are measured, then the PyTorch peers), the notices
+// that came up while measuring, and a closing summary: the fastest strategy for each shape and
+// direction, with its fraction of the roofline.
 //
 // Timings are of the kernels on preallocated buffers (forward: run_forward; backward: the fused
 // reverse scan writing dx and da), median of repeats after one warm-up run. Useful traffic:
@@ -65,11 +69,49 @@ std::string json_row(const Row& r) {
     return o.str();
 }
 
+/// A row label "chunked_matmul<128>[bf16][shared P=64]" as its strategy and its variant
+/// ("bf16, shared P=64"): two columns, so that long labels keep the table aligned.
+std::pair<std::string, std::string> split_label(const std::string& label) {
+    const std::size_t bracket = label.find('[');
+    if (bracket == std::string::npos) return {label, "-"};
+    std::string variant;
+    for (std::size_t i = bracket; i < label.size(); ++i) {
+        if (label[i] == '[') continue;
+        variant += label[i] == ']' ? (i + 1 < label.size() ? std::string(", ") : std::string()) : std::string(1, label[i]);
+    }
+    return {label.substr(0, bracket), variant};
+}
+
+constexpr const char* row_format = "%-26s %-26s %-10s %-3s %4zu %9zu %5zu %10.3e %7.2f %5.2f %7.3f %9.2e\n";
+
+void print_header() {
+    std::printf("%-26s %-26s %-10s %-3s %4s %9s %5s %10s %7s %5s %7s %9s\n", "strategy", "variant", "backend", "dir", "B", "T", "C", "seconds",
+                "GB/s", "roof", "Gelem/s", "rel_err");
+}
+
 void print_row(const Row& r) {
-    std::printf("%-34s %-10s %-4s %5zu %9zu %5zu %11.5f %8.2f %6.2f %8.3f %10.2e\n", r.strategy.c_str(), r.backend.c_str(),
-                r.direction.c_str(), r.B, r.T, r.C, r.seconds, r.gbps, r.roofline_fraction, r.gelem_per_s, r.max_rel_err);
+    const auto [strategy, variant] = split_label(r.strategy);
+    std::printf(row_format, strategy.c_str(), variant.c_str(), r.backend.c_str(), r.direction.c_str(), r.B, r.T, r.C, r.seconds, r.gbps,
+                r.roofline_fraction, r.gelem_per_s, r.max_rel_err);
     std::fflush(stdout);
 }
+
+const char* const legend = R"(columns:
+  strategy, variant  the scan algorithm (olmax/scan/strategies.hpp) and what differs from the plain fp32 run:
+                     bf16 = bfloat16 storage with float carries; shared P=n = one gate per head of n channels
+                     (gates [B, T, C/n]); gates=0.9999 = every gate that value (products near the denormal range);
+                     onednn = bf16 products on oneDNN's kernels (the CPU's bf16 units)
+  backend            the host kernels: cpu_openmp (all threads), cpu_serial (one); pytorch = a PyTorch CPU peer
+  dir                fwd = h from (a, x); bwd = dx and da from (dh, a, h), the fused reverse scan
+  B, T, C            batch, time steps, channels ([B, T, C], channels contiguous)
+  seconds            median of the timed runs after one warm-up, kernels on preallocated buffers
+  GB/s               useful traffic / seconds: fwd reads a, x and writes h (12 B per element in fp32),
+                     bwd reads dh, a, h and writes dx, da (20 B); half that in bf16
+  roof               GB/s as a fraction of this machine's roofline, measured in the same run: STREAM triad
+                     (2 reads, 1 write) for fwd, a 3-read/2-write kernel for bwd; above 1 = the data fit in cache
+  Gelem/s            elements (B T C) per nanosecond
+  rel_err            max |result - fp64 reference| / max |reference| (bwd: the worse of dx and da)
+)";
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -281,14 +323,120 @@ double eigen_gemm_gflops(std::size_t Q, std::size_t P, std::size_t reps) {
 
 }  // namespace
 
+namespace {
+
+const char* const usage = R"(usage: scan_strategies [--quick | --smoke] [--json PATH] [--threads N] [--no-peers] [--python PATH]
+                       [--peers-script PATH] [--filter TEXT]
+
+Times every scan strategy of olmax::scan (h_t = a_t h_{t-1} + x_t) forward and backward on a few shapes
+(channel-rich 2^26 elements, one long row of 2^24 steps, a short in-cache one, gates shared by heads),
+against this machine's memory roofline measured in the same run and PyTorch CPU peers, then names the
+fastest strategy per shape. A full run takes minutes, --quick under one, --smoke seconds.
+
+  --quick              fewer shapes and repeats (the figures in benchmarks/RESULTS.md)
+  --smoke              tiny shapes, no peers: checks that everything runs (CI)
+  --json PATH          also write every row as JSON (benchmarks/scan_strategies_plot.py plots it)
+  --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)
+  --no-peers           skip the PyTorch peers (benchmarks/scan/torch_peers.py)
+  --python PATH        the Python that runs the peers (default /usr/bin/python3, with torch)
+  --peers-script PATH  where torch_peers.py is (default: next to this source file)
+  --filter TEXT        only the olmax rows whose label (strategy[variant]) contains TEXT
+  --help               this text and the legend of the table's columns
+)";
+
+/// A number field of a flat JSON object line (`"key": 1.5`), or NaN.
+double json_number_field(const std::string& line, const std::string& key) {
+    const std::size_t at = line.find("\"" + key + "\":");
+    if (at == std::string::npos) return std::nan("");
+    const std::string rest = line.substr(at + key.size() + 3);
+    if (rest.find("Infinity") == 1 || rest.find("Infinity") == 0) return rest.find('-') < 2 ? -INFINITY : INFINITY;
+    return std::strtod(rest.c_str(), nullptr);
+}
+
+/// A string field of a flat JSON object line (`"key": "text"`), or "".
+std::string json_string_field(const std::string& line, const std::string& key) {
+    const std::size_t at = line.find("\"" + key + "\": \"");
+    if (at == std::string::npos) return "";
+    const std::size_t start = at + key.size() + 5, end = line.find('"', start);
+    return line.substr(start, end - start);
+}
+
+/// A peer row as torch_peers.py writes it (one JSON object per line).
+Row peer_row(const std::string& line) {
+    Row r{json_string_field(line, "strategy"), json_string_field(line, "backend"), json_string_field(line, "direction"),
+          std::size_t(json_number_field(line, "B")), std::size_t(json_number_field(line, "T")), std::size_t(json_number_field(line, "C")),
+          json_string_field(line, "dtype"), json_number_field(line, "seconds"), json_number_field(line, "gbps"),
+          json_number_field(line, "roofline_gbps"), json_number_field(line, "roofline_fraction"), json_number_field(line, "gelem_per_s"),
+          json_number_field(line, "max_rel_err")};
+    return r;
+}
+
+/// The problem a row measured: its shape, direction, storage and the variant tags that change the
+/// input (gates=..., shared P=...), not those that only change how it is computed (bf16 products, onednn).
+std::string problem_of(const Row& r) {
+    std::string tags;
+    for (std::size_t open = r.strategy.find('['); open != std::string::npos; open = r.strategy.find('[', open + 1)) {
+        const std::string tag = r.strategy.substr(open + 1, r.strategy.find(']', open) - open - 1);
+        if (tag != "bf16" && tag != "onednn") tags += ", " + tag;
+    }
+    std::ostringstream out;
+    out << "[" << r.B << ", " << r.T << ", " << r.C << "]" << tags << " " << r.dtype << " " << r.direction;
+    return out.str();
+}
+
+/// "chunked_matmul<128> onednn / cpu_openmp": a row's strategy, the tags that say how it computed
+/// (the problem names the others), and its backend.
+std::string contender(const Row& r) {
+    std::string out = split_label(r.strategy).first;
+    if (r.strategy.find("[onednn]") != std::string::npos) out += " onednn";
+    return out + " / " + r.backend;
+}
+
+/// For each problem (in the order first measured): the fastest olmax row, its roofline fraction, and
+/// how it compares with the runner-up and with the fastest PyTorch peer.
+void print_summary(const std::vector<Row>& rows) {
+    std::vector<std::string> order;
+    for (const Row& r : rows)
+        if (std::find(order.begin(), order.end(), problem_of(r)) == order.end()) order.push_back(problem_of(r));
+    std::printf("\nFastest per shape (olmax; roof = fraction of this run's roofline for that direction):\n");
+    std::printf("%-44s %-40s %10s %5s  %s\n", "shape, storage, dir", "fastest strategy / backend", "seconds", "roof", "then");
+    for (const std::string& problem : order) {
+        const Row *best = nullptr, *second = nullptr, *peer = nullptr;
+        for (const Row& r : rows) {
+            if (problem_of(r) != problem || !(r.seconds > 0)) continue;
+            if (r.backend == "pytorch") {
+                if (!peer || r.seconds < peer->seconds) peer = &r;
+            } else if (r.strategy.rfind("sequential_fp64", 0) != 0) {  // the reference is not a contender
+                if (!best || r.seconds < best->seconds) second = best, best = &r;
+                else if (!second || r.seconds < second->seconds) second = &r;
+            }
+        }
+        if (!best) continue;
+        std::ostringstream then;
+        then.precision(2);
+        then << std::fixed;
+        if (second) then << "next " << contender(*second) << " " << second->seconds / best->seconds << "x slower";
+        if (peer) then << (second ? "; " : "") << "best PyTorch " << peer->strategy << " " << peer->seconds / best->seconds << "x slower";
+        std::printf("%-44s %-40s %10.3e %5.2f  %s\n", problem.c_str(), contender(*best).c_str(), best->seconds, best->roofline_fraction,
+                    then.str().c_str());
+    }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-    bool quick = false, peers = true;
+    bool quick = false, smoke = false, peers = true;
     std::string json_path, filter, python = "/usr/bin/python3";
     std::filesystem::path script = std::filesystem::path(__FILE__).parent_path() / "torch_peers.py";
     int threads = 0;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
+        if (arg == "--help" || arg == "-h") {
+            std::printf("%s\n%s", usage, legend);
+            return 0;
+        }
         if (arg == "--quick") quick = true;
+        else if (arg == "--smoke") smoke = quick = true, peers = false;
         else if (arg == "--no-peers") peers = false;
         else if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
         else if (arg == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -296,8 +444,7 @@ int main(int argc, char** argv) {
         else if (arg == "--peers-script" && i + 1 < argc) script = argv[++i];
         else if (arg == "--filter" && i + 1 < argc) filter = argv[++i];
         else {
-            std::fprintf(stderr, "usage: %s [--quick] [--json PATH] [--threads N] [--no-peers] [--python PATH] [--peers-script PATH] [--filter TEXT]\n",
-                         argv[0]);
+            std::fprintf(stderr, "scan_strategies: unknown or incomplete argument '%s'\n%s", arg.c_str(), usage);
             return 2;
         }
     }
@@ -307,50 +454,24 @@ int main(int argc, char** argv) {
 #else
     threads = 1;
 #endif
+    // Notices the library shows once (the portable bf16 product, ...) go after the table, not into it.
+    std::vector<std::string> notices;
+    olmax::backend::set_bf16_notice_sink([&notices](std::string_view message) { notices.emplace_back(message); });
+
     const double start = now();
     Bench bench;
-    bench.repeats = quick ? 5 : 10;
+    bench.repeats = smoke ? 2 : quick ? 5 : 10;
     bench.filter = filter;
-    bench.roof = measure_roofline(std::size_t(1) << 25);
-    std::printf("threads %d; roofline: triad (2R1W) %.2f GB/s, 3R2W %.2f GB/s (fp32 arrays of 2^25, median of 10)\n", threads,
-                bench.roof.triad, bench.roof.r3w2);
-    std::printf("%-34s %-10s %-4s %5s %9s %5s %11s %8s %6s %8s %10s\n", "strategy", "backend", "dir", "B", "T", "C", "seconds", "GB/s", "roof",
-                "Gelem/s", "max_rel_err");
+    bench.roof = measure_roofline(std::size_t(1) << (smoke ? 20 : 25));
+    std::printf("scan strategies: h_t = a_t h_{t-1} + x_t, %d threads; roofline of this run: STREAM triad (2R1W) %.2f GB/s, "
+                "3R2W %.2f GB/s (fp32 arrays of 2^%d, median of 10)%s\n\n%s\n",
+                threads, bench.roof.triad, bench.roof.r3w2, smoke ? 20 : 25,
+                smoke ? "\n--smoke: tiny shapes that fit in cache; the figures only show that everything runs" : "", legend);
+    print_header();
     using omp = olmax::backend::cpu_openmp;
     using ser = olmax::backend::cpu_serial;
 
-    // 1. Channel-rich, B*T*C = 2^26: the bandwidth targets.
-    {
-        Problem p = make_problem(16, 4096, 1024, 1024, -1);
-        compute_reference(p);
-        bench.run<sc::sequential_vectorized, omp>(p);
-        bench.run<sc::two_pass, omp>(p, "", !quick);
-        bench.run_bf16<sc::sequential_vectorized, omp>(p);
-        bench.run_bf16<sc::two_pass, omp>(p, "", !quick);
-        if (!quick) {
-            bench.run<sc::sequential, omp>(p);
-            bench.run<sc::sequential_vectorized, ser>(p);
-            bench.run<sc::hillis_steele_chunked<128>, omp>(p);
-            bench.run<sc::blelloch, omp>(p);
-        }
-    }
-    // 2. Gates near 1 (products reach the denormal range): must run as fast as random gates.
-    {
-        Problem p = make_problem(16, 4096, 1024, 1024, 0.9999f);
-        compute_reference(p);
-        bench.run<sc::sequential_vectorized, omp>(p, "[gates=0.9999]");
-        if (!quick) bench.run<sc::two_pass, omp>(p, "[gates=0.9999]", false);
-    }
-    // 3. One long row: the time-parallel strategy.
-    {
-        Problem p = make_problem(1, std::size_t(1) << 24, 1, 1, -1);
-        compute_reference(p);
-        bench.run<sc::two_pass, omp>(p);
-        bench.run<sc::two_pass, ser>(p);
-        bench.run<sc::sequential_vectorized, omp>(p);
-        bench.run_bf16<sc::two_pass, omp>(p);
-    }
-    // 4. T = 4096, C = 256: every strategy (hillis_steele_chunked vs hillis_steele, matmul forms).
+    // 4. (also the smoke run) every strategy on one shape: hillis_steele_chunked vs hillis_steele, the matmul forms.
     auto all_strategies = [&](Problem& p, bool serial_too) {
         bench.run<sc::sequential, omp>(p);
         bench.run<sc::sequential_fp64, omp>(p);
@@ -370,81 +491,141 @@ int main(int argc, char** argv) {
             bench.run<sc::hillis_steele_chunked<128>, ser>(p);
         }
     };
-    {
-        Problem p = make_problem(1, 4096, 256, 256, -1);
+    double gemm_rate = 0, shared_rate = 0;
+    if (smoke) {
+        Problem p = make_problem(1, 512, 32, 32, -1);
         compute_reference(p);
         all_strategies(p, true);
-    }
-    // 5. Shared gates (one gate per head of 64 channels): the GEMM form vs the per-channel scans.
-    double gemm_rate = 0, shared_rate = 0;
-    {
-        Problem p = make_problem(4, 4096, 1024, 16, -1);
-        compute_reference(p);
-        const std::size_t before = bench.rows.size();
-        bench.run<sc::chunked_matmul<128>, omp>(p, "", false);
-        if (bench.rows.size() > before)  // (not filtered out)
-            shared_rate = 2.0 * 128 * double(p.B * p.T * p.C) / bench.rows.back().seconds / 1e9;  // in-chunk GEMM flops: 2 Q per element
-        bench.run<sc::sequential_vectorized, omp>(p, "", false);
-        bench.run<sc::two_pass, omp>(p, "", false);
-        // The matrix-unit form in bf16 storage: decay matrices rounded to bf16, one bf16 x bf16 ->
-        // fp32 GEMM per head and chunk; the portable product (fp32 compute), and oneDNN's on the
-        // CPU's bf16 units where built with it.
-        bench.run_bf16<sc::chunked_matmul<128>, omp>(p, "", false);
+        Problem shared = make_problem(2, 256, 64, 4, -1);
+        compute_reference(shared);
+        bench.run<sc::chunked_matmul<128>, omp>(shared, "", false);
+        bench.run<sc::sequential_vectorized, omp>(shared, "", false);
+        bench.run_bf16<sc::chunked_matmul<128>, omp>(shared, "", false);
+    } else {
+        // 1. Channel-rich, B*T*C = 2^26: the bandwidth targets.
+        {
+            Problem p = make_problem(16, 4096, 1024, 1024, -1);
+            compute_reference(p);
+            bench.run<sc::sequential_vectorized, omp>(p);
+            bench.run<sc::two_pass, omp>(p, "", !quick);
+            bench.run_bf16<sc::sequential_vectorized, omp>(p);
+            bench.run_bf16<sc::two_pass, omp>(p, "", !quick);
+            if (!quick) {
+                bench.run<sc::sequential, omp>(p);
+                bench.run<sc::sequential_vectorized, ser>(p);
+                bench.run<sc::hillis_steele_chunked<128>, omp>(p);
+                bench.run<sc::blelloch, omp>(p);
+            }
+        }
+        // 2. Gates near 1 (products reach the denormal range): must run as fast as random gates.
+        {
+            Problem p = make_problem(16, 4096, 1024, 1024, 0.9999f);
+            compute_reference(p);
+            bench.run<sc::sequential_vectorized, omp>(p, "[gates=0.9999]");
+            if (!quick) bench.run<sc::two_pass, omp>(p, "[gates=0.9999]", false);
+        }
+        // 3. One long row: the time-parallel strategy.
+        {
+            Problem p = make_problem(1, std::size_t(1) << 24, 1, 1, -1);
+            compute_reference(p);
+            bench.run<sc::two_pass, omp>(p);
+            bench.run<sc::two_pass, ser>(p);
+            bench.run<sc::sequential_vectorized, omp>(p);
+            bench.run_bf16<sc::two_pass, omp>(p);
+        }
+        // 4. T = 4096, C = 256: every strategy.
+        {
+            Problem p = make_problem(1, 4096, 256, 256, -1);
+            compute_reference(p);
+            all_strategies(p, true);
+        }
+        // 5. Shared gates (one gate per head of 64 channels): the GEMM form vs the per-channel scans.
+        {
+            Problem p = make_problem(4, 4096, 1024, 16, -1);
+            compute_reference(p);
+            const std::size_t before = bench.rows.size();
+            bench.run<sc::chunked_matmul<128>, omp>(p, "", false);
+            if (bench.rows.size() > before)  // (not filtered out)
+                shared_rate = 2.0 * 128 * double(p.B * p.T * p.C) / bench.rows.back().seconds / 1e9;  // in-chunk GEMM flops: 2 Q per element
+            bench.run<sc::sequential_vectorized, omp>(p, "", false);
+            bench.run<sc::two_pass, omp>(p, "", false);
+            // The matrix-unit form in bf16 storage: decay matrices rounded to bf16, one bf16 x bf16 ->
+            // fp32 GEMM per head and chunk; the portable product (fp32 compute), and oneDNN's on the
+            // CPU's bf16 units where built with it.
+            bench.run_bf16<sc::chunked_matmul<128>, omp>(p, "", false);
 #if defined(OLMAX_BENCH_WITH_ONEDNN)
-        if (olmax::backend::onednn::bf16_support().accelerated)
-            bench.run_bf16<sc::chunked_matmul<128>, omp>(p, "[onednn]", false, olmax::backend::onednn::gemm_bf16);
+            if (olmax::backend::onednn::bf16_support().accelerated)
+                bench.run_bf16<sc::chunked_matmul<128>, omp>(p, "[onednn]", false, olmax::backend::onednn::gemm_bf16);
 #endif
-        gemm_rate = eigen_gemm_gflops(128, 64, 2000) * threads;  // independent GEMMs, one per thread
-    }
-    if (shared_rate > 0)
-        std::printf("shared-gate chunked_matmul<128>, P=64: %.2f GFLOP/s (in-chunk GEMM flops / whole-scan time) vs Eigen GEMM "
-                "[128x128]x[128x64] x %d threads %.2f GFLOP/s: fraction %.2f\n",
-                shared_rate, threads, gemm_rate, shared_rate / gemm_rate);
-    if (!quick) {
-        for (std::size_t T : {std::size_t(256), std::size_t(65536), std::size_t(1) << 20})
-            for (std::size_t C : {std::size_t(1), std::size_t(64), std::size_t(4096)})
-                for (std::size_t B : {std::size_t(1), std::size_t(16)}) {
-                    if (B * T * C > (std::size_t(1) << 26) || B * T * C < 4096) continue;
-                    Problem p = make_problem(B, T, C, C, -1);
-                    compute_reference(p);
-                    bench.run<sc::sequential_vectorized, omp>(p);
-                    bench.run<sc::two_pass, omp>(p);
-                    if (B * T * C <= (std::size_t(1) << 22)) {
-                        bench.run<sc::hillis_steele, omp>(p);
-                        bench.run<sc::hillis_steele_chunked<128>, omp>(p);
-                        bench.run<sc::blelloch, omp>(p);
-                        bench.run<sc::chunked_matmul<128>, omp>(p);
+            gemm_rate = eigen_gemm_gflops(128, 64, 2000) * threads;  // independent GEMMs, one per thread
+        }
+        if (!quick) {
+            for (std::size_t T : {std::size_t(256), std::size_t(65536), std::size_t(1) << 20})
+                for (std::size_t C : {std::size_t(1), std::size_t(64), std::size_t(4096)})
+                    for (std::size_t B : {std::size_t(1), std::size_t(16)}) {
+                        if (B * T * C > (std::size_t(1) << 26) || B * T * C < 4096) continue;
+                        Problem p = make_problem(B, T, C, C, -1);
+                        compute_reference(p);
+                        bench.run<sc::sequential_vectorized, omp>(p);
+                        bench.run<sc::two_pass, omp>(p);
+                        if (B * T * C <= (std::size_t(1) << 22)) {
+                            bench.run<sc::hillis_steele, omp>(p);
+                            bench.run<sc::hillis_steele_chunked<128>, omp>(p);
+                            bench.run<sc::blelloch, omp>(p);
+                            bench.run<sc::chunked_matmul<128>, omp>(p);
+                        }
                     }
-                }
+        }
+    }
+    if (shared_rate > 0) {
+        std::ostringstream note;
+        note.precision(2);
+        note << std::fixed << "shared-gate chunked_matmul<128>, P=64: " << shared_rate
+             << " GFLOP/s (in-chunk GEMM flops / whole-scan time) vs Eigen GEMM [128x128]x[128x64] x " << threads << " threads "
+             << gemm_rate << " GFLOP/s: fraction " << shared_rate / gemm_rate;
+        notices.push_back(note.str());
     }
 
-    // PyTorch peers, same shapes and threads.
-    std::vector<std::string> peer_rows;
+    // PyTorch peers, same shapes and threads: their rows join the table; their progress lines and
+    // errors go to a log named among the notices.
+    std::vector<std::string> peer_lines;
     if (peers) {
-        std::ostringstream out_name;
-        out_name << "/tmp/olmax_scan_torch_peers_" << ::getpid() << ".jsonl";
-        const std::string out = out_name.str();
+        std::ostringstream base;
+        base << "/tmp/olmax_scan_torch_peers_" << ::getpid();
+        const std::string out = base.str() + ".jsonl", log = base.str() + ".log";
         std::ostringstream cmd;
         cmd << python << " " << script << " --threads " << threads << " --triad " << bench.roof.triad << " --r3w2 " << bench.roof.r3w2
-            << " --out " << out << (quick ? " --quick" : "");
+            << " --out " << out << (quick ? " --quick" : "") << " > " << log << " 2>&1";
         std::fflush(stdout);
         const int rc = std::system(cmd.str().c_str());
-        if (rc != 0) std::printf("PyTorch peers failed (exit %d): %s\n", rc, cmd.str().c_str());
+        if (rc != 0) notices.push_back("PyTorch peers failed (exit " + std::to_string(rc) + "; their output: " + log + "): " + cmd.str());
+        else std::filesystem::remove(log);
         std::ifstream in(out);
         for (std::string line; std::getline(in, line);)
-            if (!line.empty()) peer_rows.push_back(line);
+            if (!line.empty()) {
+                peer_lines.push_back(line);
+                bench.rows.push_back(peer_row(line));
+                print_row(bench.rows.back());
+            }
         std::filesystem::remove(out);
     }
+
+    if (!notices.empty()) {
+        std::printf("\nNotices:\n");
+        for (const auto& notice : notices) std::printf("  %s\n", notice.c_str());
+    }
+    print_summary(bench.rows);
 
     if (!json_path.empty()) {
         std::ofstream out(json_path);
         out << "{\n  \"threads\": " << threads << ",\n  \"triad_gbps\": " << bench.roof.triad << ",\n  \"r3w2_gbps\": " << bench.roof.r3w2
-            << ",\n  \"shared_gemm_fraction\": " << shared_rate / gemm_rate << ",\n  \"rows\": [\n";
+            << ",\n  \"shared_gemm_fraction\": " << (gemm_rate > 0 ? shared_rate / gemm_rate : 0.0) << ",\n  \"rows\": [\n";
         bool first = true;
-        for (const Row& r : bench.rows) out << (first ? "" : ",\n") << "    " << json_row(r), first = false;
-        for (const auto& line : peer_rows) out << (first ? "" : ",\n") << "    " << line, first = false;
+        for (const Row& r : bench.rows)
+            if (r.backend != "pytorch") out << (first ? "" : ",\n") << "    " << json_row(r), first = false;
+        for (const auto& line : peer_lines) out << (first ? "" : ",\n") << "    " << line, first = false;
         out << "\n  ]\n}\n";
-        std::printf("wrote %s\n", json_path.c_str());
+        std::printf("\nwrote %s\n", json_path.c_str());
     }
     std::printf("total %.1f s\n", now() - start);
     return 0;

@@ -14,7 +14,7 @@
 #include "olmax/data/data.hpp"          // byte tokenizer, corpus, packing loader, sampling
 #include "olmax/io/io.hpp"              // checkpoints, .npy, progress
 #include "olmax/config/config.hpp"      // typed key=value configuration
-#include "olmax/testing/gradient_check.hpp"  // check_gradients
+#include "olmax/testing/testing.hpp"   // check_gradients, check_layer_gradients
 #include "olmax/distributed/distributed.hpp"  // Communicator, gradient allreduce across processes (Gloo: olmax/distributed/gloo.hpp)
 #include "olmax/models/models.hpp"      // the main job's byte-level LM (ByteLM over a block recipe)
 // Not included here, so that a program that never uses them does not compile them:

@@ -1,8 +1,37 @@
 # Fails unless the first ```cpp block after "## Quickstart" in README is examples/quickstart.cpp verbatim
-# (the file that the package_consumer test and the examples build compile).
+# (the file that the package_consumer test and the examples build compile), and unless the first ```sh
+# block after "## Set-up" holds exactly the two set-up commands, `bash tools/main.sh` and
+# `bash tools/test.sh`, both scripts present next to the README.
 # Usage: cmake -DREADME=... -DEXAMPLE=... -P check_readme_quickstart.cmake
 file(READ "${README}" readme)
 file(READ "${EXAMPLE}" example)
+
+string(FIND "${readme}" "## Set-up" setup)
+if(setup EQUAL -1)
+  message(FATAL_ERROR "${README} has no '## Set-up' section")
+endif()
+string(SUBSTRING "${readme}" ${setup} -1 setup_text)
+string(FIND "${setup_text}" "```sh\n" sh_open)
+if(sh_open EQUAL -1)
+  message(FATAL_ERROR "the Set-up section of ${README} has no ```sh block")
+endif()
+math(EXPR sh_start "${sh_open} + 6")
+string(SUBSTRING "${setup_text}" ${sh_start} -1 setup_text)
+string(FIND "${setup_text}" "```" sh_close)
+string(SUBSTRING "${setup_text}" 0 ${sh_close} setup_block)
+string(REGEX REPLACE " *#[^\n]*" "" setup_commands "${setup_block}")  # the comments after each command
+string(STRIP "${setup_commands}" setup_commands)
+if(NOT setup_commands STREQUAL "bash tools/main.sh\nbash tools/test.sh")
+  message(FATAL_ERROR "the Set-up block of ${README} must hold exactly `bash tools/main.sh` and `bash tools/test.sh`, found:\n${setup_block}")
+endif()
+get_filename_component(readme_path "${README}" ABSOLUTE)
+get_filename_component(root "${readme_path}" DIRECTORY)
+foreach(script tools/main.sh tools/test.sh)
+  if(NOT EXISTS "${root}/${script}")
+    message(FATAL_ERROR "the README's set-up runs ${script}, which does not exist")
+  endif()
+endforeach()
+
 string(FIND "${readme}" "## Quickstart" heading)
 if(heading EQUAL -1)
   message(FATAL_ERROR "${README} has no '## Quickstart' section")

@@ -386,7 +386,7 @@ TEST_CASE("config: every number has a declared range, checked when set and when 
 TEST_CASE("config: path flags are checked for their kind without throwing filesystem errors", "[io][config]") {
     namespace config = olmax::config;
     using config::PathKind;
-    using config::detail::path_problem;
+    using config::path_problem;
     const auto dir = temp_dir("config-paths");
     std::ofstream(dir / "file.txt") << "x";
     const std::string file = (dir / "file.txt").string(), folder = dir.string();

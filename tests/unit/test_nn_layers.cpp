@@ -356,3 +356,17 @@ TEST_CASE("Module wrapper: call, parameters, zero_grad; io::save_parameters roun
     damaged[damaged.size() / 2] ^= 0x40;
     CHECK_THROWS_AS(olmax::io::Archive::deserialize(damaged), olmax::io::format_error);
 }
+
+TEST_CASE("nn::parameters and olmax::optim::parameters_of walk the same tensors in the same order", "[nn][optim]") {
+    using Block = nn::Reversible<nn::Sandwich<nn::Linear<double>>, nn::Sandwich<nn::Linear<double>>>;
+    olmax::Generator rng(3);
+    nn::Stack<Block> stack(nn::Config{.features = 3}, 2, rng);
+    const auto listed = nn::parameters(stack);
+    const auto for_optimiser = olmax::optim::parameters_of(stack);
+    REQUIRE(listed.size() == for_optimiser.size());
+    for (std::size_t i = 0; i < listed.size(); ++i) {
+        CHECK(listed[i].tensor.data() == for_optimiser[i].tensor.data());
+        CHECK(listed[i].name == "stack/" + for_optimiser[i].name);  // nn::parameters prefixes the layer's own name
+        CHECK(listed[i].role == for_optimiser[i].role);
+    }
+}

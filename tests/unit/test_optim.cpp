@@ -756,3 +756,16 @@ TEST_CASE("optim: step_during_backward reports non-finite gradients and leaves p
     CHECK(opt.export_state().slots[1].step == 0);
     CHECK_FALSE(w.grad().defined());
 }
+
+TEST_CASE("AdamW takes the learning rate as its second argument, once", "[errors][optim]") {
+    olmax::Generator rng(2);
+    olmax::nn::Linear<double> layer(2, 2, rng);
+    optim::AdamW<double> constant(optim::parameters_of(layer), 0.05);
+    CHECK(constant.next_lr() == 0.05);
+    optim::AdamW<double> with_rest(optim::parameters_of(layer), 0.05, {.weight_decay = 0.1});
+    CHECK(with_rest.config().weight_decay == 0.1);
+    CHECK(with_rest.config().schedule.peak_lr == 0.05);
+    CHECK(optim::AdamW<double>(optim::parameters_of(layer), {}).next_lr() == optim::LrSchedule{}.peak_lr);  // {} is still the default config
+    CHECK_THROWS_WITH(optim::AdamW<double>(optim::parameters_of(layer), 0.05, {.schedule = {.peak_lr = 0.2}}),
+                      Catch::Contains("the learning rate is given twice, lr=0.05 and config.schedule.peak_lr=0.2"));
+}

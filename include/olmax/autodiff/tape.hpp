@@ -263,7 +263,7 @@ void record(std::string_view name, std::span<const Tensor<T>> inputs, std::span<
         if (!t.is_leaf() && !detail::is_live(olmax::detail::impl_of(t).node))
             throw autodiff_error(olmax::detail::concat(
                 name, ": an input belongs to a graph that an earlier backward() freed (or to another thread's tape); "
-                      "recompute it, or call backward(/*retain_graph=*/true)"));
+                      "call that earlier backward(/*retain_graph=*/true) to keep the graph, or recompute the input"));
         slots.push_back(olmax::detail::impl_ptr_of(t));
     }
     Tape& tape = current_tape();
@@ -288,8 +288,9 @@ void backward(const Tensor<T>& root, const Tensor<T>& grad_output, bool retain_g
     const auto handle = olmax::detail::impl_of(root).node;
     // Validate before seeding, so a refused backward leaves no partial gradient behind.
     if (!root.is_leaf() && handle.tape_id != tape.id)
-        throw autodiff_error("backward: the tensor was recorded on another tape (an enclosing tape_scope, another thread, "
-                             "or a graph that an earlier backward() freed)");
+        throw autodiff_error("backward: the tensor's graph is not on this thread's current tape: an earlier backward() freed it "
+                             "(call that first backward(/*retain_graph=*/true) to run backward through a graph twice), or it was "
+                             "recorded on another tape (an enclosing tape_scope, another thread)");
     accumulate_grad(olmax::detail::impl_of(root), grad_output, "backward");
     // A gradient hook sees this pass only, not the ones nested in its nodes; null (the usual case)
     // costs one branch per node.

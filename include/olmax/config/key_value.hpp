@@ -220,10 +220,12 @@ std::string range_or_int64(const Field<Struct>& field) {
     const std::string range = field.range_text();
     return range.empty() ? "[-9223372036854775808, 9223372036854775807]" : range;
 }
+}  // namespace detail
 
-/// Why `text` does not name what `kind` asks for, or "" when it does. Never throws: every
-/// file-system query takes an error code (a path under a file, a loop of links, a missing
-/// permission are answers, not exceptions).
+/// Why `text` does not name what `kind` asks for, or "" when it does: what the `--key=PATH` flags
+/// of a config check, for programs that take a path elsewhere (a positional argument). Never
+/// throws: every file-system query takes an error code (a path under a file, a loop of links, a
+/// missing permission are answers, not exceptions).
 inline std::string path_problem(const std::string& text, PathKind kind) {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -265,7 +267,6 @@ inline std::string path_problem(const std::string& text, PathKind kind) {
     }
     return "";
 }
-}  // namespace detail
 
 /// Checks every field against its declared range and path kind (values set in code, or defaults,
 /// never went through `set_value`); the first problem is a `config_error` naming the key.
@@ -280,7 +281,7 @@ void validate_fields(const Struct& config) {
                     if (!std::isfinite(v) || !f.accepts(v))
                         throw config_error(olmax::detail::concat("config: key '", f.key, "' must be in ", f.range_text(), ", got ", config.*member));
                 } else if constexpr (std::is_same_v<V, std::string>) {
-                    const std::string problem = detail::path_problem(config.*member, f.path);
+                    const std::string problem = path_problem(config.*member, f.path);
                     if (!problem.empty())
                         throw config_error(olmax::detail::concat("config: key '", f.key, "': '", config.*member, "' ", problem));
                     if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), config.*member) == f.choices.end())
@@ -342,7 +343,7 @@ const Field<Struct>& set_value(Struct& config, std::string_view key, std::string
 /// Reads `key = value` lines; '#' starts a comment; blank lines are skipped.
 template <class Struct>
 void load_file(Struct& config, const std::filesystem::path& path) {
-    const std::string problem = detail::path_problem(path.string(), PathKind::input_file);
+    const std::string problem = path_problem(path.string(), PathKind::input_file);
     if (!problem.empty() || path.empty())
         throw config_error(olmax::detail::concat("config: config file '", path.string(), "' ", path.empty() ? "is empty, expected a file" : problem));
     std::ifstream in(path);

@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <ostream>
 #include <sstream>
@@ -25,8 +26,16 @@ inline std::string to_string(const Shape& shape) {
 
 /// Number of elements of a tensor of this shape (1 for a scalar of rank 0, 0 if any extent is 0).
 /// Throws `shape_error` when the count does not fit in `std::size_t`: a wrapped product would give
-/// a tiny buffer for a huge shape, and element access would then write out of bounds.
+/// a tiny buffer for a huge shape, and element access would then write out of bounds. An extent
+/// above 2^63 is refused on its own, even beside a 0: it is a negative size (`zeros({n, 3})` with
+/// n = -1) converted to the unsigned `std::size_t`, and the message says so.
 inline std::size_t numel(const Shape& shape) {
+    for (std::size_t axis = 0; axis < shape.size(); ++axis)
+        if (shape[axis] > std::size_t(std::numeric_limits<std::ptrdiff_t>::max()))
+            throw shape_error("shape " + to_string(shape) + ": extent " + std::to_string(axis) + " is " +
+                              std::to_string(static_cast<std::ptrdiff_t>(shape[axis])) +
+                              " converted to an unsigned size; sizes must be >= 0 (check the value given for axis " +
+                              std::to_string(axis) + ")");
     std::size_t n = 1;
     bool overflow = false;
     for (std::size_t extent : shape) {

@@ -73,9 +73,9 @@ concept CheckpointOptimizer = requires(const O& optimizer, O& target, const Stat
 /// What a checkpoint holds besides parameters and optimiser state.
 struct TrainingState {
     std::int64_t step = 0;
-    std::string config_text;    // the resolved config (key = value lines)
-    std::string data_position;  // data::DataPosition::to_text()
-    std::string note;           // free text (metrics, ...)
+    std::string config_text = {};    // the resolved config (key = value lines)
+    std::string data_position = {};  // data::DataPosition::to_text()
+    std::string note = {};           // free text (metrics, ...)
 };
 
 template <CheckpointOptimizer O>

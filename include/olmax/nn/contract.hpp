@@ -101,10 +101,12 @@ inline LayerContext layer_context(const LayerContext& ctx, std::size_t layer, st
 /// One configuration shared by every layer, like the original's single context object. Fields a
 /// layer does not use are ignored; every layer validates the ones it uses and throws naming itself.
 struct Config {
-    std::size_t features = 256;         ///< F: width of the residual stream
+    /// F: width of the residual stream. No default: 0 means "not set", and every layer built from
+    /// a config refuses it, naming itself (`checked_features`).
+    std::size_t features = 0;
     std::size_t hidden_features = 0;    ///< inner width of DenseConv; 0 means 2F (the original dense block)
     std::size_t vocab = 256;            ///< V: embedding rows / output classes (bytes)
-    std::size_t depth = 8;              ///< layers of an nn::Stack built from a config alone
+    std::size_t depth = 0;              ///< layers of an nn::Stack built from a config alone (no default: 0 is refused there)
     std::size_t conv_groups = 1;        ///< groups of CausalConv
     std::size_t experts = 4;            ///< MoE experts
     double capacity_factor = 1.25;      ///< MoE capacity per expert per sequence C = ceil(factor * moe_top_k * S / experts)
@@ -128,6 +130,13 @@ struct Config {
     std::uint64_t seed = 0;             ///< wrappers built without a Generator seed one from this
 
     std::size_t hidden() const { return hidden_features ? hidden_features : 2 * features; }
+
+    /// `features`, or value_error naming `layer` and the fix when it was not set.
+    std::size_t checked_features(std::string_view layer) const {
+        check<value_error>(features > 0, layer, ": nn::Config::features is 0 (not set); give the width of the residual stream, "
+                                                "e.g. nn::Config{.features = 256}");
+        return features;
+    }
 };
 
 /// Walks a layer's parameters: `visit("weight", weight_, Role::weight)` for its own and

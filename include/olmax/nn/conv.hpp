@@ -27,7 +27,8 @@ public:
     using config_type = Config;
     static constexpr std::string_view name = "conv";
 
-    CausalConv(const Config& config, Generator& rng) : CausalConv(config.features, config.features, rng, config.conv_groups, config.bias) {}
+    CausalConv(const Config& config, Generator& rng)
+        : CausalConv(config.checked_features("nn::CausalConv"), config.features, rng, config.conv_groups, config.bias) {}
     CausalConv(std::size_t in_features, std::size_t out_features, Generator& rng, std::size_t groups = 1, bool with_bias = false)
         : groups_(groups) {
         check<value_error>(in_features > 0 && out_features > 0 && groups > 0 && in_features % groups == 0 && out_features % groups == 0,
@@ -139,7 +140,7 @@ public:
     static constexpr std::string_view name = "dense";
 
     DenseConv(const Config& config, Generator& rng)
-        : conv0_(config.features, config.hidden(), rng, 1, false),
+        : conv0_(config.checked_features("nn::DenseConv"), config.hidden(), rng, 1, false),
           mid_scale_(parameter(Tensor<T>({config.hidden()}, T{1}))),
           conv1_(config.hidden(), config.features, rng, 1, false),
           eps_(T(config.norm_eps)),

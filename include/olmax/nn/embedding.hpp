@@ -27,8 +27,8 @@ public:
     static constexpr std::string_view name = "embedding";
 
     Embedding(const Config& config, Generator& rng) {
-        check<value_error>(config.vocab > 0 && config.features > 0, "nn::Embedding: vocab and features must be positive, got ", config.vocab,
-                           " and ", config.features);
+        config.checked_features("nn::Embedding");
+        check<value_error>(config.vocab > 0, "nn::Embedding: vocab must be positive, got 0");
         table_ = parameter(randn<T>({config.vocab, config.features}, rng, T{0}, T(1.0 / double(config.features))));
     }
 
@@ -52,7 +52,7 @@ public:
     static constexpr std::string_view name = "head";
 
     OutputHead(const Config& config, Generator& rng)
-        : w_out_(parameter(randn<T>({config.features, config.vocab}, rng))),
+        : w_out_(parameter(randn<T>({config.checked_features("nn::OutputHead"), config.vocab}, rng))),
           eps_(T(config.norm_eps)),
           options_{config.z_loss, config.loss_chunk_tokens} {}
 

@@ -19,7 +19,7 @@ public:
     static constexpr std::string_view name = "linear";
 
     /// features -> features, orthogonal init (the original's default for weights).
-    Linear(const Config& config, Generator& rng) : Linear(config.features, config.features, rng, config.bias) {}
+    Linear(const Config& config, Generator& rng) : Linear(config.checked_features("nn::Linear"), config.features, rng, config.bias) {}
     Linear(std::size_t in_features, std::size_t out_features, Generator& rng, bool with_bias = false) {
         check<value_error>(in_features > 0 && out_features > 0, "nn::Linear: features must be positive, got in=", in_features,
                            " out=", out_features);

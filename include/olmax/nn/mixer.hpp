@@ -35,7 +35,7 @@ public:
     HierarchicalMixer(const Config& config, Generator& rng)
         : w0_(parameter(orthogonal_init<T>({K, K}, rng))),
           w1_(parameter(orthogonal_init<T>({K, K}, rng))),
-          scale_(parameter(Tensor<T>({config.features}, T{1}))),
+          scale_(parameter(Tensor<T>({config.checked_features("nn::HierarchicalMixer")}, T{1}))),
           mask_(Tensor<T>::uninitialized({K, K})),
           eps_(T(config.norm_eps)),
           slope_(T(config.leaky_slope)) {

@@ -171,6 +171,7 @@ public:
           dispatch_(config.moe_dispatch),
           slope_(T(config.leaky_slope)),
           shared_(std::make_shared<detail::MoEShared<T>>()) {
+        config.checked_features("nn::MoE");
         check<value_error>(config.features >= 1 && config.experts >= 1 && config.capacity_factor > 0,
                            "nn::MoE: needs features >= 1, experts >= 1 and capacity_factor > 0, got ", config.features, ", ", config.experts,
                            " and ", config.capacity_factor);

@@ -17,7 +17,7 @@ public:
     using config_type = Config;
     static constexpr std::string_view name = "scale_norm";
 
-    ScaleNorm(const Config& config, Generator&) : ScaleNorm(config.features, config.norm_eps) {}
+    ScaleNorm(const Config& config, Generator&) : ScaleNorm(config.checked_features("nn::ScaleNorm"), config.norm_eps) {}
     /// `with_scale = false` gives the original's final output norm (no learned scale).
     explicit ScaleNorm(std::size_t features, double eps = 1e-16, bool with_scale = true) : eps_(T(eps)) {
         check<value_error>(features > 0 && eps > 0, "nn::ScaleNorm: needs features > 0 and eps > 0, got ", features, " and ", eps);
@@ -42,7 +42,7 @@ public:
     using config_type = Config;
     static constexpr std::string_view name = "rms_norm";
 
-    RMSNorm(const Config& config, Generator&) : RMSNorm(config.features, config.rms_eps) {}
+    RMSNorm(const Config& config, Generator&) : RMSNorm(config.checked_features("nn::RMSNorm"), config.rms_eps) {}
     explicit RMSNorm(std::size_t features, double eps = 1e-6) : scale_(parameter(Tensor<T>({features}, T{1}))), eps_(T(eps)) {
         check<value_error>(features > 0 && eps >= 0, "nn::RMSNorm: needs features > 0 and eps >= 0, got ", features, " and ", eps);
     }
@@ -67,7 +67,7 @@ public:
     static constexpr std::string_view name = Inner::name;
 
     Sandwich(const config_type& config, Generator& rng)
-        : norm_in_(config.features, config.norm_eps), inner_(config, rng), norm_out_(config.features, config.norm_eps) {}
+        : norm_in_(config.checked_features("nn::Sandwich"), config.norm_eps), inner_(config, rng), norm_out_(config.features, config.norm_eps) {}
 
     Tensor<value_type> forward(const Tensor<value_type>& x, const LayerContext& ctx = {}) const {
         return norm_out_.forward(inner_.forward(norm_in_.forward(x, ctx), ctx), ctx);

@@ -24,7 +24,9 @@ struct NamedParameter {
     bool stacked = false;  ///< has a leading [depth] axis (inside nn::Stack, not tied)
 };
 
-/// Every parameter of `layer`, in visiting order, names prefixed by `L::name`.
+/// Every parameter of `layer`, in visiting order, names prefixed by `L::name` (the names io's
+/// parameter files store). optim::parameters_of(layer) is the same walk for an optimiser: the same
+/// tensors in the same order, named without the `L::name/` prefix, with what AdamW needs to know.
 template <class L>
 std::vector<NamedParameter<typename L::value_type>> parameters(L& layer) {
     static_assert(detail::declares_value_type<L> && detail::declares_name<L> && detail::has_parameters<L>,

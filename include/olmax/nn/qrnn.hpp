@@ -34,7 +34,8 @@ public:
     static constexpr std::string_view name = "qrnn";
 
     /// features -> features, kernel 5 (the original block's convolution), original pooling.
-    QRNN(const Config& config, Generator& rng) : QRNN(config.features, config.features, 5, QrnnPooling::original, rng) {}
+    QRNN(const Config& config, Generator& rng)
+        : QRNN(config.checked_features("nn::QRNN"), config.features, 5, QrnnPooling::original, rng) {}
 
     QRNN(std::size_t in_features, std::size_t hidden, std::size_t kernel, QrnnPooling pooling, Generator& rng) : pooling_(pooling) {
         check<value_error>(in_features > 0 && hidden > 0 && kernel > 0, "nn::QRNN: in_features, hidden and kernel must be positive, got ",

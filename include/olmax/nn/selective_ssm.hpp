@@ -70,14 +70,25 @@ struct SelectiveSSMOutput {
 namespace detail {
 
 /// SiLU(v) = v sigmoid(v), d/dv = s (1 + v (1 - s)) = s + y (1 - s) with s = sigmoid(v), y = v s.
+/// One op (not x * sigmoid(x): one pass, one saved pair) on the device's element-wise map.
 template <Real T>
 Tensor<T> silu(const Tensor<T>& x) {
-    return olmax::detail::unary_op(
-        "silu", x, [](T v) { return v / (T{1} + std::exp(-v)); },
-        [](T v, T y) {
-            const T s = T{1} / (T{1} + std::exp(-v));
-            return s + y * (T{1} - s);
-        });
+    backend::op_scope on("silu", x);
+    auto y = Tensor<T>::uninitialized(x.shape());
+    backend::map(x.size(), y.data(), [](T v) { return v / (T{1} + std::exp(-v)); }, x.data());
+    autodiff::record<T>("silu", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [x = x.detach(), y = y.detach()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            auto dx = Tensor<T>::uninitialized(x.shape());
+                            backend::map(
+                                dx.size(), dx.data(),
+                                [](T gi, T v, T yi) {
+                                    const T s = T{1} / (T{1} + std::exp(-v));
+                                    return gi * (s + yi * (T{1} - s));
+                                },
+                                g[0].data(), x.data(), y.data());
+                            sink.add(0, std::move(dx));
+                        });
+    return y;
 }
 
 /// Depthwise causal convolution + bias + SiLU over time on x [batch, T, E] with w [K, E], taps
@@ -285,7 +296,7 @@ public:
     static constexpr std::string_view name = "selective_ssm";
 
     /// features -> features with every other size at Mamba's default (E = 2 D, N = 16, K = 4).
-    SelectiveSSM(const Config& config, Generator& rng) : SelectiveSSM(SelectiveSSMConfig{.features = config.features}, rng) {}
+    SelectiveSSM(const Config& config, Generator& rng) : SelectiveSSM(SelectiveSSMConfig{.features = config.checked_features("nn::SelectiveSSM")}, rng) {}
 
     /// Mamba's initialisation: A_log[e, n] = log(n + 1) (so A = -(n + 1), the S4D-real init),
     /// D = 1, dt_bias = softplus^-1(dt) with dt log-uniform in [dt_min, dt_max], dt_proj uniform in

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -30,11 +31,10 @@
 #include <utility>
 #include <vector>
 
-#include <xsimd/xsimd.hpp>
-
 #include "olmax/autodiff/gradient_hooks.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/core.hpp"
+#include "olmax/detail/simd.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/reduction.hpp"
 #include "olmax/ops/shape.hpp"
@@ -149,6 +149,9 @@ enum class WeightDecayMode {
 };
 
 struct AdamWConfig {
+    /// The learning rate: `schedule.peak_lr` (constant when the schedule has no warmup or decay).
+    /// `AdamW(parameters, lr)` sets it from a number; `{.schedule = {.peak_lr = lr, .warmup_steps = ...}}`
+    /// shapes it over the steps.
     LrSchedule schedule{};
     double beta1 = 0.9;
     double beta2 = 0.999;
@@ -197,6 +200,13 @@ template <Real T>
 class AdamW {
 public:
     using value_type = T;
+
+    /// AdamW with learning rate `lr` (constant; `config.schedule.peak_lr` is `lr`) and the rest of
+    /// `config`, as `torch.optim.AdamW(params, lr=...)`. A config that names another peak_lr is an
+    /// error rather than a silent choice between the two. (A template so that `AdamW(params, {})`
+    /// still means the default config, not lr = 0.)
+    template <std::floating_point Lr>
+    AdamW(std::vector<Parameter<T>> params, Lr lr, AdamWConfig config = {}) : AdamW(std::move(params), with_lr(double(lr), std::move(config))) {}
 
     AdamW(std::vector<Parameter<T>> params, AdamWConfig config) : params_(std::move(params)), config_(std::move(config)) {
         config_.validate();
@@ -436,6 +446,13 @@ public:
     }
 
 private:
+    static AdamWConfig with_lr(double lr, AdamWConfig config) {
+        const double unset = LrSchedule{}.peak_lr;
+        check(config.schedule.peak_lr == unset || config.schedule.peak_lr == lr, "AdamW: the learning rate is given twice, lr=", lr,
+              " and config.schedule.peak_lr=", config.schedule.peak_lr, "; give it once");
+        config.schedule.peak_lr = lr;
+        return config;
+    }
     [[noreturn]] void throw_non_finite(std::size_t i) const {
         throw non_finite_gradient(olmax::detail::concat("AdamW::step: non-finite gradient in parameter '", params_[i].name, "' at step ",
                                                         step_ + 1, "; parameters were not updated"));

@@ -33,6 +33,8 @@ inline std::size_t stacked_axes_of(std::string_view name) {
 
 /// Every parameter of `owner` as optimiser::Parameter, in walk order, names prefixed by `prefix`
 /// (none by default: a model's parameters are named by its own walk, e.g. "stack/*/reversible/...").
+/// The same tensors in the same order as nn::parameters(owner), whose names add the owner's own
+/// name in front ("stack/" + this name).
 /// - role: as the layer declared it (weight decay groups select by role);
 /// - stacked_axes: the "*" segments of the name (AGC never mixes layers of a Stack);
 /// - unit_axis: 0 for embedding tables ([vocab, features]: one AGC unit per token row), else the

@@ -20,7 +20,7 @@ struct GradientCheckOptions {
     double rtol = 1e-6;   ///< relative tolerance, against max(|analytic|, |numeric|)
     double atol = 1e-8;   ///< absolute tolerance
     std::uint64_t seed = 20240601;  ///< for the output projection and the gradient pre-fill
-    std::vector<std::size_t> skip_inputs;  ///< inputs not to differentiate (e.g. at a kink on purpose)
+    std::vector<std::size_t> skip_inputs = {};  ///< inputs not to differentiate (e.g. at a kink on purpose)
     std::size_t max_reported = 5;  ///< mismatches listed in the report
 };
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <string>
 #include <string_view>
 
 #include "olmax/core/bfloat16.hpp"
@@ -38,13 +39,25 @@ struct Geometry {
 /// per channel): kernels then run contiguous vector loops across channels at every step.
 inline bool contiguous_lanes(const Geometry& g) { return g.layout == Layout::btc && g.share == 1; }
 
+/// The fix for gates given per channel (or per step) rather than per element: scans do not
+/// broadcast their gates (a broadcast gate's gradient is a sum the caller should see), so the
+/// message says how to expand them.
+template <class T>
+std::string expand_hint(const Tensor<T>& gates, const Tensor<T>& x) {
+    if (gates.size() == 0 || x.size() % gates.size() != 0) return "";
+    return olmax::detail::concat("; to use the same gates at every step (or for every batch row), expand them to x's shape first: "
+                                 "gates + olmax::zeros_like(x) broadcasts and keeps their gradient, olmax::full<T>(x.shape(), a) "
+                                 "makes constant ones");
+}
+
 /// Checks shapes and options and returns the geometry; throws shape_error / value_error naming `op`.
 template <class T>
 Geometry make_geometry(std::string_view op, const Tensor<T>& gates, const Tensor<T>& x, const ScanOptions<T>& opt) {
     check<value_error>(gates.defined() && x.defined(), op, ": gates and x must be defined tensors");
     check<shape_error>(x.rank() == 3, op, ": x must have rank 3 ([batch, time, channels] or [batch, channels, time]), got shape ",
                        to_string(x.shape()));
-    check<shape_error>(gates.rank() == 3, op, ": gates must have rank 3, got shape ", to_string(gates.shape()));
+    check<shape_error>(gates.rank() == 3, op, ": gates of shape ", to_string(gates.shape()), " must have rank 3, the shape of x ",
+                       to_string(x.shape()), " or [batch, time, heads] (one gate per head of channels)", expand_hint(gates, x));
     Geometry g;
     g.layout = opt.layout;
     g.reverse = opt.reverse;
@@ -59,7 +72,8 @@ Geometry make_geometry(std::string_view op, const Tensor<T>& gates, const Tensor
     check<value_error>(g.batch > 0 && g.channels > 0, op, ": x of shape ", to_string(x.shape()), " has no rows (batch or channels is 0)");
     check<shape_error>(gates.extent(0) == g.batch && gate_time == g.time && g.gate_channels > 0 && g.channels % g.gate_channels == 0,
                        op, ": gates of shape ", to_string(gates.shape()), " do not fit x of shape ", to_string(x.shape()),
-                       " (layout ", btc ? "btc" : "bct", "; gates need the same batch and time and a channel count that divides x's)");
+                       " (layout ", btc ? "btc" : "bct", "; gates need the same batch and time and a channel count that divides x's)",
+                       expand_hint(gates, x));
     g.share = g.channels / g.gate_channels;
     if (opt.h0.defined())
         check<shape_error>(opt.h0.rank() == 2 && opt.h0.extent(0) == g.batch && opt.h0.extent(1) == g.channels, op, ": h0 of shape ",
