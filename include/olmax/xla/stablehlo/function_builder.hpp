@@ -397,11 +397,18 @@ private:
     /// devices holding the tiles).
     std::string sharding_attribute(bool split, std::size_t rank) const {
         if (!split) return "mhlo.sharding = \"{replicated}\"";
-        std::string s = "mhlo.sharding = \"{devices=[" + std::to_string(partitions_);
+        // Appended piece by piece: GCC 12 misreads `"literal" + std::string&&` here as a memcpy of
+        // negative size once inlined (-Warray-bounds, a false positive).
+        std::string s = "mhlo.sharding = \"{devices=[";
+        s += std::to_string(partitions_);
         for (std::size_t d = 1; d < rank; ++d) s += ",1";
         s += "]";
-        for (std::size_t p = 0; p < partitions_; ++p) s += (p ? "," : "") + std::to_string(p);
-        return s + "}\"";
+        for (std::size_t p = 0; p < partitions_; ++p) {
+            if (p) s += ",";
+            s += std::to_string(p);
+        }
+        s += "}\"";
+        return s;
     }
 
     static std::string quoted(std::string_view op) { return "\"stablehlo." + std::string(op) + "\""; }
