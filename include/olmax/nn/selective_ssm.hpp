@@ -74,6 +74,7 @@ namespace detail {
 template <Real T>
 Tensor<T> silu(const Tensor<T>& x) {
     backend::op_scope on("silu", x);
+    if (on.traced()) return backend::trace::call1<T>("silu", {x});  // its lowering rule (olmax/trace/rules.hpp)
     auto y = Tensor<T>::uninitialized(x.shape());
     backend::map(x.size(), y.data(), [](T v) { return v / (T{1} + std::exp(-v)); }, x.data());
     autodiff::record<T>("silu", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),

@@ -22,6 +22,7 @@ namespace olmax::trace {
 namespace detail {
 
 namespace p = primitives;
+using Tf = Tensor<float>;
 using backend::trace::attributes;
 using Ts = std::span<const Tensor<float>>;
 using Out = std::vector<Tensor<float>>;
@@ -121,7 +122,6 @@ inline Out selective_scan(Ts in) {
 }
 
 inline bool register_all() {
-    using Tf = Tensor<float>;
     binary("add", [](const Tf& a, const Tf& b) { return p::add(a, b); });
     binary("sub", [](const Tf& a, const Tf& b) { return p::sub(a, b); });
     binary("mul", [](const Tf& a, const Tf& b) { return p::mul(a, b); });
