@@ -33,6 +33,21 @@ struct GradientCheckResult {
     explicit operator bool() const { return ok; }
 };
 
+namespace detail {
+
+/// One entry's comparison: records its errors in `result` and says whether it is within
+/// atol + rtol * max(|analytic|, |numeric|) (false for NaN too).
+inline bool within_tolerance(GradientCheckResult& result, double analytic, double numeric, const GradientCheckOptions& opt) {
+    const double err = std::abs(analytic - numeric);
+    const double scale = std::max(std::abs(analytic), std::abs(numeric));
+    result.max_abs_error = std::max(result.max_abs_error, err);
+    if (scale > 0) result.max_rel_error = std::max(result.max_rel_error, err / scale);
+    ++result.checked;
+    return err <= opt.atol + opt.rtol * scale;
+}
+
+}  // namespace detail
+
 inline std::ostream& operator<<(std::ostream& out, const GradientCheckResult& r) {
     return out << (r.ok ? "gradient check passed" : "gradient check FAILED") << " (" << r.checked
                << " entries, max abs err " << r.max_abs_error << ", max rel err " << r.max_rel_error << ")" << r.report;
@@ -102,12 +117,7 @@ GradientCheckResult check_gradients(F&& f, const std::vector<Tensor<double>>& in
             plus[i].data()[k] += opt.eps;
             minus[i].data()[k] -= opt.eps;
             const double numeric = central_difference(plus, minus);
-            const double err = std::abs(analytic - numeric);
-            const double scale = std::max(std::abs(analytic), std::abs(numeric));
-            result.max_abs_error = std::max(result.max_abs_error, err);
-            if (scale > 0) result.max_rel_error = std::max(result.max_rel_error, err / scale);
-            ++result.checked;
-            if (!(err <= opt.atol + opt.rtol * scale)) {  // also catches NaN
+            if (!detail::within_tolerance(result, analytic, numeric, opt)) {
                 result.ok = false;
                 if (reported++ < opt.max_reported)
                     report << "\n  input " << i << " element " << k << ": analytic " << analytic << " vs numeric " << numeric;

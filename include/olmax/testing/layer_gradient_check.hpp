@@ -154,12 +154,7 @@ GradientCheckResult check_layer_gradients(const L& layer, const Tensor<typename 
             // The step actually taken (x + eps rounds in float).
             const double step = double(plus[i].data()[k]) - double(minus[i].data()[k]);
             const double numeric = (projected(plus) - projected(minus)) / step;
-            const double err = std::abs(analytic - numeric);
-            const double scale = std::max(std::abs(analytic), std::abs(numeric));
-            result.max_abs_error = std::max(result.max_abs_error, err);
-            if (scale > 0) result.max_rel_error = std::max(result.max_rel_error, err / scale);
-            ++result.checked;
-            if (!(err <= opt.atol + opt.rtol * scale)) {  // also catches NaN
+            if (!detail::within_tolerance(result, analytic, numeric, opt)) {
                 std::ostringstream line;
                 line << subjects.names[i] << " element " << k << ": analytic " << analytic << " vs numeric " << numeric;
                 fail(line.str());

@@ -231,35 +231,30 @@ public:
             for (std::size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
         };
         state_.push_back(std::move(slot));
-        // Swap the host fields out; `restore` puts them back.
-        bound bound_entry;
-        bound_entry.impl = impl.get();
-        bound_entry.keep = impl;
-        bound_entry.device = impl->device;
-        bound_entry.swap_out = [impl, input, this]() mutable {
-            auto saved = std::make_shared<saved_fields<T>>(saved_fields<T>{impl->storage, impl->grad, impl->device});
-            impl->storage.reset();
-            impl->grad.reset();
-            impl->device = device_;
-            impl->traced = true;
-            impl->symbol = std::make_shared<traced_value>(input);
+        // Swap the host fields out for the traced value; `restore` puts them back.
+        auto storage = std::move(impl->storage);
+        auto grad = std::move(impl->grad);
+        const Device host = impl->device;
+        impl->device = device_;
+        impl->traced = true;
+        impl->symbol = std::make_shared<traced_value>(input);
+        impl->grad_symbol.reset();
+        bound entry;
+        entry.impl = impl.get();
+        entry.undo = [impl, storage = std::move(storage), grad = std::move(grad), host] {
+            impl->storage = storage;
+            impl->grad = grad;
+            impl->device = host;
+            impl->traced = false;
+            impl->symbol.reset();
             impl->grad_symbol.reset();
-            return std::function<void()>([impl, saved] {
-                impl->storage = saved->storage;
-                impl->grad = saved->grad;
-                impl->device = saved->device;
-                impl->traced = false;
-                impl->symbol.reset();
-                impl->grad_symbol.reset();
-            });
         };
-        bound_entry.final_value = [impl]() -> gx::var {
+        entry.final_value = [impl]() -> gx::var {
             const auto* value = dynamic_cast<const traced_value*>(impl->symbol.get());
             check<trace_error>(value != nullptr, "olmax: trace: a state tensor lost its value");
             return value->var;
         };
-        bound_entry.undo = bound_entry.swap_out();
-        bound_.push_back(std::move(bound_entry));
+        bound_.push_back(std::move(entry));
     }
 
     /// A per-call input of `shape` (token ids and targets as float32 values: exact below 2^24).
@@ -305,18 +300,10 @@ public:
     }
 
 private:
-    template <Scalar T>
-    struct saved_fields {
-        std::shared_ptr<Storage<T>> storage, grad;
-        Device device;
-    };
     struct bound {
-        const void* impl = nullptr;
-        std::shared_ptr<void> keep;
-        Device device;
-        std::function<std::function<void()>()> swap_out;
-        std::function<gx::var()> final_value;
-        std::function<void()> undo;
+        const void* impl = nullptr;              // which tensor (a second binding is refused)
+        std::function<gx::var()> final_value;    // its value when the trace ends
+        std::function<void()> undo;              // gives it its host fields back
     };
 
     static const traced_value& as_traced(const olmax::detail::TracedValue& v) {
