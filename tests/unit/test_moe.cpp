@@ -1,6 +1,6 @@
 // nn::MoE (sparse top-k dispatch) and its ops gather_rows / scatter_rows / grouped_matmul:
 // gradients in double, sparse against dense, causality, capacity and drop counts on a hand-built
-// routing, the balance loss's gradient in both reversible modes, bad configurations and shapes.
+// routing, the balance loss's gradient (finite differences; both reversible modes), bad configurations and shapes.
 #include "test_helpers.hpp"
 
 #include <olmax/nn/nn.hpp>
@@ -17,8 +17,10 @@ using olmax_test::max_abs_diff;
 
 namespace {
 
-nn::Config moe_config(std::size_t top_k, double capacity_factor, std::size_t experts = 3, std::size_t features = 4) {
+nn::Config moe_config(std::size_t top_k, double capacity_factor, std::size_t experts = 3, std::size_t features = 4,
+                      double balance_coefficient = 0.01) {
     nn::Config c;
+    c.moe_balance_coefficient = balance_coefficient;
     c.features = features;
     c.experts = experts;
     c.moe_top_k = top_k;
@@ -55,7 +57,6 @@ Run run(const nn::MoE<double>& layer, const std::vector<Tensor<double>>& in, con
     Run out;
     out.y = f(leaves);
     olmax::sum(olmax::mul(out.y, r)).backward();
-    layer.clear_auxiliary_loss();  // its graph is freed now
     for (const auto& l : leaves) out.grads.push_back(l.grad());
     return out;
 }
@@ -112,7 +113,7 @@ TEST_CASE("MoE: finite-difference gradients in x, router and experts, top-1 and 
     for (std::size_t k : {1u, 2u}) {
         INFO("top-" << k);
         olmax::Generator rng(10 + k);
-        nn::MoE<double> moe(moe_config(k, 0.5), rng);
+        nn::MoE<double> moe(moe_config(k, 0.5, 3, 4, 0.0), rng);  // the balance's own gradient: the next test
         CHECK(moe.capacity(8) == (k == 1 ? 2u : 3u));  // ceil(0.5 k 8 / 3)
         auto x = olmax::randn<double>({2, 8, 4}, rng);
         moe.clear_routing_stats();
@@ -127,6 +128,43 @@ TEST_CASE("MoE: finite-difference gradients in x, router and experts, top-1 and 
         auto result = olmax::testing::check_gradients(bound_forward(moe), inputs_of(moe, x));
         CHECK(result);
         INFO(result);
+    }
+}
+
+TEST_CASE("MoE: the gradient is that of sum(y r) + alpha * balance, by finite differences of the logged balance", "[moe][gradcheck]") {
+    for (std::size_t k : {1u, 2u}) {
+        INFO("top-" << k);
+        const double alpha = 0.3;
+        olmax::Generator rng(20 + k);
+        nn::MoE<double> moe(moe_config(k, 0.75, 3, 4, alpha), rng);
+        const auto x = olmax::randn<double>({2, 6, 4}, rng), r = olmax::randn<double>({2, 6, 4}, rng);
+        auto in = inputs_of(moe, x);
+        // The objective as a value: the task term plus alpha times the balance routing_stats() logged.
+        auto objective = [&](const std::vector<Tensor<double>>& at) {
+            olmax::autodiff::no_grad off;
+            moe.clear_routing_stats();
+            const double task = olmax::sum(olmax::mul(bound_forward(moe)(at), r)).item();
+            return task + alpha * moe.routing_stats().mean_balance();
+        };
+        const Run analytic = run(moe, in, r);  // backward of sum(y r) alone: the layer adds the balance
+        double worst = 0;
+        for (std::size_t i = 0; i < in.size(); ++i) {
+            for (std::size_t e = 0; e < in[i].size(); ++e) {
+                const double h = 1e-6, keep = in[i].data()[e];
+                in[i].data()[e] = keep + h;
+                const double up = objective(in);
+                in[i].data()[e] = keep - h;
+                const double down = objective(in);
+                in[i].data()[e] = keep;
+                const double numeric = (up - down) / (2 * h), exact = analytic.grads[i].data()[e];
+                worst = std::max(worst, std::abs(numeric - exact) / (1e-6 + std::abs(numeric)));
+            }
+        }
+        CHECK(worst < 1e-5);  // relative, central differences in double
+        // Without the coefficient the gradients differ: the balance term is really there.
+        nn::MoE<double> plain(moe_config(k, 0.75, 3, 4, 0.0), rng);
+        const Run without = run(plain, in, r);
+        CHECK(max_abs_diff(without.grads[1], analytic.grads[1]) > 1e-3);
     }
 }
 
@@ -274,18 +312,12 @@ TEST_CASE("MoE: the balance loss reaches the same gradients with and without rev
         };
         olmax::Generator data(40);
         auto x = olmax::randn<double>({2, 2, 8, 4}, data), r = olmax::randn<double>({2, 2, 8, 4}, data);
-        // The training loop's code, the same in both modes: task loss + every MoE's balance_loss().
+        // The training loop's code, the same in both modes: the layers add their balance themselves.
         auto step = [&](nn::Stack<Block>& stack) {
             auto xp = olmax::parameter(x.clone());
             const auto& f = stack.block().function<0>();
-            const auto& g = stack.block().function<1>().inner();
             f.clear_routing_stats();
-            auto loss = olmax::sum(olmax::mul(stack.forward(xp), r));
-            for (auto b : {f.balance_loss(), g.balance_loss()})
-                if (b.defined()) loss = loss + b;
-            loss.backward();
-            f.clear_auxiliary_loss();
-            g.clear_auxiliary_loss();
+            olmax::sum(olmax::mul(stack.forward(xp), r)).backward();
             CHECK(f.routing_stats().forwards == 3);  // one per layer; the recompute is not counted
             std::vector<Tensor<double>> grads{xp.grad()};
             for (auto& p : nn::parameters(stack)) grads.push_back(p.tensor.grad());
@@ -304,36 +336,29 @@ TEST_CASE("MoE: the balance loss reaches the same gradients with and without rev
         }
         CHECK(balance_effect > 1e-4);  // the balance term really is in the gradient
         CHECK(olmax::autodiff::tape_size() == 0);
-        // Memory-saving mode leaves nothing to add, but logs the values.
-        CHECK_FALSE(saving.block().function<0>().balance_loss().defined());
-        CHECK(saving.block().function<0>().routing_stats().mean_balance() > 0);
+        CHECK(saving.block().function<0>().routing_stats().mean_balance() > 0);  // logged too
     }
 }
 
-TEST_CASE("MoE: the taped auxiliary loss is per thread; counters gather every thread", "[moe]") {
+TEST_CASE("MoE: counters gather every thread; each thread's backward gets its own balance gradient", "[moe]") {
     olmax::Generator rng(50);
     nn::MoE<double> moe(moe_config(1, 1.25), rng);
-    auto x = olmax::randn<double>({1, 6, 4}, rng);
-    moe.forward(x);
-    double other_value = 0;
-    bool other_defined_before = true;
-    std::thread worker([&] {
-        other_defined_before = moe.auxiliary_loss().defined();
-        moe.forward(x);
-        other_value = moe.auxiliary_loss().item();
-        moe.auxiliary_loss().backward();
-        moe.clear_auxiliary_loss();
-    });
+    const auto x = olmax::randn<double>({1, 6, 4}, rng);
+    auto grad_of_router = [&] {
+        auto y = moe.forward(x);
+        olmax::sum(y).backward();
+        auto router = nn::parameters(moe)[0].tensor;
+        auto g = router.grad().clone();
+        router.zero_grad();
+        return g;
+    };
+    const auto mine = grad_of_router();
+    Tensor<double> other;
+    std::thread worker([&] { other = grad_of_router(); });
     worker.join();
-    CHECK_FALSE(other_defined_before);
-    auto mine = moe.auxiliary_loss();
-    REQUIRE(mine.defined());
-    CHECK(mine.item() == Approx(other_value).epsilon(1e-14));
-    CHECK(moe.balance_loss().item() == Approx(0.01 * other_value).epsilon(1e-14));
+    CHECK(max_abs_diff(mine, other) == 0.0);
     CHECK(moe.routing_stats().forwards == 2);
-    mine.backward();
-    moe.clear_auxiliary_loss();
-    CHECK_FALSE(moe.auxiliary_loss().defined());
+    CHECK(olmax::autodiff::tape_size() == 0);
 }
 
 TEST_CASE("MoE: bad configurations and shapes throw clear errors", "[moe]") {

@@ -14,7 +14,8 @@
 #   steps 1-200: within 1e-2 relative (measured 2.7e-3 and 3.4e-3; 1 vs 2 threads 3.0e-3 and 4.5e-3)
 #   held-out loss at step 200: within 0.01 nats/byte (measured 0.001 and 0.002)
 # The same limits hold for XLA's SPMD data parallelism over 2 devices against 1 device, and steps 1-5's
-# for --block=mamba (measured 1.6e-7 with AVX-512).
+# for --block=mamba (measured 1.6e-7 with AVX-512) and --block=moe (its routing and capacity on the
+# device, its balance loss's gradient from inside the layer loop).
 set -euo pipefail
 train_lm=$1 plugin=$2 work=$3
 rm -rf "$work"
@@ -39,6 +40,8 @@ run xla --steps=200 "${xla[@]}"
 run xla_2_devices --steps=200 "${xla[@]}" --xla_devices=2
 run mamba_cpu --steps=5 --threads=2 --block=mamba
 run mamba_xla --steps=5 "${xla[@]}" --block=mamba
+run moe_cpu --steps=5 --threads=2 --block=moe
+run moe_xla --steps=5 "${xla[@]}" --block=moe
 grep -q "step compiled in" "$work/xla.log" || { cat "$work/xla.log"; echo "FAIL: the XLA run did not report its compiled step"; exit 1; }
 
 # Checkpoints are interchangeable: each run's step-200 checkpoint resumed on the other device.
@@ -76,6 +79,7 @@ check("xla SPMD over 2 devices vs 1, training loss, steps 1-5", worst(xla, xla2,
 check("xla SPMD over 2 devices vs 1, training loss, steps 1-10", worst(xla, xla2, range(1, 11)), 3e-5)
 check("xla SPMD over 2 devices vs 1, training loss, steps 1-200", worst(xla, xla2, range(1, 201)), 1e-2)
 check("--block=mamba: xla vs cpu, training loss, steps 1-5", worst(losses("mamba_cpu"), losses("mamba_xla"), range(1, 6)), 1e-6)
+check("--block=moe: xla vs cpu, training loss, steps 1-5", worst(losses("moe_cpu"), losses("moe_xla"), range(1, 6)), 1e-6)
 reference = losses("cpu_then_cpu")
 for name in ("xla_then_cpu", "cpu_then_xla"):
     resumed = losses(name)
@@ -97,7 +101,6 @@ expect_error() {  # expect_error <message part> <flags...>
 }
 expect_error "needs a PJRT plugin" --device=xla
 expect_error "does not exist" --device=xla --xla_plugin="$work/no_such_plugin.so"
-expect_error "nn::MoE: has no traced form yet" --device=xla --xla_plugin="$plugin" --block=moe  # refused while the step is traced, before any training
 expect_error "grad_accumulation=1" --device=xla --xla_plugin="$plugin" --grad_accumulation=2
 expect_error "multiple of 'xla_devices'" --device=xla --xla_plugin="$plugin" --xla_devices=3
 echo "train_lm --device=xla: all checks passed"

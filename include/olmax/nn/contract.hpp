@@ -113,9 +113,8 @@ struct Config {
     /// MoE experts per token k, 1 <= k <= experts: 1 is Switch routing, 2 GShard's top-2. The gates
     /// are the chosen experts' softmax probabilities, not renormalised (nn::MoE).
     std::size_t moe_top_k = 1;
-    /// MoE load-balancing loss weight alpha (Switch's 0.01): nn::MoE::balance_loss() is alpha times
-    /// the balance loss in taped mode, and in reversible memory-saving mode the layer adds the
-    /// gradient of alpha times it itself; 0 turns the balance gradient off.
+    /// MoE load-balancing loss weight alpha (Switch's 0.01): nn::MoE adds the gradient of alpha
+    /// times its balance loss to every backward through it itself; 0 turns it off.
     double moe_balance_coefficient = 0.01;
     MoEDispatch moe_dispatch = MoEDispatch::sparse;  ///< MoE: routed tokens only (sparse) or every expert on every token (dense)
     double norm_eps = 1e-16;            ///< ScaleNorm: x / max(||x||, eps)

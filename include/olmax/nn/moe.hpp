@@ -26,20 +26,19 @@
 // Load-balancing loss (Switch eq. 4, top-k counted): balance = E * sum_e f_e P_e, with f_e the
 // fraction of the k N top-k choices that picked e (before capacity; a constant) and P_e the mean
 // router probability of e; it is 1 when routing is uniform. Its weight alpha is
-// Config::moe_balance_coefficient. The contract, identical gradients in both reversible modes:
-//   * taped forward (grad on, not a recompute: a plain model, or reversible_backward = false):
-//     the differentiable balance is added to this thread's `auxiliary_loss()`; the model adds
-//     `balance_loss()` (= alpha * auxiliary_loss(), undefined when none) to its loss, and calls
-//     `clear_auxiliary_loss()` after each step;
-//   * reversible memory-saving mode: the forward runs without a tape (nothing to add: the layer
-//     only logs the value), and the backward's recompute (ctx.recompute) attaches alpha *
-//     d balance to the graph itself through an op that passes y through unchanged and seeds the
-//     balance with alpha. `balance_loss()` stays undefined, so the same loop code
-//     `if (b.defined()) loss = loss + b` gives the same gradient in both modes.
-// Every forward except a recompute adds its routing counts and its balance value (detached) to
-// routing_stats(). Copies of a layer (every layer of a Stack) share the auxiliary loss and the
-// counters; the auxiliary loss is kept per thread (data_parallel_backward's shards each build their
-// own graph) and the counters are guarded by a mutex.
+// Config::moe_balance_coefficient. The layer adds alpha * d balance to the gradient itself: every
+// taped forward returns y through an op that passes dy through unchanged and seeds the balance
+// with alpha, as if alpha * balance had been added to the objective being differentiated. So no
+// model or training loop has to collect it, and the gradient is the same whether the forward was
+// taped (a plain stack, kept layers) or recomputed in a reversible backward (ctx.recompute), or
+// traced into a compiled step. Each forward call adds its own alpha * balance: data-parallel
+// shards and micro-batches each add one. The balance's value is not part of any loss the model
+// returns; routing_stats() logs it.
+//
+// Every eager forward except a recompute adds its routing counts and its balance value to
+// routing_stats(). Copies of a layer (every layer of a Stack) share the counters, guarded by a
+// mutex. Inside a traced program (olmax/trace/) the routing runs on the device (the op
+// `moe_route`, the same top-k and capacity rule) with the dense dispatch, and no counters are kept.
 
 #include <algorithm>
 #include <climits>
@@ -48,12 +47,12 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "olmax/autodiff/custom_op.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/trace_rules.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/nn/views.hpp"
@@ -134,22 +133,22 @@ MoERouting route(const T* p, std::size_t batch, std::size_t sequence, std::size_
 
 /// Returns y's value unchanged; its backward passes dy through to y and gives the scalar `loss`
 /// the gradient `coefficient`, as if `coefficient * loss` had been added to the objective being
-/// differentiated. How a term of the loss reaches the gradient inside a reversible recompute,
-/// whose backward starts from the block's output alone.
+/// differentiated. How a layer's own term of the loss reaches the gradient wherever the layer runs
+/// (inside a reversible recompute, whose backward starts from the block's output alone, too).
 template <Real T>
 Tensor<T> attach_loss_gradient(const Tensor<T>& y, const Tensor<T>& loss, T coefficient) {
     return autodiff::custom_op<T>("nn::MoE balance", y, {y, loss},
                                   [coefficient, shape = loss.shape()](const Tensor<T>& dy, autodiff::GradientSink<T>& sink) {
                                       if (sink.needs(0)) sink.add(0, dy);
-                                      if (sink.needs(1)) sink.add(1, Tensor<T>(shape, coefficient));
+                                      if (!sink.needs(1)) return;
+                                      device_scope on(dy.device());  // the seed where dy is (a traced program's constant there)
+                                      sink.add(1, Tensor<T>(shape, coefficient));
                                   });
 }
 
 /// State shared by the copies of one MoE layer.
-template <Real T>
 struct MoEShared {
     std::mutex mutex;
-    std::vector<std::pair<std::thread::id, Tensor<T>>> auxiliary;  ///< per thread: sum of taped balance losses
     MoERoutingStats stats;
 };
 
@@ -170,7 +169,7 @@ public:
           top_k_(config.moe_top_k),
           dispatch_(config.moe_dispatch),
           slope_(T(config.leaky_slope)),
-          shared_(std::make_shared<detail::MoEShared<T>>()) {
+          shared_(std::make_shared<detail::MoEShared>()) {
         config.checked_features("nn::MoE");
         check<value_error>(config.features >= 1 && config.experts >= 1 && config.capacity_factor > 0,
                            "nn::MoE: needs features >= 1, experts >= 1 and capacity_factor > 0, got ", config.features, ", ", config.experts,
@@ -203,8 +202,6 @@ public:
     }
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
-        check<trace_error>(!x.traced(), "nn::MoE: has no traced form yet (its routing and balance loss run on the host); train it with "
-                                        "--device=cpu");
         const std::size_t features = router_.shape()[0], E = experts();
         check<shape_error>(x.defined() && x.rank() == 3 && x.shape()[2] == features, "nn::MoE: expected input [B, S, ", features, "], got ",
                            x.defined() ? to_string(x.shape()) : std::string("an undefined tensor"));
@@ -214,39 +211,22 @@ public:
                            " experts exceed the 32-bit gate index; split the batch");
         const Tensor<T> x2 = reshape(x, {tokens, features});
         const Tensor<T> probs = softmax(matmul(x2, router_), -1);  // [N, E]
-        const detail::MoERouting routing = detail::route(probs.data(), batch, sequence, E, top_k_, capacity(sequence));
-        Tensor<T> y = dispatch_ == MoEDispatch::sparse ? sparse(x2, probs, routing) : dense(x2, probs, routing);
-        const bool taped = autodiff::is_grad_enabled() && probs.requires_grad();
-        if (!ctx.recompute) {
-            account(probs, routing, taped);
-        } else if (taped && balance_coefficient_ != 0) {
-            // Memory-saving reversible backward: the forward ran without a tape, so the model could
-            // not add the balance loss; its gradient joins here, once per layer.
-            y = detail::attach_loss_gradient(y, balance(probs, routing), T(balance_coefficient_));
+        Tensor<T> y, fraction;
+        if (probs.traced()) {  // the routing inside the program: keep mask [N, E] and the choices' shares [E]
+            const auto routed = backend::trace::call<T>(
+                "moe_route", std::vector<Tensor<float>>{backend::trace::as_float(probs)},
+                {{std::int64_t(batch), std::int64_t(sequence), std::int64_t(top_k_), std::int64_t(capacity(sequence))}, {}});
+            y = dense(x2, mul(probs, routed[0]));
+            fraction = routed[1];
+        } else {
+            const detail::MoERouting routing = detail::route(probs.data(), batch, sequence, E, top_k_, capacity(sequence));
+            y = dispatch_ == MoEDispatch::sparse ? sparse(x2, probs, routing) : dense(x2, mul(probs, keep_mask(probs, routing)));
+            fraction = choice_fraction(probs, routing);
+            if (!ctx.recompute) account(probs, fraction, routing);
         }
+        if (autodiff::is_grad_enabled() && probs.requires_grad() && balance_coefficient_ != 0)
+            y = detail::attach_loss_gradient(y, balance(probs, fraction), T(balance_coefficient_));
         return reshape(y, {batch, sequence, features});
-    }
-
-    /// Sum of the balance losses of this thread's taped forwards since its last
-    /// `clear_auxiliary_loss()` (shared by copies of this layer, e.g. every layer of a Stack);
-    /// undefined when none ran. Differentiable.
-    Tensor<T> auxiliary_loss() const {
-        std::lock_guard lock(shared_->mutex);
-        for (const auto& [id, loss] : shared_->auxiliary)
-            if (id == std::this_thread::get_id()) return loss;
-        return {};
-    }
-    /// alpha * auxiliary_loss() (Config::moe_balance_coefficient): the term a model adds to its
-    /// loss; undefined when no taped forward ran (e.g. in reversible memory-saving mode, where the
-    /// recompute adds the same gradient itself).
-    Tensor<T> balance_loss() const {
-        const Tensor<T> aux = auxiliary_loss();
-        return aux.defined() ? aux * T(balance_coefficient_) : aux;
-    }
-    /// Forgets this thread's auxiliary loss (after each training step).
-    void clear_auxiliary_loss() const {
-        std::lock_guard lock(shared_->mutex);
-        std::erase_if(shared_->auxiliary, [](const auto& entry) { return entry.first == std::this_thread::get_id(); });
     }
 
     /// Counters since the last clear_routing_stats() (all threads, all copies of this layer).
@@ -280,50 +260,48 @@ private:
         return scatter_rows(mul(h, gate), rows, tokens);
     }
 
-    /// Every expert on every token, masked to the kept assignments (the reference).
-    Tensor<T> dense(const Tensor<T>& x2, const Tensor<T>& probs, const detail::MoERouting& routing) const {
-        const std::size_t tokens = x2.shape()[0], E = experts();
-        Tensor<T> keep;
-        {
-            device_scope on(probs.device());
-            keep = Tensor<T>({tokens, E});
-            for (std::int32_t g : routing.gates) keep.data()[g] = T{1};
-        }
-        const Tensor<T> gates = mul(probs, keep);
+    /// 1 at each kept assignment's (token, expert), else 0: [N, E].
+    Tensor<T> keep_mask(const Tensor<T>& probs, const detail::MoERouting& routing) const {
+        device_scope on(probs.device());
+        Tensor<T> keep(probs.shape());
+        for (std::int32_t g : routing.gates) keep.data()[g] = T{1};
+        return keep;
+    }
+
+    /// f_e: the share of the k N top-k choices that picked expert e (before capacity), [E].
+    Tensor<T> choice_fraction(const Tensor<T>& probs, const detail::MoERouting& routing) const {
+        const std::size_t E = experts();
+        const double choices = double(top_k_) * double(probs.shape()[0]);
+        device_scope on(probs.device());
+        auto fraction = Tensor<T>::uninitialized({E});
+        for (std::size_t e = 0; e < E; ++e) fraction.data()[e] = T(double(routing.assigned[e]) / choices);
+        return fraction;
+    }
+
+    /// Every expert on every token, weighted by `gates` [N, E] (the router's probabilities where an
+    /// assignment is kept, else 0): the reference, and the traced form.
+    Tensor<T> dense(const Tensor<T>& x2, const Tensor<T>& gates) const {
         Tensor<T> y;
-        for (std::size_t e = 0; e < E; ++e) {
+        for (std::size_t e = 0; e < experts(); ++e) {
             Tensor<T> out = mul(slice(gates, -1, e, e + 1), leaky_relu(matmul(x2, take_leading(experts_, e)), slope_));
             y = y.defined() ? add(y, out) : out;
         }
         return y;
     }
 
-    /// E * sum_e f_e P_e, differentiable in the probabilities (f_e is a constant).
-    Tensor<T> balance(const Tensor<T>& probs, const detail::MoERouting& routing) const {
-        const std::size_t E = experts();
-        const double choices = double(top_k_) * double(probs.shape()[0]);
-        Tensor<T> fraction;
-        {
-            device_scope on(probs.device());
-            fraction = Tensor<T>::uninitialized({E});
-            for (std::size_t e = 0; e < E; ++e) fraction.data()[e] = T(double(routing.assigned[e]) / choices);
-        }
-        return sum(mul(mean(probs, {0}), fraction)) * T(E);
+    /// E * sum_e f_e P_e, differentiable in the probabilities (the fraction f is a constant).
+    Tensor<T> balance(const Tensor<T>& probs, const Tensor<T>& fraction) const {
+        return sum(mul(mean(probs, {0}), fraction)) * T(experts());
     }
 
-    /// Routing counters and the balance value (in double, detached); the differentiable balance
-    /// into this thread's auxiliary loss when the forward is taped.
-    void account(const Tensor<T>& probs, const detail::MoERouting& routing, bool taped) const {
+    /// Routing counters and the balance value (detached) into routing_stats().
+    void account(const Tensor<T>& probs, const Tensor<T>& fraction, const detail::MoERouting& routing) const {
         const std::size_t tokens = probs.shape()[0], E = experts();
-        std::vector<double> mean_p(E, 0.0);
-        const T* p = probs.data();
-        for (std::size_t n = 0; n < tokens; ++n)
-            for (std::size_t e = 0; e < E; ++e) mean_p[e] += double(p[n * E + e]);
         double value = 0;
-        for (std::size_t e = 0; e < E; ++e)
-            value += double(routing.assigned[e]) / (double(top_k_) * double(tokens)) * mean_p[e] / double(tokens);
-        value *= double(E);
-        Tensor<T> loss = taped ? balance(probs, routing) : Tensor<T>();
+        {
+            autodiff::no_grad off;
+            value = double(balance(probs, fraction).item());
+        }
         std::lock_guard lock(shared_->mutex);
         MoERoutingStats& s = shared_->stats;
         s.forwards += 1;
@@ -335,19 +313,6 @@ private:
             s.dropped += routing.dropped[e];
         }
         s.balance_sum += value;
-        if (!taped) return;
-        for (auto& [id, aux] : shared_->auxiliary)
-            if (id == std::this_thread::get_id()) {
-                try {
-                    aux = add(aux, loss);
-                } catch (const autodiff_error&) {
-                    throw autodiff_error(olmax::detail::concat(
-                        "nn::MoE: this thread's auxiliary loss still holds a graph that an earlier backward() freed; call "
-                        "clear_auxiliary_loss() after each training step (or after any backward that did not use it)"));
-                }
-                return;
-            }
-        shared_->auxiliary.emplace_back(std::this_thread::get_id(), std::move(loss));
     }
 
     Tensor<T> router_, experts_;  // router [F, E], experts [E, F, F]
@@ -355,7 +320,7 @@ private:
     std::size_t top_k_;
     MoEDispatch dispatch_;
     T slope_;
-    std::shared_ptr<detail::MoEShared<T>> shared_;
+    std::shared_ptr<detail::MoEShared> shared_;
 };
 
 /// The weight-tied variant: inside an nn::Stack every layer shares one expert bank.

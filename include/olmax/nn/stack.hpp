@@ -93,7 +93,7 @@ public:
 
     /// The activations one layer keeps on the tape for inputs like `x` (measured: the growth of
     /// olmax's counted tensor memory over one recorded layer, on a private tape that is then
-    /// discarded; run as a recompute, so auxiliary losses and routing counts are not touched).
+    /// discarded; run as a recompute, so routing counts are not touched).
     std::size_t activation_bytes_per_layer(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         autodiff::tape_scope private_tape;
         Block block = worker_;
@@ -114,7 +114,7 @@ public:
     }
 
     /// The block every layer runs (its parameter handles are rebound per call). State its copies
-    /// share lives here, e.g. nn::MoE's auxiliary loss and routing counters.
+    /// share lives here, e.g. nn::MoE's routing counters.
     const Block& block() const { return worker_; }
 
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {

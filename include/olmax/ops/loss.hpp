@@ -146,6 +146,7 @@ template <Real T>
 Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
     backend::op_scope on("softmax", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "softmax");
+    if (on.traced()) return backend::trace::call1<T>("softmax", {x}, {{std::int64_t(a)}, {}});
     auto y = detail::loss_ops::softmax_lines<false>(x, a);
     autodiff::record<T>("softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
@@ -171,6 +172,7 @@ template <Real T>
 Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
     backend::op_scope on("log_softmax", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "log_softmax");
+    if (on.traced()) return backend::trace::call1<T>("log_softmax", {x}, {{std::int64_t(a)}, {}});
     auto y = detail::loss_ops::softmax_lines<true>(x, a);
     autodiff::record<T>("log_softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {

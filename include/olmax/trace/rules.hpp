@@ -104,6 +104,53 @@ inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const
     return {h, h_last};
 }
 
+/// softmax (or log_softmax) along `axis`: x - max is exponentiated (the max carries no gradient,
+/// as the eager op's shift), divided by (or, logged, minus the log of) its sum along the axis.
+inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
+    Shape kept = x.shape();
+    kept[axis] = 1;
+    const Tf m = wrap(gx::reshape(gx::stop_gradient(gx::max(var_of(x), {std::int64_t(axis)})), dims_of(kept)));
+    const Tf shifted = p::sub(x, p::broadcast_to(m, x.shape()));
+    const Tf total = p::sum(p::exp(shifted), {std::int64_t(axis)}, true);
+    return log ? p::sub(shifted, p::broadcast_to(p::log(total), x.shape())) : p::div(p::exp(shifted), p::broadcast_to(total, x.shape()));
+}
+
+/// MoE routing (nn::MoE's eager detail::route) inside the program, without a gradient: from the
+/// router's probabilities p [N, E] of N = batch * sequence tokens (ints: batch, sequence, k,
+/// capacity) to
+///   keep [N, E]: 1 where token n's j-th choice (the j-th largest p, lowest index on ties) is
+///                expert e and fewer than `capacity` earlier assignments of its sequence went to e
+///                (earlier: a smaller position; at one position the choices are distinct experts);
+///   fraction [E]: the share of the k N choices that picked each expert, before capacity.
+/// The count of earlier assignments is an exclusive running sum along the sequence, taken with the
+/// program's linear scan (a = 1).
+inline Out moe_route(const Tf& probabilities, const attributes& a) {
+    const std::int64_t batch = a.ints.at(0), sequence = a.ints.at(1), k = a.ints.at(2), capacity = a.ints.at(3);
+    const gx::var p = var_of(probabilities);
+    const gx::dims_t ne = p.dims();
+    const std::int64_t experts = ne.at(1);
+    check<trace_error>(ne.at(0) == batch * sequence && k >= 1 && k <= experts, "olmax: moe_route: probabilities ", p.type().str(),
+                       " do not match batch ", batch, " x sequence ", sequence, " with top ", k);
+    gx::graph& g = p.owner();
+    const gx::tensor_type type = gx::f32(ne);
+    const gx::var index = gx::iota(g, type, 1), one = gx::constant(g, 1.0, type), zero = gx::constant(g, 0.0, type);
+    gx::var left = p, chosen = zero;
+    for (std::int64_t j = 0; j < k; ++j) {
+        const gx::var best = gx::broadcast_in_dim(gx::max(left, {1}), ne, {0});
+        const gx::var at_best = gx::select(gx::compare(left, best, gx::compare_direction::EQ), index, gx::constant(g, double(experts), type));
+        const gx::var first = gx::broadcast_in_dim(-gx::max(-at_best, {1}), ne, {0});  // the lowest index among the maxima
+        const gx::var pick = gx::compare(index, first, gx::compare_direction::EQ);
+        chosen = chosen + gx::select(pick, one, zero);
+        left = gx::select(pick, gx::constant(g, -1.0, type), left);  // probabilities are >= 0: never picked again
+    }
+    const gx::var rows = gx::reshape(gx::transpose(gx::reshape(chosen, {batch, sequence, experts}), {0, 2, 1}), {batch * experts, sequence});
+    const gx::var running = gx::linear_scan_rows(gx::constant(g, 1.0, rows.type()), rows, active().scan_form(), false);
+    const gx::var earlier = gx::reshape(gx::transpose(gx::reshape(running - rows, {batch, experts, sequence}), {0, 2, 1}), ne);
+    const gx::var room = gx::compare(earlier, gx::constant(g, double(capacity) - 0.5, type), gx::compare_direction::LT);
+    const gx::var keep = gx::select(room, chosen, zero);
+    return {wrap(keep), wrap(gx::sum(chosen, {0}) / double(k * batch * sequence))};
+}
+
 /// Mamba's selective scan (scan/selective_scan.hpp) from the traced primitives: the [B, T, E, N]
 /// recurrence as one linear scan over B E N rows, abar = exp(delta A) zeroed where a document starts.
 /// It holds the [B, T, E, N] states (the eager op does not); a fused lowering is future work.
@@ -258,6 +305,10 @@ inline bool register_all() {
         if (a.reals.at(0) != 0) y = p::add_scalar(y, a.reals[0]);                                       // ...as value - value inside
         return {y};
     });
+    // softmax / log_softmax: ints = the axis (non-negative).
+    backend::trace::register_rule("softmax", [](Ts in, const attributes& a) -> Out { return {softmax(in[0], std::size_t(a.ints.at(0)), false)}; });
+    backend::trace::register_rule("log_softmax", [](Ts in, const attributes& a) -> Out { return {softmax(in[0], std::size_t(a.ints.at(0)), true)}; });
+    backend::trace::register_rule("moe_route", [](Ts in, const attributes& a) -> Out { return moe_route(in[0], a); });
     backend::trace::register_rule("take_leading", [](Ts in, const attributes& a) -> Out { return {p::take_leading(in[0], std::size_t(a.ints.at(0)))}; });
     backend::trace::register_rule("stack_leading", [](Ts in, const attributes&) -> Out { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; });
     return true;
