@@ -14,8 +14,9 @@
 #   steps 1-200: within 1e-2 relative (measured 2.7e-3 and 3.4e-3; 1 vs 2 threads 3.0e-3 and 4.5e-3)
 #   held-out loss at step 200: within 0.01 nats/byte (measured 0.001 and 0.002)
 # The same limits hold for XLA's SPMD data parallelism over 2 devices against 1 device, and steps 1-5's
-# for --block=mamba (measured 1.6e-7 with AVX-512) and --block=moe (its routing and capacity on the
-# device, its balance loss's gradient from inside the layer loop).
+# for --block=mamba (measured 1.6e-7 with AVX-512); --block=moe (routing and capacity on the device,
+# the balance loss's gradient from inside the layer loop) within 3e-6 (measured 7.0e-7 with AVX-512:
+# the router's softmax adds its own rounding).
 set -euo pipefail
 train_lm=$1 plugin=$2 work=$3
 rm -rf "$work"
@@ -79,7 +80,7 @@ check("xla SPMD over 2 devices vs 1, training loss, steps 1-5", worst(xla, xla2,
 check("xla SPMD over 2 devices vs 1, training loss, steps 1-10", worst(xla, xla2, range(1, 11)), 3e-5)
 check("xla SPMD over 2 devices vs 1, training loss, steps 1-200", worst(xla, xla2, range(1, 201)), 1e-2)
 check("--block=mamba: xla vs cpu, training loss, steps 1-5", worst(losses("mamba_cpu"), losses("mamba_xla"), range(1, 6)), 1e-6)
-check("--block=moe: xla vs cpu, training loss, steps 1-5", worst(losses("moe_cpu"), losses("moe_xla"), range(1, 6)), 1e-6)
+check("--block=moe: xla vs cpu, training loss, steps 1-5", worst(losses("moe_cpu"), losses("moe_xla"), range(1, 6)), 3e-6)
 reference = losses("cpu_then_cpu")
 for name in ("xla_then_cpu", "cpu_then_xla"):
     resumed = losses(name)
