@@ -150,18 +150,24 @@ inline void after_each_run(std::function<void()> f) {
 /// parameters (nn::Stack under tracing), so the program does not grow with depth. The layer's
 /// behaviour may depend on its index only modulo `period` (each loop iteration runs `period`
 /// layers); `body` runs layer `position` (its index modulo `period`) on traced tensors: its input,
-/// its slices of the per-layer parameters and the shared ones. With `inverse` (a reversible layer),
-/// backward rebuilds each layer's input from its output instead of the loop storing them.
+/// its slices of the per-layer parameters and the shared ones. With `reverse` (a reversible layer's
+/// own memory-free backward), backward rebuilds each layer's input from its output instead of the
+/// loop storing them.
 struct layer_loop {
     using layer_fn = std::function<Tensor<float>(const Tensor<float>& input, std::span<const Tensor<float>> layer,
                                                  std::span<const Tensor<float>> shared, std::size_t position)>;
+    /// From a layer's output and the gradient of its output: its input and the gradient of its
+    /// input, adding the parameters' gradients into `layer` and `shared` (nn::Reversible::reverse).
+    using reverse_fn = std::function<std::pair<Tensor<float>, Tensor<float>>(const Tensor<float>& output, const Tensor<float>& output_grad,
+                                                                             std::span<const Tensor<float>> layer,
+                                                                             std::span<const Tensor<float>> shared, std::size_t position)>;
     std::string name;                    // for messages, e.g. the block's name
     Tensor<float> input;
     std::vector<Tensor<float>> stacked;  // [depth, ...] per-layer parameters
     std::vector<Tensor<float>> shared;   // used by every layer
     std::size_t depth = 1, period = 1;
     layer_fn body;
-    layer_fn inverse;                    // empty: not reversible
+    reverse_fn reverse;                  // empty: not reversible (the loop stores each layer's input)
 };
 
 namespace detail {

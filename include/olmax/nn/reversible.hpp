@@ -199,10 +199,11 @@ public:
         detail::check_state(y, "Reversible");
         check<shape_error>(dy.shape() == y.shape(), "nn::Reversible::reverse: gradient of shape ", to_string(dy.shape()), " for output ",
                            to_string(y.shape()));
-        Tensor<T> s0 = detail::view_of(y, 0, detail::drop_leading(y.shape()));
-        Tensor<T> s1 = detail::view_of(y, s0.size(), s0.shape());
-        Tensor<T> d0 = detail::view_of(dy, 0, s0.shape());
-        Tensor<T> d1 = detail::view_of(dy, s0.size(), s0.shape());
+        Tensor<T> s0, s1, d0, d1;
+        {
+            autodiff::no_grad off;  // views of the streams (slices inside a traced program), not on the tape
+            s0 = take_leading(y, 0), s1 = take_leading(y, 1), d0 = take_leading(dy, 0), d1 = take_leading(dy, 1);
+        }
         reverse_steps(s0, s1, d0, d1, ctx, std::index_sequence_for<Fs...>{});
         autodiff::no_grad guard;
         return {stack_leading<T>({s0, s1}), stack_leading<T>({d0, d1})};

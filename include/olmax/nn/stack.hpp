@@ -203,11 +203,9 @@ private:
         else return block.forward(x, ctx);
     }
 
-    /// Layers 0 .. count-1 recorded on the tape, every activation kept (the plain stack, and the
-    /// kept layers of a memory-saving one).
     /// The layers inside a traced program (olmax/trace/): ONE loop over the stacked parameters
     /// (backend::trace::layer_loop), its body this block's own forward, traced once; a reversible
-    /// block's backward rebuilds each layer's input with the block's own inverse.
+    /// block's backward is the block's own `reverse`, as in the eager stack.
     Tensor<T> traced_layers(const Tensor<T>& x, const LayerContext& ctx) const {
         if constexpr (!std::is_same_v<T, float>) {
             throw trace_error("nn::Stack: traced programs compute in float32; trace a float model");
@@ -218,28 +216,32 @@ private:
             loop.depth = depth_;
             loop.period = layer_period(worker_, x.shape());
             for (const auto& slot : slots_) (slot.sharing == Sharing::tied ? loop.shared : loop.stacked).push_back(slot.stored);
-            auto layer = [this, ctx](bool inverse) {
-                return [this, ctx, inverse](const Tensor<T>& h, std::span<const Tensor<T>> per_layer, std::span<const Tensor<T>> shared,
-                                            std::size_t position) -> Tensor<T> {
-                    Block block = worker_;
-                    std::size_t next_layer = 0, next_shared = 0, i = 0;
-                    ParameterVisitor<T> rebind([&](const std::string&, Tensor<T>& t, Role, Sharing) {
-                        t = slots_[i++].sharing == Sharing::tied ? shared[next_shared++] : per_layer[next_layer++];
-                    });
-                    block.visit_parameters(rebind);
-                    const LayerContext at = layer_context(ctx, position, depth_);
-                    if constexpr (InvertibleLayer<Block>)
-                        if (inverse) return block.inverse(h, at);
-                    return kept_forward(block, h, at);
-                };
+            // A copy of the block whose parameters are this layer's traced ones.
+            auto bound = [this](std::span<const Tensor<T>> per_layer, std::span<const Tensor<T>> shared) {
+                Block block = worker_;
+                std::size_t next_layer = 0, next_shared = 0, i = 0;
+                ParameterVisitor<T> rebind([&](const std::string&, Tensor<T>& t, Role, Sharing) {
+                    t = slots_[i++].sharing == Sharing::tied ? shared[next_shared++] : per_layer[next_layer++];
+                });
+                block.visit_parameters(rebind);
+                return block;
             };
-            loop.body = layer(false);
+            loop.body = [this, ctx, bound](const Tensor<T>& h, std::span<const Tensor<T>> per_layer, std::span<const Tensor<T>> shared,
+                                           std::size_t position) {
+                return kept_forward(bound(per_layer, shared), h, layer_context(ctx, position, depth_));
+            };
             if constexpr (InvertibleLayer<Block>)
-                if (worker_.memory_saving()) loop.inverse = layer(true);
+                if (worker_.memory_saving())
+                    loop.reverse = [this, ctx, bound](const Tensor<T>& y, const Tensor<T>& dy, std::span<const Tensor<T>> per_layer,
+                                                      std::span<const Tensor<T>> shared, std::size_t position) {
+                        return bound(per_layer, shared).reverse(y, dy, layer_context(ctx, position, depth_));
+                    };
             return backend::trace::loop_layers(loop);
         }
     }
 
+    /// Layers 0 .. count-1 recorded on the tape, every activation kept (the plain stack, and the
+    /// kept layers of a memory-saving one).
     Tensor<T> recorded_layers(const Tensor<T>& x, std::size_t count, const LayerContext& ctx) const {
         Block block = worker_;
         Tensor<T> h = x;

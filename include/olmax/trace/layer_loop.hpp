@@ -4,11 +4,13 @@
 // over the stacked [depth, ...] parameters, each iteration's slice taken at the loop index), so the
 // program's size does not grow with depth.
 //
-// Its gradient is one reverse loop whose body is traced the same way and differentiated by the
-// tape, like everything else: it re-runs the layers' forward from the layer's input with gradients
-// on, and calls backward() with the incoming gradient. The input comes from the carries the
-// forward loop stored, or, for a reversible layer (`inverse`), from the layer's own inverse of its
-// output: then nothing per layer is stored and memory stays flat in depth.
+// Its gradient is one reverse loop whose body is traced the same way. For a layer that is not
+// reversible the body re-runs the layer's forward from its input (the carries the forward loop
+// stored) with gradients on and calls backward() with the incoming gradient. A reversible layer's
+// body is its own memory-free backward (`reverse`, nn::Reversible::reverse, exactly what the eager
+// stack runs): it rebuilds the input from the output while it differentiates, so nothing per
+// layer is stored, memory stays flat in depth, and each function of the block runs once per layer
+// in the backward as on the CPU.
 //
 // A layer whose behaviour depends on its index (the hierarchical mixer's mode) declares the period
 // after which it repeats; each iteration then runs `period` layers, and the depth % period layers
@@ -33,9 +35,7 @@ namespace detail {
 namespace p = primitives;
 using Tf = Tensor<float>;
 
-/// `period` layers in a row on traced values of one body: `layer` holds [period, ...] slices
-/// (period > 1) or one layer's parameters.
-/// loop.body (or loop.inverse) of layer `position`; a trace_error from inside names the stack too.
+/// loop.body of layer `position`; a trace_error from inside names the stack too.
 inline Tf run_layer(const backend::trace::layer_loop& loop, const backend::trace::layer_loop::layer_fn& f, const Tf& h,
                     std::span<const Tf> layer, std::span<const Tf> shared, std::size_t position) {
     try {
@@ -45,6 +45,8 @@ inline Tf run_layer(const backend::trace::layer_loop& loop, const backend::trace
     }
 }
 
+/// `period` layers in a row on traced values of one body: `layer` holds [period, ...] slices
+/// (period > 1) or one layer's parameters.
 inline Tf run_period(const backend::trace::layer_loop& loop, Tf h, std::span<const Tf> layer, std::span<const Tf> shared) {
     for (std::size_t position = 0; position < loop.period; ++position) {
         std::vector<Tf> own;
@@ -85,36 +87,52 @@ inline body_graph new_body(const Tf& carry, const std::vector<Tf>& layer_types, 
     return out;
 }
 
-/// The reverse loop's body: from the layer's input (or, rebuilding, its output), its parameters and
-/// the gradient of its output, the gradients of its input and parameters (and, rebuilding, the
+/// loop.reverse of layer `position`; a trace_error from inside names the stack too.
+inline std::pair<Tf, Tf> reverse_layer(const backend::trace::layer_loop& loop, const Tf& y, const Tf& dy, std::span<const Tf> layer,
+                                       std::span<const Tf> shared, std::size_t position) {
+    try {
+        return loop.reverse(y, dy, layer, shared, position);
+    } catch (const trace_error& e) {
+        throw trace_error(olmax::detail::concat(e.what(), " (in the backward of a layer of ", loop.name, ")"));
+    }
+}
+
+/// The reverse loop's body: from the layer's input (or, reversible, its output), its parameters and
+/// the gradient of its output, the gradients of its input and parameters (and, reversible, the
 /// input itself first).
 inline std::shared_ptr<gx::layer_body> gradient_body(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped,
-                                                     bool rebuild) {
+                                                     bool reversible) {
     body_graph b = new_body(carry, looped, loop.shared, 1);
     const tracing::body_scope into(active(), *b.body->g);
-    Tf input = b.carry;
-    if (rebuild) {  // the layers' inputs from their outputs, last layer first
-        autodiff::no_grad off;
-        for (std::size_t position = loop.period; position-- > 0;) {
-            std::vector<Tf> own;
-            for (const auto& w : b.layer) own.push_back(loop.period > 1 ? p::take_leading(w, position) : w);
-            input = run_layer(loop, loop.inverse, input, own, b.shared, position);
-        }
-    }
-    // Leaves of a fresh tape: the input and every parameter, then the layers again with gradients on.
-    autodiff::enable_grad on;
     autodiff::tape_scope tape;
-    Tf x = wrap(var_of(input));
-    x.set_requires_grad(true);
-    std::vector<Tf> layer, shared;
-    for (const auto& w : b.layer) layer.push_back(wrap(var_of(w)).set_requires_grad(true));
+    std::vector<Tf> shared;  // leaves: their gradients are the body's results
     for (const auto& w : b.shared) shared.push_back(wrap(var_of(w)).set_requires_grad(true));
-    Tf y = run_period(loop, x, layer, shared);
-    if (y.requires_grad()) y.backward(b.extra[0]);
     std::vector<gx::var> results;
-    if (rebuild) results.push_back(var_of(input));
-    results.push_back(var_of(grad_or_zero(x)));
-    for (const auto& w : layer) results.push_back(var_of(grad_or_zero(w)));
+    if (reversible) {
+        // Each position's parameters as leaves of their own; the layers last to first.
+        std::vector<std::vector<Tf>> own(loop.period);
+        for (std::size_t position = 0; position < loop.period; ++position)
+            for (const auto& w : b.layer) own[position].push_back(wrap(var_of(loop.period > 1 ? p::take_leading(w, position) : w)).set_requires_grad(true));
+        Tf y = b.carry, dy = b.extra[0];
+        for (std::size_t position = loop.period; position-- > 0;) std::tie(y, dy) = reverse_layer(loop, y, dy, own[position], shared, position);
+        results = {var_of(y), var_of(dy)};
+        for (std::size_t k = 0; k < b.layer.size(); ++k) {
+            std::vector<Tf> per_position;
+            for (std::size_t position = 0; position < loop.period; ++position) per_position.push_back(grad_or_zero(own[position][k]));
+            results.push_back(var_of(loop.period > 1 ? p::stack_leading(per_position) : per_position[0]));
+        }
+    } else {
+        // Leaves of a fresh tape: the input and every parameter, then the layers again with gradients on.
+        autodiff::enable_grad on;
+        Tf x = wrap(var_of(b.carry));
+        x.set_requires_grad(true);
+        std::vector<Tf> layer;
+        for (const auto& w : b.layer) layer.push_back(wrap(var_of(w)).set_requires_grad(true));
+        Tf y = run_period(loop, x, layer, shared);
+        if (y.requires_grad()) y.backward(b.extra[0]);
+        results.push_back(var_of(grad_or_zero(x)));
+        for (const auto& w : layer) results.push_back(var_of(grad_or_zero(w)));
+    }
     for (const auto& w : shared) results.push_back(var_of(grad_or_zero(w)));
     b.body->results = std::move(results);
     return b.body;
@@ -140,7 +158,7 @@ inline Tf loop_node(const backend::trace::layer_loop& loop, const Tf& carry, con
     inputs.insert(inputs.end(), loop.shared.begin(), loop.shared.end());
     const Tf y = wrap(out);
     return p::detail::record("layer_loop", inputs, y, [loop, carry, looped, out](const Tf& gy, autodiff::GradientSink<float>& sink) {
-        const bool rebuild = static_cast<bool>(loop.inverse);
+        const bool rebuild = static_cast<bool>(loop.reverse);
         auto body = gradient_body(loop, carry, looped, rebuild);
         gx::node n;
         n.kind = gx::op::scan_layers_backward;
