@@ -21,9 +21,16 @@ TEST_CASE("xla graph: the linear_scan primitive evaluates the recurrence from th
         gx::graph g;
         const var a = g.input(f32({2, 5})), x = g.input(f32({2, 5}));
         const std::vector<gx::host_value> in{{f32({2, 5}), {0.5, 0.5, 0.5, 0.5, 0.5, 1, 2, 0, 1, 1}}, {f32({2, 5}), {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}}};
-        const auto r = gx::evaluate(g, in, {gx::linear_scan_rows(a, x, strategy), gx::linear_scan_rows(a, x, strategy, true)});
+        const auto r = gx::evaluate(g, in, {gx::linear_scan(a, x, strategy), gx::linear_scan(a, x, strategy, true)});
         CHECK(r[0].data == std::vector<double>{1, 1.5, 1.75, 1.875, 1.9375, 1, 3, 1, 2, 3});
         CHECK(r[1].data == std::vector<double>{1.9375, 1.875, 1.75, 1.5, 1, 4, 3, 1, 2, 1});
+        // Time along axis 1 of [1, 5, 2]: the same two rows, interleaved.
+        gx::graph g3;
+        const var a3 = g3.input(f32({1, 5, 2})), x3 = g3.input(f32({1, 5, 2}));
+        const std::vector<gx::host_value> in3{{f32({1, 5, 2}), {0.5, 1, 0.5, 2, 0.5, 0, 0.5, 1, 0.5, 1}}, {f32({1, 5, 2}), std::vector<double>(10, 1.0)}};
+        const auto r3 = gx::evaluate(g3, in3, {gx::linear_scan(a3, x3, strategy), gx::linear_scan(a3, x3, strategy, true)});
+        CHECK(r3[0].data == std::vector<double>{1, 1, 1.5, 3, 1.75, 1, 1.875, 2, 1.9375, 3});
+        CHECK(r3[1].data == std::vector<double>{1.9375, 4, 1.875, 3, 1.75, 1, 1.5, 2, 1, 1});
     }
 }
 

@@ -24,6 +24,7 @@
 namespace gx = olmax::xla::graph;
 namespace pjrt = olmax::xla::pjrt;
 namespace trace = olmax::trace;
+using olmax::Shape;
 using olmax::Tensor;
 
 namespace {
@@ -56,40 +57,44 @@ TEST_CASE("traced programs: the linear scan and its adjoint lower in every form"
     // adjoint scans, recorded by the tape. Each form's module against the double reference: f32 rounding only.
     auto client = cpu_client();
     namespace hlo = olmax::xla::stablehlo;
-    const std::size_t rows = 3, steps = 37;  // 37: neither a multiple of the chunk nor a power of two
-    std::mt19937 rng(5);
-    std::uniform_real_distribution<double> gate(0.0, 1.0), value(-1.0, 1.0);
-    std::vector<std::vector<float>> in(3, std::vector<float>(rows * steps));
-    for (auto& x : in[0]) x = float(gate(rng));
-    for (std::size_t k = 1; k < 3; ++k)
-        for (auto& x : in[k]) x = float(value(rng));
-    for (const auto& strategy : {hlo::scan_strategy::sequential(), hlo::scan_strategy::hillis_steele(), hlo::scan_strategy::chunked_matmul<8>(),
-                                 hlo::scan_strategy::chunked_matmul<128>()})
-        for (bool reverse : {false, true}) {
-            INFO(strategy.name() << (reverse ? ", from the end" : ", from the start"));
-            trace::tracing t;
-            auto a = t.input<float>({rows, steps}).set_requires_grad(true), x = t.input<float>({rows, steps}).set_requires_grad(true);
-            auto w = t.input<float>({rows, steps});
-            const Tensor<float> h = trace::primitives::linear_scan_rows(a, x, strategy, reverse);
-            Tensor<float> f = olmax::sum(h * w);
-            f.backward();
-            const std::vector<Tensor<float>> results{h, a.grad(), x.grad()};
-            std::vector<gx::host_value> values;
-            for (const auto& v : in) values.push_back({gx::f32({std::int64_t(rows), std::int64_t(steps)}), std::vector<double>(v.begin(), v.end())});
-            std::vector<gx::var> vars;
-            for (const auto& r : results) vars.push_back(trace::var_of(r));
-            const auto reference = gx::evaluate(t.graph(), values, vars);
-            auto program = t.finish(results, "scan_" + strategy.name());
-            if (strategy.strategy == hlo::scan_strategy::kind::chunked_matmul) CHECK(program.module.text.find("stablehlo.dot_general") != std::string::npos);
-            olmax::xla::device_program device(client, program.module, 0);
-            const auto out = device.run({in[0].data(), in[1].data(), in[2].data()});
-            for (std::size_t r = 0; r < results.size(); ++r) {
-                double worst = 0;
-                for (std::size_t e = 0; e < out[r].size(); ++e) worst = std::max(worst, std::abs(double(out[r][e]) - reference[r].data[e]));
-                INFO("result " << r << " (h, da, dx): largest error " << worst);
-                CHECK(worst < 1e-4);  // values of order 1 to 10 after 37 steps of gates below 1
+    const std::size_t steps = 37;  // neither a multiple of the chunk nor a power of two
+    // Time along axis 1 of [rows, T] (time-major loop), of [B, T, 3] (short runs: time-major too)
+    // and of [B, T, 4, 5] (runs of 20: the loop slices axis 1 in place).
+    for (const Shape& shape : {Shape{3, steps}, Shape{2, steps, 3}, Shape{2, steps, 4, 5}}) {
+        std::mt19937 rng(5);
+        std::uniform_real_distribution<double> gate(0.0, 1.0), value(-1.0, 1.0);
+        std::vector<std::vector<float>> in(3, std::vector<float>(olmax::numel(shape)));
+        for (auto& x : in[0]) x = float(gate(rng));
+        for (std::size_t k = 1; k < 3; ++k)
+            for (auto& x : in[k]) x = float(value(rng));
+        for (const auto& strategy : {hlo::scan_strategy::sequential(), hlo::scan_strategy::hillis_steele(), hlo::scan_strategy::chunked_matmul<8>(),
+                                     hlo::scan_strategy::chunked_matmul<128>()})
+            for (bool reverse : {false, true}) {
+                INFO(olmax::to_string(shape) << ", " << strategy.name() << (reverse ? ", from the end" : ", from the start"));
+                trace::tracing t;
+                auto a = t.input<float>(shape).set_requires_grad(true), x = t.input<float>(shape).set_requires_grad(true);
+                auto w = t.input<float>(shape);
+                const Tensor<float> h = trace::primitives::linear_scan(a, x, strategy, reverse);
+                Tensor<float> f = olmax::sum(h * w);
+                f.backward();
+                const std::vector<Tensor<float>> results{h, a.grad(), x.grad()};
+                std::vector<gx::host_value> values;
+                for (const auto& v : in) values.push_back({trace::var_of(a).type(), std::vector<double>(v.begin(), v.end())});
+                std::vector<gx::var> vars;
+                for (const auto& r : results) vars.push_back(trace::var_of(r));
+                const auto reference = gx::evaluate(t.graph(), values, vars);
+                auto program = t.finish(results, "scan_" + strategy.name());
+                if (strategy.strategy == hlo::scan_strategy::kind::chunked_matmul) CHECK(program.module.text.find("stablehlo.dot_general") != std::string::npos);
+                olmax::xla::device_program device(client, program.module, 0);
+                const auto out = device.run({in[0].data(), in[1].data(), in[2].data()});
+                for (std::size_t r = 0; r < results.size(); ++r) {
+                    double worst = 0;
+                    for (std::size_t e = 0; e < out[r].size(); ++e) worst = std::max(worst, std::abs(double(out[r][e]) - reference[r].data[e]));
+                    INFO("result " << r << " (h, da, dx): largest error " << worst);
+                    CHECK(worst < 1e-4);  // values of order 1 to 10 after 37 steps of gates below 1
+                }
             }
-        }
+    }
 }
 
 TEST_CASE("traced programs: a wrong lowering is caught by comparing with the reference", "[xla][cpu_plugin][whole_step]") {

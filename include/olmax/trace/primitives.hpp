@@ -261,15 +261,15 @@ inline T logistic(const T& x) {
     return detail::record("logistic", {x}, y, [y](const T& g, auto& sink) { sink.add(0, mul(g, mul(y, add_scalar(neg(y), 1.0)))); });
 }
 
-/// h_t = a_t h_{t-1} + x_t along the last axis of [rows, T] (from the end with `reverse`:
+/// h_t = a_t h_{t-1} + x_t along axis 1 of [B, T, ...] (from the end with `reverse`:
 /// h_t = a_t h_{t+1} + x_t), lowered in the form `strategy` names. Its exact adjoint is the same
 /// scan run the other way: lambda_t = g_t + a_{t+1} lambda_{t+1}, dx = lambda, da_t = lambda_t h_{t-1}.
-inline T linear_scan_rows(const T& a, const T& x, const xla::stablehlo::scan_strategy& strategy, bool reverse) {
-    const T h = wrap(gx::linear_scan_rows(var_of(a), var_of(x), strategy, reverse));
+inline T linear_scan(const T& a, const T& x, const xla::stablehlo::scan_strategy& strategy, bool reverse) {
+    const T h = wrap(gx::linear_scan(var_of(a), var_of(x), strategy, reverse));
     return detail::record("linear_scan", {a, x}, h, [a, h, strategy, reverse](const T& g, auto& sink) {
         const std::int64_t toward = reverse ? 1 : -1;  // the gates of the step the adjoint comes from
         const T next_gate = wrap(gx::shift(var_of(a), 1, toward));
-        const T lambda = linear_scan_rows(next_gate, g, strategy, !reverse);
+        const T lambda = linear_scan(next_gate, g, strategy, !reverse);
         if (sink.needs(0)) sink.add(0, mul(lambda, wrap(gx::shift(var_of(h), 1, -toward))));
         sink.add(1, lambda);
     });

@@ -96,9 +96,7 @@ inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const
         const Tf start = p::pad(p::reshape(h0, {B, 1, C}), {0, reverse ? std::int64_t(T) - 1 : 0, 0}, {0, reverse ? 0 : std::int64_t(T) - 1, 0});
         in = p::add(x, p::mul(a, start));
     }
-    auto rows = [&](const Tf& v) { return p::reshape(p::transpose(v, {0, 2, 1}), {B * C, T}); };
-    const Tf h_rows = p::linear_scan_rows(rows(a), rows(in), active().scan_form(), reverse);
-    const Tf h = p::transpose(p::reshape(h_rows, {B, C, T}), {0, 2, 1});
+    const Tf h = p::linear_scan(a, in, active().scan_form(), reverse);
     const std::int64_t last = reverse ? 0 : std::int64_t(T) - 1;
     const Tf h_last = p::reshape(p::slice(h, {0, last, 0}, {std::int64_t(B), last + 1, std::int64_t(C)}), {B, C});
     return {h, h_last};
@@ -143,9 +141,9 @@ inline Out moe_route(const Tf& probabilities, const attributes& a) {
         chosen = chosen + gx::select(pick, one, zero);
         left = gx::select(pick, gx::constant(g, -1.0, type), left);  // probabilities are >= 0: never picked again
     }
-    const gx::var rows = gx::reshape(gx::transpose(gx::reshape(chosen, {batch, sequence, experts}), {0, 2, 1}), {batch * experts, sequence});
-    const gx::var running = gx::linear_scan_rows(gx::constant(g, 1.0, rows.type()), rows, active().scan_form(), false);
-    const gx::var earlier = gx::reshape(gx::transpose(gx::reshape(running - rows, {batch, experts, sequence}), {0, 2, 1}), ne);
+    const gx::var steps = gx::reshape(chosen, {batch, sequence, experts});
+    const gx::var running = gx::linear_scan(gx::constant(g, 1.0, steps.type()), steps, active().scan_form(), false);
+    const gx::var earlier = gx::reshape(running - steps, ne);
     const gx::var room = gx::compare(earlier, gx::constant(g, double(capacity) - 0.5, type), gx::compare_direction::LT);
     const gx::var keep = gx::select(room, chosen, zero);
     return {wrap(keep), wrap(gx::sum(chosen, {0}) / double(k * batch * sequence))};

@@ -123,16 +123,18 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                 for_each_in_block(in[0]->type.dims, out.type.dims, n.dims,
                                   [&](std::size_t x, std::size_t o) { out.data[o] = in[0]->data[x]; });
                 break;
-            case op::linear_scan: {  // one row at a time, in time order (from the end when reversed)
-                const std::size_t rows = std::size_t(out.type.dims[0]), steps = std::size_t(out.type.dims[1]);
-                for (std::size_t r = 0; r < rows; ++r) {
-                    double h = 0;
-                    for (std::size_t k = 0; k < steps; ++k) {
-                        const std::size_t at = r * steps + (n.axis ? steps - 1 - k : k);
-                        h = in[0]->data[at] * h + in[1]->data[at];
-                        out.data[at] = h;
+            case op::linear_scan: {  // along dimension 1 of [B, T, ...], in time order (from the end when reversed)
+                const std::size_t lead = std::size_t(out.type.dims[0]), steps = std::size_t(out.type.dims[1]);
+                const std::size_t inner = out.data.size() / std::max<std::size_t>(1, lead * steps);
+                for (std::size_t l = 0; l < lead; ++l)
+                    for (std::size_t i = 0; i < inner; ++i) {
+                        double h = 0;
+                        for (std::size_t k = 0; k < steps; ++k) {
+                            const std::size_t at = (l * steps + (n.axis ? steps - 1 - k : k)) * inner + i;
+                            h = in[0]->data[at] * h + in[1]->data[at];
+                            out.data[at] = h;
+                        }
                     }
-                }
                 break;
             }
             case op::concatenate: {  // each part placed after the previous ones along the axis

@@ -6,12 +6,13 @@
 //     graph g;
 //     var x = g.input(f32({8, 64})), w = g.input(f32({64, 32}));
 //     var loss = sum(tanh(matmul(x, w)), {0, 1});
-//     auto grads = gradients(loss, {w});            // gradients.hpp: reverse mode on the graph
-//     auto module = emit(g, "step", {loss, w - 0.1 * grads[0]});   // emit.hpp
+//     auto module = emit(g, "step", {loss});   // emit.hpp
 //
-// Every primitive has a shape rule (checked here, so a bad program fails while it is built, naming
-// the primitive), a reverse-mode rule (gradients.hpp), a StableHLO lowering (emit.hpp) and a double
-// precision reference evaluation (evaluate.hpp, what the gradient tests check the rules against).
+// Programs are built by the tracer (olmax/trace/), which runs ordinary olmax code on traced
+// tensors and records each primitive's gradient on olmax's one tape. Every primitive has a shape
+// rule (checked here, so a bad program fails while it is built, naming the primitive), a StableHLO
+// lowering (emit.hpp) and a double precision reference evaluation (evaluate.hpp, what the gradient
+// tests check the tracer's rules against).
 // Depth is a loop, not an unrolling: `scan_layers` runs one traced layer body over parameters
 // stacked along a leading [depth] axis, so the program's size does not grow with depth.
 //
@@ -63,12 +64,12 @@ enum class op : std::uint8_t {
     reshape,
     transpose,         // permutation `dims`
     scan_layers,       // a layer body over stacked parameters (see scan_layers below); outputs: final carry, carries [depth, ...]
-    scan_layers_backward,  // the reverse loop of scan_layers' gradient (made by gradients.hpp; it has no gradient of its own)
+    scan_layers_backward,  // the reverse loop of scan_layers' gradient (made by the tracer's layer loop; it has no gradient of its own)
     all_reduce_sum,    // sum over the `axis` replicas of a replicated program (data parallelism inside one program)
     slice,             // the block starting at `dims` (one start per dimension) of the output's size, unit strides
     pad,               // zeros around the operand: `dims` low then high padding per dimension (non-negative)
     concatenate,       // operands joined along `axis`
-    linear_scan,       // h_t = a_t h_{t-1} + x_t along dimension 1 of [rows, T] (see linear_scan_rows); `axis` 1: from the end
+    linear_scan,       // h_t = a_t h_{t-1} + x_t along dimension 1 of [B, T, ...] (see linear_scan); `axis` 1: from the end
 };
 
 /// The primitive's name as error messages and the gradient rules' table spell it.
@@ -421,17 +422,17 @@ inline var concatenate(const std::vector<var>& parts, std::int64_t axis) {
     return detail::commit(std::move(n));
 }
 
-/// The linear recurrence h_t = a_t h_{t-1} + x_t along dimension 1 of [rows, T] values from a zero
+/// The linear recurrence h_t = a_t h_{t-1} + x_t along dimension 1 of [B, T, ...] values from a zero
 /// state, or with `reverse` h_t = a_t h_{t+1} + x_t from the end (the direction of its adjoint).
 /// One primitive, so that its gradient is the exact adjoint (one scan in the other direction plus
-/// element-wise work, keeping only h: linear memory, gradients.hpp) and it lowers to a scan `strategy`
+/// element-wise work, keeping only h: linear memory; olmax/trace/primitives.hpp) and it lowers to a scan `strategy`
 /// (stablehlo/scan.hpp: a while loop over time, log-depth doubling, or chunked_matmul<C>'s
 /// triangular matmuls on the matrix unit, the TPU form). The strategy changes how it lowers, not
 /// its values.
-inline var linear_scan_rows(const var& a, const var& x, const stablehlo::scan_strategy& strategy, bool reverse = false) {
+inline var linear_scan(const var& a, const var& x, const stablehlo::scan_strategy& strategy, bool reverse = false) {
     detail::same_type(op::linear_scan, a, x);
     detail::require_f32(op::linear_scan, x);
-    check<graph_error>(x.type().rank() == 2, "xla::graph: linear_scan takes [rows, T], got ", x.type().str());
+    check<graph_error>(x.type().rank() >= 2, "xla::graph: linear_scan takes [B, T, ...] (time along dimension 1), got ", x.type().str());
     check<graph_error>(strategy.strategy != stablehlo::scan_strategy::kind::chunked_matmul || strategy.chunk >= 1,
                        "xla::graph: linear_scan: chunked_matmul's chunk must be positive, got ", strategy.chunk);
     node n = detail::make_node(op::linear_scan, {a, x}, x.type());
@@ -494,8 +495,8 @@ inline var logsumexp_last(const var& x) {
 
 /// One layer, traced once into its own graph: arguments (carry, per-layer parameters..., shared
 /// parameters..., layer index as an f32 scalar) -> new carry of the carry's type. The gradient's
-/// body (gradients.hpp) takes the output carry's gradient as one more argument and returns the
-/// gradients of the carry, the per-layer and the shared parameters.
+/// body (built by olmax/trace/layer_loop.hpp) takes the output carry's gradient as one more
+/// argument and returns the gradients of the carry, the per-layer and the shared parameters.
 struct layer_body {
     std::shared_ptr<graph> g;
     std::vector<var> results;

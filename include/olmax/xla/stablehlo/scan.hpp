@@ -3,9 +3,11 @@
 // Hillis-Steele doubling, chunked triangular matmuls), the reverse-time adjoint, and the
 // scan_forward / scan_backward modules.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "olmax/xla/stablehlo/function_builder.hpp"
 #include "olmax/xla/stablehlo/ir.hpp"
@@ -49,31 +51,39 @@ inline value cumprod(function_builder& b, value x, std::int64_t axis) {
     return x;
 }
 
-/// Sequential scan as a stablehlo.while over time: carry (k, h, out, a, x); one step per iteration.
+/// Sequential scan along axis 1 of [B, T, ...] as a stablehlo.while over time: carry (k, h, out,
+/// a, x); one step per iteration, reading and writing one [B, 1, ...] slice.
 inline value sequential_scan(function_builder& b, const value& a, const value& x) {
-    const std::int64_t rows = x.type.dims[0], steps = x.type.dims[1];
-    // The loop runs time-major ([T, rows]): each step reads and writes one contiguous row, not a
-    // column strided by T. On the XLA CPU plugin at 1024 rows x 256 steps that took the scan from
-    // 3.3 to 1.6-2.6 ms; unrolling 4 or 16 steps per iteration was no faster (benchmarks/RESULTS.md).
-    const value at = b.transpose(a, {1, 0}), xt = b.transpose(x, {1, 0});
-    const value k0 = b.scalar(0, element::i32);
-    const value h0 = b.constant(0.0, f32({rows}));
-    const value out0 = b.constant(0.0, f32({steps, rows}));
+    const std::size_t rank = x.type.rank();
+    const std::int64_t steps = x.type.dims[1];
+    std::int64_t run = 1;  // contiguous elements per leading index in one step's slice
+    for (std::size_t d = 2; d < rank; ++d) run *= x.type.dims[d];
+    // A step's slice is B runs of `run` contiguous elements. Short runs (a [rows, T] scan: 1) make
+    // it a column strided by T, so the loop then runs time-major ([T, B, ...]: one contiguous slice
+    // per step); on the XLA CPU plugin at 1024 rows x 256 steps that took the scan from 3.3 to
+    // 1.6-2.6 ms, and unrolling 4 or 16 steps per iteration was no faster (benchmarks/RESULTS.md).
+    // Long runs ([B, T, E, N] of Mamba's states) are read in place, without transposes.
+    const bool time_major = run < 16;
+    dims_t swap(rank);
+    for (std::size_t d = 0; d < rank; ++d) swap[d] = std::int64_t(d);
+    std::swap(swap[0], swap[1]);
+    const value at = time_major ? b.transpose(a, swap) : a, xt = time_major ? b.transpose(x, swap) : x;
+    const std::size_t time = time_major ? 0 : 1;
+    dims_t step_dims = at.type.dims;
+    step_dims[time] = 1;
     const auto results = b.while_loop(
-        {k0, h0, out0, at, xt},
+        {b.scalar(0, element::i32), b.constant(0.0, f32(step_dims)), b.constant(0.0, at.type), at, xt},
         [steps](function_builder& r, const std::vector<value>& c) {
             return r.compare(c[0], r.scalar(static_cast<double>(steps), element::i32), compare_direction::LT);
         },
-        [rows](function_builder& r, const std::vector<value>& c) {
-            const value zero = r.scalar(0, element::i32);
-            const value ak = r.reshape(r.dynamic_slice(c[3], {c[0], zero}, {1, rows}), {rows});
-            const value xk = r.reshape(r.dynamic_slice(c[4], {c[0], zero}, {1, rows}), {rows});
-            const value h = r.add(r.mul(ak, c[1]), xk);
-            const value out = r.dynamic_update_slice(c[2], r.reshape(h, {1, rows}), {c[0], zero});
-            const value next = r.add(c[0], r.scalar(1, element::i32));
-            return std::vector<value>{next, h, out, c[3], c[4]};
+        [rank, time, step_dims](function_builder& r, const std::vector<value>& c) {
+            std::vector<value> start(rank, r.scalar(0, element::i32));
+            start[time] = c[0];
+            const value h = r.add(r.mul(r.dynamic_slice(c[3], start, step_dims), c[1]), r.dynamic_slice(c[4], start, step_dims));
+            const value out = r.dynamic_update_slice(c[2], h, start);
+            return std::vector<value>{r.add(c[0], r.scalar(1, element::i32)), h, out, c[3], c[4]};
         });
-    return b.transpose(results[2], {1, 0});
+    return time_major ? b.transpose(results[2], swap) : results[2];
 }
 
 /// Chunked scan with per-chunk lower-triangular transfer matrices on the matrix unit:
@@ -120,16 +130,32 @@ inline value chunked_matmul_scan(function_builder& b, value a, value x, std::int
 
 }  // namespace detail
 
-/// Inclusive scan h_t = a_t h_{t-1} + x_t from a zero state along dimension 1 of [rows, T] values.
+/// Inclusive scan h_t = a_t h_{t-1} + x_t from a zero state along dimension 1 of [B, T, ...] values
+/// ([rows, T] in the scan modules).
 inline value emit_scan(function_builder& b, const scan_strategy& strategy, const value& a, const value& x) {
-    check<shape_error>(a.type == x.type && x.type.rank() == 2, "scan: gates ", a.type.str(), " and inputs ", x.type.str(),
-                       " must both be [rows, T]");
+    check<shape_error>(a.type == x.type && x.type.rank() >= 2, "scan: gates ", a.type.str(), " and inputs ", x.type.str(),
+                       " must both be [B, T, ...]");
     switch (strategy.strategy) {
         case scan_strategy::kind::sequential: return detail::sequential_scan(b, a, x);
         case scan_strategy::kind::hillis_steele: return detail::hillis_steele(b, a, x, 1);
-        case scan_strategy::kind::chunked_matmul:
+        case scan_strategy::kind::chunked_matmul: {
             check<value_error>(strategy.chunk >= 1, "scan: chunked_matmul chunk must be positive, got ", strategy.chunk);
-            return detail::chunked_matmul_scan(b, a, x, strategy.chunk);
+            if (x.type.rank() == 2) return detail::chunked_matmul_scan(b, a, x, strategy.chunk);
+            // [B, T, ...] -> [B, ..., T] -> [rows, T] for the chunks' matmuls, and back.
+            const std::size_t rank = x.type.rank();
+            dims_t time_last{0}, back{0, std::int64_t(rank) - 1}, moved{x.type.dims[0]};
+            for (std::size_t d = 2; d < rank; ++d) {
+                time_last.push_back(std::int64_t(d));
+                back.push_back(std::int64_t(d) - 1);
+                moved.push_back(x.type.dims[d]);
+            }
+            time_last.push_back(1);
+            moved.push_back(x.type.dims[1]);
+            const std::int64_t steps = x.type.dims[1], rows = x.type.elements() / steps;
+            auto rows_of = [&](const value& v) { return b.reshape(b.transpose(v, time_last), {rows, steps}); };
+            const value h = detail::chunked_matmul_scan(b, rows_of(a), rows_of(x), strategy.chunk);
+            return b.transpose(b.reshape(h, moved), back);
+        }
     }
     return x;
 }
