@@ -13,8 +13,10 @@
 # 128:4:16:128; the base preset 256:8:16:256 takes ~3 s per native step on 2 cores, so RESULTS.md
 # ran it alone with fewer STEPS), STEPS (per run, 100), REPEATS (3),
 # THREADS (the native run's threads, 2), OUT (default benchmarks/results/xla-step-time-<UTC time>,
-# git-ignored), PLUGIN (default: the wheel's plugin in .venv). Writes results.json and prints a
-# markdown table with the CPU model and the load average.
+# git-ignored), PLUGIN (default: the wheel's plugin in .venv), BASELINE (another train_lm binary,
+# e.g. one built from an older commit: each repeat then also runs it, on BASELINE_DEVICES, default
+# "cpu xla", for an A/B in the same run; a run the baseline refuses is left out). Writes
+# results.json and prints a markdown table with the CPU model and the load average.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
@@ -33,15 +35,23 @@ for block in $blocks; do
   for shape in $shapes; do
     IFS=: read -r f d b s <<< "$shape"
     for r in $(seq "$repeats"); do
-      for device in cpu xla; do
-        dir="$out/run-$block-$device-$f-$d-$b-$s-$r"
-        /usr/bin/time -f "peak_kb %M" "$train_lm" --device=$device --xla_plugin="$plugin" --threads="$threads" --block="$block" --features="$f" \
+      runs="cpu xla"
+      [ -n "${BASELINE:-}" ] && for device in ${BASELINE_DEVICES:-cpu xla}; do runs="$runs baseline_$device"; done
+      for run in $runs; do
+        device=${run#baseline_} binary=$train_lm
+        [ "$run" != "$device" ] && binary=$BASELINE
+        dir="$out/run-$block-$run-$f-$d-$b-$s-$r"
+        if ! /usr/bin/time -f "peak_kb %M" "$binary" --device=$device --xla_plugin="$plugin" --threads="$threads" --block="$block" --features="$f" \
           --depth="$d" --batch="$b" --sequence="$s" --steps="$steps" --eval_every=100000 --checkpoint_every=100000 --plot=false \
-          --sample_bytes=0 --checkpoint_dir="$dir" > "$dir.log" 2>&1 || { cat "$dir.log"; exit 1; }
+          --sample_bytes=0 --checkpoint_dir="$dir" > "$dir.log" 2>&1; then
+          [ "$run" != "$device" ] && { echo "baseline refused $block $shape $device: $(grep -v '^peak_kb' "$dir.log" | tail -1)"; rm -rf "$dir"; continue; }
+          cat "$dir.log"
+          exit 1
+        fi
         ms=$(sed -n 's/.*tokens\/s, \([0-9.]*\) ms\/step.*/\1/p' "$dir.log")
         compile=$(sed -n 's/.*step compiled in \([0-9.]*\) s.*/\1/p' "$dir.log")
         peak=$(sed -n 's/^peak_kb \([0-9]*\)$/\1/p' "$dir.log")
-        echo "$block $shape $device $r $ms ${compile:-0} $peak" | tee -a "$out/runs.txt"
+        echo "$block $shape $run $r $ms ${compile:-0} $peak" | tee -a "$out/runs.txt"
         rm -rf "$dir"
       done
     done
@@ -49,7 +59,7 @@ for block in $blocks; do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 /usr/bin/python3 - "$out" "$load_before" "$load_after" "$threads" "$steps" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 out, before, after, threads, steps = sys.argv[1:6]
 rows = {}
 for line in open(f"{out}/runs.txt"):
@@ -57,19 +67,29 @@ for line in open(f"{out}/runs.txt"):
     rows.setdefault((block, shape), {}).setdefault(device, []).append((float(ms), float(compile_s), float(peak_kb) / 1024))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"\nCPU {cpu}; load average {before} -> {after}; native CPU backend on {threads} threads; {steps} steps per run; medians\n")
-print("| block | features x depth, batch x sequence | native ms/step | XLA CPU plugin ms/step | XLA / native | XLA compile s | native peak MiB | XLA peak MiB |")
-print("|---|---|---:|---:|---:|---:|---:|---:|")
+baseline = any("baseline_cpu" in by or "baseline_xla" in by for by in rows.values())
+extra = " baseline native ms/step | baseline XLA ms/step | native / baseline | XLA / baseline |" if baseline else ""
+print("| block | features x depth, batch x sequence | native ms/step | XLA CPU plugin ms/step | XLA / native | XLA compile s | native peak MiB | XLA peak MiB |" + extra)
+print("|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" * 4 if baseline else ""))
 summary = []
 for (block, shape), by in rows.items():
     f, d, b, s = shape.split(":")
-    med = lambda device, i: statistics.median(r[i] for r in by[device])
+    med = lambda run, i: statistics.median(r[i] for r in by[run]) if run in by else float("nan")
     native, xla = med("cpu", 0), med("xla", 0)
-    print(f"| {block} | {f} x {d}, {b} x {s} | {native:.2f} | {xla:.2f} | {xla / native:.2f} | {med('xla', 1):.2f} | {med('cpu', 2):.0f} | {med('xla', 2):.0f} |")
-    summary.append({"block": block, "features": int(f), "depth": int(d), "batch": int(b), "sequence": int(s), "native_ms_median": native,
-                    "xla_ms_median": xla, "xla_over_native": xla / native, "xla_compile_s_median": med("xla", 1),
-                    "native_peak_mib_median": med("cpu", 2), "xla_peak_mib_median": med("xla", 2),
-                    "native_ms": [r[0] for r in by["cpu"]], "xla_ms": [r[0] for r in by["xla"]]})
-json.dump({"cpu": cpu, "load_before": before, "load_after": after, "threads": int(threads), "steps": int(steps), "rows": summary},
+    line = f"| {block} | {f} x {d}, {b} x {s} | {native:.2f} | {xla:.2f} | {xla / native:.2f} | {med('xla', 1):.2f} | {med('cpu', 2):.0f} | {med('xla', 2):.0f} |"
+    row = {"block": block, "features": int(f), "depth": int(d), "batch": int(b), "sequence": int(s), "native_ms_median": native,
+           "xla_ms_median": xla, "xla_over_native": xla / native, "xla_compile_s_median": med("xla", 1),
+           "native_peak_mib_median": med("cpu", 2), "xla_peak_mib_median": med("xla", 2),
+           "native_ms": [r[0] for r in by["cpu"]], "xla_ms": [r[0] for r in by["xla"]]}
+    if baseline:
+        base_cpu, base_xla = med("baseline_cpu", 0), med("baseline_xla", 0)
+        line += f" {base_cpu:.2f} | {base_xla:.2f} | {native / base_cpu:.2f} | {xla / base_xla:.2f} |"
+        row.update({"baseline_native_ms_median": base_cpu, "baseline_xla_ms_median": base_xla,
+                    "baseline_native_ms": [r[0] for r in by.get("baseline_cpu", [])], "baseline_xla_ms": [r[0] for r in by.get("baseline_xla", [])]})
+    print(line)
+    summary.append(row)
+json.dump({"cpu": cpu, "load_before": before, "load_after": after, "threads": int(threads), "steps": int(steps),
+           "baseline": os.environ.get("BASELINE", ""), "rows": summary},
           open(f"{out}/results.json", "w"), indent=1)
 PY
 echo "xla/step_time.sh: results in $out"
