@@ -1,0 +1,14 @@
+#pragma once
+// The training loop in the library: train::Trainer over a train::TrainableModel, with a step
+// strategy (train::HostStep here; train::XlaStep in olmax/train/xla_step.hpp, which needs the PJRT
+// runtime and is not included here), evaluation, checkpoints and resume, reporting to an Observer.
+
+#include "olmax/train/agreement.hpp"
+#include "olmax/train/device.hpp"
+#include "olmax/train/evaluation.hpp"
+#include "olmax/train/host_step.hpp"
+#include "olmax/train/model.hpp"
+#include "olmax/train/observer.hpp"
+#include "olmax/train/step.hpp"
+#include "olmax/train/text_data.hpp"
+#include "olmax/train/trainer.hpp"
