@@ -31,8 +31,8 @@ struct Bigram {
     double accumulate_gradients(const olmax::data::Batch& batch, std::size_t /*shards*/, double scale) {
         olmax::autodiff::tape_scope tape;
         const std::size_t n = batch.inputs.size();
-        auto logits = olmax::reshape(olmax::embedding(table, batch.inputs), {n, 256});
-        auto loss = olmax::cross_entropy(logits, olmax::reshape(batch.targets, {n}));
+        auto logits = olmax::reshape(olmax::embedding(table, batch.inputs), olmax::Shape{n, 256});
+        auto loss = olmax::cross_entropy(logits, Tensor<std::int32_t>::from(olmax::Shape{n}, batch.targets.span()));
         if (++calls == poison_at_call) loss = loss * std::numeric_limits<float>::quiet_NaN();
         const double value = double(loss.item());
         (loss * float(scale)).backward();
