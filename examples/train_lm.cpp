@@ -1,17 +1,13 @@
-// Trains a byte-level language model (olmax::models::ByteLM over the block recipe --block) on real
-// text, in one process or several (data parallel, --world_size / --rank / --rendezvous), on the
-// CPU or with the whole step compiled for a PJRT device (--device=xla):
-//     build/examples/train_lm                      # default corpus: Debian package `fortunes`
+// Trains a byte-level language model (olmax::models::ByteLM over the recipe --block) on real text, in
+// one process or several (--world_size / --rank / --rendezvous), on the CPU or compiled for a PJRT
+// device (--device=xla); docs/TRAIN_LM.md. The loop is olmax::train::Trainer's; this file holds the
+// flags and the printing: a progress bar (log lines when stdout is not a terminal), held-out losses,
+// metrics.csv and loss.png in --checkpoint_dir, samples at the end. Exit status: 0 done, 1 failure,
+// 2 bad usage (flags, or ranks started with settings that disagree), 3 diverged (NaN/Inf; the last
+// good checkpoint is kept), 130 / 143 stopped by SIGINT / SIGTERM after the current step and a
+// checkpoint (all ranks together; a second SIGINT stops at once, without one).
 //     build/examples/train_lm --data=notes/ --steps=2000 --preset=small --block=mamba
 //     bash tools/launch_local.sh 2 build/examples/train_lm   # 2 processes on this machine
-//     build/examples/train_lm --help
-// The loop is olmax::train::Trainer's (docs/TRAIN_LM.md); this file has the flags and the printing:
-// a progress bar (plain log lines when stdout is not a terminal), held-out evaluations, checkpoints
-// (resumed automatically), metrics.csv and loss.png in --checkpoint_dir, samples at the end. Exit
-// status (olmax/config/program.hpp): 0 done, 1 bad input or another failure, 2 bad usage (flags, or
-// ranks started with settings that disagree), 3 training diverged (NaN/Inf; the last good checkpoint
-// is kept), 130 / 143 stopped by SIGINT / SIGTERM after finishing the current step and writing a
-// checkpoint (all ranks together; a second SIGINT stops at once, without one).
 
 #include <cmath>
 #include <cstdio>
@@ -41,7 +37,7 @@ namespace models = olmax::models;
 namespace train = olmax::train;
 
 /// The group of processes this run trains in: itself alone, or the ranks met at --rendezvous.
-std::unique_ptr<dist::Communicator> connect(const config::TrainConfig& c) {
+std::unique_ptr<dist::Communicator> connect(const train::TrainConfig& c) {
     const auto timeout = dist::Timeout(std::int64_t(c.collective_timeout_s * 1000));
     if (c.world_size == 1) return std::make_unique<dist::LocalCommunicator>(timeout);
 #if defined(TRAIN_LM_WITH_GLOO)
@@ -56,8 +52,8 @@ std::unique_ptr<dist::Communicator> connect(const config::TrainConfig& c) {
 
 /// The step strategy of --device, made before any work (so refusals come first).
 template <class Model>
-std::unique_ptr<train::StepStrategy<Model>> make_step(const config::TrainConfig& c) {
-    if (c.device == "cpu") return std::make_unique<train::HostStep<Model>>(train::HostStepOptions::from(c));
+std::unique_ptr<train::StepStrategy<Model>> make_step(const train::TrainConfig& c) {
+    if (c.device == "cpu") return std::make_unique<train::HostStep<Model>>(c);
 #if defined(TRAIN_LM_WITH_PJRT)
     return std::make_unique<train::XlaStep<Model>>(
         train::XlaStepOptions{train::resolve_pjrt_plugin(c.xla_plugin), std::size_t(c.batch), std::size_t(c.sequence), int(c.xla_devices)});
@@ -68,49 +64,121 @@ std::unique_ptr<train::StepStrategy<Model>> make_step(const config::TrainConfig&
 }
 
 /// The Trainer's reports on rank 0's stdout (the other ranks print to a null stream).
-class Printer final : public train::Observer {
-public:
-    Printer(std::ostream& out, bool lead, std::int64_t log_every, double baseline) : out_(out), lead_(lead), log_every_(log_every), baseline_(baseline) {}
-    void note(std::string_view line) override { bar_ ? bar_->message(std::string(line)) : void(out_ << line << "\n"); }
+struct Printer final : train::Observer {
+    std::ostream& out;
+    const bool interactive;  // a progress bar on a terminal, else a log line every log_every steps
+    const std::int64_t log_every;
+    const double baseline;
+    std::optional<olmax::io::ProgressBar> bar;
+    Printer(std::ostream& o, bool i, std::int64_t every, double b) : out(o), interactive(i), log_every(every), baseline(b) {}
+    void note(std::string_view line) override { bar ? bar->message(std::string(line)) : void(out << line << "\n"); }
     void warning(std::string_view line) override { std::cerr << line << "\n"; }
-    void started(std::int64_t first, std::int64_t total) override { bar_.emplace(out_, total, lead_ && olmax::io::stdout_is_terminal(), log_every_, first); }
+    void started(std::int64_t first, std::int64_t total) override { bar.emplace(out, total, interactive, log_every, first); }
     void evaluated(std::int64_t step, double loss) override {
         char line[160];
         std::snprintf(line, sizeof line, "step %lld: held-out loss %.4f nats/byte (%.3f bits/byte; unigram %.4f)", static_cast<long long>(step),
-                      loss, loss / std::log(2.0), baseline_);
+                      loss, loss / std::log(2.0), baseline);
         note(line);
     }
     void step_finished(const train::StepReport& r) override {
         char extra[64];
         std::snprintf(extra, sizeof extra, "lr %.2e  eval %.3f", r.learning_rate, r.last_evaluation);
-        bar_->update(r.step, r.loss, r.tokens_this_run, extra);
+        bar->update(r.step, r.loss, r.tokens_this_run, extra);
     }
-    void finish() {
-        if (bar_) bar_->finish();
-    }
-
-private:
-    std::ostream& out_;
-    bool lead_;
-    std::int64_t log_every_;
-    double baseline_;
-    std::optional<olmax::io::ProgressBar> bar_;
 };
 
 template <class Recipe, class Model = models::ByteLM<Recipe>>
-int train_model(const config::TrainConfig& c, dist::Communicator& comm, std::unique_ptr<train::StepStrategy<Model>> step);
+int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::unique_ptr<train::StepStrategy<Model>> step) {
+    const bool lead = comm.rank() == 0;  // rank 0 prints, writes checkpoints and metrics
+    std::ostream null_out(nullptr);      // the other ranks' progress goes nowhere (errors still reach stderr)
+    std::ostream& out = lead ? std::cout : null_out;
+#if defined(_OPENMP)
+    if (c.threads > 0) omp_set_num_threads(int(c.threads));
+#endif
+    out << "# resolved config\n" << config::to_text(c) << std::flush;
+    const auto rank = comm.rank(), ranks = comm.world_size();
+    if (ranks > 1)
+        std::cout << "rank " << rank << " of " << ranks << " (" << comm.backend_name() << "): rows " << c.batch * rank / ranks << ".."
+                  << c.batch * (rank + 1) / ranks - 1 << " of each batch\n" << std::flush;
+    auto text = train::read_text_data(c.data, c.held_out_fraction, std::uint64_t(c.seed));
+    for (const auto& line : text.report) out << line << "\n";
+    Model model(models::ByteLMConfig::from(c));  // checked in run()
+    model.stack.keep_activations(std::size_t(c.kept_layers));
+    olmax::optim::AdamW<typename Model::value_type> opt(model.parameters(), train::optimizer_config(c));
+    std::size_t parameters = 0;
+    for (const auto& p : opt.parameters()) parameters += p.tensor.size();
+    out << "model: " << c.depth << " x " << Recipe::description << ", " << c.features << " features, " << parameters << " parameters\n";
+    Printer printer(out, lead && olmax::io::stdout_is_terminal(), c.log_every, text.unigram_baseline);
+    train::Trainer trainer(model, opt, comm, std::move(text.train), std::move(text.held_out), train::trainer_options(c), std::move(step), printer);
+    try {
+        trainer.prepare();  // resume, the ranks' agreement, rank 0's parameters everywhere, the step compiled
+    } catch (const dist::disagreement_error& e) {  // ranks started differently stop here, all with the same line
+        return std::cerr << "train_lm: " << e.what() << std::endl, config::exit_usage;
+    }
+    if (c.dry_run) return out << "dry run: flags, data, model" << (trainer.step() > 0 ? " and checkpoint" : "") << " are fine; not training\n", 0;
+    std::optional<olmax::backend::bf16_matmul_scope> bf16;  // covers training, evaluation and sampling (not the initialisation)
+#if defined(TRAIN_LM_WITH_ONEDNN)  // the CPU's bf16 units where it has them
+    namespace onednn = olmax::backend::onednn;
+    if (c.precision == "bf16") bf16.emplace(onednn::gemm_bf16, onednn::gemm_batched_bf16), out << "precision bf16: GEMMs on " << onednn::bf16_gemm_description() << "\n";
+#else
+    if (c.precision == "bf16") bf16.emplace();  // the portable product (fp32 compute; it says so once)
+#endif
+    train::TrainResult r;
+    try {
+        r = trainer.run();
+    } catch (const train::training_diverged& e) {  // exit status 3
+        const auto& last = e.last_checkpoint();
+        printer.note(std::string("training diverged: ") + e.what());
+        return printer.note(last.empty() ? "no checkpoint was written in this run" : "the last good checkpoint is " + last.string()), 3;
+    }
+    if (printer.bar) printer.bar->finish();
+    char line[240];
+    // Rank 0's figures; the exchange share is what training across processes costs per step.
+    std::snprintf(line, sizeof line, "trained %.0f tokens in %.2f s without evaluations (%.0f tokens/s, %.3f ms/step); gradient exchange "
+                  "%.2f s (%.1f%%) across %d process(es)\n", r.tokens_this_run, r.train_seconds, r.tokens_per_second(),
+                  r.milliseconds_per_step(), r.exchange_seconds, r.train_seconds > 0 ? 100 * r.exchange_seconds / r.train_seconds : 0.0, ranks);
+    out << line << (r.step_summary.empty() ? "" : r.step_summary + "\n");
+    const std::string checkpoint = r.last_checkpoint.empty() ? std::string("(none written in this run)") : r.last_checkpoint.string();
+    if (r.stop.stop) {  // every rank reports; rank 0 wrote the checkpoint. No loss curve, no samples: stop soon.
+        const std::string stopped = "stopped by " + olmax::signal_name(r.stop.signal) + " after step " + std::to_string(r.step);
+        std::cout << (lead ? stopped + "; checkpoint: " + checkpoint + " (the same command resumes from it)"
+                           : "rank " + std::to_string(rank) + ": " + stopped + " together with the other ranks (rank 0 wrote the checkpoint)")
+                  << std::endl;
+        return r.stop.exit_status();
+    }
+    if (!lead) return 0;  // the rest (loss curve, samples) is rank 0's
+    std::cout << "checkpoint: " << checkpoint << "\n";
+    // scripts/plot_loss.py, found from this file's path (CMake compiles with absolute paths), else from
+    // the executable's (<repo>/build/examples/train_lm), else from the working directory.
+    std::error_code no_exe;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", no_exe);
+    auto script = std::filesystem::path(__FILE__).parent_path().parent_path() / "scripts/plot_loss.py";
+    for (const auto& candidate : {exe.parent_path().parent_path().parent_path() / "scripts/plot_loss.py", std::filesystem::path("scripts/plot_loss.py")})
+        if (!std::filesystem::exists(script)) script = candidate;
+    const auto png = std::filesystem::path(c.checkpoint_dir) / "loss.png";
+    const std::string plot = "/usr/bin/python3 '" + script.string() + "' '" + trainer.metrics_path().string() + "' -o '" + png.string() +
+                             "' --baseline " + std::to_string(text.unigram_baseline);
+    if (c.plot)
+        std::cout << (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3") && std::system((plot + " > /dev/null").c_str()) == 0
+                          ? "loss curve: " + png.string() : "loss curve not drawn; run: " + plot) << "\n";
+    olmax::Generator sampler(std::uint64_t(c.seed) + 1);
+    const data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
+    for (int i = 0; i < 2 && c.sample_bytes > 0; ++i)
+        std::cout << "\n--- sample " << i + 1 << " (temperature " << c.temperature << ", top_p " << c.top_p << ") ---\n"
+                  << c.prompt << model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler) << "\n";
+    return 0;
+}
 
 int run(int argc, char** argv) {
-    config::TrainConfig c;
-    const auto cl = config::parse_train_command_line(c, argc, argv);
+    train::TrainConfig c;
+    const auto cl = train::parse_train_command_line(c, argc, argv);
     if (cl.help) {
-        std::cout << "usage: train_lm [--config=FILE] [--key=value ...]\n\n" << config::help_text<config::TrainConfig>()
+        std::cout << "usage: train_lm [--config=FILE] [--key=value ...]\n\n" << config::help_text<train::TrainConfig>()
                   << "\nexit status: 0 done, 1 failure, 2 usage error (or ranks that disagree), 3 training diverged, 130 / 143 stopped by "
                      "SIGINT / SIGTERM (after the current step and a checkpoint)\n";
         return 0;
     }
-    // From here on, SIGINT and SIGTERM end the run at the next step boundary, with a checkpoint.
-    olmax::stop_on_signals stop("train_lm", "finishing the current step, then writing a checkpoint");
+    olmax::stop_on_signals stop("train_lm", "finishing the current step, then writing a checkpoint");  // from here on
     olmax::check<config::config_error>(cl.positional.empty(), "unexpected argument '", cl.positional.empty() ? "" : cl.positional[0],
                                        "' (flags are --key=value)");
     c.validate();
@@ -121,105 +189,6 @@ int run(int argc, char** argv) {
         const auto comm = connect(c);
         return train_model<Recipe>(c, *comm, std::move(step));
     });
-}
-
-template <class Recipe, class Model>
-int train_model(const config::TrainConfig& c, dist::Communicator& comm, std::unique_ptr<train::StepStrategy<Model>> step) {
-    const bool lead = comm.rank() == 0;  // rank 0 prints, writes checkpoints and metrics
-    std::ostream null_out(nullptr);      // the other ranks' progress goes nowhere (errors still reach stderr)
-    std::ostream& out = lead ? std::cout : null_out;
-#if defined(_OPENMP)
-    if (c.threads > 0) omp_set_num_threads(int(c.threads));
-#endif
-    out << "# resolved config\n" << config::to_text(c) << std::flush;
-    if (comm.world_size() > 1)
-        std::cout << "rank " << comm.rank() << " of " << comm.world_size() << " (" << comm.backend_name() << "): rows "
-                  << c.batch * comm.rank() / comm.world_size() << ".." << c.batch * (comm.rank() + 1) / comm.world_size() - 1
-                  << " of each batch\n" << std::flush;
-
-    auto text = train::read_text_data(c.data, c.held_out_fraction, std::uint64_t(c.seed));
-    for (const auto& line : text.report) out << line << "\n";
-    Model model(models::ByteLMConfig::from(c));  // checked in run()
-    model.stack.keep_activations(std::size_t(c.kept_layers));
-    olmax::optim::AdamW<typename Model::value_type> opt(model.parameters(), models::optimizer_config(c));
-    std::size_t parameter_count = 0;
-    for (const auto& p : opt.parameters()) parameter_count += p.tensor.size();
-    out << "model: " << c.depth << " x " << Recipe::description << ", " << c.features << " features, " << parameter_count << " parameters\n";
-
-    Printer printer(out, lead, c.log_every, text.unigram_baseline);
-    train::Trainer trainer(model, opt, comm, std::move(text.train), std::move(text.held_out), train::TrainerOptions::from(c), std::move(step), printer);
-    try {
-        trainer.prepare();  // resume, the ranks' agreement, rank 0's parameters everywhere, the step compiled
-    } catch (const dist::disagreement_error& e) {  // ranks started differently stop here, all with the same line
-        std::cerr << "train_lm: " << e.what() << std::endl;
-        return config::exit_usage;
-    }
-    if (c.dry_run) {
-        out << "dry run: flags, data, model" << (trainer.step() > 0 ? " and checkpoint" : "") << " are fine; not training\n";
-        return 0;
-    }
-    // The precision policy covers training, evaluation and sampling (not the initialisation above).
-    std::optional<olmax::backend::bf16_matmul_scope> bf16;
-    if (c.precision == "bf16") {
-#if defined(TRAIN_LM_WITH_ONEDNN)
-        bf16.emplace(olmax::backend::onednn::gemm_bf16, olmax::backend::onednn::gemm_batched_bf16);  // the CPU's bf16 units where it has them
-        out << "precision bf16: GEMMs on " << olmax::backend::onednn::bf16_gemm_description() << "\n";
-#else
-        bf16.emplace();  // the portable product (fp32 compute; it says so once)
-#endif
-    }
-    train::TrainResult r;
-    try {
-        r = trainer.run();
-    } catch (const train::training_diverged& e) {
-        printer.note(std::string("training diverged: ") + e.what());
-        printer.note(e.last_checkpoint().empty() ? "no checkpoint was written in this run" : "the last good checkpoint is " + e.last_checkpoint().string());
-        return 3;
-    }
-    printer.finish();
-    char line[240];
-    if (r.out_of_time) out << (std::snprintf(line, sizeof line, "time budget of %.0f s reached after step %lld\n", c.time_budget_s, static_cast<long long>(r.step)), line);
-    // Rank 0's figures; the exchange share is what training across processes costs per step.
-    std::snprintf(line, sizeof line,
-                  "trained %.0f tokens in %.2f s without evaluations (%.0f tokens/s, %.3f ms/step); gradient exchange %.2f s (%.1f%%) "
-                  "across %d process(es)\n",
-                  r.tokens_this_run, r.train_seconds, r.train_seconds > 0 ? r.tokens_this_run / r.train_seconds : 0.0,
-                  r.tokens_this_run > 0 ? 1e3 * r.train_seconds * r.tokens_per_step / r.tokens_this_run : 0.0, r.exchange_seconds,
-                  r.train_seconds > 0 ? 100 * r.exchange_seconds / r.train_seconds : 0.0, comm.world_size());
-    out << line << (r.step_summary.empty() ? "" : r.step_summary + "\n");
-    const std::string checkpoint = r.last_checkpoint.empty() ? std::string("(none written in this run)") : r.last_checkpoint.string();
-    if (r.stop.stop) {  // every rank reports; rank 0 wrote the checkpoint. No loss curve, no samples: stop soon.
-        const std::string by = olmax::signal_name(r.stop.signal);
-        if (lead) std::cout << "stopped by " << by << " after step " << r.step << "; checkpoint: " << checkpoint << " (the same command resumes from it)" << std::endl;
-        else std::cout << "rank " << comm.rank() << ": stopped by " << by << " after step " << r.step << " together with the other ranks (rank 0 wrote the checkpoint)" << std::endl;
-        return r.stop.exit_status();
-    }
-    if (!lead) return 0;  // the rest (loss curve, samples) is rank 0's
-    std::cout << "checkpoint: " << checkpoint << "\n";
-
-    // The plot script sits in the source tree: found from this file's path (CMake compiles with
-    // absolute paths), else from the executable's (<repo>/build/examples/train_lm), else from the
-    // working directory (the repository root).
-    auto script = std::filesystem::path(__FILE__).parent_path().parent_path() / "scripts" / "plot_loss.py";
-    std::error_code no_exe;
-    const auto exe = std::filesystem::read_symlink("/proc/self/exe", no_exe);
-    for (const auto& candidate : {exe.parent_path().parent_path().parent_path() / "scripts" / "plot_loss.py", std::filesystem::path("scripts") / "plot_loss.py"})
-        if (!std::filesystem::exists(script)) script = candidate;
-    const auto png = std::filesystem::path(c.checkpoint_dir) / "loss.png";
-    const std::string plot = "/usr/bin/python3 '" + script.string() + "' '" + trainer.metrics_path().string() + "' -o '" + png.string() +
-                             "' --baseline " + std::to_string(text.unigram_baseline);
-    if (c.plot) {
-        if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3") && std::system((plot + " > /dev/null").c_str()) == 0)
-            std::cout << "loss curve: " << png.string() << "\n";
-        else
-            std::cout << "loss curve not drawn; run: " << plot << "\n";
-    }
-    olmax::Generator sampler(std::uint64_t(c.seed) + 1);
-    const data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
-    for (int i = 0; i < 2 && c.sample_bytes > 0; ++i)
-        std::cout << "\n--- sample " << i + 1 << " (temperature " << c.temperature << ", top_p " << c.top_p << ") ---\n"
-                  << c.prompt << model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler) << "\n";
-    return 0;
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ olmax::optim::AdamWConfig adam() {
 train::TrainerOptions options(const std::filesystem::path& dir, std::int64_t steps) {
     train::TrainerOptions o;
     o.steps = steps, o.batch = 4, o.sequence = 16, o.seed = 5;
-    o.eval_every = 2, o.eval_batches = 2, o.checkpoint_every = 3, o.checkpoint_dir = dir;
+    o.eval_every = 2, o.eval_batches = 2, o.checkpoint_every = 3, o.checkpoint_dir = dir.string();
     o.config_text = "model = bigram\n";
     return o;
 }
@@ -117,7 +117,7 @@ TEST_CASE("train: two accumulated micro-batches step as one batch of both", "[tr
     auto one_step = [&](std::int64_t micro_batches, const std::vector<olmax::data::Batch>& feed) {
         auto model = std::make_unique<Bigram>(3);
         olmax::optim::AdamW<float> opt(model->parameters(), adam());
-        train::HostStep<Bigram> step(train::HostStepOptions{micro_batches, false, true, 25, false});
+        train::HostStep<Bigram> step(train::HostStepOptions{.grad_accumulation = micro_batches, .data_parallel = false});
         step.prepare({*model, opt, comm});
         std::size_t next = 0;
         const double loss = step.compute([&] { return feed.at(next++); }).loss;
@@ -203,7 +203,7 @@ TEST_CASE("train: bad settings are refused with a plain message", "[train]") {
     auto o = options(dir.path, 5);
     o.eval_every = 0;
     CHECK_THROWS_WITH(Run(o), Catch::Contains("eval_every"));
-    CHECK_THROWS_WITH(train::HostStep<Bigram>(train::HostStepOptions{0}), Catch::Contains("grad_accumulation must be at least 1"));
+    CHECK_THROWS_WITH(train::HostStep<Bigram>(train::HostStepOptions{.grad_accumulation = 0}), Catch::Contains("grad_accumulation must be at least 1"));
     Bigram model(1);
     olmax::optim::AdamW<float> opt(model.parameters(), adam());
     olmax::distributed::LocalCommunicator comm;

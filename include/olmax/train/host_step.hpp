@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "olmax/backend/registry.hpp"
-#include "olmax/config/train_config.hpp"
+#include "olmax/config/key_value.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/distributed/data_parallel.hpp"
 #include "olmax/distributed/overlapped_allreduce.hpp"
@@ -22,21 +22,45 @@
 
 namespace olmax::train {
 
+/// The host step's settings, and its keys in a program's config.
 struct HostStepOptions {
     std::int64_t grad_accumulation = 1;  ///< micro-batches per optimiser step, each weighted 1 / grad_accumulation
     /// AdamW applied to each parameter as soon as backward has finished its gradient (one process;
     /// with global-norm clipping backward runs twice and grad_accumulation must be 1).
     bool update_in_backward = false;
-    /// With several ranks: exchange gradient buckets during the last backward, from a thread of its
-    /// own (distributed::OverlappedAllreduce), instead of all after it. The same result, bit for bit.
-    bool overlap_allreduce = true;
-    double bucket_mb = 25;       ///< MiB of gradients per collective
     bool data_parallel = true;   ///< split each batch's rows over the host threads (one shard each)
+    /// With several ranks: exchange gradient buckets during the last backward, from a thread of its
+    /// own (distributed::OverlappedAllreduce), instead of all after it. The same result, bit for bit;
+    /// measured faster for the tiny preset on 2 processes here, a wash for small (docs/DISTRIBUTED.md).
+    bool overlap_allreduce = true;
+    double bucket_mb = 25;       ///< MiB of gradients per collective (PyTorch DDP's default)
 
-    static HostStepOptions from(const config::TrainConfig& c) {
-        return {c.grad_accumulation, c.update_in_backward, c.overlap_allreduce, c.bucket_mb, c.data_parallel};
+    static const std::vector<config::Field<HostStepOptions>>& fields() {
+        using C = HostStepOptions;
+        using config::Field;
+        static const std::vector<Field<C>> f{
+            Field<C>{"grad_accumulation", &C::grad_accumulation, "micro-batches summed per optimiser step"}.in(1, 1 << 16),
+            Field<C>{"update_in_backward", &C::update_in_backward,
+                     "apply AdamW to each parameter (each layer's slice of the stacked ones) as soon as backward has finished its "
+                     "gradient, and drop it: the gradients of the whole model never exist at once (the same numbers as the separate "
+                     "step; with max_grad_norm > 0 backward runs twice, the first run measuring the norm, and needs grad_accumulation=1; "
+                     "one process and the CPU path)"},
+            Field<C>{"data_parallel", &C::data_parallel,
+                     "with several threads, split each batch's rows over them (one forward/backward per thread) instead of each op"},
+            Field<C>{"overlap_allreduce", &C::overlap_allreduce,
+                     "with world_size > 1, send each bucket of gradients to the other processes as soon as backward has finished it, "
+                     "from a thread of its own, instead of all after backward (the same result, bit for bit; docs/DISTRIBUTED.md)"},
+            Field<C>{"bucket_mb", &C::bucket_mb, "with world_size > 1, MiB of gradients exchanged per collective (smaller: more "
+                                                 "collectives, each of which can start earlier with --overlap_allreduce)"}.greater_than(0).at_most(1e6),
+        };
+        return f;
     }
 };
+
+/// Row shards per batch: one per host thread with `data_parallel` (the model's accumulate_gradients).
+inline std::size_t shards_for(const HostStepOptions& o) {
+    return o.data_parallel ? std::size_t(std::max(backend::host_kernels().num_threads(), 1)) : 1;
+}
 
 template <TrainableModel Model>
 class HostStep final : public StepStrategy<Model> {
@@ -61,8 +85,7 @@ public:
         buckets_ = distributed::BucketOptions{std::max<std::size_t>(1, std::size_t(options_.bucket_mb * double(1 << 20))), {}};
         if (options_.overlap_allreduce && context.comm.world_size() > 1)
             reducer_.emplace(context.comm, tensors_, distributed::Reduction::mean, distributed::OverlapOptions{buckets_});
-        // One shard per host thread, counted now: the program has set the thread count.
-        shards_ = options_.data_parallel ? std::size_t(std::max(backend::host_kernels().num_threads(), 1)) : 1;
+        shards_ = shards_for(options_);  // counted now: the program has set the thread count
         return {};
     }
 

@@ -9,11 +9,36 @@
 #include <string>
 #include <vector>
 
+#include "olmax/config/key_value.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/data/corpus.hpp"
 #include "olmax/train/evaluation.hpp"
 
 namespace olmax::train {
+
+/// The data keys of a program's config: the text trained on, the held-out share, the seed of the
+/// split, the data order and the initialisation, and the global batch.
+struct DataConfig {
+    std::string data;  // file or folder; empty = the default corpus (Debian package fortunes)
+    double held_out_fraction = 0.05;
+    std::int64_t seed = 0;
+    std::int64_t batch = 8;
+    std::int64_t sequence = 64;
+
+    static const std::vector<config::Field<DataConfig>>& fields() {
+        using C = DataConfig;
+        using config::Field;
+        static const std::vector<Field<C>> f{
+            Field<C>{"data", &C::data, "text file or folder to train on (empty: the Debian `fortunes` corpus)"}.names(config::PathKind::input),
+            Field<C>{"held_out_fraction", &C::held_out_fraction, "fraction of documents (of bytes, for one document) held out for evaluation"}
+                .greater_than(0).at_most(0.5),
+            Field<C>{"seed", &C::seed, "seed for initialisation, data order and sampling"}.at_least(0),
+            Field<C>{"batch", &C::batch, "rows per step (each row is a packed stream of documents)"}.in(1, 1 << 16),
+            Field<C>{"sequence", &C::sequence, "bytes per row per step (a multiple of 16 for the conv_mixer and moe blocks)"}.in(16, 1 << 20),
+        };
+        return f;
+    }
+};
 
 struct TextData {
     data::Documents train, held_out;

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -24,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "olmax/config/train_config.hpp"
+#include "olmax/config/key_value.hpp"
 #include "olmax/data/loader.hpp"
 #include "olmax/distributed/data_parallel.hpp"
 #include "olmax/distributed/stop.hpp"
@@ -39,19 +40,40 @@
 
 namespace olmax::train {
 
-/// The loop's settings (the program maps its flags onto them; config::TrainConfig's keys of the
-/// same names).
-struct TrainerOptions {
-    std::int64_t steps = 1000;             ///< optimiser steps in all, counting those before a resume
-    std::size_t batch = 8, sequence = 64;  ///< rows of the global batch, targets per row
-    std::uint64_t seed = 0;                ///< data order
+/// The loop's keys of a program's config: length, evaluation and checkpoint cadence, resume, time budget.
+struct LoopConfig {
+    std::int64_t steps = 10000;            ///< optimiser steps in all, counting those before a resume
     std::int64_t eval_every = 250;         ///< steps between held-out evaluations (and one after the last step)
     std::int64_t eval_batches = 16;        ///< held-out batches per evaluation
     std::int64_t checkpoint_every = 500;   ///< steps between checkpoints (and one after the last step)
-    std::filesystem::path checkpoint_dir = "runs/train";  ///< checkpoints and metrics.csv (rank 0 writes them)
+    std::string checkpoint_dir = "runs/train_lm";  ///< checkpoints and metrics.csv (rank 0 writes them)
     std::int64_t keep_checkpoints = 3;
     bool resume = true;         ///< continue from the newest valid checkpoint; false refuses a folder that has some
     double time_budget_s = 0;   ///< stop after the step that reaches this many seconds of steps (0: off)
+
+    static const std::vector<config::Field<LoopConfig>>& fields() {
+        using C = LoopConfig;
+        using config::Field;
+        constexpr double steps_max = 1e12;
+        static const std::vector<Field<C>> f{
+            Field<C>{"steps", &C::steps, "optimiser steps"}.in(1, steps_max),
+            Field<C>{"eval_every", &C::eval_every, "steps between held-out evaluations"}.in(1, steps_max),
+            Field<C>{"eval_batches", &C::eval_batches, "held-out batches per evaluation"}.in(1, 1 << 20),
+            Field<C>{"checkpoint_every", &C::checkpoint_every, "steps between checkpoints"}.in(1, steps_max),
+            Field<C>{"checkpoint_dir", &C::checkpoint_dir, "folder for checkpoints, metrics.csv and loss.png"}.names(config::PathKind::output_folder),
+            Field<C>{"keep_checkpoints", &C::keep_checkpoints, "checkpoints kept in checkpoint_dir"}.in(1, 1000),
+            Field<C>{"resume", &C::resume, "continue from the newest valid checkpoint in checkpoint_dir"},
+            Field<C>{"time_budget_s", &C::time_budget_s, "stop after the step that reaches this many seconds of training (0: off), "
+                                                         "then evaluate and checkpoint"}.in(0, 1e9),
+        };
+        return f;
+    }
+};
+
+/// The Trainer's settings: the loop's keys, the batch, and what identifies the run.
+struct TrainerOptions : LoopConfig {
+    std::size_t batch = 8, sequence = 64;  ///< rows of the global batch, targets per row
+    std::uint64_t seed = 0;                ///< data order
     /// The run's resolved settings as `key = value` lines: stored in every checkpoint
     /// ("train/config") and compared across the ranks, but for `rank_local_keys`.
     std::string config_text;
@@ -59,32 +81,6 @@ struct TrainerOptions {
     /// Called with the resumed checkpoint's config text before its state is restored: throws to
     /// refuse it (another model, say), returns a note to report or "".
     std::function<std::string(std::string_view saved_config)> check_resumed_config;
-
-    /// The main job's loop from its config (train_lm's flags of the same names): the config text
-    /// stored and compared, the keys that may differ between ranks, and the resume's checks that a
-    /// checkpoint was trained with the same --block (and a note when with another --world_size).
-    static TrainerOptions from(const config::TrainConfig& c) {
-        TrainerOptions o;
-        o.steps = c.steps, o.batch = std::size_t(c.batch), o.sequence = std::size_t(c.sequence), o.seed = std::uint64_t(c.seed);
-        o.eval_every = c.eval_every, o.eval_batches = c.eval_batches, o.checkpoint_every = c.checkpoint_every;
-        o.checkpoint_dir = c.checkpoint_dir, o.keep_checkpoints = c.keep_checkpoints, o.resume = c.resume, o.time_budget_s = c.time_budget_s;
-        o.config_text = config::to_text(c);
-        o.rank_local_keys = {
-            "data", "checkpoint_dir", "rendezvous", "rank", "collective_timeout_s", "xla_plugin",           // files and peers
-            "threads", "data_parallel", "kept_layers",                                                    // this process's resources
-            "checkpoint_every", "keep_checkpoints", "resume", "log_every", "plot", "time_budget_s",        // rank 0's
-            "sample_bytes", "temperature", "top_k", "top_p", "prompt"};                                   // (docs/DISTRIBUTED.md)
-        o.check_resumed_config = [block = c.block, world_size = c.world_size, dir = c.checkpoint_dir](std::string_view text) {
-            config::TrainConfig saved;
-            config::load_text(saved, text, "the checkpoint's config");
-            check<config::config_error>(saved.block == block, "the checkpoint in ", dir, " was trained with --block=", saved.block,
-                                        ", not --block=", block, "; choose another --checkpoint_dir");
-            if (saved.world_size == world_size) return std::string();
-            return olmax::detail::concat("note: the checkpoint was written by ", saved.world_size, " process(es), this run has ", world_size,
-                                         ": the global batch and the data order are unchanged, only the rounding of the gradient sums differs");
-        };
-        return o;
-    }
 };
 
 /// A step's loss or gradient was NaN or Inf; the state from the last checkpoint is intact there.
@@ -111,6 +107,9 @@ struct TrainResult {
     distributed::StopDecision stop;     ///< a signal ended the run (no final evaluation then)
     std::filesystem::path last_checkpoint;  ///< written by this run (empty: none)
     std::string step_summary;           ///< the step strategy's line for the summary, or ""
+
+    double tokens_per_second() const { return train_seconds > 0 ? tokens_this_run / train_seconds : 0.0; }
+    double milliseconds_per_step() const { return tokens_this_run > 0 ? 1e3 * train_seconds * tokens_per_step / tokens_this_run : 0.0; }
 };
 
 template <TrainableModel Model>
@@ -229,6 +228,11 @@ public:
         }
         r.step = step_count_;
         r.step_summary = step_->summary();
+        if (r.out_of_time) {
+            char line[128];
+            std::snprintf(line, sizeof line, "time budget of %.0f s reached after step %lld", options_.time_budget_s, static_cast<long long>(step_count_));
+            observer_.note(line);
+        }
         return r;
     }
 
@@ -247,7 +251,7 @@ public:
     }
 
     std::int64_t step() const { return step_count_; }
-    std::filesystem::path metrics_path() const { return options_.checkpoint_dir / "metrics.csv"; }
+    std::filesystem::path metrics_path() const { return std::filesystem::path(options_.checkpoint_dir) / "metrics.csv"; }
     const TrainerOptions& options() const { return options_; }
 
 private:
@@ -260,7 +264,7 @@ private:
         const auto existing = checkpoints_.list(&notices);
         for (const auto& notice : notices) observer_.note("checkpoint folder: " + notice);
         // A fresh run must not mix its checkpoints with an earlier run's (the newest step would win).
-        check(options_.resume || existing.empty(), options_.checkpoint_dir.string(), " holds ", existing.size(),
+        check(options_.resume || existing.empty(), options_.checkpoint_dir, " holds ", existing.size(),
               " checkpoints of an earlier run; pass --resume=true to continue it or choose another --checkpoint_dir");
         if (existing.empty()) return std::nullopt;
         std::vector<std::string> rejected;
@@ -268,7 +272,7 @@ private:
         if (!loaded)
             for (const auto& why : rejected) observer_.warning("rejected checkpoint " + why);
         // Training afresh here would mix this run's checkpoints with the damaged ones.
-        check<value_error>(loaded.has_value(), "none of the ", existing.size(), " checkpoints in ", options_.checkpoint_dir.string(),
+        check<value_error>(loaded.has_value(), "none of the ", existing.size(), " checkpoints in ", options_.checkpoint_dir,
                            " loads (reasons above); remove them or choose another --checkpoint_dir");
         for (const auto& why : loaded->rejected) observer_.note("skipped damaged checkpoint " + why);
         observer_.note("resumed from " + loaded->path.string() + " at step " + std::to_string(loaded->archive.integer("train/step")));
