@@ -42,6 +42,7 @@
 #include <olmax/core/memory_profile.hpp>
 #include <olmax/io/npy.hpp>
 #include <olmax/models/models.hpp>
+#include <olmax/train/train_config.hpp>
 #if defined(TRAIN_STEP_WITH_ONEDNN)
 #include <olmax/backend/onednn_gemm.hpp>
 #endif
