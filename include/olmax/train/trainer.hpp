@@ -293,4 +293,10 @@ private:
     bool prepared_ = false;
 };
 
+/// `Trainer trainer(model, ..., std::make_unique<HostStep<Model>>(...), observer)`: the model's type
+/// from the model, whichever strategy type the pointer holds.
+template <class Model, class T, class Strategy>
+Trainer(Model&, optim::AdamW<T>&, distributed::Communicator&, data::Documents, data::Documents, TrainerOptions, std::unique_ptr<Strategy>,
+        Observer&) -> Trainer<Model>;
+
 }  // namespace olmax::train
