@@ -4,6 +4,7 @@
 
 #include "test_helpers.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -211,4 +212,46 @@ TEST_CASE("train: bad settings are refused with a plain message", "[train]") {
     CHECK_THROWS_WITH(train::Trainer<Bigram>(model, opt, comm, corpus(), {}, options(dir.path, 5),
                                              std::make_unique<train::HostStep<Bigram>>(train::HostStepOptions{}), recorder),
                       Catch::Contains("no held-out documents"));
+}
+
+TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and reads the text checkpoints stored before", "[train][config]") {
+    namespace config = olmax::config;
+    using olmax::train::TrainConfig;
+    std::vector<std::string> keys;
+    for (const auto& f : TrainConfig::fields()) keys.push_back(f.key);
+    CHECK(keys.size() == 52);
+    auto sorted = keys;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+    for (const auto& f : train::HostStepOptions::fields()) CHECK(std::find(keys.begin(), keys.end(), f.key) != keys.end());
+    for (const auto& f : train::LoopConfig::fields()) CHECK(std::find(keys.begin(), keys.end(), f.key) != keys.end());
+
+    // A key set through the composition lands in its section's member.
+    TrainConfig c;
+    config::set_value(c, "grad_accumulation", "3", "test");
+    config::set_value(c, "checkpoint_every", "7", "test");
+    CHECK(static_cast<const train::HostStepOptions&>(c).grad_accumulation == 3);
+    CHECK(static_cast<const train::LoopConfig&>(c).checkpoint_every == 7);
+
+    // The config text of a checkpoint written by the single TrainConfig of olmax::config (its key
+    // order, and xla_replicas, an older name of xla_devices).
+    const std::string before =
+        "data = README.md\nheld_out_fraction = 0.05\nseed = 0\nbatch = 2\nsequence = 16\npreset = tiny\nblock = qrnn\nfeatures = 8\n"
+        "depth = 1\nsteps = 6\ngrad_accumulation = 1\nlr = 0.003\nwarmup = 50\nlr_decay = 0.0001\ndecay_start = -1\nmin_lr = 0\n"
+        "beta1 = 0.9\nbeta2 = 0.99\neps = 1e-08\nweight_decay = 0.01\ndecay_policy = matrices\nagc_clip = 0\nmax_grad_norm = 1\n"
+        "update_in_backward = false\neval_every = 2\neval_batches = 1\ncheckpoint_every = 2\ncheckpoint_dir = /tmp/tl0\n"
+        "keep_checkpoints = 3\nresume = true\nlog_every = 1\nthreads = 1\ndata_parallel = true\ndry_run = false\nplot = false\n"
+        "time_budget_s = 0\nworld_size = 1\nrank = 0\ndevice = cpu\nxla_plugin = \"\"\nxla_replicas = 2\nprecision = fp32\n"
+        "kept_layers = 0\nrendezvous = \"\"\ncollective_timeout_s = 1.2e+02\noverlap_allreduce = true\nbucket_mb = 25\n"
+        "sample_bytes = 20\ntemperature = 0.8\ntop_k = 0\ntop_p = 0.95\nprompt = \"The \"\n";
+    TrainConfig saved;
+    config::load_text(saved, before, "an older checkpoint's config");
+    CHECK(saved.block == "qrnn");
+    CHECK(saved.xla_devices == 2);
+    CHECK(saved.checkpoint_dir == "/tmp/tl0");
+    CHECK(saved.prompt == "The ");
+    TrainConfig again;
+    config::load_text(again, config::to_text(saved));
+    CHECK(config::to_text(again) == config::to_text(saved));
+    CHECK(train::trainer_options(saved).checkpoint_every == 2);
 }
