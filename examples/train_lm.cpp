@@ -80,6 +80,7 @@ struct Printer final : train::Observer {
                       loss, loss / std::log(2.0), baseline);
         note(line);
     }
+    void finished() override { bar->finish(); }
     void step_finished(const train::StepReport& r) override {
         char extra[64];
         std::snprintf(extra, sizeof extra, "lr %.2e  eval %.3f", r.learning_rate, r.last_evaluation);
@@ -131,7 +132,6 @@ int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::uniq
         printer.note(std::string("training diverged: ") + e.what());
         return printer.note(last.empty() ? "no checkpoint was written in this run" : "the last good checkpoint is " + last.string()), 3;
     }
-    if (printer.bar) printer.bar->finish();
     char line[240];
     // Rank 0's figures; the exchange share is what training across processes costs per step.
     std::snprintf(line, sizeof line, "trained %.0f tokens in %.2f s without evaluations (%.0f tokens/s, %.3f ms/step); gradient exchange "

@@ -83,6 +83,10 @@ train::TrainerOptions options(const std::filesystem::path& dir, std::int64_t ste
 /// Records the losses the Trainer reports.
 struct Recorder final : train::Observer {
     std::vector<double> losses, evaluations;
+    std::vector<std::string> notes;
+    bool ended = false;
+    void note(std::string_view line) override { notes.emplace_back(line); }
+    void finished() override { ended = true; }
     void step_finished(const train::StepReport& r) override { losses.push_back(r.loss); }
     void evaluated(std::int64_t, double loss) override { evaluations.push_back(loss); }
 };
@@ -187,6 +191,9 @@ TEST_CASE("train: the time budget and a stop request end the run after the curre
     CHECK(result.step == 1);
     CHECK(std::isfinite(result.last_evaluation));  // the last step is evaluated ...
     CHECK(result.last_checkpoint.filename() == "ckpt-0000000001.olmax");  // ... and saved
+    CHECK(run.recorder.ended);
+    REQUIRE_FALSE(run.recorder.notes.empty());
+    CHECK_THAT(run.recorder.notes.back(), Catch::Contains("time budget of 0 s reached after step 1"));
 
     TempDir stop_dir("stop");
     Run stopped(options(stop_dir.path, 50));

@@ -31,6 +31,8 @@ public:
     virtual void step_finished(const StepReport& /*report*/) {}
     /// The held-out loss (nats per target) after `step`.
     virtual void evaluated(std::int64_t /*step*/, double /*held_out_loss*/) {}
+    /// The loop has ended (its last step, the time budget or a stop); notes may follow.
+    virtual void finished() {}
 };
 
 }  // namespace olmax::train

@@ -228,6 +228,7 @@ public:
         }
         r.step = step_count_;
         r.step_summary = step_->summary();
+        observer_.finished();
         if (r.out_of_time) {
             char line[128];
             std::snprintf(line, sizeof line, "time budget of %.0f s reached after step %lld", options_.time_budget_s, static_cast<long long>(step_count_));
