@@ -205,9 +205,7 @@ public:
                     throw optim::non_finite_gradient(what);
                 }
                 step_->update();
-            } catch (const training_diverged&) {
-                throw;
-            } catch (const optim::non_finite_gradient& e) {
+            } catch (const optim::non_finite_gradient& e) {  // from the check above, AdamW's own, or backward's
                 throw training_diverged(e.what(), r.last_checkpoint);
             }
             r.train_seconds += seconds_since(step_started);
