@@ -19,7 +19,7 @@ namespace io = olmax::io;
 
 int run(int argc, char** argv) {
     olmax::stop_on_signals stop("generate", "stopping after this byte");
-    config::TrainConfig flags;
+    olmax::train::TrainConfig flags;
     auto cl = config::parse_command_line(flags, argc, argv);
     if (cl.help) {
         std::cout << "usage: generate [CHECKPOINT_FILE] [--checkpoint_dir=DIR] [--prompt=TEXT] [--sample_bytes=N] [--temperature=T]"
@@ -60,7 +60,7 @@ int run(int argc, char** argv) {
         archive = std::move(loaded->archive);
     }
     // The model as it was trained, then the sampling flags from this command line on top.
-    config::TrainConfig c;
+    olmax::train::TrainConfig c;
     config::load_text(c, archive.text("train/config"), path.string());
     config::parse_command_line(c, argc, argv);
     c.data.clear();  // the training data is not needed (and may not be on this machine)

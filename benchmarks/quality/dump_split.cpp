@@ -58,7 +58,7 @@ std::string json_string(const std::string& s) {
 
 int run(int argc, char** argv) {
     std::string out_dir, data_path;
-    double held_out_fraction = 0.05;  // config::TrainConfig's defaults
+    double held_out_fraction = 0.05;  // olmax::train::TrainConfig's defaults
     std::uint64_t seed = 0;
     std::size_t batch = 8, sequence = 64;
     for (int i = 1; i < argc; ++i) {

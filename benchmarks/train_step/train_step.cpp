@@ -42,6 +42,7 @@
 #include <olmax/core/memory_profile.hpp>
 #include <olmax/io/npy.hpp>
 #include <olmax/models/models.hpp>
+#include <olmax/train/train_config.hpp>
 #if defined(TRAIN_STEP_WITH_ONEDNN)
 #include <olmax/backend/onednn_gemm.hpp>
 #endif
@@ -215,7 +216,7 @@ double median_ms(int repeats, F&& f) {
 
 /// Where a step's time goes: each part of the model alone, forward only (no tape) and forward +
 /// backward, on [batch, sequence, features] inputs (torch_train_step.py --profile prints the same rows).
-void profile(const Options& o, const olmax::config::TrainConfig& c, byte_lm::Model& model, const olmax::data::Batch& batch) {
+void profile(const Options& o, const olmax::train::TrainConfig& c, byte_lm::Model& model, const olmax::data::Batch& batch) {
     using olmax::Tensor;
     using T = byte_lm::T;
     olmax::nn::Config n;  // one block's parts alone, at the model's width
@@ -305,7 +306,7 @@ void dump(const std::filesystem::path& folder, byte_lm::Model& model, const olma
 int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const std::size_t rss_at_start = proc_status_bytes("VmRSS");
-    olmax::config::TrainConfig c;  // the main job's defaults (lr, betas, weight decay, clipping, ...)
+    olmax::train::TrainConfig c;  // the main job's defaults (lr, betas, weight decay, clipping, ...)
     c.batch = o.batch, c.sequence = o.sequence, c.features = o.features, c.depth = o.depth, c.threads = o.threads;
     c.data_parallel = o.data_parallel;
     if (o.max_grad_norm >= 0) c.max_grad_norm = o.max_grad_norm;
@@ -318,7 +319,7 @@ int run(int argc, char** argv) {
     if (o.block_cache_mib >= 0) olmax::memory::set_cache_limit(std::size_t(o.block_cache_mib) << 20);
     byte_lm::Model model(c);
     model.stack.keep_activations(std::size_t(o.kept_layers));
-    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), olmax::models::optimizer_config(c));
+    olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), olmax::train::optimizer_config(c));
     std::size_t params = 0;
     for (const auto& p : opt.parameters()) params += p.tensor.size();
 
@@ -329,7 +330,7 @@ int run(int argc, char** argv) {
     // Each step also records its phases (forward incl. loss; backward incl. freeing the tape;
     // optimiser incl. clipping and zero_grad) to show where the time goes. With data-parallel
     // shards the threads' forwards and backwards overlap: the whole of it is counted as backward.
-    const std::size_t shards = olmax::models::shards_for(c);
+    const std::size_t shards = olmax::train::shards_for(c);
     using clock = std::chrono::steady_clock;
     if (!o.dump.empty()) {
         dump(o.dump, model, batches[0]);

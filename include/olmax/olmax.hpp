@@ -17,7 +17,9 @@
 #include "olmax/testing/testing.hpp"   // check_gradients, check_layer_gradients
 #include "olmax/distributed/distributed.hpp"  // Communicator, gradient allreduce across processes (Gloo: olmax/distributed/gloo.hpp)
 #include "olmax/models/models.hpp"      // the main job's byte-level LM (ByteLM over a block recipe)
+#include "olmax/train/train.hpp"        // train::Trainer: the training loop, its step strategies, checkpoints and resume
 // Not included here, so that a program that never uses them does not compile them:
 //   olmax/trace/trace.hpp   the tracer: a model's eager step as one StableHLO program (docs/xla.md)
 //   olmax/xla/xla.hpp       the XLA module: the program IR, the StableHLO emitter, backend::xla
-//   olmax/xla/pjrt_runtime.hpp, olmax/trace/program.hpp, olmax/models/xla_trainer.hpp (need olmax::pjrt)
+//   olmax/xla/pjrt_runtime.hpp, olmax/trace/program.hpp, olmax/models/xla_trainer.hpp,
+//   olmax/train/xla_step.hpp (need olmax::pjrt)

@@ -7,6 +7,7 @@
 
 #include <olmax/config/config.hpp>
 #include <olmax/models/byte_lm.hpp>
+#include <olmax/train/train_config.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -138,7 +139,7 @@ TEST_CASE("models::ByteLM: the memory estimate counts the model's real parameter
     for (const auto block : olmax::models::block_names) {
         olmax::models::with_recipe(block, [&]<class Recipe>() {
             for (auto [features, depth] : {std::pair{8, 1}, std::pair{16, 3}, std::pair{24, 2}, std::pair{40, 1}}) {
-                config::TrainConfig c;
+                olmax::train::TrainConfig c;
                 c.block = std::string(block);
                 c.features = features;
                 c.depth = depth;
@@ -151,11 +152,11 @@ TEST_CASE("models::ByteLM: the memory estimate counts the model's real parameter
             }
         });
     }
-    config::TrainConfig mismatched;
+    olmax::train::TrainConfig mismatched;
     mismatched.block = "mamba";
     CHECK_THROWS_AS(olmax::models::ByteLM<>(mismatched), config::config_error);
     CHECK_THROWS_AS(olmax::models::with_recipe("transformer", []<class Recipe>() {}), olmax::value_error);
-    config::TrainConfig absurd;
+    olmax::train::TrainConfig absurd;
     absurd.features = 1 << 16;
     absurd.depth = 1 << 12;
     CHECK_THROWS_AS(olmax::models::ByteLM<>::check_trainable(olmax::models::ByteLMConfig::from(absurd), 8, 64), config::config_error);
@@ -186,8 +187,8 @@ std::string number_text(double v, bool integer) {
 std::vector<Case> fuzz_cases(const fs::path& dir, std::uint64_t seed) {
     std::vector<Case> cases;
     std::mt19937_64 rng(seed);
-    for (const auto& f : config::TrainConfig::fields()) {
-        const bool integer = std::holds_alternative<std::int64_t config::TrainConfig::*>(f.member);
+    for (const auto& f : olmax::train::TrainConfig::fields()) {
+        const bool integer = std::holds_alternative<std::int64_t olmax::train::TrainConfig::*>(f.member);
         if (f.is_number()) {
             auto add = [&](double v) {
                 const std::string text = number_text(v, integer);
@@ -215,7 +216,7 @@ std::vector<Case> fuzz_cases(const fs::path& dir, std::uint64_t seed) {
                 if (f.accepts(v)) add(v);
             }
             for (const char* bad : {"", "abc", "12abc", "0x10"}) cases.push_back({f.key, bad, false});
-        } else if (std::holds_alternative<bool config::TrainConfig::*>(f.member)) {
+        } else if (std::holds_alternative<bool olmax::train::TrainConfig::*>(f.member)) {
             for (const char* good : {"true", "false", "1", "0", "yes", "off"}) cases.push_back({f.key, good, true});
             for (const char* bad : {"", "maybe", "2", "truee"}) cases.push_back({f.key, bad, false});
         } else if (!f.choices.empty()) {
@@ -279,7 +280,7 @@ TEST_CASE("fuzzed command line: every flag with boundary, malformed and random v
     std::size_t trained = 0;
     for (std::size_t i = 0; i < cases.size(); ++i) {
         const Case& c = cases[i];
-        const auto& field = config::find_field<config::TrainConfig>(c.key, "test");
+        const auto& field = config::find_field<olmax::train::TrainConfig>(c.key, "test");
         if (!c.in_range || c.key == "dry_run") continue;
         if (field.is_number()) {
             const double v = std::stod(c.value);
@@ -298,7 +299,7 @@ TEST_CASE("fuzzed command line: every flag with boundary, malformed and random v
     const fs::path run_dir = dir.path / "for_generate";
     REQUIRE(run(train_lm, tiny_run(dir.path / "corpus.txt", run_dir), dir.path).code == 0);
     for (const Case& c : cases) {
-        const auto& field = config::find_field<config::TrainConfig>(c.key, "test");
+        const auto& field = config::find_field<olmax::train::TrainConfig>(c.key, "test");
         const bool lower_bound = c.in_range && field.is_number() && std::stod(c.value) == field.lower;
         if (c.in_range && !lower_bound) continue;
         const Outcome o = run(generate, {"--checkpoint_dir=" + run_dir.string(), "--sample_bytes=4", "--" + c.key + "=" + c.value}, dir.path);

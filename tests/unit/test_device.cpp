@@ -94,8 +94,8 @@ namespace {
 
 /// A small main-job configuration: the real model (embedding, reversible stack, output head with
 /// chunked cross-entropy) at test size, with AGC and global-norm clipping on.
-olmax::config::TrainConfig tiny_config() {
-    olmax::config::TrainConfig c;
+olmax::train::TrainConfig tiny_config() {
+    olmax::train::TrainConfig c;
     c.features = 8;
     c.depth = 2;
     c.batch = 2;
@@ -105,7 +105,7 @@ olmax::config::TrainConfig tiny_config() {
     return c;
 }
 
-olmax::data::Batch tiny_batch(const olmax::config::TrainConfig& c) {
+olmax::data::Batch tiny_batch(const olmax::train::TrainConfig& c) {
     const Shape shape{std::size_t(c.batch), std::size_t(c.sequence)};
     olmax::data::Batch b;
     b.inputs = Tensor<std::int32_t>(shape);
@@ -137,7 +137,7 @@ StepResult train_on(Device device, std::size_t shards) {
         olmax::device_scope on(device);  // the model's parameters are made here; everything after
         model.emplace(c);                // runs on the host's scope and must follow the tensors
     }
-    olmax::optim::AdamW<float> adam(model->parameters(), olmax::models::optimizer_config(c));
+    olmax::optim::AdamW<float> adam(model->parameters(), olmax::train::optimizer_config(c));
     const auto batch = batch_on(tiny_batch(c), device);
     double loss = 0;
     for (int step = 0; step < 2; ++step) {

@@ -295,7 +295,7 @@ TEST_CASE("config: file and flags override defaults; printing round-trips", "[io
     namespace config = olmax::config;
     const auto dir = temp_dir("config");
     std::ofstream(dir / "run.cfg") << "# a comment\nbatch = 4\nlr=0.02   # trailing comment\n\ndecay_policy = embeddings_only\nresume = false\n";
-    config::TrainConfig c;
+    olmax::train::TrainConfig c;
     const std::string cfg_path = (dir / "run.cfg").string();
     const char* argv[] = {"train_lm", "--lr=0.5", "--config", cfg_path.c_str(), "--sequence", "64", "--data=/tmp/x", "extra"};
     const auto cl = config::parse_command_line(c, 8, argv);
@@ -310,17 +310,17 @@ TEST_CASE("config: file and flags override defaults; printing round-trips", "[io
     c.prompt = "say \"hi\" # not a comment\n ";
     const std::string text = config::to_text(c);
     CHECK_THAT(text, Catch::Contains("lr = 0.5\n") && Catch::Contains("batch = 4\n") && Catch::Contains("resume = false\n"));
-    config::TrainConfig back;
+    olmax::train::TrainConfig back;
     config::load_text(back, text);
     CHECK(config::to_text(back) == text);
     CHECK(back.prompt == c.prompt);
-    CHECK_THAT(config::help_text<config::TrainConfig>(), Catch::Contains("--grad_accumulation=1"));
+    CHECK_THAT(config::help_text<olmax::train::TrainConfig>(), Catch::Contains("--grad_accumulation=1"));
     std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("config: unknown or mistyped keys and bad values are errors naming the key", "[io][config]") {
     namespace config = olmax::config;
-    config::TrainConfig c;
+    olmax::train::TrainConfig c;
     CHECK_THROWS_WITH(config::set_value(c, "lerning_rate", "1", "test"), Catch::Contains("unknown key 'lerning_rate'"));
     CHECK_THROWS_WITH(config::set_value(c, "bach", "1", "test"), Catch::Contains("did you mean 'batch'"));
     CHECK_THROWS_WITH(config::set_value(c, "batch", "12x", "test"), Catch::Contains("'batch'") && Catch::Contains("integer"));
@@ -349,7 +349,7 @@ TEST_CASE("config: unknown or mistyped keys and bad values are errors naming the
 }
 
 TEST_CASE("config: the update inside backward takes both clippings, global-norm clipping without accumulated micro-batches", "[io][config]") {
-    olmax::config::TrainConfig c;
+    olmax::train::TrainConfig c;
     c.update_in_backward = true;
     CHECK_NOTHROW(c.validate());  // the default clips the global norm: backward runs twice
     c.grad_accumulation = 2;
@@ -365,8 +365,8 @@ TEST_CASE("config: the update inside backward takes both clippings, global-norm 
 
 TEST_CASE("config: every number has a declared range, checked when set and when validated", "[io][config]") {
     namespace config = olmax::config;
-    config::TrainConfig c;
-    for (const auto& f : config::TrainConfig::fields())
+    olmax::train::TrainConfig c;
+    for (const auto& f : olmax::train::TrainConfig::fields())
         if (f.is_number()) {
             INFO(f.key);
             CHECK_FALSE(f.range_text().empty());  // the fuzz test draws its cases from these ranges
@@ -380,7 +380,7 @@ TEST_CASE("config: every number has a declared range, checked when set and when 
     CHECK_THROWS(config::set_value(c, "decay_start", "-2", "test"));
     c.checkpoint_every = -3;  // set in code: validate() catches it
     CHECK_THROWS_WITH(c.validate(), Catch::Contains("'checkpoint_every' must be in [1, "));
-    CHECK_THAT(config::help_text<config::TrainConfig>(), Catch::Contains("[1, 65536]") && Catch::Contains("(0, 0.5]"));
+    CHECK_THAT(config::help_text<olmax::train::TrainConfig>(), Catch::Contains("[1, 65536]") && Catch::Contains("(0, 0.5]"));
 }
 
 TEST_CASE("config: path flags are checked for their kind without throwing filesystem errors", "[io][config]") {
@@ -401,7 +401,7 @@ TEST_CASE("config: path flags are checked for their kind without throwing filesy
     CHECK(path_problem(file, PathKind::output_folder) == "is a file, expected a folder");
     CHECK_THAT(path_problem(file + "/run/x", PathKind::output_folder), Catch::Contains("lies under") && Catch::Contains("file.txt"));
     CHECK(path_problem("", PathKind::output_folder) == "is empty, expected a folder");
-    config::TrainConfig c;
+    olmax::train::TrainConfig c;
     c.checkpoint_dir = file;
     CHECK_THROWS_WITH(c.validate(), Catch::Contains("'checkpoint_dir'") && Catch::Contains("is a file"));
     const char* folder_as_config[] = {"train_lm", nullptr};
@@ -449,11 +449,11 @@ TEST_CASE("checkpoint folder: unparsable names are skipped with a notice, stale 
 namespace byte_lm {
 using Model = olmax::models::ByteLM<>;
 using T = Model::value_type;
-using olmax::models::optimizer_config;
+using olmax::train::optimizer_config;
 }  // namespace byte_lm
 
-TEST_CASE("train: models::optimizer_config maps the config's optimiser keys", "[io][config]") {
-    olmax::config::TrainConfig c;
+TEST_CASE("train: olmax::train::optimizer_config maps the config's optimiser keys", "[io][config]") {
+    olmax::train::TrainConfig c;
     c.lr = 0.02;
     c.warmup = 7;
     c.beta2 = 0.95;
@@ -470,8 +470,8 @@ TEST_CASE("train: models::optimizer_config maps the config's optimiser keys", "[
 
 namespace {
 
-olmax::config::TrainConfig tiny_training_config() {
-    olmax::config::TrainConfig c;
+olmax::train::TrainConfig tiny_training_config() {
+    olmax::train::TrainConfig c;
     c.features = 16;
     c.depth = 1;
     c.batch = 4;

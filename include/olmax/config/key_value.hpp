@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <concepts>
 #include <cstdlib>
 #include <cmath>
 #include <cstdint>
@@ -189,6 +190,36 @@ std::string Field<Struct>::range_text() const {
     if (has_lower) return (lower_open ? "> " : ">= ") + detail::format_bound(lower);
     if (has_upper) return (upper_open ? "< " : "<= ") + detail::format_bound(upper);
     return "";
+}
+
+/// The fields of `Section`, a public base class of `Struct`, as fields of `Struct`: keys, help,
+/// ranges and choices unchanged. A program's config composes the sections its modules own (each a
+/// struct with its own `fields()`) by deriving from them and listing their fields in its own:
+///
+///     struct RunConfig : LoopSection, ModelSection {
+///         static const auto& fields() {
+///             static const auto f = config::concat_fields(config::section_fields<RunConfig, LoopSection>(),
+///                                                         config::section_fields<RunConfig, ModelSection>());
+///             return f;
+///         }
+///     };
+template <class Struct, class Section>
+    requires std::derived_from<Struct, Section>
+std::vector<Field<Struct>> section_fields() {
+    std::vector<Field<Struct>> out;
+    for (const Field<Section>& f : Section::fields()) {
+        // A pointer to a member of the base is a pointer to the same member of the derived struct.
+        auto member = std::visit([](auto m) { return typename Field<Struct>::Member(m); }, f.member);
+        out.push_back(Field<Struct>{f.key, member, f.help, f.choices, f.lower, f.upper, f.lower_open, f.upper_open, f.path});
+    }
+    return out;
+}
+
+/// The lists one after the other (a composed config's fields, in the order it presents them).
+template <class Struct, class... More>
+std::vector<Field<Struct>> concat_fields(std::vector<Field<Struct>> first, const More&... more) {
+    (first.insert(first.end(), more.begin(), more.end()), ...);
+    return first;
 }
 
 /// The field with this key (dashes read as underscores; a key the struct lists in an optional

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "olmax/autodiff/autodiff.hpp"
-#include "olmax/config/train_config.hpp"
+#include "olmax/config/key_value.hpp"
 #include "olmax/core/core.hpp"
 #include "olmax/data/loader.hpp"
 #include "olmax/data/sampling.hpp"
@@ -31,13 +31,48 @@
 
 namespace olmax::models {
 
-/// The model's own settings (the main job reads them from its TrainConfig: ByteLMConfig::from).
+/// The model's keys of a program's config (train::TrainConfig composes them with the other modules'):
+/// the block recipe, the sizes and the recompute budget.
+struct ByteLMSettings {
+    std::string block = "conv_mixer";
+    std::int64_t features = 64;
+    std::int64_t depth = 2;
+    std::int64_t kept_layers = 0;  // recompute as a budget (nn::Stack::keep_activations)
+
+    static const std::vector<config::Field<ByteLMSettings>>& fields() {
+        using C = ByteLMSettings;
+        using config::Field;
+        static const std::vector<Field<C>> f{
+            Field<C>{"block", &C::block, "block type of the model (olmax::models recipes)", {"conv_mixer", "qrnn", "mamba", "moe"}},
+            Field<C>{"features", &C::features, "model width"}.in(1, 1 << 16),
+            Field<C>{"depth", &C::depth, "number of blocks"}.in(1, 1 << 12),
+            Field<C>{"kept_layers", &C::kept_layers,
+                     "recompute as a budget: the first N reversible blocks keep their activations for the backward instead of "
+                     "rebuilding them from their outputs (faster, more memory: each shard thread keeps its own; more than depth "
+                     "keeps all; the CPU path only)"}
+                .in(0, 1 << 12),
+        };
+        return f;
+    }
+};
+
+/// A program config the model is built from: its ByteLMSettings plus the seed of the initialisation
+/// and the batch it must train (train::TrainConfig is one).
+template <class C>
+concept ByteLMRunConfig = std::derived_from<C, ByteLMSettings> && requires(const C& c) {
+    { c.seed } -> std::convertible_to<std::int64_t>;
+    { c.batch } -> std::convertible_to<std::int64_t>;
+    { c.sequence } -> std::convertible_to<std::int64_t>;
+};
+
+/// The model's own settings (a program reads them from its config: ByteLMConfig::from).
 struct ByteLMConfig {
     std::size_t features = 64;
     std::size_t depth = 2;
     std::uint64_t seed = 0;
 
-    static ByteLMConfig from(const config::TrainConfig& c) {
+    template <ByteLMRunConfig C>
+    static ByteLMConfig from(const C& c) {
         check<config::config_error>(c.features > 0 && c.depth > 0, "config: keys 'features' and 'depth' must be positive, got ", c.features,
                                     " and ", c.depth);
         return {std::size_t(c.features), std::size_t(c.depth), std::uint64_t(c.seed)};
@@ -86,7 +121,8 @@ public:
     }
 
     /// The main job's model: its config's model keys, checked against its batch and sequence.
-    explicit ByteLM(const config::TrainConfig& c) : ByteLM(checked(c)) {}
+    template <ByteLMRunConfig C>
+    explicit ByteLM(const C& c) : ByteLM(checked(c)) {}
     explicit ByteLM(const ByteLMConfig& c)
         : config_(c), layer_config_(layer_config(c)), rng_(c.seed), embedding(layer_config_, rng_), stack(layer_config_, rng_),
           head(layer_config_, rng_) {}
@@ -207,7 +243,8 @@ public:
     }
 
 private:
-    static ByteLMConfig checked(const config::TrainConfig& c) {
+    template <ByteLMRunConfig C>
+    static ByteLMConfig checked(const C& c) {
         const auto model = ByteLMConfig::from(c);
         check<config::config_error>(c.block == Recipe::key, "config: key 'block' is '", c.block, "' but this model is built from the '",
                                     Recipe::key, "' recipe (models::with_recipe picks the type for a block name)");

@@ -3,4 +3,3 @@
 
 #include "olmax/models/byte_lm.hpp"
 #include "olmax/models/recipes.hpp"
-#include "olmax/models/training.hpp"

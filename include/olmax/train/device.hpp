@@ -1,0 +1,65 @@
+#pragma once
+// Settings of the device step that a program checks before any work, without the PJRT runtime
+// itself (xla_step.hpp needs it).
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+#include <cstdint>
+
+#include "olmax/config/key_value.hpp"
+#include "olmax/core/error.hpp"
+
+namespace olmax::train {
+
+/// The keys of a program's config that say where the steps run and at which precision.
+struct DeviceConfig {
+    std::string device = "cpu";
+    std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
+    std::int64_t xla_devices = 1;
+    std::string precision = "fp32";  // fp32 | bf16 (olmax::backend::bf16_matmul_scope)
+
+    static const std::vector<config::Field<DeviceConfig>>& fields() {
+        using C = DeviceConfig;
+        using config::Field;
+        static const std::vector<Field<C>> f{
+            Field<C>{"device", &C::device,
+                     "where the training steps run: cpu (olmax's kernels) or xla (forward, backward and AdamW compiled once as one "
+                     "StableHLO program for a PJRT plugin, state kept on the device)",
+                     {"cpu", "xla"}},
+            Field<C>{"xla_plugin", &C::xla_plugin, "PJRT plugin (.so) for --device=xla; empty: the environment variable OLMAX_PJRT_PLUGIN"},
+            Field<C>{"xla_devices", &C::xla_devices,
+                     "--device=xla: data parallelism over the plugin's first N devices (XLA's SPMD partitioner splits the batch, each "
+                     "device taking batch / xla_devices rows; the gradients are all-reduced inside the step)"}
+                .in(1, 1 << 16),
+            Field<C>{"precision", &C::precision,
+                     "fp32, or bf16: every float GEMM (forward and backward) computes as bf16 matrix units do, operands rounded to "
+                     "bfloat16 and fp32 sums (on oneDNN's bf16 kernels when built with it and the CPU has bf16 units); "
+                     "parameters, optimiser state, norms, softmax, losses and scans stay fp32 (docs/BF16.md)",
+                     {"fp32", "bf16"}},
+        };
+        return f;
+    }
+
+    void validate() const {
+        config::validate_fields(*this);
+        check<config::config_error>(device != "xla" || precision == "fp32",
+                                    "config: --precision=bf16 is not lowered for --device=xla yet; use --device=cpu or fp32");
+    }
+};
+
+/// The PJRT plugin a compiled step would load: `flag` (--xla_plugin) or else the environment
+/// variable OLMAX_PJRT_PLUGIN; config_error when neither names an existing file.
+inline std::string resolve_pjrt_plugin(const std::string& flag) {
+    const char* env = std::getenv("OLMAX_PJRT_PLUGIN");
+    const std::string plugin = !flag.empty() ? flag : env ? std::string(env) : std::string();
+    check<config::config_error>(!plugin.empty(),
+                                "config: --device=xla needs a PJRT plugin: --xla_plugin=PATH or the environment variable OLMAX_PJRT_PLUGIN "
+                                "(this machine's CPU: the xla-cpu-pjrt wheel's xla_cpu_pjrt.so, which tools/setup_jax_venv.sh installs "
+                                "in .venv; docs/xla.md names the TPU and NVIDIA plugins)");
+    check<config::config_error>(std::filesystem::exists(plugin), "config: --device=xla: the PJRT plugin ", plugin, " does not exist");
+    return plugin;
+}
+
+}  // namespace olmax::train

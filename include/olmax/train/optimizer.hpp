@@ -1,0 +1,73 @@
+#pragma once
+// The optimiser keys of a program's config and the AdamW settings they make. Here rather than in
+// optim: optim sits beside config in the layering and does not include it.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "olmax/config/key_value.hpp"
+#include "olmax/core/error.hpp"
+#include "olmax/optim/adam.hpp"
+#include "olmax/optim/param.hpp"
+#include "olmax/optim/schedule.hpp"
+
+namespace olmax::train {
+
+struct OptimizerConfig {
+    double lr = 3e-3;
+    std::int64_t warmup = 50;
+    double lr_decay = 1e-4;
+    std::int64_t decay_start = -1;
+    double min_lr = 0.0;
+    double beta1 = 0.9;
+    double beta2 = 0.99;
+    double eps = 1e-8;
+    double weight_decay = 0.01;
+    std::string decay_policy = "matrices";
+    double agc_clip = 0.0;
+    double max_grad_norm = 1.0;
+
+    static const std::vector<config::Field<OptimizerConfig>>& fields() {
+        using C = OptimizerConfig;
+        using config::Field;
+        constexpr double steps_max = 1e12;
+        static const std::vector<Field<C>> f{
+            Field<C>{"lr", &C::lr, "peak learning rate"}.greater_than(0).at_most(10),
+            Field<C>{"warmup", &C::warmup, "linear warmup steps"}.in(0, steps_max),
+            Field<C>{"lr_decay", &C::lr_decay, "exponential decay rate per step after decay_start"}.at_least(0).less_than(1),
+            Field<C>{"decay_start", &C::decay_start, "first decayed step (-1: end of warmup)"}.in(-1, steps_max),
+            Field<C>{"min_lr", &C::min_lr, "floor of the decayed learning rate"}.in(0, 10),
+            Field<C>{"beta1", &C::beta1, "Adam first-moment decay"}.at_least(0).less_than(1),
+            Field<C>{"beta2", &C::beta2, "Adam second-moment decay"}.at_least(0).less_than(1),
+            Field<C>{"eps", &C::eps, "Adam epsilon"}.greater_than(0).at_most(1),
+            Field<C>{"weight_decay", &C::weight_decay, "decoupled weight decay"}.in(0, 10),
+            Field<C>{"decay_policy", &C::decay_policy, "which parameter roles are decayed", {"matrices", "embeddings_only", "all", "none"}},
+            Field<C>{"agc_clip", &C::agc_clip, "unit-wise adaptive gradient clipping ratio (0: off)"}.in(0, 1e6),
+            Field<C>{"max_grad_norm", &C::max_grad_norm, "global gradient-norm clip (0: off)"}.in(0, 1e12),
+        };
+        return f;
+    }
+
+    /// The keys' ranges, and the floor of the schedule not above its peak.
+    void validate() const {
+        config::validate_fields(*this);
+        check<config::config_error>(min_lr <= lr, "config: key 'min_lr' (", min_lr, ") must not exceed 'lr' (", lr, ")");
+    }
+};
+
+/// The AdamW settings of the keys (schedule, betas, decay policy, AGC, global clip).
+inline optim::AdamWConfig optimizer_config(const OptimizerConfig& c) {
+    optim::AdamWConfig o;
+    o.schedule = optim::LrSchedule{c.lr, c.warmup, c.lr_decay, c.decay_start, c.min_lr};
+    o.beta1 = c.beta1;
+    o.beta2 = c.beta2;
+    o.eps = c.eps;
+    o.weight_decay = c.weight_decay;
+    o.decay_policy = optim::parse_weight_decay_policy(c.decay_policy);
+    o.agc.clip = c.agc_clip;
+    o.max_grad_norm = c.max_grad_norm;
+    return o;
+}
+
+}  // namespace olmax::train

@@ -1,0 +1,72 @@
+#pragma once
+// The step compiled once for a PJRT device (docs/xla.md): models::XlaTrainer traces the model's
+// own eager step (loss, backward, AdamW) and runs it with the parameters and moments resident on
+// the device; per step only the batch goes there and the loss and gradient norm come back. The
+// host model and optimiser are brought up to date before evaluations and checkpoints, so a
+// checkpoint written by either strategy resumes with either.
+//
+// Needs the PJRT runtime (CMake target olmax::pjrt): olmax/olmax.hpp and olmax/train/train.hpp do
+// not include this header. One process (data parallelism is over the plugin's devices instead).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "olmax/core/error.hpp"
+#include "olmax/models/xla_trainer.hpp"
+#include "olmax/train/step.hpp"
+#include "olmax/xla/pjrt_runtime.hpp"
+
+namespace olmax::train {
+
+struct XlaStepOptions {
+    std::string plugin;      ///< the PJRT plugin (.so); empty: the environment variable OLMAX_PJRT_PLUGIN
+    std::size_t batch = 8, sequence = 64;  ///< the shape the step is compiled for
+    int devices = 1;         ///< data parallel over the plugin's first N devices (XLA's SPMD partitioner)
+};
+
+template <class Model>
+class XlaStep final : public StepStrategy<Model> {
+public:
+    explicit XlaStep(XlaStepOptions options) : options_(std::move(options)) {}
+
+    /// Loads the plugin, traces and compiles the step and uploads the host state (after a resume).
+    std::string prepare(StepContext<Model> context) override {
+        check<value_error>(context.comm.world_size() == 1, "train::XlaStep: the compiled step runs in one process, got ",
+                           context.comm.world_size(), " (data parallelism is over the plugin's devices)");
+        namespace pjrt = olmax::xla::pjrt;
+        const auto& plugin = pjrt::plugin::load(options_.plugin);
+        auto client = std::make_shared<pjrt::client>(plugin);
+        const std::size_t device_count = client->device_count();
+        const auto started = std::chrono::steady_clock::now();
+        trainer_ = std::make_unique<models::XlaTrainer<Model>>(context.model, context.optimizer, std::move(client), options_.batch,
+                                                               options_.sequence, options_.devices);
+        char line[400];
+        std::snprintf(line, sizeof line, "device xla: %s, %zu device(s), step compiled in %.2f s (%zu bytes of StableHLO), data parallel over %d",
+                      plugin.path().c_str(), device_count,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), trainer_->module().text.size(),
+                      options_.devices);
+        return line;
+    }
+
+    /// One execute: forward, gradients and the update on the device.
+    StepLoss compute(const std::function<data::Batch()>& next_batch) override {
+        check(trainer_ != nullptr, "train::XlaStep: compute before prepare");
+        const auto result = trainer_->step(next_batch());
+        return {result.loss, result.grad_norm, 0.0};
+    }
+    void update() override {}  // done by compute, on the device
+    void synchronize_host() override {
+        if (trainer_) trainer_->download();
+    }
+    std::string divergence_note() const override { return "(on the device: its state is not kept)"; }
+
+private:
+    XlaStepOptions options_;
+    std::unique_ptr<models::XlaTrainer<Model>> trainer_;
+};
+
+}  // namespace olmax::train

@@ -1,0 +1,264 @@
+// olmax::train::Trainer and its host step on a model of the test's own (a bigram table): gradient
+// accumulation against one batch of both micro-batches, resume against an uninterrupted run (bit
+// for bit), divergence, the time budget, a stop request and bad settings.
+
+#include "test_helpers.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace train = olmax::train;
+using olmax::Tensor;
+
+/// logits(next byte | byte) = table[byte]: the smallest model the Trainer can train.
+struct Bigram {
+    using value_type = float;
+    Tensor<float> table;
+    int poison_at_call = 0;  // > 0: the loss of this call of accumulate_gradients is NaN
+    int calls = 0;
+
+    explicit Bigram(std::uint64_t seed) {
+        olmax::Generator rng(seed);
+        table = olmax::randn<float>({256, 256}, rng, 0.0f, 0.1f);
+        table.set_requires_grad(true);
+    }
+    std::vector<olmax::optim::Parameter<float>> parameters() { return {{"table", olmax::nn::Role::weight, table}}; }
+
+    double accumulate_gradients(const olmax::data::Batch& batch, std::size_t /*shards*/, double scale) {
+        olmax::autodiff::tape_scope tape;
+        const std::size_t n = batch.inputs.size();
+        auto logits = olmax::reshape(olmax::embedding(table, batch.inputs), olmax::Shape{n, 256});
+        auto loss = olmax::cross_entropy(logits, Tensor<std::int32_t>::from(olmax::Shape{n}, batch.targets.span()));
+        if (++calls == poison_at_call) loss = loss * std::numeric_limits<float>::quiet_NaN();
+        const double value = double(loss.item());
+        (loss * float(scale)).backward();
+        return value;
+    }
+
+    std::pair<double, double> masked_nll(const olmax::data::Batch& batch) const {
+        double total = 0, count = 0;
+        for (std::size_t i = 0; i < batch.targets.size(); ++i) {
+            if (batch.mask.data()[i] == 0.0f) continue;
+            const float* row = table.data() + std::size_t(batch.inputs.data()[i]) * 256;
+            double sum = 0;
+            for (std::size_t v = 0; v < 256; ++v) sum += std::exp(double(row[v]));
+            total += std::log(sum) - double(row[batch.targets.data()[i]]);
+            count += 1;
+        }
+        return {total, count};
+    }
+};
+
+static_assert(train::TrainableModel<Bigram>);
+static_assert(train::TrainableModel<olmax::models::ByteLM<olmax::models::ConvMixer>>);
+static_assert(!train::TrainableModel<int>);
+
+olmax::data::Documents corpus() {
+    olmax::data::Documents docs;
+    const char* texts[] = {"the cat sat on the mat. ", "the dog sat on the log. ", "a cat and a dog. ", "the mat and the log. "};
+    for (int rep = 0; rep < 4; ++rep)
+        for (const char* t : texts) docs.push_back(olmax::data::ByteTokenizer::encode(t));
+    return docs;
+}
+
+olmax::optim::AdamWConfig adam() {
+    olmax::optim::AdamWConfig o;
+    o.schedule = olmax::optim::LrSchedule{1e-2, 2, 0.0, -1, 0.0};
+    return o;
+}
+
+train::TrainerOptions options(const std::filesystem::path& dir, std::int64_t steps) {
+    train::TrainerOptions o;
+    o.steps = steps, o.batch = 4, o.sequence = 16, o.seed = 5;
+    o.eval_every = 2, o.eval_batches = 2, o.checkpoint_every = 3, o.checkpoint_dir = dir.string();
+    o.config_text = "model = bigram\n";
+    return o;
+}
+
+/// Records the losses the Trainer reports.
+struct Recorder final : train::Observer {
+    std::vector<double> losses, evaluations;
+    std::vector<std::string> notes;
+    bool ended = false;
+    void note(std::string_view line) override { notes.emplace_back(line); }
+    void finished() override { ended = true; }
+    void step_finished(const train::StepReport& r) override { losses.push_back(r.loss); }
+    void evaluated(std::int64_t, double loss) override { evaluations.push_back(loss); }
+};
+
+struct Run {
+    Bigram model{11};
+    olmax::optim::AdamW<float> opt{model.parameters(), adam()};
+    olmax::distributed::LocalCommunicator comm;
+    Recorder recorder;
+    train::Trainer<Bigram> trainer;
+    explicit Run(train::TrainerOptions o, train::HostStepOptions step = {})
+        : trainer(model, opt, comm, corpus(), corpus(), std::move(o), std::make_unique<train::HostStep<Bigram>>(step), recorder) {}
+};
+
+struct TempDir {
+    std::filesystem::path path;
+    explicit TempDir(const std::string& name) : path(std::filesystem::temp_directory_path() / ("olmax-test-trainer-" + name)) {
+        std::filesystem::remove_all(path);
+    }
+    ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
+    return a.size() == b.size() && std::equal(a.data(), a.data() + a.size(), b.data());
+}
+
+}  // namespace
+
+TEST_CASE("train: two accumulated micro-batches step as one batch of both", "[train]") {
+    olmax::data::PackedLoader loader(corpus(), {4, 16, 1, true, true});
+    const auto both = *loader.next();
+    olmax::distributed::LocalCommunicator comm;
+    auto one_step = [&](std::int64_t micro_batches, const std::vector<olmax::data::Batch>& feed) {
+        auto model = std::make_unique<Bigram>(3);
+        olmax::optim::AdamW<float> opt(model->parameters(), adam());
+        train::HostStep<Bigram> step(train::HostStepOptions{.grad_accumulation = micro_batches, .data_parallel = false});
+        step.prepare({*model, opt, comm});
+        std::size_t next = 0;
+        const double loss = step.compute([&] { return feed.at(next++); }).loss;
+        step.update();
+        CHECK(next == feed.size());
+        return std::make_pair(loss, model->table.clone());
+    };
+    const auto [whole_loss, whole] = one_step(1, {both});
+    const auto [split_loss, split] = one_step(2, {olmax::data::batch_rows(both, 0, 2), olmax::data::batch_rows(both, 2, 4)});
+    CHECK(split_loss == Approx(whole_loss).epsilon(1e-6));
+    CHECK(olmax_test::max_abs_diff(whole, split) < 1e-6);
+    const auto [first_loss, first_half_only] = one_step(1, {olmax::data::batch_rows(both, 0, 2)});
+    CHECK(olmax_test::max_abs_diff(whole, first_half_only) > 1e-4);  // the test sees a difference where there is one
+}
+
+TEST_CASE("train: a run resumed from its checkpoint continues bit for bit as the uninterrupted run", "[train]") {
+    TempDir straight_dir("straight"), resumed_dir("resumed");
+    Run straight(options(straight_dir.path, 6));
+    const auto straight_result = straight.trainer.run();
+    CHECK(straight_result.step == 6);
+    CHECK(straight.recorder.losses.size() == 6);
+
+    {
+        Run first(options(resumed_dir.path, 3));  // stops at 3: the checkpoint after the last step
+        CHECK(first.trainer.run().last_checkpoint.filename() == "ckpt-0000000003.olmax");
+    }
+    Run second(options(resumed_dir.path, 6));
+    CHECK(second.trainer.prepare() == 3);
+    const auto resumed_result = second.trainer.run();
+    CHECK(resumed_result.step == 6);
+    REQUIRE(second.recorder.losses.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) CHECK(second.recorder.losses[i] == straight.recorder.losses[3 + i]);
+    CHECK(same_bits(second.model.table, straight.model.table));
+    CHECK(resumed_result.last_evaluation == straight_result.last_evaluation);
+
+    Run refused([&] {
+        auto o = options(resumed_dir.path, 9);
+        o.resume = false;
+        return o;
+    }());
+    CHECK_THROWS_WITH(refused.trainer.prepare(), Catch::Contains("checkpoints of an earlier run"));
+}
+
+TEST_CASE("train: a NaN loss ends the run with training_diverged naming the last good checkpoint", "[train]") {
+    TempDir dir("diverged");
+    Run run(options(dir.path, 10));
+    run.model.poison_at_call = 5;
+    try {
+        run.trainer.run();
+        FAIL("no training_diverged");
+    } catch (const train::training_diverged& e) {
+        CHECK_THAT(e.what(), Catch::Contains("the loss is nan at step 5"));
+        CHECK(e.last_checkpoint().filename() == "ckpt-0000000003.olmax");
+    }
+    CHECK(run.trainer.step() == 4);
+    CHECK(run.recorder.losses.size() == 4);
+}
+
+TEST_CASE("train: the time budget and a stop request end the run after the current step", "[train]") {
+    TempDir dir("budget");
+    auto o = options(dir.path, 50);
+    o.time_budget_s = 1e-9;  // reached by the first step
+    Run run(o);
+    const auto result = run.trainer.run();
+    CHECK(result.out_of_time);
+    CHECK(result.step == 1);
+    CHECK(std::isfinite(result.last_evaluation));  // the last step is evaluated ...
+    CHECK(result.last_checkpoint.filename() == "ckpt-0000000001.olmax");  // ... and saved
+    CHECK(run.recorder.ended);
+    REQUIRE_FALSE(run.recorder.notes.empty());
+    CHECK_THAT(run.recorder.notes.back(), Catch::Contains("time budget of 0 s reached after step 1"));
+
+    TempDir stop_dir("stop");
+    Run stopped(options(stop_dir.path, 50));
+    olmax::request_stop();
+    const auto stop_result = stopped.trainer.run();
+    olmax::clear_stop_request();
+    CHECK(stop_result.stop.stop);
+    CHECK(stop_result.step == 1);
+    CHECK(stopped.recorder.evaluations.empty());  // a stop skips the final evaluation, not the checkpoint
+    CHECK(stop_result.last_checkpoint.filename() == "ckpt-0000000001.olmax");
+}
+
+TEST_CASE("train: bad settings are refused with a plain message", "[train]") {
+    TempDir dir("bad");
+    auto o = options(dir.path, 5);
+    o.eval_every = 0;
+    CHECK_THROWS_WITH(Run(o), Catch::Contains("eval_every"));
+    CHECK_THROWS_WITH(train::HostStep<Bigram>(train::HostStepOptions{.grad_accumulation = 0}), Catch::Contains("grad_accumulation must be at least 1"));
+    Bigram model(1);
+    olmax::optim::AdamW<float> opt(model.parameters(), adam());
+    olmax::distributed::LocalCommunicator comm;
+    Recorder recorder;
+    CHECK_THROWS_WITH(train::Trainer<Bigram>(model, opt, comm, corpus(), {}, options(dir.path, 5),
+                                             std::make_unique<train::HostStep<Bigram>>(train::HostStepOptions{}), recorder),
+                      Catch::Contains("no held-out documents"));
+}
+
+TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and reads the text checkpoints stored before", "[train][config]") {
+    namespace config = olmax::config;
+    using olmax::train::TrainConfig;
+    std::vector<std::string> keys;
+    for (const auto& f : TrainConfig::fields()) keys.push_back(f.key);
+    CHECK(keys.size() == 52);
+    auto sorted = keys;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+    for (const auto& f : train::HostStepOptions::fields()) CHECK(std::find(keys.begin(), keys.end(), f.key) != keys.end());
+    for (const auto& f : train::LoopConfig::fields()) CHECK(std::find(keys.begin(), keys.end(), f.key) != keys.end());
+
+    // A key set through the composition lands in its section's member.
+    TrainConfig c;
+    config::set_value(c, "grad_accumulation", "3", "test");
+    config::set_value(c, "checkpoint_every", "7", "test");
+    CHECK(static_cast<const train::HostStepOptions&>(c).grad_accumulation == 3);
+    CHECK(static_cast<const train::LoopConfig&>(c).checkpoint_every == 7);
+
+    // The config text of a checkpoint written by the single TrainConfig of olmax::config (its key
+    // order, and xla_replicas, an older name of xla_devices).
+    const std::string before =
+        "data = README.md\nheld_out_fraction = 0.05\nseed = 0\nbatch = 2\nsequence = 16\npreset = tiny\nblock = qrnn\nfeatures = 8\n"
+        "depth = 1\nsteps = 6\ngrad_accumulation = 1\nlr = 0.003\nwarmup = 50\nlr_decay = 0.0001\ndecay_start = -1\nmin_lr = 0\n"
+        "beta1 = 0.9\nbeta2 = 0.99\neps = 1e-08\nweight_decay = 0.01\ndecay_policy = matrices\nagc_clip = 0\nmax_grad_norm = 1\n"
+        "update_in_backward = false\neval_every = 2\neval_batches = 1\ncheckpoint_every = 2\ncheckpoint_dir = /tmp/tl0\n"
+        "keep_checkpoints = 3\nresume = true\nlog_every = 1\nthreads = 1\ndata_parallel = true\ndry_run = false\nplot = false\n"
+        "time_budget_s = 0\nworld_size = 1\nrank = 0\ndevice = cpu\nxla_plugin = \"\"\nxla_replicas = 2\nprecision = fp32\n"
+        "kept_layers = 0\nrendezvous = \"\"\ncollective_timeout_s = 1.2e+02\noverlap_allreduce = true\nbucket_mb = 25\n"
+        "sample_bytes = 20\ntemperature = 0.8\ntop_k = 0\ntop_p = 0.95\nprompt = \"The \"\n";
+    TrainConfig saved;
+    config::load_text(saved, before, "an older checkpoint's config");
+    CHECK(saved.block == "qrnn");
+    CHECK(saved.xla_devices == 2);
+    CHECK(saved.checkpoint_dir == "/tmp/tl0");
+    CHECK(saved.prompt == "The ");
+    TrainConfig again;
+    config::load_text(again, config::to_text(saved));
+    CHECK(config::to_text(again) == config::to_text(saved));
+    CHECK(train::trainer_options(saved).checkpoint_every == 2);
+}
