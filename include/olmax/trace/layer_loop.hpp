@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
