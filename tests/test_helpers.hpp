@@ -167,4 +167,14 @@ auto with_kernels(F&& f) {
     return f();
 }
 
+/// A few short repeated sentences (16 documents of bytes): data for the loaders and training loops
+/// of fast tests.
+inline olmax::data::Documents tiny_corpus() {
+    olmax::data::Documents docs;
+    const char* texts[] = {"the cat sat on the mat. ", "the dog sat on the log. ", "a cat and a dog. ", "the mat and the log. "};
+    for (int rep = 0; rep < 4; ++rep)
+        for (const char* t : texts) docs.push_back(olmax::data::ByteTokenizer::encode(t));
+    return docs;
+}
+
 }  // namespace olmax_test

@@ -483,14 +483,6 @@ olmax::train::TrainConfig tiny_training_config() {
     return c;
 }
 
-olmax::data::Documents tiny_corpus() {
-    olmax::data::Documents docs;
-    const char* texts[] = {"the cat sat on the mat. ", "the dog sat on the log. ", "a cat and a dog. ", "the mat and the log. "};
-    for (int rep = 0; rep < 4; ++rep)
-        for (const char* t : texts) docs.push_back(olmax::data::ByteTokenizer::encode(t));
-    return docs;
-}
-
 /// Runs the tiny model on one thread (and restores the setting): at this size OpenMP barriers cost
 /// more than the work (measured: 0.3 s on 1 thread vs 8 s on 2 on a busy 2-core machine), and
 /// results are deterministic per thread count either way.
@@ -519,7 +511,7 @@ TEST_CASE("train: 50 steps on a tiny corpus lower the loss", "[io][train]") {
     const auto c = tiny_training_config();
     byte_lm::Model model(c);
     olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), byte_lm::optimizer_config(c));
-    olmax::data::PackedLoader loader(tiny_corpus(), {4, 16, 3, true, true});
+    olmax::data::PackedLoader loader(olmax_test::tiny_corpus(), {4, 16, 3, true, true});
     double first = 0, last = 0;
     for (int s = 0; s < 50; ++s) {
         const double loss = train_step(model, opt, loader);
@@ -540,14 +532,14 @@ TEST_CASE("train: resume from a checkpoint continues bit-identically", "[io][tra
 
     byte_lm::Model straight(c);
     olmax::optim::AdamW<byte_lm::T> straight_opt(straight.parameters(), byte_lm::optimizer_config(c));
-    olmax::data::PackedLoader straight_data(tiny_corpus(), lc);
+    olmax::data::PackedLoader straight_data(olmax_test::tiny_corpus(), lc);
     std::vector<double> straight_losses;
     for (int s = 0; s < 8; ++s) straight_losses.push_back(train_step(straight, straight_opt, straight_data));
 
     {
         byte_lm::Model first(c);
         olmax::optim::AdamW<byte_lm::T> opt(first.parameters(), byte_lm::optimizer_config(c));
-        olmax::data::PackedLoader data(tiny_corpus(), lc);
+        olmax::data::PackedLoader data(olmax_test::tiny_corpus(), lc);
         for (int s = 0; s < 4; ++s) CHECK(train_step(first, opt, data) == straight_losses[std::size_t(s)]);
         io::CheckpointDirectory(dir).save(
             io::make_checkpoint(opt, io::TrainingState{4, olmax::config::to_text(c), data.position().to_text(), ""}), 4);
@@ -557,7 +549,7 @@ TEST_CASE("train: resume from a checkpoint continues bit-identically", "[io][tra
     c2.seed = 99;  // different initial values: everything must come from the checkpoint
     byte_lm::Model resumed(c2);
     olmax::optim::AdamW<byte_lm::T> opt(resumed.parameters(), byte_lm::optimizer_config(c));
-    olmax::data::PackedLoader data(tiny_corpus(), lc);
+    olmax::data::PackedLoader data(olmax_test::tiny_corpus(), lc);
     auto loaded = io::CheckpointDirectory(dir).load_latest();
     REQUIRE(loaded.has_value());
     const auto state = io::restore_checkpoint(loaded->archive, opt);
@@ -584,7 +576,7 @@ TEST_CASE("train: data-parallel steps on two threads are deterministic and follo
     auto run = [&](std::size_t shards) {
         byte_lm::Model model(c);
         olmax::optim::AdamW<byte_lm::T> opt(model.parameters(), byte_lm::optimizer_config(c));
-        olmax::data::PackedLoader data(tiny_corpus(), lc);
+        olmax::data::PackedLoader data(olmax_test::tiny_corpus(), lc);
         Run r;
         for (int s = 0; s < 6; ++s) r.losses.push_back(train_step(model, opt, data, shards));
         for (const auto& p : opt.parameters()) r.params.push_back(p.tensor.clone());
@@ -600,7 +592,7 @@ TEST_CASE("train: data-parallel steps on two threads are deterministic and follo
     // One batch's gradients: two shards equal one up to float32 rounding (relative to each tensor's largest).
     auto gradients = [&](std::size_t shards) {
         byte_lm::Model model(c);
-        olmax::data::PackedLoader data(tiny_corpus(), lc);
+        olmax::data::PackedLoader data(olmax_test::tiny_corpus(), lc);
         model.accumulate_gradients(*data.next(), shards, 1.0);
         std::vector<olmax::Tensor<byte_lm::T>> out;
         for (const auto& p : model.parameters()) out.push_back(p.tensor.grad());

@@ -58,14 +58,6 @@ static_assert(train::TrainableModel<Bigram>);
 static_assert(train::TrainableModel<olmax::models::ByteLM<olmax::models::ConvMixer>>);
 static_assert(!train::TrainableModel<int>);
 
-olmax::data::Documents corpus() {
-    olmax::data::Documents docs;
-    const char* texts[] = {"the cat sat on the mat. ", "the dog sat on the log. ", "a cat and a dog. ", "the mat and the log. "};
-    for (int rep = 0; rep < 4; ++rep)
-        for (const char* t : texts) docs.push_back(olmax::data::ByteTokenizer::encode(t));
-    return docs;
-}
-
 olmax::optim::AdamWConfig adam() {
     olmax::optim::AdamWConfig o;
     o.schedule = olmax::optim::LrSchedule{1e-2, 2, 0.0, -1, 0.0};
@@ -98,7 +90,8 @@ struct Run {
     Recorder recorder;
     train::Trainer<Bigram> trainer;
     explicit Run(train::TrainerOptions o, train::HostStepOptions step = {})
-        : trainer(model, opt, comm, corpus(), corpus(), std::move(o), std::make_unique<train::HostStep<Bigram>>(step), recorder) {}
+        : trainer(model, opt, comm, olmax_test::tiny_corpus(), olmax_test::tiny_corpus(), std::move(o),
+                  std::make_unique<train::HostStep<Bigram>>(step), recorder) {}
 };
 
 struct TempDir {
@@ -116,7 +109,7 @@ bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
 }  // namespace
 
 TEST_CASE("train: two accumulated micro-batches step as one batch of both", "[train]") {
-    olmax::data::PackedLoader loader(corpus(), {4, 16, 1, true, true});
+    olmax::data::PackedLoader loader(olmax_test::tiny_corpus(), {4, 16, 1, true, true});
     const auto both = *loader.next();
     olmax::distributed::LocalCommunicator comm;
     auto one_step = [&](std::int64_t micro_batches, const std::vector<olmax::data::Batch>& feed) {
@@ -216,7 +209,7 @@ TEST_CASE("train: bad settings are refused with a plain message", "[train]") {
     olmax::optim::AdamW<float> opt(model.parameters(), adam());
     olmax::distributed::LocalCommunicator comm;
     Recorder recorder;
-    CHECK_THROWS_WITH(train::Trainer<Bigram>(model, opt, comm, corpus(), {}, options(dir.path, 5),
+    CHECK_THROWS_WITH(train::Trainer<Bigram>(model, opt, comm, olmax_test::tiny_corpus(), {}, options(dir.path, 5),
                                              std::make_unique<train::HostStep<Bigram>>(train::HostStepOptions{}), recorder),
                       Catch::Contains("no held-out documents"));
 }
