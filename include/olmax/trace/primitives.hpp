@@ -284,11 +284,11 @@ inline T matmul(const T& a, const T& b) {
     });
 }
 
-/// The maximum over the last axis, kept as size 1, with no gradient (a softmax's stabiliser).
-inline T max_last_detached(const T& x) {
+/// The maximum over `axis`, kept as size 1, with no gradient (a softmax's stabiliser).
+inline T max_detached(const T& x, std::size_t axis) {
     Shape kept = x.shape();
-    kept.back() = 1;
-    return wrap(gx::reshape(gx::max(var_of(x), {std::int64_t(x.rank()) - 1}), dims_of(kept)));
+    kept[axis] = 1;
+    return wrap(gx::reshape(gx::max(var_of(x), {std::int64_t(axis)}), dims_of(kept)));
 }
 
 /// One-hot rows: [ids..., classes] with 1 where the class equals the id (no gradient).

@@ -56,7 +56,7 @@ void unary(std::string_view name, F f) {
 /// z_loss * mean(lse^2): the eager op's value, whose gradient the primitives' rules give.
 inline Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<float>& targets, double z_loss) {
     const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
-    const Tensor<float> m = p::max_last_detached(logits);
+    const Tensor<float> m = p::max_detached(logits, 1);
     const Tensor<float> shifted = p::sub(logits, p::broadcast_to(m, logits.shape()));
     const Tensor<float> lse = p::add(p::log(p::sum(p::exp(shifted), {1}, true)), m);  // [N, 1]
     const Tensor<float> picked = p::sum(p::mul(logits, p::one_hot(targets, vocab)), {1}, true);
@@ -105,10 +105,7 @@ inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const
 /// softmax (or log_softmax) along `axis`: x - max is exponentiated (the max carries no gradient,
 /// as the eager op's shift), divided by (or, logged, minus the log of) its sum along the axis.
 inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
-    Shape kept = x.shape();
-    kept[axis] = 1;
-    const Tf m = wrap(gx::reshape(gx::stop_gradient(gx::max(var_of(x), {std::int64_t(axis)})), dims_of(kept)));
-    const Tf shifted = p::sub(x, p::broadcast_to(m, x.shape()));
+    const Tf shifted = p::sub(x, p::broadcast_to(p::max_detached(x, axis), x.shape()));
     const Tf total = p::sum(p::exp(shifted), {std::int64_t(axis)}, true);
     return log ? p::sub(shifted, p::broadcast_to(p::log(total), x.shape())) : p::div(p::exp(shifted), p::broadcast_to(total, x.shape()));
 }
