@@ -13,6 +13,9 @@
 #     FUSED=1 ...                                            # also rows without gradient clipping (--max_grad_norm 0): olmax bf16
 #                                                            # updating during backward (--update_in_backward 1), PyTorch bf16
 #                                                            # autocast eager, compiled, and with its optimizer-in-backward hooks
+# olmax rows keep AdamW's moments in float32 (train_step --adam_moments fp32, label suffix "-adam32"),
+# as torch.optim.AdamW does for float parameters; ADAM_MOMENTS=fp64 runs them with olmax's default
+# double moments instead.
 # Rows "olmax-bf16" (train_step --precision bf16: every GEMM bf16 x bf16 -> fp32, on oneDNN's bf16 kernels
 # where built with it) and "pytorch-bf16autocast-2.x" (the forward under torch.autocast("cpu", bfloat16))
 # come beside the fp32 rows; BF16=0 leaves them out.
@@ -81,15 +84,16 @@ for config in "${configs[@]}"; do
   for threads in "${threads_list[@]}"; do
     flags=(--batch "$batch" --sequence "$sequence" --features "$features" --depth "$depth" --threads "$threads" --repeats "$repeats"
            --max_seconds "${MAX_SECONDS:-20}")
-    "$binary" "${flags[@]}" --json "$scratch/$i-a-olmax.json"
-    [ "${BF16:-1}" = 1 ] && "$binary" "${flags[@]}" --precision bf16 --json "$scratch/$i-a1-olmax-bf16.json"
+    olmax_flags=("${flags[@]}" --adam_moments "${ADAM_MOMENTS:-fp32}")
+    "$binary" "${olmax_flags[@]}" --json "$scratch/$i-a-olmax.json"
+    [ "${BF16:-1}" = 1 ] && "$binary" "${olmax_flags[@]}" --precision bf16 --json "$scratch/$i-a1-olmax-bf16.json"
     if [ -n "${KEPT:-}" ]; then  # recompute as a budget: the first KEPT reversible layers keep their activations
-      "$binary" "${flags[@]}" --kept_layers "$KEPT" --json "$scratch/$i-a2-olmax-kept.json"
-      [ "${BF16:-1}" = 1 ] && "$binary" "${flags[@]}" --precision bf16 --kept_layers "$KEPT" --json "$scratch/$i-a3-olmax-bf16-kept.json"
+      "$binary" "${olmax_flags[@]}" --kept_layers "$KEPT" --json "$scratch/$i-a2-olmax-kept.json"
+      [ "${BF16:-1}" = 1 ] && "$binary" "${olmax_flags[@]}" --precision bf16 --kept_layers "$KEPT" --json "$scratch/$i-a3-olmax-bf16-kept.json"
     fi
     if [ "${FUSED:-}" = 1 ]; then  # no clipping: one backward (with clipping the update inside backward runs it twice)
-      "$binary" "${flags[@]}" --precision bf16 --max_grad_norm 0 --update_in_backward 1 --json "$scratch/$i-a4-olmax-bf16-fused.json"
-      [ -n "${KEPT:-}" ] && "$binary" "${flags[@]}" --precision bf16 --max_grad_norm 0 --update_in_backward 1 --kept_layers "$KEPT" \
+      "$binary" "${olmax_flags[@]}" --precision bf16 --max_grad_norm 0 --update_in_backward 1 --json "$scratch/$i-a4-olmax-bf16-fused.json"
+      [ -n "${KEPT:-}" ] && "$binary" "${olmax_flags[@]}" --precision bf16 --max_grad_norm 0 --update_in_backward 1 --kept_layers "$KEPT" \
         --json "$scratch/$i-a5-olmax-bf16-kept-fused.json"
       if [ -n "$torch2" ]; then
         "$torch2" "$here/torch_train_step.py" "${flags[@]}" --autocast_bf16 --max_grad_norm 0 --json "$scratch/$i-b02-pytorch2-bf16-clip0.json"

@@ -5,6 +5,7 @@
 //     build/benchmarks/train_step/train_step --batch=8 --sequence=64 --features=64 --depth=2 --threads=1
 //     build/benchmarks/train_step/train_step --quick --json=/tmp/quick.json
 //     build/benchmarks/train_step/train_step --precision=bf16 --memory_profile   (what the step's peak holds)
+//     build/benchmarks/train_step/train_step --precision=bf16 --time_profile     (where the step's time goes, by op)
 //
 // Memory (the same method in torch_train_step.py; see benchmarks/RESULTS.md):
 //   peak_rss_bytes  growth of the process's peak resident set over one steady-state step (after
@@ -40,6 +41,7 @@
 #include <olmax/config/program.hpp>
 #include <olmax/core/memory.hpp>
 #include <olmax/core/memory_profile.hpp>
+#include <olmax/core/time_profile.hpp>
 #include <olmax/io/npy.hpp>
 #include <olmax/models/models.hpp>
 #include <olmax/train/train_config.hpp>
@@ -69,7 +71,9 @@ struct Options {
     std::int64_t kept_layers = 0;          // nn::Stack::keep_activations: leading layers not recomputed in the backward
     bool update_in_backward = false;       // AdamW::step_during_backward (TrainConfig::update_in_backward)
     double max_grad_norm = -1;             // -1: the main job's default
+    std::string adam_moments;              // "": the main job's default (TrainConfig::adam_moments)
     bool memory_profile = false;           // also print olmax::memory::profile_peak of one more step
+    bool time_profile = false;             // also print olmax::profile_time of one more step
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -83,10 +87,12 @@ struct Options {
                  "                                 with olmax::onednn and the CPU has bf16 units, as train_lm --precision=bf16)\n"
                  "       [--kept_layers N]  (recompute as a budget: the first N reversible layers keep their activations)\n"
                  "       [--max_grad_norm X]  (global-norm clip; default the main job's, 0 = off)\n"
+                 "       [--adam_moments fp64|fp32]  (AdamW's moment type; default the main job's)\n"
                  "       [--update_in_backward 0|1]  (1: AdamW applied inside backward as each gradient is final, as train_lm\n"
                  "                                    --update_in_backward; with clipping (max_grad_norm > 0) backward runs twice)\n"
                  "       [--memory_profile]  (after the timed steps, one more step under olmax::memory::profile_peak: its\n"
-                 "                            peak's tensor buffers by the op that made them)\n";
+                 "                            peak's tensor buffers by the op that made them)\n"
+                 "       [--time_profile]  (after the timed steps, one more step under olmax::profile_time: its time by op)\n";
     std::exit(1);
 }
 
@@ -98,6 +104,10 @@ Options parse(int argc, char** argv) {
         arg = arg.substr(2);
         if (arg == "memory_profile") {
             o.memory_profile = true;
+            continue;
+        }
+        if (arg == "time_profile") {
+            o.time_profile = true;
             continue;
         }
         if (arg == "profile") {  // per-layer timings instead of the step benchmark
@@ -149,6 +159,10 @@ Options parse(int argc, char** argv) {
                 usage("--max_grad_norm needs a number, got '" + value + "'");
             }
             if (!(o.max_grad_norm >= 0)) usage("--max_grad_norm must be >= 0, got '" + value + "'");
+        }
+        else if (arg == "adam_moments") {
+            if (value != "fp64" && value != "fp32") usage("--adam_moments takes fp64 or fp32, got '" + value + "'");
+            o.adam_moments = value;
         }
         else if (arg == "precision") {
             if (value != "fp32" && value != "bf16") usage("--precision takes fp32 or bf16, got '" + value + "'");
@@ -310,6 +324,7 @@ int run(int argc, char** argv) {
     c.batch = o.batch, c.sequence = o.sequence, c.features = o.features, c.depth = o.depth, c.threads = o.threads;
     c.data_parallel = o.data_parallel;
     if (o.max_grad_norm >= 0) c.max_grad_norm = o.max_grad_norm;
+    if (!o.adam_moments.empty()) c.adam_moments = o.adam_moments;
     c.update_in_backward = o.update_in_backward;
     c.validate();
 #if defined(_OPENMP)
@@ -421,10 +436,11 @@ int run(int argc, char** argv) {
     std::ostringstream json;
     const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : "olmax") +
                                   (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "") +
-                                  (c.update_in_backward ? (c.max_grad_norm > 0 ? "-fused-clip" : "-fused") : "");
+                                  (c.update_in_backward ? (c.max_grad_norm > 0 ? "-fused-clip" : "-fused") : "") +
+                                  (c.adam_moments == "fp32" ? "-adam32" : "");
     json << "{\"framework\": \"" << framework << "\", \"precision\": \"" << o.precision
          << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations()
-         << ", \"update_in_backward\": " << (c.update_in_backward ? "true" : "false") << ", \"max_grad_norm\": " << c.max_grad_norm << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
+         << ", \"update_in_backward\": " << (c.update_in_backward ? "true" : "false") << ", \"max_grad_norm\": " << c.max_grad_norm << ", \"adam_moments\": \"" << c.adam_moments << "\"" << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
          << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"shards\": " << shards << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
          << ", \"block_cache_bytes\": " << olmax::memory::cache_limit()
@@ -447,6 +463,10 @@ int run(int argc, char** argv) {
     if (o.memory_profile) {
         const auto profile = olmax::memory::profile_peak([&] { step(batches[0]); });
         std::printf("tensor buffers made by one step, live at its peak, by the op that made them:\n%s", profile.table().c_str());
+    }
+    if (o.time_profile) {
+        const auto profile = olmax::profile_time([&] { step(batches[0]); });
+        std::printf("one step's time by op (self time; ops inside a backward node are listed with it):\n%s", profile.table().c_str());
     }
     if (!o.json.empty()) {
         std::ofstream out(o.json);

@@ -80,7 +80,7 @@ std::string measure(const std::shared_ptr<olmax::xla::pjrt::client>& client, con
         olmax::trace::tracing t;
         t.set_target(client->platform_name());
         for (const auto& p : opt.parameters()) t.bind_state(p.tensor);
-        for (const auto& m : opt.moments()) t.bind_state(m);
+        opt.for_each_moment([&](const auto& m) { t.bind_state(m); });
         const olmax::data::Batch rows{t.input<std::int32_t>({z.batch, z.sequence}), t.input<std::int32_t>({z.batch, z.sequence}),
                                       olmax::Tensor<float>(), z.batch * z.sequence, 0};
         olmax::Tensor<float> loss = model.loss(rows);

@@ -2,6 +2,7 @@
 // (custom_op and Function<Op>) and per-thread tapes.
 #include "test_helpers.hpp"
 
+#include <algorithm>
 #include <thread>
 
 using olmax::Tensor;
@@ -197,6 +198,45 @@ TEST_CASE("memory::profile_peak names the ops whose buffers make up a step's pea
     const auto empty = olmax::memory::profile_peak([] {});
     CHECK(empty.peak_bytes == 0);
     CHECK(empty.entries.empty());
+}
+
+TEST_CASE("profile_time splits a call's time into ops, backward nodes and the rest", "[autodiff][memory]") {
+    constexpr std::size_t n = std::size_t(1) << 16;
+    auto x = olmax::parameter(Tensor<double>({n}, 0.5));
+    volatile double host = 0;
+    const auto profile = olmax::profile_time([&] {
+        auto y = olmax::exp(x);
+        auto z = olmax::mul(y, y);
+        olmax::sum(z).backward();
+        for (int i = 0; i < 100000; ++i) host = host + 1.0;  // host work outside every op
+    });
+    INFO(profile.table());
+    auto entry = [&](const std::string& label) {
+        for (const auto& e : profile.entries)
+            if (e.label == label) return e;
+        return olmax::TimeEntry{};
+    };
+    CHECK(entry("exp").calls == 1);
+    CHECK(entry("mul").calls == 1);
+    CHECK(entry("sum").calls == 1);
+    CHECK(entry("backward of mul").calls == 1);
+    CHECK(entry("backward of exp").calls == 1);
+    CHECK(entry("outside any op").calls == 1);
+    CHECK(entry("outside any op").seconds > 0);
+    for (const auto& e : profile.entries) CHECK(e.seconds >= 0);
+    // Largest first, and on one thread the self times add up to the wall time (the umbrella entry
+    // takes what no op took).
+    CHECK(std::is_sorted(profile.entries.begin(), profile.entries.end(),
+                         [](const olmax::TimeEntry& a, const olmax::TimeEntry& b) { return a.seconds > b.seconds; }));
+    CHECK(profile.total_seconds() == Approx(profile.wall_seconds).epsilon(0.02).margin(1e-5));
+    CHECK(profile.seconds_of("mul") >= entry("mul").seconds + entry("backward of mul").seconds);
+    CHECK(profile.table().find("wall") != std::string::npos);
+    // One at a time; a throwing call ends the profile.
+    CHECK_THROWS_WITH(olmax::profile_time([] { olmax::profile_time([] {}); }), Catch::Contains("already running"));
+    CHECK_THROWS_AS(olmax::profile_time([] { throw olmax::value_error("inside a profile"); }), olmax::value_error);
+    const auto empty = olmax::profile_time([] {});
+    REQUIRE(empty.entries.size() == 1);
+    CHECK(empty.entries[0].label == "outside any op");
 }
 
 TEST_CASE("backward on a non-scalar needs a grad_output of the same shape", "[autodiff][errors]") {

@@ -333,8 +333,9 @@ TEST_CASE("optim: gradients overflowing the norm are finite, NaN/Inf are refused
 
 TEST_CASE("optim: AdamW results do not depend on the thread count or on tensor sizes", "[optim]") {
     // Sizes around the SIMD width (tails), uneven thread pieces that start mid-tensor, clipping
-    // active, decoupled and L2 decay: every element must come out bit-identical, and equal to the
-    // scalar formula of torch.optim.AdamW to rounding.
+    // active, decoupled and L2 decay, both moment types: every element must come out bit-identical,
+    // and equal to the scalar formula of torch.optim.AdamW to rounding.
+    for (auto moments : {optim::MomentPrecision::float64, optim::MomentPrecision::float32})
     for (auto mode : {optim::WeightDecayMode::decoupled, optim::WeightDecayMode::l2}) {
         auto run = [&](bool threaded, std::vector<std::vector<float>>& grads_after, std::vector<double>& norms) {
             std::mt19937 rng(7);
@@ -351,6 +352,7 @@ TEST_CASE("optim: AdamW results do not depend on the thread count or on tensor s
             c.weight_decay = 0.1;
             c.max_grad_norm = 2.0;
             c.decay_mode = mode;
+            c.moments = moments;
             optim::AdamW<float> opt(params, c);
             std::optional<olmax_test::ForceThreading> force;
             if (threaded) force.emplace();
@@ -462,6 +464,74 @@ TEST_CASE("optim: state export/import continues identically", "[optim]") {
     CHECK_THROWS_AS(resumed.import_state(wrong), olmax::value_error);
 }
 
+TEST_CASE("optim: float32 moments follow float64 moments and move between checkpoints of either type", "[optim]") {
+    // The same float parameters and gradients through 30 steps (warmup, decay, clipping active on
+    // some steps) with each moment type: the float32 update differs by the rounding of the moments
+    // and of the arithmetic (float instead of double): 4.8e-7 of the parameters' scale here (bound
+    // 2e-6). Then a float32 optimiser's state goes into a float64 one and back: each continues
+    // as the original (to the same bound; the float64 -> float32 way rounds the moments once).
+    const std::size_t n = 1000;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w0(n);
+    for (auto& v : w0) v = normal(rng);
+    std::vector<std::vector<float>> grads(30, std::vector<float>(n));
+    for (std::size_t s = 0; s < grads.size(); ++s)
+        for (auto& v : grads[s]) v = normal(rng) * float(1 + s % 3);
+    auto make = [&](optim::MomentPrecision moments, Tensor<float>& w) {
+        w = olmax::parameter(Tensor<float>::from({n}, w0));
+        optim::AdamWConfig c;
+        c.schedule = {.peak_lr = 0.01, .warmup_steps = 5, .exponential_decay = 0.01};
+        c.weight_decay = 0.1;
+        c.max_grad_norm = 40.0;  // between the gradients' norms (~32, ~63, ~95): some steps are clipped
+        c.moments = moments;
+        return optim::AdamW<float>({optim::make_parameter("w", olmax::nn::Role::weight, w)}, c);
+    };
+    auto run_steps = [&](optim::AdamW<float>& opt, Tensor<float>& w, std::size_t from, std::size_t to) {
+        for (std::size_t s = from; s < to; ++s) {
+            opt.zero_grad();
+            w.backward(Tensor<float>::from({n}, grads[s]));
+            opt.step();
+        }
+    };
+    auto worst = [&](const Tensor<float>& a, const Tensor<float>& b) {
+        double scale = 0, err = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            scale = std::max(scale, std::abs(double(a.data()[i])));
+            err = std::max(err, std::abs(double(a.data()[i]) - double(b.data()[i])));
+        }
+        return err / scale;
+    };
+    Tensor<float> w64, w32;
+    auto wide = make(optim::MomentPrecision::float64, w64);
+    auto narrow = make(optim::MomentPrecision::float32, w32);
+    run_steps(wide, w64, 0, 30);
+    run_steps(narrow, w32, 0, 30);
+    const double moved = worst(w64, Tensor<float>::from({n}, w0));
+    CHECK(moved > 0.01);  // the steps did move the parameters
+    CHECK(worst(w64, w32) <= 2e-6);
+    CHECK(worst(w64, w32) > 0);  // the two types are really different computations
+
+    // Across types through state_dict, the form checkpoints store.
+    for (const auto& [from, to] : {std::pair{optim::MomentPrecision::float32, optim::MomentPrecision::float64},
+                                  std::pair{optim::MomentPrecision::float64, optim::MomentPrecision::float32}}) {
+        Tensor<float> w_straight, w_first, w_resumed;
+        auto straight = make(from, w_straight);
+        run_steps(straight, w_straight, 0, 30);
+        auto first = make(from, w_first);
+        run_steps(first, w_first, 0, 15);
+        const olmax::StateDict saved = first.state_dict();
+        const bool saved_narrow = std::holds_alternative<Tensor<float>>(*saved.find("w/first_moment"));
+        CHECK(saved_narrow == (from == optim::MomentPrecision::float32));  // stored in the optimiser's own type
+        auto resumed = make(to, w_resumed);
+        std::copy(w_first.begin(), w_first.end(), w_resumed.begin());
+        resumed.load_state_dict(saved);
+        CHECK(resumed.step_count() == 15);
+        run_steps(resumed, w_resumed, 15, 30);
+        CHECK(worst(w_straight, w_resumed) <= 2e-6);
+    }
+}
+
 TEST_CASE("optim: constructor rejects duplicate names and non-trainable tensors", "[optim]") {
     auto w = olmax::parameter(Tensor<double>({2}));
     CHECK_THROWS_AS(optim::AdamW<double>({optim::make_parameter("w", olmax::nn::Role::weight, w),
@@ -538,8 +608,10 @@ olmax::data::Batch random_bytes(std::size_t rows, std::size_t sequence, std::uin
 }
 
 /// AdamW with unit-wise AGC at `agc_clip` and global-norm clipping at `max_grad_norm` (0: off).
-optim::AdamWConfig test_adamw(double agc_clip = 0, double max_grad_norm = 0) {
+optim::AdamWConfig test_adamw(double agc_clip = 0, double max_grad_norm = 0,
+                              optim::MomentPrecision moments = optim::MomentPrecision::float64) {
     optim::AdamWConfig c;
+    c.moments = moments;
     c.schedule.peak_lr = 3e-3;
     c.beta2 = 0.99;
     c.weight_decay = 0.01;
@@ -554,9 +626,10 @@ bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
 
 /// Two identical models with their optimisers: one steps after backward, one during it.
 struct SeparateAndDuring {
-    SeparateAndDuring(const olmax::models::ByteLMConfig& config, std::size_t kept, double agc_clip = 0, double max_grad_norm = 0)
-        : reference(config), fused(config), reference_opt(optim::parameters_of(reference), test_adamw(agc_clip, max_grad_norm)),
-          fused_opt(optim::parameters_of(fused), test_adamw(agc_clip, max_grad_norm)) {
+    SeparateAndDuring(const olmax::models::ByteLMConfig& config, std::size_t kept, double agc_clip = 0, double max_grad_norm = 0,
+                      optim::MomentPrecision moments = optim::MomentPrecision::float64)
+        : reference(config), fused(config), reference_opt(optim::parameters_of(reference), test_adamw(agc_clip, max_grad_norm, moments)),
+          fused_opt(optim::parameters_of(fused), test_adamw(agc_clip, max_grad_norm, moments)) {
         reference.stack.keep_activations(kept);
         fused.stack.keep_activations(kept);
     }
@@ -580,12 +653,16 @@ TEST_CASE("optim: step_during_backward updates as backward + step + zero_grad, a
     // the norm is summed per slice: it may differ from step()'s in the last bits, and the updates by
     // the rounding of the clip factor. The first moments carry the factor itself ((1 - beta1) g c in
     // the first step), so they are compared at 1e-9: a wrong factor moves them by its own error.
+    // float32 moments (computed in float) the same way, without AGC.
+    for (const auto moments : {optim::MomentPrecision::float64, optim::MomentPrecision::float32})
     for (const double max_grad_norm : {0.0, 0.05})
         for (const double agc_clip : {0.0, 0.01})
             for (const std::size_t shards : {std::size_t(1), std::size_t(2)})
                 for (const std::size_t kept : {std::size_t(0), std::size_t(1)}) {
-                    INFO("max_grad_norm " << max_grad_norm << ", AGC " << agc_clip << ", shards " << shards << ", kept layers " << kept);
-                    SeparateAndDuring models(config, kept, agc_clip, max_grad_norm);
+                    if (moments == optim::MomentPrecision::float32 && agc_clip > 0) continue;
+                    INFO("max_grad_norm " << max_grad_norm << ", AGC " << agc_clip << ", shards " << shards << ", kept layers " << kept
+                                          << ", float32 moments " << (moments == optim::MomentPrecision::float32));
+                    SeparateAndDuring models(config, kept, agc_clip, max_grad_norm, moments);
                     auto& [reference, fused, reference_opt, fused_opt] = models;
                     for (std::uint64_t step = 0; step < 3; ++step) {
                         const auto batch = random_bytes(4, 16, 100 + step);

@@ -91,7 +91,7 @@ TEST_CASE("an eager model with a custom op and AdamW, traced once, trains on the
     {
         trace::tracing t;
         for (auto& p : traced.parameters()) t.bind_state(p.tensor);
-        for (auto& m : traced_opt.moments()) t.bind_state(m);
+        traced_opt.for_each_moment([&](const auto& m) { t.bind_state(m); });
         auto ids = t.input<std::int32_t>({rows, sequence});
         auto targets = t.input<std::int32_t>({rows * sequence});
         Tensor<float> loss = traced.loss(ids, targets);
@@ -163,7 +163,7 @@ TEST_CASE("the main job's model (reversible conv/mixer stack) traced from its ea
     {
         trace::tracing t;
         for (auto& p : traced.parameters()) t.bind_state(p.tensor);
-        for (auto& m : traced_opt.moments()) t.bind_state(m);
+        traced_opt.for_each_moment([&](const auto& m) { t.bind_state(m); });
         olmax::data::Batch b{t.input<std::int32_t>({rows, sequence}), t.input<std::int32_t>({rows, sequence}), Tensor<float>(), rows * sequence, 0};
         Tensor<float> loss = traced.loss(b);
         loss.backward();

@@ -7,6 +7,7 @@
 #include "olmax/core/error.hpp"
 #include "olmax/core/memory.hpp"
 #include "olmax/core/memory_profile.hpp"
+#include "olmax/core/time_profile.hpp"
 #include "olmax/core/random.hpp"
 #include "olmax/core/shape.hpp"
 #include "olmax/core/state_dict.hpp"

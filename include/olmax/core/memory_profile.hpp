@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "olmax/core/error.hpp"
+#include "olmax/core/time_profile.hpp"
 
 namespace olmax::memory {
 
@@ -146,8 +147,13 @@ inline void on_labelled_deallocate(const void* p) {
 /// opens one for every op). `name` must outlive the scope.
 class op_label_scope {
 public:
-    explicit op_label_scope(std::string_view name) : saved_(std::exchange(detail::allocation_label().op, name)) {}
-    ~op_label_scope() { detail::allocation_label().op = saved_; }
+    explicit op_label_scope(std::string_view name) : saved_(std::exchange(detail::allocation_label().op, name)) {
+        olmax::detail::on_scope_enter(name, detail::allocation_label().backward_of);  // for profile_time
+    }
+    ~op_label_scope() {
+        olmax::detail::on_scope_leave();
+        detail::allocation_label().op = saved_;
+    }
     op_label_scope(const op_label_scope&) = delete;
     op_label_scope& operator=(const op_label_scope&) = delete;
 
@@ -160,8 +166,13 @@ private:
 class backward_label_scope {
 public:
     explicit backward_label_scope(std::string_view node)
-        : saved_(std::exchange(detail::allocation_label(), detail::AllocationLabel{{}, node})) {}
-    ~backward_label_scope() { detail::allocation_label() = saved_; }
+        : saved_(std::exchange(detail::allocation_label(), detail::AllocationLabel{{}, node})) {
+        olmax::detail::on_scope_enter({}, node);  // for profile_time
+    }
+    ~backward_label_scope() {
+        olmax::detail::on_scope_leave();
+        detail::allocation_label() = saved_;
+    }
     backward_label_scope(const backward_label_scope&) = delete;
     backward_label_scope& operator=(const backward_label_scope&) = delete;
 

@@ -46,7 +46,7 @@ public:
             trace::tracing t;
             t.set_target(client->platform_name());
             for (const auto& p : optimizer.parameters()) t.bind_state(p.tensor);
-            for (const auto& m : optimizer.moments()) t.bind_state(m);
+            optimizer.for_each_moment([&](const auto& m) { t.bind_state(m); });
             const data::Batch rows{t.input<std::int32_t>({batch, sequence}), t.input<std::int32_t>({batch, sequence}), Tensor<float>(),
                                    batch * sequence, 0};
             Tensor<T> loss = model.loss(rows);

@@ -27,6 +27,7 @@ struct OptimizerConfig {
     std::string decay_policy = "matrices";
     double agc_clip = 0.0;
     double max_grad_norm = 1.0;
+    std::string adam_moments = "fp64";
 
     static const std::vector<config::Field<OptimizerConfig>>& fields() {
         using C = OptimizerConfig;
@@ -45,6 +46,7 @@ struct OptimizerConfig {
             Field<C>{"decay_policy", &C::decay_policy, "which parameter roles are decayed", {"matrices", "embeddings_only", "all", "none"}},
             Field<C>{"agc_clip", &C::agc_clip, "unit-wise adaptive gradient clipping ratio (0: off)"}.in(0, 1e6),
             Field<C>{"max_grad_norm", &C::max_grad_norm, "global gradient-norm clip (0: off)"}.in(0, 1e12),
+            Field<C>{"adam_moments", &C::adam_moments, "AdamW's moment type (fp32: half the optimiser memory, a faster step)", {"fp64", "fp32"}},
         };
         return f;
     }
@@ -67,6 +69,7 @@ inline optim::AdamWConfig optimizer_config(const OptimizerConfig& c) {
     o.decay_policy = optim::parse_weight_decay_policy(c.decay_policy);
     o.agc.clip = c.agc_clip;
     o.max_grad_norm = c.max_grad_norm;
+    o.moments = c.adam_moments == "fp32" ? optim::MomentPrecision::float32 : optim::MomentPrecision::float64;
     return o;
 }
 
