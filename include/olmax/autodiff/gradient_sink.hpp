@@ -147,13 +147,16 @@ void accumulate_grad_slice(olmax::detail::TensorImpl<T>& impl, std::size_t offse
     check<autodiff_error>(offset + grad.size() <= total, "slice gradient of ", grad.size(), " elements at offset ", offset,
                           " does not fit a tensor of shape ", to_string(impl.shape));
     std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);  // this thread's, see data_parallel_backward
-    if (!buffer) {
-        buffer = std::make_shared<Storage<T>>(total);
-        std::fill(buffer->begin(), buffer->end(), T{0});
-    }
-    T* dst = buffer->data() + offset;
     const T* src = grad.data();
     const std::size_t n = grad.size();
+    if (!buffer) {  // the first slice is copied, not added to zeros: one pass less over it
+        buffer = std::make_shared<Storage<T>>(total);
+        std::fill(buffer->begin(), buffer->begin() + std::ptrdiff_t(offset), T{0});
+        std::copy_n(src, n, buffer->begin() + std::ptrdiff_t(offset));
+        std::fill(buffer->begin() + std::ptrdiff_t(offset + n), buffer->end(), T{0});
+        return;
+    }
+    T* dst = buffer->data() + offset;
 #pragma omp simd
     for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
 }

@@ -9,7 +9,7 @@
 // (`unfolded_forward_elements`, `unfolded_dw_elements`), one per group of batch elements whose
 // unfolding fits `unfolded_buffer_elements`, where oneDNN's per-call cost outweighs the copy. Each
 // pass prepares its operands once (backend::GemmOperand): under the bf16 policy x, w and dy are
-// rounded once for all taps.
+// rounded once for all taps, and x and w once for the forward and the backward.
 
 #include <cstddef>
 #include <vector>
@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/cpu_features.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/backend/gemm_operand.hpp"
 #include "olmax/core/tensor.hpp"
@@ -98,6 +99,16 @@ inline constexpr std::size_t unfolded_forward_elements = std::size_t(1) << 19;
 /// benchmarks/gemm_bf16/onednn_batch_layouts.cpp); the per-call cost is what a larger
 /// shape does not pay, and its unfolded copy (taps x the input, in bf16) would be large.
 inline constexpr std::size_t unfolded_dw_elements = std::size_t(1) << 20;
+
+/// The limit of `unfolded_dw_elements` on this CPU: none where it has AMX, whose tile products gain
+/// more from dw's long reduction (K = batch x time per GEMM instead of time) than the unfolding
+/// costs: at width 512 (B 8, T 256, 5 taps, 512 <-> 1024 channels) dw took 13.2-14.0 ms unfolded
+/// against 15.8-17.3 ms per tap (oneDNN bf16 on AMX, Intel Xeon, one thread, 2026-11-26). On
+/// AVX512-BF16 without AMX the unfolded step was slower at that width (see the file comment).
+inline std::size_t unfolded_dw_limit() {
+    static const std::size_t limit = backend::cpu_bf16_features().amx_bf16 ? ~std::size_t(0) : unfolded_dw_elements;
+    return limit;
+}
 
 /// Whether a pass runs on the unfolded input: an ungrouped convolution under the bf16 policy whose
 /// unfolded input has at most `limit` elements.
@@ -221,7 +232,7 @@ void backward_input(const ConvDims& d, backend::GemmSource<T> dy, backend::GemmS
 /// threads (5 taps on 2 threads would leave one thread a third of the work idle).
 template <Real T>
 void backward_weight(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
-    if (unfolds(d, unfolded_dw_elements)) return backward_weight_unfolded(d, x, dy, dw);
+    if (unfolds(d, unfolded_dw_limit())) return backward_weight_unfolded(d, x, dy, dw);
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     const std::size_t blocks = d.taps * d.groups, threads = std::size_t(std::max(backend::current().num_threads(), 1));
     const std::size_t pieces = std::clamp<std::size_t>(threads / std::gcd(blocks, threads), 1, std::max<std::size_t>(cog, 1));
@@ -261,23 +272,26 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
             for (std::size_t r = lo; r < hi; ++r) std::copy_n(bp, d.cout, yp + r * d.cout);
         });
     }
-    const backend::GemmOperand<T> xs(x);
-    forward(d, xs.source(), backend::GemmOperand<T>(w).source(), y.data(), bias ? T{1} : T{0});
+    // Under the bf16 policy the backward reuses the forward's rounded weight (2 bytes per weight
+    // held to the backward, as autocast's cast cache does) instead of rounding it again: at width
+    // 512 on AMX that was 30 of 1,173 ms per step, for 66 MiB more at the step's peak.
+    const backend::GemmOperand<T> xs(x), ws(w);
+    forward(d, xs.source(), ws.source(), y.data(), bias ? T{1} : T{0});
     std::vector<Tensor<T>> inputs{x, w};
     if (bias) inputs.push_back(*bias);
     autodiff::record<T>(bias ? "causal_conv1d(bias)" : "causal_conv1d", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
-                        [d, xs = xs.kept_for_backward(x), w](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                        [d, xs = xs.kept_for_backward(x), ws](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             const T* dy = g[0].data();
                             const bool dx_needed = sink.needs(0), dw_needed = sink.needs(1);
                             const std::optional<backend::GemmOperand<T>> dys =
                                 dx_needed || dw_needed ? std::optional(backend::GemmOperand<T>(g[0])) : std::nullopt;
                             if (dx_needed) {
                                 auto dx = Tensor<T>::uninitialized({d.batch, d.time, d.cin});  // every element is written
-                                backward_input(d, dys->source(), backend::GemmOperand<T>(w).source(), dx.data());
+                                backward_input(d, dys->source(), ws.source(), dx.data());
                                 sink.add(0, std::move(dx));
                             }
                             if (dw_needed) {
-                                Tensor<T> dw(w.shape());
+                                Tensor<T> dw({d.taps, d.cin_group(), d.cout});
                                 backward_weight(d, xs.ready().source(), dys->source(), dw.data());
                                 sink.add(1, std::move(dw));
                             }
