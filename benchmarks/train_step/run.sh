@@ -13,9 +13,9 @@
 #     FUSED=1 ...                                            # also rows without gradient clipping (--max_grad_norm 0): olmax bf16
 #                                                            # updating during backward (--update_in_backward 1), PyTorch bf16
 #                                                            # autocast eager, compiled, and with its optimizer-in-backward hooks
-# olmax rows keep AdamW's moments in float32 (train_step --adam_moments fp32, label suffix "-adam32"),
-# as torch.optim.AdamW does for float parameters; ADAM_MOMENTS=fp64 runs them with olmax's default
-# double moments instead.
+# olmax rows keep AdamW's moments in float32 (train_step --adam_moments fp32, the main job's default),
+# as torch.optim.AdamW does for float parameters; ADAM_MOMENTS=fp64 runs them with double moments
+# (label suffix "-adam64"; rows recorded before 2026-11-26 had double moments, unlabelled).
 # Rows "olmax-bf16" (train_step --precision bf16: every GEMM bf16 x bf16 -> fp32, on oneDNN's bf16 kernels
 # where built with it) and "pytorch-bf16autocast-2.x" (the forward under torch.autocast("cpu", bfloat16))
 # come beside the fp32 rows; BF16=0 leaves them out.

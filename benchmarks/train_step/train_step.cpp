@@ -437,7 +437,7 @@ int run(int argc, char** argv) {
     const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : "olmax") +
                                   (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "") +
                                   (c.update_in_backward ? (c.max_grad_norm > 0 ? "-fused-clip" : "-fused") : "") +
-                                  (c.adam_moments == "fp32" ? "-adam32" : "");
+                                  (c.adam_moments == "fp64" ? "-adam64" : "");
     json << "{\"framework\": \"" << framework << "\", \"precision\": \"" << o.precision
          << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations()
          << ", \"update_in_backward\": " << (c.update_in_backward ? "true" : "false") << ", \"max_grad_norm\": " << c.max_grad_norm << ", \"adam_moments\": \"" << c.adam_moments << "\"" << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features

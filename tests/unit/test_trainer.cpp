@@ -5,6 +5,8 @@
 #include "test_helpers.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -254,4 +256,44 @@ TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and
     config::load_text(again, config::to_text(saved));
     CHECK(config::to_text(again) == config::to_text(saved));
     CHECK(train::trainer_options(saved).checkpoint_every == 2);
+}
+
+TEST_CASE("models: ByteLM keeps as many layers' activations as fit half the free memory when kept_layers is -1", "[train][models]") {
+    olmax::models::ByteLMConfig config;
+    config.features = 64;
+    config.depth = 6;
+    olmax::models::ByteLM<> model(config);
+    using Model = olmax::models::ByteLM<>;
+    const std::size_t batch = 8, sequence = 256, shards = 2;
+    // Explicit counts are taken as they are (more than depth keeps all).
+    CHECK(model.keep_activations(3, batch, sequence, shards) == 3);
+    CHECK(model.keep_activations(0, batch, sequence, shards) == 0);
+    CHECK(model.keep_activations(100, batch, sequence, shards) == 6);
+    CHECK_THROWS_WITH(model.keep_activations(-2, batch, sequence, shards), Catch::Contains("-1 (chosen from memory) or >= 0"));
+    // -1: what one shard's layer holds (measured as the model does), and a memory limit at which
+    // exactly two such layers per shard fit half of what is left beyond the model's estimate.
+    Tensor<float> probe;
+    {
+        olmax::autodiff::no_grad off;
+        probe = olmax::nn::two_streams(Tensor<float>({batch / shards, sequence, config.features}, 0.01f));
+    }
+    const double per_layer = double(model.stack.activation_bytes_per_layer(probe));
+    REQUIRE(per_layer > double(1 << 20));  // the limit below is in MiB: a layer must be larger
+    const double estimate = Model::estimated_training_bytes(config, batch, sequence);
+    struct restore_limit {  // the variable as it was before the test
+        const char* was = std::getenv("OLMAX_MEMORY_LIMIT_MIB");
+        std::string value = was ? was : "";
+        ~restore_limit() {
+            if (was) setenv("OLMAX_MEMORY_LIMIT_MIB", value.c_str(), 1);
+            else unsetenv("OLMAX_MEMORY_LIMIT_MIB");
+        }
+    } restore;
+    auto with_limit_mib = [&](double mib) {
+        setenv("OLMAX_MEMORY_LIMIT_MIB", std::to_string(static_cast<unsigned long long>(std::ceil(mib))).c_str(), 1);
+        return model.keep_activations(-1, batch, sequence, shards);
+    };
+    CHECK(with_limit_mib((estimate + 2.0 * double(shards) * 2.5 * per_layer) / double(1 << 20)) == 2);
+    CHECK(with_limit_mib(estimate / double(1 << 20) / 2) == 0);  // not even the model fits: every layer rebuilt
+    CHECK(with_limit_mib((estimate + 2.0 * double(shards) * 100 * per_layer) / double(1 << 20)) == 6);
+    CHECK(model.stack.kept_activations() == 6);
 }

@@ -37,7 +37,7 @@ struct ByteLMSettings {
     std::string block = "conv_mixer";
     std::int64_t features = 64;
     std::int64_t depth = 2;
-    std::int64_t kept_layers = 0;  // recompute as a budget (nn::Stack::keep_activations)
+    std::int64_t kept_layers = -1;  // recompute as a budget (nn::Stack::keep_activations); -1: ByteLM::keep_activations chooses
 
     static const std::vector<config::Field<ByteLMSettings>>& fields() {
         using C = ByteLMSettings;
@@ -49,8 +49,9 @@ struct ByteLMSettings {
             Field<C>{"kept_layers", &C::kept_layers,
                      "recompute as a budget: the first N reversible blocks keep their activations for the backward instead of "
                      "rebuilding them from their outputs (faster, more memory: each shard thread keeps its own; more than depth "
-                     "keeps all; the CPU path only)"}
-                .in(0, 1 << 12),
+                     "keeps all; the CPU path only); -1: as many as fit half the memory available beyond the model's estimate, "
+                     "0: every block rebuilt (memory flat in depth)"}
+                .in(-1, 1 << 12),
         };
         return f;
     }
@@ -137,6 +138,38 @@ public:
 
     /// Mean training loss (nats per byte, without the z-loss term; its gradient includes it).
     Tensor<T> loss(const data::Batch& batch) const { return head.loss(hidden(batch.inputs), batch.targets); }
+
+    /// Recompute as a budget, chosen (the config key `kept_layers`): `kept` >= 0 keeps that many
+    /// leading layers' activations (nn::Stack::keep_activations); -1 keeps as many as fit half of
+    /// the memory available (memory::available_bytes) beyond the model's own estimate
+    /// (`estimated_training_bytes`), measured per layer for one shard of `batch` x `sequence`
+    /// (each of `shards` threads keeps its own): the fastest step that leaves the machine half its
+    /// memory. Returns how many layers keep their activations (0 for a block that is not reversible:
+    /// its stack keeps every layer's anyway).
+    std::size_t keep_activations(std::int64_t kept, std::size_t batch, std::size_t sequence, std::size_t shards) {
+        check<value_error>(kept >= -1, "ByteLM::keep_activations: kept layers must be -1 (chosen from memory) or >= 0, got ", kept);
+        if constexpr (!nn::InvertibleLayer<block_type>) {
+            return 0;
+        } else {
+            if (kept >= 0) {
+                stack.keep_activations(std::size_t(kept));
+                return stack.kept_activations();
+            }
+            const double free = double(memory::available_bytes()) - estimated_training_bytes(config_, batch, sequence);
+            if (free <= 0) {
+                stack.keep_activations(0);
+                return 0;
+            }
+            shards = std::clamp<std::size_t>(shards, 1, std::max<std::size_t>(batch, 1));
+            const std::size_t rows = (batch + shards - 1) / shards;  // the largest shard
+            Tensor<T> probe;
+            {
+                autodiff::no_grad off;
+                probe = nn::two_streams(Tensor<T>({rows, sequence, config_.features}, T(0.01)));
+            }
+            return stack.fit_activations(std::size_t(free / 2 / double(shards)), probe);
+        }
+    }
 
     /// Forward and backward of the training loss on `batch`, gradients (times `scale`, e.g.
     /// 1 / grad_accumulation) added to the parameters; returns the batch's mean loss. With

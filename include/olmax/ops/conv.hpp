@@ -116,6 +116,10 @@ inline bool unfolds(const ConvDims& d, std::size_t limit) {
     return d.groups == 1 && backend::current().float_gemms_in_bf16() && d.taps * d.batch * d.time * d.cin <= limit;
 }
 
+/// Whether `backward_weight` writes every element of dw (its unfolded form), so that dw may start
+/// uninitialised; the per-tap form adds into a zeroed dw.
+inline bool backward_weight_overwrites(const ConvDims& d) { return unfolds(d, unfolded_dw_limit()); }
+
 /// unfolded[(b, t), (k, c)] = x[b, t - s_k, c] (0 where t < s_k), s_k = K-1-k: the input as the
 /// [B T, K Cin] matrix whose product with w read as [K Cin, Cout] is every tap at once (the
 /// forward), and whose transposed product with dy is every tap's dw. E is bfloat16 for a rounded
@@ -177,12 +181,14 @@ void forward_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::Gemm
     });
 }
 
-/// dw [K Cin, Cout] += unfold(x)^T dy, one GEMM per group of batch elements (groups = 1).
+/// dw [K Cin, Cout] = unfold(x)^T dy, one GEMM per group of batch elements (groups = 1); the first
+/// overwrites, so dw may start uninitialised.
 template <Real T>
 void backward_weight_unfolded(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
     const std::size_t cols = d.taps * d.cin;
     for_unfolded_groups(d, x, [&](backend::GemmSource<T> a, std::size_t first, std::size_t count) {
-        backend::gemm(true, false, cols, d.cout, count * d.time, T{1}, a, cols, dy + first * d.time * d.cout, d.cout, T{1}, dw, d.cout);
+        backend::gemm(true, false, cols, d.cout, count * d.time, T{1}, a, cols, dy + first * d.time * d.cout, d.cout,
+                      first == 0 ? T{0} : T{1}, dw, d.cout);
     });
 }
 
@@ -226,13 +232,14 @@ void backward_input(const ConvDims& d, backend::GemmSource<T> dy, backend::GemmS
     over_batch(d, taps);
 }
 
-/// dw[k, :, group out] += sum_b x[b, rows [0, T-s), group in]^T dy[b, rows [s, T), group out]; every
-/// (tap, group, column piece) block of dw belongs to one thread, so the batch sum needs no atomics.
+/// dw[k, :, group out] = sum_b x[b, rows [0, T-s), group in]^T dy[b, rows [s, T), group out] into a
+/// zeroed dw (see `backward_weight_overwrites`); every (tap, group, column piece) block of dw
+/// belongs to one thread, so the batch sum needs no atomics.
 /// The output columns are cut into pieces when the K * groups blocks do not divide evenly over the
 /// threads (5 taps on 2 threads would leave one thread a third of the work idle).
 template <Real T>
 void backward_weight(const ConvDims& d, backend::GemmSource<T> x, backend::GemmSource<T> dy, T* dw) {
-    if (unfolds(d, unfolded_dw_limit())) return backward_weight_unfolded(d, x, dy, dw);
+    if (backward_weight_overwrites(d)) return backward_weight_unfolded(d, x, dy, dw);
     const std::size_t cig = d.cin_group(), cog = d.cout_group();
     const std::size_t blocks = d.taps * d.groups, threads = std::size_t(std::max(backend::current().num_threads(), 1));
     const std::size_t pieces = std::clamp<std::size_t>(threads / std::gcd(blocks, threads), 1, std::max<std::size_t>(cog, 1));
@@ -291,7 +298,8 @@ Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, st
                                 sink.add(0, std::move(dx));
                             }
                             if (dw_needed) {
-                                Tensor<T> dw({d.taps, d.cin_group(), d.cout});
+                                Tensor<T> dw = backward_weight_overwrites(d) ? Tensor<T>::uninitialized({d.taps, d.cin_group(), d.cout})
+                                                                             : Tensor<T>({d.taps, d.cin_group(), d.cout});
                                 backward_weight(d, xs.ready().source(), dys->source(), dw.data());
                                 sink.add(1, std::move(dw));
                             }

@@ -27,7 +27,7 @@ struct OptimizerConfig {
     std::string decay_policy = "matrices";
     double agc_clip = 0.0;
     double max_grad_norm = 1.0;
-    std::string adam_moments = "fp64";
+    std::string adam_moments = "fp32";  // as torch.optim.AdamW; fp64 is optim::AdamWConfig's own default
 
     static const std::vector<config::Field<OptimizerConfig>>& fields() {
         using C = OptimizerConfig;
@@ -46,7 +46,7 @@ struct OptimizerConfig {
             Field<C>{"decay_policy", &C::decay_policy, "which parameter roles are decayed", {"matrices", "embeddings_only", "all", "none"}},
             Field<C>{"agc_clip", &C::agc_clip, "unit-wise adaptive gradient clipping ratio (0: off)"}.in(0, 1e6),
             Field<C>{"max_grad_norm", &C::max_grad_norm, "global gradient-norm clip (0: off)"}.in(0, 1e12),
-            Field<C>{"adam_moments", &C::adam_moments, "AdamW's moment type (fp32: half the optimiser memory, a faster step)", {"fp64", "fp32"}},
+            Field<C>{"adam_moments", &C::adam_moments, "AdamW's moment type (fp32, as PyTorch: half the optimiser memory of fp64 and a faster update)", {"fp32", "fp64"}},
         };
         return f;
     }
