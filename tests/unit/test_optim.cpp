@@ -512,6 +512,22 @@ TEST_CASE("optim: float32 moments follow float64 moments and move between checkp
     CHECK(worst(w64, w32) <= 2e-6);
     CHECK(worst(w64, w32) > 0);  // the two types are really different computations
 
+    // Double parameters with float moments: the update computed in float, against the double
+    // formula (one step: m = 0.1 g, v = 0.001 g^2, so the step is lr * sign(g) to rounding).
+    {
+        auto w = olmax::parameter(Tensor<double>::from({19}, std::vector<double>(19, 0.5)));
+        optim::AdamWConfig c;
+        c.schedule.peak_lr = 0.01;
+        c.moments = optim::MomentPrecision::float32;
+        optim::AdamW<double> opt({optim::make_parameter("w", olmax::nn::Role::weight, w)}, c);
+        std::vector<double> g(19);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = (i % 2 ? 1.0 : -1.0) * (0.1 + double(i));
+        w.backward(Tensor<double>::from({19}, g));
+        opt.step();
+        for (std::size_t i = 0; i < g.size(); ++i) CHECK(w.data()[i] == Approx(0.5 - 0.01 * (g[i] > 0 ? 1 : -1)).epsilon(1e-6));
+        CHECK(std::holds_alternative<Tensor<float>>(*opt.state_dict().find("w/second_moment")));
+    }
+
     // Across types through state_dict, the form checkpoints store.
     for (const auto& [from, to] : {std::pair{optim::MomentPrecision::float32, optim::MomentPrecision::float64},
                                   std::pair{optim::MomentPrecision::float64, optim::MomentPrecision::float32}}) {
