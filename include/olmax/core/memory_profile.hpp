@@ -115,12 +115,7 @@ public:
     }
 
 private:
-    static std::string describe(const AllocationLabel& l) {
-        if (l.op.empty() && l.backward_of.empty()) return "unlabelled";
-        if (l.backward_of.empty()) return std::string(l.op);
-        if (l.op.empty()) return "backward of " + std::string(l.backward_of);
-        return std::string(l.op) + ", in backward of " + std::string(l.backward_of);
-    }
+    static std::string describe(const AllocationLabel& l) { return olmax::detail::scope_label(l.op, l.backward_of); }
 
     std::atomic<bool> on_{false};
     std::mutex mutex_;

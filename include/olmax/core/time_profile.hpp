@@ -83,6 +83,15 @@ struct TimeProfile {
 
 namespace detail {
 
+/// The label of a scope as both profiles print it: "op", "backward of node", "op, in backward of
+/// node", or "unlabelled".
+inline std::string scope_label(std::string_view op, std::string_view backward_of) {
+    if (op.empty() && backward_of.empty()) return "unlabelled";
+    if (backward_of.empty()) return std::string(op);
+    if (op.empty()) return "backward of " + std::string(backward_of);
+    return std::string(op) + ", in backward of " + std::string(backward_of);
+}
+
 class TimeProfiler {
 public:
     using clock = std::chrono::steady_clock;
@@ -105,7 +114,7 @@ public:
     void enter(std::string_view op, std::string_view backward_of) {
         auto& s = stack();
         if (s.generation != generation_) s = ThreadStack{generation_, {}};
-        s.frames.push_back({describe(op, backward_of), clock::now(), 0.0});
+        s.frames.push_back({scope_label(op, backward_of), clock::now(), 0.0});
     }
     void leave() {
         auto& s = stack();
@@ -134,12 +143,6 @@ private:
     static ThreadStack& stack() {
         thread_local ThreadStack s;
         return s;
-    }
-    static std::string describe(std::string_view op, std::string_view backward_of) {
-        if (op.empty() && backward_of.empty()) return "unlabelled";
-        if (backward_of.empty()) return std::string(op);
-        if (op.empty()) return "backward of " + std::string(backward_of);
-        return std::string(op) + ", in backward of " + std::string(backward_of);
     }
 
     std::atomic<bool> on_{false};
