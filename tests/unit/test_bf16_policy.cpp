@@ -258,6 +258,20 @@ TEST_CASE("bf16 policy: ops round each operand once, with the numbers of roundin
     });
 }
 
+TEST_CASE("bf16 policy: a convolution over an empty batch or sequence has a zero weight gradient", "[bf16][policy]") {
+    // Under the policy dw is written by its GEMMs rather than added into zeros; with nothing to
+    // reduce over there is no GEMM, and dw must still come out zero, not uninitialised.
+    backend::bf16_matmul_scope policy;
+    olmax::Generator rng(5);
+    for (const olmax::Shape& shape : {olmax::Shape{0, 6, 4}, olmax::Shape{2, 0, 4}}) {
+        auto x = olmax::parameter(olmax::Tensor<float>(shape));
+        auto w = olmax::parameter(olmax::randn<float>({3, 4, 5}, rng));
+        olmax::sum(olmax::causal_conv1d(x, w)).backward();
+        REQUIRE(w.grad().defined());
+        CHECK(std::all_of(w.grad().begin(), w.grad().end(), [](float g) { return g == 0.0f; }));
+    }
+}
+
 TEST_CASE("bf16 policy: a GEMM op keeps its activation operand in bfloat16, and the fp32 one is freed", "[bf16][policy][memory]") {
     olmax::Generator rng(8);
     auto w = olmax::parameter(olmax::randn<float>({64, 32}, rng));

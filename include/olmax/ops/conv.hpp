@@ -116,9 +116,12 @@ inline bool unfolds(const ConvDims& d, std::size_t limit) {
     return d.groups == 1 && backend::current().float_gemms_in_bf16() && d.taps * d.batch * d.time * d.cin <= limit;
 }
 
-/// Whether `backward_weight` writes every element of dw (its unfolded form), so that dw may start
-/// uninitialised; the per-tap form adds into a zeroed dw.
-inline bool backward_weight_overwrites(const ConvDims& d) { return unfolds(d, unfolded_dw_limit()); }
+/// Whether `backward_weight` writes every element of dw (its unfolded form with at least one
+/// GEMM over a non-empty reduction), so that dw may start uninitialised; the per-tap form, and an
+/// empty batch or sequence, add into a zeroed dw.
+inline bool backward_weight_overwrites(const ConvDims& d) {
+    return d.batch > 0 && d.time > 0 && unfolds(d, unfolded_dw_limit());
+}
 
 /// unfolded[(b, t), (k, c)] = x[b, t - s_k, c] (0 where t < s_k), s_k = K-1-k: the input as the
 /// [B T, K Cin] matrix whose product with w read as [K Cin, Cout] is every tap at once (the
