@@ -16,6 +16,10 @@
 #     5.1e-4, worst 3.9e-3 against the CPU and 9.5e-3 at one step for SPMD over 2 devices against
 #     1; CPU 1 vs 2 threads 3.0e-3 to 4.5e-3 worst)
 #   held-out loss at step 200: within 0.01 nats/byte (measured 0.001 and 0.002)
+# (Those figures are from CPU runs that rebuilt every block and kept AdamW's moments in double. Since
+# train_lm keeps blocks' activations where memory allows and float moments by default, measured on
+# a 2-vCPU Intel Xeon with AVX-512, 2026-11-26: steps 1-5 1.7e-7, 1-10 7.0e-6, 1-200 mean 5.2e-4 and
+# worst 6.0e-3, held-out 2.3e-3; CPU 1 vs 2 threads 4.0e-7 over 200 steps.)
 # The same limits hold for XLA's SPMD data parallelism over 2 devices against 1 device, and steps 1-5's
 # for --block=mamba (measured 1.6e-7 with AVX-512); --block=moe (routing and capacity on the device,
 # the balance loss's gradient from inside the layer loop) within 3e-6 (measured 7.0e-7 with AVX-512:

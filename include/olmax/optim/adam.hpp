@@ -238,8 +238,9 @@ public:
             check(p.lr_scale >= 0 && std::isfinite(p.lr_scale), "AdamW: parameter '", p.name, "' has lr_scale ", p.lr_scale);
             device_scope with_parameter(p.tensor.device());  // the moments live where their parameter does
             Slot slot{p.name, 0, {}, {}, {}, {}};
-            if (config_.moments == MomentPrecision::float64) slot.first64 = zeros<double>(p.tensor.shape()), slot.second64 = zeros<double>(p.tensor.shape());
-            else slot.first32 = zeros<float>(p.tensor.shape()), slot.second32 = zeros<float>(p.tensor.shape());
+            with_moment_type([&]<class M>(std::type_identity<M>) {
+                slot.template moments<M>() = std::tuple(zeros<M>(p.tensor.shape()), zeros<M>(p.tensor.shape()));
+            });
             slots_.push_back(std::move(slot));
         }
     }
@@ -397,11 +398,11 @@ public:
     /// A copy of the state, moments as double.
     AdamState export_state() const {
         AdamState state{step_, {}};
-        for (const auto& s : slots_) {
-            const bool wide = s.first64.defined();
-            state.slots.push_back(SlotState{s.name, s.step, wide ? s.first64.clone() : cast<double>(s.first32),
-                                            wide ? s.second64.clone() : cast<double>(s.second32)});
-        }
+        for (const auto& s : slots_)
+            with_moment_type([&]<class M>(std::type_identity<M>) {
+                const auto [m, v] = s.template moments<M>();
+                state.slots.push_back(SlotState{s.name, s.step, cast<double>(m), cast<double>(v)});
+            });
         return state;
     }
 
@@ -425,10 +426,9 @@ public:
                   found->step, " beyond the optimiser step ", state.step);
             const Device device = params_[i].tensor.device();  // a checkpoint's moments come back to their parameter's device
             Slot slot{found->name, found->step, {}, {}, {}, {}};
-            if (config_.moments == MomentPrecision::float64)
-                slot.first64 = found->first_moment.to(device), slot.second64 = found->second_moment.to(device);
-            else
-                slot.first32 = cast<float>(found->first_moment).to(device), slot.second32 = cast<float>(found->second_moment).to(device);
+            with_moment_type([&]<class M>(std::type_identity<M>) {
+                slot.template moments<M>() = std::tuple(cast<M>(found->first_moment).to(device), cast<M>(found->second_moment).to(device));
+            });
             restored.push_back(std::move(slot));
         }
         slots_ = std::move(restored);
@@ -445,13 +445,11 @@ public:
         entries.add("step", step_);
         for (const auto& s : slots_) {
             entries.add(s.name + "/step", s.step);
-            if (s.first64.defined()) {
-                entries.add(s.name + "/first_moment", s.first64);
-                entries.add(s.name + "/second_moment", s.second64);
-            } else {
-                entries.add(s.name + "/first_moment", s.first32);
-                entries.add(s.name + "/second_moment", s.second32);
-            }
+            with_moment_type([&]<class M>(std::type_identity<M>) {
+                const auto [m, v] = s.template moments<M>();
+                entries.add(s.name + "/first_moment", m);
+                entries.add(s.name + "/second_moment", v);
+            });
         }
         return entries;
     }
@@ -483,10 +481,11 @@ public:
     /// buffers: the optimiser's part of a traced step's state (olmax/trace/).
     template <class F>
     void for_each_moment(F&& f) const {
-        for (const auto& s : slots_) {
-            if (s.first64.defined()) f(s.first64), f(s.second64);
-            else f(s.first32), f(s.second32);
-        }
+        for (const auto& s : slots_)
+            with_moment_type([&]<class M>(std::type_identity<M>) {
+                const auto [m, v] = s.template moments<M>();
+                f(m), f(v);
+            });
     }
 
 private:
@@ -510,10 +509,16 @@ private:
         Tensor<double> first64, second64;
         Tensor<float> first32, second32;
 
+        /// The pair of type M, as references (std::tie).
         template <class M>
-        std::pair<Tensor<M>, Tensor<M>> moments() const {
-            if constexpr (std::is_same_v<M, double>) return {first64, second64};
-            else return {first32, second32};
+        auto moments() {
+            if constexpr (std::is_same_v<M, double>) return std::tie(first64, second64);
+            else return std::tie(first32, second32);
+        }
+        template <class M>
+        auto moments() const {
+            if constexpr (std::is_same_v<M, double>) return std::tie(first64, second64);
+            else return std::tie(first32, second32);
         }
     };
 
@@ -616,20 +621,15 @@ private:
                                                               step_size * float(lr_scale),
                                                               correction2,
                                                               constant(config_.eps)};
-                Slot& slot = slots_[i];
-                const bool wide = slot.first64.defined();
-                Tensor<float> w = params_[i].tensor, m = wide ? backend::trace::as_float(slot.first64) : slot.first32,
-                              v = wide ? backend::trace::as_float(slot.second64) : slot.second32;
-                if (decoupled) detail::adam_update_values<true>(w, grads[i], m, v, terms);
-                else detail::adam_update_values<false>(w, grads[i], m, v, terms);
-                backend::trace::assign(params_[i].tensor, w);
-                if (wide) {
-                    backend::trace::assign(slot.first64, m);
-                    backend::trace::assign(slot.second64, v);
-                } else {
-                    backend::trace::assign(slot.first32, m);
-                    backend::trace::assign(slot.second32, v);
-                }
+                with_moment_type([&]<class M>(std::type_identity<M>) {
+                    auto [first, second] = slots_[i].template moments<M>();
+                    Tensor<float> w = params_[i].tensor, m = backend::trace::as_float(first), v = backend::trace::as_float(second);
+                    if (decoupled) detail::adam_update_values<true>(w, grads[i], m, v, terms);
+                    else detail::adam_update_values<false>(w, grads[i], m, v, terms);
+                    backend::trace::assign(params_[i].tensor, w);
+                    backend::trace::assign(first, m);
+                    backend::trace::assign(second, v);
+                });
             }
             StepReport report;
             report.step = step_ + 1;
