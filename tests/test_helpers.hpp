@@ -4,8 +4,13 @@
 
 #include <olmax/olmax.hpp>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <initializer_list>
 #include <memory>
 #include <stdexcept>
@@ -13,6 +18,44 @@
 #include <vector>
 
 namespace olmax_test {
+
+/// tests/data: the reference files the tests read (next to this header).
+inline std::filesystem::path test_data_dir() { return std::filesystem::path(__FILE__).parent_path() / "data"; }
+
+/// An empty folder under the system's temp folder, named after `name` and this process; left in place.
+inline std::filesystem::path temp_dir(const std::string& name) {
+    auto dir = std::filesystem::temp_directory_path() / ("olmax-test-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+}
+
+/// An empty folder under the system's temp folder, unique to this object, removed with everything in
+/// it (read-only parts included) when the object goes.
+struct TempDir {
+    std::filesystem::path path;
+    explicit TempDir(const std::string& name) {
+        static std::atomic<int> counter{0};
+        const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+        path = std::filesystem::temp_directory_path() / ("olmax-test-" + name + "-" + std::to_string(::getpid()) + "-" +
+                                                         std::to_string(counter++) + "-" + std::to_string(stamp));
+        std::filesystem::remove_all(path);
+        std::filesystem::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        std::filesystem::permissions(path, std::filesystem::perms::owner_all, std::filesystem::perm_options::add, ec);
+        std::filesystem::remove_all(path, ec);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+};
+
+/// Both defined, of one shape, and equal bit for bit.
+template <class T>
+bool same_bits(const olmax::Tensor<T>& a, const olmax::Tensor<T>& b) {
+    return a.defined() && b.defined() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
 
 /// Runs `olmax::testing::check_gradients` and CHECKs it, printing the checker's report on failure.
 template <class F>

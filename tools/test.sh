@@ -2,7 +2,7 @@
 # The whole test suite, as CI runs it (.ci/run calls this):
 #  1. installs missing Debian packages (tools/install_deps.sh),
 #  2. Release build in build/ of everything (library tests, packaging tests, examples, benchmarks) and
-#     `ctest -LE slow` (all but the tests labelled slow),
+#     `ctest -LE slow` (all but the tests labelled slow), as many tests at once as the build's jobs,
 #  3. AddressSanitizer + UndefinedBehaviorSanitizer build of the tests in build-asan/ and its
 #     `ctest -LE "slow|packaging|compile_fail"` (those compile-only checks do not depend on sanitizers
 #     and already ran in step 2).
@@ -18,7 +18,8 @@ bash tools/install_deps.sh
 echo "== test: Release build (build/)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build --parallel "$jobs"
-(cd build && ctest --output-on-failure -LE slow)
+# --parallel: most tests use one core; those that fill the machine or measure time are RUN_SERIAL.
+(cd build && ctest --output-on-failure --parallel "$jobs" -LE slow)
 echo "== test: Release done after $((SECONDS - start)) s"
 
 echo "== test: ASan + UBSan build (build-asan/)"
@@ -31,5 +32,5 @@ cmake --build build-asan --parallel "$jobs"
 (cd build-asan && OMP_NUM_THREADS=2 \
   ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_stack_use_after_return=1:allocator_may_return_null=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-  ctest --output-on-failure -LE "slow|packaging|compile_fail")
+  ctest --output-on-failure --parallel "$jobs" -LE "slow|packaging|compile_fail")
 echo "== test: all passed in $((SECONDS - start)) s"

@@ -21,20 +21,14 @@
 #include "test_helpers.hpp"
 
 namespace {
+using olmax_test::temp_dir;
+using olmax_test::test_data_dir;
 
 using olmax::bfloat16;
 using olmax::Tensor;
 
 std::uint16_t bits_of(float f) { return bfloat16(f).bits(); }
 float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
-
-std::filesystem::path test_data_dir() { return std::filesystem::path(__FILE__).parent_path().parent_path() / "data"; }
-std::filesystem::path temp_dir(const std::string& name) {
-    auto dir = std::filesystem::temp_directory_path() / ("olmax-test-bf16-" + name + "-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    return dir;
-}
 
 // Compile-time checks: a storage type, not a differentiable one.
 static_assert(olmax::Scalar<bfloat16> && !olmax::Real<bfloat16>);

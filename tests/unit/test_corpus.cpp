@@ -17,29 +17,10 @@
 #include "test_helpers.hpp"
 
 namespace {
+using olmax_test::TempDir;
 
 namespace data = olmax::data;
 namespace fs = std::filesystem;
-
-/// A fresh folder under the system temp folder, removed with everything in it at scope exit.
-struct TempDir {
-    fs::path path;
-    explicit TempDir(const std::string& name) {
-        static std::atomic<int> counter{0};
-        const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-        path = fs::temp_directory_path() /
-               ("olmax-test-corpus-" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" + std::to_string(stamp));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
-        fs::remove_all(path, ec);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-};
 
 void write(const fs::path& p, const std::string& bytes) {
     fs::create_directories(p.parent_path());

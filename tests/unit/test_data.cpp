@@ -9,6 +9,7 @@
 #include "test_helpers.hpp"
 
 namespace {
+using olmax_test::temp_dir;
 
 namespace data = olmax::data;
 constexpr std::int64_t EOD = data::ByteTokenizer::end_of_document;
@@ -41,13 +42,6 @@ std::vector<std::vector<std::uint8_t>> documents_from_targets(const std::vector<
         REQUIRE(current.empty());  // a one-pass loader finishes every document
     }
     return out;
-}
-
-std::filesystem::path temp_dir(const std::string& name) {
-    auto dir = std::filesystem::temp_directory_path() / ("olmax-test-data-" + name + "-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    return dir;
 }
 
 }  // namespace

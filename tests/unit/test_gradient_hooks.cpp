@@ -13,10 +13,7 @@ using olmax::Tensor;
 namespace ad = olmax::autodiff;
 
 namespace {
-
-bool same_bits(const Tensor<double>& a, const Tensor<double>& b) {
-    return a.defined() && b.defined() && a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
-}
+using olmax_test::same_bits;
 
 /// What a hook saw: the leaf indices in firing order and each leaf's gradient at that moment.
 struct Seen {

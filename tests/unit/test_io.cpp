@@ -12,19 +12,12 @@
 #include "test_helpers.hpp"
 
 namespace {
+using olmax_test::temp_dir;
+using olmax_test::test_data_dir;
 
 namespace io = olmax::io;
 namespace optim = olmax::optim;
 using olmax::Tensor;
-
-std::filesystem::path test_data_dir() { return std::filesystem::path(__FILE__).parent_path().parent_path() / "data"; }
-
-std::filesystem::path temp_dir(const std::string& name) {
-    auto dir = std::filesystem::temp_directory_path() / ("olmax-test-io-" + name + "-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    return dir;
-}
 
 std::string read_bytes(const std::filesystem::path& p) {
     std::ifstream in(p, std::ios::binary);

@@ -43,7 +43,7 @@ private:
     Tensor<T> scale_;
 };
 
-nn::Config config(std::size_t features) {
+nn::Config layer_config(std::size_t features) {
     nn::Config c;
     c.features = features;
     return c;
@@ -63,7 +63,7 @@ TEST_CASE("check_layer_gradients passes a correct layer and checks its input and
 TEST_CASE("check_layer_gradients passes a reversible stack (custom backward, stacked parameters)", "[testing][layer]") {
     using Block = nn::Reversible<nn::Sandwich<nn::Linear<double>>, nn::Sandwich<nn::Linear<double>>>;
     olmax::Generator rng(2);
-    nn::Stack<Block> stack(config(3), /*depth=*/2, rng);
+    nn::Stack<Block> stack(layer_config(3), /*depth=*/2, rng);
     const auto result = olmax::testing::check_layer_gradients(stack, olmax::randn<double>({2, 2, 3}, rng), {.rtol = 1e-5, .atol = 1e-7});
     INFO(result);
     CHECK(result.ok);
@@ -72,10 +72,10 @@ TEST_CASE("check_layer_gradients passes a reversible stack (custom backward, sta
 TEST_CASE("check_layer_gradients catches a wrong backward and names the parameter", "[testing][layer]") {
     olmax::Generator rng(3);
     const Tensor<double> x = olmax::randn<double>({4, 3}, rng);
-    Scale<double, Bug::none> right(config(3), rng);
+    Scale<double, Bug::none> right(layer_config(3), rng);
     CHECK(olmax::testing::check_layer_gradients(right, x).ok);
 
-    Scale<double, Bug::wrong_factor> wrong(config(3), rng);
+    Scale<double, Bug::wrong_factor> wrong(layer_config(3), rng);
     const auto result = olmax::testing::check_layer_gradients(wrong, x);
     INFO(result);
     CHECK_FALSE(result.ok);
@@ -85,7 +85,7 @@ TEST_CASE("check_layer_gradients catches a wrong backward and names the paramete
 
 TEST_CASE("check_layer_gradients' +inf pre-fill catches a backward that assigns instead of adding", "[testing][layer]") {
     olmax::Generator rng(4);
-    Scale<double, Bug::assigns> layer(config(3), rng);
+    Scale<double, Bug::assigns> layer(layer_config(3), rng);
     const auto result = olmax::testing::check_layer_gradients(layer, olmax::randn<double>({4, 3}, rng));
     INFO(result);
     CHECK_FALSE(result.ok);
@@ -100,7 +100,7 @@ TEST_CASE("check_layer_gradients checks float layers with float tolerances", "[t
     const auto ok = olmax::testing::check_layer_gradients(linear, x);
     INFO(ok);
     CHECK(ok.ok);
-    Scale<float, Bug::wrong_factor> wrong(config(3), rng);
+    Scale<float, Bug::wrong_factor> wrong(layer_config(3), rng);
     CHECK_FALSE(olmax::testing::check_layer_gradients(wrong, x).ok);
 }
 

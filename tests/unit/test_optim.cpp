@@ -14,12 +14,12 @@
 #include "test_helpers.hpp"
 
 namespace {
+using olmax_test::test_data_dir;
+using olmax_test::same_bits;
 
 using olmax::Shape;
 using olmax::Tensor;
 namespace optim = olmax::optim;
-
-std::filesystem::path test_data_dir() { return std::filesystem::path(__FILE__).parent_path().parent_path() / "data"; }
 
 struct Reference {
     std::map<std::string, std::string> config;
@@ -634,10 +634,6 @@ optim::AdamWConfig test_adamw(double agc_clip = 0, double max_grad_norm = 0,
     c.agc.clip = agc_clip;
     c.max_grad_norm = max_grad_norm;
     return c;
-}
-
-bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
-    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 /// Two identical models with their optimisers: one steps after backward, one during it.

@@ -75,7 +75,7 @@ std::vector<Case> grid(bool full) {
 }
 
 template <class S, class B, class T>
-void check_against_reference(bool full, std::size_t batch, std::size_t channels, double tol) {
+void check_scan_against_reference(bool full, std::size_t batch, std::size_t channels, double tol) {
     olmax::Generator rng(7);
     for (const Case& c : grid(full)) {
         const bool btc = c.layout == sc::Layout::btc;
@@ -122,24 +122,24 @@ Tensor<T> expand_heads(const Tensor<T>& gates, std::size_t share, sc::Layout lay
         sc::hillis_steele_chunked<128>, sc::blelloch, sc::chunked_matmul<128>, sc::log_space
 
 TEMPLATE_TEST_CASE("scan: every strategy and backend equals the fp64 sequential reference", "[scan]", OLMAX_SCAN_STRATEGIES) {
-    check_against_reference<TestType, olmax::backend::cpu_openmp, float>(false, 2, 3, 1e-5);
-    check_against_reference<TestType, olmax::backend::cpu_serial, float>(false, 1, 2, 1e-5);
-    check_against_reference<TestType, olmax::backend::cpu_openmp, double>(false, 1, 2, double_tolerance<TestType>());
+    check_scan_against_reference<TestType, olmax::backend::cpu_openmp, float>(false, 2, 3, 1e-5);
+    check_scan_against_reference<TestType, olmax::backend::cpu_serial, float>(false, 1, 2, 1e-5);
+    check_scan_against_reference<TestType, olmax::backend::cpu_openmp, double>(false, 1, 2, double_tolerance<TestType>());
 }
 
 TEMPLATE_TEST_CASE("scan: full reference sweep (all options, wider tiles)", "[scan][slow]", OLMAX_SCAN_STRATEGIES) {
-    check_against_reference<TestType, olmax::backend::cpu_openmp, float>(true, 3, 17, 1e-5);
-    check_against_reference<TestType, olmax::backend::cpu_serial, float>(true, 2, 5, 1e-5);
-    check_against_reference<TestType, olmax::backend::cpu_openmp, double>(true, 2, 17, double_tolerance<TestType>());
-    check_against_reference<TestType, olmax_test::stub_backend, double>(true, 1, 3, double_tolerance<TestType>());
+    check_scan_against_reference<TestType, olmax::backend::cpu_openmp, float>(true, 3, 17, 1e-5);
+    check_scan_against_reference<TestType, olmax::backend::cpu_serial, float>(true, 2, 5, 1e-5);
+    check_scan_against_reference<TestType, olmax::backend::cpu_openmp, double>(true, 2, 17, double_tolerance<TestType>());
+    check_scan_against_reference<TestType, olmax_test::stub_backend, double>(true, 1, 3, double_tolerance<TestType>());
 }
 
 TEST_CASE("scan: two_pass over many rounds and segments equals the reference", "[scan]") {
     auto& round = sc::detail::two_pass_round_elements();
     const std::size_t saved = round.load();
     round = 64;  // rounds of 64 * threads / rows steps, segments of a few steps
-    check_against_reference<sc::two_pass, olmax::backend::cpu_openmp, float>(false, 1, 1, 1e-5);
-    check_against_reference<sc::two_pass, olmax::backend::cpu_serial, double>(false, 1, 3, 1e-12);
+    check_scan_against_reference<sc::two_pass, olmax::backend::cpu_openmp, float>(false, 1, 1, 1e-5);
+    check_scan_against_reference<sc::two_pass, olmax::backend::cpu_serial, double>(false, 1, 3, 1e-12);
     round = saved;
 }
 
@@ -149,8 +149,8 @@ TEST_CASE("scan: two_pass with cache-line-staggered segments and a short last ro
     auto& round = sc::detail::two_pass_round_elements();
     const std::size_t saved = round.load();
     round = 1024;
-    check_against_reference<sc::two_pass, olmax::backend::cpu_openmp, float>(false, 1, 1, 1e-5);
-    check_against_reference<sc::two_pass, olmax::backend::cpu_serial, double>(false, 1, 1, 1e-12);
+    check_scan_against_reference<sc::two_pass, olmax::backend::cpu_openmp, float>(false, 1, 1, 1e-5);
+    check_scan_against_reference<sc::two_pass, olmax::backend::cpu_serial, double>(false, 1, 1, 1e-12);
     olmax::Generator rng(5);
     for (bool reverse : {false, true}) {  // one long row (in-register block kernels), forward and backward
         Tensor<double> a = olmax::rand<double>({1, 20000, 1}, rng), x = uniform_pm1<double>({1, 20000, 1}, rng);

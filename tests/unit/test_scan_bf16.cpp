@@ -69,7 +69,7 @@ Tensor<double> abs_of(const Tensor<double>& t) {
 
 enum class Gates { random, near_one, zero, one };
 
-Tensor<double> make_gates(const Shape& shape, Gates kind, olmax::Generator& rng) {
+Tensor<double> make_bf16_gates(const Shape& shape, Gates kind, olmax::Generator& rng) {
     switch (kind) {
         case Gates::random: return olmax::rand<double>(shape, rng);
         case Gates::near_one: return olmax::rand<double>(shape, rng, 0.97, 1.0);
@@ -79,7 +79,7 @@ Tensor<double> make_gates(const Shape& shape, Gates kind, olmax::Generator& rng)
     return {};
 }
 
-struct Case {
+struct Bf16Case {
     std::size_t T;
     Gates gates;
     bool h0, reverse;
@@ -87,8 +87,8 @@ struct Case {
     std::size_t share;  // channels per gate
 };
 
-std::vector<Case> cases() {
-    std::vector<Case> out;
+std::vector<Bf16Case> cases() {
+    std::vector<Bf16Case> out;
     for (std::size_t T : {std::size_t(1), std::size_t(3), std::size_t(129), std::size_t(300)})
         for (Gates k : {Gates::random, Gates::near_one, Gates::zero, Gates::one})
             for (int combo = 0; combo < 4; ++combo)
@@ -100,14 +100,14 @@ std::vector<Case> cases() {
 /// Runs forward and backward of strategy S on bf16 storage for one case and checks every output
 /// against the fp64 reference of the same bf16 inputs.
 template <class S>
-void check_case(const Case& c) {
+void check_case(const Bf16Case& c) {
     constexpr std::size_t batch = 2, channels = 24;
     olmax::Generator rng(11 + c.T);
     const bool btc = c.layout == sc::Layout::btc;
     const Shape x_shape = btc ? Shape{batch, c.T, channels} : Shape{batch, channels, c.T};
     const Shape gate_shape = btc ? Shape{batch, c.T, channels / c.share} : Shape{batch, channels / c.share, c.T};
     // Inputs are drawn in double and rounded to bf16 once; the reference uses the rounded values.
-    const Tensor<bfloat16> gates = to_bf16(make_gates(gate_shape, c.gates, rng));
+    const Tensor<bfloat16> gates = to_bf16(make_bf16_gates(gate_shape, c.gates, rng));
     const Tensor<bfloat16> x = to_bf16(olmax::rand<double>(x_shape, rng, -1.0, 1.0));
     const Tensor<bfloat16> h0 = c.h0 ? to_bf16(olmax::rand<double>({batch, channels}, rng, -1.0, 1.0)) : Tensor<bfloat16>();
     const Tensor<bfloat16> dh = to_bf16(olmax::rand<double>(x_shape, rng, -1.0, 1.0));
@@ -148,7 +148,7 @@ void check_case(const Case& c) {
 
 TEMPLATE_TEST_CASE("scan in bf16 storage: forward and scan_backward within the float-carry bound of the fp64 adjoint", "[scan][bf16]",
                    OLMAX_BF16_SCAN_STRATEGIES) {
-    for (const Case& c : cases()) check_case<TestType>(c);
+    for (const Bf16Case& c : cases()) check_case<TestType>(c);
 }
 
 TEST_CASE("scan in bf16 storage: log gates within the float-carry bound", "[scan][bf16]") {

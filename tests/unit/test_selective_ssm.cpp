@@ -44,15 +44,15 @@ Tensor<double> flat_outputs(const sc::SelectiveScanResult<double>& r) {
 
 /// The materialised reference: every state h[b, t, e, n] and gate stored, then the adjoint
 /// recurrence written out (the formulas at the top of olmax/scan/selective_scan.hpp).
-struct Reference {
+struct SsmReference {
     std::vector<double> y, h_last, du, ddelta, dA, dB, dC, dD, dh0;
 };
 
-Reference reference(const ScanInputs& in, bool use_h0, bool use_resets, const Tensor<double>& dy, const Tensor<double>& dh_last) {
+SsmReference reference(const ScanInputs& in, bool use_h0, bool use_resets, const Tensor<double>& dy, const Tensor<double>& dh_last) {
     const std::size_t nb = in.u.extent(0), nt = in.u.extent(1), ne = in.u.extent(2), ns = in.A.extent(1);
     auto at = [&](std::size_t b, std::size_t t, std::size_t e, std::size_t n) { return ((b * nt + t) * ne + e) * ns + n; };
     std::vector<double> h(nb * nt * ne * ns), abar(h.size());
-    Reference r;
+    SsmReference r;
     r.y.assign(nb * nt * ne, 0);
     r.h_last.assign(nb * ne * ns, 0);
     for (std::size_t b = 0; b < nb; ++b)
@@ -119,12 +119,12 @@ double relative_error(const Tensor<double>& a, const std::vector<double>& b) {
 }
 
 /// The op's value and input gradients for output gradients dy, dh_last.
-struct Run {
+struct SsmRun {
     Tensor<double> y, h_last, du, ddelta, dA, dB, dC, dD, dh0;
 };
 
 /// Every output and gradient of two runs equal bit for bit.
-void check_identical(const Run& a, const Run& b) {
+void check_identical(const SsmRun& a, const SsmRun& b) {
     CHECK(olmax_test::max_abs_diff(a.y, b.y) == 0);
     CHECK(olmax_test::max_abs_diff(a.h_last, b.h_last) == 0);
     CHECK(olmax_test::max_abs_diff(a.du, b.du) == 0);
@@ -136,7 +136,7 @@ void check_identical(const Run& a, const Run& b) {
     CHECK(olmax_test::max_abs_diff(a.dh0, b.dh0) == 0);
 }
 
-Run run_op(const ScanInputs& base, bool use_h0, bool use_resets, const Tensor<double>& dy, const Tensor<double>& dh_last,
+SsmRun run_op(const ScanInputs& base, bool use_h0, bool use_resets, const Tensor<double>& dy, const Tensor<double>& dh_last,
            std::optional<long> chunk = std::nullopt) {
     std::vector<Tensor<double>> x;
     for (const auto& t : base.differentiable()) x.push_back(olmax::parameter(t.clone()));
@@ -148,7 +148,7 @@ Run run_op(const ScanInputs& base, bool use_h0, bool use_resets, const Tensor<do
             use_h0 ? x[6].grad() : Tensor<double>()};
 }
 
-std::vector<Tensor<double>> parameters_of(nn::SelectiveSSM<double>& layer) {
+std::vector<Tensor<double>> ssm_parameters(nn::SelectiveSSM<double>& layer) {
     std::vector<Tensor<double>> out;
     nn::ParameterVisitor<double> visit([&](const std::string&, Tensor<double>& t, nn::Role, nn::Sharing) { out.push_back(t.detach().clone()); });
     layer.visit_parameters(visit);
@@ -161,7 +161,7 @@ void bind_parameters(nn::SelectiveSSM<double>& layer, const std::vector<Tensor<d
     layer.visit_parameters(visit);
 }
 
-nn::SelectiveSSMConfig small_config() {
+nn::SelectiveSSMConfig small_ssm_config() {
     nn::SelectiveSSMConfig c;
     c.features = 3;
     c.inner = 5;
@@ -207,8 +207,8 @@ TEST_CASE("scan::selective_scan: matches the materialised reference, forward and
     for (bool use_resets : {false, true})
         for (bool use_h0 : {false, true}) {
             INFO("resets " << use_resets << ", h0 " << use_h0);
-            const Reference ref = reference(in, use_h0, use_resets, dy, dh_last);
-            const Run op = run_op(in, use_h0, use_resets, dy, dh_last, 7);
+            const SsmReference ref = reference(in, use_h0, use_resets, dy, dh_last);
+            const SsmRun op = run_op(in, use_h0, use_resets, dy, dh_last, 7);
             CHECK(relative_error(op.y, ref.y) < 1e-12);
             CHECK(relative_error(op.h_last, ref.h_last) < 1e-12);
             CHECK(relative_error(op.du, ref.du) < 1e-12);
@@ -227,10 +227,10 @@ TEST_CASE("scan::selective_scan: results do not depend on the chunk size", "[sel
     olmax::Generator rng(40);
     const auto dy = olmax::randn<double>(in.u.shape(), rng);
     const auto dh_last = olmax::randn<double>(in.h0.shape(), rng);
-    const Run whole = run_op(in, true, true, dy, dh_last, 23);
+    const SsmRun whole = run_op(in, true, true, dy, dh_last, 23);
     for (long chunk : {1L, 2L, 5L, 22L, 100L}) {
         INFO("chunk " << chunk);
-        const Run r = run_op(in, true, true, dy, dh_last, chunk);
+        const SsmRun r = run_op(in, true, true, dy, dh_last, chunk);
         // The recomputed states equal the forward's bit for bit, so everything is identical.
         check_identical(r, whole);
     }
@@ -269,7 +269,7 @@ TEST_CASE("scan::selective_scan: a packed pair with a reset equals the two seque
     const auto dy = olmax::randn<double>(packed.u.shape(), rng);
     const auto zero_state = Tensor<double>({1, ne, ns});
 
-    const Run both = run_op(packed, true, true, dy, zero_state);
+    const SsmRun both = run_op(packed, true, true, dy, zero_state);
     auto alone = [&](std::size_t begin, std::size_t end, bool with_h0) {
         ScanInputs in = packed;
         in.u = part(packed.u, begin, end);
@@ -279,7 +279,7 @@ TEST_CASE("scan::selective_scan: a packed pair with a reset equals the two seque
         in.resets = Tensor<double>({1, end - begin});
         return run_op(in, with_h0, false, part(dy, begin, end), zero_state);
     };
-    const Run one = alone(0, first, true), two = alone(first, total, false);
+    const SsmRun one = alone(0, first, true), two = alone(first, total, false);
     auto joined = [&](const Tensor<double>& a, const Tensor<double>& b) { return olmax::concat({a, b}, 1); };
     CHECK(olmax_test::max_abs_diff(both.y, joined(one.y, two.y)) < 1e-13);
     CHECK(olmax_test::max_abs_diff(both.h_last, two.h_last) < 1e-13);
@@ -384,8 +384,8 @@ TEST_CASE("nn::SelectiveSSM: layer contract, parameters and Mamba's initialisati
 
 TEST_CASE("nn::SelectiveSSM: gradients (double) of input and every parameter, with resets", "[selective_ssm][grad]") {
     olmax::Generator rng(11);
-    nn::SelectiveSSM<double> layer(small_config(), rng);
-    auto params = parameters_of(layer);
+    nn::SelectiveSSM<double> layer(small_ssm_config(), rng);
+    auto params = ssm_parameters(layer);
     const Tensor<double> x = olmax::randn<double>({2, 6, 3}, rng);
     Tensor<double> resets({2, 6});
     resets(0, 2) = 1;
@@ -401,7 +401,7 @@ TEST_CASE("nn::SelectiveSSM: gradients (double) of input and every parameter, wi
 
 TEST_CASE("nn::SelectiveSSM: gradients (double) through the carried state", "[selective_ssm][grad]") {
     olmax::Generator rng(12);
-    nn::SelectiveSSM<double> layer(small_config(), rng);
+    nn::SelectiveSSM<double> layer(small_ssm_config(), rng);
     const Tensor<double> x = olmax::randn<double>({2, 4, 3}, rng);
     const Tensor<double> ssm = olmax::randn<double>({2, 5, 3}, rng), conv = olmax::randn<double>({2, 2, 5}, rng);
     Tensor<double> resets({2, 4});
@@ -417,7 +417,7 @@ TEST_CASE("nn::SelectiveSSM: gradients (double) through the carried state", "[se
 
 TEST_CASE("nn::SelectiveSSM: a packed pair with a reset equals the two sequences run alone", "[selective_ssm]") {
     olmax::Generator rng(13);
-    nn::SelectiveSSM<double> layer(small_config(), rng);
+    nn::SelectiveSSM<double> layer(small_ssm_config(), rng);
     const std::size_t first = 4, total = 11;
     const Tensor<double> x = olmax::randn<double>({1, total, 3}, rng);
     Tensor<double> resets({1, total});
@@ -432,7 +432,7 @@ TEST_CASE("nn::SelectiveSSM: a packed pair with a reset equals the two sequences
 
 TEST_CASE("nn::SelectiveSSM: running in pieces with the carried state equals one call", "[selective_ssm]") {
     olmax::Generator rng(14);
-    nn::SelectiveSSM<double> layer(small_config(), rng);
+    nn::SelectiveSSM<double> layer(small_ssm_config(), rng);
     const std::size_t total = 13;
     const Tensor<double> x = olmax::randn<double>({2, total, 3}, rng);
     Tensor<double> resets({2, total});
@@ -453,7 +453,7 @@ TEST_CASE("nn::SelectiveSSM: running in pieces with the carried state equals one
 
 TEST_CASE("nn::SelectiveSSM: causal, and float runs", "[selective_ssm]") {
     olmax::Generator rng(15);
-    nn::SelectiveSSM<double> layer(small_config(), rng);
+    nn::SelectiveSSM<double> layer(small_ssm_config(), rng);
     const Tensor<double> x = olmax::randn<double>({1, 9, 3}, rng);
     Tensor<double> changed = x.clone();
     for (std::size_t f = 0; f < 3; ++f) changed(0, 6, f) += 1.0;
@@ -474,10 +474,10 @@ TEST_CASE("nn::SelectiveSSM: causal, and float runs", "[selective_ssm]") {
 
 TEST_CASE("nn::SelectiveSSM: bad sizes and inputs throw", "[selective_ssm]") {
     olmax::Generator rng(17);
-    auto config = small_config();
+    auto config = small_ssm_config();
     config.state = 0;
     CHECK_THROWS_AS(nn::SelectiveSSM<double>(config, rng), olmax::value_error);
-    nn::SelectiveSSM<double> layer(small_config(), rng);
+    nn::SelectiveSSM<double> layer(small_ssm_config(), rng);
     CHECK_THROWS_WITH(layer.forward(Tensor<double>({1, 4, 5})), Catch::Matchers::Contains("expected input [batch, T, 3]"));
     CHECK_THROWS_AS(layer.forward(Tensor<double>({4, 3})), olmax::shape_error);
     CHECK_THROWS_AS(layer.forward(Tensor<double>({1, 0, 3})), olmax::value_error);
@@ -493,9 +493,9 @@ TEST_CASE("scan::selective_scan: the serial host kernels give the same bits as t
     olmax::Generator rng(180);
     const auto dy = olmax::randn<double>(in.u.shape(), rng);
     const auto dh_last = olmax::randn<double>(in.h0.shape(), rng);
-    const Run parallel = run_op(in, true, true, dy, dh_last);
+    const SsmRun parallel = run_op(in, true, true, dy, dh_last);
     olmax::backend::host_kernels_scope serial(olmax::backend::kernels<olmax::backend::cpu_serial>());
-    const Run one_thread = run_op(in, true, true, dy, dh_last);
+    const SsmRun one_thread = run_op(in, true, true, dy, dh_last);
     check_identical(parallel, one_thread);
 }
 

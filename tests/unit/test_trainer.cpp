@@ -13,6 +13,8 @@
 #include <vector>
 
 namespace {
+using olmax_test::TempDir;
+using olmax_test::same_bits;
 
 namespace train = olmax::train;
 using olmax::Tensor;
@@ -85,28 +87,16 @@ struct Recorder final : train::Observer {
     void evaluated(std::int64_t, double loss) override { evaluations.push_back(loss); }
 };
 
-struct Run {
+struct TrainerRun {
     Bigram model{11};
     olmax::optim::AdamW<float> opt{model.parameters(), adam()};
     olmax::distributed::LocalCommunicator comm;
     Recorder recorder;
     train::Trainer<Bigram> trainer;
-    explicit Run(train::TrainerOptions o, train::HostStepOptions step = {})
+    explicit TrainerRun(train::TrainerOptions o, train::HostStepOptions step = {})
         : trainer(model, opt, comm, olmax_test::tiny_corpus(), olmax_test::tiny_corpus(), std::move(o),
                   std::make_unique<train::HostStep<Bigram>>(step), recorder) {}
 };
-
-struct TempDir {
-    std::filesystem::path path;
-    explicit TempDir(const std::string& name) : path(std::filesystem::temp_directory_path() / ("olmax-test-trainer-" + name)) {
-        std::filesystem::remove_all(path);
-    }
-    ~TempDir() { std::filesystem::remove_all(path); }
-};
-
-bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
-    return a.size() == b.size() && std::equal(a.data(), a.data() + a.size(), b.data());
-}
 
 }  // namespace
 
@@ -135,16 +125,16 @@ TEST_CASE("train: two accumulated micro-batches step as one batch of both", "[tr
 
 TEST_CASE("train: a run resumed from its checkpoint continues bit for bit as the uninterrupted run", "[train]") {
     TempDir straight_dir("straight"), resumed_dir("resumed");
-    Run straight(options(straight_dir.path, 6));
+    TrainerRun straight(options(straight_dir.path, 6));
     const auto straight_result = straight.trainer.run();
     CHECK(straight_result.step == 6);
     CHECK(straight.recorder.losses.size() == 6);
 
     {
-        Run first(options(resumed_dir.path, 3));  // stops at 3: the checkpoint after the last step
+        TrainerRun first(options(resumed_dir.path, 3));  // stops at 3: the checkpoint after the last step
         CHECK(first.trainer.run().last_checkpoint.filename() == "ckpt-0000000003.olmax");
     }
-    Run second(options(resumed_dir.path, 6));
+    TrainerRun second(options(resumed_dir.path, 6));
     CHECK(second.trainer.prepare() == 3);
     const auto resumed_result = second.trainer.run();
     CHECK(resumed_result.step == 6);
@@ -153,7 +143,7 @@ TEST_CASE("train: a run resumed from its checkpoint continues bit for bit as the
     CHECK(same_bits(second.model.table, straight.model.table));
     CHECK(resumed_result.last_evaluation == straight_result.last_evaluation);
 
-    Run refused([&] {
+    TrainerRun refused([&] {
         auto o = options(resumed_dir.path, 9);
         o.resume = false;
         return o;
@@ -163,7 +153,7 @@ TEST_CASE("train: a run resumed from its checkpoint continues bit for bit as the
 
 TEST_CASE("train: a NaN loss ends the run with training_diverged naming the last good checkpoint", "[train]") {
     TempDir dir("diverged");
-    Run run(options(dir.path, 10));
+    TrainerRun run(options(dir.path, 10));
     run.model.poison_at_call = 5;
     try {
         run.trainer.run();
@@ -180,7 +170,7 @@ TEST_CASE("train: the time budget and a stop request end the run after the curre
     TempDir dir("budget");
     auto o = options(dir.path, 50);
     o.time_budget_s = 1e-9;  // reached by the first step
-    Run run(o);
+    TrainerRun run(o);
     const auto result = run.trainer.run();
     CHECK(result.out_of_time);
     CHECK(result.step == 1);
@@ -191,7 +181,7 @@ TEST_CASE("train: the time budget and a stop request end the run after the curre
     CHECK_THAT(run.recorder.notes.back(), Catch::Contains("time budget of 0 s reached after step 1"));
 
     TempDir stop_dir("stop");
-    Run stopped(options(stop_dir.path, 50));
+    TrainerRun stopped(options(stop_dir.path, 50));
     olmax::request_stop();
     const auto stop_result = stopped.trainer.run();
     olmax::clear_stop_request();
@@ -205,7 +195,7 @@ TEST_CASE("train: bad settings are refused with a plain message", "[train]") {
     TempDir dir("bad");
     auto o = options(dir.path, 5);
     o.eval_every = 0;
-    CHECK_THROWS_WITH(Run(o), Catch::Contains("eval_every"));
+    CHECK_THROWS_WITH(TrainerRun(o), Catch::Contains("eval_every"));
     CHECK_THROWS_WITH(train::HostStep<Bigram>(train::HostStepOptions{.grad_accumulation = 0}), Catch::Contains("grad_accumulation must be at least 1"));
     Bigram model(1);
     olmax::optim::AdamW<float> opt(model.parameters(), adam());

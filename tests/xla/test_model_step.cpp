@@ -16,6 +16,7 @@
 #include <olmax/models/xla_trainer.hpp>
 #include <olmax/olmax.hpp>
 
+#include "xla/cpu_plugin.hpp"
 #include "xla/text_batch.hpp"
 
 namespace pjrt = olmax::xla::pjrt;
@@ -24,11 +25,7 @@ namespace {
 
 using Model = olmax::models::ByteLM<olmax::models::ConvMixer, float>;
 
-std::shared_ptr<pjrt::client> cpu_client() {
-    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
-    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
-    return std::make_shared<pjrt::client>(pjrt::plugin::load(path));
-}
+using olmax_test::cpu_client;
 
 using olmax_test::text_batch;
 

@@ -19,6 +19,7 @@
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "xla/cpu_plugin.hpp"
 #include "xla/text_batch.hpp"
 
 namespace {
@@ -60,7 +61,7 @@ struct TinyLM {
     }
 };
 
-olmax::optim::AdamWConfig adam_config() {
+olmax::optim::AdamWConfig traced_adam_config() {
     olmax::optim::AdamWConfig c;
     c.schedule = olmax::optim::LrSchedule{3e-2, 2, 1e-2, -1, 0.0};
     c.weight_decay = 0.01;
@@ -78,13 +79,11 @@ void batch(std::size_t step, Tensor<std::int32_t>& ids, Tensor<std::int32_t>& ta
 }  // namespace
 
 TEST_CASE("an eager model with a custom op and AdamW, traced once, trains on the CPU plugin as on olmax's CPU", "[cpu_plugin]") {
-    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
-    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
-    auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(path));
+    auto client = olmax_test::cpu_client();
     constexpr std::size_t rows = 2, sequence = 6, steps = 4;
 
     TinyLM eager(7), traced(7);
-    olmax::optim::AdamW<float> eager_opt(eager.parameters(), adam_config()), traced_opt(traced.parameters(), adam_config());
+    olmax::optim::AdamW<float> eager_opt(eager.parameters(), traced_adam_config()), traced_opt(traced.parameters(), traced_adam_config());
 
     // The traced step: the same calls as the eager loop below, once, on traced tensors.
     trace::traced_program program;
@@ -150,14 +149,12 @@ using olmax_test::text_batch;
 
 TEST_CASE("the main job's model (reversible conv/mixer stack) traced from its eager code trains on the CPU plugin as on olmax's CPU",
           "[cpu_plugin]") {
-    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
-    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
-    auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(path));
+    auto client = olmax_test::cpu_client();
     constexpr std::size_t rows = 2, sequence = 32, steps = 10;
     const std::size_t depth = GENERATE(1, 3);  // depth 3 at S = 32: mixer modes 0, 1, 0 (one loop of 2, one layer after it)
     const olmax::models::ByteLMConfig config{16, depth, 5};
     ConvLM eager(config), traced(config);
-    olmax::optim::AdamW<float> eager_opt(eager.parameters(), adam_config()), traced_opt(traced.parameters(), adam_config());
+    olmax::optim::AdamW<float> eager_opt(eager.parameters(), traced_adam_config()), traced_opt(traced.parameters(), traced_adam_config());
 
     trace::traced_program program;
     {
@@ -216,13 +213,11 @@ namespace {
 /// last loss.
 template <class Recipe>
 std::pair<double, double> trains_like_the_cpu(std::size_t rows, std::size_t sequence, std::size_t steps, std::uint32_t seed) {
-    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
-    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
-    auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(path));
+    auto client = olmax_test::cpu_client();
     using LM = olmax::models::ByteLM<Recipe, float>;
     const olmax::models::ByteLMConfig config{16, 2, 3};
     LM eager(config), traced(config);
-    olmax::optim::AdamW<float> eager_opt(eager.parameters(), adam_config()), traced_opt(traced.parameters(), adam_config());
+    olmax::optim::AdamW<float> eager_opt(eager.parameters(), traced_adam_config()), traced_opt(traced.parameters(), traced_adam_config());
     olmax::models::XlaTrainer<LM> trainer(traced, traced_opt, client, rows, sequence);
     double first = 0, last = 0;
     for (std::size_t step = 0; step < steps; ++step) {
@@ -257,9 +252,7 @@ namespace {
 /// program run on the CPU plugin; checks they agree within `tolerance` (relative to the largest).
 template <class F>
 void check_traced_matches(const std::vector<Tensor<float>>& inputs, F f, double tolerance) {
-    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
-    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
-    auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(path));
+    auto client = olmax_test::cpu_client();
     std::vector<Tensor<float>> leaves;
     for (const auto& x : inputs) leaves.push_back(olmax::parameter(x.clone()));
     Tensor<float> value = f(leaves);

@@ -21,6 +21,8 @@
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "xla/cpu_plugin.hpp"
+
 namespace gx = olmax::xla::graph;
 namespace pjrt = olmax::xla::pjrt;
 namespace trace = olmax::trace;
@@ -29,11 +31,7 @@ using olmax::Tensor;
 
 namespace {
 
-std::shared_ptr<pjrt::client> cpu_client() {
-    const char* path = std::getenv("OLMAX_TEST_CPU_PJRT_PLUGIN");
-    if (!path || !*path) FAIL("OLMAX_TEST_CPU_PJRT_PLUGIN is not set (run this test through CTest)");
-    return std::make_shared<pjrt::client>(pjrt::plugin::load(path));
-}
+using olmax_test::cpu_client;
 
 /// A small traced training step: state w [6, 4] (bound from the host), per-call inputs x [6] and
 /// target [6]; loss = mean((tanh(x w) summed over the 4 columns - target)^2), plain SGD on w.
