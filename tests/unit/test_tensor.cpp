@@ -1,6 +1,8 @@
 // Tensor construction, access, copies, casts, printing and random initialisation.
 #include "test_helpers.hpp"
 
+#include <Eigen/QR>
+
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -195,6 +197,34 @@ TEST_CASE("orthogonal: Q^T Q = I for square, wide, tall and stacked shapes", "[t
     CHECK(olmax_test::max_abs_diff(olmax::orthogonal<float>({5, 5}, a), olmax::orthogonal<float>({5, 5}, b)) == 0);
     CHECK_THROWS_AS(olmax::orthogonal<double>({5}, rng), olmax::shape_error);
     CHECK(olmax::orthogonal<double>({0, 4}, rng).empty());
+}
+
+TEST_CASE("orthogonal: equals the Q of Householder QR with R's signs folded in (the Haar sample of Mezzadri 2007)", "[tensor][random]") {
+    // The oracle draws the same Gaussian (column by column, as olmax::orthogonal does) and takes
+    // Eigen's Householder QR, flipping each column of Q whose R diagonal entry is negative.
+    for (const Shape& shape : {Shape{1, 1}, Shape{6, 6}, Shape{9, 4}, Shape{4, 9}, Shape{3, 64, 16}, Shape{128, 128}}) {
+        INFO(olmax::to_string(shape));
+        olmax::Generator rng(21), oracle_rng(21);
+        const auto q = olmax::orthogonal<double>(shape, rng, 1.5);
+        const std::size_t rows = shape[shape.size() - 2], cols = shape.back();
+        const std::size_t big = std::max(rows, cols), small = std::min(rows, cols), count = q.size() / (rows * cols);
+        double worst = 0;
+        for (std::size_t m = 0; m < count; ++m) {
+            Eigen::MatrixXd g(static_cast<Eigen::Index>(big), static_cast<Eigen::Index>(small));
+            for (Eigen::Index j = 0; j < g.cols(); ++j)
+                for (Eigen::Index i = 0; i < g.rows(); ++i) g(i, j) = oracle_rng.normal();
+            const Eigen::HouseholderQR<Eigen::MatrixXd> qr(g);
+            Eigen::MatrixXd expected = qr.householderQ() * Eigen::MatrixXd::Identity(g.rows(), g.cols());
+            for (Eigen::Index j = 0; j < expected.cols(); ++j)
+                if (qr.matrixQR()(j, j) < 0) expected.col(j) *= -1.0;
+            for (std::size_t i = 0; i < rows; ++i)
+                for (std::size_t j = 0; j < cols; ++j) {
+                    const double want = 1.5 * (rows >= cols ? expected(Eigen::Index(i), Eigen::Index(j)) : expected(Eigen::Index(j), Eigen::Index(i)));
+                    worst = std::max(worst, std::abs(q.data()[m * rows * cols + i * cols + j] - want));
+                }
+        }
+        CHECK(worst < 1e-12);
+    }
 }
 
 TEST_CASE("memory::stats counts tensor storage", "[tensor][memory]") {

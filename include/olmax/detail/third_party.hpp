@@ -4,7 +4,6 @@
 // major version (Eigen 3.4 -> 5) needs an edit here only.
 
 #include <Eigen/Core>
-#include <Eigen/QR>
 
 #if __has_include(<xtensor/containers/xadapt.hpp>)  // xtensor >= 0.26 layout
 #include <xtensor/containers/xadapt.hpp>

@@ -12,7 +12,7 @@
 namespace olmax::nn {
 
 /// (Semi-)orthogonal over the last two axes, independently per leading index (olmax::orthogonal:
-/// QR of a Gaussian with the signs of R's diagonal folded into Q, Mezzadri 2007).
+/// the Q of a Gaussian matrix's QR decomposition with R's diagonal positive, Mezzadri 2007).
 template <Real T>
 Tensor<T> orthogonal_init(const Shape& shape, Generator& rng, T gain = T{1}) {
     return orthogonal<T>(shape, rng, gain);
