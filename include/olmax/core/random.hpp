@@ -74,8 +74,9 @@ Tensor<T> rand(const Shape& shape, Generator& rng, T low = T{0}, T high = T{1}) 
 ///
 /// Q comes from block Gram-Schmidt in double with every orthogonalisation done twice ("twice is
 /// enough": Giraud, Langou, Rozloznik 2005; Barlow, Smoktunowicz 2013 for blocks: orthogonal to
-/// rounding for any numerically full-rank matrix, which a Gaussian one is). R's diagonal is then positive by construction, so Q equals Householder QR's
-/// with R's signs folded in, to rounding (tests/unit/test_tensor.cpp compares them). Plain loops
+/// rounding for any numerically full-rank matrix, which a Gaussian one is). R's diagonal is then
+/// positive by construction, so Q equals Householder QR's with R's signs folded in, to rounding
+/// (tests/unit/test_tensor.cpp compares them). Plain loops
 /// instead of Eigen's Householder QR, which took a fifth of a small program's compile time (the
 /// quickstart at -O2: 31-33 -> 25 s on 2 vCPUs), for 1.1-1.8x its run time (2048 x 512: 0.28 against
 /// 0.25 s; 4096 x 1024: 2.4 against 1.8 s).
@@ -110,7 +111,7 @@ Tensor<T> orthogonal(const Shape& shape, Generator& rng, T gain = T{1}) {
             const std::size_t width = std::min(block, small - first);
             double* columns = q.data() + first * big;
             for (int pass = 0; pass < 2; ++pass) {
-                projections.assign(first * width, 0.0);
+                projections.resize(first * width);  // every entry is written below
                 for (std::size_t p = 0; p < first; ++p)
                     for (std::size_t c = 0; c < width; ++c) projections[p * width + c] = dot(q.data() + p * big, columns + c * big);
                 for (std::size_t p = 0; p < first; ++p)
