@@ -10,9 +10,14 @@
 // static backend through `kernels<B>()`, run-time kernels through `register_device`.
 #include "test_helpers.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 using olmax::Shape;
 using olmax::Tensor;
@@ -320,7 +325,53 @@ TEST_CASE("backend primitives agree: parallel_for covers [0, n) once, sum, map, 
         }
 }
 
-TEST_CASE("cpu_serial GEMM caps Eigen to one thread only for its own call", "[conformance][backend]") {
+TEST_CASE("cpu_serial GEMM equals the naive product: vector results, tiny and blocked shapes, every transpose, padded rows",
+          "[conformance][backend]") {
+    // The GEMM takes three routes (a vector result, Eigen's blocked routine, k = 0 or alpha = 0);
+    // each is compared, in float and double, with a triple loop accumulated in double.
+    auto check_type = [&]<class T>(T tolerance) {
+        olmax::Generator rng(47);
+        struct Shape {
+            std::size_t m, n, k;
+        };
+        for (const Shape s : {Shape{1, 1, 1}, Shape{1, 37, 13}, Shape{29, 1, 13}, Shape{1, 9, 3}, Shape{6, 1, 70}, Shape{3, 5, 2},
+                              Shape{4, 4, 4}, Shape{17, 33, 9}, Shape{70, 90, 80}, Shape{5, 6, 0}})
+            for (bool ta : {false, true})
+                for (bool tb : {false, true})
+                    for (const auto& [alpha, beta] : std::vector<std::pair<T, T>>{{1, 0}, {T(-0.5), 2}, {0, T(0.5)}, {2, 1}}) {
+                        INFO("m " << s.m << " n " << s.n << " k " << s.k << " ta " << ta << " tb " << tb << " alpha " << alpha << " beta " << beta);
+                        // Leading dimensions 3 wider than the stored rows, C's padding must stay.
+                        const std::size_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k, lda = a_cols + 3;
+                        const std::size_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n, ldb = b_cols + 3, ldc = s.n + 3;
+                        const auto a = olmax::randn<T>({a_rows * lda + 1}, rng), b = olmax::randn<T>({b_rows * ldb + 1}, rng);
+                        auto c = olmax::randn<T>({s.m * ldc + 1}, rng);
+                        if (beta == T(0)) c.data()[0] = std::numeric_limits<T>::quiet_NaN();  // beta 0 overwrites, even NaN
+                        std::vector<double> expect(s.m * ldc);
+                        for (std::size_t i = 0; i < s.m; ++i)
+                            for (std::size_t j = 0; j < ldc; ++j) {
+                                const double before = c.data()[i * ldc + j];
+                                if (j >= s.n) {
+                                    expect[i * ldc + j] = before;
+                                    continue;
+                                }
+                                double dot = 0;
+                                for (std::size_t p = 0; p < s.k; ++p)
+                                    dot += double(ta ? a.data()[p * lda + i] : a.data()[i * lda + p]) *
+                                           double(tb ? b.data()[j * ldb + p] : b.data()[p * ldb + j]);
+                                expect[i * ldc + j] = double(alpha) * dot + (beta == T(0) ? 0.0 : double(beta) * before);
+                            }
+                        cpu_serial::gemm(ta, tb, s.m, s.n, s.k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+                        double worst = 0;
+                        for (std::size_t i = 0; i < s.m * ldc; ++i) worst = std::max(worst, std::abs(double(c.data()[i]) - expect[i]));
+                        CHECK(worst < double(tolerance));
+                    }
+    };
+    check_type.operator()<float>(1e-4f);
+    check_type.operator()<double>(1e-12);
+}
+
+TEST_CASE("omp_thread_cap caps OpenMP to one thread only for its scope; a cpu_serial GEMM leaves the setting alone",
+          "[conformance][backend]") {
 #if defined(_OPENMP)
     struct Restore {
         int threads = omp_get_max_threads();
@@ -329,7 +380,7 @@ TEST_CASE("cpu_serial GEMM caps Eigen to one thread only for its own call", "[co
     omp_set_num_threads(3);
     {
         olmax::backend::detail::omp_thread_cap cap(1);
-        CHECK(Eigen::nbThreads() == 1);  // what Eigen's GEMM would use inside cpu_serial::gemm
+        CHECK(Eigen::nbThreads() == 1);  // what an OpenMP-threaded library called inside the scope uses
     }
     CHECK(omp_get_max_threads() == 3);
     olmax::Generator rng(45);

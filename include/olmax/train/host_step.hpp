@@ -93,7 +93,10 @@ public:
 
     StepLoss compute(const std::function<data::Batch()>& next_batch) override {
         check(context_.has_value(), "train::HostStep: compute before prepare");
-        auto& [model, optimizer, comm] = *context_;
+        // Named references, not a structured binding: lambdas capture them (clang < 16 cannot).
+        auto& model = context_->model;
+        auto& optimizer = context_->optimizer;
+        auto& comm = context_->comm;
         const auto n = options_.grad_accumulation;
         double loss_sum = 0, exchange_seconds = 0;
         for (std::int64_t micro = 0; micro < n; ++micro) {
