@@ -125,6 +125,8 @@ TEST_CASE("trace: element-wise ops' rules and gradients match finite differences
 
 TEST_CASE("trace: products, reductions, shapes, norms and losses match finite differences", "[trace]") {
     CHECK_TRACED({{2, 3, 4}, {4, 5}}, [](const Traced& x) { return olmax::matmul(x[0], x[1]); });
+    CHECK_TRACED({{2, 3, 4}, {2, 4, 5}}, [](const Traced& x) { return olmax::matmul(x[0], x[1]); });  // batched
+    CHECK_TRACED({{2, 2, 3, 2}, {2, 2, 2, 3}}, [](const Traced& x) { return olmax::matmul(x[0], x[1]); });
     CHECK_TRACED({{2, 3, 4}, {3, 5}}, [](const Traced& x) { return olmax::contract_axis(x[0], x[1], 1); });
     CHECK_TRACED({{2, 3, 4}}, [](const Traced& x) { return olmax::sum(x[0], {0, 2}, true); });
     CHECK_TRACED({{2, 3, 4}}, [](const Traced& x) { return olmax::mean(x[0], {1}); });

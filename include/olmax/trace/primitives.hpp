@@ -275,7 +275,7 @@ inline T linear_scan(const T& a, const T& x, const xla::stablehlo::scan_strategy
     });
 }
 
-/// [m, k] x [k, n].
+/// [m, k] x [k, n], or [batch, m, k] x [batch, k, n] (the gradients below are the same batched products).
 inline T matmul(const T& a, const T& b) {
     const T y = wrap(gx::dot(var_of(a), var_of(b), 1, 0));
     return detail::record("dot", {a, b}, y, [a, b](const T& g, auto& sink) {

@@ -198,15 +198,17 @@ inline bool register_all() {
     backend::trace::register_rule("mean", reduction(true));
     backend::trace::register_rule("reshape", [](Ts in, const attributes& a) -> Out { return {p::reshape(in[0], Shape(a.ints.begin(), a.ints.end()))}; });
     backend::trace::register_rule("transpose", [](Ts in, const attributes& a) -> Out { return {p::transpose(in[0], a.ints)}; });
-    // matmul: [..., m, k] x [k, n] (the leading axes folded into m). The batched form has no rule yet.
+    // matmul: [..., m, k] x [k, n] (the leading axes folded into m), or [..., m, k] x [..., k, n] with
+    // equal leading axes (folded into one batch axis). The op has checked the shapes.
     backend::trace::register_rule("matmul", [](Ts in, const attributes&) -> Out {
         const Tf &a = in[0], &b = in[1];
-        check<trace_error>(b.rank() == 2 && a.rank() >= 2, "olmax: matmul: the traced program has no rule for a batched product (",
-                           to_string(a.shape()), " x ", to_string(b.shape()), ") yet");
-        const std::size_t k = a.shape().back(), rows = a.size() / (k ? k : 1);
+        const std::size_t m = a.shape()[a.rank() - 2], k = a.shape().back(), n = b.shape().back();
         Shape out = a.shape();
-        out.back() = b.shape()[1];
-        return {p::reshape(p::matmul(p::reshape(a, {rows, k}), b), out)};
+        out.back() = n;
+        if (b.rank() == 2) return {p::reshape(p::matmul(p::reshape(a, {a.size() / (k ? k : 1), k}), b), out)};
+        std::size_t batch = 1;
+        for (std::size_t d = 0; d + 2 < a.rank(); ++d) batch *= a.shape()[d];
+        return {p::reshape(p::matmul(p::reshape(a, {batch, m, k}), p::reshape(b, {batch, k, n})), out)};
     });
     // cross_entropy: logits, targets (float32 ids); reals = z_loss.
     backend::trace::register_rule("cross_entropy", [](Ts in, const attributes& a) -> Out {

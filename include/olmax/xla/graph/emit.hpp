@@ -177,7 +177,12 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
             case op::compare: one(b.compare(in[0], in[1], n.direction)); break;
             case op::select: one(b.select(in[0], in[1], in[2])); break;
             case op::stop_gradient: one(in[0]); break;
-            case op::dot: one(b.dot_general(in[0], in[1], {}, {}, {n.dims[0]}, {n.dims[1]})); break;
+            case op::dot: {  // rank 3: dimension 0 is the batch, the contracting ones follow it
+                const std::int64_t batch = std::int64_t(in[0].type.rank()) - 2;
+                const dims_t batch_dims = batch ? dims_t{0} : dims_t{};
+                one(b.dot_general(in[0], in[1], batch_dims, batch_dims, {batch + n.dims[0]}, {batch + n.dims[1]}));
+                break;
+            }
             case op::reduce_sum: one(b.reduce(in[0], 0.0, n.dims, "add")); break;
             case op::reduce_max: one(b.reduce(in[0], -3.4028234663852886e38, n.dims, "maximum")); break;
             case op::broadcast_in_dim: one(b.broadcast_in_dim(in[0], n.outputs[0].dims, n.dims)); break;

@@ -169,22 +169,26 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                                    " replicas needs a replicated device_program");
                 out.data = in[0]->data;
                 break;
-            case op::dot: {
+            case op::dot: {  // rank 3: a batch of matrices along dimension 0
                 const auto& a = *in[0];
                 const auto& b = *in[1];
+                const std::size_t lead = a.type.rank() - 2;
+                const std::int64_t batches = lead ? a.type.dims[0] : 1;
                 const std::int64_t ca = n.dims[0], cb = n.dims[1];
-                const std::int64_t K = a.type.dims[std::size_t(ca)], I = out.type.dims[0], J = out.type.dims[1];
-                const std::int64_t a_cols = a.type.dims[1], b_cols = b.type.dims[1];
-                for (std::int64_t i = 0; i < I; ++i)
-                    for (std::int64_t j = 0; j < J; ++j) {
-                        double s = 0;
-                        for (std::int64_t k = 0; k < K; ++k) {
-                            const double x = ca == 1 ? a.data[std::size_t(i * a_cols + k)] : a.data[std::size_t(k * a_cols + i)];
-                            const double y = cb == 0 ? b.data[std::size_t(k * b_cols + j)] : b.data[std::size_t(j * b_cols + k)];
-                            s += x * y;
+                const std::int64_t K = a.type.dims[lead + std::size_t(ca)], I = out.type.dims[lead], J = out.type.dims[lead + 1];
+                const std::int64_t a_cols = a.type.dims[lead + 1], b_cols = b.type.dims[lead + 1];
+                const std::int64_t a_size = a.type.dims[lead] * a_cols, b_size = b.type.dims[lead] * b_cols;
+                for (std::int64_t q = 0; q < batches; ++q)
+                    for (std::int64_t i = 0; i < I; ++i)
+                        for (std::int64_t j = 0; j < J; ++j) {
+                            double s = 0;
+                            for (std::int64_t k = 0; k < K; ++k) {
+                                const double x = a.data[std::size_t(q * a_size + (ca == 1 ? i * a_cols + k : k * a_cols + i))];
+                                const double y = b.data[std::size_t(q * b_size + (cb == 0 ? k * b_cols + j : j * b_cols + k))];
+                                s += x * y;
+                            }
+                            out.data[std::size_t((q * I + i) * J + j)] = s;
                         }
-                        out.data[std::size_t(i * J + j)] = s;
-                    }
                 break;
             }
             case op::reduce_sum:

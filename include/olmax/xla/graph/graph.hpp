@@ -57,7 +57,7 @@ enum class op : std::uint8_t {
     compare,           // i1 result, `direction`
     select,            // select(pred, on_true, on_false)
     stop_gradient,     // identity whose gradient is zero
-    dot,               // rank-2 product contracting lhs dimension dims[0] with rhs dimension dims[1]
+    dot,               // matrix product contracting lhs dimension dims[0] with rhs dimension dims[1]; rank 3: a batch of them
     reduce_sum,        // over `dims`
     reduce_max,        // over `dims`
     broadcast_in_dim,  // operand dimension i -> result dimension dims[i] (increasing)
@@ -284,19 +284,27 @@ inline var select(const var& predicate, const var& on_true, const var& on_false)
     return detail::make(op::select, {predicate, on_true, on_false}, on_true.type());
 }
 
-/// Rank-2 product contracting lhs dimension `lhs_contract` with rhs dimension `rhs_contract`;
-/// result [lhs free, rhs free]. matmul(a, b) = dot(a, b, 1, 0).
+/// Product of two matrices contracting lhs dimension `lhs_contract` with rhs dimension `rhs_contract`
+/// (0 or 1, counted within the matrix); result [lhs free, rhs free]. Rank-3 operands are batches of
+/// matrices with the same leading size, multiplied pairwise: result [batch, lhs free, rhs free].
+/// matmul(a, b) = dot(a, b, 1, 0).
 inline var dot(const var& lhs, const var& rhs, std::int64_t lhs_contract, std::int64_t rhs_contract) {
     detail::require_f32(op::dot, lhs);
     detail::require_f32(op::dot, rhs);
-    check<graph_error>(lhs.type().rank() == 2 && rhs.type().rank() == 2 && (lhs_contract == 0 || lhs_contract == 1) &&
-                           (rhs_contract == 0 || rhs_contract == 1),
-                       "xla::graph: dot takes two rank-2 operands and one contracting dimension each, got ", lhs.type().str(), " x ",
-                       rhs.type().str());
-    const auto k = lhs.dims()[static_cast<std::size_t>(lhs_contract)];
-    check<graph_error>(k == rhs.dims()[static_cast<std::size_t>(rhs_contract)], "xla::graph: dot: contracting sizes differ: ",
-                       lhs.type().str(), " (dimension ", lhs_contract, ") x ", rhs.type().str(), " (dimension ", rhs_contract, ")");
-    node n = detail::make_node(op::dot, {lhs, rhs}, f32({lhs.dims()[std::size_t(1 - lhs_contract)], rhs.dims()[std::size_t(1 - rhs_contract)]}));
+    const std::size_t rank = lhs.type().rank();
+    check<graph_error>((rank == 2 || rank == 3) && rhs.type().rank() == rank && (lhs_contract == 0 || lhs_contract == 1) &&
+                           (rhs_contract == 0 || rhs_contract == 1) && (rank == 2 || lhs.dims()[0] == rhs.dims()[0]),
+                       "xla::graph: dot takes two matrices, or two batches of as many matrices (rank 3), and one contracting dimension each, got ",
+                       lhs.type().str(), " x ", rhs.type().str());
+    const std::size_t batch = rank - 2;  // 1 when the leading dimension is a batch
+    const auto k = lhs.dims()[batch + std::size_t(lhs_contract)];
+    check<graph_error>(k == rhs.dims()[batch + std::size_t(rhs_contract)], "xla::graph: dot: contracting sizes differ: ", lhs.type().str(),
+                       " (matrix dimension ", lhs_contract, ") x ", rhs.type().str(), " (matrix dimension ", rhs_contract, ")");
+    dims_t out;
+    if (batch) out.push_back(lhs.dims()[0]);
+    out.push_back(lhs.dims()[batch + std::size_t(1 - lhs_contract)]);
+    out.push_back(rhs.dims()[batch + std::size_t(1 - rhs_contract)]);
+    node n = detail::make_node(op::dot, {lhs, rhs}, f32(out));
     n.dims = {lhs_contract, rhs_contract};
     return detail::commit(std::move(n));
 }
