@@ -140,12 +140,42 @@ TEST_CASE("trace: products, reductions, shapes, norms and losses match finite di
     CHECK_TRACED({{2, 3, 4}, {4}}, [](const Traced& x) { return olmax::scale_norm(x[0], x[1], 1e-3f); });
     CHECK_TRACED({{2, 3, 4}, {4}}, [](const Traced& x) { return olmax::rms_norm(x[0], x[1], 1e-5f); });
     CHECK_TRACED({{2, 6, 3}, {3, 3, 4}, {4}}, [](const Traced& x) { return olmax::causal_conv1d(x[0], x[1], x[2]); });
+    // grouped: 2 groups of 2 input and 3 output channels; depthwise (a group per channel)
+    CHECK_TRACED({{2, 5, 4}, {3, 2, 6}, {6}}, [](const Traced& x) { return olmax::causal_conv1d(x[0], x[1], x[2], 2); });
+    CHECK_TRACED({{2, 5, 3}, {2, 1, 3}}, [](const Traced& x) { return olmax::causal_conv1d(x[0], x[1], 3); });
     const Tensor<std::int32_t> targets = Tensor<std::int32_t>::from({5}, {0, 3, 2, 3, 1});
     CHECK_TRACED({{5, 4}}, [&](const Traced& x) { return olmax::cross_entropy(x[0], targets, 0.1f); });
     CHECK_TRACED({{5, 3}, {3, 4}},
                  [&](const Traced& x) { return olmax::chunked_cross_entropy(x[0], x[1], targets, {.z_loss = 0.0, .chunk_tokens = 2}); });
     const Tensor<std::int32_t> ids = Tensor<std::int32_t>::from({2, 2}, {1, 0, 1, 3});
     CHECK_TRACED({{4, 3}}, [&](const Traced& x) { return olmax::embedding(x[0], ids); });
+}
+
+TEST_CASE("trace: grouped convolutions and batched products compute the eager ops' values", "[trace]") {
+    // The finite-difference checks above hold for any consistent program; this pins the values: the
+    // traced program, evaluated in double on the same inputs, against the eager op in float.
+    olmax::Generator rng(11);
+    auto same_values = [&](const std::vector<Shape>& shapes, const std::function<Tensor<float>(const Traced&)>& f) {
+        Traced eager_in;
+        for (const auto& s : shapes) eager_in.push_back(olmax::randn<float>(s, rng));
+        const Tensor<float> eager = f(eager_in);
+        trace::tracing t;
+        Traced traced_in;
+        std::vector<gx::host_value> values;
+        for (std::size_t i = 0; i < shapes.size(); ++i) {
+            traced_in.push_back(t.input<float>(shapes[i]));
+            values.push_back({trace::var_of(traced_in.back()).type(), std::vector<double>(eager_in[i].begin(), eager_in[i].end())});
+        }
+        const auto out = gx::evaluate(t.graph(), values, {trace::var_of(f(traced_in))})[0];
+        REQUIRE(out.data.size() == eager.size());
+        double worst = 0;
+        for (std::size_t e = 0; e < eager.size(); ++e) worst = std::max(worst, std::abs(out.data[e] - double(eager.data()[e])));
+        return worst;
+    };
+    CHECK(same_values({{2, 5, 4}, {3, 2, 6}, {6}}, [](const Traced& x) { return olmax::causal_conv1d(x[0], x[1], x[2], 2); }) < 1e-5);
+    CHECK(same_values({{2, 5, 3}, {2, 1, 3}}, [](const Traced& x) { return olmax::causal_conv1d(x[0], x[1], 3); }) < 1e-5);
+    CHECK(same_values({{2, 6, 4}, {3, 4, 5}}, [](const Traced& x) { return olmax::causal_conv1d(x[0], x[1]); }) < 1e-5);
+    CHECK(same_values({{2, 3, 5, 4}, {2, 3, 4, 2}}, [](const Traced& x) { return olmax::matmul(x[0], x[1]); }) < 1e-5);
 }
 
 TEST_CASE("trace: a chunked loss with z-loss reports the plain loss and differentiates the full one, as the eager op", "[trace]") {

@@ -232,16 +232,25 @@ inline bool register_all() {
     });
     backend::trace::register_rule("scale_norm", [](Ts in, const attributes& a) -> Out { return {normalize(in[0], in[1], a.reals.at(0), false)}; });
     backend::trace::register_rule("rms_norm", [](Ts in, const attributes& a) -> Out { return {normalize(in[0], in[1], a.reals.at(0), true)}; });
-    // causal_conv1d: x [B, T, Cin], w [K, Cin, Cout], bias [Cout] or undefined; ints = groups.
-    // out[b, t] = sum_k x[b, t - (K-1-k)] w[k]: one GEMM over the K shifted copies side by side.
+    // causal_conv1d: x [B, T, Cin], w [K, Cin / G, Cout], bias [Cout] or undefined; ints = groups G.
+    // out[b, t] = sum_k x[b, t - (K-1-k)] w[k]: one GEMM over the K shifted copies side by side, or
+    // with groups one batched GEMM over the groups (group g: input channels [g Cg, (g+1) Cg), output
+    // channels [g Og, (g+1) Og)).
     backend::trace::register_rule("causal_conv1d", [](Ts in, const attributes& a) -> Out {
-        check<trace_error>(a.ints.at(0) == 1, "olmax: causal_conv1d: the lowering rule has no grouped convolution (", a.ints.at(0), " groups) yet");
         const Tf &x = in[0], &w = in[1];
         const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2], K = w.shape()[0], O = w.shape()[2];
+        const std::size_t G = std::size_t(a.ints.at(0)), Cg = C / G, Og = O / G;
         std::vector<Tf> taps;
         for (std::size_t k = 0; k < K; ++k) taps.push_back(shift_later(x, K - 1 - k));
-        const Tf columns = p::reshape(K == 1 ? taps[0] : p::concatenate(taps, 2), {B * T, K * C});
-        Tf y = p::reshape(p::matmul(columns, p::reshape(w, {K * C, O})), {B, T, O});
+        const Tf shifted = K == 1 ? taps[0] : p::concatenate(taps, 2);  // [B, T, K C], tap-major
+        Tf y;
+        if (G == 1) {
+            y = p::reshape(p::matmul(p::reshape(shifted, {B * T, K * C}), p::reshape(w, {K * C, O})), {B, T, O});
+        } else {
+            const Tf columns = p::reshape(p::transpose(p::reshape(shifted, {B * T, K, G, Cg}), {2, 0, 1, 3}), {G, B * T, K * Cg});
+            const Tf weights = p::reshape(p::transpose(p::reshape(w, {K, Cg, G, Og}), {2, 0, 1, 3}), {G, K * Cg, Og});
+            y = p::reshape(p::transpose(p::matmul(columns, weights), {1, 0, 2}), {B, T, O});  // [G, B T, Og] -> [B T, G, Og]
+        }
         if (in.size() > 2 && in[2].defined()) y = p::add(y, p::broadcast_to(in[2], y.shape()));
         return {y};
     });
