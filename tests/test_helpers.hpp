@@ -85,12 +85,17 @@ olmax::Tensor<T> uniform(const olmax::Shape& shape, olmax::Generator& rng, doubl
     return olmax::rand<T>(shape, rng, T(low), T(high));
 }
 
-/// Largest |a - b| over two tensors of equal shape (REQUIREs the shapes match).
+/// The larger of `worst` and `difference`, where a NaN wins and stays: std::max would drop it (a NaN
+/// compares false), and a NaN output would then pass a `worst < tolerance` check.
+inline double worse(double worst, double difference) { return std::isnan(worst) || difference <= worst ? worst : difference; }
+
+/// Largest |a - b| over two tensors of equal shape (REQUIREs the shapes match); NaN if any
+/// difference is NaN.
 template <class T>
 double max_abs_diff(const olmax::Tensor<T>& a, const olmax::Tensor<T>& b) {
     REQUIRE(a.shape() == b.shape());
     double m = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a.data()[i]) - double(b.data()[i])));
+    for (std::size_t i = 0; i < a.size(); ++i) m = worse(m, std::abs(double(a.data()[i]) - double(b.data()[i])));
     return m;
 }
 

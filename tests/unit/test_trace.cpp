@@ -17,6 +17,8 @@
 #include <olmax/olmax.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "test_helpers.hpp"
+
 namespace gx = olmax::xla::graph;
 namespace trace = olmax::trace;
 using olmax::Shape;
@@ -169,7 +171,7 @@ TEST_CASE("trace: grouped convolutions and batched products compute the eager op
         const auto out = gx::evaluate(t.graph(), values, {trace::var_of(f(traced_in))})[0];
         REQUIRE(out.data.size() == eager.size());
         double worst = 0;
-        for (std::size_t e = 0; e < eager.size(); ++e) worst = std::max(worst, std::abs(out.data[e] - double(eager.data()[e])));
+        for (std::size_t e = 0; e < eager.size(); ++e) worst = olmax_test::worse(worst, std::abs(out.data[e] - double(eager.data()[e])));
         return worst;
     };
     CHECK(same_values({{2, 5, 4}, {3, 2, 6}, {6}}, [](const Traced& x) { return olmax::causal_conv1d(x[0], x[1], x[2], 2); }) < 1e-5);

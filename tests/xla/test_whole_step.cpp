@@ -22,6 +22,7 @@
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "test_helpers.hpp"
 #include "xla/cpu_plugin.hpp"
 
 namespace gx = olmax::xla::graph;
@@ -122,11 +123,11 @@ TEST_CASE("traced programs: a batched matmul and its gradients lower to dot_gene
     olmax::xla::device_program device(client, program.module, 0);
     const auto out = device.run({a0.data(), b0.data(), w0.data()});
     double worst_value = 0;
-    for (std::size_t e = 0; e < eager.size(); ++e) worst_value = std::max(worst_value, std::abs(double(out[0][e]) - double(eager.data()[e])));
+    for (std::size_t e = 0; e < eager.size(); ++e) worst_value = olmax_test::worse(worst_value, std::abs(double(out[0][e]) - double(eager.data()[e])));
     CHECK(worst_value < 1e-5);
     for (std::size_t r = 0; r < results.size(); ++r) {
         double worst = 0;
-        for (std::size_t e = 0; e < out[r].size(); ++e) worst = std::max(worst, std::abs(double(out[r][e]) - reference[r].data[e]));
+        for (std::size_t e = 0; e < out[r].size(); ++e) worst = olmax_test::worse(worst, std::abs(double(out[r][e]) - reference[r].data[e]));
         INFO("result " << r << " (c, da, db): largest error " << worst);
         CHECK(worst < 1e-5);
     }
