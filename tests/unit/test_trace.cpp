@@ -39,10 +39,11 @@ using Traced = std::vector<Tensor<float>>;
 /// (a layer's parameters) are bound as the program's state and checked too.
 traced_check check_traced(const std::vector<Shape>& shapes, const std::function<Tensor<float>(const Traced&)>& f, double lo = -1.5,
                           double hi = 1.5, const std::vector<Tensor<float>>& state = {},
-                          const std::function<void(std::vector<gx::host_value>&)>& fill = {}) {
+                          const std::function<void(std::vector<gx::host_value>&)>& fill = {}, const std::string& target = "") {
     std::vector<std::vector<double>> state_values;  // read before binding: a bound tensor is traced
     for (const auto& s : state) state_values.emplace_back(s.begin(), s.end());
     trace::tracing t;
+    t.set_target(target);  // the rules' forms follow the device (a scan: a loop on the CPU, doubling on GPUs)
     for (const auto& s : state) t.bind_state(s);
     Traced inputs;
     for (const auto& s : shapes) inputs.push_back(t.input<float>(s).set_requires_grad(true));
@@ -214,10 +215,14 @@ TEST_CASE("trace: linear scans (forward, reverse, carried state, log gates) and 
     Tensor<float> resets({2, 5});
     resets(0, 2) = 1;
     resets(1, 0) = 1;
-    CHECK_TRACED({{2, 5, 3}, {2, 5, 3}, {3, 2}, {2, 5, 2}, {2, 5, 2}, {3}, {2, 3, 2}}, [&](const Traced& x) {
-        const auto s = olmax::scan::selective_scan(x[0], x[1], x[2], x[3], x[4], x[5], {.h0 = x[6], .resets = resets});
-        return s.y + olmax::reshape(olmax::sum(s.h_last, {2}), {2, 1, 3});
-    }, 0.1, 0.9);
+    // The CPU's fused loops (T = 5: chunks of 4, the second padded) and a GPU's materialised states.
+    for (const std::string target : {"cpu", "cuda"}) {
+        INFO("selective scan traced for " << target);
+        CHECK_TRACED({{2, 5, 3}, {2, 5, 3}, {3, 2}, {2, 5, 2}, {2, 5, 2}, {3}, {2, 3, 2}}, [&](const Traced& x) {
+            const auto s = olmax::scan::selective_scan(x[0], x[1], x[2], x[3], x[4], x[5], {.h0 = x[6], .resets = resets});
+            return s.y + olmax::reshape(olmax::sum(s.h_last, {2}), {2, 1, 3});
+        }, 0.1, 0.9, {}, {}, target);
+    }
 }
 
 TEST_CASE("trace: a stack of layers is one loop whose gradient (stored inputs, or rebuilt by a reversible block's inverse) matches finite differences",
@@ -269,6 +274,30 @@ TEST_CASE("trace: what cannot be traced fails at trace time with one line naming
                           Catch::Contains("my_op ran a parallel loop on traced tensors"));
     }
     CHECK_THROWS_WITH(trace::tracing(), Catch::Contains("already running"));
+}
+
+TEST_CASE("trace: Mamba's selective scan traced for the CPU never holds the [B, T, E, N] states, forward or backward", "[trace]") {
+    // B 2, T 36 (chunks of 8: 5 checkpoints, the last chunk padded), E 3, N 4. A GPU's form
+    // materialises the states (as [B, T, E N] for its linear scan); the CPU's fused loops keep one
+    // [B, E, N] state, the [B, 5, E, N] checkpoints and one chunk's [B, 8, E, N] states.
+    for (const std::string target : {"cpu", "cuda"}) {
+        INFO("traced for " << target);
+        trace::tracing t;
+        t.set_target(target);
+        std::vector<Tensor<float>> x;
+        for (const Shape& s : std::vector<Shape>{{2, 36, 3}, {2, 36, 3}, {3, 4}, {2, 36, 4}, {2, 36, 4}})
+            x.push_back(t.input<float>(s).set_requires_grad(true));
+        const auto s = olmax::scan::selective_scan(x[0], x[1], x[2], x[3], x[4], Tensor<float>{});
+        Tensor<float> loss = olmax::sum(olmax::square(s.y));
+        loss.backward();
+        const std::string text = t.finish({loss, x[0].grad(), x[1].grad(), x[2].grad(), x[3].grad(), x[4].grad()}).module.text;
+        const bool materialised = text.find("tensor<2x36x3x4xf32>") != std::string::npos || text.find("tensor<2x36x12xf32>") != std::string::npos;
+        CHECK(materialised == (target == "cuda"));
+        if (target == "cpu") {
+            CHECK(text.find("tensor<2x5x3x4xf32>") != std::string::npos);  // the checkpoints
+            CHECK(text.find("tensor<2x8x3x4xf32>") != std::string::npos);  // one chunk's states
+        }
+    }
 }
 
 TEST_CASE("trace: a reversible stack's traced backward rebuilds each layer's input and stores nothing per layer", "[trace]") {

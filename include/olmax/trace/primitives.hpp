@@ -8,6 +8,7 @@
 // Element-wise primitives take operands of one shape; `broadcast_to` (whose gradient sums back)
 // makes them so. All values are float32.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -273,6 +274,24 @@ inline T linear_scan(const T& a, const T& x, const xla::stablehlo::scan_strategy
         if (sink.needs(0)) sink.add(0, mul(lambda, wrap(gx::shift(var_of(h), 1, -toward))));
         sink.add(1, lambda);
     });
+}
+
+/// Mamba's selective scan fused over time (xla/graph's selective_scan: the [B, T, E, N] states are
+/// never stored) from u, delta [B, T, E], A [E, N], B, C [B, T, N], keep [B, T] (0 where a document
+/// starts; no gradient) and h0 [B, E, N]: returns y [B, T, E] (without the D skip) and the last
+/// state [B, E, N]. Its gradient is one primitive too: chunks of `chunk` steps from last to first,
+/// each recomputed from the state the forward kept at its start.
+inline std::array<T, 2> selective_scan(const T& u, const T& delta, const T& A, const T& B, const T& C, const T& keep, const T& h0, std::int64_t chunk) {
+    const std::vector<gx::var> out = gx::selective_scan(var_of(u), var_of(delta), var_of(A), var_of(B), var_of(C), var_of(keep), var_of(h0), chunk);
+    std::array<T, 2> ys{wrap(out[0]), wrap(out[1])};
+    const std::vector<T> inputs{u, delta, A, B, C, h0};
+    autodiff::record<float>("selective_scan", std::span<const T>(inputs), std::span<T>(ys),
+                            [u, delta, A, B, C, keep, checkpoints = out[2], chunk](std::span<const T> g, autodiff::GradientSink<float>& sink) {
+                                const std::vector<gx::var> d = gx::selective_scan_backward(var_of(u), var_of(delta), var_of(A), var_of(B), var_of(C),
+                                                                                           var_of(keep), checkpoints, var_of(g[0]), var_of(g[1]), chunk);
+                                for (std::size_t i = 0; i < d.size(); ++i) sink.add(i, wrap(d[i]));
+                            });
+    return ys;
 }
 
 /// [m, k] x [k, n], or [batch, m, k] x [batch, k, n] (the gradients below are the same batched products).

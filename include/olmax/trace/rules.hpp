@@ -146,21 +146,33 @@ inline Out moe_route(const Tf& probabilities, const attributes& a) {
     return {wrap(keep), wrap(gx::sum(chosen, {0}) / double(k * batch * sequence))};
 }
 
-/// Mamba's selective scan (scan/selective_scan.hpp) from the traced primitives: the [B, T, E, N]
-/// recurrence as one linear scan over B E N rows, abar = exp(delta A) zeroed where a document starts.
-/// It holds the [B, T, E, N] states (the eager op does not); a fused lowering is future work.
+/// Mamba's selective scan (scan/selective_scan.hpp). On CPUs (a sequential scan form) one
+/// primitive fused over time, which never stores the [B, T, E, N] states, as the eager op does not;
+/// on devices with wide parallel units the recurrence as one linear scan over B E N rows, in the
+/// device's scan form, from the materialised abar = exp(delta A) (zeroed where a document starts)
+/// and drive delta u B.
 inline Out selective_scan(Ts in) {
     const Tf &u = in[0], &delta = in[1], &A = in[2], &B = in[3], &C = in[4], &D = in[5], &h0 = in[6], &resets = in[7];
     const std::size_t nb = u.shape()[0], nt = u.shape()[1], ne = u.shape()[2], ns = A.shape()[1];
-    const Shape full{nb, nt, ne, ns};
-    Tf abar = p::exp(p::mul(p::broadcast_to(p::reshape(delta, {nb, nt, ne, 1}), full), p::broadcast_to(A, full)));
-    if (resets.defined()) abar = p::mul(abar, p::broadcast_to(p::reshape(p::add_scalar(p::neg(resets), 1.0), {nb, nt, 1, 1}), full));
-    const Tf drive = p::mul(p::broadcast_to(p::reshape(p::mul(delta, u), {nb, nt, ne, 1}), full), p::broadcast_to(p::reshape(B, {nb, nt, 1, ns}), full));
-    const Out h = linear_scan(p::reshape(abar, {nb, nt, ne * ns}), p::reshape(drive, {nb, nt, ne * ns}),
-                              h0.defined() ? p::reshape(h0, {nb, ne * ns}) : h0, false, false);
-    Tf y = p::sum(p::mul(p::reshape(h[0], full), p::broadcast_to(p::reshape(C, {nb, nt, 1, ns}), full)), {3}, false);
+    Tf y, h_last;
+    if (active().scan_form().strategy == xla::stablehlo::scan_strategy::kind::sequential) {
+        const Tf keep = resets.defined() ? p::add_scalar(p::neg(resets), 1.0) : p::full({nb, nt}, 1.0);
+        const auto out = p::selective_scan(u, delta, A, B, C, keep, h0.defined() ? h0 : p::full({nb, ne, ns}, 0.0),
+                                           gx::selective_scan_chunk(std::int64_t(nt)));
+        y = out[0];
+        h_last = out[1];
+    } else {
+        const Shape full{nb, nt, ne, ns};
+        Tf abar = p::exp(p::mul(p::broadcast_to(p::reshape(delta, {nb, nt, ne, 1}), full), p::broadcast_to(A, full)));
+        if (resets.defined()) abar = p::mul(abar, p::broadcast_to(p::reshape(p::add_scalar(p::neg(resets), 1.0), {nb, nt, 1, 1}), full));
+        const Tf drive = p::mul(p::broadcast_to(p::reshape(p::mul(delta, u), {nb, nt, ne, 1}), full), p::broadcast_to(p::reshape(B, {nb, nt, 1, ns}), full));
+        const Out h = linear_scan(p::reshape(abar, {nb, nt, ne * ns}), p::reshape(drive, {nb, nt, ne * ns}),
+                                  h0.defined() ? p::reshape(h0, {nb, ne * ns}) : h0, false, false);
+        y = p::sum(p::mul(p::reshape(h[0], full), p::broadcast_to(p::reshape(C, {nb, nt, 1, ns}), full)), {3}, false);
+        h_last = p::reshape(h[1], {nb, ne, ns});
+    }
     if (D.defined()) y = p::add(y, p::mul(u, p::broadcast_to(D, u.shape())));
-    return {y, p::reshape(h[1], {nb, ne, ns})};
+    return {y, h_last};
 }
 
 inline bool register_all() {

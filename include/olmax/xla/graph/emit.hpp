@@ -18,6 +18,7 @@
 #include "olmax/xla/stablehlo/function_builder.hpp"
 #include "olmax/xla/stablehlo/module.hpp"
 #include "olmax/xla/stablehlo/scan.hpp"
+#include "olmax/xla/stablehlo/selective_scan.hpp"
 
 namespace olmax::xla::graph {
 
@@ -173,6 +174,12 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
                 } else {  // from the end: the forward scan of the time-reversed rows, reversed back
                     one(b.reverse(stablehlo::emit_scan(b, n.scan, b.reverse(in[0], {1}), b.reverse(in[1], {1})), {1}));
                 }
+                break;
+            case op::selective_scan:
+                v[i] = stablehlo::emit_selective_scan(b, n.axis, needed[i][2], in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
+                break;
+            case op::selective_scan_backward:
+                v[i] = stablehlo::emit_selective_scan_backward(b, n.axis, in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], in[8]);
                 break;
             case op::compare: one(b.compare(in[0], in[1], n.direction)); break;
             case op::select: one(b.select(in[0], in[1], in[2])); break;

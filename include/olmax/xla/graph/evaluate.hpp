@@ -66,6 +66,84 @@ inline host_value layer_of(const host_value& stacked, std::int64_t l) {
     return out;
 }
 
+/// selective_scan in double, every state kept: (y, h_last, the states entering each chunk).
+/// in: u, delta [B, T, E], A [E, N], Bm, C [B, T, N], keep [B, T], h0 [B, E, N].
+struct selective_scan_states {
+    std::size_t batch, steps, channels, states;
+    std::vector<double> h;  // [B, T + 1, E, N]: h[b, t] is the state entering step t
+    double& at(std::size_t b, std::size_t t, std::size_t e, std::size_t n) { return h[((b * (steps + 1) + t) * channels + e) * states + n]; }
+};
+inline selective_scan_states run_selective_scan(const std::vector<const host_value*>& in) {
+    const dims_t& d = in[0]->type.dims;
+    selective_scan_states s{std::size_t(d[0]), std::size_t(d[1]), std::size_t(d[2]), std::size_t(in[2]->type.dims[1]), {}};
+    s.h.assign(s.batch * (s.steps + 1) * s.channels * s.states, 0.0);
+    const auto &u = in[0]->data, &delta = in[1]->data, &A = in[2]->data, &Bm = in[3]->data, &keep = in[5]->data, &h0 = in[6]->data;
+    for (std::size_t b = 0; b < s.batch; ++b)
+        for (std::size_t e = 0; e < s.channels; ++e)
+            for (std::size_t n = 0; n < s.states; ++n) {
+                s.at(b, 0, e, n) = h0[(b * s.channels + e) * s.states + n];
+                for (std::size_t t = 0; t < s.steps; ++t) {
+                    const std::size_t bte = (b * s.steps + t) * s.channels + e;
+                    const double abar = std::exp(delta[bte] * A[e * s.states + n]) * keep[b * s.steps + t];
+                    s.at(b, t + 1, e, n) = abar * s.at(b, t, e, n) + delta[bte] * u[bte] * Bm[(b * s.steps + t) * s.states + n];
+                }
+            }
+    return s;
+}
+inline std::vector<host_value> selective_scan_reference(const node& nd, const std::vector<const host_value*>& in) {
+    selective_scan_states s = run_selective_scan(in);
+    const auto chunk = std::size_t(nd.axis);
+    std::vector<host_value> out;
+    for (const auto& type : nd.outputs) out.push_back({type, std::vector<double>(std::size_t(type.elements()), 0.0)});
+    const auto& C = in[4]->data;
+    for (std::size_t b = 0; b < s.batch; ++b)
+        for (std::size_t e = 0; e < s.channels; ++e)
+            for (std::size_t n = 0; n < s.states; ++n) {
+                for (std::size_t t = 0; t < s.steps; ++t)
+                    out[0].data[(b * s.steps + t) * s.channels + e] += C[(b * s.steps + t) * s.states + n] * s.at(b, t + 1, e, n);
+                out[1].data[(b * s.channels + e) * s.states + n] = s.at(b, s.steps, e, n);
+                const std::size_t chunks = std::size_t(nd.outputs[2].dims[1]);
+                for (std::size_t c = 0; c < chunks; ++c) out[2].data[((b * chunks + c) * s.channels + e) * s.states + n] = s.at(b, c * chunk, e, n);
+            }
+    return out;
+}
+/// selective_scan_backward in double (the states are recomputed from the first checkpoint, which is h0).
+/// in: u, delta, A, Bm, C, keep, checkpoints, gy, gh.
+inline std::vector<host_value> selective_scan_backward_reference(const node& nd, const std::vector<const host_value*>& in) {
+    const host_value& checkpoints = *in[6];
+    host_value h0{in[8]->type, {}};
+    const std::size_t state_size = std::size_t(in[8]->type.elements()), chunks = std::size_t(checkpoints.type.dims[1]);
+    const std::size_t per_batch = state_size / std::size_t(in[8]->type.dims[0]);
+    for (std::size_t b = 0; b < std::size_t(in[8]->type.dims[0]); ++b)
+        h0.data.insert(h0.data.end(), checkpoints.data.begin() + std::ptrdiff_t(b * chunks * per_batch),
+                       checkpoints.data.begin() + std::ptrdiff_t((b * chunks + 1) * per_batch));
+    selective_scan_states s = run_selective_scan({in[0], in[1], in[2], in[3], in[4], in[5], &h0});
+    std::vector<host_value> out;
+    for (const auto& type : nd.outputs) out.push_back({type, std::vector<double>(std::size_t(type.elements()), 0.0)});
+    const auto &u = in[0]->data, &delta = in[1]->data, &A = in[2]->data, &Bm = in[3]->data, &C = in[4]->data, &keep = in[5]->data;
+    const auto &gy = in[7]->data, &gh = in[8]->data;
+    auto &du = out[0].data, &ddelta = out[1].data, &dA = out[2].data, &dB = out[3].data, &dC = out[4].data, &dh0 = out[5].data;
+    for (std::size_t b = 0; b < s.batch; ++b)
+        for (std::size_t e = 0; e < s.channels; ++e)
+            for (std::size_t n = 0; n < s.states; ++n) {
+                double g = gh[(b * s.channels + e) * s.states + n];
+                for (std::size_t t = s.steps; t-- > 0;) {
+                    const std::size_t bte = (b * s.steps + t) * s.channels + e, btn = (b * s.steps + t) * s.states + n;
+                    g += C[btn] * gy[bte];
+                    dC[btn] += gy[bte] * s.at(b, t + 1, e, n);
+                    const double abar = std::exp(delta[bte] * A[e * s.states + n]) * keep[b * s.steps + t];
+                    const double decay_grad = g * abar * s.at(b, t, e, n);
+                    du[bte] += delta[bte] * g * Bm[btn];
+                    ddelta[bte] += u[bte] * g * Bm[btn] + A[e * s.states + n] * decay_grad;
+                    dA[e * s.states + n] += delta[bte] * decay_grad;
+                    dB[btn] += g * delta[bte] * u[bte];
+                    g *= abar;
+                }
+                dh0[(b * s.channels + e) * s.states + n] = g;
+            }
+    return out;
+}
+
 }  // namespace detail
 
 /// Evaluates `results` of `g` on `inputs` (one per graph input, in order) in double precision.
@@ -137,6 +215,12 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                     }
                 break;
             }
+            case op::selective_scan:
+                v[i] = selective_scan_reference(n, in);
+                continue;
+            case op::selective_scan_backward:
+                v[i] = selective_scan_backward_reference(n, in);
+                continue;
             case op::concatenate: {  // each part placed after the previous ones along the axis
                 dims_t at(out.type.rank(), 0);
                 for (const auto* part : in) {

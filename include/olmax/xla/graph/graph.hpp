@@ -70,6 +70,8 @@ enum class op : std::uint8_t {
     pad,               // zeros around the operand: `dims` low then high padding per dimension (non-negative)
     concatenate,       // operands joined along `axis`
     linear_scan,       // h_t = a_t h_{t-1} + x_t along dimension 1 of [B, T, ...] (see linear_scan); `axis` 1: from the end
+    selective_scan,           // Mamba's scan fused over time (see selective_scan); `axis`: the checkpoint chunk
+    selective_scan_backward,  // its gradient (made by selective_scan's rule; it has no gradient of its own)
 };
 
 /// The primitive's name as error messages and the gradient rules' table spell it.
@@ -77,7 +79,8 @@ inline std::string_view op_name(op o) {
     constexpr std::string_view names[] = {"input", "constant", "iota", "add", "subtract", "multiply", "divide", "maximum", "negate",
                                           "exponential", "log", "tanh", "logistic", "sqrt", "floor", "compare", "select", "stop_gradient", "dot",
                                           "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "scan_layers",
-                                          "scan_layers_backward", "all_reduce_sum", "slice", "pad", "concatenate", "linear_scan"};
+                                          "scan_layers_backward", "all_reduce_sum", "slice", "pad", "concatenate", "linear_scan",
+                                          "selective_scan", "selective_scan_backward"};
     return names[static_cast<std::size_t>(o)];
 }
 
@@ -447,6 +450,74 @@ inline var linear_scan(const var& a, const var& x, const stablehlo::scan_strateg
     n.scan = strategy;
     n.axis = reverse ? 1 : 0;
     return detail::commit(std::move(n));
+}
+
+/// The checkpoint chunk of a fused selective scan over `steps`: the smallest power of two at least
+/// sqrt(steps), which keeps its memory near the minimum, B E N (steps / chunk + chunk).
+inline std::int64_t selective_scan_chunk(std::int64_t steps) {
+    std::int64_t chunk = 1;
+    while (chunk * chunk < steps) chunk *= 2;
+    return chunk;
+}
+
+namespace detail {
+
+/// The shape rule shared by selective_scan and its backward: u, delta [B, T, E]; A [E, N];
+/// Bm, C [B, T, N]; keep [B, T]; a state [B, E, N].
+inline void check_selective_scan(op kind, const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep,
+                                 const var& state, std::int64_t chunk) {
+    for (const var* v : {&u, &delta, &A, &Bm, &C, &keep, &state}) require_f32(kind, *v);
+    const dims_t& d = u.dims();
+    const bool ranks = d.size() == 3 && A.dims().size() == 2;
+    const std::int64_t n = ranks ? A.dims()[1] : 0;
+    check<graph_error>(ranks && delta.dims() == d && A.dims()[0] == d[2] && Bm.dims() == dims_t{d[0], d[1], n} && C.dims() == Bm.dims() &&
+                           keep.dims() == dims_t{d[0], d[1]} && state.dims() == dims_t{d[0], d[2], n} && chunk >= 1,
+                       "xla::graph: ", op_name(kind), " takes u, delta [B, T, E], A [E, N], B, C [B, T, N], keep [B, T], a state [B, E, N] and a ",
+                       "positive chunk; got u ", u.type().str(), ", delta ", delta.type().str(), ", A ", A.type().str(), ", B ", Bm.type().str(),
+                       ", C ", C.type().str(), ", keep ", keep.type().str(), ", state ", state.type().str(), ", chunk ", chunk);
+}
+
+inline std::vector<var> outputs_of(const var& first) {
+    std::vector<var> out;
+    const node& n = first.owner().at(first.node());
+    for (std::uint32_t k = 0; k < n.outputs.size(); ++k) out.emplace_back(&first.owner(), first.node(), k);
+    return out;
+}
+
+}  // namespace detail
+
+/// Mamba's selective scan (olmax/scan/selective_scan.hpp has the formulas) as ONE primitive fused
+/// over time, so the [B, T, E, N] states are never materialised: per step abar = exp(delta_t A) keep_t
+/// (keep [B, T] is 0 where a document starts), h_t = abar h_{t-1} + delta_t u_t B_t from h0,
+/// y_t = sum_n C_t h_t. Outputs: y [B, T, E], the last state h [B, E, N], and the state entering
+/// every `chunk` steps [B, ceil(T / chunk), E, N] for the gradient (emitted only when one uses it).
+/// It lowers to loops over time (stablehlo/selective_scan.hpp), the form for CPUs.
+inline std::vector<var> selective_scan(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep, const var& h0,
+                                       std::int64_t chunk) {
+    detail::check_selective_scan(op::selective_scan, u, delta, A, Bm, C, keep, h0, chunk);
+    const dims_t& d = u.dims();
+    const std::int64_t chunks = (d[1] + chunk - 1) / chunk;
+    node n = detail::make_node(op::selective_scan, {u, delta, A, Bm, C, keep, h0}, u.type());
+    n.outputs.push_back(h0.type());
+    n.outputs.push_back(f32({d[0], chunks, d[2], A.dims()[1]}));
+    n.axis = chunk;
+    return detail::outputs_of(detail::commit(std::move(n)));
+}
+
+/// The exact gradient of selective_scan from its operands (no h0: the checkpoints hold it), its
+/// `checkpoints` and the gradients gy of y and gh of the last state: (du, ddelta, dA, dB, dC, dh0).
+/// Chunks run from last to first; each recomputes its states from its checkpoint.
+inline std::vector<var> selective_scan_backward(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep,
+                                                const var& checkpoints, const var& gy, const var& gh, std::int64_t chunk) {
+    detail::check_selective_scan(op::selective_scan_backward, u, delta, A, Bm, C, keep, gh, chunk);
+    const dims_t& d = u.dims();
+    check<graph_error>(gy.type() == u.type() && checkpoints.dims() == dims_t{d[0], (d[1] + chunk - 1) / chunk, d[2], A.dims()[1]},
+                       "xla::graph: selective_scan_backward: gy ", gy.type().str(), " and checkpoints ", checkpoints.type().str(),
+                       " do not match u ", u.type().str(), " with chunk ", chunk);
+    node n = detail::make_node(op::selective_scan_backward, {u, delta, A, Bm, C, keep, checkpoints, gy, gh}, u.type());
+    n.outputs = {u.type(), u.type(), A.type(), Bm.type(), C.type(), gh.type()};
+    n.axis = chunk;
+    return detail::outputs_of(detail::commit(std::move(n)));
 }
 
 // ---- convenience forms (compositions of the primitives; they need no rules of their own) -------

@@ -8,7 +8,8 @@
 //   IR builder      ir.hpp (types, values), function_builder.hpp (ops, regions, printing)
 //   module library  module.hpp (emitted_module with a cache key naming the op and the shapes,
 //                   module_cache), scan.hpp (scan_forward, scan_backward and the scan lowerings),
-//                   qrnn.hpp, matmul.hpp, elementwise.hpp, reduction.hpp
+//                   selective_scan.hpp (Mamba's scan fused over time), qrnn.hpp, matmul.hpp,
+//                   elementwise.hpp, reduction.hpp
 
 #include "olmax/xla/stablehlo/elementwise.hpp"
 #include "olmax/xla/stablehlo/function_builder.hpp"
@@ -18,3 +19,4 @@
 #include "olmax/xla/stablehlo/qrnn.hpp"
 #include "olmax/xla/stablehlo/reduction.hpp"
 #include "olmax/xla/stablehlo/scan.hpp"
+#include "olmax/xla/stablehlo/selective_scan.hpp"
