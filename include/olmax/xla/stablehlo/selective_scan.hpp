@@ -20,9 +20,8 @@
 // Operands: u, delta [B, T, E]; A [E, N]; Bm, C [B, T, N]; keep [B, T] (0 where a document
 // starts: the carried state is dropped there); h0 [B, E, N].
 
+#include <algorithm>
 #include <cstdint>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "olmax/xla/stablehlo/function_builder.hpp"
@@ -86,10 +85,20 @@ inline value advance(function_builder& r, const selective_step& s, const value& 
     return r.add(r.mul(s.abar, h), r.mul(r.broadcast_in_dim(s.delta_u, full, {0, 1}), r.broadcast_in_dim(s.b, full, {0, 2})));
 }
 
-/// Runs steps first .. first + count - 1 from state h: returns (h after them, y with their steps
-/// written), or with `entering` [B, count, E, N] instead of y, the state entering each step.
-inline std::pair<value, value> run_steps(function_builder& b, const value& first, std::int64_t count, const value& h, const value& out,
-                                         bool entering, const std::vector<value>& operands) {
+/// What run_steps returns: the state after the steps, y with their steps written (or the entering
+/// states), and the operands as the loop carried them out. Passing those on, rather than the
+/// operands the loop was given, leaves the loop their only user, so XLA updates its carry in place
+/// instead of copying every operand into each nested loop.
+struct steps_result {
+    value h, out;
+    std::vector<value> operands;
+};
+
+/// Runs steps first .. first + count - 1 from state h: y with their steps written into `out`, or
+/// with `entering` the state entering each step into `out` [B, count, E, N]. Operands: u, delta,
+/// A, Bm, C, keep.
+inline steps_result run_steps(function_builder& b, const value& first, std::int64_t count, const value& h, const value& out, bool entering,
+                              const std::vector<value>& operands) {
     // carry: [k, first, h, out, u, delta, A, Bm, C, keep]
     std::vector<value> init{index_scalar(b, 0), first, h, out};
     init.insert(init.end(), operands.begin(), operands.end());
@@ -110,7 +119,7 @@ inline std::pair<value, value> run_steps(function_builder& b, const value& first
             }
             return next;
         });
-    return {done[2], done[3]};
+    return {done[2], done[3], std::vector<value>(done.begin() + 4, done.end())};
 }
 
 /// [B, T, X] (or [B, T]) padded at the end of time to `steps` with `fill`.
@@ -141,8 +150,8 @@ inline std::vector<value> emit_selective_scan(function_builder& b, std::int64_t 
                                       detail::pad_time(b, keep, padded, 1.0)};
     const value y0 = b.constant(0.0, f32({batch, padded, channels}));
     if (!checkpoints) {
-        const auto [h, y] = detail::run_steps(b, detail::index_scalar(b, 0), padded, h0, y0, false, operands);
-        return {detail::unpad_time(b, y, steps), h, value{}};
+        const detail::steps_result done = detail::run_steps(b, detail::index_scalar(b, 0), padded, h0, y0, false, operands);
+        return {detail::unpad_time(b, done.out, steps), done.h, value{}};
     }
     // carry: [c, h, y, checkpoints, u, delta, A, Bm, C, keep]
     std::vector<value> init{detail::index_scalar(b, 0), h0, y0, b.constant(0.0, f32({batch, chunks, channels, states}))};
@@ -153,7 +162,10 @@ inline std::vector<value> emit_selective_scan(function_builder& b, std::int64_t 
             std::vector<value> next = c;
             next[3] = detail::write_state_slot(r, c[3], c[1], c[0]);
             const value first = r.mul(c[0], detail::index_scalar(r, chunk));
-            std::tie(next[1], next[2]) = detail::run_steps(r, first, chunk, c[1], c[2], false, std::vector<value>(c.begin() + 4, c.end()));
+            const detail::steps_result done = detail::run_steps(r, first, chunk, c[1], c[2], false, std::vector<value>(c.begin() + 4, c.end()));
+            next[1] = done.h;
+            next[2] = done.out;
+            std::copy(done.operands.begin(), done.operands.end(), next.begin() + 4);
             next[0] = r.add(c[0], detail::index_scalar(r, 1));
             return next;
         });
@@ -181,12 +193,12 @@ inline std::vector<value> emit_selective_scan_backward(function_builder& b, std:
             const value start = detail::state_slot(r, c[13], c[0]);
             const dims_t& s = start.type.dims;
             const value none = r.constant(0.0, f32({s[0], chunk, s[1], s[2]}));
-            const value entering = detail::run_steps(r, first, chunk, start, none, true, {c[7], c[8], c[9], c[10], c[11], c[12]}).second;
+            const detail::steps_result recomputed = detail::run_steps(r, first, chunk, start, none, true, std::vector<value>(c.begin() + 7, c.begin() + 13));
             // inner carry: [k, first, g, du, ddelta, dA, dB, dC, entering, u, delta, A, Bm, C, keep, gy]
             std::vector<value> inner{detail::index_scalar(r, chunk - 1), first};
             inner.insert(inner.end(), c.begin() + 1, c.begin() + 7);
-            inner.push_back(entering);
-            inner.insert(inner.end(), c.begin() + 7, c.begin() + 13);
+            inner.push_back(recomputed.out);
+            inner.insert(inner.end(), recomputed.operands.begin(), recomputed.operands.end());
             inner.push_back(c[14]);
             const auto back = r.while_loop(
                 inner, [](function_builder& q, const std::vector<value>& k) { return q.compare(k[0], detail::index_scalar(q, 0), compare_direction::GE); },
@@ -199,12 +211,14 @@ inline std::vector<value> emit_selective_scan_backward(function_builder& b, std:
                     const value dy = detail::time_step(q, k[15], t);
                     const value dy_wide = q.broadcast_in_dim(dy, full, {0, 1});
                     const value g = q.add(k[2], q.mul(dy_wide, q.broadcast_in_dim(st.c, full, {0, 2})));
-                    const value dC = q.reduce(q.mul(dy_wide, h), 0.0, {1}, "add");
-                    const value gB = q.reduce(q.mul(g, q.broadcast_in_dim(st.b, full, {0, 2})), 0.0, {2}, "add");
+                    // The sums over E (dC, dB) and gB's over N as batched dot products: on the XLA
+                    // CPU plugin the reverse loop took 0.82x the time of reduces (B 16, T 128, E 256).
+                    const value dC = q.dot_general(h, dy, {0}, {0}, {1}, {1});
+                    const value gB = q.dot_general(g, st.b, {0}, {0}, {2}, {1});
                     const value decay_grad = q.mul(q.mul(g, st.abar), previous);  // g abar h_{t-1}
                     const value dA = q.reduce(q.mul(q.broadcast_in_dim(st.delta, full, {0, 1}), decay_grad), 0.0, {0}, "add");
                     const value ddelta = q.add(q.mul(st.u, gB), q.reduce(q.mul(q.broadcast_in_dim(k[11], full, {1, 2}), decay_grad), 0.0, {2}, "add"));
-                    const value dB = q.reduce(q.mul(g, q.broadcast_in_dim(st.delta_u, full, {0, 1})), 0.0, {1}, "add");
+                    const value dB = q.dot_general(g, st.delta_u, {0}, {0}, {1}, {1});
                     std::vector<value> next = k;
                     next[0] = q.sub(k[0], detail::index_scalar(q, 1));
                     next[2] = q.mul(st.abar, g);
@@ -218,6 +232,8 @@ inline std::vector<value> emit_selective_scan_backward(function_builder& b, std:
             std::vector<value> next = c;
             next[0] = r.sub(c[0], detail::index_scalar(r, 1));
             for (std::size_t i = 1; i < 7; ++i) next[i] = back[i + 1];
+            for (std::size_t i = 7; i < 13; ++i) next[i] = back[i + 2];  // the operands, as the loops carried them
+            next[14] = back[15];
             return next;
         });
     return {detail::unpad_time(b, done[2], steps), detail::unpad_time(b, done[3], steps), done[4], detail::unpad_time(b, done[5], steps),
