@@ -1,0 +1,122 @@
+// Mamba's selective scan, forward and backward, as a traced program on a PJRT plugin in both of its
+// traced forms, against olmax's own CPU op in the same process:
+//   fused         the form traced for CPUs: loops over time keeping one [B, E, N] state and chunk
+//                 checkpoints (xla/stablehlo/selective_scan.hpp);
+//   gpu_form      the form traced for GPUs (forced here by tracing for "cuda"), run on the same
+//                 plugin: the [B, T, E, N] gates and drive materialised, one log-depth doubling
+//                 scan, the states contracted with C (not the form a CPU would pick: a reference
+//                 for what materialising costs);
+//   eager         scan::selective_scan on olmax's CPU backend (OMP_NUM_THREADS threads).
+// The loss is sum(y^2); a run computes it and the gradients of u, delta, A, B and C.
+//
+//     bench_xla_selective_scan --plugin=PATH [--batch=16] [--steps=128] [--channels=256] [--states=16] [--runs=7]
+//
+// Prints one JSON object: the median milliseconds of each, the ratios to eager, and the process's
+// peak resident MiB after each XLA form has run (fused first, so its figure is its own).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <sys/resource.h>
+
+#include <olmax/olmax.hpp>
+#include <olmax/trace/program.hpp>
+#include <olmax/trace/trace.hpp>
+
+namespace {
+
+using olmax::Tensor;
+namespace trace = olmax::trace;
+using Inputs = std::vector<Tensor<float>>;
+
+std::string flag(int argc, char** argv, std::string_view name, std::string fallback) {
+    const std::string prefix = "--" + std::string(name) + "=";
+    for (int i = 1; i < argc; ++i)
+        if (std::string_view(argv[i]).starts_with(prefix)) return std::string(argv[i] + prefix.size());
+    return fallback;
+}
+
+Tensor<float> loss_of(const Inputs& x) {
+    const auto s = olmax::scan::selective_scan(x[0], x[1], x[2], x[3], x[4]);
+    return olmax::sum(olmax::square(s.y));
+}
+
+double median_ms(std::size_t runs, const std::function<void()>& run) {
+    std::vector<double> ms;
+    for (std::size_t r = 0; r < runs + 1; ++r) {  // one warm-up
+        const auto start = std::chrono::steady_clock::now();
+        run();
+        if (r > 0) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+double peak_mib() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return double(usage.ru_maxrss) / 1024.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+    const std::string plugin = flag(argc, argv, "plugin", "");
+    if (plugin.empty()) {
+        std::fprintf(stderr, "usage: bench_xla_selective_scan --plugin=PATH [--batch=B] [--steps=T] [--channels=E] [--states=N] [--runs=R]\n");
+        return 2;
+    }
+    const std::size_t B = std::stoul(flag(argc, argv, "batch", "16")), T = std::stoul(flag(argc, argv, "steps", "128")),
+                      E = std::stoul(flag(argc, argv, "channels", "256")), N = std::stoul(flag(argc, argv, "states", "16")),
+                      runs = std::stoul(flag(argc, argv, "runs", "7"));
+    olmax::Generator rng(1);
+    const Inputs inputs{olmax::randn<float>({B, T, E}, rng), olmax::rand<float>({B, T, E}, rng, 0.01f, 0.2f),
+                        olmax::rand<float>({E, N}, rng, -1.5f, -0.2f), olmax::randn<float>({B, T, N}, rng), olmax::randn<float>({B, T, N}, rng)};
+
+    const double eager = median_ms(runs, [&] {
+        Inputs leaves;
+        for (const auto& x : inputs) leaves.push_back(olmax::parameter(x.clone()));
+        loss_of(leaves).backward();
+    });
+
+    auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(plugin));
+    std::vector<std::vector<float>> values;
+    for (const auto& x : inputs) values.push_back(trace::input_values(x));
+    auto traced_ms = [&](const std::string& target, double& mib) {
+        trace::traced_program program;
+        {
+            trace::tracing t;
+            t.set_target(target);
+            Inputs traced;
+            for (const auto& x : inputs) traced.push_back(t.input<float>(x.shape()).set_requires_grad(true));
+            Tensor<float> loss = loss_of(traced);
+            loss.backward();
+            Inputs results{loss};
+            for (const auto& x : traced) results.push_back(x.grad());
+            program = t.finish(results);
+        }
+        trace::compiled_program device(client, std::move(program));
+        const double ms = median_ms(runs, [&] { device.run(values); });
+        mib = peak_mib();
+        return ms;
+    };
+    double fused_mib = 0, gpu_form_mib = 0;
+    const double fused = traced_ms("cpu", fused_mib);
+    const double gpu_form = traced_ms("cuda", gpu_form_mib);
+    std::printf("{\"platform\": \"%s\", \"batch\": %zu, \"steps\": %zu, \"channels\": %zu, \"states\": %zu, \"eager_ms\": %.4g, "
+                "\"fused_ms\": %.4g, \"gpu_form_ms\": %.4g, \"fused_over_eager\": %.3g, \"gpu_form_over_eager\": %.3g, "
+                "\"peak_mib_after_fused\": %.0f, \"peak_mib_after_gpu_form\": %.0f}\n",
+                client->platform_name().c_str(), B, T, E, N, eager, fused, gpu_form, fused / eager, gpu_form / eager, fused_mib,
+                gpu_form_mib);
+    return 0;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_xla_selective_scan: %s\n", e.what());
+    return 1;
+}
