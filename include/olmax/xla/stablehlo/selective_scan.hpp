@@ -21,6 +21,7 @@
 // starts: the carried state is dropped there); h0 [B, E, N].
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
