@@ -391,6 +391,17 @@ double traced_against_eager(const std::function<Tensor<float>(const Tensor<float
 
 }  // namespace
 
+TEST_CASE("trace: gather_rows and scatter_rows (repeated rows, rows no index names) match finite differences", "[trace]") {
+    const Tensor<std::int32_t> rows = Tensor<std::int32_t>::from({5}, {3, 0, 3, 1, 3});
+    CHECK_TRACED({{4, 2, 3}}, [&](const Traced& x) { return olmax::gather_rows(x[0], rows); });
+    CHECK_TRACED({{5, 3}}, [&](const Traced& x) { return olmax::scatter_rows(x[0], rows, 6); });
+    // Indices that are values of the program (as nn::MoE's slot maps are), not host constants.
+    CHECK_TRACED({{4, 3}}, [&](const Traced& x) {
+        const Tensor<float> computed = olmax::trace::primitives::full({5}, 2.0);
+        return olmax::gather_rows(x[0], olmax::backend::trace::as_type<std::int32_t>(computed));
+    });
+}
+
 TEST_CASE("trace: nn::MoE's routing with capacity and its balance gradient equal the eager layer's, alone and in a reversible stack",
           "[trace][moe]") {
     olmax::nn::Config config;

@@ -38,7 +38,8 @@
 // Every eager forward except a recompute adds its routing counts and its balance value to
 // routing_stats(). Copies of a layer (every layer of a Stack) share the counters, guarded by a
 // mutex. Inside a traced program (olmax/trace/) the routing runs on the device (the op
-// `moe_route`, the same top-k and capacity rule) with the dense dispatch, and no counters are kept.
+// `moe_route`, the same top-k and capacity rule) and each expert runs on its capacity's slots of
+// each sequence (static shapes: gather, one batched GEMM, gather back); no counters are kept.
 
 #include <algorithm>
 #include <climits>
@@ -216,7 +217,7 @@ public:
             const auto routed = backend::trace::call<T>(
                 "moe_route", std::vector<Tensor<float>>{backend::trace::as_float(probs)},
                 {{std::int64_t(batch), std::int64_t(sequence), std::int64_t(top_k_), std::int64_t(capacity(sequence))}, {}});
-            y = dense(x2, mul(probs, routed[0]));
+            y = slots(x2, mul(probs, routed[0]), routed[2], routed[3]);
             fraction = routed[1];
         } else {
             const detail::MoERouting routing = detail::route(probs.data(), batch, sequence, E, top_k_, capacity(sequence));
@@ -276,6 +277,19 @@ private:
         auto fraction = Tensor<T>::uninitialized({E});
         for (std::size_t e = 0; e < E; ++e) fraction.data()[e] = T(double(routing.assigned[e]) / choices);
         return fraction;
+    }
+
+    /// The traced program's dispatch, in static shapes: expert e runs on its C = min(capacity, S)
+    /// slots per sequence only ([E, B C] rows gathered from the tokens by `slot_token`, one batched
+    /// GEMM over the experts), and each token gathers back its experts' rows (`token_slot` [N, E])
+    /// weighted by `gates` [N, E] (zero where an assignment is not kept). Expert work E B C F^2,
+    /// about capacity_factor k N F^2, against E N F^2 for `dense`.
+    Tensor<T> slots(const Tensor<T>& x2, const Tensor<T>& gates, const Tensor<float>& slot_token, const Tensor<float>& token_slot) const {
+        const std::size_t tokens = x2.shape()[0], features = x2.shape()[1], E = experts(), rows = slot_token.shape()[0];
+        const Tensor<T> x_slots = reshape(gather_rows(x2, backend::trace::as_type<std::int32_t>(slot_token)), {E, rows / E, features});
+        const Tensor<T> h = reshape(leaky_relu(matmul(x_slots, experts_), slope_), {rows, features});  // [E B C, F]
+        const Tensor<T> back = reshape(gather_rows(h, backend::trace::as_type<std::int32_t>(reshape(token_slot, {tokens * E}))), {tokens, E, features});
+        return sum(mul(back, reshape(gates, {tokens, E, 1})), {1});
     }
 
     /// Every expert on every token, weighted by `gates` [N, E] (the router's probabilities where an

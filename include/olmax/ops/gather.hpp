@@ -14,10 +14,13 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/trace_rules.hpp"
 #include "olmax/core/tensor.hpp"
 
 namespace olmax {
@@ -66,6 +69,11 @@ Tensor<T> gather_rows(const Tensor<T>& x, const Tensor<std::int32_t>& rows) {
     backend::op_scope on(op, x, rows);
     check<shape_error>(x.defined() && x.rank() >= 1, op, ": x must have a leading axis, got ",
                        x.defined() ? to_string(x.shape()) : std::string("an undefined tensor"));
+    if (on.traced()) {  // its lowering rule (olmax/trace/rules.hpp); indices are the program's values, unchecked
+        check<shape_error>(rows.defined() && rows.rank() == 1, op, ": rows must be 1-D");
+        if constexpr (std::is_same_v<T, float>) return backend::trace::call<T>(op, std::vector<Tensor<float>>{x, backend::trace::as_float(rows)}).front();
+        else return backend::trace::call<T>(op, {}).front();  // throws: float32 only
+    }
     const std::size_t n = x.shape()[0], inner = n ? x.size() / n : 0;
     detail::gather_ops::check_rows(op, rows, n);
     Shape out_shape = x.shape();
@@ -93,6 +101,11 @@ Tensor<T> scatter_rows(const Tensor<T>& src, const Tensor<std::int32_t>& rows, s
                        ": src [M, ...] and rows [M] must agree on M, got ",
                        src.defined() ? to_string(src.shape()) : std::string("an undefined tensor"), " and ",
                        rows.defined() ? to_string(rows.shape()) : std::string("an undefined tensor"));
+    if (on.traced()) {  // its lowering rule (olmax/trace/rules.hpp); ints = n
+        const backend::trace::attributes a{{std::int64_t(n)}, {}};
+        if constexpr (std::is_same_v<T, float>) return backend::trace::call<T>(op, std::vector<Tensor<float>>{src, backend::trace::as_float(rows)}, a).front();
+        else return backend::trace::call<T>(op, {}, a).front();  // throws: float32 only
+    }
     detail::gather_ops::check_rows(op, rows, n);
     const std::size_t count = src.shape()[0];
     Shape out_shape = src.shape();

@@ -276,6 +276,27 @@ inline T linear_scan(const T& a, const T& x, const xla::stablehlo::scan_strategy
     });
 }
 
+/// Rows of x [R, ...] by `rows` [M] (the program's f32 values holding row indices): [M, ...]. Its
+/// gradient scatters dy back into the rows (repeated rows accumulate).
+inline T scatter_add_rows(const T& src, const T& rows, std::size_t count);
+inline T gather_rows(const T& x, const T& rows) {
+    const std::size_t count = x.shape()[0], width = count ? x.size() / count : 0;
+    const gx::var flat = gx::reshape(var_of(x), {std::int64_t(count), std::int64_t(width)});
+    Shape out_shape = x.shape();
+    out_shape[0] = rows.shape()[0];
+    const T y = wrap(gx::reshape(gx::gather_rows(flat, var_of(rows)), dims_of(out_shape)));
+    return detail::record("gather_rows", {x}, y, [rows, count](const T& g, auto& sink) { sink.add(0, scatter_add_rows(g, rows, count)); });
+}
+/// The adjoint of gather_rows: [count, ...] zeros with src[m] added to row rows[m] for every m.
+inline T scatter_add_rows(const T& src, const T& rows, std::size_t count) {
+    const std::size_t m = src.shape()[0], width = m ? src.size() / m : 0;
+    const gx::var flat = gx::reshape(var_of(src), {std::int64_t(m), std::int64_t(width)});
+    Shape out_shape = src.shape();
+    out_shape[0] = count;
+    const T y = wrap(gx::reshape(gx::scatter_add_rows(flat, var_of(rows), std::int64_t(count)), dims_of(out_shape)));
+    return detail::record("scatter_add_rows", {src}, y, [rows](const T& g, auto& sink) { sink.add(0, gather_rows(g, rows)); });
+}
+
 /// Mamba's selective scan fused over time (xla/graph's selective_scan: the [B, T, E, N] states are
 /// never stored) from u, delta [B, T, E], A [E, N], B, C [B, T, N], keep [B, T] (0 where a document
 /// starts; no gradient) and h0 [B, E, N]: returns y [B, T, E] (without the D skip) and the last

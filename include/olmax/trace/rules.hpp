@@ -116,9 +116,16 @@ inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
 ///   keep [N, E]: 1 where token n's j-th choice (the j-th largest p, lowest index on ties) is
 ///                expert e and fewer than `capacity` earlier assignments of its sequence went to e
 ///                (earlier: a smaller position; at one position the choices are distinct experts);
-///   fraction [E]: the share of the k N choices that picked each expert, before capacity.
+///   fraction [E]: the share of the k N choices that picked each expert, before capacity;
+///   slot_token [E B C]: for expert e's slot c in sequence b (C = min(capacity, S)), the token row
+///                n = b S + s it holds, the c-th kept assignment to e in that sequence (0 when
+///                fewer are kept: an empty slot, which no token reads back);
+///   token_slot [N E]: for each kept (n, e), its slot's row e B C + b C + c in the experts' [E B C]
+///                rows (0 where not kept, whose gate is 0).
 /// The count of earlier assignments is an exclusive running sum along the sequence, taken with the
-/// program's linear scan (a = 1).
+/// program's linear scan (a = 1); it is the assignment's slot c. The two row maps let nn::MoE run
+/// each expert on its C slots per sequence only (gather, batched GEMM, gather back) instead of on
+/// every token.
 inline Out moe_route(const Tf& probabilities, const attributes& a) {
     const std::int64_t batch = a.ints.at(0), sequence = a.ints.at(1), k = a.ints.at(2), capacity = a.ints.at(3);
     const gx::var p = var_of(probabilities);
@@ -143,7 +150,22 @@ inline Out moe_route(const Tf& probabilities, const attributes& a) {
     const gx::var earlier = gx::reshape(running - steps, ne);
     const gx::var room = gx::compare(earlier, gx::constant(g, double(capacity) - 0.5, type), gx::compare_direction::LT);
     const gx::var keep = gx::select(room, chosen, zero);
-    return {wrap(keep), wrap(gx::sum(chosen, {0}) / double(k * batch * sequence))};
+    // Slot maps, `slots` per expert and sequence (an expert takes at most one assignment per
+    // token). In [B, S, E]: b and e by iota, the slot c = earlier (where kept).
+    const std::int64_t slots = std::min(capacity, sequence);
+    const gx::dims_t bse{batch, sequence, experts};
+    const gx::var kept = gx::reshape(keep, bse), slot = gx::reshape(earlier, bse);
+    const gx::tensor_type t_bse = gx::f32(bse);
+    const gx::var b_index = gx::iota(g, t_bse, 0), e_index = gx::iota(g, t_bse, 2);
+    const gx::var token_slot = gx::reshape(kept * (e_index * double(batch * slots) + b_index * double(slots) + slot), ne);
+    // one_hot[b, s, e, c] = kept and slot == c; slot_token[b, e, c] = sum_s one_hot (b S + s).
+    const gx::dims_t bsec{batch, sequence, experts, slots};
+    const gx::tensor_type t_bsec = gx::f32(bsec);
+    const gx::var hit = gx::compare(gx::broadcast_in_dim(slot, bsec, {0, 1, 2}), gx::iota(g, t_bsec, 3), gx::compare_direction::EQ);
+    const gx::var one_hot = gx::select(hit, gx::broadcast_in_dim(kept, bsec, {0, 1, 2}), gx::constant(g, 0.0, t_bsec));
+    const gx::var token = gx::iota(g, t_bsec, 0) * double(sequence) + gx::iota(g, t_bsec, 1);
+    const gx::var slot_token = gx::reshape(gx::transpose(gx::sum(one_hot * token, {1}), {1, 0, 2}), {experts * batch * slots});
+    return {wrap(keep), wrap(gx::sum(chosen, {0}) / double(k * batch * sequence)), wrap(slot_token), wrap(token_slot)};
 }
 
 /// Mamba's selective scan (scan/selective_scan.hpp). On CPUs (a sequential scan form) one
@@ -306,6 +328,11 @@ inline bool register_all() {
         start[std::size_t(a.ints.at(0))] = a.ints.at(1);
         limit[std::size_t(a.ints.at(0))] = a.ints.at(2);
         return {p::slice(in[0], start, limit)};
+    });
+    // gather_rows: x [R, ...], rows [M]; scatter_rows: src [M, ...], rows [M], ints = R.
+    backend::trace::register_rule("gather_rows", [](Ts in, const attributes&) -> Out { return {p::gather_rows(in[0], in[1])}; });
+    backend::trace::register_rule("scatter_rows", [](Ts in, const attributes& a) -> Out {
+        return {p::scatter_add_rows(in[0], in[1], std::size_t(a.ints.at(0)))};
     });
     backend::trace::register_rule("selective_scan", [](Ts in, const attributes&) -> Out { return selective_scan(in); });
     unary("silu", [](const Tf& x) { return p::mul(x, p::logistic(x)); });

@@ -175,6 +175,8 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
                     one(b.reverse(stablehlo::emit_scan(b, n.scan, b.reverse(in[0], {1}), b.reverse(in[1], {1})), {1}));
                 }
                 break;
+            case op::gather_rows: one(b.gather_rows(in[0], b.convert(in[1], element::i32))); break;
+            case op::scatter_add_rows: one(b.scatter_add_rows(b.constant(0.0, n.outputs[0]), b.convert(in[1], element::i32), in[0])); break;
             case op::selective_scan:
                 v[i] = stablehlo::emit_selective_scan(b, n.axis, needed[i][2], in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
                 break;

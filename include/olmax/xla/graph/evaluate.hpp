@@ -215,6 +215,23 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                     }
                 break;
             }
+            case op::gather_rows: {  // an index out of range is clamped, as StableHLO's gather does
+                const std::size_t width = std::size_t(out.type.dims[1]), rows = std::size_t(in[0]->type.dims[0]);
+                for (std::size_t m = 0; m < std::size_t(out.type.dims[0]); ++m) {
+                    const double at = std::clamp(in[1]->data[m], 0.0, double(rows) - 1);
+                    for (std::size_t w = 0; w < width; ++w) out.data[m * width + w] = in[0]->data[std::size_t(at) * width + w];
+                }
+                break;
+            }
+            case op::scatter_add_rows: {  // an index out of range is skipped, as StableHLO's scatter does
+                const std::size_t width = std::size_t(out.type.dims[1]), rows = std::size_t(out.type.dims[0]);
+                for (std::size_t m = 0; m < std::size_t(in[0]->type.dims[0]); ++m) {
+                    const double at = in[1]->data[m];
+                    if (!(at >= 0 && at < double(rows))) continue;
+                    for (std::size_t w = 0; w < width; ++w) out.data[std::size_t(at) * width + w] += in[0]->data[m * width + w];
+                }
+                break;
+            }
             case op::selective_scan:
                 v[i] = selective_scan_reference(n, in);
                 continue;

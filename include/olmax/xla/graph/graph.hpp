@@ -72,6 +72,8 @@ enum class op : std::uint8_t {
     linear_scan,       // h_t = a_t h_{t-1} + x_t along dimension 1 of [B, T, ...] (see linear_scan); `axis` 1: from the end
     selective_scan,           // Mamba's scan fused over time (see selective_scan); `axis`: the checkpoint chunk
     selective_scan_backward,  // its gradient (made by selective_scan's rule; it has no gradient of its own)
+    gather_rows,       // rows of a matrix [R, W] by f32 indices [M] -> [M, W]
+    scatter_add_rows,  // its adjoint: [M, W] added into the rows [M] of `axis` zero rows -> [R, W]
 };
 
 /// The primitive's name as error messages and the gradient rules' table spell it.
@@ -80,7 +82,7 @@ inline std::string_view op_name(op o) {
                                           "exponential", "log", "tanh", "logistic", "sqrt", "floor", "compare", "select", "stop_gradient", "dot",
                                           "reduce_sum", "reduce_max", "broadcast_in_dim", "reshape", "transpose", "scan_layers",
                                           "scan_layers_backward", "all_reduce_sum", "slice", "pad", "concatenate", "linear_scan",
-                                          "selective_scan", "selective_scan_backward"};
+                                          "selective_scan", "selective_scan_backward", "gather_rows", "scatter_add_rows"};
     return names[static_cast<std::size_t>(o)];
 }
 
@@ -449,6 +451,28 @@ inline var linear_scan(const var& a, const var& x, const stablehlo::scan_strateg
     node n = detail::make_node(op::linear_scan, {a, x}, x.type());
     n.scan = strategy;
     n.axis = reverse ? 1 : 0;
+    return detail::commit(std::move(n));
+}
+
+/// out[m, :] = x[rows[m], :] for x [R, W] and rows [M] (f32 values holding integers in [0, R), as
+/// all of a program's values are f32; exact below 2^24). The gradient is scatter_add_rows.
+inline var gather_rows(const var& x, const var& rows) {
+    detail::require_f32(op::gather_rows, x);
+    check<graph_error>(x.type().rank() == 2 && rows.type().rank() == 1 && rows.type().elem == element::f32 && x.dims()[0] < (std::int64_t{1} << 24),
+                       "xla::graph: gather_rows takes x [R, W] (R < 2^24) and rows [M], got ", x.type().str(), " and ", rows.type().str());
+    return detail::make(op::gather_rows, {x, rows}, f32({rows.dims()[0], x.dims()[1]}));
+}
+
+/// out [count, W]: zeros with src[m, :] added to row rows[m] for every m (src [M, W], rows [M] as in
+/// gather_rows; repeated rows accumulate). The gradient is gather_rows.
+inline var scatter_add_rows(const var& src, const var& rows, std::int64_t count) {
+    detail::require_f32(op::scatter_add_rows, src);
+    check<graph_error>(src.type().rank() == 2 && rows.type().rank() == 1 && rows.dims()[0] == src.dims()[0] && count >= 0 &&
+                           count < (std::int64_t{1} << 24),
+                       "xla::graph: scatter_add_rows takes src [M, W] and rows [M] into 0 <= count < 2^24 rows, got ", src.type().str(), ", ",
+                       rows.type().str(), " and ", count);
+    node n = detail::make_node(op::scatter_add_rows, {src, rows}, f32({count, src.dims()[1]}));
+    n.axis = count;
     return detail::commit(std::move(n));
 }
 

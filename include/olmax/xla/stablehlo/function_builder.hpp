@@ -334,6 +334,41 @@ public:
         return {result, t};
     }
 
+    /// Rows of a matrix by index: out[m, :] = x[rows[m], :] for x [R, W] and i32 rows [M] (an index
+    /// out of [0, R) is clamped into range, as StableHLO's gather does).
+    value gather_rows(const value& x, const value& rows) {
+        check<shape_error>(x.type.rank() == 2 && rows.type.rank() == 1 && rows.type.elem == element::i32, "stablehlo.gather: rows of ",
+                           x.type.str(), " by ", rows.type.str());
+        const std::int64_t width = x.type.dims[1], count = rows.type.dims[0];
+        const value index = reshape(rows, {count, 1});
+        return emit_attr("\"stablehlo.gather\"", {x, index},
+                         "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], "
+                         "index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = " +
+                             detail::i64_array({1, width}),
+                         f32({count, width}));
+    }
+    /// The adjoint of gather_rows: `into` [R, W] with src[m, :] added to row rows[m] for every m
+    /// (i32 rows [M], src [M, W]; an index out of [0, R) is skipped, as StableHLO's scatter does).
+    value scatter_add_rows(const value& into, const value& rows, const value& src) {
+        check<shape_error>(into.type.rank() == 2 && src.type.rank() == 2 && rows.type.rank() == 1 && rows.type.elem == element::i32 &&
+                               src.type.dims[0] == rows.type.dims[0] && src.type.dims[1] == into.type.dims[1],
+                           "stablehlo.scatter: ", src.type.str(), " by ", rows.type.str(), " into ", into.type.str());
+        const value index = reshape(rows, {rows.type.dims[0], 1});
+        const std::string result = next_name();
+        const tensor_type s{{}, into.type.elem};
+        line(result + " = \"stablehlo.scatter\"(" + into.name + ", " + index.name + ", " + src.name + ") ({");
+        const value a{next_block_arg(), s}, b{next_block_arg(), s};
+        line("^bb0(" + a.name + ": " + s.str() + ", " + b.name + ": " + s.str() + "):");
+        ++depth_;
+        const value r = binary("add", a, b);
+        line("\"stablehlo.return\"(" + r.name + ") : (" + s.str() + ") -> ()");
+        --depth_;
+        line("}) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], "
+             "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : (" +
+             into.type.str() + ", " + index.type.str() + ", " + src.type.str() + ") -> " + into.type.str());
+        return {result, into.type};
+    }
+
     /// Sum of x over the replicas 0 .. replicas-1 of a replicated program (one replica group);
     /// every replica receives the sum.
     value all_reduce_sum(const value& x, std::int64_t replicas) {
