@@ -7,9 +7,10 @@
 //                 scan, the states contracted with C (not the form a CPU would pick: a reference
 //                 for what materialising costs);
 //   eager         scan::selective_scan on olmax's CPU backend (OMP_NUM_THREADS threads).
-// The loss is sum(y^2); a run computes it and the gradients of u, delta, A, B and C.
+// The loss is sum(y^2); a run computes it and the gradients of u, delta, A, B and C (with
+// --backward=0 the loss only; the eager op then still keeps its checkpoints, its inputs requiring grad).
 //
-//     bench_xla_selective_scan --plugin=PATH [--batch=16] [--steps=128] [--channels=256] [--states=16] [--runs=7]
+//     bench_xla_selective_scan --plugin=PATH [--batch=16] [--steps=128] [--channels=256] [--states=16] [--runs=7] [--backward=1]
 //
 // Prints one JSON object: the median milliseconds of each, the ratios to eager, and the process's
 // peak resident MiB after each XLA form has run (fused first, so its figure is its own).
@@ -70,12 +71,13 @@ double peak_mib() {
 int main(int argc, char** argv) try {
     const std::string plugin = flag(argc, argv, "plugin", "");
     if (plugin.empty()) {
-        std::fprintf(stderr, "usage: bench_xla_selective_scan --plugin=PATH [--batch=B] [--steps=T] [--channels=E] [--states=N] [--runs=R]\n");
+        std::fprintf(stderr, "usage: bench_xla_selective_scan --plugin=PATH [--batch=B] [--steps=T] [--channels=E] [--states=N] [--runs=R] [--backward=0|1]\n");
         return 2;
     }
     const std::size_t B = std::stoul(flag(argc, argv, "batch", "16")), T = std::stoul(flag(argc, argv, "steps", "128")),
                       E = std::stoul(flag(argc, argv, "channels", "256")), N = std::stoul(flag(argc, argv, "states", "16")),
                       runs = std::stoul(flag(argc, argv, "runs", "7"));
+    const bool backward = flag(argc, argv, "backward", "1") != "0";
     olmax::Generator rng(1);
     const Inputs inputs{olmax::randn<float>({B, T, E}, rng), olmax::rand<float>({B, T, E}, rng, 0.01f, 0.2f),
                         olmax::rand<float>({E, N}, rng, -1.5f, -0.2f), olmax::randn<float>({B, T, N}, rng), olmax::randn<float>({B, T, N}, rng)};
@@ -83,7 +85,8 @@ int main(int argc, char** argv) try {
     const double eager = median_ms(runs, [&] {
         Inputs leaves;
         for (const auto& x : inputs) leaves.push_back(olmax::parameter(x.clone()));
-        loss_of(leaves).backward();
+        Tensor<float> loss = loss_of(leaves);
+        if (backward) loss.backward();
     });
 
     auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(plugin));
@@ -97,9 +100,11 @@ int main(int argc, char** argv) try {
             Inputs traced;
             for (const auto& x : inputs) traced.push_back(t.input<float>(x.shape()).set_requires_grad(true));
             Tensor<float> loss = loss_of(traced);
-            loss.backward();
             Inputs results{loss};
-            for (const auto& x : traced) results.push_back(x.grad());
+            if (backward) {
+                loss.backward();
+                for (const auto& x : traced) results.push_back(x.grad());
+            }
             program = t.finish(results);
         }
         trace::compiled_program device(client, std::move(program));
@@ -110,10 +115,10 @@ int main(int argc, char** argv) try {
     double fused_mib = 0, gpu_form_mib = 0;
     const double fused = traced_ms("cpu", fused_mib);
     const double gpu_form = traced_ms("cuda", gpu_form_mib);
-    std::printf("{\"platform\": \"%s\", \"batch\": %zu, \"steps\": %zu, \"channels\": %zu, \"states\": %zu, \"eager_ms\": %.4g, "
+    std::printf("{\"platform\": \"%s\", \"backward\": %s, \"batch\": %zu, \"steps\": %zu, \"channels\": %zu, \"states\": %zu, \"eager_ms\": %.4g, "
                 "\"fused_ms\": %.4g, \"gpu_form_ms\": %.4g, \"fused_over_eager\": %.3g, \"gpu_form_over_eager\": %.3g, "
                 "\"peak_mib_after_fused\": %.0f, \"peak_mib_after_gpu_form\": %.0f}\n",
-                client->platform_name().c_str(), B, T, E, N, eager, fused, gpu_form, fused / eager, gpu_form / eager, fused_mib,
+                client->platform_name().c_str(), backward ? "true" : "false", B, T, E, N, eager, fused, gpu_form, fused / eager, gpu_form / eager, fused_mib,
                 gpu_form_mib);
     return 0;
 } catch (const std::exception& e) {

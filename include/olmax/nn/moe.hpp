@@ -284,11 +284,12 @@ private:
     /// GEMM over the experts), and each token gathers back its experts' rows (`token_slot` [N, E])
     /// weighted by `gates` [N, E] (zero where an assignment is not kept). Expert work E B C F^2,
     /// about capacity_factor k N F^2, against E N F^2 for `dense`.
-    Tensor<T> slots(const Tensor<T>& x2, const Tensor<T>& gates, const Tensor<float>& slot_token, const Tensor<float>& token_slot) const {
+    Tensor<T> slots(const Tensor<T>& x2, const Tensor<T>& gates, const Tensor<T>& slot_token, const Tensor<T>& token_slot) const {
         const std::size_t tokens = x2.shape()[0], features = x2.shape()[1], E = experts(), rows = slot_token.shape()[0];
-        const Tensor<T> x_slots = reshape(gather_rows(x2, backend::trace::as_type<std::int32_t>(slot_token)), {E, rows / E, features});
+        auto indices = [](const Tensor<T>& t) { return backend::trace::as_type<std::int32_t>(backend::trace::as_float(t)); };
+        const Tensor<T> x_slots = reshape(gather_rows(x2, indices(slot_token)), {E, rows / E, features});
         const Tensor<T> h = reshape(leaky_relu(matmul(x_slots, experts_), slope_), {rows, features});  // [E B C, F]
-        const Tensor<T> back = reshape(gather_rows(h, backend::trace::as_type<std::int32_t>(reshape(token_slot, {tokens * E}))), {tokens, E, features});
+        const Tensor<T> back = reshape(gather_rows(h, indices(reshape(token_slot, {tokens * E}))), {tokens, E, features});
         return sum(mul(back, reshape(gates, {tokens, E, 1})), {1});
     }
 

@@ -324,12 +324,7 @@ public:
         const std::string result = next_name();
         const tensor_type s{{}, x.type.elem};
         line(result + " = \"stablehlo.reduce\"(" + x.name + ", " + init_value.name + ") ({");
-        const value a{next_block_arg(), s}, b{next_block_arg(), s};
-        line("^bb0(" + a.name + ": " + s.str() + ", " + b.name + ": " + s.str() + "):");
-        ++depth_;
-        const value r = binary(body_op, a, b);
-        line("\"stablehlo.return\"(" + r.name + ") : (" + s.str() + ") -> ()");
-        --depth_;
+        scalar_combiner(body_op, s);
         line("}) {dimensions = " + detail::i64_array(dimensions) + "} : (" + x.type.str() + ", " + s.str() + ") -> " + t.str());
         return {result, t};
     }
@@ -357,12 +352,7 @@ public:
         const std::string result = next_name();
         const tensor_type s{{}, into.type.elem};
         line(result + " = \"stablehlo.scatter\"(" + into.name + ", " + index.name + ", " + src.name + ") ({");
-        const value a{next_block_arg(), s}, b{next_block_arg(), s};
-        line("^bb0(" + a.name + ": " + s.str() + ", " + b.name + ": " + s.str() + "):");
-        ++depth_;
-        const value r = binary("add", a, b);
-        line("\"stablehlo.return\"(" + r.name + ") : (" + s.str() + ") -> ()");
-        --depth_;
+        scalar_combiner("add", s);
         line("}) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], "
              "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : (" +
              into.type.str() + ", " + index.type.str() + ", " + src.type.str() + ") -> " + into.type.str());
@@ -376,12 +366,7 @@ public:
         const tensor_type s{{}, x.type.elem};
         const std::string result = next_name();
         line(result + " = \"stablehlo.all_reduce\"(" + x.name + ") ({");
-        const value a{next_block_arg(), s}, b{next_block_arg(), s};
-        line("^bb0(" + a.name + ": " + s.str() + ", " + b.name + ": " + s.str() + "):");
-        ++depth_;
-        const value r = binary("add", a, b);
-        line("\"stablehlo.return\"(" + r.name + ") : (" + s.str() + ") -> ()");
-        --depth_;
+        scalar_combiner("add", s);
         dims_t group;
         for (std::int64_t i = 0; i < replicas; ++i) group.push_back(i);
         line("}) {replica_groups = dense<[[" + detail::list(group) + "]]> : tensor<1x" + std::to_string(replicas) + "xi64>} : (" +
@@ -447,6 +432,16 @@ private:
     }
 
     static std::string quoted(std::string_view op) { return "\"stablehlo." + std::string(op) + "\""; }
+    /// The region of a reduction-like op (reduce, all_reduce, scatter): ^bb0(a, b) returning the
+    /// scalar `a body_op b` of type `s`.
+    void scalar_combiner(std::string_view body_op, const tensor_type& s) {
+        const value a{next_block_arg(), s}, b{next_block_arg(), s};
+        line("^bb0(" + a.name + ": " + s.str() + ", " + b.name + ": " + s.str() + "):");
+        ++depth_;
+        const value r = binary(body_op, a, b);
+        line("\"stablehlo.return\"(" + r.name + ") : (" + s.str() + ") -> ()");
+        --depth_;
+    }
 
     static void same_type(std::string_view op, const value& a, const value& b) {
         check<shape_error>(a.type == b.type, "stablehlo.", op, ": operand types differ: ", a.type.str(), " and ", b.type.str());
