@@ -276,9 +276,9 @@ inline T linear_scan(const T& a, const T& x, const xla::stablehlo::scan_strategy
     });
 }
 
+inline T scatter_add_rows(const T& src, const T& rows, std::size_t count);
 /// Rows of x [R, ...] by `rows` [M] (the program's f32 values holding row indices): [M, ...]. Its
 /// gradient scatters dy back into the rows (repeated rows accumulate).
-inline T scatter_add_rows(const T& src, const T& rows, std::size_t count);
 inline T gather_rows(const T& x, const T& rows) {
     const std::size_t count = x.shape()[0], width = count ? x.size() / count : 0;
     const gx::var flat = gx::reshape(var_of(x), {std::int64_t(count), std::int64_t(width)});
