@@ -168,23 +168,28 @@ TEST_CASE("MoE: the gradient is that of sum(y r) + alpha * balance, by finite di
     }
 }
 
-TEST_CASE("MoE: sparse dispatch equals the dense reference, values and gradients", "[moe]") {
+TEST_CASE("MoE: sparse and slot dispatch equal the dense reference, values and gradients", "[moe]") {
     for (std::size_t k : {1u, 2u}) {
         for (double factor : {0.5, 1.25, 4.0}) {
             INFO("top-" << k << ", capacity factor " << factor);
             olmax::Generator rng(20 + k);
             nn::MoE<double> sparse(moe_config(k, factor, 4, 6), rng);
-            nn::MoE<double> dense = sparse;
+            nn::MoE<double> dense = sparse, slots = sparse;
             dense.set_dispatch(nn::MoEDispatch::dense);
+            slots.set_dispatch(nn::MoEDispatch::slots);
             CHECK(sparse.dispatch() == nn::MoEDispatch::sparse);
             auto x = olmax::randn<double>({3, 10, 6}, rng), r = olmax::randn<double>({3, 10, 6}, rng);
             const auto in = inputs_of(sparse, x);
-            const Run a = run(sparse, in, r), b = run(dense, in, r);
-            CHECK(max_abs_diff(a.y, b.y) < 1e-13);
-            for (std::size_t i = 0; i < in.size(); ++i) {
-                INFO("gradient of input " << i);
-                REQUIRE(a.grads[i].defined());
-                CHECK(max_abs_diff(a.grads[i], b.grads[i]) < 1e-12);
+            const Run a = run(sparse, in, r);
+            for (const nn::MoE<double>* other : {&dense, &slots}) {
+                INFO((other == &dense ? "dense" : "slots"));
+                const Run b = run(*other, in, r);
+                CHECK(max_abs_diff(a.y, b.y) < 1e-13);
+                for (std::size_t i = 0; i < in.size(); ++i) {
+                    INFO("gradient of input " << i);
+                    REQUIRE(b.grads[i].defined());
+                    CHECK(max_abs_diff(a.grads[i], b.grads[i]) < 1e-12);
+                }
             }
         }
     }
@@ -389,8 +394,8 @@ TEST_CASE("MoE: runs on its tensors' device, values and gradients equal to the h
     auto x = olmax::randn<double>({2, 8, 4}, rng), r = olmax::randn<double>({2, 8, 4}, rng);
     const auto in = inputs_of(moe, x);
     const Run host = run(moe, in, r);
-    for (auto dispatch : {nn::MoEDispatch::sparse, nn::MoEDispatch::dense}) {
-        INFO("dense " << (dispatch == nn::MoEDispatch::dense));
+    for (auto dispatch : {nn::MoEDispatch::sparse, nn::MoEDispatch::dense, nn::MoEDispatch::slots}) {
+        INFO("dispatch " << int(dispatch));
         nn::MoE<double> layer = moe;
         layer.set_dispatch(dispatch);
         std::vector<Tensor<double>> moved;

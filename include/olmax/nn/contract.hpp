@@ -47,8 +47,10 @@ enum class Sharing { per_layer, tied };
 
 /// How nn::MoE computes its experts: `sparse` gathers the tokens routed to each expert and runs one
 /// GEMM on just those rows (flops independent of the number of experts); `dense` runs every expert
-/// on every token and masks by the gates (E times the flops; the reference the tests compare with).
-enum class MoEDispatch { sparse, dense };
+/// on every token and masks by the gates (E times the flops; the reference the tests compare with);
+/// `slots` gives each expert its capacity's slots per sequence, empty ones included, and runs one
+/// batched GEMM over them (static shapes: the form a traced program always takes).
+enum class MoEDispatch { sparse, dense, slots };
 
 /// Runtime information a layer gets with every forward call.
 struct LayerContext {

@@ -21,7 +21,9 @@
 // Dispatch (Config::moe_dispatch): `sparse` gathers each expert's kept tokens, runs one GEMM per
 // expert on just those rows and scatters the gated outputs back (gather_rows -> grouped_matmul ->
 // scatter_rows): about k N F^2 multiply-adds whatever E. `dense` runs every expert on every token
-// and masks (E N F^2): the reference. Both give the same values and gradients up to rounding.
+// and masks (E N F^2): the reference. `slots` gives each expert C slots per sequence and runs them
+// all, empty ones too (E B C F^2, static shapes: what a traced program runs). All three give the
+// same values and gradients up to rounding.
 //
 // Load-balancing loss (Switch eq. 4, top-k counted): balance = E * sum_e f_e P_e, with f_e the
 // fraction of the k N top-k choices that picked e (before capacity; a constant) and P_e the mean
@@ -179,8 +181,7 @@ public:
                            config.experts, "], got ", config.moe_top_k);
         check<value_error>(std::isfinite(config.moe_balance_coefficient) && config.moe_balance_coefficient >= 0,
                            "nn::MoE: moe_balance_coefficient must be finite and >= 0, got ", config.moe_balance_coefficient);
-        check<value_error>(config.moe_dispatch == MoEDispatch::sparse || config.moe_dispatch == MoEDispatch::dense,
-                           "nn::MoE: moe_dispatch must be MoEDispatch::sparse or MoEDispatch::dense");
+        check<value_error>(known(config.moe_dispatch), "nn::MoE: moe_dispatch must be MoEDispatch::sparse, dense or slots");
         router_ = parameter(randn<T>({config.features, config.experts}, rng, T{0}, T(1.0 / std::sqrt(double(config.features)))));
         experts_ = parameter(orthogonal_init<T>({config.experts, config.features, config.features}, rng));
         shared_->stats.assigned_per_expert.assign(config.experts, 0);
@@ -195,10 +196,9 @@ public:
     std::size_t top_k() const { return top_k_; }
     double balance_coefficient() const { return balance_coefficient_; }
     MoEDispatch dispatch() const { return dispatch_; }
-    /// Switches this copy between the sparse and the dense computation (same parameters).
+    /// Switches this copy between the sparse, dense and slot computations (same parameters).
     void set_dispatch(MoEDispatch dispatch) {
-        check<value_error>(dispatch == MoEDispatch::sparse || dispatch == MoEDispatch::dense,
-                           "nn::MoE::set_dispatch: expected MoEDispatch::sparse or MoEDispatch::dense");
+        check<value_error>(known(dispatch), "nn::MoE::set_dispatch: expected MoEDispatch::sparse, dense or slots");
         dispatch_ = dispatch;
     }
 
@@ -217,11 +217,22 @@ public:
             const auto routed = backend::trace::call<T>(
                 "moe_route", std::vector<Tensor<float>>{backend::trace::as_float(probs)},
                 {{std::int64_t(batch), std::int64_t(sequence), std::int64_t(top_k_), std::int64_t(capacity(sequence))}, {}});
-            y = slots(x2, mul(probs, routed[0]), routed[2], routed[3]);
+            auto indices = [](const Tensor<T>& t) { return backend::trace::as_type<std::int32_t>(backend::trace::as_float(t)); };
+            y = slots(x2, mul(probs, routed[0]), indices(routed[2]), indices(reshape(routed[3], {tokens * E})));
             fraction = routed[1];
         } else {
             const detail::MoERouting routing = detail::route(probs.data(), batch, sequence, E, top_k_, capacity(sequence));
-            y = dispatch_ == MoEDispatch::sparse ? sparse(x2, probs, routing) : dense(x2, mul(probs, keep_mask(probs, routing)));
+            if (dispatch_ == MoEDispatch::sparse) {
+                y = sparse(x2, probs, routing);
+            } else {
+                const Tensor<T> gates = mul(probs, keep_mask(probs, routing));
+                if (dispatch_ == MoEDispatch::dense) {
+                    y = dense(x2, gates);
+                } else {
+                    const auto [slot_token, token_slot] = slot_maps(routing, batch, sequence, x2.device());
+                    y = slots(x2, gates, slot_token, token_slot);
+                }
+            }
             fraction = choice_fraction(probs, routing);
             if (!ctx.recompute) account(probs, fraction, routing);
         }
@@ -279,19 +290,43 @@ private:
         return fraction;
     }
 
-    /// The traced program's dispatch, in static shapes: expert e runs on its C = min(capacity, S)
-    /// slots per sequence only ([E, B C] rows gathered from the tokens by `slot_token`, one batched
-    /// GEMM over the experts), and each token gathers back its experts' rows (`token_slot` [N, E])
-    /// weighted by `gates` [N, E] (zero where an assignment is not kept). Expert work E B C F^2,
-    /// about capacity_factor k N F^2, against E N F^2 for `dense`.
-    Tensor<T> slots(const Tensor<T>& x2, const Tensor<T>& gates, const Tensor<T>& slot_token, const Tensor<T>& token_slot) const {
+    /// MoEDispatch::slots, and the traced program's dispatch, in static shapes: expert e runs on
+    /// its C = min(capacity, S) slots per sequence only ([E, B C] rows gathered from the tokens by
+    /// `slot_token`, one batched GEMM over the experts), and each token gathers back its experts'
+    /// rows (`token_slot` [N E]) weighted by `gates` [N, E] (zero where an assignment is not kept).
+    /// Expert work E B C F^2, about capacity_factor k N F^2, against E N F^2 for `dense`.
+    Tensor<T> slots(const Tensor<T>& x2, const Tensor<T>& gates, const Tensor<std::int32_t>& slot_token,
+                    const Tensor<std::int32_t>& token_slot) const {
         const std::size_t tokens = x2.shape()[0], features = x2.shape()[1], E = experts(), rows = slot_token.shape()[0];
-        auto indices = [](const Tensor<T>& t) { return backend::trace::as_type<std::int32_t>(backend::trace::as_float(t)); };
-        const Tensor<T> x_slots = reshape(gather_rows(x2, indices(slot_token)), {E, rows / E, features});
+        const Tensor<T> x_slots = reshape(gather_rows(x2, slot_token), {E, rows / E, features});
         const Tensor<T> h = reshape(leaky_relu(matmul(x_slots, experts_), slope_), {rows, features});  // [E B C, F]
-        const Tensor<T> back = reshape(gather_rows(h, indices(reshape(token_slot, {tokens * E}))), {tokens, E, features});
+        const Tensor<T> back = reshape(gather_rows(h, token_slot), {tokens, E, features});
         return sum(mul(back, reshape(gates, {tokens, E, 1})), {1});
     }
+
+    /// The slot maps of a host routing, as moe_route computes them in a traced program:
+    /// slot_token [E B C] (the token row in expert e's slot c of sequence b; 0 when empty) and
+    /// token_slot [N E] (the slot row of each kept (token, expert); 0 where not kept).
+    std::pair<Tensor<std::int32_t>, Tensor<std::int32_t>> slot_maps(const detail::MoERouting& routing, std::size_t batch, std::size_t sequence,
+                                                                     Device device) const {
+        const std::size_t E = experts(), C = std::min(capacity(sequence), sequence);
+        std::vector<std::int32_t> slot_token(E * batch * C, 0), token_slot(batch * sequence * E, 0);
+        for (std::size_t e = 0; e < E; ++e) {
+            std::size_t b_last = batch, c = 0;  // rows of expert e come in time order, sequence by sequence
+            for (std::size_t i = routing.offsets[e]; i < routing.offsets[e + 1]; ++i) {
+                const auto n = std::size_t(routing.rows[i]), b = n / sequence;
+                c = b == b_last ? c + 1 : 0;
+                b_last = b;
+                const std::size_t slot = (e * batch + b) * C + c;
+                slot_token[slot] = std::int32_t(n);
+                token_slot[n * E + e] = std::int32_t(slot);
+            }
+        }
+        device_scope on(device);
+        return {Tensor<std::int32_t>::from({E * batch * C}, slot_token), Tensor<std::int32_t>::from({batch * sequence * E}, token_slot)};
+    }
+
+    static bool known(MoEDispatch d) { return d == MoEDispatch::sparse || d == MoEDispatch::dense || d == MoEDispatch::slots; }
 
     /// Every expert on every token, weighted by `gates` [N, E] (the router's probabilities where an
     /// assignment is kept, else 0): the reference, and the traced form.
