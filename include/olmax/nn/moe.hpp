@@ -329,7 +329,7 @@ private:
     static bool known(MoEDispatch d) { return d == MoEDispatch::sparse || d == MoEDispatch::dense || d == MoEDispatch::slots; }
 
     /// Every expert on every token, weighted by `gates` [N, E] (the router's probabilities where an
-    /// assignment is kept, else 0): the reference, and the traced form.
+    /// assignment is kept, else 0): the reference.
     Tensor<T> dense(const Tensor<T>& x2, const Tensor<T>& gates) const {
         Tensor<T> y;
         for (std::size_t e = 0; e < experts(); ++e) {
