@@ -22,18 +22,17 @@
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "flags.hpp"
+
 namespace {
+
+using olmax_bench::flag;
+using olmax_bench::positive_flag;
 
 using olmax::Tensor;
 namespace trace = olmax::trace;
 namespace gx = olmax::xla::graph;
 
-std::string flag(int argc, char** argv, std::string_view name, std::string fallback) {
-    const std::string prefix = "--" + std::string(name) + "=";
-    for (int i = 1; i < argc; ++i)
-        if (std::string_view(argv[i]).starts_with(prefix)) return std::string(argv[i] + prefix.size());
-    return fallback;
-}
 
 /// Median seconds of `runs` runs of the program `body` over `state_tensors` state tensors of
 /// [1, steps, rows] float32, traced for `target` (which picks a scan's form, tracing::scan_form);
@@ -72,8 +71,8 @@ int main(int argc, char** argv) try {
         std::fprintf(stderr, "usage: bench_xla_scan_bandwidth --plugin=PATH [--rows=R] [--steps=T] [--runs=N]\n");
         return 2;
     }
-    const std::size_t rows = std::stoul(flag(argc, argv, "rows", "4096")), steps = std::stoul(flag(argc, argv, "steps", "1024")),
-                      runs = std::stoul(flag(argc, argv, "runs", "10"));
+    const std::size_t rows = positive_flag(argc, argv, "rows", 4096), steps = positive_flag(argc, argv, "steps", 1024),
+                      runs = positive_flag(argc, argv, "runs", 10);
     auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(plugin));
     const double elements = double(rows) * double(steps);
     const double copy = median_seconds(client, client->platform_name(), rows, steps, 2, runs,

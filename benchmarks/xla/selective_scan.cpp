@@ -31,18 +31,17 @@
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "flags.hpp"
+
 namespace {
+
+using olmax_bench::flag;
+using olmax_bench::positive_flag;
 
 using olmax::Tensor;
 namespace trace = olmax::trace;
 using Inputs = std::vector<Tensor<float>>;
 
-std::string flag(int argc, char** argv, std::string_view name, std::string fallback) {
-    const std::string prefix = "--" + std::string(name) + "=";
-    for (int i = 1; i < argc; ++i)
-        if (std::string_view(argv[i]).starts_with(prefix)) return std::string(argv[i] + prefix.size());
-    return fallback;
-}
 
 Tensor<float> loss_of(const Inputs& x) {
     const auto s = olmax::scan::selective_scan(x[0], x[1], x[2], x[3], x[4]);
@@ -74,9 +73,9 @@ int main(int argc, char** argv) try {
         std::fprintf(stderr, "usage: bench_xla_selective_scan --plugin=PATH [--batch=B] [--steps=T] [--channels=E] [--states=N] [--runs=R] [--backward=0|1]\n");
         return 2;
     }
-    const std::size_t B = std::stoul(flag(argc, argv, "batch", "16")), T = std::stoul(flag(argc, argv, "steps", "128")),
-                      E = std::stoul(flag(argc, argv, "channels", "256")), N = std::stoul(flag(argc, argv, "states", "16")),
-                      runs = std::stoul(flag(argc, argv, "runs", "7"));
+    const std::size_t B = positive_flag(argc, argv, "batch", 16), T = positive_flag(argc, argv, "steps", 128),
+                      E = positive_flag(argc, argv, "channels", 256), N = positive_flag(argc, argv, "states", 16),
+                      runs = positive_flag(argc, argv, "runs", 7);
     const bool backward = flag(argc, argv, "backward", "1") != "0";
     olmax::Generator rng(1);
     const Inputs inputs{olmax::randn<float>({B, T, E}, rng), olmax::rand<float>({B, T, E}, rng, 0.01f, 0.2f),

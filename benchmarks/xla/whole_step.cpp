@@ -22,7 +22,11 @@
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "flags.hpp"
+
 namespace {
+
+using olmax_bench::positive;
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -31,19 +35,6 @@ double median(std::vector<double> v) {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-/// A positive integer flag value, or an error naming the flag.
-std::int64_t positive(const std::string& flag, const std::string& text) {
-    std::size_t used = 0;
-    long long v = 0;
-    try {
-        v = std::stoll(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used == 0 || used != text.size() || v < 1) throw std::runtime_error(flag + " takes a positive integer, got '" + text + "'");
-    return v;
 }
 
 std::vector<std::int64_t> parse_list(const std::string& flag, const std::string& text) {

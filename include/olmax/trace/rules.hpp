@@ -176,17 +176,17 @@ inline Out moe_route(const Tf& probabilities, const attributes& a) {
 inline Out selective_scan(Ts in) {
     const Tf &u = in[0], &delta = in[1], &A = in[2], &B = in[3], &C = in[4], &D = in[5], &h0 = in[6], &resets = in[7];
     const std::size_t nb = u.shape()[0], nt = u.shape()[1], ne = u.shape()[2], ns = A.shape()[1];
+    const Tf keep = resets.defined() ? p::add_scalar(p::neg(resets), 1.0) : Tf();  // 0 where a document starts
     Tf y, h_last;
     if (active().scan_form().strategy == xla::stablehlo::scan_strategy::kind::sequential) {
-        const Tf keep = resets.defined() ? p::add_scalar(p::neg(resets), 1.0) : p::full({nb, nt}, 1.0);
-        const auto out = p::selective_scan(u, delta, A, B, C, keep, h0.defined() ? h0 : p::full({nb, ne, ns}, 0.0),
-                                           gx::selective_scan_chunk(std::int64_t(nt)));
+        const auto out = p::selective_scan(u, delta, A, B, C, keep.defined() ? keep : p::full({nb, nt}, 1.0),
+                                           h0.defined() ? h0 : p::full({nb, ne, ns}, 0.0), gx::selective_scan_chunk(std::int64_t(nt)));
         y = out[0];
         h_last = out[1];
     } else {
         const Shape full{nb, nt, ne, ns};
         Tf abar = p::exp(p::mul(p::broadcast_to(p::reshape(delta, {nb, nt, ne, 1}), full), p::broadcast_to(A, full)));
-        if (resets.defined()) abar = p::mul(abar, p::broadcast_to(p::reshape(p::add_scalar(p::neg(resets), 1.0), {nb, nt, 1, 1}), full));
+        if (keep.defined()) abar = p::mul(abar, p::broadcast_to(p::reshape(keep, {nb, nt, 1, 1}), full));
         const Tf drive = p::mul(p::broadcast_to(p::reshape(p::mul(delta, u), {nb, nt, ne, 1}), full), p::broadcast_to(p::reshape(B, {nb, nt, 1, ns}), full));
         const Out h = linear_scan(p::reshape(abar, {nb, nt, ne * ns}), p::reshape(drive, {nb, nt, ne * ns}),
                                   h0.defined() ? p::reshape(h0, {nb, ne * ns}) : h0, false, false);

@@ -43,49 +43,26 @@ inline std::vector<std::vector<bool>> needed_outputs(const graph& g, const std::
 
 inline std::vector<value> emit_graph(function_builder& b, const graph& g, const std::vector<value>& args, const std::vector<var>& results);
 
-inline value i32_scalar(function_builder& b, std::int64_t v) { return b.scalar(double(v), element::i32); }
-
-/// Layer l's slice of a stacked [depth, ...] tensor, without the depth axis.
-inline value layer_slice(function_builder& b, const value& stacked, const value& l) {
-    std::vector<value> start{l};
-    dims_t sizes{1};
-    for (std::size_t d = 1; d < stacked.type.rank(); ++d) {
-        start.push_back(i32_scalar(b, 0));
-        sizes.push_back(stacked.type.dims[d]);
-    }
-    const value slice = b.dynamic_slice(stacked, start, sizes);
-    return b.reshape(slice, dims_t(stacked.type.dims.begin() + 1, stacked.type.dims.end()));
-}
-
-/// `stacked` with layer l's slot replaced by `layer`.
-inline value write_layer(function_builder& b, const value& stacked, const value& layer, const value& l) {
-    std::vector<value> start{l};
-    dims_t one{1};
-    for (std::size_t d = 1; d < stacked.type.rank(); ++d) start.push_back(i32_scalar(b, 0));
-    one.insert(one.end(), layer.type.dims.begin(), layer.type.dims.end());
-    return b.dynamic_update_slice(stacked, b.reshape(layer, one), start);
-}
-
 inline std::vector<value> emit_scan_layers(function_builder& b, const node& n, const std::vector<value>& in, bool store_carries) {
     const layer_body& body = *n.body;
     const std::int64_t depth = scan_depth(n);
     // carry of the loop: [l, carry, stacked..., shared..., (carries)]
-    std::vector<value> init{i32_scalar(b, 0)};
+    std::vector<value> init{b.index(0)};
     init.insert(init.end(), in.begin(), in.end());
     if (store_carries) init.push_back(b.constant(0.0, n.outputs[1]));
     const std::size_t params = in.size() - 1;
     auto out = b.while_loop(
         init,
-        [&](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], i32_scalar(r, depth), compare_direction::LT); },
+        [&](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], r.index(depth), compare_direction::LT); },
         [&](function_builder& r, const std::vector<value>& c) {
             std::vector<value> args{c[1]};
-            for (std::size_t k = 0; k < n.stacked; ++k) args.push_back(layer_slice(r, c[2 + k], c[0]));
+            for (std::size_t k = 0; k < n.stacked; ++k) args.push_back(r.dynamic_index(c[2 + k], 0, c[0]));
             for (std::size_t k = n.stacked; k < params; ++k) args.push_back(c[2 + k]);
             args.push_back(r.convert(c[0], element::f32));
             std::vector<value> next = c;
-            next[0] = r.add(c[0], i32_scalar(r, 1));
+            next[0] = r.add(c[0], r.index(1));
             next[1] = emit_graph(r, *body.g, args, body.results)[0];
-            if (store_carries) next.back() = write_layer(r, c.back(), c[1], c[0]);
+            if (store_carries) next.back() = r.dynamic_index_update(c.back(), 0, c[1], c[0]);
             return next;
         });
     return {out[1], store_carries ? out.back() : value{}};
@@ -98,26 +75,26 @@ inline std::vector<value> emit_scan_layers_backward(function_builder& b, const n
     // in: g_final, carries [depth, ...] (or the final carry), stacked..., shared...;
     // loop carry: [l, g, carries (or the current carry), stacked..., shared..., g_stacked..., g_shared...]
     const std::size_t params = in.size() - 2, first_grad = rebuilds ? 2 : 1;
-    std::vector<value> init{i32_scalar(b, depth - 1)};
+    std::vector<value> init{b.index(depth - 1)};
     init.insert(init.end(), in.begin(), in.end());
     for (std::size_t k = 0; k < params; ++k) init.push_back(b.constant(0.0, in[2 + k].type));
     auto out = b.while_loop(
         init,
-        [&](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], i32_scalar(r, 0), compare_direction::GE); },
+        [&](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], r.index(0), compare_direction::GE); },
         [&](function_builder& r, const std::vector<value>& c) {
-            std::vector<value> args{rebuilds ? c[2] : layer_slice(r, c[2], c[0])};
-            for (std::size_t k = 0; k < n.stacked; ++k) args.push_back(layer_slice(r, c[3 + k], c[0]));
+            std::vector<value> args{rebuilds ? c[2] : r.dynamic_index(c[2], 0, c[0])};
+            for (std::size_t k = 0; k < n.stacked; ++k) args.push_back(r.dynamic_index(c[3 + k], 0, c[0]));
             for (std::size_t k = n.stacked; k < params; ++k) args.push_back(c[3 + k]);
             args.push_back(r.convert(c[0], element::f32));
             args.push_back(c[1]);
             // (input carry,) g carry, g layer..., g shared...
             const std::vector<value> grads = emit_graph(r, *body.g, args, body.results);
             std::vector<value> next = c;
-            next[0] = r.sub(c[0], i32_scalar(r, 1));
+            next[0] = r.sub(c[0], r.index(1));
             next[1] = grads[first_grad - 1];
             if (rebuilds) next[2] = grads[0];
             const std::size_t acc = 3 + params;
-            for (std::size_t k = 0; k < n.stacked; ++k) next[acc + k] = write_layer(r, c[acc + k], grads[first_grad + k], c[0]);
+            for (std::size_t k = 0; k < n.stacked; ++k) next[acc + k] = r.dynamic_index_update(c[acc + k], 0, grads[first_grad + k], c[0]);
             for (std::size_t k = n.stacked; k < params; ++k) next[acc + k] = r.add(c[acc + k], grads[first_grad + k]);
             return next;
         });

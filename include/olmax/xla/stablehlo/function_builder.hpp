@@ -6,6 +6,7 @@
 // and TF32 on NVIDIA).
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <cstdio>
@@ -273,6 +274,29 @@ public:
         std::vector<value> operands{x, update};
         operands.insert(operands.end(), indices.begin(), indices.end());
         return emit("\"stablehlo.dynamic_update_slice\"", operands, x.type);
+    }
+    /// An i32 scalar: a loop counter, a dynamic slice's start.
+    value index(std::int64_t v) { return scalar(double(v), element::i32); }
+    /// x[..., i, ...]: dimension `axis` taken at the 0-d i32 index `i` and dropped (a layer of a
+    /// stacked [depth, ...] tensor, a time step of [B, T, ...]).
+    value dynamic_index(const value& x, std::size_t axis, const value& i) {
+        check<shape_error>(axis < x.type.rank(), "stablehlo.dynamic_slice: axis ", axis, " of ", x.type.str());
+        std::vector<value> start(x.type.rank(), index(0));
+        start[axis] = i;
+        dims_t sizes = x.type.dims, kept = x.type.dims;
+        sizes[axis] = 1;
+        kept.erase(kept.begin() + std::ptrdiff_t(axis));
+        return reshape(dynamic_slice(x, start, sizes), kept);
+    }
+    /// x with x[..., i, ...] along `axis` replaced by `part` (x's type without that dimension).
+    value dynamic_index_update(const value& x, std::size_t axis, const value& part, const value& i) {
+        check<shape_error>(axis < x.type.rank() && part.type.rank() + 1 == x.type.rank(), "stablehlo.dynamic_update_slice: ", part.type.str(),
+                           " into ", x.type.str(), " at axis ", axis);
+        std::vector<value> start(x.type.rank(), index(0));
+        start[axis] = i;
+        dims_t one = part.type.dims;
+        one.insert(one.begin() + std::ptrdiff_t(axis), 1);
+        return dynamic_update_slice(x, reshape(part, one), start);
     }
 
     // ---- contractions and reductions ------------------------------------------------------------

@@ -72,16 +72,16 @@ inline value sequential_scan(function_builder& b, const value& a, const value& x
     dims_t step_dims = at.type.dims;
     step_dims[time] = 1;
     const auto results = b.while_loop(
-        {b.scalar(0, element::i32), b.constant(0.0, f32(step_dims)), b.constant(0.0, at.type), at, xt},
+        {b.index(0), b.constant(0.0, f32(step_dims)), b.constant(0.0, at.type), at, xt},
         [steps](function_builder& r, const std::vector<value>& c) {
-            return r.compare(c[0], r.scalar(static_cast<double>(steps), element::i32), compare_direction::LT);
+            return r.compare(c[0], r.index(steps), compare_direction::LT);
         },
         [rank, time, step_dims](function_builder& r, const std::vector<value>& c) {
-            std::vector<value> start(rank, r.scalar(0, element::i32));
+            std::vector<value> start(rank, r.index(0));
             start[time] = c[0];
             const value h = r.add(r.mul(r.dynamic_slice(c[3], start, step_dims), c[1]), r.dynamic_slice(c[4], start, step_dims));
             const value out = r.dynamic_update_slice(c[2], h, start);
-            return std::vector<value>{r.add(c[0], r.scalar(1, element::i32)), h, out, c[3], c[4]};
+            return std::vector<value>{r.add(c[0], r.index(1)), h, out, c[3], c[4]};
         });
     return time_major ? b.transpose(results[2], swap) : results[2];
 }

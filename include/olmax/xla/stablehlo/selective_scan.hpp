@@ -32,36 +32,6 @@ namespace olmax::xla::stablehlo {
 
 namespace detail {
 
-inline value index_scalar(function_builder& b, std::int64_t v) { return b.scalar(double(v), element::i32); }
-
-/// Step t of [B, T, X] as [B, X] (or of [B, T] as [B]).
-inline value time_step(function_builder& b, const value& x, const value& t) {
-    const bool vector = x.type.rank() == 3;
-    const std::int64_t batch = x.type.dims[0];
-    const value zero = index_scalar(b, 0);
-    if (!vector) return b.reshape(b.dynamic_slice(x, {zero, t}, {batch, 1}), {batch});
-    const std::int64_t width = x.type.dims[2];
-    return b.reshape(b.dynamic_slice(x, {zero, t, zero}, {batch, 1, width}), {batch, width});
-}
-
-/// `x` [B, T, X] with step t replaced by `step` [B, X].
-inline value write_time_step(function_builder& b, const value& x, const value& step, const value& t) {
-    const value zero = index_scalar(b, 0);
-    return b.dynamic_update_slice(x, b.reshape(step, {x.type.dims[0], 1, x.type.dims[2]}), {zero, t, zero});
-}
-
-/// Slot k of [B, K, E, N] as [B, E, N], and the tensor with that slot replaced.
-inline value state_slot(function_builder& b, const value& states, const value& k) {
-    const value zero = index_scalar(b, 0);
-    const dims_t& d = states.type.dims;
-    return b.reshape(b.dynamic_slice(states, {zero, k, zero, zero}, {d[0], 1, d[2], d[3]}), {d[0], d[2], d[3]});
-}
-inline value write_state_slot(function_builder& b, const value& states, const value& h, const value& k) {
-    const value zero = index_scalar(b, 0);
-    const dims_t& d = states.type.dims;
-    return b.dynamic_update_slice(states, b.reshape(h, {d[0], 1, d[2], d[3]}), {zero, k, zero, zero});
-}
-
 /// What one step reads: u_t, delta_t [B, E]; B_t, C_t [B, N]; keep_t [B]; with the derived abar
 /// [B, E, N] and the drive's scale delta_t u_t [B, E].
 struct selective_step {
@@ -70,13 +40,13 @@ struct selective_step {
 inline selective_step read_step(function_builder& r, const value& u, const value& delta, const value& A, const value& Bm, const value& C,
                                 const value& keep, const value& t) {
     selective_step s;
-    s.u = time_step(r, u, t);
-    s.delta = time_step(r, delta, t);
-    s.b = time_step(r, Bm, t);
-    s.c = C.type.rank() == 3 ? time_step(r, C, t) : value{};
+    s.u = r.dynamic_index(u, 1, t);
+    s.delta = r.dynamic_index(delta, 1, t);
+    s.b = r.dynamic_index(Bm, 1, t);
+    s.c = C.type.rank() == 3 ? r.dynamic_index(C, 1, t) : value{};
     const dims_t full{u.type.dims[0], u.type.dims[2], A.type.dims[1]};
     const value decay = r.unary("exponential", r.mul(r.broadcast_in_dim(s.delta, full, {0, 1}), r.broadcast_in_dim(A, full, {1, 2})));
-    s.abar = r.mul(decay, r.broadcast_in_dim(time_step(r, keep, t), full, {0}));
+    s.abar = r.mul(decay, r.broadcast_in_dim(r.dynamic_index(keep, 1, t), full, {0}));
     s.delta_u = r.mul(s.delta, s.u);
     return s;
 }
@@ -101,22 +71,22 @@ struct steps_result {
 inline steps_result run_steps(function_builder& b, const value& first, std::int64_t count, const value& h, const value& out, bool entering,
                               const std::vector<value>& operands) {
     // carry: [k, first, h, out, u, delta, A, Bm, C, keep]
-    std::vector<value> init{index_scalar(b, 0), first, h, out};
+    std::vector<value> init{b.index(0), first, h, out};
     init.insert(init.end(), operands.begin(), operands.end());
     const auto done = b.while_loop(
-        init, [count](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], index_scalar(r, count), compare_direction::LT); },
+        init, [count](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], r.index(count), compare_direction::LT); },
         [entering](function_builder& r, const std::vector<value>& c) {
             const value t = r.add(c[1], c[0]);
             const selective_step s = read_step(r, c[4], c[5], c[6], c[7], entering ? value{} : c[8], c[9], t);
             const value h = advance(r, s, c[2]);
             std::vector<value> next = c;
-            next[0] = r.add(c[0], index_scalar(r, 1));
+            next[0] = r.add(c[0], r.index(1));
             next[2] = h;
             if (entering) {
-                next[3] = write_state_slot(r, c[3], c[2], c[0]);
+                next[3] = r.dynamic_index_update(c[3], 1, c[2], c[0]);
             } else {
                 const value y = r.reduce(r.mul(h, r.broadcast_in_dim(s.c, h.type.dims, {0, 2})), 0.0, {2}, "add");
-                next[3] = write_time_step(r, c[3], y, t);
+                next[3] = r.dynamic_index_update(c[3], 1, y, t);
             }
             return next;
         });
@@ -151,23 +121,23 @@ inline std::vector<value> emit_selective_scan(function_builder& b, std::int64_t 
                                       detail::pad_time(b, keep, padded, 1.0)};
     const value y0 = b.constant(0.0, f32({batch, padded, channels}));
     if (!checkpoints) {
-        const detail::steps_result done = detail::run_steps(b, detail::index_scalar(b, 0), padded, h0, y0, false, operands);
+        const detail::steps_result done = detail::run_steps(b, b.index(0), padded, h0, y0, false, operands);
         return {detail::unpad_time(b, done.out, steps), done.h, value{}};
     }
     // carry: [c, h, y, checkpoints, u, delta, A, Bm, C, keep]
-    std::vector<value> init{detail::index_scalar(b, 0), h0, y0, b.constant(0.0, f32({batch, chunks, channels, states}))};
+    std::vector<value> init{b.index(0), h0, y0, b.constant(0.0, f32({batch, chunks, channels, states}))};
     init.insert(init.end(), operands.begin(), operands.end());
     const auto done = b.while_loop(
-        init, [chunks](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], detail::index_scalar(r, chunks), compare_direction::LT); },
+        init, [chunks](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], r.index(chunks), compare_direction::LT); },
         [chunk](function_builder& r, const std::vector<value>& c) {
             std::vector<value> next = c;
-            next[3] = detail::write_state_slot(r, c[3], c[1], c[0]);
-            const value first = r.mul(c[0], detail::index_scalar(r, chunk));
+            next[3] = r.dynamic_index_update(c[3], 1, c[1], c[0]);
+            const value first = r.mul(c[0], r.index(chunk));
             const detail::steps_result done = detail::run_steps(r, first, chunk, c[1], c[2], false, std::vector<value>(c.begin() + 4, c.end()));
             next[1] = done.h;
             next[2] = done.out;
             std::copy(done.operands.begin(), done.operands.end(), next.begin() + 4);
-            next[0] = r.add(c[0], detail::index_scalar(r, 1));
+            next[0] = r.add(c[0], r.index(1));
             return next;
         });
     return {detail::unpad_time(b, done[2], steps), done[1], done[3]};
@@ -185,31 +155,31 @@ inline std::vector<value> emit_selective_scan_backward(function_builder& b, std:
     const value ke = detail::pad_time(b, keep, padded, 1.0), ge = detail::pad_time(b, gy, padded, 0.0);
     const tensor_type te = f32({batch, padded, channels}), tn = f32({batch, padded, states});
     // carry: [c, g, du, ddelta, dA, dB, dC, u, delta, A, Bm, C, keep, checkpoints, gy]
-    const std::vector<value> init{detail::index_scalar(b, chunks - 1), gh, b.constant(0.0, te), b.constant(0.0, te), b.constant(0.0, A.type),
+    const std::vector<value> init{b.index(chunks - 1), gh, b.constant(0.0, te), b.constant(0.0, te), b.constant(0.0, A.type),
                                   b.constant(0.0, tn), b.constant(0.0, tn), ue, de, A, be, ce, ke, checkpoints, ge};
     const auto done = b.while_loop(
-        init, [](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], detail::index_scalar(r, 0), compare_direction::GE); },
+        init, [](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], r.index(0), compare_direction::GE); },
         [chunk](function_builder& r, const std::vector<value>& c) {
-            const value first = r.mul(c[0], detail::index_scalar(r, chunk));
-            const value start = detail::state_slot(r, c[13], c[0]);
+            const value first = r.mul(c[0], r.index(chunk));
+            const value start = r.dynamic_index(c[13], 1, c[0]);
             const dims_t& s = start.type.dims;
             const value none = r.constant(0.0, f32({s[0], chunk, s[1], s[2]}));
             const detail::steps_result recomputed = detail::run_steps(r, first, chunk, start, none, true, std::vector<value>(c.begin() + 7, c.begin() + 13));
             // inner carry: [k, first, g, du, ddelta, dA, dB, dC, entering, u, delta, A, Bm, C, keep, gy]
-            std::vector<value> inner{detail::index_scalar(r, chunk - 1), first};
+            std::vector<value> inner{r.index(chunk - 1), first};
             inner.insert(inner.end(), c.begin() + 1, c.begin() + 7);
             inner.push_back(recomputed.out);
             inner.insert(inner.end(), recomputed.operands.begin(), recomputed.operands.end());
             inner.push_back(c[14]);
             const auto back = r.while_loop(
-                inner, [](function_builder& q, const std::vector<value>& k) { return q.compare(k[0], detail::index_scalar(q, 0), compare_direction::GE); },
+                inner, [](function_builder& q, const std::vector<value>& k) { return q.compare(k[0], q.index(0), compare_direction::GE); },
                 [](function_builder& q, const std::vector<value>& k) {
                     const value t = q.add(k[1], k[0]);
                     const detail::selective_step st = detail::read_step(q, k[9], k[10], k[11], k[12], k[13], k[14], t);
-                    const value previous = detail::state_slot(q, k[8], k[0]);
+                    const value previous = q.dynamic_index(k[8], 1, k[0]);
                     const value h = detail::advance(q, st, previous);
                     const dims_t& full = h.type.dims;
-                    const value dy = detail::time_step(q, k[15], t);
+                    const value dy = q.dynamic_index(k[15], 1, t);
                     const value dy_wide = q.broadcast_in_dim(dy, full, {0, 1});
                     const value g = q.add(k[2], q.mul(dy_wide, q.broadcast_in_dim(st.c, full, {0, 2})));
                     // The sums over E (dC, dB) and gB's over N as batched dot products: on the XLA
@@ -221,17 +191,17 @@ inline std::vector<value> emit_selective_scan_backward(function_builder& b, std:
                     const value ddelta = q.add(q.mul(st.u, gB), q.reduce(q.mul(q.broadcast_in_dim(k[11], full, {1, 2}), decay_grad), 0.0, {2}, "add"));
                     const value dB = q.dot_general(g, st.delta_u, {0}, {0}, {1}, {1});
                     std::vector<value> next = k;
-                    next[0] = q.sub(k[0], detail::index_scalar(q, 1));
+                    next[0] = q.sub(k[0], q.index(1));
                     next[2] = q.mul(st.abar, g);
-                    next[3] = detail::write_time_step(q, k[3], q.mul(st.delta, gB), t);
-                    next[4] = detail::write_time_step(q, k[4], ddelta, t);
+                    next[3] = q.dynamic_index_update(k[3], 1, q.mul(st.delta, gB), t);
+                    next[4] = q.dynamic_index_update(k[4], 1, ddelta, t);
                     next[5] = q.add(k[5], dA);
-                    next[6] = detail::write_time_step(q, k[6], dB, t);
-                    next[7] = detail::write_time_step(q, k[7], dC, t);
+                    next[6] = q.dynamic_index_update(k[6], 1, dB, t);
+                    next[7] = q.dynamic_index_update(k[7], 1, dC, t);
                     return next;
                 });
             std::vector<value> next = c;
-            next[0] = r.sub(c[0], detail::index_scalar(r, 1));
+            next[0] = r.sub(c[0], r.index(1));
             for (std::size_t i = 1; i < 7; ++i) next[i] = back[i + 1];
             for (std::size_t i = 7; i < 13; ++i) next[i] = back[i + 2];  // the operands, as the loops carried them
             next[14] = back[15];
