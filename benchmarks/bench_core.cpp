@@ -5,6 +5,9 @@
 //    a = b + s c (McCalpin, "STREAM: Sustainable Memory Bandwidth in High Performance Computers") on the
 //    same buffers; counter bytes_per_second counts the bytes the kernel must read and write, the STREAM
 //    convention (16 B/element for the chain, 12 B/element for the triad; write-allocate traffic not counted).
+//  * gate chains forward and backward (taped, gradients of both inputs from dy): QRNN's fo-pooling input
+//    (1 - hard_sigmoid(f)) tanh(z) and Mamba's gated output y silu(z), as one olmax::pointwise op
+//    against the same chain op by op; counter items_per_second = elements per second.
 //
 // Reproduce (see benchmarks/RESULTS.md):
 //   build/benchmarks/bench_core --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -25,6 +28,7 @@ using olmax::Tensor;
 struct Sizes {
     std::size_t gemm = 1024;        // m = n = k
     std::size_t stream = 1u << 25;  // elements per array (>= 2^25, far beyond the last-level cache)
+    std::size_t gates = 1u << 20;   // elements per gate input: [16, 256, 256] of a small model's activations
 };
 
 Tensor<float> filled(const olmax::Shape& shape, std::uint64_t seed) {
@@ -112,13 +116,40 @@ void bm_stream_triad(benchmark::State& state, StreamBuffers* buf) {
     set_bandwidth(state, n, 3);
 }
 
+/// The two gate chains of olmax's layers, written once (olmax::math), run fused or op by op.
+constexpr auto qrnn_input = [](auto f, auto z) { return (1 - olmax::math::hard_sigmoid(f)) * olmax::math::tanh(z); };
+constexpr auto gated_output = [](auto y, auto z) { return y * olmax::math::silu(z); };
+
+struct GateBuffers {
+    Tensor<float> a, b, dy;
+    explicit GateBuffers(std::size_t n) : a(filled({n}, 7)), b(filled({n}, 8)), dy(filled({n}, 9)) {
+        a.set_requires_grad(true);
+        b.set_requires_grad(true);
+    }
+};
+
+/// y = chain(a, b), then backward from dy into both inputs' gradients (zeroed each time).
+template <class Chain>
+void bm_gate_chain(benchmark::State& state, GateBuffers* buf, Chain chain, bool fused) {
+    for (auto _ : state) {
+        buf->a.zero_grad();
+        buf->b.zero_grad();
+        Tensor<float> y = fused ? olmax::pointwise("chain", chain, buf->a, buf->b) : chain(buf->a, buf->b);
+        y.backward(buf->dy);
+        benchmark::DoNotOptimize(buf->a.grad().data());
+        benchmark::ClobberMemory();
+    }
+    state.SetItemsProcessed(std::int64_t(state.iterations()) * std::int64_t(buf->a.size()));
+    state.counters["threads"] = olmax::backend::cpu_openmp::num_threads();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     Sizes sizes;
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
-        if (std::strcmp(argv[i], "--olmax_quick") == 0) sizes = {64, 1u << 16};
+        if (std::strcmp(argv[i], "--olmax_quick") == 0) sizes = {64, 1u << 16, 1u << 12};
         else args.push_back(argv[i]);
     }
     int count = int(args.size());
@@ -134,6 +165,17 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("stream/olmax_map_chain_into/" + s).c_str(), bm_olmax_map_chain_into, &buffers)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
+    GateBuffers gates(sizes.gates);
+    const std::string e = std::to_string(sizes.gates);
+    for (const bool fused : {true, false}) {
+        const std::string how = fused ? "pointwise/" : "op_by_op/";
+        benchmark::RegisterBenchmark(("gates/qrnn_input/" + how + e).c_str(), bm_gate_chain<decltype(qrnn_input)>, &gates, qrnn_input, fused)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+        benchmark::RegisterBenchmark(("gates/gated_output/" + how + e).c_str(), bm_gate_chain<decltype(gated_output)>, &gates, gated_output, fused)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+    }
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     return 0;

@@ -232,3 +232,94 @@ TEST_CASE("map_into writes a fused chain into an existing tensor, also in place"
     Tensor<float> wrong({3});
     CHECK_THROWS_AS(olmax::map_into(wrong, [](float u) { return u; }, a), olmax::shape_error);
 }
+
+// ---- olmax::pointwise: a chain of element-wise maths as one op ------------------------------------
+
+namespace {
+namespace m = olmax::math;
+// Chains written once and run two ways: fused (olmax::pointwise) and op by op (the same f on tensors).
+const auto qrnn_input = [](auto f, auto z) { return (1 - m::hard_sigmoid(f)) * m::tanh(z); };
+const auto smooth_chain = [](auto a, auto b, auto c) {
+    return m::exp(a * 0.5) / (1 + m::square(b)) - m::log(m::sqrt(c) + 1) * m::silu(a) + m::sigmoid(b) * m::tanh(c) - b / 3 + 2 * m::sqrt(c);
+};
+const auto kinked_chain = [](auto a, auto b, auto c) {
+    return m::leaky_relu(b - a, 0.1) + 2 * m::relu(c - 1) + m::maximum(a, b) / c + m::hard_sigmoid(a * 4) * b;
+};
+
+}  // namespace
+
+TEST_CASE("pointwise: a fused chain equals the same chain op by op, in values and gradients", "[ops][elementwise][pointwise]") {
+    olmax::Generator rng(21);
+    const Shape shape{3, 5, 4};
+    const auto a = olmax::randn<double>(shape, rng), b = olmax::randn<double>(shape, rng);
+    const auto c = olmax_test::uniform(shape, rng, 0.5, 2.0);
+    auto compare = [&]<std::size_t N>(auto f, const std::array<Tensor<double>, N>& inputs) {
+        olmax::Generator draw(5);
+        std::array<Tensor<double>, N> fused_in, ops_in;
+        for (std::size_t k = 0; k < N; ++k) {
+            fused_in[k] = inputs[k].clone().set_requires_grad(true);
+            ops_in[k] = inputs[k].clone().set_requires_grad(true);
+        }
+        // One graph at a time: backward() frees the tape it runs.
+        const Tensor<double> fused = std::apply([&](const auto&... x) { return olmax::pointwise("chain", f, x...); }, fused_in);
+        const auto r = olmax::randn<double>(fused.shape(), draw);
+        olmax::sum(olmax::mul(fused, r)).backward();
+        const Tensor<double> ops = std::apply(f, ops_in);
+        olmax::sum(olmax::mul(ops, r)).backward();
+        REQUIRE(fused.shape() == ops.shape());
+        double worst = olmax_test::max_abs_diff(fused, ops);
+        for (std::size_t k = 0; k < N; ++k) {
+            REQUIRE(fused_in[k].grad().defined());
+            worst = olmax_test::worse(worst, olmax_test::max_abs_diff(fused_in[k].grad(), ops_in[k].grad()));
+        }
+        return worst;
+    };
+    using Two = std::array<Tensor<double>, 2>;
+    using Three = std::array<Tensor<double>, 3>;
+    CHECK(compare(qrnn_input, Two{a, b}) < 1e-13);
+    CHECK(compare(smooth_chain, Three{a, b, c}) < 1e-12);
+    CHECK(compare(kinked_chain, Three{a, b, c}) < 1e-13);
+    // Broadcast inputs (suffixes of the output's shape): their gradients are summed over the leading axes.
+    CHECK(compare(smooth_chain, Three{a, olmax::randn<double>({4}, rng), olmax_test::uniform({5, 4}, rng, 0.5, 2.0)}) < 1e-12);
+    CHECK(compare(kinked_chain, Three{olmax::randn<double>({4}, rng), b, c}) < 1e-13);
+}
+
+TEST_CASE("pointwise: gradients match finite differences, broadcast inputs included", "[ops][elementwise][pointwise][gradcheck]") {
+    olmax::Generator rng(22);
+    using V = std::vector<Tensor<double>>;
+    const auto a = olmax::randn<double>({2, 3, 4}, rng), b = olmax::randn<double>({2, 3, 4}, rng);
+    const auto c = olmax_test::uniform({2, 3, 4}, rng, 0.5, 2.0);
+    olmax_test::check_gradients([](const V& v) { return olmax::pointwise("qrnn_input", qrnn_input, v[0], v[1]); }, {a, b});
+    olmax_test::check_gradients([](const V& v) { return olmax::pointwise("smooth", smooth_chain, v[0], v[1], v[2]); }, {a, b, c});
+    olmax_test::check_gradients([](const V& v) { return olmax::pointwise("smooth", smooth_chain, v[0], v[1], v[2]); },
+                                {olmax::randn<double>({4}, rng), b, olmax_test::uniform({3, 4}, rng, 0.5, 2.0)});
+    // One input: a unary chain; the kinked functions away from their kinks (leaky_relu at 0, hard_sigmoid at +-3).
+    auto apart = olmax::randn<double>({2, 3, 4}, rng);
+    for (double& v : apart) v = (v < 0 ? -0.2 : 0.2) + 0.5 * v;
+    olmax_test::check_gradients(
+        [](const V& v) { return olmax::pointwise("unary", [](auto x) { return m::leaky_relu(x, 0.2) * m::hard_sigmoid(x) + m::exp(-x); }, v[0]); },
+        {apart});
+}
+
+TEST_CASE("pointwise: in float it agrees with the double chain; inputs without gradients get none", "[ops][elementwise][pointwise]") {
+    olmax::Generator rng(23);
+    const auto a = olmax::randn<double>({4, 64}, rng), b = olmax::randn<double>({4, 64}, rng);
+    const auto c = olmax_test::uniform({64}, rng, 0.5, 2.0);
+    const Tensor<double> reference = smooth_chain(a, b, c);
+    const Tensor<float> fused = olmax::pointwise("smooth", smooth_chain, olmax::cast<float>(a), olmax::cast<float>(b), olmax::cast<float>(c));
+    CHECK(olmax_test::max_abs_diff(olmax::cast<double>(fused), reference) < 1e-5);
+
+    auto x = a.clone().set_requires_grad(true);
+    const auto y = b.clone();  // no gradient wanted
+    olmax::sum(olmax::pointwise("qrnn_input", qrnn_input, x, y)).backward();
+    CHECK(x.grad().defined());
+    CHECK_FALSE(y.grad().defined());
+}
+
+TEST_CASE("pointwise: an input that is neither the output's shape nor a suffix of it is a shape error naming the op", "[ops][elementwise][pointwise]") {
+    const Tensor<float> a({2, 3}), b({2}), c({3, 1});
+    auto f = [](auto u, auto v) { return u * v; };
+    CHECK_THROWS_AS(olmax::pointwise("gate", f, a, b), olmax::shape_error);
+    CHECK_THROWS_WITH(olmax::pointwise("gate", f, a, c), Catch::Matchers::Contains("pointwise(gate): input 1 of shape [3, 1]"));
+    CHECK(olmax::pointwise("gate", f, a, Tensor<float>({3})).shape() == Shape{2, 3});
+}

@@ -126,6 +126,26 @@ TEST_CASE("trace: element-wise ops' rules and gradients match finite differences
     CHECK_TRACED(one, [](const Traced& x) { return x[0] * x[0] / 2.0f - x[0]; });
 }
 
+TEST_CASE("trace: a fused olmax::pointwise chain traces op by op, its gradient matching finite differences and its values the eager op's", "[trace]") {
+    namespace m = olmax::math;
+    auto chain = [](auto a, auto b) { return (1 - m::hard_sigmoid(a)) * m::tanh(b) + m::softplus(a * b) - m::silu(b) / (1 + m::square(a)); };
+    CHECK_TRACED({{2, 3}, {2, 3}}, [&](const Traced& x) { return olmax::pointwise("chain", chain, x[0], x[1]); });
+    CHECK_TRACED({{2, 3}, {3}}, [&](const Traced& x) { return olmax::pointwise("chain", chain, x[0], x[1]); });  // a broadcast input
+    // The values: the traced program evaluated in double against the eager (fused) op in float.
+    olmax::Generator rng(3);
+    const Tensor<float> a = olmax::randn<float>({4, 5}, rng), b = olmax::randn<float>({5}, rng);
+    const Tensor<float> eager = olmax::pointwise("chain", chain, a, b);
+    trace::tracing t;
+    const Tensor<float> ta = t.input<float>(a.shape()), tb = t.input<float>(b.shape());
+    const std::vector<gx::host_value> values{{trace::var_of(ta).type(), std::vector<double>(a.begin(), a.end())},
+                                             {trace::var_of(tb).type(), std::vector<double>(b.begin(), b.end())}};
+    const auto out = gx::evaluate(t.graph(), values, {trace::var_of(olmax::pointwise("chain", chain, ta, tb))})[0];
+    REQUIRE(out.data.size() == eager.size());
+    double worst = 0;
+    for (std::size_t e = 0; e < eager.size(); ++e) worst = olmax_test::worse(worst, std::abs(out.data[e] - double(eager.data()[e])));
+    CHECK(worst < 1e-5);
+}
+
 TEST_CASE("trace: products, reductions, shapes, norms and losses match finite differences", "[trace]") {
     CHECK_TRACED({{2, 3, 4}, {4, 5}}, [](const Traced& x) { return olmax::matmul(x[0], x[1]); });
     CHECK_TRACED({{2, 3, 4}, {2, 4, 5}}, [](const Traced& x) { return olmax::matmul(x[0], x[1]); });  // batched

@@ -19,6 +19,7 @@
 #include "olmax/nn/contract.hpp"
 #include "olmax/ops/conv.hpp"
 #include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/pointwise.hpp"
 #include "olmax/ops/shape.hpp"
 #include "olmax/scan/scan.hpp"
 
@@ -50,14 +51,16 @@ public:
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const {
         const Tensor<T> z = causal_conv1d(x, weight_, bias_);
         auto part = [&](std::size_t i) { return slice(z, 2, i * hidden_, (i + 1) * hidden_); };
-        const Tensor<T> forget = hard_sigmoid(part(1));
+        const Tensor<T> forget_pre = part(1), forget = hard_sigmoid(forget_pre);
         if (pooling_ == QrnnPooling::original) return scan::scan<Strategy>(forget, part(0));
-        const Tensor<T> candidate = tanh(part(0));
-        const Tensor<T> input = pooling_ == QrnnPooling::ifo ? mul(sigmoid(part(3)), candidate)
-                                                             : mul(add_scalar(neg(forget), T(1)), candidate);
+        // The gate chains as single ops (olmax::pointwise): one pass each, and no tensor per step.
+        const Tensor<T> input =
+            pooling_ == QrnnPooling::ifo
+                ? pointwise("qrnn_input", [](auto i, auto z) { return math::sigmoid(i) * math::tanh(z); }, part(3), part(0))
+                : pointwise("qrnn_input", [](auto f, auto z) { return (1 - math::hard_sigmoid(f)) * math::tanh(z); }, forget_pre, part(0));
         const Tensor<T> c = scan::scan<Strategy>(forget, input);
         if (pooling_ == QrnnPooling::f) return c;
-        return mul(sigmoid(part(2)), c);
+        return pointwise("qrnn_output", [](auto o, auto cell) { return math::sigmoid(o) * cell; }, part(2), c);
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {

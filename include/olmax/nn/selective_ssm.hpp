@@ -33,6 +33,7 @@
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
+#include "olmax/ops/pointwise.hpp"
 #include "olmax/ops/shape.hpp"
 #include "olmax/scan/selective_scan.hpp"
 
@@ -69,29 +70,6 @@ struct SelectiveSSMOutput {
 
 namespace detail {
 
-/// SiLU(v) = v sigmoid(v), d/dv = s (1 + v (1 - s)) = s + y (1 - s) with s = sigmoid(v), y = v s.
-/// One op (not x * sigmoid(x): one pass, one saved pair) on the device's element-wise map.
-template <Real T>
-Tensor<T> silu(const Tensor<T>& x) {
-    backend::op_scope on("silu", x);
-    if (on.traced()) return backend::trace::call1<T>("silu", {x});  // its lowering rule (olmax/trace/rules.hpp)
-    auto y = Tensor<T>::uninitialized(x.shape());
-    backend::map(x.size(), y.data(), [](T v) { return v / (T{1} + std::exp(-v)); }, x.data());
-    autodiff::record<T>("silu", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [x = x.detach(), y = y.detach()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            auto dx = Tensor<T>::uninitialized(x.shape());
-                            backend::map(
-                                dx.size(), dx.data(),
-                                [](T gi, T v, T yi) {
-                                    const T s = T{1} / (T{1} + std::exp(-v));
-                                    return gi * (s + yi * (T{1} - s));
-                                },
-                                g[0].data(), x.data(), y.data());
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
-}
-
 /// Depthwise causal convolution + bias + SiLU over time on x [batch, T, E] with w [K, E], taps
 /// reaching back K-1 steps:
 ///     pre[b, t, e] = bias[e] + sum_k w[k, e] x[b, t - (K-1) + k, e],   out = SiLU(pre)
@@ -125,7 +103,7 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
             if (open.defined()) tap = mul(tap, reshape(open, Shape{nb, nt, 1}));
             pre = add(pre, tap);
         }
-        return {silu(pre), Tensor<T>()};
+        return {olmax::silu(pre), Tensor<T>()};
     }
     if (resets.defined())
         check<shape_error>(resets.rank() == 2 && resets.extent(0) == nb && resets.extent(1) == nt, op, ": resets of shape ",
@@ -177,7 +155,7 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
                 T* o = outp + r * ne;
                 pre_row(lowest.data(), xp, tp, wp, bp, r / nt, r % nt, o);
 #pragma omp simd
-                for (std::size_t e = 0; e < ne; ++e) o[e] = o[e] / (T{1} + std::exp(-o[e]));
+                for (std::size_t e = 0; e < ne; ++e) o[e] = math::rules::silu::value(o[e]);
             }
         });
     }
@@ -365,15 +343,16 @@ private:
         check<value_error>(x.extent(0) > 0 && x.extent(1) > 0, "nn::SelectiveSSM: input of shape ", to_string(x.shape()),
                            " is empty (batch or T is 0)");
         const Tensor<T> xz = matmul(x, in_proj_);  // [batch, T, 2E]
-        const Tensor<T> gate = detail::silu(slice(xz, 2, E, 2 * E));
         const auto conv = detail::depthwise_conv_silu(slice(xz, 2, 0, E), conv_weight_, conv_bias_, resets, state.conv);
         const Tensor<T>& u = conv[0];
         const Tensor<T> p = matmul(u, x_proj_);  // [batch, T, R + 2N]
-        const Tensor<T> delta = softplus(add(matmul(slice(p, 2, 0, R), dt_weight_), dt_bias_));
+        const Tensor<T> delta = pointwise("delta", [](auto v, auto b) { return math::softplus(v + b); }, matmul(slice(p, 2, 0, R), dt_weight_), dt_bias_);
         const Tensor<T> A = neg(exp(A_log_));
         const auto s = scan::selective_scan(u, delta, A, slice(p, 2, R, R + N), slice(p, 2, R + N, R + 2 * N), D_,
                                             {.h0 = state.ssm, .resets = resets, .chunk = long(config_.chunk)});
-        return {matmul(mul(s.y, gate), out_proj_), {s.h_last, conv[1]}};
+        // y silu(z) as one op: one pass and no silu(z) tensor, forward or backward.
+        const Tensor<T> gated = pointwise("gated_output", [](auto y, auto z) { return y * math::silu(z); }, s.y, slice(xz, 2, E, 2 * E));
+        return {matmul(gated, out_proj_), {s.h_last, conv[1]}};
     }
 
     SelectiveSSMConfig config_;

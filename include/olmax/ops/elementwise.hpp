@@ -10,6 +10,7 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/math_rules.hpp"
 
 namespace olmax {
 
@@ -186,6 +187,12 @@ Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
     return y;
 }
 
+/// A unary op whose value and derivative are a rule of ops/math_rules.hpp.
+template <class Rule, Reads reads, Real T>
+Tensor<T> unary_rule_op(std::string_view name, const Tensor<T>& x) {
+    return unary_op<reads>(name, x, [](T v) { return Rule::value(v); }, [](T v, T y) { return Rule::derivative(v, y); });
+}
+
 /// Which of a, b and y a binary op's derivatives read (add's: none; mul's: a and b).
 struct BinaryReads {
     bool a = true, b = true, y = true;
@@ -297,15 +304,15 @@ template <Real T> Tensor<T> operator/(const Tensor<T>& x, std::type_identity_t<T
 
 template <Real T>
 Tensor<T> exp(const Tensor<T>& x) {
-    return detail::unary_op<detail::Reads::output>("exp", x, [](T v) { return std::exp(v); }, [](T, T y) { return y; });
+    return detail::unary_rule_op<math::rules::exp, detail::Reads::output>("exp", x);
 }
 template <Real T>
 Tensor<T> log(const Tensor<T>& x) {
-    return detail::unary_op<detail::Reads::input>("log", x, [](T v) { return std::log(v); }, [](T v, T) { return T{1} / v; });
+    return detail::unary_rule_op<math::rules::log, detail::Reads::input>("log", x);
 }
 template <Real T>
 Tensor<T> sqrt(const Tensor<T>& x) {
-    return detail::unary_op<detail::Reads::output>("sqrt", x, [](T v) { return std::sqrt(v); }, [](T, T y) { return T{0.5} / y; });
+    return detail::unary_rule_op<math::rules::sqrt, detail::Reads::output>("sqrt", x);
 }
 template <Real T>
 Tensor<T> rsqrt(const Tensor<T>& x) {
@@ -313,7 +320,7 @@ Tensor<T> rsqrt(const Tensor<T>& x) {
 }
 template <Real T>
 Tensor<T> square(const Tensor<T>& x) {
-    return detail::unary_op<detail::Reads::input>("square", x, [](T v) { return v * v; }, [](T v, T) { return T{2} * v; });
+    return detail::unary_rule_op<math::rules::square, detail::Reads::input>("square", x);
 }
 template <Real T>
 Tensor<T> abs(const Tensor<T>& x) {
@@ -321,22 +328,20 @@ Tensor<T> abs(const Tensor<T>& x) {
 }
 template <Real T>
 Tensor<T> tanh(const Tensor<T>& x) {
-    return detail::unary_op<detail::Reads::output>("tanh", x, [](T v) { return std::tanh(v); }, [](T, T y) { return T{1} - y * y; });
+    return detail::unary_rule_op<math::rules::tanh, detail::Reads::output>("tanh", x);
 }
 template <Real T>
 Tensor<T> sigmoid(const Tensor<T>& x) {
-    return detail::unary_op<detail::Reads::output>("sigmoid", x, [](T v) { return T{1} / (T{1} + std::exp(-v)); }, [](T, T y) { return y * (T{1} - y); });
+    return detail::unary_rule_op<math::rules::sigmoid, detail::Reads::output>("sigmoid", x);
 }
 /// clip((x + 3) / 6, 0, 1): the QRNN gate of the original Olmax.
 template <Real T>
 Tensor<T> hard_sigmoid(const Tensor<T>& x) {
-    return detail::unary_op<detail::Reads::input>("hard_sigmoid", x, [](T v) { return std::clamp((v + T{3}) / T{6}, T{0}, T{1}); },
-                               [](T v, T) { return (v > T{-3} && v < T{3}) ? T{1} / T{6} : T{0}; });
+    return detail::unary_rule_op<math::rules::hard_sigmoid, detail::Reads::input>("hard_sigmoid", x);
 }
 template <Real T>
 Tensor<T> relu(const Tensor<T>& x) {
-    // !(v <= 0) rather than v > 0: NaN propagates instead of turning into 0.
-    return detail::unary_op<detail::Reads::input>("relu", x, [](T v) { return !(v <= T{0}) ? v : T{0}; }, [](T v, T) { return T(v > T{0}); });
+    return detail::unary_rule_op<math::rules::relu, detail::Reads::input>("relu", x);
 }
 /// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
 template <Real T>
@@ -345,22 +350,21 @@ Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
     return detail::unary_op<detail::Reads::input>("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
                                [slope](T v, T) { return v < T{0} ? slope : T{1}; });
 }
-namespace detail {
-/// log(1 + e^x) without overflow.
-template <class T>
-T softplus_value(T v) { return v > T{0} ? v + std::log1p(std::exp(-v)) : std::log1p(std::exp(v)); }
-}  // namespace detail
 template <Real T>
 Tensor<T> softplus(const Tensor<T>& x) {
-    return detail::unary_op("softplus", x, [](T v) { return detail::softplus_value(v); },
-                               [](T v, T) { return T{1} / (T{1} + std::exp(-v)); });
+    return detail::unary_rule_op<math::rules::softplus, detail::Reads::input>("softplus", x);
+}
+/// SiLU (swish): x sigmoid(x), as one op (one pass, one saved pair).
+template <Real T>
+Tensor<T> silu(const Tensor<T>& x) {
+    return detail::unary_rule_op<math::rules::silu, detail::Reads::both>("silu", x);
 }
 /// Mish: x * tanh(softplus(x)) (Misra 2019).
 template <Real T>
 Tensor<T> mish(const Tensor<T>& x) {
-    return detail::unary_op("mish", x, [](T v) { return v * std::tanh(detail::softplus_value(v)); },
+    return detail::unary_op("mish", x, [](T v) { return v * std::tanh(math::rules::softplus::value(v)); },
                                [](T v, T) {
-                                   const T t = std::tanh(detail::softplus_value(v));
+                                   const T t = std::tanh(math::rules::softplus::value(v));
                                    const T s = T{1} / (T{1} + std::exp(-v));
                                    return t + v * (T{1} - t * t) * s;
                                });

@@ -1,6 +1,7 @@
 #pragma once
 // Module header: every differentiable op.
 #include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/pointwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/reduction.hpp"
 #include "olmax/ops/shape.hpp"
