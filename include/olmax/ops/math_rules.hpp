@@ -14,14 +14,6 @@
 
 #include "olmax/detail/simd.hpp"
 
-// GCC 12's AVX-512 intrinsics that xsimd's maths functions reach read a deliberately undefined
-// register and report it as (maybe) uninitialised when inlined (GCC bug 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 namespace olmax::math {
 
 /// c ? a : b, on numbers or lane by lane on SIMD batches. NaN compares false, so a choice written
@@ -93,6 +85,3 @@ struct silu {
 }  // namespace rules
 }  // namespace olmax::math
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

@@ -45,13 +45,6 @@
 
 namespace olmax {
 
-// (Here, around the dual numbers and the kernels:) GCC 12's AVX-512 intrinsics that xsimd's maths functions reach read a deliberately undefined
-// register and report it as (maybe) uninitialised when inlined (GCC bug 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 namespace math {
 
 namespace detail {
@@ -310,10 +303,6 @@ void backward(std::index_sequence<K...>, Arch, const F& f, const std::array<cons
             });
     });
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 /// U, once per element of a pack (the argument types f is called with).
 template <class, class U>

@@ -88,12 +88,6 @@ template <bool Decoupled, class V, class S>
     param = fnma(c.step_size, m / denom, param);
 }
 
-// GCC 12's _mm512_sqrt_pd (reached through xsimd::sqrt) reads a deliberately undefined register and
-// reports it as uninitialised when inlined (GCC bug 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 /// Updates `xsimd::batch<M, Arch>::size` consecutive elements, computing in the moments' type M
 /// (double, or float for float32 moments). Lanes are independent and every element, tails
 /// included, goes through this one sequence of operations, so its result does not depend on the
@@ -110,10 +104,6 @@ template <bool Decoupled, class Arch, Real T, class M>
     v_new.store_unaligned(v);
     param.store_unaligned(w);
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 /// Updates elements [0, n): whole batches in place, the last partial batch through zero-padded
 /// copies (the same code, so the same rounding). `c` is a copy so that the compiler knows the
 /// stores to the moments cannot change it and keeps the constants in registers. `Arch` (the

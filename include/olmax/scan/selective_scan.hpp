@@ -44,6 +44,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/detail/simd.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 
 namespace olmax::scan {
@@ -146,8 +147,11 @@ struct Inputs {
 /// One step of one channel: h = abar h_prev + (delta u) B with abar = exp(delta A), or
 /// h = (delta u) B at a segment start. The forward and the backward's recomputation both call it,
 /// so their states agree bit for bit. `h` may alias `h_prev`; `abar` receives the gates when
-/// StoreGates.
-template <bool StoreGates, class T>
+/// StoreGates. The exponentials, the step's cost, run on SIMD batches (xsimd: GCC does not
+/// vectorise std::exp), the last partial batch through zero-padded copies, so every state takes
+/// the same code. `Arch` (the instruction set of this translation unit) is part of the name, so
+/// translation units built for different CPUs never share one instantiation.
+template <bool StoreGates, class T, class Arch = xsimd::default_arch>
 inline void advance(std::size_t n_state, const T* a_row, const T* b_t, T dt, T x, bool reset, const T* h_prev, T* h, T* abar) {
     const T dtx = dt * x;
     if (reset) {
@@ -157,14 +161,25 @@ inline void advance(std::size_t n_state, const T* a_row, const T* b_t, T dt, T x
         }
         return;
     }
-#pragma omp simd
-    for (std::size_t n = 0; n < n_state; ++n) {
-        const T a = std::exp(dt * a_row[n]);
-        h[n] = a * h_prev[n] + dtx * b_t[n];
-        if constexpr (StoreGates) abar[n] = a;
-    }
+    using batch = xsimd::batch<T, Arch>;
+    const batch dt_b(dt), dtx_b(dtx);
+    auto step = [&](const T* a, const T* hp, const T* bt, T* out, T* gates) {
+        const batch gate = xsimd::exp(dt_b * batch::load_unaligned(a));
+        (gate * batch::load_unaligned(hp) + dtx_b * batch::load_unaligned(bt)).store_unaligned(out);
+        if constexpr (StoreGates) gate.store_unaligned(gates);
+    };
+    std::size_t n = 0;
+    for (; n + batch::size <= n_state; n += batch::size) step(a_row + n, h_prev + n, b_t + n, h + n, StoreGates ? abar + n : nullptr);
+    if (n == n_state) return;
+    const std::size_t rest = n_state - n;
+    T a_tail[batch::size] = {}, h_tail[batch::size] = {}, b_tail[batch::size] = {}, out[batch::size], gates[batch::size];
+    std::copy_n(a_row + n, rest, a_tail);
+    std::copy_n(h_prev + n, rest, h_tail);
+    std::copy_n(b_t + n, rest, b_tail);
+    step(a_tail, h_tail, b_tail, out, gates);
+    std::copy_n(out, rest, h + n);
+    if constexpr (StoreGates) std::copy_n(gates, rest, abar + n);
 }
-
 /// Forward of channels [e0, e1) of batch b: y, h_last, and the chunk checkpoints when `ckpt`.
 template <class T>
 void forward_task(const Geometry& g, const Inputs<T>& in, std::size_t b, std::size_t e0, std::size_t e1, T* y, T* h_last, T* ckpt,
