@@ -33,6 +33,7 @@
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
+#include "olmax/ops/math_rules.hpp"
 #include "olmax/ops/pointwise.hpp"
 #include "olmax/ops/shape.hpp"
 #include "olmax/scan/selective_scan.hpp"
@@ -154,8 +155,7 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
             for (std::size_t r = lo; r < hi; ++r) {
                 T* o = outp + r * ne;
                 pre_row(lowest.data(), xp, tp, wp, bp, r / nt, r % nt, o);
-#pragma omp simd
-                for (std::size_t e = 0; e < ne; ++e) o[e] = math::rules::silu::value(o[e]);
+                math::transform(ne, o, [](auto v) { return math::rules::silu::value(v); }, static_cast<const T*>(o));
             }
         });
     }
@@ -178,7 +178,7 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
          pre_row](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
             const T *xp = x.data(), *wp = w.data(), *bp = bias.data(), *tp = tail_in.defined() ? tail_in.data() : nullptr;
             const T *gp = g[0].data(), *gtail = g[1].data();
-            // dpre = dout SiLU'(pre), pre recomputed.
+            // dpre = dout SiLU'(pre), pre recomputed (the SiLU on SIMD batches: math::transform).
             auto dpre_t = Tensor<T>::uninitialized(x.shape());
             T* dpre = dpre_t.data();
             backend::current().parallel_for(nb * nt, ne * K, [&](std::size_t lo, std::size_t hi) {
@@ -186,11 +186,9 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
                     T* d = dpre + r * ne;
                     pre_row(lowest.data(), xp, tp, wp, bp, r / nt, r % nt, d);
                     const T* gr = gp + r * ne;
-#pragma omp simd
-                    for (std::size_t e = 0; e < ne; ++e) {
-                        const T s = T{1} / (T{1} + std::exp(-d[e]));
-                        d[e] = gr[e] * s * (T{1} + d[e] * (T{1} - s));
-                    }
+                    math::transform(
+                        ne, d, [](auto pre, auto dout) { return dout * math::rules::silu::derivative(pre, math::rules::silu::value(pre)); },
+                        static_cast<const T*>(d), gr);
                 }
             });
             // Gradient of extended position p: taps of the steps t = p - k (k = 0 .. K-1) that may

@@ -187,10 +187,35 @@ Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
     return y;
 }
 
-/// A unary op whose value and derivative are a rule of ops/math_rules.hpp.
+/// A unary op whose value and derivative are a rule of ops/math_rules.hpp, computed on SIMD
+/// batches (math::transform: vectorised exp, tanh, log, which GCC does not vectorise from std::).
 template <class Rule, Reads reads, Real T>
 Tensor<T> unary_rule_op(std::string_view name, const Tensor<T>& x) {
-    return unary_op<reads>(name, x, [](T v) { return Rule::value(v); }, [](T v, T y) { return Rule::derivative(v, y); });
+    backend::op_scope on(name, x);
+    if (on.traced()) return backend::trace::call1<T>(name, {x});  // the op's lowering rule, found by its name
+    auto y = Tensor<T>::uninitialized(x.shape());
+    {
+        const T* xp = x.data();
+        T* yp = y.data();
+        backend::current().parallel_for(x.size(), 1, [&](std::size_t lo, std::size_t hi) {
+            math::transform(hi - lo, yp + lo, [](auto v) { return Rule::value(v); }, xp + lo);
+        });
+    }
+    constexpr bool keep_x = reads == Reads::input || reads == Reads::both, keep_y = reads == Reads::output || reads == Reads::both;
+    autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [x = keep_x ? x.detach() : Tensor<T>(), y = keep_y ? y.detach() : Tensor<T>()](std::span<const Tensor<T>> g,
+                                                                                                      autodiff::GradientSink<T>& sink) {
+                            auto dx = Tensor<T>::uninitialized(g[0].shape());
+                            const T* gp = g[0].data();
+                            const T *xp = keep_x ? x.data() : gp, *yp = keep_y ? y.data() : gp;  // dy stands in for a value not read
+                            T* dp = dx.data();
+                            backend::current().parallel_for(dx.size(), 1, [&](std::size_t lo, std::size_t hi) {
+                                math::transform(hi - lo, dp + lo, [](auto gi, auto v, auto out) { return gi * Rule::derivative(v, out); }, gp + lo,
+                                                xp + lo, yp + lo);
+                            });
+                            sink.add(0, std::move(dx));
+                        });
+    return y;
 }
 
 /// Which of a, b and y a binary op's derivatives read (add's: none; mul's: a and b).

@@ -77,7 +77,7 @@ using number_t = typename Dual<V, N>::scalar;
 /// The result of a unary function with value y and derivative dy_dx at x (the chain rule); the
 /// derivative is a callable, not evaluated when there are no derivatives to carry (N = 0).
 template <class V, std::size_t N, class Derivative>
-Dual<V, N> chain(const Dual<V, N>& x, const V& y, Derivative&& dy_dx) {
+[[gnu::always_inline]] inline Dual<V, N> chain(const Dual<V, N>& x, const V& y, Derivative&& dy_dx) {
     Dual<V, N> r{y, {}};
     if constexpr (N > 0) {
         const V d = dy_dx();
@@ -87,7 +87,7 @@ Dual<V, N> chain(const Dual<V, N>& x, const V& y, Derivative&& dy_dx) {
 }
 /// The result of a binary function with value y and partial derivatives da, db.
 template <class V, std::size_t N, class Derivatives>
-Dual<V, N> chain(const Dual<V, N>& a, const Dual<V, N>& b, const V& y, Derivatives&& partials) {
+[[gnu::always_inline]] inline Dual<V, N> chain(const Dual<V, N>& a, const Dual<V, N>& b, const V& y, Derivatives&& partials) {
     Dual<V, N> r{y, {}};
     if constexpr (N > 0) {
         const auto [da, db] = partials();
@@ -96,7 +96,7 @@ Dual<V, N> chain(const Dual<V, N>& a, const Dual<V, N>& b, const V& y, Derivativ
     return r;
 }
 template <class V, std::size_t N, class Rule>
-Dual<V, N> apply(const Dual<V, N>& x) {
+[[gnu::always_inline]] inline Dual<V, N> apply(const Dual<V, N>& x) {
     const V y = Rule::value(x.value);
     return chain(x, y, [&] { return Rule::derivative(x.value, y); });
 }
@@ -105,42 +105,42 @@ Dual<V, N> apply(const Dual<V, N>& x) {
 // ---- arithmetic on dual numbers (with each other and with numbers) ------------------------------
 
 template <class V, std::size_t N>
-Dual<V, N> operator+(const Dual<V, N>& a, const Dual<V, N>& b) {
+[[gnu::always_inline]] inline Dual<V, N> operator+(const Dual<V, N>& a, const Dual<V, N>& b) {
     return detail::chain(a, b, V(a.value + b.value), [] { return std::pair(V(1), V(1)); });
 }
 template <class V, std::size_t N>
-Dual<V, N> operator-(const Dual<V, N>& a, const Dual<V, N>& b) {
+[[gnu::always_inline]] inline Dual<V, N> operator-(const Dual<V, N>& a, const Dual<V, N>& b) {
     return detail::chain(a, b, V(a.value - b.value), [] { return std::pair(V(1), V(-1)); });
 }
 template <class V, std::size_t N>
-Dual<V, N> operator*(const Dual<V, N>& a, const Dual<V, N>& b) {
+[[gnu::always_inline]] inline Dual<V, N> operator*(const Dual<V, N>& a, const Dual<V, N>& b) {
     return detail::chain(a, b, V(a.value * b.value), [&] { return std::pair(b.value, a.value); });
 }
 template <class V, std::size_t N>
-Dual<V, N> operator/(const Dual<V, N>& a, const Dual<V, N>& b) {
+[[gnu::always_inline]] inline Dual<V, N> operator/(const Dual<V, N>& a, const Dual<V, N>& b) {
     const V y = a.value / b.value;
     return detail::chain(a, b, y, [&] { return std::pair(V(V(1) / b.value), V(-y / b.value)); });
 }
 template <class V, std::size_t N>
-Dual<V, N> operator-(const Dual<V, N>& a) { return detail::chain(a, V(-a.value), [] { return V(-1); }); }
+[[gnu::always_inline]] inline Dual<V, N> operator-(const Dual<V, N>& a) { return detail::chain(a, V(-a.value), [] { return V(-1); }); }
 template <class V, std::size_t N>
-Dual<V, N> operator+(const Dual<V, N>& a, detail::number_t<V, N> s) { return detail::chain(a, V(a.value + V(s)), [] { return V(1); }); }
+[[gnu::always_inline]] inline Dual<V, N> operator+(const Dual<V, N>& a, detail::number_t<V, N> s) { return detail::chain(a, V(a.value + V(s)), [] { return V(1); }); }
 template <class V, std::size_t N>
-Dual<V, N> operator+(detail::number_t<V, N> s, const Dual<V, N>& a) { return detail::chain(a, V(V(s) + a.value), [] { return V(1); }); }
+[[gnu::always_inline]] inline Dual<V, N> operator+(detail::number_t<V, N> s, const Dual<V, N>& a) { return detail::chain(a, V(V(s) + a.value), [] { return V(1); }); }
 template <class V, std::size_t N>
-Dual<V, N> operator-(const Dual<V, N>& a, detail::number_t<V, N> s) { return detail::chain(a, V(a.value - V(s)), [] { return V(1); }); }
+[[gnu::always_inline]] inline Dual<V, N> operator-(const Dual<V, N>& a, detail::number_t<V, N> s) { return detail::chain(a, V(a.value - V(s)), [] { return V(1); }); }
 template <class V, std::size_t N>
-Dual<V, N> operator-(detail::number_t<V, N> s, const Dual<V, N>& a) { return detail::chain(a, V(V(s) - a.value), [] { return V(-1); }); }
+[[gnu::always_inline]] inline Dual<V, N> operator-(detail::number_t<V, N> s, const Dual<V, N>& a) { return detail::chain(a, V(V(s) - a.value), [] { return V(-1); }); }
 template <class V, std::size_t N>
-Dual<V, N> operator*(const Dual<V, N>& a, detail::number_t<V, N> s) { return detail::chain(a, V(a.value * V(s)), [&] { return V(s); }); }
+[[gnu::always_inline]] inline Dual<V, N> operator*(const Dual<V, N>& a, detail::number_t<V, N> s) { return detail::chain(a, V(a.value * V(s)), [&] { return V(s); }); }
 template <class V, std::size_t N>
-Dual<V, N> operator*(detail::number_t<V, N> s, const Dual<V, N>& a) { return detail::chain(a, V(V(s) * a.value), [&] { return V(s); }); }
+[[gnu::always_inline]] inline Dual<V, N> operator*(detail::number_t<V, N> s, const Dual<V, N>& a) { return detail::chain(a, V(V(s) * a.value), [&] { return V(s); }); }
 template <class V, std::size_t N>
-Dual<V, N> operator/(const Dual<V, N>& a, detail::number_t<V, N> s) {
+[[gnu::always_inline]] inline Dual<V, N> operator/(const Dual<V, N>& a, detail::number_t<V, N> s) {
     return detail::chain(a, V(a.value / V(s)), [&] { return V(V(1) / V(s)); });
 }
 template <class V, std::size_t N>
-Dual<V, N> operator/(detail::number_t<V, N> s, const Dual<V, N>& a) {
+[[gnu::always_inline]] inline Dual<V, N> operator/(detail::number_t<V, N> s, const Dual<V, N>& a) {
     const V y = V(s) / a.value;
     return detail::chain(a, y, [&] { return V(-y / a.value); });
 }
@@ -151,7 +151,7 @@ Dual<V, N> operator/(detail::number_t<V, N> s, const Dual<V, N>& a) {
 
 #define OLMAX_POINTWISE_FUNCTION(fn)                                                                            \
     template <class V, std::size_t N>                                                                           \
-    Dual<V, N> fn(const Dual<V, N>& x) { return detail::apply<V, N, rules::fn>(x); }                            \
+    [[gnu::always_inline]] inline Dual<V, N> fn(const Dual<V, N>& x) { return detail::apply<V, N, rules::fn>(x); }                            \
     template <Real T>                                                                                           \
     Tensor<T> fn(const Tensor<T>& x) { return ::olmax::fn(x); }
 OLMAX_POINTWISE_FUNCTION(exp)
@@ -168,7 +168,7 @@ OLMAX_POINTWISE_FUNCTION(silu)
 
 /// Leaky ReLU: v for v >= 0, slope v below.
 template <class V, std::size_t N>
-Dual<V, N> leaky_relu(const Dual<V, N>& x, detail::number_t<V, N> slope) {
+[[gnu::always_inline]] inline Dual<V, N> leaky_relu(const Dual<V, N>& x, detail::number_t<V, N> slope) {
     const auto negative = x.value < V(0);
     Dual<V, N> r{choose(negative, V(V(slope) * x.value), x.value), {}};
     for (std::size_t k = 0; k < N; ++k) r.grad[k] = choose(negative, V(V(slope) * x.grad[k]), x.grad[k]);
@@ -179,7 +179,7 @@ Tensor<T> leaky_relu(const Tensor<T>& x, std::type_identity_t<T> slope) { return
 
 /// The larger of a and b; a where they tie and where a is NaN, as `olmax::maximum`.
 template <class V, std::size_t N>
-Dual<V, N> maximum(const Dual<V, N>& a, const Dual<V, N>& b) {
+[[gnu::always_inline]] inline Dual<V, N> maximum(const Dual<V, N>& a, const Dual<V, N>& b) {
     const auto take_a = a.value >= b.value || a.value != a.value;
     Dual<V, N> r{choose(take_a, a.value, b.value), {}};
     for (std::size_t k = 0; k < N; ++k) r.grad[k] = choose(take_a, a.grad[k], b.grad[k]);
@@ -234,44 +234,18 @@ void for_each_run(std::size_t total, const std::array<std::size_t, N>& sizes, Bo
     });
 }
 
-/// Runs step(x, j, lanes) over [0, count) a batch of B lanes at a time, `x` input pointers that
-/// the step reads lanes elements from; the last partial batch goes through zero-padded copies, so
-/// every element takes the same code and its result does not depend on where it falls.
-template <std::size_t lanes, class T, std::size_t N, class Step, class Tail>
-void over_batches(std::size_t count, const std::array<const T*, N>& x, Step&& step, Tail&& tail) {
-    std::size_t j = 0;
-    for (; j + lanes <= count; j += lanes) step(x, j);
-    if (j == count) return;
-    T padded[N][lanes] = {};
-    std::array<const T*, N> px;
-    for (std::size_t k = 0; k < N; ++k) {
-        std::copy_n(x[k] + j, count - j, padded[k]);
-        px[k] = padded[k];
-    }
-    tail(px, j, count - j);
-}
-
 template <std::size_t... K, class Arch, Real T, std::size_t N, class F>
 void forward(std::index_sequence<K...>, Arch, const F& f, const std::array<const T*, N>& x, const std::array<std::size_t, N>& sizes, T* y,
              std::size_t total) {
     using batch = xsimd::batch<T, Arch>;
-    using D = math::Dual<batch, 0>;
     for_each_run<N>(total, sizes, [&](std::size_t first, std::size_t count, const std::array<std::size_t, N>& at) {
-        std::array<const T*, N> in{(x[K] + at[K])...};
-        T* out = y + first;
-        over_batches<batch::size>(
-            count, in, [&](const std::array<const T*, N>& p, std::size_t j) { f(D{batch::load_unaligned(p[K] + j)}...).value.store_unaligned(out + j); },
-            [&](const std::array<const T*, N>& p, std::size_t j, std::size_t rest) {
-                alignas(64) T result[batch::size];
-                f(D{batch::load_unaligned(p[K])}...).value.store_aligned(result);
-                std::copy_n(result, rest, out + j);
-            });
+        math::transform<Arch>(count, y + first, [&](const auto&... v) { return f(math::Dual<batch, 0>{v}...).value; }, (x[K] + at[K])...);
     });
 }
 
 /// Input K of N as a dual number: its value, derivative 1 by itself and 0 by the others.
 template <std::size_t K, std::size_t N, class V>
-math::Dual<V, N> variable(const V& value) {
+[[gnu::always_inline]] inline math::Dual<V, N> variable(const V& value) {
     math::Dual<V, N> d{value, {}};
     for (std::size_t k = 0; k < N; ++k) d.grad[k] = V(k == K ? 1 : 0);
     return d;
@@ -290,7 +264,7 @@ void backward(std::index_sequence<K...>, Arch, const F& f, const std::array<cons
             const batch g = batch::load_unaligned(p[N] + j);
             return std::array<batch, N>{(g * r.grad[K])...};
         };
-        over_batches<batch::size>(
+        math::for_each_batch<batch::size>(
             count, in,
             [&](const std::array<const T*, N + 1>& p, std::size_t j) {
                 const auto d = grads(p, j);
