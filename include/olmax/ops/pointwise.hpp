@@ -4,7 +4,8 @@
 // gradient in one more pass, where the same chain written as separate ops makes one pass, one
 // tensor and one tape node per step, forward and backward.
 //
-// f is written once, generically, over the `olmax::math` functions and + - * / with numbers:
+// f is written once, generically, over the `olmax::math` functions and + - * / (numbers on either
+// side of + - *, on the right of /: the tensor ops have no number / tensor):
 //
 //     namespace m = olmax::math;
 //     Tensor<float> input = olmax::pointwise("qrnn_input",
