@@ -40,9 +40,9 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/detail/simd.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/math_rules.hpp"
-#include "olmax/detail/simd.hpp"
 
 namespace olmax {
 
