@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -166,14 +167,28 @@ Tensor<T> sum_to_shape(const Tensor<T>& grad, const Shape& shape) {
 /// those: a tensor no closure keeps is freed during the forward pass (core/tensor.hpp).
 enum class Reads { nothing, input, output, both };
 
+/// out[i] = f(in0[i], ...) on the current device's threads: on SIMD batches (math::transform:
+/// vectorised exp, tanh, log, which GCC does not vectorise from std::) when `Batched` (f takes
+/// xsimd batches), else through the device's element-wise map.
+template <bool Batched, class T, class F, class... In>
+void map_elements(std::size_t n, T* out, F&& f, const In*... in) {
+    if constexpr (Batched)
+        backend::current().parallel_for(n, 1, [&](std::size_t lo, std::size_t hi) { math::transform(hi - lo, out + lo, f, (in + lo)...); });
+    else
+        backend::map(n, out, f, in...);
+}
+
 /// A differentiable unary op: y = f(x), dx = dy * df(x, y); df reads what `reads` says (it is
-/// given dy in place of a value it does not read).
+/// given dy in place of a value it does not read). When f and df take SIMD batches (a rule of
+/// ops/math_rules.hpp does: `unary_rule_op`), both passes run on them.
 template <Reads reads = Reads::both, Real T, class F, class DF>
 Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
+    using batch = xsimd::batch<T>;
+    constexpr bool batched = std::is_invocable_v<F&, batch> && std::is_invocable_v<DF&, batch, batch>;
     backend::op_scope on(name, x);
     if (on.traced()) return backend::trace::call1<T>(name, {x});  // the op's lowering rule, found by its name
     auto y = Tensor<T>::uninitialized(x.shape());
-    backend::map(x.size(), y.data(), f, x.data());
+    map_elements<batched>(x.size(), y.data(), f, x.data());
     constexpr bool keep_x = reads == Reads::input || reads == Reads::both, keep_y = reads == Reads::output || reads == Reads::both;
     autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [shape = x.shape(), x = keep_x ? x.detach() : Tensor<T>(), y = keep_y ? y.detach() : Tensor<T>(),
@@ -181,41 +196,19 @@ Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
                             auto dx = Tensor<T>::uninitialized(shape);
                             const T* gp = g[0].data();
                             const T *xp = keep_x ? x.data() : gp, *yp = keep_y ? y.data() : gp;
-                            backend::map(dx.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
+                            if constexpr (batched)
+                                map_elements<true>(dx.size(), dx.data(), [df](auto gi, auto xi, auto yi) { return gi * df(xi, yi); }, gp, xp, yp);
+                            else
+                                map_elements<false>(dx.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
                             sink.add(0, std::move(dx));
                         });
     return y;
 }
 
-/// A unary op whose value and derivative are a rule of ops/math_rules.hpp, computed on SIMD
-/// batches (math::transform: vectorised exp, tanh, log, which GCC does not vectorise from std::).
+/// A unary op whose value and derivative are a rule of ops/math_rules.hpp (on SIMD batches).
 template <class Rule, Reads reads, Real T>
 Tensor<T> unary_rule_op(std::string_view name, const Tensor<T>& x) {
-    backend::op_scope on(name, x);
-    if (on.traced()) return backend::trace::call1<T>(name, {x});  // the op's lowering rule, found by its name
-    auto y = Tensor<T>::uninitialized(x.shape());
-    {
-        const T* xp = x.data();
-        T* yp = y.data();
-        backend::current().parallel_for(x.size(), 1, [&](std::size_t lo, std::size_t hi) {
-            math::transform(hi - lo, yp + lo, [](auto v) { return Rule::value(v); }, xp + lo);
-        });
-    }
-    constexpr bool keep_x = reads == Reads::input || reads == Reads::both, keep_y = reads == Reads::output || reads == Reads::both;
-    autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [x = keep_x ? x.detach() : Tensor<T>(), y = keep_y ? y.detach() : Tensor<T>()](std::span<const Tensor<T>> g,
-                                                                                                      autodiff::GradientSink<T>& sink) {
-                            auto dx = Tensor<T>::uninitialized(g[0].shape());
-                            const T* gp = g[0].data();
-                            const T *xp = keep_x ? x.data() : gp, *yp = keep_y ? y.data() : gp;  // dy stands in for a value not read
-                            T* dp = dx.data();
-                            backend::current().parallel_for(dx.size(), 1, [&](std::size_t lo, std::size_t hi) {
-                                math::transform(hi - lo, dp + lo, [](auto gi, auto v, auto out) { return gi * Rule::derivative(v, out); }, gp + lo,
-                                                xp + lo, yp + lo);
-                            });
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
+    return unary_op<reads>(name, x, [](auto v) { return Rule::value(v); }, [](auto v, auto y) { return Rule::derivative(v, y); });
 }
 
 /// Which of a, b and y a binary op's derivatives read (add's: none; mul's: a and b).

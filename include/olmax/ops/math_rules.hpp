@@ -35,7 +35,7 @@ xsimd::batch<T, A> choose(const xsimd::batch_bool<T, A>& c, const xsimd::batch<T
 /// pointing at zero-padded copies of them. Every element thus goes through the same batch code,
 /// so its result does not depend on where it falls (in a thread's range, or in the tail).
 template <std::size_t lanes, class T, std::size_t N, class Step, class Tail>
-void for_each_batch(std::size_t count, const std::array<const T*, N>& x, Step&& step, Tail&& tail) {
+[[gnu::always_inline]] inline void for_each_batch(std::size_t count, const std::array<const T*, N>& x, Step&& step, Tail&& tail) {
     std::size_t j = 0;
     for (; j + lanes <= count; j += lanes) step(x, j);
     if (j == count) return;

@@ -33,6 +33,7 @@
 // gradient flows back across that step. With resets, h0 only reaches the first segment.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <optional>
@@ -45,6 +46,7 @@
 #include "olmax/core/error.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/detail/simd.hpp"
+#include "olmax/ops/math_rules.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 
 namespace olmax::scan {
@@ -148,8 +150,8 @@ struct Inputs {
 /// h = (delta u) B at a segment start. The forward and the backward's recomputation both call it,
 /// so their states agree bit for bit. `h` may alias `h_prev`; `abar` receives the gates when
 /// StoreGates. The exponentials, the step's cost, run on SIMD batches (xsimd: GCC does not
-/// vectorise std::exp), the last partial batch through zero-padded copies, so every state takes
-/// the same code. `Arch` (the instruction set of this translation unit) is part of the name, so
+/// vectorise std::exp), the last partial batch through zero-padded copies (math::for_each_batch),
+/// so every state takes the same code. `Arch` (the instruction set of this translation unit) is part of the name, so
 /// translation units built for different CPUs never share one instantiation.
 template <bool StoreGates, class T, class Arch = xsimd::default_arch>
 inline void advance(std::size_t n_state, const T* a_row, const T* b_t, T dt, T x, bool reset, const T* h_prev, T* h, T* abar) {
@@ -168,17 +170,15 @@ inline void advance(std::size_t n_state, const T* a_row, const T* b_t, T dt, T x
         (gate * batch::load_unaligned(hp) + dtx_b * batch::load_unaligned(bt)).store_unaligned(out);
         if constexpr (StoreGates) gate.store_unaligned(gates);
     };
-    std::size_t n = 0;
-    for (; n + batch::size <= n_state; n += batch::size) step(a_row + n, h_prev + n, b_t + n, h + n, StoreGates ? abar + n : nullptr);
-    if (n == n_state) return;
-    const std::size_t rest = n_state - n;
-    T a_tail[batch::size] = {}, h_tail[batch::size] = {}, b_tail[batch::size] = {}, out[batch::size], gates[batch::size];
-    std::copy_n(a_row + n, rest, a_tail);
-    std::copy_n(h_prev + n, rest, h_tail);
-    std::copy_n(b_t + n, rest, b_tail);
-    step(a_tail, h_tail, b_tail, out, gates);
-    std::copy_n(out, rest, h + n);
-    if constexpr (StoreGates) std::copy_n(gates, rest, abar + n);
+    math::for_each_batch<batch::size>(
+        n_state, std::array<const T*, 3>{a_row, h_prev, b_t},
+        [&](const std::array<const T*, 3>& p, std::size_t n) { step(p[0] + n, p[1] + n, p[2] + n, h + n, StoreGates ? abar + n : nullptr); },
+        [&](const std::array<const T*, 3>& q, std::size_t n, std::size_t rest) {
+            T out[batch::size], gates[batch::size];
+            step(q[0], q[1], q[2], out, gates);
+            std::copy_n(out, rest, h + n);
+            if constexpr (StoreGates) std::copy_n(gates, rest, abar + n);
+        });
 }
 /// Forward of channels [e0, e1) of batch b: y, h_last, and the chunk checkpoints when `ckpt`.
 template <class T>
