@@ -15,8 +15,10 @@
 # THREADS (the native run's threads, 2), OUT (default benchmarks/results/xla-step-time-<UTC time>,
 # git-ignored), PLUGIN (default: the wheel's plugin in .venv), BASELINE (another train_lm binary,
 # e.g. one built from an older commit: each repeat then also runs it, on BASELINE_DEVICES, default
-# "cpu xla", for an A/B in the same run; a run the baseline refuses is left out). Writes
-# results.json and prints a markdown table with the CPU model and the load average.
+# "cpu xla", for an A/B in the same run; a run the baseline refuses is left out), NATIVE (0: only
+# the XLA runs, e.g. PLUGIN=<JAX's CUDA plugin> on a GPU machine), DATA (train_lm's --data; default
+# its own corpus, Debian's fortunes). Writes results.json and prints a markdown table with the CPU
+# model and the load average.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
@@ -29,21 +31,24 @@ blocks="${BLOCKS:-conv_mixer qrnn mamba moe}"
 steps="${STEPS:-100}" repeats="${REPEATS:-3}" threads="${THREADS:-2}"
 out="${OUT:-$repo/benchmarks/results/xla-step-time-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"
+timer=(/usr/bin/time -f "peak_kb %M")
+[ -x /usr/bin/time ] || timer=()  # without GNU time (a bare image): no peak memory, reported as 0
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 : > "$out/runs.txt"
 for block in $blocks; do
   for shape in $shapes; do
     IFS=: read -r f d b s <<< "$shape"
     for r in $(seq "$repeats"); do
-      runs="cpu xla"
+      runs="xla"
+      [ "${NATIVE:-1}" = 0 ] || runs="cpu xla"
       [ -n "${BASELINE:-}" ] && for device in ${BASELINE_DEVICES:-cpu xla}; do runs="$runs baseline_$device"; done
       for run in $runs; do
         device=${run#baseline_} binary=$train_lm
         [ "$run" != "$device" ] && binary=$BASELINE
         dir="$out/run-$block-$run-$f-$d-$b-$s-$r"
-        if ! /usr/bin/time -f "peak_kb %M" "$binary" --device=$device --xla_plugin="$plugin" --threads="$threads" --block="$block" --features="$f" \
+        if ! "${timer[@]}" "$binary" --device=$device --xla_plugin="$plugin" --threads="$threads" --block="$block" --features="$f" \
           --depth="$d" --batch="$b" --sequence="$s" --steps="$steps" --eval_every=100000 --checkpoint_every=100000 --plot=false \
-          --sample_bytes=0 --checkpoint_dir="$dir" > "$dir.log" 2>&1; then
+          --sample_bytes=0 --checkpoint_dir="$dir" ${DATA:+--data="$DATA"} > "$dir.log" 2>&1; then
           [ "$run" != "$device" ] && { echo "baseline refused $block $shape $device: $(grep -v '^peak_kb' "$dir.log" | tail -1)"; rm -rf "$dir"; continue; }
           cat "$dir.log"
           exit 1
@@ -51,7 +56,7 @@ for block in $blocks; do
         ms=$(sed -n 's/.*tokens\/s, \([0-9.]*\) ms\/step.*/\1/p' "$dir.log")
         compile=$(sed -n 's/.*step compiled in \([0-9.]*\) s.*/\1/p' "$dir.log")
         peak=$(sed -n 's/^peak_kb \([0-9]*\)$/\1/p' "$dir.log")
-        echo "$block $shape $run $r $ms ${compile:-0} $peak" | tee -a "$out/runs.txt"
+        echo "$block $shape $run $r $ms ${compile:-0} ${peak:-0}" | tee -a "$out/runs.txt"
         rm -rf "$dir"
       done
     done
@@ -69,7 +74,7 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 print(f"\nCPU {cpu}; load average {before} -> {after}; native CPU backend on {threads} threads; {steps} steps per run; medians\n")
 baseline = any("baseline_cpu" in by or "baseline_xla" in by for by in rows.values())
 extra = " baseline native ms/step | baseline XLA ms/step | native / baseline | XLA / baseline |" if baseline else ""
-print("| block | features x depth, batch x sequence | native ms/step | XLA CPU plugin ms/step | XLA / native | XLA compile s | native peak MiB | XLA peak MiB |" + extra)
+print("| block | features x depth, batch x sequence | native ms/step | XLA ms/step | XLA / native | XLA compile s | native peak MiB | XLA peak MiB |" + extra)
 print("|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" * 4 if baseline else ""))
 summary = []
 for (block, shape), by in rows.items():
@@ -80,7 +85,7 @@ for (block, shape), by in rows.items():
     row = {"block": block, "features": int(f), "depth": int(d), "batch": int(b), "sequence": int(s), "native_ms_median": native,
            "xla_ms_median": xla, "xla_over_native": xla / native, "xla_compile_s_median": med("xla", 1),
            "native_peak_mib_median": med("cpu", 2), "xla_peak_mib_median": med("xla", 2),
-           "native_ms": [r[0] for r in by["cpu"]], "xla_ms": [r[0] for r in by["xla"]]}
+           "native_ms": [r[0] for r in by.get("cpu", [])], "xla_ms": [r[0] for r in by["xla"]]}
     if baseline:
         base_cpu, base_xla = med("baseline_cpu", 0), med("baseline_xla", 0)
         line += f" {base_cpu:.2f} | {base_xla:.2f} | {native / base_cpu:.2f} | {xla / base_xla:.2f} |"
@@ -88,7 +93,7 @@ for (block, shape), by in rows.items():
                     "baseline_native_ms": [r[0] for r in by.get("baseline_cpu", [])], "baseline_xla_ms": [r[0] for r in by.get("baseline_xla", [])]})
     print(line)
     summary.append(row)
-json.dump({"cpu": cpu, "load_before": before, "load_after": after, "threads": int(threads), "steps": int(steps),
+json.dump({"cpu": cpu, "plugin": os.environ.get("PLUGIN", ""), "load_before": before, "load_after": after, "threads": int(threads), "steps": int(steps),
            "baseline": os.environ.get("BASELINE", ""), "rows": summary},
           open(f"{out}/results.json", "w"), indent=1)
 PY

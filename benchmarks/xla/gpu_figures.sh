@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 36's GPU figures in one command, on a machine with an NVIDIA GPU and JAX's CUDA PJRT plugin
+# (pip: jax-cuda13-pjrt): the main job's step through the CUDA plugin for every block (compile time
+# and ms/step, benchmarks/xla/step_time.sh with NATIVE=0), the traced scan's bandwidth against a copy
+# (bench_xla_scan_bandwidth), Mamba's selective scan in its CPU (loop over time) and GPU
+# (materialised doubling) forms (bench_xla_selective_scan), and, when CPU_PLUGIN names the
+# xla-cpu-pjrt plugin, the same steps through it on the same host.
+#
+#     cmake --build build --target train_lm bench_xla_scan_bandwidth bench_xla_selective_scan
+#     CUDA_PLUGIN=<.../jax_plugins/xla_cuda13/xla_cuda_plugin.so> benchmarks/xla/gpu_figures.sh [build] [out]
+#
+# Environment: CUDA_PLUGIN (default: the one beside the python3 on PATH), CPU_PLUGIN (optional),
+# DATA (train_lm --data; default its own corpus), BUDGET_S (the whole run's seconds, default 480:
+# every part has its own time limit, cut to what is left; a failed part does not stop the rest).
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/../build_folder.sh" "${1:-}"  # repo, build
+out="${2:-$repo/benchmarks/results/gpu-figures-$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$out"
+cuda="${CUDA_PLUGIN:-$(python3 -c 'import glob, site
+hits = [h for p in site.getsitepackages() for h in glob.glob(p + "/jax_plugins/xla_cuda*/xla_cuda_plugin.so")]
+print(hits[0] if hits else "")' 2>/dev/null)}"
+[ -n "$cuda" ] || { echo "gpu_figures.sh: no CUDA plugin; set CUDA_PLUGIN" >&2; exit 1; }
+budget=${BUDGET_S:-480}
+part() {  # part NAME LIMIT_S COMMAND...: runs COMMAND under a time limit unless the budget is spent
+  local name=$1 limit=$2; shift 2
+  if [ "$SECONDS" -ge "$budget" ]; then echo "== $name: skipped (budget of $budget s spent)"; return; fi
+  [ "$limit" -le $((budget - SECONDS)) ] || limit=$((budget - SECONDS))  # the whole run ends within the budget
+  echo "== $name (at ${SECONDS} s, limit $limit s)"
+  timeout "$limit" "$@" || echo "== $name: exit $?"
+}
+echo "gpu_figures.sh: CUDA plugin $cuda"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+grep -m1 "model name" /proc/cpuinfo; nproc
+
+step_time=("$here/step_time.sh" "$build")  # with NATIVE=0: the plugin's runs only
+part "cuda plugin, tiny and small" 240 env OUT="$out/cuda_tiny_small" PLUGIN="$cuda" NATIVE=0 REPEATS=1 STEPS=60 \
+  SHAPES="64:2:8:64 128:4:16:128" "${step_time[@]}"
+part "scan bandwidth" 60 "$build/benchmarks/xla/bench_xla_scan_bandwidth" --plugin="$cuda" --rows=65536 --steps=1024 --runs=10
+part "selective scan, T 1024" 60 "$build/benchmarks/xla/bench_xla_selective_scan" --plugin="$cuda" --batch=16 --steps=1024 --channels=256 --states=16
+part "cuda plugin, base" 150 env OUT="$out/cuda_base" PLUGIN="$cuda" NATIVE=0 REPEATS=1 STEPS=20 SHAPES="256:8:16:256" "${step_time[@]}"
+[ -n "${CPU_PLUGIN:-}" ] && part "cpu plugin, tiny and small" 150 env OUT="$out/cpu_tiny_small" PLUGIN="$CPU_PLUGIN" NATIVE=0 REPEATS=1 \
+  STEPS=20 SHAPES="64:2:8:64 128:4:16:128" "${step_time[@]}"
+echo "gpu_figures.sh: done in ${SECONDS} s; results in $out"
