@@ -73,6 +73,26 @@ struct SelectiveScanResult {
     Tensor<T> h_last;
 };
 
+/// Sizes of a selective scan on caller-owned buffers (selective_scan_forward / _backward below).
+/// `chunk` (>= 1) is the checkpoint interval; the checkpoints hold ceil(time / min(chunk, time))
+/// states.
+struct SelectiveScanSizes {
+    std::size_t batch = 0, time = 0, channels = 0, state = 0, chunk = 64;
+};
+
+/// The operands as dense row-major buffers of the shapes at the top of this file; D, h0 and resets
+/// may be null (no skip, zero initial state, one sequence per row).
+template <class T>
+struct SelectiveScanBuffers {
+    const T *u = nullptr, *delta = nullptr, *A = nullptr, *B = nullptr, *C = nullptr, *D = nullptr, *h0 = nullptr, *resets = nullptr;
+};
+
+/// Where selective_scan_backward writes: du, ddelta, dB and dC always; dA, dD and dh0 when not null.
+template <class T>
+struct SelectiveScanGradients {
+    T *du = nullptr, *ddelta = nullptr, *dA = nullptr, *dB = nullptr, *dC = nullptr, *dD = nullptr, *dh0 = nullptr;
+};
+
 namespace detail::selective {
 
 inline constexpr std::size_t default_chunk = 64;
@@ -92,6 +112,18 @@ inline std::size_t channel_blocks(std::size_t batch, std::size_t channels, std::
     constexpr std::size_t target_tasks = 64;
     const std::size_t wanted = (target_tasks + batch - 1) / batch;
     return std::clamp<std::size_t>(wanted, 1, std::max<std::size_t>(1, channels / std::max<std::size_t>(state, 1)));
+}
+
+inline Geometry geometry_of(const SelectiveScanSizes& s) {
+    Geometry g;
+    g.batch = s.batch;
+    g.time = s.time;
+    g.channels = s.channels;
+    g.state = s.state;
+    g.chunk = std::min(s.chunk, s.time);
+    g.chunks = (g.time + g.chunk - 1) / g.chunk;
+    g.blocks = channel_blocks(g.batch, g.channels, g.state);
+    return g;
 }
 
 template <class T>
@@ -132,19 +164,13 @@ Geometry make_geometry(const Tensor<T>& u, const Tensor<T>& delta, const Tensor<
                            ": resets of shape ", to_string(opt.resets.shape()), " does not match [batch, T] = [", g.batch, ", ", g.time,
                            "]");
     if (opt.chunk) check<value_error>(*opt.chunk >= 1, op, ": chunk size must be >= 1, got ", *opt.chunk);
-    g.chunk = opt.chunk ? std::size_t(*opt.chunk) : default_chunk;
-    g.chunk = std::min(g.chunk, g.time);
-    g.chunks = (g.time + g.chunk - 1) / g.chunk;
-    g.blocks = channel_blocks(g.batch, g.channels, g.state);
-    return g;
+    return geometry_of({g.batch, g.time, g.channels, g.state, opt.chunk ? std::size_t(*opt.chunk) : default_chunk});
 }
 
-/// Raw inputs (D, h0 and resets may be null).
 template <class T>
-struct Inputs {
-    const T *u, *delta, *A, *B, *C, *D, *h0, *resets;
-    bool reset_at(const Geometry& g, std::size_t b, std::size_t t) const { return resets && resets[b * g.time + t] != T{0}; }
-};
+bool reset_at(const SelectiveScanBuffers<T>& in, const Geometry& g, std::size_t b, std::size_t t) {
+    return in.resets && in.resets[b * g.time + t] != T{0};
+}
 
 /// One step of one channel: h = abar h_prev + (delta u) B with abar = exp(delta A), or
 /// h = (delta u) B at a segment start. The forward and the backward's recomputation both call it,
@@ -182,13 +208,13 @@ inline void advance(std::size_t n_state, const T* a_row, const T* b_t, T dt, T x
 }
 /// Forward of channels [e0, e1) of batch b: y, h_last, and the chunk checkpoints when `ckpt`.
 template <class T>
-void forward_task(const Geometry& g, const Inputs<T>& in, std::size_t b, std::size_t e0, std::size_t e1, T* y, T* h_last, T* ckpt,
+void forward_task(const Geometry& g, const SelectiveScanBuffers<T>& in, std::size_t b, std::size_t e0, std::size_t e1, T* y, T* h_last, T* ckpt,
                   T* state) {
     const std::size_t N = g.state, E = g.channels, ne = e1 - e0;
     for (std::size_t i = 0; i < ne * N; ++i) state[i] = in.h0 ? in.h0[(b * E + e0) * N + i] : T{0};
     for (std::size_t t = 0; t < g.time; ++t) {
         if (ckpt && t % g.chunk == 0) std::copy_n(state, ne * N, ckpt + ((b * g.chunks + t / g.chunk) * E + e0) * N);
-        const bool reset = in.reset_at(g, b, t);
+        const bool reset = reset_at(in, g, b, t);
         const std::size_t row = (b * g.time + t) * E;
         const T *b_t = in.B + (b * g.time + t) * N, *c_t = in.C + (b * g.time + t) * N;
         for (std::size_t e = e0; e < e1; ++e) {
@@ -215,7 +241,7 @@ struct Outputs {
 
 /// Backward of channels [e0, e1) (block k) of batch b; `scratch` holds 2 chunk ne N + ne N values.
 template <class T>
-void backward_task(const Geometry& g, const Inputs<T>& in, const T* dy, const T* dh_last, const T* ckpt, const Outputs<T>& out,
+void backward_task(const Geometry& g, const SelectiveScanBuffers<T>& in, const T* dy, const T* dh_last, const T* ckpt, const Outputs<T>& out,
                    std::size_t b, std::size_t k, T* scratch) {
     const std::size_t N = g.state, E = g.channels, e0 = g.block_begin(k), e1 = g.block_begin(k + 1), ne = e1 - e0;
     const std::size_t plane = ne * N;
@@ -233,7 +259,7 @@ void backward_task(const Geometry& g, const Inputs<T>& in, const T* dy, const T*
         const T* start = ckpt + ((b * g.chunks + c) * E + e0) * N;  // h_{t0 - 1}
         // Recompute the chunk's states and gates from its checkpoint.
         for (std::size_t t = t0; t < t1; ++t) {
-            const bool reset = in.reset_at(g, b, t);
+            const bool reset = reset_at(in, g, b, t);
             const std::size_t row = (b * g.time + t) * E;
             const T* b_t = in.B + (b * g.time + t) * N;
             const T* prev = t == t0 ? start : hs + (t - t0 - 1) * plane;
@@ -245,7 +271,7 @@ void backward_task(const Geometry& g, const Inputs<T>& in, const T* dy, const T*
         }
         // The adjoint recurrence, backwards through the chunk.
         for (std::size_t t = t1; t-- > t0;) {
-            const bool reset = in.reset_at(g, b, t);
+            const bool reset = reset_at(in, g, b, t);
             const std::size_t row = (b * g.time + t) * E, bt = (b * g.time + t) * N;
             const T *b_t = in.B + bt, *c_t = in.C + bt;
             const T* h_t = hs + (t - t0) * plane;
@@ -312,6 +338,69 @@ void sum_blocks(const T* part, std::size_t blocks, std::size_t n, T* dst) {
 
 }  // namespace detail::selective
 
+/// The op's forward on caller-owned buffers (the op below runs it; so do the XLA CPU plugin's host
+/// kernels, xla/host_kernels.hpp): y [batch, T, E], h_last [batch, E, N] and, when `checkpoints` is
+/// not null, the state entering every chunk [batch, ceil(T / chunk), E, N] for the backward. Parallel
+/// over batch x channel blocks on the current backend. Sizes are not checked here (the op checks
+/// its tensors; a caller of these functions owns its buffers' sizes).
+template <Real T>
+void selective_scan_forward(const SelectiveScanSizes& sizes, const SelectiveScanBuffers<T>& in, T* y, T* h_last, T* checkpoints) {
+    namespace sel = detail::selective;
+    const sel::Geometry g = sel::geometry_of(sizes);
+    const std::size_t max_block = (g.channels + g.blocks - 1) / g.blocks + 1;
+    backend::current().parallel_for(g.tasks(), g.time * (g.channels / g.blocks + 1) * g.state, [&](std::size_t lo, std::size_t hi) {
+        detail::denormal_guard guard;
+        Storage<T> state(max_block * g.state);
+        for (std::size_t task = lo; task < hi; ++task) {
+            const std::size_t b = task / g.blocks, k = task % g.blocks;
+            sel::forward_task(g, in, b, g.block_begin(k), g.block_begin(k + 1), y, h_last, checkpoints, state.data());
+        }
+    });
+}
+
+/// The op's exact backward on caller-owned buffers, from the forward's operands, its checkpoints
+/// and the gradients dy [batch, T, E] and dh_last [batch, E, N] of its outputs. The sums over batch
+/// (dA, dD) and over channel blocks (dB, dC) run in a fixed order, so the result does not depend
+/// on the thread count.
+template <Real T>
+void selective_scan_backward(const SelectiveScanSizes& sizes, const SelectiveScanBuffers<T>& in, const T* dy, const T* dh_last,
+                             const T* checkpoints, const SelectiveScanGradients<T>& grads) {
+    namespace sel = detail::selective;
+    const sel::Geometry g = sel::geometry_of(sizes);
+    const std::size_t bt_n = g.batch * g.time * g.state;
+    // With one block per batch row the partial sums are the gradients themselves.
+    Storage<T> dB_blocks(g.blocks == 1 ? 0 : g.blocks * bt_n), dC_blocks(g.blocks == 1 ? 0 : g.blocks * bt_n);
+    Storage<double> dA_part(g.batch * g.channels * g.state), dD_part(g.batch * g.channels);
+    const sel::Outputs<T> out{grads.du,       grads.ddelta,   g.blocks == 1 ? grads.dB : dB_blocks.data(),
+                              g.blocks == 1 ? grads.dC : dC_blocks.data(), grads.dh0, dA_part.data(), dD_part.data()};
+    const std::size_t max_block = (g.channels + g.blocks - 1) / g.blocks + 1;
+    backend::current().parallel_for(g.tasks(), 3 * g.time * (g.channels / g.blocks + 1) * g.state, [&](std::size_t lo, std::size_t hi) {
+        detail::denormal_guard guard;
+        Storage<T> scratch((2 * g.chunk + 1) * max_block * g.state);
+        for (std::size_t task = lo; task < hi; ++task)
+            sel::backward_task(g, in, dy, dh_last, checkpoints, out, task / g.blocks, task % g.blocks, scratch.data());
+    });
+    if (g.blocks > 1) {
+        sel::sum_blocks(dB_blocks.data(), g.blocks, bt_n, grads.dB);
+        sel::sum_blocks(dC_blocks.data(), g.blocks, bt_n, grads.dC);
+    }
+    if (grads.dA) {  // dA[e, n] = sum over batch, in batch order
+        const std::size_t en = g.channels * g.state;
+        for (std::size_t i = 0; i < en; ++i) {
+            double acc = 0;
+            for (std::size_t b = 0; b < g.batch; ++b) acc += dA_part[b * en + i];
+            grads.dA[i] = T(acc);
+        }
+    }
+    if (grads.dD) {
+        for (std::size_t e = 0; e < g.channels; ++e) {
+            double acc = 0;
+            for (std::size_t b = 0; b < g.batch; ++b) acc += dD_part[b * g.channels + e];
+            grads.dD[e] = T(acc);
+        }
+    }
+}
+
 /// Mamba's selective scan (see the top of this file): returns y [batch, T, E] and the final state
 /// h_last [batch, E, N]. Differentiable in u, delta, A, B, C, D (undefined: no skip term) and
 /// opt.h0; opt.resets marks segment starts. Runs on the inputs' device, parallel over batch x
@@ -334,83 +423,40 @@ SelectiveScanResult<T> selective_scan(const Tensor<T>& u, const Tensor<T>& delta
     }
     std::vector<Tensor<T>> inputs{u, delta, A, B, C, D, opt.h0};
     const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
+    const SelectiveScanSizes sizes{g.batch, g.time, g.channels, g.state, g.chunk};
 
     SelectiveScanResult<T> result{Tensor<T>::uninitialized(u.shape()), Tensor<T>::uninitialized({g.batch, g.channels, g.state})};
     Tensor<T> ckpt = recording ? Tensor<T>::uninitialized({g.batch, g.chunks, g.channels, g.state}) : Tensor<T>();
     const Tensor<T> resets = opt.resets.defined() ? opt.resets.detach() : Tensor<T>();
-    const sel::Inputs<T> in{u.data(),  delta.data(), A.data(), B.data(), C.data(), D.defined() ? D.data() : nullptr,
-                            opt.h0.defined() ? opt.h0.data() : nullptr, resets.defined() ? resets.data() : nullptr};
-    {
-        T *y = result.y.data(), *h_last = result.h_last.data(), *cp = ckpt.defined() ? ckpt.data() : nullptr;
-        const std::size_t max_block = (g.channels + g.blocks - 1) / g.blocks + 1;
-        backend::current().parallel_for(g.tasks(), g.time * (g.channels / g.blocks + 1) * g.state, [&](std::size_t lo, std::size_t hi) {
-            detail::denormal_guard guard;
-            Storage<T> state(max_block * g.state);
-            for (std::size_t task = lo; task < hi; ++task) {
-                const std::size_t b = task / g.blocks, k = task % g.blocks;
-                sel::forward_task(g, in, b, g.block_begin(k), g.block_begin(k + 1), y, h_last, cp, state.data());
-            }
-        });
-    }
+    auto buffers = [](const Tensor<T>& u, const Tensor<T>& delta, const Tensor<T>& A, const Tensor<T>& B, const Tensor<T>& C,
+                      const Tensor<T>& D, const Tensor<T>& h0, const Tensor<T>& resets) {
+        auto data = [](const Tensor<T>& t) { return t.defined() ? t.data() : static_cast<const T*>(nullptr); };
+        return SelectiveScanBuffers<T>{u.data(), delta.data(), A.data(), B.data(), C.data(), data(D), data(h0), data(resets)};
+    };
+    selective_scan_forward(sizes, buffers(u, delta, A, B, C, D, opt.h0, resets), result.y.data(), result.h_last.data(),
+                           ckpt.defined() ? ckpt.data() : nullptr);
     if (!recording) return result;
 
     std::vector<Tensor<T>> outputs{result.y, result.h_last};
     autodiff::record<T>(
         "scan::selective_scan", inputs, outputs,
-        [g, u = u.detach(), delta = delta.detach(), A = A.detach(), B = B.detach(), C = C.detach(),
+        [sizes, buffers, u = u.detach(), delta = delta.detach(), A = A.detach(), B = B.detach(), C = C.detach(),
          D = D.defined() ? D.detach() : Tensor<T>(), h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>(), resets,
          ckpt](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
-            const sel::Inputs<T> in{u.data(), delta.data(), A.data(), B.data(), C.data(), D.defined() ? D.data() : nullptr,
-                                    h0.defined() ? h0.data() : nullptr, resets.defined() ? resets.data() : nullptr};
-            auto du = Tensor<T>::uninitialized(u.shape());
-            auto ddelta = Tensor<T>::uninitialized(u.shape());
-            auto dB = Tensor<T>::uninitialized(B.shape());
-            auto dC = Tensor<T>::uninitialized(C.shape());
-            const std::size_t bt_n = g.batch * g.time * g.state;
-            // With one block per batch row the partial sums are the gradients themselves.
-            Tensor<T> dB_part = g.blocks == 1 ? dB : Tensor<T>::uninitialized({g.blocks * bt_n});
-            Tensor<T> dC_part = g.blocks == 1 ? dC : Tensor<T>::uninitialized({g.blocks * bt_n});
-            Tensor<T> dh0 = sink.needs(6) ? Tensor<T>::uninitialized({g.batch, g.channels, g.state}) : Tensor<T>();
-            Storage<double> dA_part(g.batch * g.channels * g.state), dD_part(g.batch * g.channels);
-            const sel::Outputs<T> out{du.data(),      ddelta.data(),  dB_part.data(), dC_part.data(), dh0.defined() ? dh0.data() : nullptr,
-                                      dA_part.data(), dD_part.data()};
-            const T *dy = grads[0].data(), *dh_last = grads[1].data(), *cp = ckpt.data();
-            const std::size_t max_block = (g.channels + g.blocks - 1) / g.blocks + 1;
-            backend::current().parallel_for(g.tasks(), 3 * g.time * (g.channels / g.blocks + 1) * g.state,
-                                            [&](std::size_t lo, std::size_t hi) {
-                                                detail::denormal_guard guard;
-                                                Storage<T> scratch((2 * g.chunk + 1) * max_block * g.state);
-                                                for (std::size_t task = lo; task < hi; ++task)
-                                                    sel::backward_task(g, in, dy, dh_last, cp, out, task / g.blocks, task % g.blocks,
-                                                                       scratch.data());
-                                            });
-            if (g.blocks > 1) {
-                if (sink.needs(3)) sel::sum_blocks(dB_part.data(), g.blocks, bt_n, dB.data());
-                if (sink.needs(4)) sel::sum_blocks(dC_part.data(), g.blocks, bt_n, dC.data());
-            }
+            auto du = Tensor<T>::uninitialized(u.shape()), ddelta = Tensor<T>::uninitialized(u.shape());
+            auto dB = Tensor<T>::uninitialized(B.shape()), dC = Tensor<T>::uninitialized(C.shape());
+            Tensor<T> dA = sink.needs(2) ? Tensor<T>::uninitialized(A.shape()) : Tensor<T>();
+            Tensor<T> dD = sink.needs(5) ? Tensor<T>::uninitialized(D.shape()) : Tensor<T>();
+            Tensor<T> dh0 = sink.needs(6) ? Tensor<T>::uninitialized({sizes.batch, sizes.channels, sizes.state}) : Tensor<T>();
+            auto data = [](Tensor<T>& t) { return t.defined() ? t.data() : static_cast<T*>(nullptr); };
+            selective_scan_backward(sizes, buffers(u, delta, A, B, C, D, h0, resets), grads[0].data(), grads[1].data(), ckpt.data(),
+                                    SelectiveScanGradients<T>{du.data(), ddelta.data(), data(dA), dB.data(), dC.data(), data(dD), data(dh0)});
             sink.add(0, std::move(du));
             sink.add(1, std::move(ddelta));
-            if (sink.needs(2)) {  // dA[e, n] = sum over batch, in batch order
-                auto dA = Tensor<T>::uninitialized(A.shape());
-                const std::size_t en = g.channels * g.state;
-                for (std::size_t i = 0; i < en; ++i) {
-                    double acc = 0;
-                    for (std::size_t b = 0; b < g.batch; ++b) acc += dA_part[b * en + i];
-                    dA.data()[i] = T(acc);
-                }
-                sink.add(2, std::move(dA));
-            }
+            if (dA.defined()) sink.add(2, std::move(dA));
             sink.add(3, std::move(dB));
             sink.add(4, std::move(dC));
-            if (sink.needs(5)) {
-                auto dD = Tensor<T>::uninitialized(D.shape());
-                for (std::size_t e = 0; e < g.channels; ++e) {
-                    double acc = 0;
-                    for (std::size_t b = 0; b < g.batch; ++b) acc += dD_part[b * g.channels + e];
-                    dD.data()[e] = T(acc);
-                }
-                sink.add(5, std::move(dD));
-            }
+            if (dD.defined()) sink.add(5, std::move(dD));
             if (dh0.defined()) sink.add(6, std::move(dh0));
         });
     result.y = outputs[0];

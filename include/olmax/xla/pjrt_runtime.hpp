@@ -21,6 +21,7 @@
 #endif
 #include <xla/pjrt/c/pjrt_c_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -151,6 +152,45 @@ public:
     }
 
     std::string version_string() const { return std::to_string(major_) + "." + std::to_string(minor_); }
+
+    /// Registers `handler` (an XLA typed-FFI handler, xla/ffi.hpp) as the custom-call target
+    /// `target` on `platform` ("host" for the XLA CPU plugin) in the plugin's process-wide registry,
+    /// through its FFI extension. Returns an empty string on success, else why it could not (no FFI
+    /// extension, an older layout of the registration call, or the plugin refused it); nothing is
+    /// registered then, and programs calling `target` will not compile on this plugin.
+    std::string register_ffi_handler(std::string_view target, std::string_view platform, void* handler) const {
+        // PJRT_FFI_Extension and PJRT_FFI_Register_Handler_Args as declared in openxla/xla's
+        // xla/pjrt/c/pjrt_c_api_ffi_extension.h (Apache-2.0) since the registration dropped its
+        // api_version field. An older plugin expects a longer struct and refuses this one by its size.
+        struct register_args {
+            std::size_t struct_size;
+            const char* target_name;
+            std::size_t target_name_size;
+            void* handler;
+            const char* platform_name;
+            std::size_t platform_name_size;
+            std::uint32_t traits;
+        };
+        struct ffi_extension {
+            PJRT_Extension_Base base;
+            void* type_register;
+            void* user_data_add;
+            PJRT_Error* (*register_handler)(register_args*);
+        };
+        const PJRT_Extension_Base* e = api_->extension_start;
+        while (e && e->type != PJRT_Extension_Type_FFI) e = e->next;
+        if (!e) return "the plugin has no FFI extension";
+        if (e->struct_size < sizeof(ffi_extension)) return "the plugin's FFI extension cannot register handlers";
+        const auto* ffi = reinterpret_cast<const ffi_extension*>(e);
+        register_args args{offsetof(register_args, traits) + sizeof(std::uint32_t), target.data(), target.size(), handler, platform.data(),
+                           platform.size(), 0};
+        try {
+            check(ffi->register_handler(&args), "registering the FFI handler " + std::string(target));
+        } catch (const pjrt_error& refused) {
+            return refused.what();
+        }
+        return {};
+    }
 
     /// PJRT_Plugin_Attributes as text (e.g. "xla_version", "stablehlo_current_version" = "1.9.3",
     /// "stablehlo_minimum_version"); empty when the plugin does not implement the call.

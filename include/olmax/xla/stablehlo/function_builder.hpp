@@ -400,6 +400,41 @@ public:
 
     /// `stablehlo.while`: `cond(carry) -> tensor<i1>`, `body(carry) -> new carry`. Regions see only
     /// their block arguments (outer values are carried in, as the reference advises for XLA).
+    /// A call of a function the plugin has registered under `target` with XLA's typed FFI
+    /// (api_version 4), whose results have `results`' types. `attributes` are i64 values the handler
+    /// receives by name. Every operand and result is laid out row-major (the handler reads plain
+    /// dense buffers). The program then compiles only on a plugin that has `target` registered.
+    std::vector<value> custom_call(std::string_view target, const std::vector<value>& operands, const std::vector<tensor_type>& results,
+                                   const std::vector<std::pair<std::string, std::int64_t>>& attributes = {}) {
+        check<shape_error>(!results.empty(), "stablehlo.custom_call @", target, ": no results");
+        auto layouts = [](auto&& types) {
+            std::string text = "[";
+            for (std::size_t i = 0; i < types.size(); ++i) {
+                const std::size_t rank = types[i].rank();
+                text += i ? ", dense<[" : "dense<[";
+                for (std::size_t d = 0; d < rank; ++d) text += (d ? ", " : "") + std::to_string(rank - 1 - d);
+                text += "]> : tensor<" + std::to_string(rank) + "xindex>";
+            }
+            return text + "]";
+        };
+        std::vector<tensor_type> operand_types;
+        for (const auto& v : operands) operand_types.push_back(v.type);
+        std::string config = "{";
+        for (std::size_t i = 0; i < attributes.size(); ++i)
+            config += (i ? ", " : "") + attributes[i].first + " = " + std::to_string(attributes[i].second) + " : i64";
+        config += "}";
+        std::string result_types;
+        for (std::size_t i = 0; i < results.size(); ++i) result_types += (i ? ", " : "") + results[i].str();
+        const std::string result = next_name();
+        line(result + ":" + std::to_string(results.size()) + " = \"stablehlo.custom_call\"(" + detail::names_of(operands) +
+             ") {api_version = 4 : i32, backend_config = " + config + ", call_target_name = \"" + std::string(target) +
+             "\", operand_layouts = " + layouts(operand_types) + ", result_layouts = " + layouts(results) + "} : (" +
+             detail::types_of(operands) + ") -> (" + result_types + ")");
+        std::vector<value> out;
+        for (std::size_t i = 0; i < results.size(); ++i) out.push_back({result + "#" + std::to_string(i), results[i]});
+        return out;
+    }
+
     std::vector<value> while_loop(const std::vector<value>& init, const std::function<value(function_builder&, const std::vector<value>&)>& cond,
                                   const std::function<std::vector<value>(function_builder&, const std::vector<value>&)>& body) {
         const std::string result = next_name();

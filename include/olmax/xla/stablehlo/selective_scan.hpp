@@ -23,12 +23,20 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "olmax/xla/stablehlo/function_builder.hpp"
 #include "olmax/xla/stablehlo/ir.hpp"
 
 namespace olmax::xla::stablehlo {
+
+/// The custom-call targets under which xla/host_kernels.hpp registers olmax's own CPU kernels of
+/// the selective scan (operands and results as graph::selective_scan and its backward list them).
+namespace host_kernel {
+inline constexpr std::string_view selective_scan = "olmax_selective_scan";
+inline constexpr std::string_view selective_scan_backward = "olmax_selective_scan_backward";
+}  // namespace host_kernel
 
 namespace detail {
 
