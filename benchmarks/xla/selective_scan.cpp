@@ -2,8 +2,8 @@
 // traced forms, against olmax's own CPU op in the same process:
 //   fused         the form traced for CPUs: loops over time keeping one [B, E, N] state and chunk
 //                 checkpoints (xla/stablehlo/selective_scan.hpp);
-//   host_kernel   the form traced for the XLA CPU plugin with olmax's host kernels registered
-//                 (trace/host_kernels.hpp): custom calls of olmax's own CPU kernels (skipped, -1,
+//   native_call   the form traced for the XLA CPU plugin with olmax's native calls registered
+//                 (trace/native_calls.hpp): custom calls of olmax's own CPU kernels (skipped, -1,
 //                 on a plugin that cannot register them);
 //   gpu_form      the form traced for GPUs (forced here by tracing for "cuda"), run on the same
 //                 plugin: the [B, T, E, N] gates and drive materialised, one log-depth doubling
@@ -31,7 +31,7 @@
 #include <sys/resource.h>
 
 #include <olmax/olmax.hpp>
-#include <olmax/trace/host_kernels.hpp>
+#include <olmax/trace/native_calls.hpp>
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
@@ -95,12 +95,12 @@ int main(int argc, char** argv) try {
     auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(plugin));
     std::vector<std::vector<float>> values;
     for (const auto& x : inputs) values.push_back(trace::input_values(x));
-    auto traced_ms = [&](const std::string& target, double& mib, bool host_kernels = false) {
+    auto traced_ms = [&](const std::string& target, double& mib, bool native_calls = false) {
         trace::traced_program program;
         {
             trace::tracing t;
             t.set_target(target);
-            t.set_host_kernels(host_kernels);
+            t.set_native_calls(native_calls);
             Inputs traced;
             for (const auto& x : inputs) traced.push_back(t.input<float>(x.shape()).set_requires_grad(true));
             Tensor<float> loss = loss_of(traced);
@@ -116,15 +116,15 @@ int main(int argc, char** argv) try {
         mib = peak_mib();
         return ms;
     };
-    double fused_mib = 0, host_kernel_mib = 0, gpu_form_mib = 0;
+    double fused_mib = 0, native_call_mib = 0, gpu_form_mib = 0;
     const double fused = traced_ms("cpu", fused_mib);
-    const double host_kernel = trace::enable_host_kernels(*client) ? traced_ms("cpu", host_kernel_mib, true) : -1.0;
+    const double native_call = trace::enable_native_calls(*client) ? traced_ms("cpu", native_call_mib, true) : -1.0;
     const double gpu_form = traced_ms("cuda", gpu_form_mib);
     std::printf("{\"platform\": \"%s\", \"backward\": %s, \"batch\": %zu, \"steps\": %zu, \"channels\": %zu, \"states\": %zu, \"eager_ms\": %.4g, "
-                "\"fused_ms\": %.4g, \"host_kernel_ms\": %.4g, \"gpu_form_ms\": %.4g, \"fused_over_eager\": %.3g, \"host_kernel_over_eager\": %.3g, "
-                "\"gpu_form_over_eager\": %.3g, \"peak_mib_after_fused\": %.0f, \"peak_mib_after_host_kernel\": %.0f, \"peak_mib_after_gpu_form\": %.0f}\n",
-                client->platform_name().c_str(), backward ? "true" : "false", B, T, E, N, eager, fused, host_kernel, gpu_form, fused / eager,
-                host_kernel / eager, gpu_form / eager, fused_mib, host_kernel_mib, gpu_form_mib);
+                "\"fused_ms\": %.4g, \"native_call_ms\": %.4g, \"gpu_form_ms\": %.4g, \"fused_over_eager\": %.3g, \"native_call_over_eager\": %.3g, "
+                "\"gpu_form_over_eager\": %.3g, \"peak_mib_after_fused\": %.0f, \"peak_mib_after_native_call\": %.0f, \"peak_mib_after_gpu_form\": %.0f}\n",
+                client->platform_name().c_str(), backward ? "true" : "false", B, T, E, N, eager, fused, native_call, gpu_form, fused / eager,
+                native_call / eager, gpu_form / eager, fused_mib, native_call_mib, gpu_form_mib);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_xla_selective_scan: %s\n", e.what());

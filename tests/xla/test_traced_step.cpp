@@ -17,7 +17,7 @@
 #include <olmax/xla/pjrt_runtime.hpp>
 #include <olmax/olmax.hpp>
 #include <olmax/models/xla_trainer.hpp>
-#include <olmax/trace/host_kernels.hpp>
+#include <olmax/trace/native_calls.hpp>
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
@@ -257,13 +257,13 @@ namespace {
 
 /// f's value and its gradients with respect to `inputs`, on olmax's CPU (eager) and as one traced
 /// program run on the CPU plugin; checks they agree within `tolerance` (relative to the largest).
-/// With `host_kernels` the program calls olmax's own CPU kernels where it can (and must: the
-/// checked module text then holds a custom call of `host_kernel`), else it holds none.
+/// With `native_calls` the program calls olmax's own CPU kernels where it can (and must: the
+/// checked module text then holds a custom call of `native_call`), else it holds none.
 template <class F>
-void check_traced_matches(const std::vector<Tensor<float>>& inputs, F f, double tolerance, bool host_kernels = false,
-                          std::string_view host_kernel = olmax::xla::stablehlo::host_kernel::selective_scan) {
+void check_traced_matches(const std::vector<Tensor<float>>& inputs, F f, double tolerance, bool native_calls = false,
+                          std::string_view native_call = olmax::xla::stablehlo::native_call::selective_scan) {
     auto client = olmax_test::cpu_client();
-    if (host_kernels) REQUIRE(trace::enable_host_kernels(*client));
+    if (native_calls) REQUIRE(trace::enable_native_calls(*client));
     std::vector<Tensor<float>> leaves;
     for (const auto& x : inputs) leaves.push_back(olmax::parameter(x.clone()));
     Tensor<float> value = f(leaves);
@@ -272,7 +272,7 @@ void check_traced_matches(const std::vector<Tensor<float>>& inputs, F f, double 
     {
         trace::tracing t;
         t.set_target(client->platform_name());
-        t.set_host_kernels(host_kernels);
+        t.set_native_calls(native_calls);
         std::vector<Tensor<float>> traced;
         for (const auto& x : inputs) traced.push_back(t.input<float>(x.shape()).set_requires_grad(true));
         Tensor<float> loss = f(traced);
@@ -281,7 +281,7 @@ void check_traced_matches(const std::vector<Tensor<float>>& inputs, F f, double 
         for (const auto& x : traced) results.push_back(x.grad());
         program = t.finish(results);
     }
-    CHECK((program.module.text.find("\"" + std::string(host_kernel) + "\"") != std::string::npos) == host_kernels);
+    CHECK((program.module.text.find("\"" + std::string(native_call) + "\"") != std::string::npos) == native_calls);
     trace::compiled_program device(client, std::move(program));
     std::vector<std::vector<float>> values;
     for (const auto& x : inputs) values.push_back(trace::input_values(x));
@@ -319,27 +319,27 @@ TEST_CASE("Mamba's selective scan with document resets and a carried state trace
         return olmax::sum(s.y * weights) + olmax::sum(s.h_last);
     };
     SECTION("as loops over time") { check_traced_matches(inputs, loss, 1e-4); }
-    SECTION("as olmax's own CPU kernels (host kernels)") {
+    SECTION("as olmax's own CPU kernels (native calls)") {
         // the same kernels as the eager op, on the plugin's buffers: the same sums in the same order
         check_traced_matches(inputs, loss, 1e-6, true);
-        check_traced_matches(inputs, loss, 1e-6, true, olmax::xla::stablehlo::host_kernel::selective_scan_backward);
+        check_traced_matches(inputs, loss, 1e-6, true, olmax::xla::stablehlo::native_call::selective_scan_backward);
     }
 }
 
-TEST_CASE("a host kernel refuses a malformed call with an error naming it, not a crash", "[cpu_plugin]") {
+TEST_CASE("a native call refuses a malformed call with an error naming it, not a crash", "[cpu_plugin]") {
     // A custom call of the selective scan whose A is [E, N + 1]: the handler checks every shape and
     // returns an XLA error, which the run throws as a pjrt_error.
     auto client = olmax_test::cpu_client();
-    REQUIRE(olmax::trace::enable_host_kernels(*client));
+    REQUIRE(olmax::trace::enable_native_calls(*client));
     namespace sh = olmax::xla::stablehlo;
     const std::int64_t B = 1, T = 4, E = 2, N = 3;
     sh::function_builder b({sh::f32({B, T, E}), sh::f32({B, T, E}), sh::f32({E, N + 1}), sh::f32({B, T, N}), sh::f32({B, T, N}),
                             sh::f32({B, T}), sh::f32({B, E, N})});
     std::vector<sh::value> in(b.args().begin(), b.args().end());
-    const auto out = b.custom_call(sh::host_kernel::selective_scan, in, {sh::f32({B, T, E}), sh::f32({B, E, N}), sh::f32({B, 2, E, N})},
+    const auto out = b.custom_call(sh::native_call::selective_scan, in, {sh::f32({B, T, E}), sh::f32({B, E, N}), sh::f32({B, 2, E, N})},
                                    {{"chunk", 2}});
     sh::emitted_module m;
-    m.key = "malformed_host_kernel_call";
+    m.key = "malformed_native_call_call";
     m.text = b.finish("malformed", {out[0]});
     for (std::size_t i = 0; i < 7; ++i) m.inputs.push_back(b.arg(i).type);
     m.outputs = {out[0].type};
@@ -347,7 +347,7 @@ TEST_CASE("a host kernel refuses a malformed call with an error naming it, not a
     for (const auto& t : m.inputs) values.emplace_back(std::size_t(t.elements()), 0.5f);
     std::vector<const float*> pointers;
     for (const auto& v : values) pointers.push_back(v.data());
-    CHECK_THROWS_WITH(client->run(m, pointers), Catch::Contains("olmax host kernel olmax_selective_scan") && Catch::Contains("wrong shape"));
+    CHECK_THROWS_WITH(client->run(m, pointers), Catch::Contains("olmax native call olmax_selective_scan") && Catch::Contains("wrong shape"));
 }
 
 TEST_CASE("the Mamba layer with document resets traces to the eager layer's values and input gradients", "[cpu_plugin]") {

@@ -20,7 +20,7 @@
 
 #include "olmax/data/loader.hpp"
 #include "olmax/optim/adam.hpp"
-#include "olmax/trace/host_kernels.hpp"
+#include "olmax/trace/native_calls.hpp"
 #include "olmax/trace/program.hpp"
 #include "olmax/trace/trace.hpp"
 
@@ -48,7 +48,7 @@ public:
             t.set_target(client->platform_name());
             // olmax's own CPU kernels where the plugin runs them; not across devices: XLA's SPMD
             // partitioner cannot split a custom call.
-            t.set_host_kernels(devices == 1 && trace::enable_host_kernels(*client));
+            t.set_native_calls(devices == 1 && trace::enable_native_calls(*client));
             for (const auto& p : optimizer.parameters()) t.bind_state(p.tensor);
             optimizer.for_each_moment([&](const auto& m) { t.bind_state(m); });
             const data::Batch rows{t.input<std::int32_t>({batch, sequence}), t.input<std::int32_t>({batch, sequence}), Tensor<float>(),

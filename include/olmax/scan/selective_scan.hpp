@@ -339,7 +339,7 @@ void sum_blocks(const T* part, std::size_t blocks, std::size_t n, T* dst) {
 }  // namespace detail::selective
 
 /// The op's forward on caller-owned buffers (the op below runs it; so do the XLA CPU plugin's host
-/// kernels, xla/host_kernels.hpp): y [batch, T, E], h_last [batch, E, N] and, when `checkpoints` is
+/// kernels, trace/native_calls.hpp): y [batch, T, E], h_last [batch, E, N] and, when `checkpoints` is
 /// not null, the state entering every chunk [batch, ceil(T / chunk), E, N] for the backward. Parallel
 /// over batch x channel blocks on the current backend. Sizes are not checked here (the op checks
 /// its tensors; a caller of these functions owns its buffers' sizes).

@@ -301,20 +301,20 @@ inline T scatter_add_rows(const T& src, const T& rows, std::size_t count) {
 /// never stored) from u, delta [B, T, E], A [E, N], B, C [B, T, N], keep [B, T] (0 where a document
 /// starts; no gradient) and h0 [B, E, N]: returns y [B, T, E] (without the D skip) and the last
 /// state [B, E, N]. Its gradient is one primitive too: chunks of `chunk` steps from last to first,
-/// each recomputed from the state the forward kept at its start. With `host_kernel` both run as
-/// olmax's own CPU kernels (a custom call; the XLA CPU plugin with xla/host_kernels.hpp registered).
+/// each recomputed from the state the forward kept at its start. With `native_call` both run as
+/// olmax's own CPU kernels (a custom call; the XLA CPU plugin with trace/native_calls.hpp registered).
 inline std::array<T, 2> selective_scan(const T& u, const T& delta, const T& A, const T& B, const T& C, const T& keep, const T& h0, std::int64_t chunk,
-                                       bool host_kernel = false) {
+                                       bool native_call = false) {
     const std::vector<gx::var> out =
-        gx::selective_scan(var_of(u), var_of(delta), var_of(A), var_of(B), var_of(C), var_of(keep), var_of(h0), chunk, host_kernel);
+        gx::selective_scan(var_of(u), var_of(delta), var_of(A), var_of(B), var_of(C), var_of(keep), var_of(h0), chunk, native_call);
     std::array<T, 2> ys{wrap(out[0]), wrap(out[1])};
     const std::vector<T> inputs{u, delta, A, B, C, h0};
     autodiff::record<float>("selective_scan", std::span<const T>(inputs), std::span<T>(ys),
-                            [u, delta, A, B, C, keep, checkpoints = out[2], chunk, host_kernel](std::span<const T> g,
+                            [u, delta, A, B, C, keep, checkpoints = out[2], chunk, native_call](std::span<const T> g,
                                                                                                  autodiff::GradientSink<float>& sink) {
                                 const std::vector<gx::var> d =
                                     gx::selective_scan_backward(var_of(u), var_of(delta), var_of(A), var_of(B), var_of(C), var_of(keep),
-                                                                checkpoints, var_of(g[0]), var_of(g[1]), chunk, host_kernel);
+                                                                checkpoints, var_of(g[0]), var_of(g[1]), chunk, native_call);
                                 for (std::size_t i = 0; i < d.size(); ++i) sink.add(i, wrap(d[i]));
                             });
     return ys;

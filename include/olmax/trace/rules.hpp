@@ -170,7 +170,7 @@ inline Out moe_route(const Tf& probabilities, const attributes& a) {
 
 /// Mamba's selective scan (scan/selective_scan.hpp). On CPUs (a sequential scan form) one
 /// primitive fused over time, which never stores the [B, T, E, N] states, as the eager op does not
-/// (run as the eager op's own kernels where the plugin has olmax's host kernels registered);
+/// (run as the eager op's own kernels where the plugin has olmax's native calls registered);
 /// on devices with wide parallel units the recurrence as one linear scan over B E N rows, in the
 /// device's scan form, from the materialised abar = exp(delta A) (zeroed where a document starts)
 /// and drive delta u B.
@@ -182,7 +182,7 @@ inline Out selective_scan(Ts in) {
     if (active().scan_form().strategy == xla::stablehlo::scan_strategy::kind::sequential) {
         const auto out = p::selective_scan(u, delta, A, B, C, keep.defined() ? keep : p::full({nb, nt}, 1.0),
                                            h0.defined() ? h0 : p::full({nb, ne, ns}, 0.0), gx::selective_scan_chunk(std::int64_t(nt)),
-                                           active().host_kernels());
+                                           active().native_calls());
         y = out[0];
         h_last = out[1];
     } else {

@@ -200,10 +200,10 @@ public:
     void set_target(std::string platform) { target_ = std::move(platform); }
     const std::string& target() const { return target_; }
     /// Whether the program may call olmax's own CPU kernels (custom calls the XLA CPU plugin runs
-    /// once xla/host_kernels.hpp registered them: pjrt::client::host_kernels()). Off by default:
+    /// once trace/native_calls.hpp registered them: trace::enable_native_calls(client)). Off by default:
     /// the program then runs on any plugin.
-    void set_host_kernels(bool on) { host_kernels_ = on; }
-    bool host_kernels() const { return host_kernels_; }
+    void set_native_calls(bool on) { native_calls_ = on; }
+    bool native_calls() const { return native_calls_; }
     xla::stablehlo::scan_strategy scan_form() const {
         if (target_ == "tpu") return xla::stablehlo::scan_strategy::chunked_matmul<128>();
         if (target_ == "cpu" || target_.empty()) return xla::stablehlo::scan_strategy::sequential();
@@ -333,7 +333,7 @@ private:
     mutable std::vector<std::function<void()>> after_run_;
     bool finished_ = false;
     std::string target_;
-    bool host_kernels_ = false;
+    bool native_calls_ = false;
 };
 
 inline const tracing& active() {

@@ -3,7 +3,7 @@
 // `stablehlo.custom_call` with api_version 4 calls a C function the plugin has registered under the
 // call's target name, with a call frame holding the operand and result buffers and the call's
 // attributes. olmax uses it to run its own CPU kernels inside a program on the XLA CPU plugin
-// (trace/host_kernels.hpp); pjrt::plugin::register_ffi_handler registers one.
+// (trace/native_calls.hpp); pjrt::plugin::register_ffi_handler registers one.
 //
 // The structs below restate the layout of the subset of XLA's FFI C API that a handler reads
 // (xla/ffi/api/c_api.h of openxla/xla, Apache-2.0; version 0.1 of that API and every later one
@@ -118,11 +118,11 @@ public:
             const byte_span& n = *frame_.attrs.names[k];
             if (std::string_view(n.ptr, n.len) != attribute) continue;
             const auto* s = static_cast<const scalar*>(frame_.attrs.items[k]);
-            check<value_error>(frame_.attrs.types[k] == 3 && s->dtype == 5, "olmax host kernel ", name_, ": attribute ", attribute,
+            check<value_error>(frame_.attrs.types[k] == 3 && s->dtype == 5, "olmax native call ", name_, ": attribute ", attribute,
                                " is not an i64 scalar");
             return *static_cast<const std::int64_t*>(s->value);
         }
-        throw value_error("olmax host kernel " + std::string(name_) + ": no attribute " + std::string(attribute));
+        throw value_error("olmax native call " + std::string(name_) + ": no attribute " + std::string(attribute));
     }
     /// Checks that buffer (operands or results) `i` has extents `dims`.
     void expect(bool is_operand, std::size_t i, std::initializer_list<std::int64_t> dims) const {
@@ -130,14 +130,14 @@ public:
         bool same = std::size_t(b->rank) == dims.size();
         std::size_t d = 0;
         for (auto e : dims) same = same && b->dims[d++] == e;
-        check<value_error>(same, "olmax host kernel ", name_, ": ", is_operand ? "operand " : "result ", i, " has the wrong shape");
+        check<value_error>(same, "olmax native call ", name_, ": ", is_operand ? "operand " : "result ", i, " has the wrong shape");
     }
 
 private:
     float* f32(const list& l, std::size_t i, std::size_t rank, std::string_view what) const {
-        check<value_error>(std::int64_t(i) < l.size && l.types[i] == 1, "olmax host kernel ", name_, ": no ", what, " buffer ", i);
+        check<value_error>(std::int64_t(i) < l.size && l.types[i] == 1, "olmax native call ", name_, ": no ", what, " buffer ", i);
         const auto* b = static_cast<const buffer*>(l.items[i]);
-        check<value_error>(b->dtype == 11 && std::size_t(b->rank) == rank, "olmax host kernel ", name_, ": ", what, " ", i,
+        check<value_error>(b->dtype == 11 && std::size_t(b->rank) == rank, "olmax native call ", name_, ": ", what, " ", i,
                            " is not an f32 tensor of rank ", rank);
         return static_cast<float*>(b->data);
     }
@@ -166,7 +166,7 @@ error* handle(call_frame* frame, std::string_view name, Body&& body) noexcept {
     } catch (const std::exception& e) {
         message = e.what();
     } catch (...) {
-        message = "olmax host kernel " + std::string(name) + ": unknown exception";
+        message = "olmax native call " + std::string(name) + ": unknown exception";
     }
     error_create_args args{sizeof(error_create_args), nullptr, message.c_str(), 13};
     return frame->xla->error_create(&args);

@@ -155,11 +155,11 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
             case op::gather_rows: one(b.gather_rows(in[0], b.convert(in[1], element::i32))); break;
             case op::scatter_add_rows: one(b.scatter_add_rows(b.constant(0.0, n.outputs[0]), b.convert(in[1], element::i32), in[0])); break;
             case op::selective_scan:
-                v[i] = n.host_kernel ? b.custom_call(stablehlo::host_kernel::selective_scan, in, n.outputs, {{"chunk", n.axis}})
+                v[i] = n.native_call ? b.custom_call(stablehlo::native_call::selective_scan, in, n.outputs, {{"chunk", n.axis}})
                                      : stablehlo::emit_selective_scan(b, n.axis, needed[i][2], in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
                 break;
             case op::selective_scan_backward:
-                v[i] = n.host_kernel ? b.custom_call(stablehlo::host_kernel::selective_scan_backward, in, n.outputs, {{"chunk", n.axis}})
+                v[i] = n.native_call ? b.custom_call(stablehlo::native_call::selective_scan_backward, in, n.outputs, {{"chunk", n.axis}})
                                      : stablehlo::emit_selective_scan_backward(b, n.axis, in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], in[8]);
                 break;
             case op::compare: one(b.compare(in[0], in[1], n.direction)); break;

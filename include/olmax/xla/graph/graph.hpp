@@ -130,8 +130,8 @@ struct node {
     std::shared_ptr<const layer_body> reverse;
     stablehlo::scan_strategy scan{};          // linear_scan: how it lowers
     /// selective_scan(_backward): lowered to a custom call of olmax's own CPU kernel
-    /// (xla/host_kernels.hpp) instead of loops over time; only for a plugin with those registered.
-    bool host_kernel = false;
+    /// (trace/native_calls.hpp) instead of loops over time; only for a plugin with those registered.
+    bool native_call = false;
 };
 
 /// A graph of primitives in the order they were built (which is a topological order).
@@ -519,10 +519,10 @@ inline std::vector<var> outputs_of(const var& first) {
 /// y_t = sum_n C_t h_t. Outputs: y [B, T, E], the last state h [B, E, N], and the state entering
 /// every `chunk` steps [B, ceil(T / chunk), E, N] for the gradient (emitted only when one uses it).
 /// It lowers to loops over time (stablehlo/selective_scan.hpp), the form for CPUs, or with
-/// `host_kernel` to a custom call of olmax's own CPU kernel (the XLA CPU plugin with olmax's host
-/// kernels registered: xla/host_kernels.hpp).
+/// `native_call` to a custom call of olmax's own CPU kernel (the XLA CPU plugin with olmax's native
+/// calls registered: trace/native_calls.hpp).
 inline std::vector<var> selective_scan(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep, const var& h0,
-                                       std::int64_t chunk, bool host_kernel = false) {
+                                       std::int64_t chunk, bool native_call = false) {
     detail::check_selective_scan(op::selective_scan, u, delta, A, Bm, C, keep, h0, chunk);
     const dims_t& d = u.dims();
     const std::int64_t chunks = (d[1] + chunk - 1) / chunk;
@@ -530,7 +530,7 @@ inline std::vector<var> selective_scan(const var& u, const var& delta, const var
     n.outputs.push_back(h0.type());
     n.outputs.push_back(f32({d[0], chunks, d[2], A.dims()[1]}));
     n.axis = chunk;
-    n.host_kernel = host_kernel;
+    n.native_call = native_call;
     return detail::outputs_of(detail::commit(std::move(n)));
 }
 
@@ -539,7 +539,7 @@ inline std::vector<var> selective_scan(const var& u, const var& delta, const var
 /// Chunks run from last to first; each recomputes its states from its checkpoint.
 inline std::vector<var> selective_scan_backward(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep,
                                                 const var& checkpoints, const var& gy, const var& gh, std::int64_t chunk,
-                                                bool host_kernel = false) {
+                                                bool native_call = false) {
     detail::check_selective_scan(op::selective_scan_backward, u, delta, A, Bm, C, keep, gh, chunk);
     const dims_t& d = u.dims();
     check<graph_error>(gy.type() == u.type() && checkpoints.dims() == dims_t{d[0], (d[1] + chunk - 1) / chunk, d[2], A.dims()[1]},
@@ -548,7 +548,7 @@ inline std::vector<var> selective_scan_backward(const var& u, const var& delta, 
     node n = detail::make_node(op::selective_scan_backward, {u, delta, A, Bm, C, keep, checkpoints, gy, gh}, u.type());
     n.outputs = {u.type(), u.type(), A.type(), Bm.type(), C.type(), gh.type()};
     n.axis = chunk;
-    n.host_kernel = host_kernel;
+    n.native_call = native_call;
     return detail::outputs_of(detail::commit(std::move(n)));
 }
 

@@ -31,12 +31,12 @@
 
 namespace olmax::xla::stablehlo {
 
-/// The custom-call targets under which xla/host_kernels.hpp registers olmax's own CPU kernels of
+/// The custom-call targets under which trace/native_calls.hpp registers olmax's own CPU kernels of
 /// the selective scan (operands and results as graph::selective_scan and its backward list them).
-namespace host_kernel {
+namespace native_call {
 inline constexpr std::string_view selective_scan = "olmax_selective_scan";
 inline constexpr std::string_view selective_scan_backward = "olmax_selective_scan_backward";
-}  // namespace host_kernel
+}  // namespace native_call
 
 namespace detail {
 

@@ -9,9 +9,9 @@
 //     auto client = std::make_shared<xla::pjrt::client>(xla::pjrt::plugin::load(path));
 //     trace::tracing t;
 //     t.set_target(client->platform_name());
-//     t.set_host_kernels(trace::enable_host_kernels(*client));   // false on a GPU or an older plugin
+//     t.set_native_calls(trace::enable_native_calls(*client));   // false on a GPU or an older plugin
 //
-// A program traced with host kernels compiles only on a plugin where they are registered; one
+// A program traced with native calls compiles only on a plugin where they are registered; one
 // traced without them (the default) runs anywhere. The graph keeps the op's meaning either way, so
 // xla/graph's reference evaluator and the loop form stay the oracle of the kernels' form.
 
@@ -42,7 +42,7 @@ inline scan::SelectiveScanSizes selective_scan_sizes(const xla::ffi::call& c, st
     c.expect(true, 5, {B, T});
     c.expect(true, state_operand, {B, E, N});
     const std::int64_t chunk = c.i64("chunk");
-    check<value_error>(chunk >= 1 && chunk <= T, "olmax host kernel: selective scan chunk ", chunk, " for T = ", T);
+    check<value_error>(chunk >= 1 && chunk <= T, "olmax native call: selective scan chunk ", chunk, " for T = ", T);
     return {std::size_t(B), std::size_t(T), std::size_t(E), std::size_t(N), std::size_t(chunk)};
 }
 
@@ -56,7 +56,7 @@ inline std::vector<float> resets_of(const float* keep, std::size_t n) {
 
 /// graph::selective_scan: (u, delta, A, Bm, C, keep, h0) -> (y, h_last, checkpoints).
 inline xla::ffi::error* selective_scan_handler(xla::ffi::call_frame* frame) {
-    return xla::ffi::handle(frame, xla::stablehlo::host_kernel::selective_scan, [](const xla::ffi::call& c) {
+    return xla::ffi::handle(frame, xla::stablehlo::native_call::selective_scan, [](const xla::ffi::call& c) {
         const scan::SelectiveScanSizes s = selective_scan_sizes(c, 6);
         const std::size_t chunks = (s.time + s.chunk - 1) / s.chunk;
         c.expect(false, 0, {std::int64_t(s.batch), std::int64_t(s.time), std::int64_t(s.channels)});
@@ -72,7 +72,7 @@ inline xla::ffi::error* selective_scan_handler(xla::ffi::call_frame* frame) {
 /// graph::selective_scan_backward: (u, delta, A, Bm, C, keep, checkpoints, gy, gh) ->
 /// (du, ddelta, dA, dB, dC, dh0).
 inline xla::ffi::error* selective_scan_backward_handler(xla::ffi::call_frame* frame) {
-    return xla::ffi::handle(frame, xla::stablehlo::host_kernel::selective_scan_backward, [](const xla::ffi::call& c) {
+    return xla::ffi::handle(frame, xla::stablehlo::native_call::selective_scan_backward, [](const xla::ffi::call& c) {
         const scan::SelectiveScanSizes s = selective_scan_sizes(c, 8);
         const auto B = std::int64_t(s.batch), T = std::int64_t(s.time), E = std::int64_t(s.channels), N = std::int64_t(s.state);
         c.expect(true, 6, {B, (T + std::int64_t(s.chunk) - 1) / std::int64_t(s.chunk), E, N});
@@ -92,12 +92,12 @@ inline xla::ffi::error* selective_scan_backward_handler(xla::ffi::call_frame* fr
 
 }  // namespace detail
 
-/// Registers olmax's host kernels with `client`'s plugin (once per plugin and process) when it runs
+/// Registers olmax's native calls with `client`'s plugin (once per plugin and process) when it runs
 /// programs on the CPU ("cpu" platform) and can register FFI handlers; returns whether programs
-/// for this client may call them (tracing::set_host_kernels). False for other devices, and for a
+/// for this client may call them (tracing::set_native_calls). False for other devices, and for a
 /// plugin without the FFI extension or with an older registration call: the rules then emit their
 /// StableHLO forms.
-inline bool enable_host_kernels(const xla::pjrt::client& client) {
+inline bool enable_native_calls(const xla::pjrt::client& client) {
     if (client.platform_name() != "cpu") return false;
     static std::mutex mutex;
     static std::map<const xla::pjrt::plugin*, bool> registered;
@@ -105,10 +105,10 @@ inline bool enable_host_kernels(const xla::pjrt::client& client) {
     const xla::pjrt::plugin& p = client.owner();
     auto it = registered.find(&p);
     if (it != registered.end()) return it->second;
-    const bool ok = p.register_ffi_handler(xla::stablehlo::host_kernel::selective_scan, "host",
+    const bool ok = p.register_ffi_handler(xla::stablehlo::native_call::selective_scan, "host",
                                            reinterpret_cast<void*>(&detail::selective_scan_handler))
                         .empty() &&
-                    p.register_ffi_handler(xla::stablehlo::host_kernel::selective_scan_backward, "host",
+                    p.register_ffi_handler(xla::stablehlo::native_call::selective_scan_backward, "host",
                                            reinterpret_cast<void*>(&detail::selective_scan_backward_handler))
                         .empty();
     registered.emplace(&p, ok);
