@@ -236,6 +236,32 @@ TEST_CASE("scan::selective_scan: results do not depend on the chunk size", "[sel
     }
 }
 
+TEST_CASE("scan::selective_scan_forward / _backward on caller-owned buffers give the op's results bit for bit", "[selective_ssm]") {
+    // The functions a native call runs inside an XLA program (trace/native_calls.hpp); E = 24, N = 6
+    // with batch 3: several channel blocks, so the block sums of dB and dC run too.
+    auto in = make_inputs(3, 11, 24, 6, 6);
+    in.resets(1, 4) = 1;
+    olmax::Generator rng(50);
+    const auto dy = olmax::randn<double>(in.u.shape(), rng);
+    const auto dh_last = olmax::randn<double>(in.h0.shape(), rng);
+    const SsmRun op = run_op(in, true, true, dy, dh_last, 3);
+    const sc::SelectiveScanSizes sizes{3, 11, 24, 6, 3};
+    const sc::SelectiveScanBuffers<double> buffers{in.u.data(), in.delta.data(), in.A.data(),  in.B.data(),
+                                                   in.C.data(), in.D.data(),     in.h0.data(), in.resets.data()};
+    SsmRun raw{Tensor<double>(op.y.shape()),  Tensor<double>(op.h_last.shape()), Tensor<double>(op.du.shape()),
+               Tensor<double>(op.ddelta.shape()), Tensor<double>(op.dA.shape()), Tensor<double>(op.dB.shape()),
+               Tensor<double>(op.dC.shape()), Tensor<double>(op.dD.shape()),     Tensor<double>(op.dh0.shape())};
+    Tensor<double> checkpoints({3, 4, 24, 6});
+    sc::selective_scan_forward(sizes, buffers, raw.y.data(), raw.h_last.data(), checkpoints.data());
+    sc::selective_scan_backward(sizes, buffers, dy.data(), dh_last.data(), checkpoints.data(),
+                                sc::SelectiveScanGradients<double>{raw.du.data(), raw.ddelta.data(), raw.dA.data(), raw.dB.data(),
+                                                                   raw.dC.data(), raw.dD.data(), raw.dh0.data()});
+    check_identical(raw, op);
+    // A size of 0 is refused with a message, not a division by zero.
+    CHECK_THROWS_WITH(sc::selective_scan_forward<double>(sc::SelectiveScanSizes{3, 11, 24, 6, 0}, buffers, raw.y.data(), raw.h_last.data(), nullptr),
+                      Catch::Contains("must all be positive"));
+}
+
 TEST_CASE("scan::selective_scan: causal, changing step t changes no output before t", "[selective_ssm]") {
     const auto in = make_inputs(2, 16, 6, 4, 5);
     const auto base = sc::selective_scan(in.u, in.delta, in.A, in.B, in.C, in.D, {.h0 = in.h0, .chunk = 4});

@@ -115,6 +115,9 @@ inline std::size_t channel_blocks(std::size_t batch, std::size_t channels, std::
 }
 
 inline Geometry geometry_of(const SelectiveScanSizes& s) {
+    check<value_error>(s.batch > 0 && s.time > 0 && s.channels > 0 && s.state > 0 && s.chunk > 0,
+                       "scan::selective_scan: sizes batch ", s.batch, ", T ", s.time, ", E ", s.channels, ", N ", s.state, " and chunk ",
+                       s.chunk, " must all be positive");
     Geometry g;
     g.batch = s.batch;
     g.time = s.time;
@@ -338,11 +341,12 @@ void sum_blocks(const T* part, std::size_t blocks, std::size_t n, T* dst) {
 
 }  // namespace detail::selective
 
-/// The op's forward on caller-owned buffers (the op below runs it; so do the XLA CPU plugin's host
-/// kernels, trace/native_calls.hpp): y [batch, T, E], h_last [batch, E, N] and, when `checkpoints` is
-/// not null, the state entering every chunk [batch, ceil(T / chunk), E, N] for the backward. Parallel
-/// over batch x channel blocks on the current backend. Sizes are not checked here (the op checks
-/// its tensors; a caller of these functions owns its buffers' sizes).
+/// The op's forward on caller-owned buffers (the op below runs it; so does a traced program on the
+/// XLA CPU plugin, through a native call: trace/native_calls.hpp): y [batch, T, E], h_last
+/// [batch, E, N] and, when `checkpoints` is not null, the state entering every chunk
+/// [batch, ceil(T / min(chunk, T)), E, N] for the backward. Parallel over batch x channel blocks on
+/// the current backend. Throws value_error for a size of 0; the buffers must have the sizes' shapes
+/// (the op checks its tensors, the native call its buffers).
 template <Real T>
 void selective_scan_forward(const SelectiveScanSizes& sizes, const SelectiveScanBuffers<T>& in, T* y, T* h_last, T* checkpoints) {
     namespace sel = detail::selective;
