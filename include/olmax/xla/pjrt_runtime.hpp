@@ -161,7 +161,9 @@ public:
     std::string register_ffi_handler(std::string_view target, std::string_view platform, void* handler) const {
         // PJRT_FFI_Extension and PJRT_FFI_Register_Handler_Args as declared in openxla/xla's
         // xla/pjrt/c/pjrt_c_api_ffi_extension.h (Apache-2.0) since the registration dropped its
-        // api_version field. An older plugin expects a longer struct and refuses this one by its size.
+        // api_version field. Earlier layouts differ (an int api_version before `handler`, with or
+        // without `traits`), and a plugin cannot tell which one it was given, so registration is
+        // tried only on plugins at least as new as the one it was checked on (PJRT API 0.81).
         struct register_args {
             std::size_t struct_size;
             const char* target_name;
@@ -177,6 +179,7 @@ public:
             void* user_data_add;
             PJRT_Error* (*register_handler)(register_args*);
         };
+        if (major_ == 0 && minor_ < 81) return "PJRT API " + version_string() + " is older than 0.81, the version this registration layout was checked on";
         const PJRT_Extension_Base* e = api_->extension_start;
         while (e && e->type != PJRT_Extension_Type_FFI) e = e->next;
         if (!e) return "the plugin has no FFI extension";
