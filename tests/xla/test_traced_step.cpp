@@ -339,7 +339,7 @@ TEST_CASE("a native call refuses a malformed call with an error naming it, not a
     const auto out = b.custom_call(sh::native_call::selective_scan, in, {sh::f32({B, T, E}), sh::f32({B, E, N}), sh::f32({B, 2, E, N})},
                                    {{"chunk", 2}});
     sh::emitted_module m;
-    m.key = "malformed_native_call_call";
+    m.key = "malformed_native_call";
     m.text = b.finish("malformed", {out[0]});
     for (std::size_t i = 0; i < 7; ++i) m.inputs.push_back(b.arg(i).type);
     m.outputs = {out[0].type};
