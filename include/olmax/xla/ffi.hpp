@@ -103,16 +103,20 @@ using handler = error* (*)(call_frame*);
 /// The FFI API version olmax's handlers declare: the oldest whose call frame has the layout above.
 inline constexpr int handler_api_major = 0, handler_api_minor = 1;
 
-/// A handler's view of one call: f32 buffers checked by rank, and i64 attributes by name. A bad call
-/// throws olmax::value_error naming the handler (handle() turns it into an XLA error).
+/// A handler's view of one call: f32 buffers checked by index, kind and rank, and i64 attributes by
+/// name. A bad call throws olmax::value_error naming the handler (handle() turns it into an XLA error).
 class call {
 public:
     call(const call_frame& frame, std::string_view name) : frame_(frame), name_(name) {}
 
-    float* operand(std::size_t i, std::size_t rank) const { return f32(frame_.args, i, rank, "operand"); }
-    float* result(std::size_t i, std::size_t rank) const { return f32(frame_.rets, i, rank, "result"); }
+    float* operand(std::size_t i, std::size_t rank) const { return f32(true, i, rank); }
+    float* result(std::size_t i, std::size_t rank) const { return f32(false, i, rank); }
     /// Extent `d` of operand `i`.
-    std::int64_t operand_dim(std::size_t i, std::size_t d) const { return static_cast<const buffer*>(frame_.args.items[i])->dims[d]; }
+    std::int64_t operand_dim(std::size_t i, std::size_t d) const {
+        const buffer& b = at(true, i);
+        check<value_error>(std::int64_t(d) < b.rank, "olmax native call ", name_, ": operand ", i, " has rank ", b.rank, ", not above ", d);
+        return b.dims[d];
+    }
     std::int64_t i64(std::string_view attribute) const {
         for (std::int64_t k = 0; k < frame_.attrs.size; ++k) {
             const byte_span& n = *frame_.attrs.names[k];
@@ -126,20 +130,26 @@ public:
     }
     /// Checks that buffer (operands or results) `i` has extents `dims`.
     void expect(bool is_operand, std::size_t i, std::initializer_list<std::int64_t> dims) const {
-        const auto* b = static_cast<const buffer*>((is_operand ? frame_.args : frame_.rets).items[i]);
-        bool same = std::size_t(b->rank) == dims.size();
+        const buffer& b = at(is_operand, i);
+        bool same = std::size_t(b.rank) == dims.size();
         std::size_t d = 0;
-        for (auto e : dims) same = same && b->dims[d++] == e;
+        for (auto e : dims) same = same && b.dims[d++] == e;
         check<value_error>(same, "olmax native call ", name_, ": ", is_operand ? "operand " : "result ", i, " has the wrong shape");
     }
 
 private:
-    float* f32(const list& l, std::size_t i, std::size_t rank, std::string_view what) const {
-        check<value_error>(std::int64_t(i) < l.size && l.types[i] == 1, "olmax native call ", name_, ": no ", what, " buffer ", i);
-        const auto* b = static_cast<const buffer*>(l.items[i]);
-        check<value_error>(b->dtype == 11 && std::size_t(b->rank) == rank, "olmax native call ", name_, ": ", what, " ", i,
-                           " is not an f32 tensor of rank ", rank);
-        return static_cast<float*>(b->data);
+    /// Operand or result `i`, which must exist and be a buffer.
+    const buffer& at(bool is_operand, std::size_t i) const {
+        const list& l = is_operand ? frame_.args : frame_.rets;
+        check<value_error>(std::int64_t(i) < l.size && l.types[i] == 1, "olmax native call ", name_, ": no ",
+                           is_operand ? "operand" : "result", " buffer ", i);
+        return *static_cast<const buffer*>(l.items[i]);
+    }
+    float* f32(bool is_operand, std::size_t i, std::size_t rank) const {
+        const buffer& b = at(is_operand, i);
+        check<value_error>(b.dtype == 11 && std::size_t(b.rank) == rank, "olmax native call ", name_, ": ",
+                           is_operand ? "operand " : "result ", i, " is not an f32 tensor of rank ", rank);
+        return static_cast<float*>(b.data);
     }
     const call_frame& frame_;
     std::string_view name_;
