@@ -56,7 +56,8 @@ std::unique_ptr<train::StepStrategy<Model>> make_step(const train::TrainConfig& 
     if (c.device == "cpu") return std::make_unique<train::HostStep<Model>>(c);
 #if defined(TRAIN_LM_WITH_PJRT)
     return std::make_unique<train::XlaStep<Model>>(
-        train::XlaStepOptions{train::resolve_pjrt_plugin(c.xla_plugin), std::size_t(c.batch), std::size_t(c.sequence), int(c.xla_devices)});
+        train::XlaStepOptions{train::resolve_pjrt_plugin(c.xla_plugin), std::size_t(c.batch), std::size_t(c.sequence), int(c.xla_devices),
+                              c.xla_scan_form});
 #else
     throw config::config_error("config: --device=xla needs a train_lm built with the PJRT runtime (CMake found no PJRT header: run "
                                "tools/setup_jax_venv.sh or set OLMAX_PJRT_INCLUDE_DIR, then rebuild)");

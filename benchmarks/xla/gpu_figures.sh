@@ -15,22 +15,8 @@
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
-out="${2:-$repo/benchmarks/results/gpu-figures-$(date -u +%Y%m%dT%H%M%SZ)}"
-mkdir -p "$out"
-cuda="${CUDA_PLUGIN:-$(python3 -c 'import glob, site
-hits = [h for p in site.getsitepackages() for h in glob.glob(p + "/jax_plugins/xla_cuda*/xla_cuda_plugin.so")]
-print(hits[0] if hits else "")' 2>/dev/null)}"
-[ -n "$cuda" ] || { echo "gpu_figures.sh: no CUDA plugin; set CUDA_PLUGIN" >&2; exit 1; }
-budget=${BUDGET_S:-480}
-part() {  # part NAME LIMIT_S COMMAND...: runs COMMAND under a time limit unless the budget is spent
-  local name=$1 limit=$2; shift 2
-  if [ "$SECONDS" -ge "$budget" ]; then echo "== $name: skipped (budget of $budget s spent)"; return; fi
-  [ "$limit" -le $((budget - SECONDS)) ] || limit=$((budget - SECONDS))  # the whole run ends within the budget
-  echo "== $name (at ${SECONDS} s, limit $limit s)"
-  timeout "$limit" "$@" || echo "== $name: exit $?"
-}
-echo "gpu_figures.sh: CUDA plugin $cuda"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+results_name=gpu-figures default_budget=480
+source "$here/gpu_parts.sh"  # out, cuda, budget, part
 grep -m1 "model name" /proc/cpuinfo; nproc
 
 step_time=("$here/step_time.sh" "$build")  # with NATIVE=0: the plugin's runs only

@@ -1,13 +1,14 @@
 // The linear scan h_t = a_t h_{t-1} + x_t as a traced program on a PJRT plugin, in each of the
-// three forms a traced scan can take (a loop over time, log-depth doubling, chunked triangular
-// matmuls), against the device's own streaming bandwidth measured the same way (y = x + 1).
+// forms a traced scan can take (a loop over time, log-depth doubling, chunked triangular matmuls,
+// blocks scanned side by side), against the device's own streaming bandwidth measured the same way (y = x + 1).
 // a, x and h stay on the device as the program's state, so a run moves only what the program
 // touches; one element of h comes back so that each run waits for the scan.
 //
 //     bench_xla_scan_bandwidth --plugin=PATH [--rows=R] [--steps=T] [--runs=N]
 //
 // Prints one JSON object: per form, the median seconds of a run and the achieved bandwidth
-// (3 x 4 bytes per element: a and x read, h written), and the copy bandwidth (2 x 4 bytes per element).
+// (3 x 4 bytes per element: a and x read, h written), or the error that stopped it (a form whose
+// program does not fit the device's memory), and the copy bandwidth (2 x 4 bytes per element).
 
 #include <algorithm>
 #include <chrono>
@@ -35,18 +36,19 @@ namespace gx = olmax::xla::graph;
 
 
 /// Median seconds of `runs` runs of the program `body` over `state_tensors` state tensors of
-/// [1, steps, rows] float32, traced for `target` (which picks a scan's form, tracing::scan_form);
-/// its result is written into the last state tensor.
+/// [1, steps, rows] float32, traced with every scan in `form`; its result is written into the last
+/// state tensor.
 template <class Body>
-double median_seconds(const std::shared_ptr<olmax::xla::pjrt::client>& client, const std::string& target, std::size_t rows, std::size_t steps,
-                      std::size_t state_tensors, std::size_t runs, Body body) {
+double median_seconds(const std::shared_ptr<olmax::xla::pjrt::client>& client, const olmax::xla::stablehlo::scan_strategy& form,
+                      std::size_t rows, std::size_t steps, std::size_t state_tensors, std::size_t runs, Body body) {
     std::vector<Tensor<float>> state;
     olmax::Generator rng(1);
     for (std::size_t i = 0; i < state_tensors; ++i) state.push_back(olmax::rand<float>({1, steps, rows}, rng, 0.5f, 0.99f));
     trace::traced_program program;
     {
         trace::tracing t;
-        t.set_target(target);
+        t.set_target(client->platform_name());
+        t.set_scan_form(form);
         for (const auto& s : state) t.bind_state(s);
         const Tensor<float> out = body(state);
         olmax::backend::trace::assign(state.back(), out);
@@ -75,18 +77,25 @@ int main(int argc, char** argv) try {
                       runs = positive_flag(argc, argv, "runs", 10);
     auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(plugin));
     const double elements = double(rows) * double(steps);
-    const double copy = median_seconds(client, client->platform_name(), rows, steps, 2, runs,
+    namespace hlo = olmax::xla::stablehlo;
+    const double copy = median_seconds(client, hlo::scan_strategy::sequential(), rows, steps, 2, runs,
                                        [](const std::vector<Tensor<float>>& s) { return s[0] + 1.0f; });
     std::printf("{\"platform\": \"%s\", \"rows\": %zu, \"steps\": %zu, \"copy\": {\"seconds\": %.6g, \"GB_per_s\": %.4g}",
                 client->platform_name().c_str(), rows, steps, copy, 2 * 4 * elements / copy / 1e9);
-    // Each form, forced by naming the target that picks it; the plugin's own target picks one of them.
-    for (const auto& [form, target] : std::vector<std::pair<std::string, std::string>>{{"sequential", "cpu"}, {"hillis_steele", "cuda"},
-                                                                                       {"chunked_matmul128", "tpu"}}) {
-        const double s = median_seconds(client, target, rows, steps, 3, runs, [](const std::vector<Tensor<float>>& state) {
-            return olmax::scan::scan<olmax::scan::sequential_vectorized>(state[0], state[1]);
-        });
-        std::printf(", \"%s\": {\"seconds\": %.6g, \"GB_per_s\": %.4g, \"of_copy\": %.3g}", form.c_str(), s, 3 * 4 * elements / s / 1e9,
-                    copy / s * 3.0 / 2.0);
+    for (const auto& form : {hlo::scan_strategy::sequential(), hlo::scan_strategy::hillis_steele(), hlo::scan_strategy::chunked_matmul<128>(),
+                             hlo::scan_strategy::blocked()}) {
+        try {
+            const double s = median_seconds(client, form, rows, steps, 3, runs, [](const std::vector<Tensor<float>>& state) {
+                return olmax::scan::scan<olmax::scan::sequential_vectorized>(state[0], state[1]);
+            });
+            std::printf(", \"%s\": {\"seconds\": %.6g, \"GB_per_s\": %.4g, \"of_copy\": %.3g}", form.name().c_str(), s, 3 * 4 * elements / s / 1e9,
+                        copy / s * 3.0 / 2.0);
+        } catch (const std::exception& e) {  // e.g. the chunked matmuls' [rows, T/128, 128, 128] out of the device's memory
+            std::string message = e.what();
+            std::replace(message.begin(), message.end(), '"', '\'');
+            std::replace(message.begin(), message.end(), '\n', ' ');
+            std::printf(", \"%s\": {\"error\": \"%s\"}", form.name().c_str(), message.c_str());
+        }
     }
     std::printf("}\n");
     return 0;

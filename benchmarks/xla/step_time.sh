@@ -17,7 +17,8 @@
 # e.g. one built from an older commit: each repeat then also runs it, on BASELINE_DEVICES, default
 # "cpu xla", for an A/B in the same run; a run the baseline refuses is left out), NATIVE (0: only
 # the XLA runs, e.g. PLUGIN=<JAX's CUDA plugin> on a GPU machine), DATA (train_lm's --data; default
-# its own corpus, Debian's fortunes). Writes results.json and prints a markdown table with the CPU
+# its own corpus, Debian's fortunes), XLA_ARGS (more train_lm flags for the XLA runs, e.g.
+# --xla_scan_form=blocked). Writes results.json and prints a markdown table with the CPU
 # model and the load average.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -48,7 +49,7 @@ for block in $blocks; do
         dir="$out/run-$block-$run-$f-$d-$b-$s-$r"
         if ! "${timer[@]}" "$binary" --device=$device --xla_plugin="$plugin" --threads="$threads" --block="$block" --features="$f" \
           --depth="$d" --batch="$b" --sequence="$s" --steps="$steps" --eval_every=100000 --checkpoint_every=100000 --plot=false \
-          --sample_bytes=0 --checkpoint_dir="$dir" ${DATA:+--data="$DATA"} > "$dir.log" 2>&1; then
+          --sample_bytes=0 --checkpoint_dir="$dir" ${DATA:+--data="$DATA"} $([ "$device" = xla ] && echo ${XLA_ARGS:-}) > "$dir.log" 2>&1; then
           [ "$run" != "$device" ] && { echo "baseline refused $block $shape $device: $(grep -v '^peak_kb' "$dir.log" | tail -1)"; rm -rf "$dir"; continue; }
           cat "$dir.log"
           exit 1

@@ -1,7 +1,7 @@
 // XLA compile time, module size and step time of the main job's whole training step (ByteLM's own
-// eager forward, backward and AdamW step, traced once: olmax/trace/) against depth, for each block,
-// on a PJRT plugin. Usage:
-//   bench_xla_whole_step [--plugin PATH] [--blocks conv_mixer,qrnn,mamba] [--depths 4,16,64]
+// eager forward, backward and AdamW step, traced once as models::XlaTrainer traces it, native calls
+// included where the plugin runs them) against depth, for each block, on a PJRT plugin. Usage:
+//   bench_xla_whole_step [--plugin PATH] [--blocks conv_mixer,qrnn,mamba,moe] [--depths 4,16,64]
 //                        [--repeats 3] [--steps 5] [--features 64] [--batch 8] [--sequence 64] [--json OUT.json]
 // The plugin comes from --plugin or $OLMAX_PJRT_PLUGIN (the xla-cpu-pjrt wheel's CPU plugin by
 // default in run.sh). Every compile is a fresh one (a new cache key); figures are medians.
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include <olmax/olmax.hpp>
+#include <olmax/models/xla_trainer.hpp>
 #include <olmax/trace/program.hpp>
-#include <olmax/trace/trace.hpp>
 
 #include "flags.hpp"
 
@@ -66,20 +66,7 @@ std::string measure(const std::shared_ptr<olmax::xla::pjrt::client>& client, con
     adam.schedule.peak_lr = 1e-3;
     olmax::optim::AdamW<float> opt(model.parameters(), adam);
     const auto t0 = std::chrono::steady_clock::now();
-    olmax::trace::traced_program traced;
-    {
-        olmax::trace::tracing t;
-        t.set_target(client->platform_name());
-        for (const auto& p : opt.parameters()) t.bind_state(p.tensor);
-        opt.for_each_moment([&](const auto& m) { t.bind_state(m); });
-        const olmax::data::Batch rows{t.input<std::int32_t>({z.batch, z.sequence}), t.input<std::int32_t>({z.batch, z.sequence}),
-                                      olmax::Tensor<float>(), z.batch * z.sequence, 0};
-        olmax::Tensor<float> loss = model.loss(rows);
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        traced = t.finish({loss}, Model::name);
-    }
+    olmax::trace::traced_program traced = olmax::models::XlaTrainer<Model>::trace_step(model, opt, *client, z.batch, z.sequence);
     const double trace_s = seconds_since(t0);
     std::vector<double> compile_s;
     for (int r = 0; r < repeats; ++r) {
@@ -118,7 +105,7 @@ std::string measure(const std::shared_ptr<olmax::xla::pjrt::client>& client, con
 int main(int argc, char** argv) try {
     std::string plugin_path, json_path;
     std::vector<std::int64_t> depths{4, 16, 64};
-    std::vector<std::string> blocks{"conv_mixer", "qrnn", "mamba"};
+    std::vector<std::string> blocks{"conv_mixer", "qrnn", "mamba", "moe"};
     int repeats = 3, steps = 5;
     sizes z;
     for (int i = 1; i < argc; ++i) {
@@ -148,11 +135,8 @@ int main(int argc, char** argv) try {
     bool first = true;
     for (const auto& block : blocks)
         for (const auto depth : depths) {
-            std::string row;
-            if (block == "conv_mixer") row = measure<olmax::models::ConvMixer>(client, z, std::size_t(depth), repeats, steps);
-            else if (block == "qrnn") row = measure<olmax::models::QrnnMlp>(client, z, std::size_t(depth), repeats, steps);
-            else if (block == "mamba") row = measure<olmax::models::Mamba>(client, z, std::size_t(depth), repeats, steps);
-            else throw std::runtime_error("--blocks: unknown block '" + block + "' (conv_mixer, qrnn, mamba)");
+            const std::string row = olmax::models::with_recipe(
+                block, [&]<class Recipe>() { return measure<Recipe>(client, z, std::size_t(depth), repeats, steps); });
             json << (first ? "" : ",\n") << "    " << row;
             first = false;
         }

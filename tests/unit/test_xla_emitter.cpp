@@ -68,7 +68,8 @@ void check_ssa(const shlo::emitted_module& m) {
 }
 
 std::vector<shlo::scan_strategy> all_strategies() {
-    return {shlo::scan_strategy::sequential(), shlo::scan_strategy::hillis_steele(), shlo::scan_strategy::chunked_matmul<128>()};
+    return {shlo::scan_strategy::sequential(), shlo::scan_strategy::hillis_steele(), shlo::scan_strategy::chunked_matmul<128>(),
+            shlo::scan_strategy::blocked()};
 }
 
 }  // namespace
@@ -132,6 +133,21 @@ TEST_CASE("xla emitter: sequential scan is one stablehlo.while over T steps", "[
     CHECK_THAT(m.text, Contains("dense<50> : tensor<i32>"));
     CHECK_THAT(m.text, Contains("comparison_direction LT"));
     CHECK(count_of(m.text, "\"stablehlo.dynamic_update_slice\"") == 1);
+}
+
+TEST_CASE("xla emitter: the blocked scan loops over the steps of one block, then doubles over the blocks", "[xla]") {
+    // T = 50: blocks of 8 steps (auto: the smallest L with L^2 >= T), 7 blocks, time padded to 56.
+    const auto m = shlo::scan_forward(shlo::scan_strategy::blocked(), 3, 50);
+    CHECK(m.key == "scan_forward.blocked.3x50");
+    CHECK(count_of(m.text, "\"stablehlo.while\"") == 1);
+    CHECK_THAT(m.text, Contains("dense<8> : tensor<i32>"));
+    CHECK(count_of(m.text, "\"stablehlo.dynamic_update_slice\"") == 2);  // h_local and the gates' running product
+    CHECK(count_of(m.text, "\"stablehlo.dot_general\"") == 0);
+    CHECK(shlo::scan_strategy::blocked(16).name() == "blocked16");
+    // One block (L >= T): no carries to combine, so no doubling after the loop.
+    const auto one = shlo::scan_forward(shlo::scan_strategy::blocked(64), 3, 50);
+    CHECK_THAT(one.text, Contains("dense<50> : tensor<i32>"));
+    CHECK(count_of(one.text, "\"stablehlo.pad\"") == 1);  // only scan_forward's fold of h0 into x_0
 }
 
 TEST_CASE("xla emitter: chunked_matmul<128> uses a per-chunk 128x128 triangular matrix on the matrix unit", "[xla]") {

@@ -23,7 +23,10 @@
 # The same limits hold for XLA's SPMD data parallelism over 2 devices against 1 device, and steps 1-5's
 # for --block=mamba (measured 1.6e-7 with AVX-512); --block=moe (routing and capacity on the device,
 # the balance loss's gradient from inside the layer loop) within 3e-6 (measured 7.0e-7 with AVX-512:
-# the router's softmax adds its own rounding).
+# the router's softmax adds its own rounding); and within 3e-6 for --block=qrnn with
+# --xla_scan_form=blocked and --block=mamba with --xla_scan_form=hillis_steele (GPUs' form), both
+# summing the scan in another order than the CPU's loop (measured 1.8e-7, and 0 in the printed digits,
+# on AMD EPYC Zen 5 with AVX-512, 2026-11-27).
 set -euo pipefail
 train_lm=$1 plugin=$2 work=$3
 rm -rf "$work"
@@ -50,6 +53,11 @@ run mamba_cpu --steps=5 --threads=2 --block=mamba
 run mamba_xla --steps=5 "${xla[@]}" --block=mamba
 run moe_cpu --steps=5 --threads=2 --block=moe
 run moe_xla --steps=5 "${xla[@]}" --block=moe
+# Scan forms other than the CPU's loop, through the flag: QRNN's pooling blocked, and Mamba as GPUs
+# run it (doubling over the materialised [B, T, E N] states instead of the fused selective scan).
+run qrnn_cpu --steps=5 --threads=2 --block=qrnn
+run qrnn_xla_blocked --steps=5 "${xla[@]}" --block=qrnn --xla_scan_form=blocked
+run mamba_xla_doubling --steps=5 "${xla[@]}" --block=mamba --xla_scan_form=hillis_steele
 grep -q "step compiled in" "$work/xla.log" || { cat "$work/xla.log"; echo "FAIL: the XLA run did not report its compiled step"; exit 1; }
 
 # Checkpoints are interchangeable: each run's step-200 checkpoint resumed on the other device.
@@ -93,6 +101,9 @@ check("xla SPMD over 2 devices vs 1, training loss, steps 1-200, mean", mean(xla
 check("xla SPMD over 2 devices vs 1, training loss, steps 1-200, worst step", worst(xla, xla2, range(1, 201)), 2e-2)
 check("--block=mamba: xla vs cpu, training loss, steps 1-5", worst(losses("mamba_cpu"), losses("mamba_xla"), range(1, 6)), 1e-6)
 check("--block=moe: xla vs cpu, training loss, steps 1-5", worst(losses("moe_cpu"), losses("moe_xla"), range(1, 6)), 3e-6)
+check("--block=qrnn --xla_scan_form=blocked: xla vs cpu, training loss, steps 1-5", worst(losses("qrnn_cpu"), losses("qrnn_xla_blocked"), range(1, 6)), 3e-6)
+check("--block=mamba --xla_scan_form=hillis_steele: xla vs cpu, training loss, steps 1-5",
+      worst(losses("mamba_cpu"), losses("mamba_xla_doubling"), range(1, 6)), 3e-6)
 reference = losses("cpu_then_cpu")
 for name in ("xla_then_cpu", "cpu_then_xla"):
     resumed = losses(name)
@@ -116,4 +127,5 @@ expect_error "needs a PJRT plugin" --device=xla
 expect_error "does not exist" --device=xla --xla_plugin="$work/no_such_plugin.so"
 expect_error "grad_accumulation=1" --device=xla --xla_plugin="$plugin" --grad_accumulation=2
 expect_error "multiple of 'xla_devices'" --device=xla --xla_plugin="$plugin" --xla_devices=3
+expect_error "expects one of auto, sequential" --device=xla --xla_plugin="$plugin" --xla_scan_form=parallel
 echo "train_lm --device=xla: all checks passed"

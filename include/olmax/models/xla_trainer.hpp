@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "olmax/data/loader.hpp"
@@ -38,29 +39,37 @@ public:
     /// device takes batch / D), the state is replicated, and the partitioner all-reduces the
     /// gradients inside the program.
     XlaTrainer(Model& model, optim::AdamW<T>& optimizer, std::shared_ptr<xla::pjrt::client> client, std::size_t batch, std::size_t sequence,
-               int devices = 1)
+               int devices = 1, std::optional<xla::stablehlo::scan_strategy> scan_form = std::nullopt)
         : optimizer_(optimizer), batch_(batch), sequence_(sequence) {
-        check<value_error>(devices >= 1 && batch % std::size_t(devices) == 0, "models::XlaTrainer: batch ", batch, " does not split into ",
-                           devices, " equal shares, one per device");
-        trace::traced_program traced;
-        {
-            trace::tracing t;
-            t.set_target(client->platform_name());
-            // olmax's own CPU kernels where the plugin runs them; not across devices: XLA's SPMD
-            // partitioner cannot split a custom call.
-            t.set_native_calls(devices == 1 && trace::enable_native_calls(*client));
-            for (const auto& p : optimizer.parameters()) t.bind_state(p.tensor);
-            optimizer.for_each_moment([&](const auto& m) { t.bind_state(m); });
-            const data::Batch rows{t.input<std::int32_t>({batch, sequence}), t.input<std::int32_t>({batch, sequence}), Tensor<float>(),
-                                   batch * sequence, 0};
-            Tensor<T> loss = model.loss(rows);
-            loss.backward();
-            optimizer.step();
-            optimizer.zero_grad();
-            traced = t.finish({loss}, Model::name, std::size_t(devices));
-        }
+        trace::traced_program traced = trace_step(model, optimizer, *client, batch, sequence, devices, scan_form);
         program_ = std::make_unique<trace::compiled_program>(std::move(client), std::move(traced));
         grad_norm_ = program_->reported_index("grad_norm");
+    }
+
+    /// The step as XlaTrainer compiles it, traced once from the model's own eager code: the loss of
+    /// a [batch, sequence] batch, backward and `optimizer.step()`, with the parameters and moments as
+    /// the program's state. With olmax's own CPU kernels (native calls) where `client`'s plugin runs
+    /// them, and not across devices: XLA's SPMD partitioner cannot split a custom call. Every linear
+    /// scan takes `scan_form`, or the device's form (tracing::scan_form). Public for benchmarks
+    /// that compile the same program (benchmarks/xla/whole_step.cpp).
+    static trace::traced_program trace_step(Model& model, optim::AdamW<T>& optimizer, const xla::pjrt::client& client, std::size_t batch,
+                                            std::size_t sequence, int devices = 1,
+                                            std::optional<xla::stablehlo::scan_strategy> scan_form = std::nullopt) {
+        check<value_error>(devices >= 1 && batch % std::size_t(devices) == 0, "models::XlaTrainer: batch ", batch, " does not split into ",
+                           devices, " equal shares, one per device");
+        trace::tracing t;
+        t.set_target(client.platform_name());
+        t.set_scan_form(scan_form);
+        t.set_native_calls(devices == 1 && trace::enable_native_calls(client));
+        for (const auto& p : optimizer.parameters()) t.bind_state(p.tensor);
+        optimizer.for_each_moment([&](const auto& m) { t.bind_state(m); });
+        const data::Batch rows{t.input<std::int32_t>({batch, sequence}), t.input<std::int32_t>({batch, sequence}), Tensor<float>(),
+                               batch * sequence, 0};
+        Tensor<T> loss = model.loss(rows);
+        loss.backward();
+        optimizer.step();
+        optimizer.zero_grad();
+        return t.finish({loss}, Model::name, std::size_t(devices));
     }
 
     /// Copies the host's parameters and AdamW moments to the device (after a resume).

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -204,7 +205,11 @@ public:
     /// the program then runs on any plugin.
     void set_native_calls(bool on) { native_calls_ = on; }
     bool native_calls() const { return native_calls_; }
+    /// The form every linear scan of the program takes, instead of the target's (scan_form); for
+    /// comparing forms on one device (benchmarks/xla/scan_bandwidth.cpp). std::nullopt: the target's.
+    void set_scan_form(std::optional<xla::stablehlo::scan_strategy> form) { scan_form_ = form; }
     xla::stablehlo::scan_strategy scan_form() const {
+        if (scan_form_) return *scan_form_;
         if (target_ == "tpu") return xla::stablehlo::scan_strategy::chunked_matmul<128>();
         if (target_ == "cpu" || target_.empty()) return xla::stablehlo::scan_strategy::sequential();
         return xla::stablehlo::scan_strategy::hillis_steele();
@@ -334,6 +339,7 @@ private:
     bool finished_ = false;
     std::string target_;
     bool native_calls_ = false;
+    std::optional<xla::stablehlo::scan_strategy> scan_form_;
 };
 
 inline const tracing& active() {

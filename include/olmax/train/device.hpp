@@ -18,6 +18,7 @@ struct DeviceConfig {
     std::string device = "cpu";
     std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
     std::int64_t xla_devices = 1;
+    std::string xla_scan_form = "auto";  // auto: the device's (trace::tracing::scan_form)
     std::string precision = "fp32";  // fp32 | bf16 (olmax::backend::bf16_matmul_scope)
 
     static const std::vector<config::Field<DeviceConfig>>& fields() {
@@ -33,6 +34,11 @@ struct DeviceConfig {
                      "--device=xla: data parallelism over the plugin's first N devices (XLA's SPMD partitioner splits the batch, each "
                      "device taking batch / xla_devices rows; the gradients are all-reduced inside the step)"}
                 .in(1, 1 << 16),
+            Field<C>{"xla_scan_form", &C::xla_scan_form,
+                     "--device=xla: the form of every linear scan in the compiled step (QRNN's pooling, Mamba's on devices other "
+                     "than the CPU): auto (the device's: a loop over time on the CPU, chunked triangular matmuls on a TPU, "
+                     "doubling elsewhere), sequential, hillis_steele, blocked or chunked_matmul (docs/xla.md)",
+                     {"auto", "sequential", "hillis_steele", "blocked", "chunked_matmul"}},
             Field<C>{"precision", &C::precision,
                      "fp32, or bf16: every float GEMM (forward and backward) computes as bf16 matrix units do, operands rounded to "
                      "bfloat16 and fp32 sums (on oneDNN's bf16 kernels when built with it and the CPU has bf16 units); "

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -26,6 +27,7 @@ struct XlaStepOptions {
     std::string plugin;      ///< the PJRT plugin (.so); empty: the environment variable OLMAX_PJRT_PLUGIN
     std::size_t batch = 8, sequence = 64;  ///< the shape the step is compiled for
     int devices = 1;         ///< data parallel over the plugin's first N devices (XLA's SPMD partitioner)
+    std::string scan_form = "auto";  ///< every linear scan's form (xla::stablehlo::scan_strategy::from_name); auto: the device's
 };
 
 template <class Model>
@@ -42,8 +44,10 @@ public:
         auto client = std::make_shared<pjrt::client>(plugin);
         const std::size_t device_count = client->device_count();
         const auto started = std::chrono::steady_clock::now();
+        std::optional<olmax::xla::stablehlo::scan_strategy> scan_form;
+        if (options_.scan_form != "auto") scan_form = olmax::xla::stablehlo::scan_strategy::from_name(options_.scan_form);
         trainer_ = std::make_unique<models::XlaTrainer<Model>>(context.model, context.optimizer, std::move(client), options_.batch,
-                                                               options_.sequence, options_.devices);
+                                                               options_.sequence, options_.devices, scan_form);
         char line[400];
         std::snprintf(line, sizeof line, "device xla: %s, %zu device(s), step compiled in %.2f s (%zu bytes of StableHLO), data parallel over %d",
                       plugin.path().c_str(), device_count,

@@ -1,8 +1,9 @@
 #pragma once
 // Linear scans h_t = a_t h_{t-1} + x_t in StableHLO: the lowerings (a while loop over time,
-// Hillis-Steele doubling, chunked triangular matmuls), the reverse-time adjoint, and the
-// scan_forward / scan_backward modules.
+// Hillis-Steele doubling, chunked triangular matmuls, blocks scanned side by side), the
+// reverse-time adjoint, and the scan_forward / scan_backward modules.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -128,6 +129,91 @@ inline value chunked_matmul_scan(function_builder& b, value a, value x, std::int
     return padded == steps ? x : b.slice(x, {0, 0}, {rows, steps});
 }
 
+/// The blocked form's steps per block: `asked`, or about sqrt(T) when 0 (at most T).
+inline std::int64_t block_steps(std::int64_t asked, std::int64_t steps) {
+    if (asked > 0) return std::min(asked, steps);
+    std::int64_t l = 1;
+    while (l * l < steps) ++l;
+    return l;
+}
+
+/// Blocked scan along axis 1 of [B, T, ...]: time is cut into nb blocks of L steps (padded at the
+/// end with a = 1, x = 0, which change nothing earlier). One stablehlo.while over the L positions
+/// of a block scans every block from a zero state at once, keeping h_local and the gates' running
+/// product P; the blocks' carries (the state after each block) follow by doubling over the nb
+/// block summaries (P_last, h_local_last), and one fix-up pass adds P * (the state entering the
+/// block): h = h_local + P * H_{c-1}. So L + log2(nb) dependent steps instead of T, and a few
+/// passes over memory instead of doubling's 2 log2(T). As in the sequential loop, a step's slice
+/// is made contiguous (block position outermost) when its contiguous runs are short.
+inline value blocked_scan(function_builder& b, value a, value x, std::int64_t asked) {
+    const std::size_t rank = x.type.rank();
+    const std::int64_t batch = x.type.dims[0], steps = x.type.dims[1];
+    const std::int64_t L = block_steps(asked, steps), nb = (steps + L - 1) / L, padded = nb * L;
+    dims_t rest;
+    std::int64_t run = 1;
+    for (std::size_t d = 2; d < rank; ++d) {
+        rest.push_back(x.type.dims[d]);
+        run *= x.type.dims[d];
+    }
+    if (padded != steps) {
+        dims_t low(rank, 0), high(rank, 0);
+        high[1] = padded - steps;
+        a = b.pad(a, 1.0, low, high);
+        x = b.pad(x, 0.0, low, high);
+    }
+    dims_t blocks{batch, nb, L};  // [B, nb, L, ...]
+    blocks.insert(blocks.end(), rest.begin(), rest.end());
+    const bool position_major = run < 16;
+    dims_t to_layout(rank + 1), from_layout(rank + 1);  // [B, nb, L, ...] -> [L, B, nb, ...] and back
+    for (std::size_t d = 0; d <= rank; ++d) to_layout[d] = std::int64_t(d);
+    if (position_major) {
+        to_layout = {2, 0, 1};
+        for (std::size_t d = 3; d <= rank; ++d) to_layout.push_back(std::int64_t(d));
+    }
+    for (std::size_t d = 0; d <= rank; ++d) from_layout[std::size_t(to_layout[d])] = std::int64_t(d);
+    auto to = [&](const value& v) { return position_major ? b.transpose(b.reshape(v, blocks), to_layout) : b.reshape(v, blocks); };
+    const value al = to(a), xl = to(x);
+    const std::size_t position = position_major ? 0 : 2, block_axis = position_major ? 2 : 1;
+    dims_t step_dims = al.type.dims;
+    step_dims[position] = 1;
+    const auto loop = b.while_loop(
+        {b.index(0), b.constant(0.0, f32(step_dims)), b.constant(1.0, f32(step_dims)), b.constant(0.0, al.type), b.constant(0.0, al.type), al, xl},
+        [L](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], r.index(L), compare_direction::LT); },
+        [rank, position, step_dims](function_builder& r, const std::vector<value>& c) {
+            std::vector<value> start(rank + 1, r.index(0));
+            start[position] = c[0];
+            const value gate = r.dynamic_slice(c[5], start, step_dims);
+            const value h = r.add(r.mul(gate, c[1]), r.dynamic_slice(c[6], start, step_dims));
+            const value p = r.mul(gate, c[2]);
+            return std::vector<value>{r.add(c[0], r.index(1)), h, p, r.dynamic_update_slice(c[3], h, start),
+                                      r.dynamic_update_slice(c[4], p, start), c[5], c[6]};
+        });
+    value h = loop[3];
+    if (nb > 1) {
+        const value prefix = loop[4];
+        // The blocks' summaries at the last position: [.., nb, ..] without the position axis.
+        dims_t begin(rank + 1, 0), end = h.type.dims, summary_dims;
+        begin[position] = L - 1;
+        for (std::size_t d = 0; d <= rank; ++d)
+            if (d != position) summary_dims.push_back(h.type.dims[d]);
+        auto last = [&](const value& v) { return b.reshape(b.slice(v, begin, end), summary_dims); };
+        const std::int64_t summary_block_axis = std::int64_t(block_axis) - (position < block_axis ? 1 : 0);
+        const value carry_out = hillis_steele(b, last(prefix), last(h), summary_block_axis);  // the state after block c
+        const value carry_in = shift_up(b, carry_out, summary_block_axis, 1, 0.0);           // the state entering block c
+        dims_t broadcast;
+        for (std::size_t d = 0; d <= rank; ++d)
+            if (d != position) broadcast.push_back(std::int64_t(d));
+        h = b.add(h, b.mul(prefix, b.broadcast_in_dim(carry_in, h.type.dims, broadcast)));
+    }
+    dims_t full{batch, padded};
+    full.insert(full.end(), rest.begin(), rest.end());
+    h = b.reshape(position_major ? b.transpose(h, from_layout) : h, full);
+    if (padded == steps) return h;
+    dims_t begin(rank, 0), end = full;
+    end[1] = steps;
+    return b.slice(h, begin, end);
+}
+
 }  // namespace detail
 
 /// Inclusive scan h_t = a_t h_{t-1} + x_t from a zero state along dimension 1 of [B, T, ...] values
@@ -138,6 +224,9 @@ inline value emit_scan(function_builder& b, const scan_strategy& strategy, const
     switch (strategy.strategy) {
         case scan_strategy::kind::sequential: return detail::sequential_scan(b, a, x);
         case scan_strategy::kind::hillis_steele: return detail::hillis_steele(b, a, x, 1);
+        case scan_strategy::kind::blocked:
+            check<value_error>(strategy.chunk >= 0, "scan: blocked steps per block must not be negative, got ", strategy.chunk);
+            return detail::blocked_scan(b, a, x, strategy.chunk);
         case scan_strategy::kind::chunked_matmul: {
             check<value_error>(strategy.chunk >= 1, "scan: chunked_matmul chunk must be positive, got ", strategy.chunk);
             if (x.type.rank() == 2) return detail::chunked_matmul_scan(b, a, x, strategy.chunk);

@@ -1,17 +1,22 @@
 #pragma once
 // How a linear scan h_t = a_t h_{t-1} + x_t is lowered to StableHLO: a while loop over time,
-// Hillis–Steele doubling, or chunked triangular matmuls (the matrix-unit form; scan.hpp has the
-// lowerings).
+// Hillis–Steele doubling, chunked triangular matmuls (the matrix-unit form), or blocks scanned side
+// by side (a loop over the steps of a block, then the blocks' carries; scan.hpp has the lowerings).
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+#include "olmax/core/error.hpp"
 
 namespace olmax::xla::stablehlo {
 
 struct scan_strategy {
-    enum class kind { sequential, hillis_steele, chunked_matmul };
+    enum class kind { sequential, hillis_steele, chunked_matmul, blocked };
     kind strategy = kind::chunked_matmul;
-    std::int64_t chunk = 128;  // chunked_matmul only: the width of the per-chunk triangular matrix
+    /// chunked_matmul: the width of the per-chunk triangular matrix; blocked: the steps per block
+    /// (0: about sqrt(T), which balances the loop's iterations against the carries' work).
+    std::int64_t chunk = 128;
 
     static scan_strategy sequential() { return {kind::sequential, 0}; }
     static scan_strategy hillis_steele() { return {kind::hillis_steele, 0}; }
@@ -20,11 +25,26 @@ struct scan_strategy {
         static_assert(Chunk >= 1, "chunked_matmul: chunk must be positive");
         return {kind::chunked_matmul, Chunk};
     }
+    /// Time cut into blocks of `steps` (0: about sqrt(T)); one loop runs every block's steps side
+    /// by side, so a scan of T steps takes `steps` iterations instead of T, each over T / steps times
+    /// as much data; the blocks' carries then follow by doubling and one fix-up pass.
+    static scan_strategy blocked(std::int64_t steps = 0) { return {kind::blocked, steps}; }
+    /// The form a name (as train_lm's --xla_scan_form spells it) selects, each at its default size:
+    /// sequential, hillis_steele, blocked (about sqrt(T) steps per block), chunked_matmul (128).
+    static scan_strategy from_name(std::string_view name) {
+        if (name == "sequential") return sequential();
+        if (name == "hillis_steele") return hillis_steele();
+        if (name == "blocked") return blocked();
+        if (name == "chunked_matmul") return chunked_matmul<128>();
+        throw value_error(std::string("scan_strategy: unknown form '") + std::string(name) +
+                          "'; choose sequential, hillis_steele, blocked or chunked_matmul");
+    }
     std::string name() const {
         switch (strategy) {
             case kind::sequential: return "sequential";
             case kind::hillis_steele: return "hillis_steele";
             case kind::chunked_matmul: return "chunked_matmul" + std::to_string(chunk);
+            case kind::blocked: return chunk ? "blocked" + std::to_string(chunk) : "blocked";
         }
         return "?";
     }
