@@ -59,8 +59,9 @@ TEST_CASE("traced programs: the linear scan and its adjoint lower in every form"
     namespace hlo = olmax::xla::stablehlo;
     const std::size_t steps = 37;  // neither a multiple of the chunk nor a power of two
     // Time along axis 1 of [rows, T] (time-major loop), of [B, T, 3] (short runs: time-major too)
-    // and of [B, T, 4, 5] (runs of 20: the loop slices axis 1 in place).
-    for (const Shape& shape : {Shape{3, steps}, Shape{2, steps, 3}, Shape{2, steps, 4, 5}}) {
+    // and of [B, T, 4, 5] (runs of 20: the loop slices axis 1 in place); and the shortest times,
+    // one and two steps (one block, no padding).
+    for (const Shape& shape : {Shape{3, steps}, Shape{2, steps, 3}, Shape{2, steps, 4, 5}, Shape{2, 1, 3}, Shape{3, 2}}) {
         std::mt19937 rng(5);
         std::uniform_real_distribution<double> gate(0.0, 1.0), value(-1.0, 1.0);
         std::vector<std::vector<float>> in(3, std::vector<float>(olmax::numel(shape)));
