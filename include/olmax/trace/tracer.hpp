@@ -206,7 +206,9 @@ public:
     void set_native_calls(bool on) { native_calls_ = on; }
     bool native_calls() const { return native_calls_; }
     /// The form every linear scan of the program takes, instead of the target's (scan_form); for
-    /// comparing forms on one device (benchmarks/xla/scan_bandwidth.cpp). std::nullopt: the target's.
+    /// comparing forms on one device (benchmarks/xla/scan_bandwidth.cpp). Mamba's selective scan
+    /// follows it too: fused over time when it is sequential, else a linear scan of its
+    /// materialised states (trace/rules.hpp). std::nullopt: the target's.
     void set_scan_form(std::optional<xla::stablehlo::scan_strategy> form) { scan_form_ = form; }
     xla::stablehlo::scan_strategy scan_form() const {
         if (scan_form_) return *scan_form_;

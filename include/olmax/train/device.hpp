@@ -35,9 +35,10 @@ struct DeviceConfig {
                      "device taking batch / xla_devices rows; the gradients are all-reduced inside the step)"}
                 .in(1, 1 << 16),
             Field<C>{"xla_scan_form", &C::xla_scan_form,
-                     "--device=xla: the form of every linear scan in the compiled step (QRNN's pooling, Mamba's on devices other "
-                     "than the CPU): auto (the device's: a loop over time on the CPU, chunked triangular matmuls on a TPU, "
-                     "doubling elsewhere), sequential, hillis_steele, blocked or chunked_matmul (docs/xla.md)",
+                     "--device=xla: the form of every linear scan in the compiled step: auto (the device's: a loop over time on the "
+                     "CPU, chunked triangular matmuls on a TPU, doubling elsewhere), sequential, hillis_steele, blocked or "
+                     "chunked_matmul. QRNN's pooling takes it; so does Mamba's selective scan, fused over time when the form is "
+                     "sequential and else one linear scan of its materialised states (docs/xla.md)",
                      {"auto", "sequential", "hillis_steele", "blocked", "chunked_matmul"}},
             Field<C>{"precision", &C::precision,
                      "fp32, or bf16: every float GEMM (forward and backward) computes as bf16 matrix units do, operands rounded to "
