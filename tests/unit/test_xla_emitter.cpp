@@ -150,6 +150,15 @@ TEST_CASE("xla emitter: the blocked scan loops over the steps of one block, then
     CHECK(count_of(one.text, "\"stablehlo.pad\"") == 1);  // only scan_forward's fold of h0 into x_0
 }
 
+TEST_CASE("xla emitter: a scan form by its name (train_lm --xla_scan_form), and an unknown name refused", "[xla]") {
+    CHECK(shlo::scan_strategy::from_name("sequential") == shlo::scan_strategy::sequential());
+    CHECK(shlo::scan_strategy::from_name("hillis_steele") == shlo::scan_strategy::hillis_steele());
+    CHECK(shlo::scan_strategy::from_name("blocked") == shlo::scan_strategy::blocked());
+    CHECK(shlo::scan_strategy::from_name("chunked_matmul") == shlo::scan_strategy::chunked_matmul<128>());
+    CHECK_THROWS_WITH(shlo::scan_strategy::from_name("parallel"), Contains("unknown form 'parallel'") && Contains("blocked"));
+    CHECK_THROWS_AS(shlo::scan_forward(shlo::scan_strategy::blocked(-1), 2, 8), olmax::value_error);
+}
+
 TEST_CASE("xla emitter: chunked_matmul<128> uses a per-chunk 128x128 triangular matrix on the matrix unit", "[xla]") {
     const auto m = shlo::scan_forward(shlo::scan_strategy::chunked_matmul<128>(), 3, 4096);
     CHECK(m.key == "scan_forward.chunked_matmul128.3x4096");
