@@ -10,6 +10,7 @@
 
 #include "olmax/config/key_value.hpp"
 #include "olmax/core/error.hpp"
+#include "olmax/xla/stablehlo/scan_strategy.hpp"
 
 namespace olmax::train {
 
@@ -39,7 +40,7 @@ struct DeviceConfig {
                      "CPU, chunked triangular matmuls on a TPU, doubling elsewhere), sequential, hillis_steele, blocked or "
                      "chunked_matmul. QRNN's pooling takes it; so does Mamba's selective scan, fused over time when the form is "
                      "sequential and else one linear scan of its materialised states (docs/xla.md)",
-                     {"auto", "sequential", "hillis_steele", "blocked", "chunked_matmul"}},
+                     scan_form_choices()},
             Field<C>{"precision", &C::precision,
                      "fp32, or bf16: every float GEMM (forward and backward) computes as bf16 matrix units do, operands rounded to "
                      "bfloat16 and fp32 sums (on oneDNN's bf16 kernels when built with it and the CPU has bf16 units); "
@@ -47,6 +48,13 @@ struct DeviceConfig {
                      {"fp32", "bf16"}},
         };
         return f;
+    }
+
+    /// xla_scan_form's values: auto, then every form xla::stablehlo::scan_strategy knows by name.
+    static std::vector<std::string> scan_form_choices() {
+        std::vector<std::string> choices{"auto"};
+        for (const auto& named : xla::stablehlo::scan_strategy::named_forms()) choices.push_back(named.first);
+        return choices;
     }
 
     void validate() const {

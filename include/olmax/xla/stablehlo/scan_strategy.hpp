@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "olmax/core/error.hpp"
 
@@ -29,15 +31,19 @@ struct scan_strategy {
     /// by side, so a scan of T steps takes `steps` iterations instead of T, each over T / steps times
     /// as much data; the blocks' carries then follow by doubling and one fix-up pass.
     static scan_strategy blocked(std::int64_t steps = 0) { return {kind::blocked, steps}; }
-    /// The form a name (as train_lm's --xla_scan_form spells it) selects, each at its default size:
-    /// sequential, hillis_steele, blocked (about sqrt(T) steps per block), chunked_matmul (128).
+    /// Each form by the name train_lm's --xla_scan_form spells it, at its default size: sequential,
+    /// hillis_steele, blocked (about sqrt(T) steps per block), chunked_matmul (128).
+    static std::vector<std::pair<std::string, scan_strategy>> named_forms() {
+        return {{"sequential", sequential()}, {"hillis_steele", hillis_steele()}, {"blocked", blocked()}, {"chunked_matmul", chunked_matmul<128>()}};
+    }
+    /// The form `name` selects (named_forms); value_error naming the choices for any other name.
     static scan_strategy from_name(std::string_view name) {
-        if (name == "sequential") return sequential();
-        if (name == "hillis_steele") return hillis_steele();
-        if (name == "blocked") return blocked();
-        if (name == "chunked_matmul") return chunked_matmul<128>();
-        throw value_error(std::string("scan_strategy: unknown form '") + std::string(name) +
-                          "'; choose sequential, hillis_steele, blocked or chunked_matmul");
+        std::string choices;
+        for (const auto& [known, form] : named_forms()) {
+            if (known == name) return form;
+            choices += (choices.empty() ? "" : ", ") + known;
+        }
+        throw value_error(std::string("scan_strategy: unknown form '") + std::string(name) + "'; choose one of " + choices);
     }
     std::string name() const {
         switch (strategy) {
