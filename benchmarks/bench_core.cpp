@@ -8,6 +8,10 @@
 //  * gate chains forward and backward (taped, gradients of both inputs from dy): QRNN's fo-pooling input
 //    (1 - hard_sigmoid(f)) tanh(z) and Mamba's gated output y silu(z), as one olmax::pointwise op
 //    against the same chain op by op; counter items_per_second = elements per second.
+//  * AdamW's step (optim::AdamW::step) over float parameters with float64, float32 and bfloat16
+//    moments; counter bytes_per_second counts what the step must stream per parameter (the
+//    gradient-norm pass reads the gradient, then the update reads parameter, gradient and both
+//    moments and writes parameter and moments: 48, 32 and 24 bytes), comparable with the triad's.
 //
 // Reproduce (see benchmarks/RESULTS.md):
 //   build/benchmarks/bench_core --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -19,6 +23,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -29,6 +34,7 @@ struct Sizes {
     std::size_t gemm = 1024;        // m = n = k
     std::size_t stream = 1u << 25;  // elements per array (>= 2^25, far beyond the last-level cache)
     std::size_t gates = 1u << 20;   // elements per gate input: [16, 256, 256] of a small model's activations
+    std::size_t adam = 1u << 24;    // parameters of one AdamW step (16 M: 0.4-0.8 GiB streamed, beyond the cache)
 };
 
 Tensor<float> filled(const olmax::Shape& shape, std::uint64_t seed) {
@@ -143,13 +149,30 @@ void bm_gate_chain(benchmark::State& state, GateBuffers* buf, Chain chain, bool 
     state.counters["threads"] = olmax::backend::cpu_openmp::num_threads();
 }
 
+/// One AdamW step over `n` float parameters whose gradients stay set, moments of type `moments`.
+void bm_adamw_step(benchmark::State& state, std::size_t n, olmax::optim::MomentPrecision moments, double bytes_per_parameter) {
+    auto w = olmax::parameter(filled({n}, 10));
+    w.backward(filled({n}, 11));
+    olmax::optim::AdamWConfig config;
+    config.moments = moments;
+    config.weight_decay = 0.01;
+    olmax::optim::AdamW<float> opt({olmax::optim::make_parameter("w", olmax::nn::Role::weight, w)}, 1e-4, config);
+    for (auto _ : state) {
+        opt.step();
+        benchmark::DoNotOptimize(w.data());
+        benchmark::ClobberMemory();
+    }
+    state.counters["bytes_per_second"] = benchmark::Counter(double(n) * bytes_per_parameter, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["threads"] = olmax::backend::cpu_openmp::num_threads();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     Sizes sizes;
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
-        if (std::strcmp(argv[i], "--olmax_quick") == 0) sizes = {64, 1u << 16, 1u << 12};
+        if (std::strcmp(argv[i], "--olmax_quick") == 0) sizes = {64, 1u << 16, 1u << 12, 1u << 12};
         else args.push_back(argv[i]);
     }
     int count = int(args.size());
@@ -176,6 +199,13 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
     }
+    const std::string a = std::to_string(sizes.adam);
+    using olmax::optim::MomentPrecision;
+    for (const auto& [name, moments, bytes] : {std::tuple{"fp64", MomentPrecision::float64, 48.0}, std::tuple{"fp32", MomentPrecision::float32, 32.0},
+                                               std::tuple{"bf16", MomentPrecision::bfloat16, 24.0}})
+        benchmark::RegisterBenchmark(("adamw/" + std::string(name) + "/" + a).c_str(), bm_adamw_step, sizes.adam, moments, bytes)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     return 0;

@@ -87,7 +87,7 @@ struct Options {
                  "                                 with olmax::onednn and the CPU has bf16 units, as train_lm --precision=bf16)\n"
                  "       [--kept_layers N]  (recompute as a budget: the first N reversible layers keep their activations)\n"
                  "       [--max_grad_norm X]  (global-norm clip; default the main job's, 0 = off)\n"
-                 "       [--adam_moments fp64|fp32]  (AdamW's moment type; default the main job's)\n"
+                 "       [--adam_moments fp64|fp32|bf16]  (AdamW's moment type; default the main job's)\n"
                  "       [--update_in_backward 0|1]  (1: AdamW applied inside backward as each gradient is final, as train_lm\n"
                  "                                    --update_in_backward; with clipping (max_grad_norm > 0) backward runs twice)\n"
                  "       [--memory_profile]  (after the timed steps, one more step under olmax::memory::profile_peak: its\n"
@@ -161,7 +161,7 @@ Options parse(int argc, char** argv) {
             if (!(o.max_grad_norm >= 0)) usage("--max_grad_norm must be >= 0, got '" + value + "'");
         }
         else if (arg == "adam_moments") {
-            if (value != "fp64" && value != "fp32") usage("--adam_moments takes fp64 or fp32, got '" + value + "'");
+            if (value != "fp64" && value != "fp32" && value != "bf16") usage("--adam_moments takes fp64, fp32 or bf16, got '" + value + "'");
             o.adam_moments = value;
         }
         else if (arg == "precision") {
@@ -437,7 +437,7 @@ int run(int argc, char** argv) {
     const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : "olmax") +
                                   (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "") +
                                   (c.update_in_backward ? (c.max_grad_norm > 0 ? "-fused-clip" : "-fused") : "") +
-                                  (c.adam_moments == "fp64" ? "-adam64" : "");
+                                  (c.adam_moments == "fp64" ? "-adam64" : c.adam_moments == "bf16" ? "-adam16" : "");
     json << "{\"framework\": \"" << framework << "\", \"precision\": \"" << o.precision
          << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations()
          << ", \"update_in_backward\": " << (c.update_in_backward ? "true" : "false") << ", \"max_grad_norm\": " << c.max_grad_norm << ", \"adam_moments\": \"" << c.adam_moments << "\"" << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features

@@ -296,6 +296,18 @@ TEST_CASE("trace: what cannot be traced fails at trace time with one line naming
     CHECK_THROWS_WITH(trace::tracing(), Catch::Contains("already running"));
 }
 
+TEST_CASE("trace: AdamW with bfloat16 moments refuses a traced step", "[trace]") {
+    auto w = olmax::parameter(Tensor<float>({3}, 1.0f));
+    olmax::optim::AdamWConfig c;
+    c.moments = olmax::optim::MomentPrecision::bfloat16;
+    olmax::optim::AdamW<float> opt({olmax::optim::make_parameter("w", olmax::nn::Role::weight, w)}, 0.01, c);
+    trace::tracing t;
+    t.bind_state(w);
+    opt.for_each_moment([&](const auto& m) { t.bind_state(m); });
+    olmax::sum(w * w).backward();
+    CHECK_THROWS_WITH(opt.step(), Catch::Contains("bfloat16 moments"));
+}
+
 TEST_CASE("trace: Mamba's selective scan traced for the CPU never holds the [B, T, E, N] states, forward or backward", "[trace]") {
     // B 2, T 36 (chunks of 8: 5 checkpoints, the last chunk padded), E 3, N 4. A GPU's form
     // materialises the states (as [B, T, E N] for its linear scan); the CPU's fused loops keep one

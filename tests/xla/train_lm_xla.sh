@@ -128,4 +128,5 @@ expect_error "does not exist" --device=xla --xla_plugin="$work/no_such_plugin.so
 expect_error "grad_accumulation=1" --device=xla --xla_plugin="$plugin" --grad_accumulation=2
 expect_error "multiple of 'xla_devices'" --device=xla --xla_plugin="$plugin" --xla_devices=3
 expect_error "expects one of auto, sequential" --device=xla --xla_plugin="$plugin" --xla_scan_form=parallel
+expect_error "adam_moments=bf16 is for --device=cpu" --device=xla --xla_plugin="$plugin" --adam_moments=bf16
 echo "train_lm --device=xla: all checks passed"

@@ -6,7 +6,8 @@
 // it, so the debiased branch never ran); here every EMA is debiased, m / (1 - beta1^t) and
 // v / (1 - beta2^t) with t counted from 1. Moments are kept in double by default, as the original
 // did since its PR #104 (AdamWConfig::moments; float32 moments, torch.optim.AdamW's for float
-// parameters, halve the optimiser's memory and a third of a step's traffic).
+// parameters, halve the optimiser's memory and a third of a step's traffic; bfloat16 moments halve
+// it again, see MomentPrecision::bfloat16).
 //
 // Speed: a step streams ~44 bytes per float parameter with double moments (parameter, gradient,
 // two moments in; parameter and moments out; 28 with float32 moments), so it is written to be
@@ -23,6 +24,7 @@
 // With global-norm clipping it runs backward twice, as LOMO does: once for the norm, once to update.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -58,7 +60,65 @@ struct AdamCoefficients {
     double l2 = 0;          // wd (L2 mode)
     double beta1 = 0, one_minus_beta1 = 1, beta2 = 0, one_minus_beta2 = 1;
     double step_size = 0, bias_correction2_sqrt = 1, eps = 0;
+    // bfloat16 moments only: the keys of their stochastic rounding this step (store_moment).
+    std::uint32_t first_moment_key = 0, second_moment_key = 0;
 };
+
+/// The type an update computes in for moments stored as M: M itself, or float for bfloat16.
+template <class M>
+using moment_compute_t = std::conditional_t<std::is_same_v<M, bfloat16>, float, M>;
+
+/// A 32-bit integer hash whose output bits each depend on every input bit ("lowbias32", from
+/// Chris Wellons' hash-prospector, 2018: x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15;
+/// x *= 0x846ca68b; x ^= x >> 16). U is std::uint32_t or a batch of them.
+template <class U>
+[[gnu::always_inline]] inline U mix32(U x) {
+    x = x ^ (x >> 16);
+    x = x * U(0x7feb352du);
+    x = x ^ (x >> 15);
+    x = x * U(0x846ca68bu);
+    return x ^ (x >> 16);
+}
+
+/// Moments of M loaded as a batch of the type the update computes in.
+template <class Arch, class M>
+[[gnu::always_inline]] inline xsimd::batch<moment_compute_t<M>, Arch> load_moment(const M* p) {
+    if constexpr (std::is_same_v<M, bfloat16>) {
+        using bits = xsimd::batch<std::uint32_t, Arch>;
+        alignas(64) std::uint32_t widened[bits::size];
+        for (std::size_t k = 0; k < bits::size; ++k) widened[k] = std::uint32_t(p[k].bits()) << 16;  // exact
+        return xsimd::bitwise_cast<xsimd::batch<float, Arch>>(bits::load_aligned(widened));
+    } else {
+        return xsimd::batch<M, Arch>::load_unaligned(p);
+    }
+}
+
+/// Stores a batch of moments into M. Into bfloat16 with stochastic rounding: up with probability
+/// equal to the dropped fraction of an ulp, so the stored value is the computed one in
+/// expectation. Rounding to nearest would stall the second moment: with beta2 = 0.999 each step
+/// moves v by ~0.1%, under half a bfloat16 ulp (0.2-0.4%), so v would stop following g^2 (test_optim
+/// checks this). The random bits hash the element's index in its parameter with the step's `key`,
+/// so they do not depend on threads, batches or update-in-backward slices, and a run repeats bit for
+/// bit (also after a resume). Non-finite values stay non-finite.
+template <class Arch, class M>
+[[gnu::always_inline]] inline void store_moment(M* p, const xsimd::batch<moment_compute_t<M>, Arch>& x, std::size_t index,
+                                                std::uint32_t key) {
+    if constexpr (std::is_same_v<M, bfloat16>) {
+        using bits = xsimd::batch<std::uint32_t, Arch>;
+        static constexpr auto lanes = [] {
+            std::array<std::uint32_t, bits::size> a{};
+            for (std::size_t k = 0; k < a.size(); ++k) a[k] = std::uint32_t(k);
+            return a;
+        }();
+        alignas(64) std::uint32_t lane[bits::size];
+        const bits random = mix32((bits(std::uint32_t(index)) + bits::load_unaligned(lanes.data())) ^ bits(key));
+        const bits rounded = (xsimd::bitwise_cast<bits>(x) + (random & bits(0xFFFFu))) >> 16;
+        rounded.store_aligned(lane);
+        for (std::size_t k = 0; k < bits::size; ++k) p[k] = bfloat16::from_bits(std::uint16_t(lane[k]));
+    } else {
+        x.store_unaligned(p);
+    }
+}
 
 /// AdamCoefficients as values of the type an update computes with (`S`): SIMD batches on the host,
 /// rank-0 tensors inside a traced program.
@@ -88,32 +148,34 @@ template <bool Decoupled, class V, class S>
     param = fnma(c.step_size, m / denom, param);
 }
 
-/// Updates `xsimd::batch<M, Arch>::size` consecutive elements, computing in the moments' type M
-/// (double, or float for float32 moments). Lanes are independent and every element, tails
-/// included, goes through this one sequence of operations, so its result does not depend on the
-/// batch, thread or tail it falls in (tests/unit/test_optim.cpp checks thread counts).
+/// Updates `xsimd::batch<moment_compute_t<M>, Arch>::size` consecutive elements, computing in the
+/// moments' type M (double, or float for float32 and bfloat16 moments); `index` is the first one's
+/// in its parameter. Lanes are independent and every element, tails included, goes through this
+/// one sequence of operations, so its result does not depend on the batch, thread or tail it falls
+/// in (tests/unit/test_optim.cpp checks thread counts).
 template <bool Decoupled, class Arch, Real T, class M>
-[[gnu::always_inline]] inline void adam_update_batch(T* w, const T* g, M* m, M* v, const AdamCoefficients& c) {
-    using batch = xsimd::batch<M, Arch>;
+[[gnu::always_inline]] inline void adam_update_batch(T* w, const T* g, M* m, M* v, std::size_t index, const AdamCoefficients& c) {
+    using batch = xsimd::batch<moment_compute_t<M>, Arch>;
     const AdamTerms<batch> terms{batch(c.grad_scale), batch(c.decay),           batch(c.l2),        batch(c.beta1),
                                  batch(c.one_minus_beta1), batch(c.beta2),       batch(c.one_minus_beta2), batch(c.step_size),
                                  batch(c.bias_correction2_sqrt), batch(c.eps)};
-    batch param = batch::load_unaligned(w), m_new = batch::load_unaligned(m), v_new = batch::load_unaligned(v);
+    batch param = batch::load_unaligned(w), m_new = load_moment<Arch>(m), v_new = load_moment<Arch>(v);
     adam_update_values<Decoupled>(param, batch::load_unaligned(g), m_new, v_new, terms);
-    m_new.store_unaligned(m);
-    v_new.store_unaligned(v);
+    store_moment<Arch>(m, m_new, index, c.first_moment_key);
+    store_moment<Arch>(v, v_new, index, c.second_moment_key);
     param.store_unaligned(w);
 }
-/// Updates elements [0, n): whole batches in place, the last partial batch through zero-padded
-/// copies (the same code, so the same rounding). `c` is a copy so that the compiler knows the
+/// Updates elements [0, n), the first of which is element `index` of its parameter: whole batches in
+/// place, the last partial batch through zero-padded copies (the same code, so the same rounding).
+/// `c` is a copy so that the compiler knows the
 /// stores to the moments cannot change it and keeps the constants in registers. `Arch` (the
 /// instruction set this translation unit is compiled for) is part of the function's name, so
 /// translation units built for different CPUs never share one instantiation.
 template <bool Decoupled, Real T, class M, class Arch = xsimd::default_arch>
-void adam_update_range(T* w, const T* g, M* m, M* v, std::size_t n, const AdamCoefficients c) {
-    constexpr std::size_t lanes = xsimd::batch<M, Arch>::size;
+void adam_update_range(T* w, const T* g, M* m, M* v, std::size_t n, std::size_t index, const AdamCoefficients c) {
+    constexpr std::size_t lanes = xsimd::batch<moment_compute_t<M>, Arch>::size;
     std::size_t i = 0;
-    for (; i + lanes <= n; i += lanes) adam_update_batch<Decoupled, Arch>(w + i, g + i, m + i, v + i, c);
+    for (; i + lanes <= n; i += lanes) adam_update_batch<Decoupled, Arch>(w + i, g + i, m + i, v + i, index + i, c);
     if (i == n) return;
     const std::size_t rest = n - i;
     T w_tail[lanes] = {}, g_tail[lanes] = {};
@@ -122,7 +184,7 @@ void adam_update_range(T* w, const T* g, M* m, M* v, std::size_t n, const AdamCo
     std::copy_n(g + i, rest, g_tail);
     std::copy_n(m + i, rest, m_tail);
     std::copy_n(v + i, rest, v_tail);
-    adam_update_batch<Decoupled, Arch>(w_tail, g_tail, m_tail, v_tail, c);
+    adam_update_batch<Decoupled, Arch>(w_tail, g_tail, m_tail, v_tail, index + i, c);
     std::copy_n(w_tail, rest, w + i);
     std::copy_n(m_tail, rest, m + i);
     std::copy_n(v_tail, rest, v + i);
@@ -144,6 +206,11 @@ enum class MomentPrecision {
               // its divisions and square roots: 237 against 69 ms for 42 M parameters on one
               // thread of an AMX Xeon); 30 updates agree with float64's to 5e-7 of the parameters'
               // scale (tests/unit/test_optim.cpp)
+    bfloat16, // a quarter of float64's state (4 bytes per parameter), 20 bytes streamed per float
+              // parameter; computed in float and stored with stochastic rounding (detail::store_moment),
+              // which keeps the second moment following g^2 where rounding to nearest stalls it.
+              // Accuracy against float32 moments: tests/unit/test_optim.cpp, docs/TRAIN_LM.md. CPU
+              // only: a traced step refuses it (its rounding has no lowering rule)
 };
 
 enum class WeightDecayMode {
@@ -166,8 +233,8 @@ struct AdamWConfig {
     AgcConfig agc{};
     /// Global-norm clipping after AGC (0 = off).
     double max_grad_norm = 0.0;
-    /// The moments' type; checkpoints store them in it, and a state of the other type is converted
-    /// on loading.
+    /// The moments' type; checkpoints store them in it (bfloat16 ones widened to float32, exactly),
+    /// and a state of another type is converted on loading.
     MomentPrecision moments = MomentPrecision::float64;
 
     void validate() const {
@@ -227,7 +294,7 @@ public:
             check(buffers.insert(olmax::detail::impl_ptr_of(p.tensor).get()).second, "AdamW: parameter '", p.name, "' is the same tensor as another one");
             check(p.lr_scale >= 0 && std::isfinite(p.lr_scale), "AdamW: parameter '", p.name, "' has lr_scale ", p.lr_scale);
             device_scope with_parameter(p.tensor.device());  // the moments live where their parameter does
-            Slot slot{p.name, 0, {}, {}, {}, {}};
+            Slot slot{p.name, 0, {}, {}, {}, {}, {}, {}};
             with_moment_type([&]<class M>(std::type_identity<M>) {
                 slot.template moments<M>() = std::tuple(zeros<M>(p.tensor.shape()), zeros<M>(p.tensor.shape()));
             });
@@ -415,7 +482,7 @@ public:
             check(found->step >= 0 && found->step <= state.step, "AdamW::import_state: parameter '", slots_[i].name, "' has step ",
                   found->step, " beyond the optimiser step ", state.step);
             const Device device = params_[i].tensor.device();  // a checkpoint's moments come back to their parameter's device
-            Slot slot{found->name, found->step, {}, {}, {}, {}};
+            Slot slot{found->name, found->step, {}, {}, {}, {}, {}, {}};
             with_moment_type([&]<class M>(std::type_identity<M>) {
                 slot.template moments<M>() = std::tuple(cast<M>(found->first_moment).to(device), cast<M>(found->second_moment).to(device));
             });
@@ -427,9 +494,9 @@ public:
 
     /// The state as named entries, the form checkpoints store (olmax/io/checkpoint.hpp): "step",
     /// then per parameter "<name>/step", "<name>/first_moment" and "<name>/second_moment", in
-    /// parameter order, the moments in AdamWConfig::moments' type. The moment tensors share this
-    /// optimiser's buffers, which the next step changes: clone them (or use export_state) to keep
-    /// a snapshot.
+    /// parameter order, the moments in AdamWConfig::moments' type (bfloat16 ones as float32 copies,
+    /// exact). float32 and float64 moment tensors share this optimiser's buffers, which the next
+    /// step changes: clone them (or use export_state) to keep a snapshot.
     StateDict state_dict() const {
         StateDict entries;
         entries.add("step", step_);
@@ -437,8 +504,13 @@ public:
             entries.add(s.name + "/step", s.step);
             with_moment_type([&]<class M>(std::type_identity<M>) {
                 const auto [m, v] = s.template moments<M>();
-                entries.add(s.name + "/first_moment", m);
-                entries.add(s.name + "/second_moment", v);
+                if constexpr (std::is_same_v<M, bfloat16>) {
+                    entries.add(s.name + "/first_moment", cast<float>(m));
+                    entries.add(s.name + "/second_moment", cast<float>(v));
+                } else {
+                    entries.add(s.name + "/first_moment", m);
+                    entries.add(s.name + "/second_moment", v);
+                }
             });
         }
         return entries;
@@ -467,7 +539,7 @@ public:
     }
 
     /// Calls f(tensor) for each moment tensor (first and second of each parameter, in parameter
-    /// order; a Tensor<double> or Tensor<float>, AdamWConfig::moments), sharing this optimiser's
+    /// order; a Tensor<double>, Tensor<float> or Tensor<bfloat16>, AdamWConfig::moments), sharing this optimiser's
     /// buffers: the optimiser's part of a traced step's state (olmax/trace/).
     template <class F>
     void for_each_moment(F&& f) const {
@@ -498,25 +570,32 @@ private:
         std::int64_t step = 0;  // updates this parameter has received (bias-correction t)
         Tensor<double> first64, second64;
         Tensor<float> first32, second32;
+        Tensor<bfloat16> first16, second16;
 
         /// The pair of type M, as references (std::tie).
         template <class M>
         auto moments() {
             if constexpr (std::is_same_v<M, double>) return std::tie(first64, second64);
-            else return std::tie(first32, second32);
+            else if constexpr (std::is_same_v<M, float>) return std::tie(first32, second32);
+            else return std::tie(first16, second16);
         }
         template <class M>
         auto moments() const {
             if constexpr (std::is_same_v<M, double>) return std::tie(first64, second64);
-            else return std::tie(first32, second32);
+            else if constexpr (std::is_same_v<M, float>) return std::tie(first32, second32);
+            else return std::tie(first16, second16);
         }
     };
 
     /// f(std::type_identity<M>{}) for the moments' type M.
     template <class F>
     void with_moment_type(F&& f) const {
-        if (config_.moments == MomentPrecision::float64) f(std::type_identity<double>{});
-        else f(std::type_identity<float>{});
+        switch (config_.moments) {
+            case MomentPrecision::float64: return f(std::type_identity<double>{});
+            case MomentPrecision::float32: return f(std::type_identity<float>{});
+            case MomentPrecision::bfloat16: return f(std::type_identity<bfloat16>{});
+        }
+        throw value_error(olmax::detail::concat("AdamW: unknown MomentPrecision ", int(config_.moments)));
     }
 
     /// One parameter's share of the update: its buffers and constants, at `start` in the
@@ -529,6 +608,7 @@ private:
         M* v;
         std::size_t start, size;
         detail::AdamCoefficients coefficients;
+        std::size_t index = 0;  // of w[0] in its parameter (the key of bfloat16 moments' rounding)
     };
 
     /// The constants of parameter i's update this step, in torch.optim.AdamW's order; its moments'
@@ -551,6 +631,10 @@ private:
         c.step_size = lr / (1.0 - std::pow(config_.beta1, t));
         c.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(config_.beta2, t));
         c.eps = config_.eps;
+        // Per parameter, update and moment: the same in every run, so runs and resumes repeat.
+        const std::uint32_t key = detail::mix32(std::uint32_t(i) * 0x9E3779B9u ^ detail::mix32(std::uint32_t(slot.step)));
+        c.first_moment_key = detail::mix32(key);
+        c.second_moment_key = detail::mix32(key + 1u);
         return c;
     }
 
@@ -566,6 +650,9 @@ private:
         } else {
             check<trace_error>(config_.agc.clip == 0, "AdamW::step: adaptive gradient clipping (agc.clip ", config_.agc.clip,
                                ") has no lowering rule yet; trace with agc.clip = 0");
+            check<trace_error>(config_.moments != MomentPrecision::bfloat16,
+                               "AdamW::step: bfloat16 moments (their stochastic rounding) have no lowering rule yet; trace with float32 "
+                               "moments");
             for (std::size_t i = 0; i < params_.size(); ++i) {
                 check<trace_error>(grads[i].defined(), "AdamW::step: parameter '", params_[i].name,
                                    "' has no gradient in the traced step; every parameter of a traced step must receive one");
@@ -612,13 +699,15 @@ private:
                                                               correction2,
                                                               constant(config_.eps)};
                 with_moment_type([&]<class M>(std::type_identity<M>) {
-                    auto [first, second] = slots_[i].template moments<M>();
-                    Tensor<float> w = params_[i].tensor, m = backend::trace::as_float(first), v = backend::trace::as_float(second);
-                    if (decoupled) detail::adam_update_values<true>(w, grads[i], m, v, terms);
-                    else detail::adam_update_values<false>(w, grads[i], m, v, terms);
-                    backend::trace::assign(params_[i].tensor, w);
-                    backend::trace::assign(first, m);
-                    backend::trace::assign(second, v);
+                    if constexpr (!std::is_same_v<M, bfloat16>) {  // (bfloat16 was refused above)
+                        auto [first, second] = slots_[i].template moments<M>();
+                        Tensor<float> w = params_[i].tensor, m = backend::trace::as_float(first), v = backend::trace::as_float(second);
+                        if (decoupled) detail::adam_update_values<true>(w, grads[i], m, v, terms);
+                        else detail::adam_update_values<false>(w, grads[i], m, v, terms);
+                        backend::trace::assign(params_[i].tensor, w);
+                        backend::trace::assign(first, m);
+                        backend::trace::assign(second, v);
+                    }
                 });
             }
             StepReport report;
@@ -639,9 +728,11 @@ private:
             for (; begin < end; ++job) {
                 const std::size_t lo = begin - job->start, hi = std::min(end - job->start, job->size);
                 if (decoupled)
-                    detail::adam_update_range<true>(job->w + lo, job->g + lo, job->m + lo, job->v + lo, hi - lo, job->coefficients);
+                    detail::adam_update_range<true>(job->w + lo, job->g + lo, job->m + lo, job->v + lo, hi - lo, job->index + lo,
+                                                    job->coefficients);
                 else
-                    detail::adam_update_range<false>(job->w + lo, job->g + lo, job->m + lo, job->v + lo, hi - lo, job->coefficients);
+                    detail::adam_update_range<false>(job->w + lo, job->g + lo, job->m + lo, job->v + lo, hi - lo, job->index + lo,
+                                                     job->coefficients);
                 begin = job->start + hi;
             }
         });
@@ -710,7 +801,8 @@ private:
             if (apply)
                 with_moment_type([&]<class M>(std::type_identity<M>) {
                     auto [m, v] = slots_[i].template moments<M>();
-                    run_jobs<M>({UpdateJob<M>{params_[i].tensor.data() + offset, grad, m.data() + offset, v.data() + offset, 0, n, c}}, n);
+                    run_jobs<M>({UpdateJob<M>{params_[i].tensor.data() + offset, grad, m.data() + offset, v.data() + offset, 0, n, c, offset}},
+                                n);
                 });
         };
         auto take_slice = [&](std::size_t i, std::size_t offset, const Tensor<T>& grad) {

@@ -46,7 +46,8 @@ struct OptimizerConfig {
             Field<C>{"decay_policy", &C::decay_policy, "which parameter roles are decayed", {"matrices", "embeddings_only", "all", "none"}},
             Field<C>{"agc_clip", &C::agc_clip, "unit-wise adaptive gradient clipping ratio (0: off)"}.in(0, 1e6),
             Field<C>{"max_grad_norm", &C::max_grad_norm, "global gradient-norm clip (0: off)"}.in(0, 1e12),
-            Field<C>{"adam_moments", &C::adam_moments, "AdamW's moment type (fp32, as PyTorch: half the optimiser memory of fp64 and a faster update)", {"fp32", "fp64"}},
+            Field<C>{"adam_moments", &C::adam_moments, "AdamW's moment type (fp32, as PyTorch: half the optimiser memory of fp64 and a faster update; bf16: half "
+                                 "fp32's, stochastically rounded, --device=cpu only)", {"fp32", "fp64", "bf16"}},
         };
         return f;
     }
@@ -69,7 +70,9 @@ inline optim::AdamWConfig optimizer_config(const OptimizerConfig& c) {
     o.decay_policy = optim::parse_weight_decay_policy(c.decay_policy);
     o.agc.clip = c.agc_clip;
     o.max_grad_norm = c.max_grad_norm;
-    o.moments = c.adam_moments == "fp32" ? optim::MomentPrecision::float32 : optim::MomentPrecision::float64;
+    o.moments = c.adam_moments == "fp32"   ? optim::MomentPrecision::float32
+                : c.adam_moments == "bf16" ? optim::MomentPrecision::bfloat16
+                                           : optim::MomentPrecision::float64;
     return o;
 }
 
