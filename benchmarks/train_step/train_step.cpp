@@ -160,10 +160,7 @@ Options parse(int argc, char** argv) {
             }
             if (!(o.max_grad_norm >= 0)) usage("--max_grad_norm must be >= 0, got '" + value + "'");
         }
-        else if (arg == "adam_moments") {
-            if (value != "fp64" && value != "fp32" && value != "bf16") usage("--adam_moments takes fp64, fp32 or bf16, got '" + value + "'");
-            o.adam_moments = value;
-        }
+        else if (arg == "adam_moments") o.adam_moments = value;  // its choices are checked with the main job's keys (TrainConfig::validate)
         else if (arg == "precision") {
             if (value != "fp32" && value != "bf16") usage("--precision takes fp32 or bf16, got '" + value + "'");
             o.precision = value;

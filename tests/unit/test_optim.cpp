@@ -333,7 +333,7 @@ TEST_CASE("optim: gradients overflowing the norm are finite, NaN/Inf are refused
 
 TEST_CASE("optim: AdamW results do not depend on the thread count or on tensor sizes", "[optim]") {
     // Sizes around the SIMD width (tails), uneven thread pieces that start mid-tensor, clipping
-    // active, decoupled and L2 decay, both moment types: every element must come out bit-identical,
+    // active, decoupled and L2 decay, every moment type: every element must come out bit-identical,
     // and equal to the scalar formula of torch.optim.AdamW to rounding.
     for (auto moments : {optim::MomentPrecision::float64, optim::MomentPrecision::float32, optim::MomentPrecision::bfloat16})
     for (auto mode : {optim::WeightDecayMode::decoupled, optim::WeightDecayMode::l2}) {
@@ -553,8 +553,8 @@ TEST_CASE("optim: float32 moments follow float64 moments and move between checkp
     // from its own checkpoint repeats the straight run bit for bit (the rounding's random bits
     // depend on the step, not on the process).
     Tensor<float> w16;
-    auto brain = make(optim::MomentPrecision::bfloat16, w16);
-    run_steps(brain, w16, 0, 30);
+    auto bf16_moments = make(optim::MomentPrecision::bfloat16, w16);
+    run_steps(bf16_moments, w16, 0, 30);
     INFO("bfloat16 moments against float64 moments: " << worst(w64, w16) << " of the parameters' scale");
     CHECK(worst(w64, w16) <= 1e-3);
     CHECK(worst(w64, w16) > worst(w64, w32));  // bfloat16 really is the coarser type
