@@ -105,9 +105,10 @@ int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::uniq
     auto text = train::read_text_data(c.data, c.held_out_fraction, std::uint64_t(c.seed));
     for (const auto& line : text.report) out << line << "\n";
     Model model(models::ByteLMConfig::from(c));  // checked in run()
-    if (c.device == "cpu") {
+    {  // on XLA the compiled step keeps them too (as many as fit this host's memory: the CPU plugin's)
         const auto rows = std::size_t(c.batch * (rank + 1) / ranks - c.batch * rank / ranks);
-        const std::size_t kept = model.keep_activations(c.kept_layers, rows, std::size_t(c.sequence), train::shards_for(c));
+        const std::size_t shards = c.device == "xla" ? std::size_t(c.xla_devices) : train::shards_for(c);
+        const std::size_t kept = model.keep_activations(c.kept_layers, rows, std::size_t(c.sequence), shards);
         if (kept > 0) out << "recompute: the first " << kept << " of " << c.depth << " blocks keep their activations" << (c.kept_layers < 0 ? " (as many as fit half the free memory; --kept_layers=0: none)" : "") << "\n";
     }
     olmax::optim::AdamW<typename Model::value_type> opt(model.parameters(), train::optimizer_config(c));

@@ -252,16 +252,51 @@ TEST_CASE("trace: a stack of layers is one loop whose gradient (stored inputs, o
     config.depth = 3;
     config.norm_eps = 1e-3;
     using Block = olmax::models::ConvMixer::block<float>;  // reversible: dense conv 5, mixer 16
-    for (bool reversible : {true, false}) {
-        INFO((reversible ? "memory saving (inputs rebuilt)" : "inputs stored"));
-        config.reversible_backward = reversible;
+    for (int mode : {0, 1, 2}) {
+        // the mixer's period at S = 32 is 2: depth 3 is one loop of 2 plus one layer; with 2 kept
+        // layers depth 5 is a kept loop of 2, a loop of 2 rebuilding its inputs, and one layer
+        INFO((mode == 0 ? "memory saving (inputs rebuilt)" : mode == 1 ? "not reversible (every layer kept)" : "memory saving, 2 of 5 layers kept"));
+        config.reversible_backward = mode != 1;
+        config.depth = mode == 2 ? 5 : 3;
         olmax::Generator rng(3);
         olmax::nn::Stack<Block> stack(config, rng);
+        if (mode == 2) stack.keep_activations(2);
         std::vector<Tensor<float>> state;
         for (const auto& p : olmax::optim::parameters_of(stack)) state.push_back(p.tensor);
-        // [2 streams, batch 1, S 32, F 4]; the mixer's period at S = 32 is 2, so depth 3 is one loop of 2 plus one layer
-        CHECK_TRACED({{2, 1, 32, 4}}, [&](const Traced& x) { return stack.forward(x[0]); }, -1.5, 1.5, state);
+        CHECK_TRACED({{2, 1, 32, 4}}, [&](const Traced& x) { return stack.forward(x[0]); }, -1.5, 1.5, state);  // [2 streams, batch 1, S 32, F 4]
     }
+}
+
+TEST_CASE("trace: kept layers' backward reads what their forward loop stored instead of running the layers again", "[trace]") {
+    // A reversible conv/mixer stack, depth 4 (two iterations of its period 2), every layer kept or
+    // none: the kept program's reverse loop runs the backward's products only, the other's runs the
+    // layers' forward products again (inside `reverse`) before them.
+    auto products = [](std::size_t kept, std::string* text_out = nullptr) {
+        olmax::nn::Config config;
+        config.features = 4;
+        config.norm_eps = 1e-3;
+        olmax::Generator rng(4);
+        olmax::nn::Stack<olmax::models::ConvMixer::block<float>> stack(config, 4, rng);
+        stack.keep_activations(kept);
+        trace::tracing t;
+        for (const auto& p : olmax::optim::parameters_of(stack)) t.bind_state(p.tensor);
+        auto x = t.input<float>({2, 1, 32, 4}).set_requires_grad(true);
+        Tensor<float> loss = olmax::sum(olmax::square(stack.forward(x)));
+        loss.backward();
+        const std::string text = t.finish({loss, x.grad()}).module.text;
+        if (text_out) *text_out = text;
+        std::size_t count = 0;
+        for (auto at = text.find("stablehlo.dot_general"); at != std::string::npos; at = text.find("stablehlo.dot_general", at + 1)) ++count;
+        return count;
+    };
+    std::string kept_text;
+    const std::size_t rebuilt = products(0), kept = products(4, &kept_text);
+    INFO("products: every layer rebuilt " << rebuilt << ", every layer kept " << kept);
+    // forward F, backward 2F: 3F kept; reverse runs F again: 4F rebuilt
+    CHECK(kept * 4 == rebuilt * 3);
+    std::size_t loops = 0;
+    for (auto at = kept_text.find("stablehlo.while"); at != std::string::npos; at = kept_text.find("stablehlo.while", at + 1)) ++loops;
+    CHECK(loops == 2);  // one forward loop, one reverse loop
 }
 
 TEST_CASE("trace: the checker catches a wrong rule", "[trace]") {

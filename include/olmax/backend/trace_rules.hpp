@@ -168,6 +168,9 @@ struct layer_loop {
     std::size_t depth = 1, period = 1;
     layer_fn body;
     reverse_fn reverse;                  // empty: not reversible (the loop stores each layer's input)
+    /// Leading layers whose activations the forward stores, so the backward does not run them again
+    /// (nn::Stack::keep_activations; a stack that is not reversible keeps all, as its tape does).
+    std::size_t kept = 0;
 };
 
 namespace detail {

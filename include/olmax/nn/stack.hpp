@@ -205,7 +205,8 @@ private:
 
     /// The layers inside a traced program (olmax/trace/): ONE loop over the stacked parameters
     /// (backend::trace::layer_loop), its body this block's own forward, traced once; a reversible
-    /// block's backward is the block's own `reverse`, as in the eager stack.
+    /// block's backward is the block's own `reverse`, as in the eager stack, except for its kept
+    /// layers (keep_activations), whose forward loop stores what their backward reads.
     Tensor<T> traced_layers(const Tensor<T>& x, const LayerContext& ctx) const {
         if constexpr (!std::is_same_v<T, float>) {
             throw trace_error("nn::Stack: traced programs compute in float32; trace a float model");
@@ -215,6 +216,7 @@ private:
             loop.input = x;
             loop.depth = depth_;
             loop.period = layer_period(worker_, x.shape());
+            loop.kept = depth_;  // as the tape keeps a plain stack's activations
             for (const auto& slot : slots_) (slot.sharing == Sharing::tied ? loop.shared : loop.stacked).push_back(slot.stored);
             // A copy of the block whose parameters are this layer's traced ones.
             auto bound = [this](std::span<const Tensor<T>> per_layer, std::span<const Tensor<T>> shared) {
@@ -231,11 +233,13 @@ private:
                 return kept_forward(bound(per_layer, shared), h, layer_context(ctx, position, depth_));
             };
             if constexpr (InvertibleLayer<Block>)
-                if (worker_.memory_saving())
+                if (worker_.memory_saving()) {
                     loop.reverse = [this, ctx, bound](const Tensor<T>& y, const Tensor<T>& dy, std::span<const Tensor<T>> per_layer,
                                                       std::span<const Tensor<T>> shared, std::size_t position) {
                         return bound(per_layer, shared).reverse(y, dy, layer_context(ctx, position, depth_));
                     };
+                    loop.kept = kept_;  // the rest rebuild their inputs, as in the eager stack
+                }
             return backend::trace::loop_layers(loop);
         }
     }

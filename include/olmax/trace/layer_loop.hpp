@@ -12,11 +12,21 @@
 // layer is stored, memory stays flat in depth, and each function of the block runs once per layer
 // in the backward as on the CPU.
 //
+// Kept layers (nn::Stack::keep_activations, and every layer of a stack that is not reversible, as
+// on the CPU): the first `kept` layers (whole periods) run as a loop of their own whose body is the
+// gradient body's forward half. It stores, per layer, the values the backward half reads (those
+// that depend on the layer's input, found in the traced graph; reshapes and slices of them are
+// recomputed instead), and the reverse loop reads them instead of running the layer again: the
+// backward costs what the CPU's taped backward costs, and the memory grows with depth as the
+// CPU's kept layers do.
+//
 // A layer whose behaviour depends on its index (the hierarchical mixer's mode) declares the period
 // after which it repeats; each iteration then runs `period` layers, and the depth % period layers
 // left over run after the loop.
 
+#include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <tuple>
@@ -101,8 +111,9 @@ inline std::pair<Tf, Tf> reverse_layer(const backend::trace::layer_loop& loop, c
 /// The reverse loop's body: from the layer's input (or, reversible, its output), its parameters and
 /// the gradient of its output, the gradients of its input and parameters (and, reversible, the
 /// input itself first).
+/// `forward_output` (not reversible only): set to the layer's output inside the body.
 inline std::shared_ptr<gx::layer_body> gradient_body(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped,
-                                                     bool reversible) {
+                                                     bool reversible, gx::var* forward_output = nullptr) {
     body_graph b = new_body(carry, looped, loop.shared, 1);
     const tracing::body_scope into(active(), *b.body->g);
     autodiff::tape_scope tape;
@@ -130,6 +141,7 @@ inline std::shared_ptr<gx::layer_body> gradient_body(const backend::trace::layer
         std::vector<Tf> layer;
         for (const auto& w : b.layer) layer.push_back(wrap(var_of(w)).set_requires_grad(true));
         Tf y = run_period(loop, x, layer, shared);
+        if (forward_output) *forward_output = var_of(y);
         if (y.requires_grad()) y.backward(b.extra[0]);
         results.push_back(var_of(grad_or_zero(x)));
         for (const auto& w : layer) results.push_back(var_of(grad_or_zero(w)));
@@ -137,6 +149,88 @@ inline std::shared_ptr<gx::layer_body> gradient_body(const backend::trace::layer
     for (const auto& w : shared) results.push_back(var_of(grad_or_zero(w)));
     b.body->results = std::move(results);
     return b.body;
+}
+
+/// Values of a gradient body's forward half (computed from its arguments without the output's
+/// gradient, its last argument) that its backward half or its results read and that depend on the
+/// layer's input: what a kept layer's forward loop stores. Values of the parameters alone are
+/// recomputed, and so are reshapes, transposes, broadcasts, slices and comparisons (the values
+/// they read are stored instead, or are arguments).
+inline std::vector<gx::var> saved_for_backward(const gx::layer_body& body) {
+    const gx::graph& g = *body.g;
+    const std::uint32_t input = g.inputs().front(), output_grad = g.inputs().back();
+    std::vector<char> from_input(g.nodes().size(), 0), from_grad(g.nodes().size(), 0);
+    for (std::uint32_t i = 0; i < g.nodes().size(); ++i) {
+        from_input[i] = i == input;
+        from_grad[i] = i == output_grad;
+        for (const auto& operand : g.at(i).operands) {
+            from_input[i] |= from_input[operand.node()];
+            from_grad[i] |= from_grad[operand.node()];
+        }
+    }
+    std::vector<gx::var> saved;
+    std::function<void(const gx::var&)> save = [&](const gx::var& v) {
+        const gx::node& n = g.at(v.node());
+        if (!from_input[v.node()] || from_grad[v.node()] || n.kind == gx::op::input) return;
+        switch (n.kind) {
+            case gx::op::reshape:
+            case gx::op::transpose:
+            case gx::op::broadcast_in_dim:
+            case gx::op::slice:
+            case gx::op::stop_gradient:
+            case gx::op::compare:  // a mask: its f32 operands are stored instead
+                for (const auto& operand : n.operands) save(operand);
+                return;
+            default:
+                if (std::find(saved.begin(), saved.end(), v) == saved.end()) saved.push_back(v);
+        }
+    };
+    for (std::uint32_t i = 0; i < g.nodes().size(); ++i)
+        if (from_grad[i])
+            for (const auto& operand : g.at(i).operands) save(operand);
+    for (const auto& r : body.results) save(r);
+    return saved;
+}
+
+/// The kept layers' loop: its body the gradient body's forward half, storing what the backward
+/// half reads; its gradient the reverse loop over the gradient body reading those values.
+inline Tf kept_loop_node(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped) {
+    gx::var y_in_body;
+    const std::shared_ptr<gx::layer_body> backward = gradient_body(loop, carry, looped, false, &y_in_body);
+    check<trace_error>(y_in_body.type() == var_of(carry).type(), "olmax: ", loop.name, ": a layer changed the shape of its input (",
+                       var_of(carry).type().str(), " to ", y_in_body.type().str(), "); a stack's layers keep it");
+    const std::vector<gx::var> saved = saved_for_backward(*backward);
+    auto forward = std::make_shared<gx::layer_body>(*backward);  // the same graph, other results
+    forward->results = {y_in_body};
+    forward->results.insert(forward->results.end(), saved.begin(), saved.end());
+    std::vector<gx::var> stacked, shared;
+    for (const auto& w : looped) stacked.push_back(var_of(w));
+    for (const auto& w : loop.shared) shared.push_back(var_of(w));
+    const gx::var out = gx::scan_layers(forward, var_of(carry), stacked, shared);
+    std::vector<Tf> inputs{carry};
+    inputs.insert(inputs.end(), looped.begin(), looped.end());
+    inputs.insert(inputs.end(), loop.shared.begin(), loop.shared.end());
+    return p::detail::record("layer_loop", inputs, wrap(out), [loop, carry, looped, out, backward, saved](const Tf& gy, autodiff::GradientSink<float>& sink) {
+        gx::node n;
+        n.kind = gx::op::scan_layers_backward;
+        n.stacked = looped.size();
+        n.body = backward;
+        n.saved = saved;
+        n.operands = {var_of(gy), gx::var(&out.owner(), out.node(), 1)};
+        n.outputs.push_back(var_of(carry).type());
+        for (const auto& w : looped) {
+            n.operands.push_back(var_of(w));
+            n.outputs.push_back(var_of(w).type());
+        }
+        for (const auto& w : loop.shared) {
+            n.operands.push_back(var_of(w));
+            n.outputs.push_back(var_of(w).type());
+        }
+        for (std::uint32_t k = 0; k < saved.size(); ++k) n.operands.push_back(gx::var(&out.owner(), out.node(), 2 + k));
+        const gx::var first = out.owner().add(std::move(n));
+        for (std::uint32_t k = 0; k < 1 + looped.size() + loop.shared.size(); ++k)
+            if (sink.needs(k)) sink.add(k, wrap(gx::var(&out.owner(), first.node(), k)));
+    });
 }
 
 /// The loop over `iterations` x `period` layers: one scan_layers node, its gradient one
@@ -190,19 +284,23 @@ inline Tf lower_layer_loop(const backend::trace::layer_loop& loop) {
         return h;
     }
     const std::size_t iterations = loop.depth / loop.period, rest = loop.depth % loop.period;
-    if (iterations > 0) {
-        std::vector<Tf> looped;  // [iterations, (period,) ...]
+    // the first whole periods of kept layers (when a gradient is being traced) loop apart from the rest
+    const std::size_t kept = autodiff::is_grad_enabled() ? std::min(loop.kept, loop.depth) / loop.period : 0;
+    auto looped = [&](std::size_t first, std::size_t last) {  // iterations first .. last-1: [iterations, (period,) ...]
+        std::vector<Tf> out;
         for (const auto& w : loop.stacked) {
-            Tf v = p::slice_leading(w, 0, iterations * loop.period);
+            Tf v = p::slice_leading(w, first * loop.period, last * loop.period);
             if (loop.period > 1) {
-                Shape split{iterations, loop.period};
+                Shape split{last - first, loop.period};
                 split.insert(split.end(), w.shape().begin() + 1, w.shape().end());
                 v = p::reshape(v, split);
             }
-            looped.push_back(v);
+            out.push_back(v);
         }
-        h = loop_node(loop, h, looped);
-    }
+        return out;
+    };
+    if (kept > 0) h = kept_loop_node(loop, h, looped(0, kept));
+    if (iterations > kept) h = loop_node(loop, h, looped(kept, iterations));
     for (std::size_t r = 0; r < rest; ++r) {  // the layers after the last whole period, recorded as they run
         std::vector<Tf> own;
         for (const auto& w : loop.stacked) own.push_back(p::take_leading(w, iterations * loop.period + r));

@@ -95,8 +95,6 @@ struct TrainConfig : DataConfig, models::ByteLMSettings, LoopConfig, OptimizerCo
                                         " and ", agc_clip, ")");
             check<config::config_error>(batch % xla_devices == 0, "config: key 'batch' (", batch, ") must be a multiple of 'xla_devices' (",
                                         xla_devices, ")");
-            check<config::config_error>(kept_layers <= 0, "config: --kept_layers is for --device=cpu (the XLA step is compiled as "
-                                                          "a whole, its memory planned by XLA); leave it at -1 or 0 with --device=xla");
             check<config::config_error>(adam_moments != "bf16", "config: --adam_moments=bf16 is for --device=cpu (its stochastic "
                                                                  "rounding has no XLA lowering yet); use fp32 or fp64 with --device=xla");
         }

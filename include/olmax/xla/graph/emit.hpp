@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "olmax/xla/graph/graph.hpp"
@@ -27,30 +28,58 @@ namespace detail {
 using stablehlo::function_builder;
 using stablehlo::value;
 
-/// Which outputs of which nodes `results` need.
-inline std::vector<std::vector<bool>> needed_outputs(const graph& g, const std::vector<var>& results) {
+/// Values of a graph given from outside instead of computed (kept layers' saved values).
+using given_values = std::vector<std::pair<var, value>>;
+
+inline const value* given_value(const given_values& given, const var& v) {
+    for (const auto& [at, x] : given)
+        if (at == v) return &x;
+    return nullptr;
+}
+
+/// Which outputs of which nodes `results` need (a given value needs nothing of its node).
+inline std::vector<std::vector<bool>> needed_outputs(const graph& g, const std::vector<var>& results, const given_values& given = {}) {
     std::vector<std::vector<bool>> needed(g.nodes().size());
     for (std::size_t i = 0; i < needed.size(); ++i) needed[i].assign(g.at(static_cast<std::uint32_t>(i)).outputs.size(), false);
-    for (const auto& r : results) needed[r.node()][r.output()] = true;
+    auto need = [&](const var& v) {
+        if (!given_value(given, v)) needed[v.node()][v.output()] = true;
+    };
+    for (const auto& r : results) need(r);
     for (std::size_t i = needed.size(); i-- > 0;) {
         bool any = false;
         for (bool b : needed[i]) any = any || b;
         if (!any) continue;
-        for (const auto& operand : g.at(static_cast<std::uint32_t>(i)).operands) needed[operand.node()][operand.output()] = true;
+        for (const auto& operand : g.at(static_cast<std::uint32_t>(i)).operands) need(operand);
     }
     return needed;
 }
 
-inline std::vector<value> emit_graph(function_builder& b, const graph& g, const std::vector<value>& args, const std::vector<var>& results);
+inline std::vector<value> emit_graph(function_builder& b, const graph& g, const std::vector<value>& args, const std::vector<var>& results,
+                                     const given_values& given = {});
 
-inline std::vector<value> emit_scan_layers(function_builder& b, const node& n, const std::vector<value>& in, bool store_carries) {
+/// A body's arguments: those the loop gives, then none for the rest of its graph's inputs (a kept
+/// layer's forward runs its gradient's graph, whose last argument only the gradient reads).
+inline std::vector<value> body_arguments(const layer_body& body, std::vector<value> args) {
+    args.resize(body.g->inputs().size());
+    return args;
+}
+
+/// `needed`: which of the node's outputs are used (the stored carries and the kept layers' saved
+/// values are emitted only then).
+inline std::vector<value> emit_scan_layers(function_builder& b, const node& n, const std::vector<value>& in, const std::vector<bool>& needed) {
     const layer_body& body = *n.body;
     const std::int64_t depth = scan_depth(n);
-    // carry of the loop: [l, carry, stacked..., shared..., (carries)]
+    // carry of the loop: [l, carry, stacked..., shared..., stored outputs...], the stored outputs
+    // being the needed ones of (carries, saved values...)
     std::vector<value> init{b.index(0)};
     init.insert(init.end(), in.begin(), in.end());
-    if (store_carries) init.push_back(b.constant(0.0, n.outputs[1]));
-    const std::size_t params = in.size() - 1;
+    std::vector<std::size_t> stored;  // output numbers
+    for (std::size_t k = 1; k < n.outputs.size(); ++k)
+        if (needed[k]) stored.push_back(k), init.push_back(b.constant(0.0, n.outputs[k]));
+    const std::size_t params = in.size() - 1, first_stored = 1 + in.size();
+    std::vector<var> results{body.results[0]};
+    for (std::size_t k : stored)
+        if (k >= 2) results.push_back(body.results[k - 1]);
     auto out = b.while_loop(
         init,
         [&](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], r.index(depth), compare_direction::LT); },
@@ -59,22 +88,27 @@ inline std::vector<value> emit_scan_layers(function_builder& b, const node& n, c
             for (std::size_t k = 0; k < n.stacked; ++k) args.push_back(r.dynamic_index(c[2 + k], 0, c[0]));
             for (std::size_t k = n.stacked; k < params; ++k) args.push_back(c[2 + k]);
             args.push_back(r.convert(c[0], element::f32));
+            const std::vector<value> y = emit_graph(r, *body.g, body_arguments(body, std::move(args)), results);
             std::vector<value> next = c;
             next[0] = r.add(c[0], r.index(1));
-            next[1] = emit_graph(r, *body.g, args, body.results)[0];
-            if (store_carries) next.back() = r.dynamic_index_update(c.back(), 0, c[1], c[0]);
+            next[1] = y[0];
+            for (std::size_t s = 0, saved = 1; s < stored.size(); ++s)  // the carries hold each layer's input, the rest its results
+                next[first_stored + s] = r.dynamic_index_update(c[first_stored + s], 0, stored[s] == 1 ? c[1] : y[saved++], c[0]);
             return next;
         });
-    return {out[1], store_carries ? out.back() : value{}};
+    std::vector<value> result(n.outputs.size());
+    result[0] = out[1];
+    for (std::size_t s = 0; s < stored.size(); ++s) result[stored[s]] = out[first_stored + s];
+    return result;
 }
 
 inline std::vector<value> emit_scan_layers_backward(function_builder& b, const node& n, const std::vector<value>& in) {
     const layer_body& body = *n.body;
     const bool rebuilds = n.reverse != nullptr;  // the body rebuilds the layer's input from its output
     const std::int64_t depth = n.operands[2].dims()[0];  // the first stacked parameter
-    // in: g_final, carries [depth, ...] (or the final carry), stacked..., shared...;
-    // loop carry: [l, g, carries (or the current carry), stacked..., shared..., g_stacked..., g_shared...]
-    const std::size_t params = in.size() - 2, first_grad = rebuilds ? 2 : 1;
+    // in: g_final, carries [depth, ...] (or the final carry), stacked..., shared..., saved values [depth, ...]...;
+    // loop carry: [l, g, carries (or the current carry), stacked..., shared..., saved..., g_stacked..., g_shared...]
+    const std::size_t saved = n.saved.size(), params = in.size() - 2 - saved, first_grad = rebuilds ? 2 : 1;
     std::vector<value> init{b.index(depth - 1)};
     init.insert(init.end(), in.begin(), in.end());
     for (std::size_t k = 0; k < params; ++k) init.push_back(b.constant(0.0, in[2 + k].type));
@@ -87,26 +121,33 @@ inline std::vector<value> emit_scan_layers_backward(function_builder& b, const n
             for (std::size_t k = n.stacked; k < params; ++k) args.push_back(c[3 + k]);
             args.push_back(r.convert(c[0], element::f32));
             args.push_back(c[1]);
+            given_values given;  // this layer's saved values, read instead of recomputed
+            for (std::size_t k = 0; k < saved; ++k) given.emplace_back(n.saved[k], r.dynamic_index(c[3 + params + k], 0, c[0]));
             // (input carry,) g carry, g layer..., g shared...
-            const std::vector<value> grads = emit_graph(r, *body.g, args, body.results);
+            const std::vector<value> grads = emit_graph(r, *body.g, args, body.results, given);
             std::vector<value> next = c;
             next[0] = r.sub(c[0], r.index(1));
             next[1] = grads[first_grad - 1];
             if (rebuilds) next[2] = grads[0];
-            const std::size_t acc = 3 + params;
+            const std::size_t acc = 3 + params + saved;
             for (std::size_t k = 0; k < n.stacked; ++k) next[acc + k] = r.dynamic_index_update(c[acc + k], 0, grads[first_grad + k], c[0]);
             for (std::size_t k = n.stacked; k < params; ++k) next[acc + k] = r.add(c[acc + k], grads[first_grad + k]);
             return next;
         });
     std::vector<value> result{out[1]};
-    for (std::size_t k = 0; k < params; ++k) result.push_back(out[3 + params + k]);
+    for (std::size_t k = 0; k < params; ++k) result.push_back(out[3 + params + saved + k]);
     return result;
 }
 
-inline std::vector<value> emit_graph(function_builder& b, const graph& g, const std::vector<value>& args, const std::vector<var>& results) {
+inline std::vector<value> emit_graph(function_builder& b, const graph& g, const std::vector<value>& args, const std::vector<var>& results,
+                                     const given_values& given) {
     check<graph_error>(args.size() == g.inputs().size(), "xla::graph: emitting a graph of ", g.inputs().size(), " inputs with ", args.size(),
                        " arguments");
-    const auto needed = needed_outputs(g, results);
+    const auto needed = needed_outputs(g, results, given);
+    auto value_of = [&](const std::vector<std::vector<value>>& v, const var& x) {
+        const value* from_outside = given_value(given, x);
+        return from_outside ? *from_outside : v[x.node()][x.output()];
+    };
     std::vector<std::vector<value>> v(g.nodes().size());
     for (std::size_t i = 0; i < args.size(); ++i) v[g.inputs()[i]] = {args[i]};
     for (std::uint32_t i = 0; i < g.nodes().size(); ++i) {
@@ -115,7 +156,7 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
         for (bool x : needed[i]) any = any || x;
         if (!any || n.kind == op::input) continue;
         std::vector<value> in;
-        for (const auto& operand : n.operands) in.push_back(v[operand.node()][operand.output()]);
+        for (const auto& operand : n.operands) in.push_back(value_of(v, operand));
         auto one = [&](value x) { v[i] = {std::move(x)}; };
         switch (n.kind) {
             case op::input: break;
@@ -176,13 +217,13 @@ inline std::vector<value> emit_graph(function_builder& b, const graph& g, const 
             case op::broadcast_in_dim: one(b.broadcast_in_dim(in[0], n.outputs[0].dims, n.dims)); break;
             case op::reshape: one(b.reshape(in[0], n.outputs[0].dims)); break;
             case op::transpose: one(b.transpose(in[0], n.dims)); break;
-            case op::scan_layers: v[i] = emit_scan_layers(b, n, in, needed[i][1]); break;
+            case op::scan_layers: v[i] = emit_scan_layers(b, n, in, needed[i]); break;
             case op::scan_layers_backward: v[i] = emit_scan_layers_backward(b, n, in); break;
             case op::all_reduce_sum: one(n.axis == 1 ? in[0] : b.all_reduce_sum(in[0], n.axis)); break;
         }
     }
     std::vector<value> out;
-    for (const auto& r : results) out.push_back(v[r.node()][r.output()]);
+    for (const auto& r : results) out.push_back(value_of(v, r));
     return out;
 }
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "olmax/xla/graph/graph.hpp"
@@ -56,7 +57,21 @@ void for_each_in_block(const dims_t& block, const dims_t& whole, const dims_t& s
     });
 }
 
-inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<host_value>& args, const std::vector<var>& results);
+/// Values of a graph given from outside instead of computed (kept layers' saved values).
+using given_host_values = std::vector<std::pair<var, host_value>>;
+
+inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<host_value>& args, const std::vector<var>& results,
+                                              const given_host_values& given = {});
+
+/// A body's arguments: those the loop gives, then zeros for the rest of its graph's inputs (a kept
+/// layer's forward runs its gradient's graph, whose last argument only the gradient reads).
+inline std::vector<host_value> body_arguments(const layer_body& body, std::vector<host_value> args) {
+    for (std::size_t i = args.size(); i < body.g->inputs().size(); ++i) {
+        const tensor_type& type = body.argument(i);
+        args.push_back({type, std::vector<double>(std::size_t(type.elements()), 0.0)});
+    }
+    return args;
+}
 
 inline host_value layer_of(const host_value& stacked, std::int64_t l) {
     host_value out{f32(dims_t(stacked.type.dims.begin() + 1, stacked.type.dims.end())), {}};
@@ -153,8 +168,14 @@ inline std::vector<host_value> evaluate(const graph& g, const std::vector<host_v
 
 namespace detail {
 
-inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<host_value>& args, const std::vector<var>& results) {
+inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<host_value>& args, const std::vector<var>& results,
+                                              const given_host_values& given) {
     check<graph_error>(args.size() == g.inputs().size(), "xla::graph: evaluate: ", args.size(), " inputs for a graph of ", g.inputs().size());
+    auto value_of = [&](const std::vector<std::vector<host_value>>& v, const var& x) -> const host_value& {
+        for (const auto& [at, value] : given)
+            if (at == x) return value;
+        return v[x.node()][x.output()];
+    };
     std::vector<std::vector<host_value>> v(g.nodes().size());
     for (std::size_t i = 0; i < args.size(); ++i) {
         const tensor_type& want = g.at(g.inputs()[i]).outputs[0];
@@ -166,7 +187,7 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
         const node& n = g.at(i);
         if (n.kind == op::input) continue;
         std::vector<const host_value*> in;
-        for (const auto& operand : n.operands) in.push_back(&v[operand.node()][operand.output()]);
+        for (const auto& operand : n.operands) in.push_back(&value_of(v, operand));
         host_value out{n.outputs[0], std::vector<double>(std::size_t(n.outputs[0].elements()), 0.0)};
         auto map1 = [&](auto f) { for (std::size_t k = 0; k < out.data.size(); ++k) out.data[k] = f(in[0]->data[k]); };
         auto map2 = [&](auto f) { for (std::size_t k = 0; k < out.data.size(); ++k) out.data[k] = f(in[0]->data[k], in[1]->data[k]); };
@@ -335,16 +356,20 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                 const layer_body& body = *n.body;
                 const std::int64_t depth = scan_depth(n);
                 host_value carry = *in[0];
-                host_value carries{n.outputs[1], {}};
+                std::vector<host_value> stored;  // carries [depth, ...], then the saved values' stacks
+                for (std::size_t k = 1; k < n.outputs.size(); ++k) stored.push_back({n.outputs[k], {}});
                 for (std::int64_t l = 0; l < depth; ++l) {
-                    carries.data.insert(carries.data.end(), carry.data.begin(), carry.data.end());
+                    stored[0].data.insert(stored[0].data.end(), carry.data.begin(), carry.data.end());
                     std::vector<host_value> a{carry};
                     for (std::size_t k = 0; k < n.stacked; ++k) a.push_back(layer_of(*in[1 + k], l));
                     for (std::size_t k = 1 + n.stacked; k < in.size(); ++k) a.push_back(*in[k]);
                     a.push_back({f32({}), {double(l)}});
-                    carry = evaluate_graph(*body.g, a, body.results)[0];
+                    const auto r = evaluate_graph(*body.g, body_arguments(body, std::move(a)), body.results);
+                    carry = r[0];
+                    for (std::size_t k = 1; k < r.size(); ++k) stored[k].data.insert(stored[k].data.end(), r[k].data.begin(), r[k].data.end());
                 }
-                v[i] = {carry, carries};
+                v[i] = {carry};
+                v[i].insert(v[i].end(), stored.begin(), stored.end());
                 continue;
             }
             case op::scan_layers_backward: {
@@ -352,7 +377,7 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                 const layer_body& body = *n.body;
                 const bool rebuilds = n.reverse != nullptr;
                 const std::int64_t depth = in[2]->type.dims[0];  // the first stacked parameter
-                const std::size_t params = in.size() - 2, first_grad = rebuilds ? 2 : 1;
+                const std::size_t saved = n.saved.size(), params = in.size() - 2 - saved, first_grad = rebuilds ? 2 : 1;
                 host_value g = *in[0], y = *in[1];
                 std::vector<host_value> grads;
                 for (std::size_t k = 0; k < params; ++k)
@@ -363,7 +388,9 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
                     for (std::size_t k = n.stacked; k < params; ++k) a.push_back(*in[2 + k]);
                     a.push_back({f32({}), {double(l)}});
                     a.push_back(g);
-                    const auto r = evaluate_graph(*body.g, a, body.results);
+                    given_host_values kept;  // this layer's saved values, read instead of recomputed
+                    for (std::size_t k = 0; k < saved; ++k) kept.emplace_back(n.saved[k], layer_of(*in[2 + params + k], l));
+                    const auto r = evaluate_graph(*body.g, a, body.results, kept);
                     if (rebuilds) y = r[0];
                     g = r[first_grad - 1];
                     for (std::size_t k = 0; k < params; ++k) {
@@ -380,7 +407,7 @@ inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<
         v[i] = {std::move(out)};
     }
     std::vector<host_value> out;
-    for (const auto& r : results) out.push_back(v[r.node()][r.output()]);
+    for (const auto& r : results) out.push_back(value_of(v, r));
     return out;
 }
 

@@ -128,6 +128,10 @@ struct node {
     /// from its output; scan_layers_backward: set when `body` is that reverse body, so the loop walks
     /// back from the final carry instead of reading stored carries.
     std::shared_ptr<const layer_body> reverse;
+    /// scan_layers_backward of kept layers: values of `body`'s graph that each iteration reads from
+    /// the forward loop's stacked outputs (the operands after the parameters, one per value, in
+    /// this order) instead of computing them, so the body does not recompute the layer.
+    std::vector<var> saved;
     stablehlo::scan_strategy scan{};          // linear_scan: how it lowers
     /// selective_scan(_backward): lowered to a custom call of olmax's own CPU kernel
     /// (trace/native_calls.hpp) instead of loops over time; only for a plugin with those registered.
@@ -684,7 +688,10 @@ inline std::shared_ptr<const layer_body> trace_reverse_layer(
 
 /// carry_{l+1} = body(carry_l, stacked[.][l], shared..., l) for l = 0 .. depth-1, as ONE loop.
 /// Returns the final carry; the node's second output holds every layer's input carry
-/// [depth, carry...] for the gradient (emitted only when a gradient uses it).
+/// [depth, carry...] for the gradient (emitted only when a gradient uses it). A body with more
+/// results than the new carry (kept layers: the values its gradient reads) gives one more output
+/// per extra result, its values of every iteration stacked [depth, ...]. Arguments of the body's
+/// graph after the layer index get no value: the results must not depend on them.
 /// With a `reverse` body (trace_reverse_layer, same carry and parameters) the gradient rebuilds the
 /// carries from the outputs instead of storing them.
 inline var scan_layers(const std::shared_ptr<const layer_body>& body, const var& carry, const std::vector<var>& stacked,
@@ -694,6 +701,8 @@ inline var scan_layers(const std::shared_ptr<const layer_body>& body, const var&
                        " and ", shared.size());
     check<graph_error>(carry.type() == body->carry(), "xla::graph: scan_layers: carry ", carry.type().str(), " does not match the body's ",
                        body->carry().str());
+    check<graph_error>(!body->results.empty() && body->results[0].type() == carry.type(), "xla::graph: scan_layers: the body's first result must be the new carry, of type ",
+                       carry.type().str());
     check<graph_error>(!stacked.empty() && !stacked.front().dims().empty(), "xla::graph: scan_layers: needs at least one stacked parameter (it gives the depth)");
     const std::int64_t depth = stacked.front().dims()[0];
     for (std::size_t i = 0; i < stacked.size(); ++i) {
@@ -714,6 +723,13 @@ inline var scan_layers(const std::shared_ptr<const layer_body>& body, const var&
     dims_t all{depth};
     all.insert(all.end(), carry.dims().begin(), carry.dims().end());
     n.outputs = {carry.type(), f32(all)};
+    for (std::size_t k = 1; k < body->results.size(); ++k) {
+        check<graph_error>(body->results[k].type().elem == element::f32, "xla::graph: scan_layers: stored result ", k, " is ",
+                           body->results[k].type().str(), "; only f32 values are stored per layer");
+        dims_t stacked_dims{depth};
+        stacked_dims.insert(stacked_dims.end(), body->results[k].dims().begin(), body->results[k].dims().end());
+        n.outputs.push_back(f32(stacked_dims));
+    }
     n.body = body;
     n.stacked = stacked.size();
     if (reverse) {
