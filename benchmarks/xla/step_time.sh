@@ -3,7 +3,10 @@
 # at the same shapes and blocks, in one run: train_lm --device=xla (the xla-cpu-pjrt CPU plugin)
 # and train_lm --device=cpu, alternating, REPEATS times each per block and shape; ms/step is
 # train_lm's own figure (training steps only: no evaluation, checkpoint or compile time), peak
-# memory the process's maximum resident set (for --device=xla it includes the plugin's compiler).
+# memory the process's maximum resident set (for --device=xla it includes the plugin's compiler),
+# and the step's own memory: olmax's tensor peak for the native run (its allocator's count) and,
+# for XLA, what XLA planned for one step (arguments, outputs not aliased and temporaries, as the
+# plugin reports them; without the plugin's runtime and compiler, which the resident set includes).
 #
 #     cmake --build build --target train_lm
 #     benchmarks/xla/step_time.sh [build]
@@ -57,7 +60,8 @@ for block in $blocks; do
         ms=$(sed -n 's/.*tokens\/s, \([0-9.]*\) ms\/step.*/\1/p' "$dir.log")
         compile=$(sed -n 's/.*step compiled in \([0-9.]*\) s.*/\1/p' "$dir.log")
         peak=$(sed -n 's/^peak_kb \([0-9]*\)$/\1/p' "$dir.log")
-        echo "$block $shape $run $r $ms ${compile:-0} ${peak:-0}" | tee -a "$out/runs.txt"
+        step_mib=$(sed -n 's/.*tensor memory at its peak: \([0-9.]*\) MiB.*/\1/p; s/.*step memory planned by XLA \([0-9.]*\) MiB.*/\1/p' "$dir.log")
+        echo "$block $shape $run $r $ms ${compile:-0} ${peak:-0} ${step_mib:-0}" | tee -a "$out/runs.txt"
         rm -rf "$dir"
       done
     done
@@ -69,23 +73,27 @@ import json, os, statistics, sys
 out, before, after, threads, steps = sys.argv[1:6]
 rows = {}
 for line in open(f"{out}/runs.txt"):
-    block, shape, device, _, ms, compile_s, peak_kb = line.split()
-    rows.setdefault((block, shape), {}).setdefault(device, []).append((float(ms), float(compile_s), float(peak_kb) / 1024))
+    block, shape, device, _, ms, compile_s, peak_kb, step_mib = line.split()
+    rows.setdefault((block, shape), {}).setdefault(device, []).append((float(ms), float(compile_s), float(peak_kb) / 1024, float(step_mib)))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"\nCPU {cpu}; load average {before} -> {after}; native CPU backend on {threads} threads; {steps} steps per run; medians\n")
 baseline = any("baseline_cpu" in by or "baseline_xla" in by for by in rows.values())
 extra = " baseline native ms/step | baseline XLA ms/step | native / baseline | XLA / baseline |" if baseline else ""
-print("| block | features x depth, batch x sequence | native ms/step | XLA ms/step | XLA / native | XLA compile s | native peak MiB | XLA peak MiB |" + extra)
-print("|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" * 4 if baseline else ""))
+print("| block | features x depth, batch x sequence | native ms/step | XLA ms/step | XLA / native | XLA compile s | native peak MiB | XLA peak MiB |"
+      " native tensor peak MiB | XLA step plan MiB | plan / tensor peak |" + extra)
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 4 if baseline else ""))
 summary = []
 for (block, shape), by in rows.items():
     f, d, b, s = shape.split(":")
     med = lambda run, i: statistics.median(r[i] for r in by[run]) if run in by else float("nan")
     native, xla = med("cpu", 0), med("xla", 0)
-    line = f"| {block} | {f} x {d}, {b} x {s} | {native:.2f} | {xla:.2f} | {xla / native:.2f} | {med('xla', 1):.2f} | {med('cpu', 2):.0f} | {med('xla', 2):.0f} |"
+    tensors, plan = med("cpu", 3), med("xla", 3)
+    line = (f"| {block} | {f} x {d}, {b} x {s} | {native:.2f} | {xla:.2f} | {xla / native:.2f} | {med('xla', 1):.2f} | {med('cpu', 2):.0f} | {med('xla', 2):.0f} |"
+            f" {tensors:.1f} | {plan:.1f} | {plan / tensors if tensors else float('nan'):.2f} |")
     row = {"block": block, "features": int(f), "depth": int(d), "batch": int(b), "sequence": int(s), "native_ms_median": native,
            "xla_ms_median": xla, "xla_over_native": xla / native, "xla_compile_s_median": med("xla", 1),
            "native_peak_mib_median": med("cpu", 2), "xla_peak_mib_median": med("xla", 2),
+           "native_tensor_peak_mib_median": tensors, "xla_step_plan_mib_median": plan,
            "native_ms": [r[0] for r in by.get("cpu", [])], "xla_ms": [r[0] for r in by["xla"]]}
     if baseline:
         base_cpu, base_xla = med("baseline_cpu", 0), med("baseline_xla", 0)

@@ -49,8 +49,8 @@ struct ByteLMSettings {
             Field<C>{"kept_layers", &C::kept_layers,
                      "recompute as a budget: the first N reversible blocks keep their activations for the backward instead of "
                      "rebuilding them from their outputs (faster, more memory: each shard thread keeps its own; more than depth "
-                     "keeps all; on XLA the compiled step stores them, counted in whole repeats of the block's layer pattern); "
-                     "-1: as many as fit half the memory available on this host beyond the model's estimate, "
+                     "keeps all; on XLA the compiled step stores what their backward reads, in whole repeats of the block's layer "
+                     "pattern); -1: as many as fit half the memory available beyond the model's estimate (on XLA: none), "
                      "0: every block rebuilt (memory flat in depth)"}
                 .in(-1, 1 << 12),
         };

@@ -95,6 +95,8 @@ public:
     /// Optimiser steps taken (the host optimiser's count, which each run advances).
     std::int64_t steps() const { return optimizer_.step_count(); }
     const xla::stablehlo::emitted_module& module() const { return program_->module(); }
+    /// What XLA planned for one step on one device (empty where the plugin does not say).
+    const std::optional<xla::pjrt::memory_plan>& memory() const { return program_->memory(); }
     std::size_t devices() const { return program_->devices(); }
 
 private:

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -72,6 +73,8 @@ public:
 
     const traced_program& program() const { return program_; }
     const xla::stablehlo::emitted_module& module() const { return program_.module; }
+    /// What XLA planned for one run (empty where the plugin does not say).
+    const std::optional<xla::pjrt::memory_plan>& memory() const { return device_->memory(); }
     /// Devices one run uses (SPMD partitions).
     std::size_t devices() const { return device_->devices(); }
     /// Where `run`'s result holds the value reported under `name` (trace::report).

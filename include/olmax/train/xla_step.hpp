@@ -53,7 +53,14 @@ public:
                       plugin.path().c_str(), device_count,
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), trainer_->module().text.size(),
                       options_.devices);
-        return line;
+        std::string said = line;
+        if (const auto& plan = trainer_->memory()) {  // XLA's own plan: the plugin's runtime and compiler are not in it
+            std::snprintf(line, sizeof line, "; step memory planned by XLA %.1f MiB per device (arguments %.1f, outputs not aliased %.1f, temporaries %.1f)",
+                          double(plan->total()) / 1048576.0, double(plan->arguments) / 1048576.0, double(plan->outputs - plan->aliased) / 1048576.0,
+                          double(plan->temporaries) / 1048576.0);
+            said += line;
+        }
+        return said;
     }
 
     /// One execute: forward, gradients and the update on the device.

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -63,6 +64,8 @@ public:
     }
 
     const stablehlo::emitted_module& module() const { return module_; }
+    /// What XLA planned for one run on one device (empty where the plugin does not say).
+    const std::optional<pjrt::memory_plan>& memory() const { return executable_->memory; }
     std::size_t state_count() const { return state_count_; }
     std::size_t reported_count() const { return module_.outputs.size() - state_count_; }
     /// Devices one run uses (replicas, or SPMD partitions).

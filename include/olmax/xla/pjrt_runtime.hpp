@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -327,10 +328,19 @@ private:
 };
 
 /// A compiled module (owned by its client's cache).
+/// What XLA planned for one execution of a compiled program, in bytes
+/// (PJRT_Executable_GetCompiledMemoryStats, the device's default memory).
+struct memory_plan {
+    std::int64_t arguments = 0, outputs = 0, aliased = 0, temporaries = 0, code = 0;
+    /// What one execution holds: its arguments, the outputs that reuse no argument, its temporaries.
+    std::int64_t total() const { return arguments + outputs - aliased + temporaries; }
+};
+
 struct executable {
     std::string key;
     PJRT_LoadedExecutable* loaded = nullptr;
     std::size_t num_outputs = 0;
+    std::optional<memory_plan> memory;  ///< empty where the plugin does not report it
     std::size_t replicas = 1;
     std::size_t partitions = 1;  ///< SPMD: one global program split over this many devices
     /// Devices one execution runs on (replicas x partitions; one of them is 1).
@@ -441,7 +451,7 @@ public:
         compiled->replicas = std::size_t(replicas);
         compiled->partitions = std::size_t(partitions);
         try {
-            compiled->num_outputs = count_outputs(p, compiled->loaded);
+            describe(p, *compiled);
         } catch (...) {
             auto destroy = detail::make_args<PJRT_LoadedExecutable_Destroy_Args>(PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE);
             destroy.executable = compiled->loaded;
@@ -575,14 +585,16 @@ public:
     }
 
 private:
-    static std::size_t count_outputs(const plugin& p, PJRT_LoadedExecutable* loaded) {
+    /// Sets `compiled`'s output count and, where the plugin reports it, its memory plan.
+    static void describe(const plugin& p, executable& compiled) {
         auto get = detail::make_args<PJRT_LoadedExecutable_GetExecutable_Args>(PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE);
-        get.loaded_executable = loaded;
+        get.loaded_executable = compiled.loaded;
         p.check(p.function(&PJRT_Api::PJRT_LoadedExecutable_GetExecutable, "PJRT_LoadedExecutable_GetExecutable")(&get),
                 "PJRT_LoadedExecutable_GetExecutable");
         auto outputs = detail::make_args<PJRT_Executable_NumOutputs_Args>(PJRT_Executable_NumOutputs_Args_STRUCT_SIZE);
         outputs.executable = get.executable;
         PJRT_Error* count_error = p.function(&PJRT_Api::PJRT_Executable_NumOutputs, "PJRT_Executable_NumOutputs")(&outputs);
+        if (!count_error) compiled.memory = memory_of(p, get.executable);
         auto destroy = detail::make_args<PJRT_Executable_Destroy_Args>(PJRT_Executable_Destroy_Args_STRUCT_SIZE);
         destroy.executable = get.executable;
         PJRT_Error* destroy_error = p.function(&PJRT_Api::PJRT_Executable_Destroy, "PJRT_Executable_Destroy")(&destroy);
@@ -592,7 +604,25 @@ private:
         }
         p.check(count_error, "PJRT_Executable_NumOutputs");
         p.check(destroy_error, "PJRT_Executable_Destroy");
-        return outputs.num_outputs;
+        compiled.num_outputs = outputs.num_outputs;
+    }
+
+    /// The plan of `e`, or none where the plugin lacks the call (an older API) or declines it.
+    static std::optional<memory_plan> memory_of(const plugin& p, PJRT_Executable* e) {
+        PJRT_Executable_GetCompiledMemoryStats* stats = nullptr;
+        try {
+            stats = p.function(&PJRT_Api::PJRT_Executable_GetCompiledMemoryStats, "PJRT_Executable_GetCompiledMemoryStats");
+        } catch (const pjrt_error&) {
+            return std::nullopt;
+        }
+        auto args = detail::make_args<PJRT_Executable_GetCompiledMemoryStats_Args>(PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE);
+        args.executable = e;
+        if (PJRT_Error* error = stats(&args)) {
+            p.destroy_error(error);
+            return std::nullopt;
+        }
+        return memory_plan{args.argument_size_in_bytes, args.output_size_in_bytes, args.alias_size_in_bytes, args.temp_size_in_bytes,
+                           args.generated_code_size_in_bytes};
     }
 
     struct state {
