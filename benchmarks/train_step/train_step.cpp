@@ -38,6 +38,7 @@
 #include <malloc.h>  // malloc_trim (glibc)
 
 #include <olmax/backend/bf16_matmul_kernels.hpp>
+#include <olmax/backend/float_gemm_kernels.hpp>
 #include <olmax/config/program.hpp>
 #include <olmax/core/memory.hpp>
 #include <olmax/core/memory_profile.hpp>
@@ -68,6 +69,7 @@ struct Options {
     std::int64_t block_cache_mib = -1;     // -1: olmax::memory's default
     bool data_parallel = true;             // TrainConfig::data_parallel (rows split over threads)
     std::string precision = "fp32";        // bf16: the steps run inside backend::bf16_matmul_scope (as train_lm --precision=bf16)
+    std::string fp32_gemm = "onednn";      // fp32 GEMMs: oneDNN's where built with it (as train_lm), or the backend's own (eigen)
     std::int64_t kept_layers = 0;          // nn::Stack::keep_activations: leading layers not recomputed in the backward
     bool update_in_backward = false;       // AdamW::step_during_backward (TrainConfig::update_in_backward)
     double max_grad_norm = -1;             // -1: the main job's default
@@ -85,6 +87,8 @@ struct Options {
                  "       [--data_parallel 0|1]  (1, the default as in train_lm: with threads > 1 each thread runs a shard of the batch)\n"
                  "       [--precision fp32|bf16]  (bf16: every float GEMM as bf16 x bf16 -> fp32, on oneDNN's bf16 kernels where built\n"
                  "                                 with olmax::onednn and the CPU has bf16 units, as train_lm --precision=bf16)\n"
+                 "       [--fp32_gemm onednn|eigen]  (fp32 GEMMs: oneDNN's, the default as in train_lm where built with olmax::onednn,\n"
+                 "                                    or the backend's own Eigen ones)\n"
                  "       [--kept_layers N]  (recompute as a budget: the first N reversible layers keep their activations)\n"
                  "       [--max_grad_norm X]  (global-norm clip; default the main job's, 0 = off)\n"
                  "       [--adam_moments fp64|fp32|bf16]  (AdamW's moment type; default the main job's)\n"
@@ -161,6 +165,10 @@ Options parse(int argc, char** argv) {
             if (!(o.max_grad_norm >= 0)) usage("--max_grad_norm must be >= 0, got '" + value + "'");
         }
         else if (arg == "adam_moments") o.adam_moments = value;  // its choices are checked with the main job's keys (TrainConfig::validate)
+        else if (arg == "fp32_gemm") {
+            if (value != "onednn" && value != "eigen") usage("--fp32_gemm takes onednn or eigen, got '" + value + "'");
+            o.fp32_gemm = value;
+        }
         else if (arg == "precision") {
             if (value != "fp32" && value != "bf16") usage("--precision takes fp32 or bf16, got '" + value + "'");
             o.precision = value;
@@ -356,7 +364,11 @@ int run(int argc, char** argv) {
 
     // The precision policy for every step below (olmax/backend/bf16_matmul_kernels.hpp).
     std::optional<olmax::backend::bf16_matmul_scope> bf16;
-    std::string bf16_gemm = "none";
+    std::optional<olmax::backend::float_gemm_scope> fp32;
+    std::string bf16_gemm = "none", fp32_gemm = "eigen";
+#if defined(TRAIN_STEP_WITH_ONEDNN)
+    if (o.precision == "fp32" && o.fp32_gemm == "onednn") fp32.emplace(olmax::backend::onednn::gemm, "onednn"), fp32_gemm = "onednn";
+#endif
     if (o.precision == "bf16") {
 #if defined(TRAIN_STEP_WITH_ONEDNN)
         bf16.emplace(olmax::backend::onednn::gemm_bf16, olmax::backend::onednn::gemm_batched_bf16);
@@ -431,12 +443,12 @@ int run(int argc, char** argv) {
     const std::size_t footprint_rss = proc_status_bytes("VmHWM") - rss_at_start;
 
     std::ostringstream json;
-    const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : "olmax") +
+    const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : fp32_gemm == "eigen" ? "olmax-eigen" : "olmax") +
                                   (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "") +
                                   (c.update_in_backward ? (c.max_grad_norm > 0 ? "-fused-clip" : "-fused") : "") +
                                   (c.adam_moments == "fp64" ? "-adam64" : c.adam_moments == "bf16" ? "-adam16" : "");
     json << "{\"framework\": \"" << framework << "\", \"precision\": \"" << o.precision
-         << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"kept_layers\": " << model.stack.kept_activations()
+         << "\", \"bf16_gemm\": \"" << bf16_gemm << "\", \"fp32_gemm\": \"" << (o.precision == "fp32" ? fp32_gemm : "none") << "\", \"kept_layers\": " << model.stack.kept_activations()
          << ", \"update_in_backward\": " << (c.update_in_backward ? "true" : "false") << ", \"max_grad_norm\": " << c.max_grad_norm << ", \"adam_moments\": \"" << c.adam_moments << "\"" << ", \"batch\": " << o.batch << ", \"sequence\": " << o.sequence << ", \"features\": " << o.features
          << ", \"depth\": " << o.depth << ", \"threads\": " << o.threads << ", \"shards\": " << shards << ", \"repeats\": " << repeats
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()

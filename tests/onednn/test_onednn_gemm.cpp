@@ -202,3 +202,33 @@ TEST_CASE("onednn: a batch of bf16 products in one call equals the products one 
                     olmax::value_error);
     backend::set_bf16_notice_sink({});
 }
+
+TEST_CASE("onednn: inside a float_gemm_scope an op's fp32 GEMMs, forward and backward, run on oneDNN; double ones stay on the wrapped kernels",
+          "[onednn]") {
+    olmax::Generator rng(12);
+    const auto x = olmax::randn<float>({33, 65}, rng), w = olmax::randn<float>({65, 17}, rng);
+    auto run = [&] {  // y = x w, and the gradients of sum(y * y)
+        Tensor<float> xs = x.detach().set_requires_grad(true), ws = w.detach().set_requires_grad(true);
+        olmax::sum(olmax::square(olmax::matmul(xs, ws))).backward();
+        return std::vector<Tensor<float>>{olmax::matmul(x, w), xs.grad(), ws.grad()};
+    };
+    const auto eigen = run();
+    std::size_t calls = 0;
+    std::vector<Tensor<float>> through;
+    {
+        backend::float_gemm_scope scope([&](auto... args) { ++calls, onednn::gemm(args...); }, "onednn");
+        CHECK(std::string(backend::host_kernels().name()).find("+onednn_gemm") != std::string::npos);
+        through = run();
+        CHECK(calls >= 3);  // the product and both gradients
+        const std::size_t before = calls;
+        const auto xd = olmax::randn<double>({4, 5}, rng), wd = olmax::randn<double>({5, 3}, rng);
+        (void)olmax::matmul(xd, wd);
+        CHECK(calls == before);  // double GEMMs (the gradient checks' reference) left exact
+    }
+    CHECK(std::string(backend::host_kernels().name()).find("onednn") == std::string::npos);  // the scope is gone
+    for (std::size_t t = 0; t < eigen.size(); ++t)
+        for (std::size_t i = 0; i < eigen[t].size(); ++i) {
+            INFO("tensor " << t << " element " << i);
+            REQUIRE(std::abs(through[t].data()[i] - eigen[t].data()[i]) <= 1e-4f * (1.0f + std::abs(eigen[t].data()[i])));  // fp32 sums in another order
+        }
+}

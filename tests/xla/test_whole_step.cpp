@@ -156,7 +156,7 @@ TEST_CASE("traced programs: a wrong lowering is caught by comparing with the ref
     CHECK(std::abs(run(true) - eager) > 1e-3);
 }
 
-TEST_CASE("whole step: donated state is updated in place: the device consumes the old buffer", "[xla][cpu_plugin][whole_step]") {
+TEST_CASE("whole step: donated state is updated in place: the device consumes the old buffer, and XLA's memory plan counts it once", "[xla][cpu_plugin][whole_step]") {
     auto client = cpu_client();
     for (bool donate : {true, false}) {
         INFO("donated " << donate);
@@ -165,6 +165,11 @@ TEST_CASE("whole step: donated state is updated in place: the device consumes th
         const auto module = gx::emit(g, donate ? "donating" : "copying", {gx::sum(state, {0}), state * 2.0 + input}, donate ? 1 : 0);
         CHECK((module.text.find("{tf.aliasing_output = 1 : i32}") != std::string::npos) == donate);
         const auto& exe = client->compile(module);
+        // XLA's plan as the plugin reports it: two f32[4] arguments, the new state reusing the old one's buffer when donated
+        REQUIRE(exe.memory.has_value());
+        CHECK(exe.memory->arguments == 32);
+        CHECK(exe.memory->outputs >= 20);
+        CHECK(exe.memory->aliased == (donate ? 16 : 0));
         const std::vector<float> x{1, 2, 3, 4}, y{1, 1, 1, 1};
         auto old_state = client->upload(x.data(), {4});
         const auto step = client->upload(y.data(), {4});

@@ -4,6 +4,7 @@
 // GEMM, olmax/backend/onednn_gemm.hpp, needs the optional target olmax::onednn and is not here.)
 #include "olmax/backend/bf16_gemm.hpp"
 #include "olmax/backend/bf16_matmul_kernels.hpp"
+#include "olmax/backend/float_gemm_kernels.hpp"
 #include "olmax/backend/concept.hpp"
 #include "olmax/backend/cpu_openmp.hpp"
 #include "olmax/backend/cpu_features.hpp"

@@ -20,13 +20,14 @@
 #include <vector>
 
 #include "olmax/backend/bf16_gemm.hpp"
+#include "olmax/backend/detail/forwarding_kernels.hpp"
 #include "olmax/backend/kernels.hpp"
 #include "olmax/backend/registry.hpp"
 #include "olmax/core/bfloat16.hpp"
 
 namespace olmax::backend {
 
-class Bf16MatmulKernels final : public Kernels {
+class Bf16MatmulKernels final : public detail::ForwardingKernels {
 public:
     /// bf16 x bf16 -> fp32 GEMM with gemm_bf16's signature.
     using Bf16Gemm = std::function<void(bool, bool, std::size_t, std::size_t, std::size_t, float, const bfloat16*, std::size_t,
@@ -41,21 +42,11 @@ public:
     /// Wraps `base` (which must outlive this); `bf16_gemm` empty: the portable product on `base`;
     /// `bf16_gemm_batched` empty: batches run item by item.
     explicit Bf16MatmulKernels(const Kernels& base, Bf16Gemm bf16_gemm = {}, Bf16GemmBatched bf16_gemm_batched = {})
-        : base_(base),
+        : ForwardingKernels(base, std::string(base.name()) + "+bf16_matmul"),
           bf16_gemm_(std::move(bf16_gemm)),
-          bf16_gemm_batched_(std::move(bf16_gemm_batched)),
-          name_(std::string(base.name()) + "+bf16_matmul") {}
+          bf16_gemm_batched_(std::move(bf16_gemm_batched)) {}
 
-    std::string_view name() const override { return name_; }
-    int num_threads() const override { return base_.num_threads(); }
-    void parallel_for(std::size_t n, std::size_t work_per_item, range_body body) const override { base_.parallel_for(n, work_per_item, body); }
-    double sum(const float* x, std::size_t n) const override { return base_.sum(x, n); }
-    double sum(const double* x, std::size_t n) const override { return base_.sum(x, n); }
-    /// Double GEMMs are the reference path (gradient checks): left exact.
-    void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, double alpha, const double* a, std::size_t lda,
-              const double* b, std::size_t ldb, double beta, double* c, std::size_t ldc) const override {
-        base_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    }
+    using ForwardingKernels::gemm;  // double GEMMs are the reference path (gradient checks): left exact
 
     /// op(A) op(B) with A and B rounded to bfloat16 first (dense copies; the callers' buffers are
     /// not touched), accumulated in fp32.
@@ -162,10 +153,8 @@ private:
         return dst;
     }
 
-    const Kernels& base_;
     Bf16Gemm bf16_gemm_;
     Bf16GemmBatched bf16_gemm_batched_;
-    std::string name_;
 };
 
 /// The bf16 policy for the calling thread while it lives (and the parallel loops it starts): its host
