@@ -267,36 +267,43 @@ TEST_CASE("trace: a stack of layers is one loop whose gradient (stored inputs, o
     }
 }
 
+namespace {
+
+/// The module of sum(stack(x)^2) and x's gradient for a conv/mixer stack of 4 features (period 2
+/// at S = 32), x [2 streams, batch 1, S 32, F 4], with `kept` layers keeping their activations.
+std::string conv_mixer_stack_module(bool reversible, std::size_t depth, std::size_t kept) {
+    olmax::nn::Config config;
+    config.features = 4;
+    config.norm_eps = 1e-3;
+    config.reversible_backward = reversible;
+    olmax::Generator rng(4);
+    olmax::nn::Stack<olmax::models::ConvMixer::block<float>> stack(config, depth, rng);
+    stack.keep_activations(kept);
+    trace::tracing t;
+    for (const auto& p : olmax::optim::parameters_of(stack)) t.bind_state(p.tensor);
+    auto x = t.input<float>({2, 1, 32, 4}).set_requires_grad(true);
+    Tensor<float> loss = olmax::sum(olmax::square(stack.forward(x)));
+    loss.backward();
+    return t.finish({loss, x.grad()}).module.text;
+}
+
+std::size_t occurrences(const std::string& text, const std::string& what) {
+    std::size_t count = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+    return count;
+}
+
+}  // namespace
+
 TEST_CASE("trace: kept layers' backward reads what their forward loop stored instead of running the layers again", "[trace]") {
-    // A reversible conv/mixer stack, depth 4 (two iterations of its period 2), every layer kept or
-    // none: the kept program's reverse loop runs the backward's products only, the other's runs the
-    // layers' forward products again (inside `reverse`) before them.
-    auto products = [](std::size_t kept, std::string* text_out = nullptr) {
-        olmax::nn::Config config;
-        config.features = 4;
-        config.norm_eps = 1e-3;
-        olmax::Generator rng(4);
-        olmax::nn::Stack<olmax::models::ConvMixer::block<float>> stack(config, 4, rng);
-        stack.keep_activations(kept);
-        trace::tracing t;
-        for (const auto& p : olmax::optim::parameters_of(stack)) t.bind_state(p.tensor);
-        auto x = t.input<float>({2, 1, 32, 4}).set_requires_grad(true);
-        Tensor<float> loss = olmax::sum(olmax::square(stack.forward(x)));
-        loss.backward();
-        const std::string text = t.finish({loss, x.grad()}).module.text;
-        if (text_out) *text_out = text;
-        std::size_t count = 0;
-        for (auto at = text.find("stablehlo.dot_general"); at != std::string::npos; at = text.find("stablehlo.dot_general", at + 1)) ++count;
-        return count;
-    };
-    std::string kept_text;
-    const std::size_t rebuilt = products(0), kept = products(4, &kept_text);
-    INFO("products: every layer rebuilt " << rebuilt << ", every layer kept " << kept);
-    // forward F, backward 2F: 3F kept; reverse runs F again: 4F rebuilt
-    CHECK(kept * 4 == rebuilt * 3);
-    std::size_t loops = 0;
-    for (auto at = kept_text.find("stablehlo.while"); at != std::string::npos; at = kept_text.find("stablehlo.while", at + 1)) ++loops;
-    CHECK(loops == 2);  // one forward loop, one reverse loop
+    // A reversible stack of depth 4 (two iterations of its period 2), every layer kept or none: the
+    // kept program's reverse loop runs the backward's products only, the other's runs the layers'
+    // forward products again (inside `reverse`) before them.
+    const std::string rebuilt = conv_mixer_stack_module(true, 4, 0), kept = conv_mixer_stack_module(true, 4, 4);
+    const std::size_t rebuilt_products = occurrences(rebuilt, "stablehlo.dot_general"), kept_products = occurrences(kept, "stablehlo.dot_general");
+    INFO("products: every layer rebuilt " << rebuilt_products << ", every layer kept " << kept_products);
+    CHECK(kept_products * 4 == rebuilt_products * 3);  // forward F, backward 2F: 3F kept; reverse runs F again: 4F rebuilt
+    CHECK(occurrences(kept, "stablehlo.while") == 2);   // one forward loop, one reverse loop
 }
 
 TEST_CASE("trace: the checker catches a wrong rule", "[trace]") {
@@ -372,22 +379,9 @@ TEST_CASE("trace: a reversible stack's traced backward rebuilds each layer's inp
     // The loop storing its carries holds them as one [2, 2 streams, 1, 32, 4] buffer.
     for (bool reversible : {true, false}) {
         INFO((reversible ? "memory saving" : "inputs stored"));
-        olmax::nn::Config config;
-        config.features = 4;
-        config.norm_eps = 1e-3;
-        config.reversible_backward = reversible;
-        olmax::Generator rng(4);
-        olmax::nn::Stack<olmax::models::ConvMixer::block<float>> stack(config, 5, rng);
-        trace::tracing t;
-        for (const auto& p : olmax::optim::parameters_of(stack)) t.bind_state(p.tensor);
-        auto x = t.input<float>({2, 1, 32, 4}).set_requires_grad(true);
-        Tensor<float> loss = olmax::sum(olmax::square(stack.forward(x)));
-        loss.backward();
-        const std::string text = t.finish({loss, x.grad()}).module.text;
+        const std::string text = conv_mixer_stack_module(reversible, 5, 0);
         CHECK((text.find("tensor<2x2x1x32x4xf32>") != std::string::npos) == !reversible);
-        std::size_t loops = 0;
-        for (auto at = text.find("stablehlo.while"); at != std::string::npos; at = text.find("stablehlo.while", at + 1)) ++loops;
-        CHECK(loops == 2);  // the forward loop and the reverse loop, whatever the depth
+        CHECK(occurrences(text, "stablehlo.while") == 2);  // the forward loop and the reverse loop, whatever the depth
     }
 }
 

@@ -201,31 +201,35 @@ inline std::vector<gx::var> saved_for_backward(const gx::layer_body& body) {
     return saved;
 }
 
-/// The kept layers' loop: its body the gradient body's forward half, storing what the backward
-/// half reads; its gradient the reverse loop over the gradient body reading those values.
-inline Tf kept_loop_node(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped) {
-    gx::var y_in_body;
-    const std::shared_ptr<gx::layer_body> backward = gradient_body(loop, carry, looped, false, &y_in_body);
-    check<trace_error>(y_in_body.type() == var_of(carry).type(), "olmax: ", loop.name, ": a layer changed the shape of its input (",
-                       var_of(carry).type().str(), " to ", y_in_body.type().str(), "); a stack's layers keep it");
-    const std::vector<gx::var> saved = saved_for_backward(*backward);
-    auto forward = std::make_shared<gx::layer_body>(*backward);  // the same graph, other results
-    forward->results = {y_in_body};
-    forward->results.insert(forward->results.end(), saved.begin(), saved.end());
+/// One scan_layers node running `body` over `looped`, whose first result must keep the carry's type.
+inline gx::var scan_node(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped,
+                         const std::shared_ptr<const gx::layer_body>& body) {
+    const gx::tensor_type& out = body->results.at(0).type();
+    check<trace_error>(out == var_of(carry).type(), "olmax: ", loop.name, ": a layer changed the shape of its input (", var_of(carry).type().str(),
+                       " to ", out.str(), "); a stack's layers keep it");
     std::vector<gx::var> stacked, shared;
     for (const auto& w : looped) stacked.push_back(var_of(w));
     for (const auto& w : loop.shared) shared.push_back(var_of(w));
-    const gx::var out = gx::scan_layers(forward, var_of(carry), stacked, shared);
+    return gx::scan_layers(body, var_of(carry), stacked, shared);
+}
+
+/// Records the loop `out` (a scan_layers node over `looped`) on the tape. Its gradient is one
+/// scan_layers_backward node over the body `backward()` traces: walking back from the final carry
+/// (`rebuild`, a reversible layer's own backward) or reading the stored carries, and reading the
+/// node's stored values `saved` (kept layers) after the parameters.
+inline Tf record_loop(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped, const gx::var& out,
+                      std::function<std::shared_ptr<const gx::layer_body>()> backward, bool rebuild, std::vector<gx::var> saved = {}) {
     std::vector<Tf> inputs{carry};
     inputs.insert(inputs.end(), looped.begin(), looped.end());
     inputs.insert(inputs.end(), loop.shared.begin(), loop.shared.end());
-    return p::detail::record("layer_loop", inputs, wrap(out), [loop, carry, looped, out, backward, saved](const Tf& gy, autodiff::GradientSink<float>& sink) {
+    return p::detail::record("layer_loop", inputs, wrap(out), [loop, carry, looped, out, backward, rebuild, saved](const Tf& gy, autodiff::GradientSink<float>& sink) {
         gx::node n;
         n.kind = gx::op::scan_layers_backward;
         n.stacked = looped.size();
-        n.body = backward;
+        n.body = backward();
+        if (rebuild) n.reverse = n.body;
         n.saved = saved;
-        n.operands = {var_of(gy), gx::var(&out.owner(), out.node(), 1)};
+        n.operands = {var_of(gy), rebuild ? out : gx::var(&out.owner(), out.node(), 1)};  // the final carry, or the stored carries
         n.outputs.push_back(var_of(carry).type());
         for (const auto& w : looped) {
             n.operands.push_back(var_of(w));
@@ -242,6 +246,18 @@ inline Tf kept_loop_node(const backend::trace::layer_loop& loop, const Tf& carry
     });
 }
 
+/// The kept layers' loop: its body the gradient body's forward half, storing what the backward
+/// half reads; its gradient the reverse loop over the gradient body reading those values.
+inline Tf kept_loop_node(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped) {
+    gx::var y_in_body;
+    const std::shared_ptr<gx::layer_body> backward = gradient_body(loop, carry, looped, false, &y_in_body);
+    const std::vector<gx::var> saved = saved_for_backward(*backward);
+    auto forward = std::make_shared<gx::layer_body>(*backward);  // the same graph, other results
+    forward->results = {y_in_body};
+    forward->results.insert(forward->results.end(), saved.begin(), saved.end());
+    return record_loop(loop, carry, looped, scan_node(loop, carry, looped, forward), [backward] { return backward; }, false, saved);
+}
+
 /// The loop over `iterations` x `period` layers: one scan_layers node, its gradient one
 /// scan_layers_backward node.
 inline Tf loop_node(const backend::trace::layer_loop& loop, const Tf& carry, const std::vector<Tf>& looped) {
@@ -251,38 +267,9 @@ inline Tf loop_node(const backend::trace::layer_loop& loop, const Tf& carry, con
         autodiff::no_grad off;  // the forward loop records nothing: its gradient is the reverse loop below
         b.body->results = {var_of(run_period(loop, b.carry, b.layer, b.shared))};
     }
-    check<trace_error>(b.body->results[0].type() == var_of(carry).type(), "olmax: ", loop.name, ": a layer changed the shape of its input (",
-                       var_of(carry).type().str(), " to ", b.body->results[0].type().str(), "); a stack's layers keep it");
-    std::vector<gx::var> stacked, shared;
-    for (const auto& w : looped) stacked.push_back(var_of(w));
-    for (const auto& w : loop.shared) shared.push_back(var_of(w));
-    const gx::var out = gx::scan_layers(b.body, var_of(carry), stacked, shared);
-    std::vector<Tf> inputs{carry};
-    inputs.insert(inputs.end(), looped.begin(), looped.end());
-    inputs.insert(inputs.end(), loop.shared.begin(), loop.shared.end());
-    const Tf y = wrap(out);
-    return p::detail::record("layer_loop", inputs, y, [loop, carry, looped, out](const Tf& gy, autodiff::GradientSink<float>& sink) {
-        const bool rebuild = static_cast<bool>(loop.reverse);
-        auto body = gradient_body(loop, carry, looped, rebuild);
-        gx::node n;
-        n.kind = gx::op::scan_layers_backward;
-        n.stacked = looped.size();
-        n.body = body;
-        if (rebuild) n.reverse = body;
-        n.operands = {var_of(gy), rebuild ? out : gx::var(&out.owner(), out.node(), 1)};  // the final carry, or the stored carries
-        n.outputs.push_back(var_of(carry).type());
-        for (const auto& w : looped) {
-            n.operands.push_back(var_of(w));
-            n.outputs.push_back(var_of(w).type());
-        }
-        for (const auto& w : loop.shared) {
-            n.operands.push_back(var_of(w));
-            n.outputs.push_back(var_of(w).type());
-        }
-        const gx::var first = out.owner().add(std::move(n));
-        for (std::uint32_t k = 0; k < 1 + looped.size() + loop.shared.size(); ++k)
-            if (sink.needs(k)) sink.add(k, wrap(gx::var(&out.owner(), first.node(), k)));
-    });
+    const bool rebuild = static_cast<bool>(loop.reverse);
+    return record_loop(loop, carry, looped, scan_node(loop, carry, looped, b.body),
+                       [loop, carry, looped, rebuild] { return std::shared_ptr<const gx::layer_body>(gradient_body(loop, carry, looped, rebuild)); }, rebuild);
 }
 
 inline Tf lower_layer_loop(const backend::trace::layer_loop& loop) {
