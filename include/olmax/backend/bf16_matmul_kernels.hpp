@@ -158,18 +158,8 @@ private:
 };
 
 /// The bf16 policy for the calling thread while it lives (and the parallel loops it starts): its host
-/// kernels are the current ones with bf16 GEMMs (Bf16MatmulKernels). Nests; not movable.
-class bf16_matmul_scope {
-public:
-    explicit bf16_matmul_scope(Bf16MatmulKernels::Bf16Gemm bf16_gemm = {}, Bf16MatmulKernels::Bf16GemmBatched bf16_gemm_batched = {})
-        : kernels_(host_kernels(), std::move(bf16_gemm), std::move(bf16_gemm_batched)), scope_(kernels_) {}
-    bf16_matmul_scope(const bf16_matmul_scope&) = delete;
-    bf16_matmul_scope& operator=(const bf16_matmul_scope&) = delete;
-    const Bf16MatmulKernels& kernels() const { return kernels_; }
-
-private:
-    Bf16MatmulKernels kernels_;
-    host_kernels_scope scope_;
-};
+/// kernels are the current ones with bf16 GEMMs (Bf16MatmulKernels, made from the arguments: the
+/// bf16 product and its batched form, both optional). Nests; not movable.
+using bf16_matmul_scope = detail::wrapping_scope<Bf16MatmulKernels>;
 
 }  // namespace olmax::backend

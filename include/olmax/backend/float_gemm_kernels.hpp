@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "olmax/backend/detail/forwarding_kernels.hpp"
-#include "olmax/backend/registry.hpp"
 #include "olmax/core/error.hpp"
 
 namespace olmax::backend {
@@ -39,17 +38,8 @@ private:
     FloatGemm gemm_;
 };
 
-/// The calling thread's host kernels with `gemm` as their fp32 GEMM while it lives. Nests; not movable.
-class float_gemm_scope {
-public:
-    float_gemm_scope(FloatGemmKernels::FloatGemm gemm, std::string_view label) : kernels_(host_kernels(), std::move(gemm), label), scope_(kernels_) {}
-    float_gemm_scope(const float_gemm_scope&) = delete;
-    float_gemm_scope& operator=(const float_gemm_scope&) = delete;
-    const FloatGemmKernels& kernels() const { return kernels_; }
-
-private:
-    FloatGemmKernels kernels_;
-    host_kernels_scope scope_;
-};
+/// The calling thread's host kernels with another fp32 GEMM while it lives: made from the product
+/// and its label (FloatGemmKernels). Nests; not movable.
+using float_gemm_scope = detail::wrapping_scope<FloatGemmKernels>;
 
 }  // namespace olmax::backend

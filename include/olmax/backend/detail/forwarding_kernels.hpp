@@ -2,7 +2,8 @@
 // Kernels that wrap other kernels: every call goes to the wrapped ones unless the wrapper overrides
 // it (Bf16MatmulKernels: GEMMs in bf16; FloatGemmKernels: another fp32 GEMM). `gemm_batched` keeps
 // Kernels' default, which runs the items through this object's `gemm`, so a wrapper's own product
-// serves batches too. The wrapped kernels must outlive the wrapper.
+// serves batches too. The wrapped kernels must outlive the wrapper. `wrapping_scope` installs one
+// around the calling thread's current host kernels (bf16_matmul_scope, float_gemm_scope).
 
 #include <cstddef>
 #include <string>
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "olmax/backend/kernels.hpp"
+#include "olmax/backend/registry.hpp"
 
 namespace olmax::backend::detail {
 
@@ -46,6 +48,22 @@ protected:
 
 private:
     std::string name_;
+};
+
+/// The calling thread's host kernels (and the parallel loops it starts) wrapped in a `Wrapper`,
+/// made from them and `arguments`, while this lives. Nests; not movable.
+template <class Wrapper>
+class wrapping_scope {
+public:
+    template <class... Arguments>
+    explicit wrapping_scope(Arguments&&... arguments) : kernels_(host_kernels(), std::forward<Arguments>(arguments)...), scope_(kernels_) {}
+    wrapping_scope(const wrapping_scope&) = delete;
+    wrapping_scope& operator=(const wrapping_scope&) = delete;
+    const Wrapper& kernels() const { return kernels_; }
+
+private:
+    Wrapper kernels_;
+    host_kernels_scope scope_;
 };
 
 }  // namespace olmax::backend::detail
