@@ -105,12 +105,10 @@ int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::uniq
     auto text = train::read_text_data(c.data, c.held_out_fraction, std::uint64_t(c.seed));
     for (const auto& line : text.report) out << line << "\n";
     Model model(models::ByteLMConfig::from(c));  // checked in run()
-    {  // on XLA only when asked: there it was no faster for three blocks of four (docs/xla.md)
-        const auto rows = std::size_t(c.batch * (rank + 1) / ranks - c.batch * rank / ranks);
-        const std::size_t kept = model.keep_activations(c.device == "xla" ? std::max<std::int64_t>(c.kept_layers, 0) : c.kept_layers, rows,
-                                                        std::size_t(c.sequence), train::shards_for(c));
-        if (kept > 0) out << "recompute: the first " << kept << " of " << c.depth << " blocks keep their activations" << (c.kept_layers < 0 ? " (as many as fit half the free memory; --kept_layers=0: none)" : "") << "\n";
-    }
+    const auto rows = std::size_t(c.batch * (rank + 1) / ranks - c.batch * rank / ranks);  // on XLA kept only when asked (docs/xla.md)
+    const std::size_t kept = model.keep_activations(c.device == "xla" ? std::max<std::int64_t>(c.kept_layers, 0) : c.kept_layers, rows,
+                                                    std::size_t(c.sequence), train::shards_for(c));
+    if (kept > 0) out << "recompute: the first " << kept << " of " << c.depth << " blocks keep their activations" << (c.kept_layers < 0 ? " (as many as fit half the free memory; --kept_layers=0: none)" : "") << "\n";
     olmax::optim::AdamW<typename Model::value_type> opt(model.parameters(), train::optimizer_config(c));
     std::size_t parameters = 0;
     for (const auto& p : opt.parameters()) parameters += p.tensor.size();
@@ -146,8 +144,6 @@ int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::uniq
                   "%.2f s (%.1f%%) across %d process(es)\n", r.tokens_this_run, r.train_seconds, r.tokens_per_second(),
                   r.milliseconds_per_step(), r.exchange_seconds, r.train_seconds > 0 ? 100 * r.exchange_seconds / r.train_seconds : 0.0, ranks);
     out << line << (r.step_summary.empty() ? "" : r.step_summary + "\n");
-    if (c.device == "cpu")  // what the XLA step's memory plan compares with
-        std::snprintf(line, sizeof line, "tensor memory at its peak: %.1f MiB (olmax's allocator)\n", double(olmax::memory::stats().peak_bytes) / 1048576.0), out << line;
     const std::string checkpoint = r.last_checkpoint.empty() ? std::string("(none written in this run)") : r.last_checkpoint.string();
     if (r.stop.stop) {  // every rank reports; rank 0 wrote the checkpoint. No loss curve, no samples: stop soon.
         const std::string stopped = "stopped by " + olmax::signal_name(r.stop.signal) + " after step " + std::to_string(r.step);

@@ -15,6 +15,7 @@
 #include "olmax/backend/registry.hpp"
 #include "olmax/config/key_value.hpp"
 #include "olmax/core/error.hpp"
+#include "olmax/core/memory.hpp"
 #include "olmax/distributed/data_parallel.hpp"
 #include "olmax/distributed/overlapped_allreduce.hpp"
 #include "olmax/train/model.hpp"
@@ -128,14 +129,17 @@ public:
         optimizer.zero_grad();
     }
 
+    /// The tensor peak (what an XLA step's memory plan compares with), and the overlapped exchange's buckets.
     std::string summary() const override {
-        if (!reducer_) return {};
         char line[240];
+        std::snprintf(line, sizeof line, "tensor memory at its peak: %.1f MiB (olmax's allocator)", double(memory::stats().peak_bytes) / 1048576.0);
+        std::string said = line;
+        if (!reducer_) return said;
         std::snprintf(line, sizeof line,
-                      "overlapped exchange: %zu bucket(s) per step (at most %.3g MiB, split where gradients became final apart), "
+                      "\noverlapped exchange: %zu bucket(s) per step (at most %.3g MiB, split where gradients became final apart), "
                       "%zu sent before backward ended in the last step",
                       reducer_->buckets().size(), options_.bucket_mb, reducer_->reduced_during_backward());
-        return line;
+        return said + line;
     }
 
 private:
