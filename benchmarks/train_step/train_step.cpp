@@ -443,7 +443,7 @@ int run(int argc, char** argv) {
     const std::size_t footprint_rss = proc_status_bytes("VmHWM") - rss_at_start;
 
     std::ostringstream json;
-    const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : fp32_gemm == "eigen" ? "olmax-eigen" : "olmax") +
+    const std::string framework = std::string(o.precision == "bf16" ? "olmax-bf16" : o.fp32_gemm == "eigen" ? "olmax-eigen" : "olmax") +
                                   (model.stack.kept_activations() > 0 ? "-kept" + std::to_string(model.stack.kept_activations()) : "") +
                                   (c.update_in_backward ? (c.max_grad_norm > 0 ? "-fused-clip" : "-fused") : "") +
                                   (c.adam_moments == "fp64" ? "-adam64" : c.adam_moments == "bf16" ? "-adam16" : "");

@@ -331,7 +331,7 @@ private:
 /// What XLA planned for one execution of a compiled program, in bytes
 /// (PJRT_Executable_GetCompiledMemoryStats, the device's default memory).
 struct memory_plan {
-    std::int64_t arguments = 0, outputs = 0, aliased = 0, temporaries = 0, code = 0;
+    std::int64_t arguments = 0, outputs = 0, aliased = 0, temporaries = 0;
     /// What one execution holds: its arguments, the outputs that reuse no argument, its temporaries.
     std::int64_t total() const { return arguments + outputs - aliased + temporaries; }
 };
@@ -621,8 +621,7 @@ private:
             p.destroy_error(error);
             return std::nullopt;
         }
-        return memory_plan{args.argument_size_in_bytes, args.output_size_in_bytes, args.alias_size_in_bytes, args.temp_size_in_bytes,
-                           args.generated_code_size_in_bytes};
+        return memory_plan{args.argument_size_in_bytes, args.output_size_in_bytes, args.alias_size_in_bytes, args.temp_size_in_bytes};
     }
 
     struct state {
