@@ -1,6 +1,7 @@
 # olmax::onednn: what code that includes olmax/backend/onednn_gemm.hpp links (bf16 and fp32 GEMM
 # through oneDNN, on the CPU's bf16 units where it has them). Header-only like the rest of olmax, but
-# it needs oneDNN 2.x's header oneapi/dnnl/dnnl.hpp and its library libdnnl (Debian: libdnnl-dev).
+# it needs oneDNN's header oneapi/dnnl/dnnl.hpp and its library libdnnl, 2.x (Debian 12: libdnnl-dev)
+# or 3.x (tools/setup_onednn3.sh fetches one; point OLMAX_ONEDNN_INCLUDE_DIR / _LIBRARY at it).
 # The rest of olmax, olmax/backend/bf16_gemm.hpp (the portable bf16 GEMM) included, needs neither.
 #
 # olmax finds oneDNN itself (find_path / find_library) rather than through find_package(dnnl):
@@ -18,7 +19,7 @@ function(olmax_find_onednn)
     set(olmax_onednn_VERSION "" PARENT_SCOPE)
     return()
   endif()
-  find_path(OLMAX_ONEDNN_INCLUDE_DIR oneapi/dnnl/dnnl.hpp DOC "Folder containing oneapi/dnnl/dnnl.hpp (oneDNN 2.x; enables olmax::onednn)")
+  find_path(OLMAX_ONEDNN_INCLUDE_DIR oneapi/dnnl/dnnl.hpp DOC "Folder containing oneapi/dnnl/dnnl.hpp (oneDNN 2.x or 3.x; enables olmax::onednn)")
   find_library(OLMAX_ONEDNN_LIBRARY dnnl DOC "oneDNN's library libdnnl (enables olmax::onednn)")
   if(NOT OLMAX_ONEDNN_INCLUDE_DIR OR NOT OLMAX_ONEDNN_LIBRARY)
     return()
@@ -31,9 +32,9 @@ function(olmax_find_onednn)
   endforeach()
   string(REPLACE ";" "." version "${version}")
   set(olmax_onednn_VERSION "${version}" PARENT_SCOPE)
-  # onednn_gemm.hpp uses the 2.x API (operation descriptors, output scales), which 3.0 removed.
-  if(NOT version MATCHES "^2\\.")
-    message(STATUS "olmax: oneDNN ${version} at ${OLMAX_ONEDNN_INCLUDE_DIR} is not 2.x: olmax::onednn not defined")
+  # onednn_gemm.hpp speaks the 2.x and 3.x APIs (3.0 removed operation descriptors and output scales).
+  if(NOT version MATCHES "^[23]\\.")
+    message(STATUS "olmax: oneDNN ${version} at ${OLMAX_ONEDNN_INCLUDE_DIR} is neither 2.x nor 3.x: olmax::onednn not defined")
     return()
   endif()
   set(olmax_onednn_FOUND TRUE PARENT_SCOPE)

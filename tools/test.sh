@@ -3,7 +3,8 @@
 #  1. installs missing Debian packages (tools/install_deps.sh),
 #  2. Release build in build/ of everything (library tests, packaging tests, examples, benchmarks) and
 #     `ctest -LE slow` (all but the tests labelled slow), as many tests at once as the build's jobs,
-#  3. AddressSanitizer + UndefinedBehaviorSanitizer build of the tests in build-asan/ and its
+#  3. tests/onednn built and run again against oneDNN 3.x in build-onednn3/ (tools/setup_onednn3.sh),
+#  4. AddressSanitizer + UndefinedBehaviorSanitizer build of the tests in build-asan/ and its
 #     `ctest -LE "slow|packaging|compile_fail"` (those compile-only checks do not depend on sanitizers
 #     and already ran in step 2).
 # Usage: bash tools/test.sh      (OLMAX_TEST_JOBS=N to change the build parallelism, default nproc)
@@ -21,6 +22,17 @@ cmake --build build --parallel "$jobs"
 # --parallel: most tests use one core; those that fill the machine or measure time are RUN_SERIAL.
 (cd build && ctest --output-on-failure --parallel "$jobs" -LE slow)
 echo "== test: Release done after $((SECONDS - start)) s"
+
+# olmax::onednn speaks oneDNN's 2.x API (Debian 12's, used above) and its 3.x API: the oneDNN tests
+# again against 3.2 (tools/setup_onednn3.sh, from PyPI; a failed fetch is a warning, not an error).
+echo "== test: oneDNN 3.x build of tests/onednn (build-onednn3/)"
+if onednn3=$(bash tools/setup_onednn3.sh --cmake-flags); then
+  cmake -S . -B build-onednn3 -DCMAKE_BUILD_TYPE=Release -DOLMAX_BUILD_BENCHMARKS=OFF -DOLMAX_BUILD_EXAMPLES=OFF $onednn3
+  cmake --build build-onednn3 --parallel "$jobs" --target olmax_onednn_tests
+  (cd build-onednn3 && ctest --output-on-failure -L onednn)
+else
+  echo "test: WARNING: tools/setup_onednn3.sh failed; oneDNN 3.x not tested" >&2
+fi
 
 echo "== test: ASan + UBSan build (build-asan/)"
 # -g1 (line tables and function names: all a sanitizer report prints) compiles about a third faster than -g.

@@ -1,4 +1,4 @@
-// How oneDNN 2.x serves the byte LM's small bf16 products one call at a time against one call for
+// How oneDNN (2.x or 3.x) serves the byte LM's small bf16 products one call at a time against one call for
 // a batch, for the layouts behind the choices in olmax (issue 13, benchmarks/RESULTS.md):
 // - onednn::gemm_batched_bf16 batches only layouts whose items are dense (the mixer's products, a
 //   convolution's unshifted tap); for a shifted tap (items with gaps) oneDNN picks other kernels;
@@ -45,7 +45,11 @@ Product make(const dnnl::engine& engine, const memory::desc& a, const memory::de
         ops.append_sum(beta);
         attr.set_post_ops(ops);
     }
+#if DNNL_VERSION_MAJOR >= 3  // 3.0 dropped the operation descriptor
+    const dnnl::matmul::primitive_desc pd(engine, a, b, c, attr);
+#else
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine);
+#endif
     return {dnnl::matmul(pd), memory(a, engine, nullptr), memory(b, engine, nullptr), memory(c, engine, nullptr), pd.impl_info_str()};
 }
 

@@ -367,7 +367,8 @@ int run(int argc, char** argv) {
     std::optional<olmax::backend::float_gemm_scope> fp32;
     std::string bf16_gemm = "none", fp32_gemm = "eigen";
 #if defined(TRAIN_STEP_WITH_ONEDNN)
-    if (o.precision == "fp32" && o.fp32_gemm == "onednn") fp32.emplace(olmax::backend::onednn::gemm, "onednn"), fp32_gemm = "onednn";
+    if (o.precision == "fp32" && o.fp32_gemm == "onednn")
+        fp32.emplace(olmax::backend::onednn::gemm, "onednn"), fp32_gemm = "onednn " + olmax::backend::onednn::version();
 #endif
     if (o.precision == "bf16") {
 #if defined(TRAIN_STEP_WITH_ONEDNN)

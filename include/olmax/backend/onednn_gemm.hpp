@@ -1,8 +1,10 @@
 #pragma once
-// GEMM through oneDNN (Intel's oneAPI Deep Neural Network Library, 2.x): bf16 x bf16 -> fp32 on the
-// CPU's bf16 units (AVX512-BF16, AMX) and fp32 x fp32. Needs the CMake target olmax::onednn
-// (Debian: libdnnl-dev; cmake/olmaxOneDnn.cmake); the rest of olmax does not, and
-// olmax/backend/bf16_gemm.hpp is the portable bf16 product every build has.
+// GEMM through oneDNN (Intel's oneAPI Deep Neural Network Library, 2.x or 3.x): bf16 x bf16 -> fp32 on
+// the CPU's bf16 units (AVX512-BF16, AMX) and fp32 x fp32. Needs the CMake target olmax::onednn
+// (Debian 12's libdnnl-dev is oneDNN 2.6; tools/setup_onednn3.sh fetches a 3.x build;
+// cmake/olmaxOneDnn.cmake); the rest of olmax does not, and olmax/backend/bf16_gemm.hpp is the
+// portable bf16 product every build has. The two API generations differ only in how a matmul is
+// described and scaled (`matmul_descriptor` below).
 //
 // Which path a bf16 product takes, decided once per process from oneDNN's effective ISA:
 // - the CPU has avx512_core_bf16 or amx: a cached oneDNN bf16 matmul primitive per shape;
@@ -55,8 +57,14 @@ inline std::string_view isa_name(dnnl::cpu_isa isa) {
         case dnnl::cpu_isa::avx: return "avx";
         case dnnl::cpu_isa::avx2: return "avx2";
         case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+#if DNNL_VERSION_MAJOR >= 3
+        case dnnl::cpu_isa::avx2_vnni_2: return "avx2_vnni_2";
+        case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
+        case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+#else
         case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
         case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+#endif
         case dnnl::cpu_isa::avx512_core: return "avx512_core";
         case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
         case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
@@ -129,22 +137,37 @@ inline dnnl::memory::desc matrix(std::size_t rows, std::size_t cols, bool transp
     return dnnl::memory::desc(dims{items, r, c}, type, dims{step, inner[0], inner[1]});
 }
 
+/// The matmul C = alpha A B + beta C (user scratchpad) in either API generation. oneDNN 2.x scales
+/// the product by an output scale; 3.0 removed output scales (its scales are per argument and
+/// passed at run time), so there alpha is a linear post-op (alpha x + 0) applied before the sum
+/// post-op adds beta C: the same result, one fused epilogue, no extra run-time argument.
+inline dnnl::matmul::primitive_desc matmul_descriptor(const dnnl::memory::desc& a, const dnnl::memory::desc& b, const dnnl::memory::desc& c,
+                                                      float alpha, float beta) {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::post_ops ops;
+#if DNNL_VERSION_MAJOR >= 3
+    if (alpha != 1.0f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, alpha, 0.0f);
+#else
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+#endif
+    if (beta != 0.0f) ops.append_sum(beta);
+    attr.set_post_ops(ops);
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl::matmul::primitive_desc(engine(), a, b, c, attr);
+#else
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
+#endif
+}
+
 inline std::shared_ptr<const Entry> make_entry(const Key& key) {
     const auto type = static_cast<dnnl::memory::data_type>(key.type);
     auto e = std::make_shared<Entry>();
     e->a = matrix(key.m, key.k, key.trans_a, key.lda, type, key.count, key.stride_a);
     e->b = matrix(key.k, key.n, key.trans_b, key.ldb, type, key.count, key.stride_b);
     e->c = matrix(key.m, key.n, false, key.ldc, dnnl::memory::data_type::f32, key.count, key.stride_c);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
-    if (key.beta != 0.0f) {
-        dnnl::post_ops ops;
-        ops.append_sum(key.beta);
-        attr.set_post_ops(ops);
-    }
     try {
-        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->a, e->b, e->c), attr, engine());
+        const dnnl::matmul::primitive_desc pd = matmul_descriptor(e->a, e->b, e->c, key.alpha, key.beta);
         e->impl = pd.impl_info_str();
         if (e->impl.rfind("ref", 0) == 0) return e;  // reference kernels: unavailable, not slow
         // A batch only where the batch-reduce kernels take it (each item's matrices dense): oneDNN
@@ -274,11 +297,17 @@ inline const Bf16Support& bf16_support() {
     return support;
 }
 
-/// What gemm_bf16 runs on, for reports: "onednn avx512_core_bf16", or "onednn avx2 (fp32: no bf16
-/// units)" on CPUs without them.
+/// The oneDNN library this process runs (not the headers it was built with), e.g. "2.6.3".
+inline std::string version() {
+    const auto* v = dnnl::version();
+    return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
+/// What gemm_bf16 runs on, for reports: "onednn 2.6.3 avx512_core_bf16", or "onednn 2.6.3 avx2
+/// (fp32: no bf16 units)" on CPUs without them.
 inline std::string bf16_gemm_description() {
     const Bf16Support& support = bf16_support();
-    return "onednn " + support.isa + (support.accelerated ? "" : " (fp32: no bf16 units)");
+    return "onednn " + version() + " " + support.isa + (support.accelerated ? "" : " (fp32: no bf16 units)");
 }
 
 /// Row-major fp32 C = alpha op(A) op(B) + beta C through oneDNN's matmul (cached per shape);
