@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "olmax/backend/bf16_gemm.hpp"
@@ -51,26 +52,19 @@ struct Bf16Support {
 
 namespace detail {
 
+/// The most capable of these ISAs that `isa` includes. oneDNN's ISA values are nested bit masks in
+/// 2.x and 3.x alike; ISAs only one generation names (3.x's avx512_core_amx_fp16, say) are reported
+/// as the nearest of these.
 inline std::string_view isa_name(dnnl::cpu_isa isa) {
-    switch (isa) {
-        case dnnl::cpu_isa::sse41: return "sse41";
-        case dnnl::cpu_isa::avx: return "avx";
-        case dnnl::cpu_isa::avx2: return "avx2";
-        case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
-#if DNNL_VERSION_MAJOR >= 3
-        case dnnl::cpu_isa::avx2_vnni_2: return "avx2_vnni_2";
-        case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
-        case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
-#else
-        case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
-        case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
-#endif
-        case dnnl::cpu_isa::avx512_core: return "avx512_core";
-        case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-        case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-        case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-        default: return "unknown";
-    }
+    using dnnl::cpu_isa;
+    static constexpr std::pair<cpu_isa, std::string_view> known[] = {
+        {cpu_isa::avx512_core_amx, "avx512_core_amx"}, {cpu_isa::avx512_core_bf16, "avx512_core_bf16"},
+        {cpu_isa::avx512_core_vnni, "avx512_core_vnni"}, {cpu_isa::avx512_core, "avx512_core"}, {cpu_isa::avx2_vnni, "avx2_vnni"},
+        {cpu_isa::avx2, "avx2"}, {cpu_isa::avx, "avx"}, {cpu_isa::sse41, "sse41"}};
+    const auto bits = static_cast<unsigned>(isa);
+    for (const auto& [candidate, name] : known)
+        if (const auto need = static_cast<unsigned>(candidate); (bits & need) == need) return name;
+    return "unknown";
 }
 
 inline const dnnl::engine& engine() {
