@@ -8,6 +8,8 @@
 #
 #     cmake --build build --target train_lm bench_xla_scan_bandwidth bench_xla_selective_scan
 #     CUDA_PLUGIN=<.../jax_plugins/xla_cuda13/xla_cuda_plugin.so> benchmarks/xla/gpu_figures.sh [build] [out]
+# On a GPU host without olmax's Debian packages: `tools/bundle_benchmarks.sh` here, then
+# `DATA=bundle/fortunes benchmarks/xla/gpu_figures.sh bundle/build` there.
 #
 # Environment: CUDA_PLUGIN (default: the one beside the python3 on PATH), CPU_PLUGIN (optional),
 # DATA (train_lm --data; default its own corpus), BUDGET_S (the whole run's seconds, default 600:
