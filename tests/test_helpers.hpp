@@ -85,6 +85,13 @@ olmax::Tensor<T> uniform(const olmax::Shape& shape, olmax::Generator& rng, doubl
     return olmax::rand<T>(shape, rng, T(low), T(high));
 }
 
+/// How many times `needle` occurs in `text` (e.g. an op's name in a traced module's text).
+inline std::size_t count_of(const std::string& text, const std::string& needle) {
+    std::size_t n = 0;
+    for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    return n;
+}
+
 /// The larger of `worst` and `difference`, where a NaN wins and stays: std::max would drop it (a NaN
 /// compares false), and a NaN output would then pass a `worst < tolerance` check.
 inline double worse(double worst, double difference) { return std::isnan(worst) || difference <= worst ? worst : difference; }

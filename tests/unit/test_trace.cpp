@@ -287,12 +287,6 @@ std::string conv_mixer_stack_module(bool reversible, std::size_t depth, std::siz
     return t.finish({loss, x.grad()}).module.text;
 }
 
-std::size_t occurrences(const std::string& text, const std::string& what) {
-    std::size_t count = 0;
-    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
-    return count;
-}
-
 }  // namespace
 
 TEST_CASE("trace: kept layers' backward reads what their forward loop stored instead of running the layers again", "[trace]") {
@@ -300,10 +294,10 @@ TEST_CASE("trace: kept layers' backward reads what their forward loop stored ins
     // kept program's reverse loop runs the backward's products only, the other's runs the layers'
     // forward products again (inside `reverse`) before them.
     const std::string rebuilt = conv_mixer_stack_module(true, 4, 0), kept = conv_mixer_stack_module(true, 4, 4);
-    const std::size_t rebuilt_products = occurrences(rebuilt, "stablehlo.dot_general"), kept_products = occurrences(kept, "stablehlo.dot_general");
+    const std::size_t rebuilt_products = olmax_test::count_of(rebuilt, "stablehlo.dot_general"), kept_products = olmax_test::count_of(kept, "stablehlo.dot_general");
     INFO("products: every layer rebuilt " << rebuilt_products << ", every layer kept " << kept_products);
     CHECK(kept_products * 4 == rebuilt_products * 3);  // forward F, backward 2F: 3F kept; reverse runs F again: 4F rebuilt
-    CHECK(occurrences(kept, "stablehlo.while") == 2);   // one forward loop, one reverse loop
+    CHECK(olmax_test::count_of(kept, "stablehlo.while") == 2);   // one forward loop, one reverse loop
 }
 
 TEST_CASE("trace: the checker catches a wrong rule", "[trace]") {
@@ -381,7 +375,7 @@ TEST_CASE("trace: a reversible stack's traced backward rebuilds each layer's inp
         INFO((reversible ? "memory saving" : "inputs stored"));
         const std::string text = conv_mixer_stack_module(reversible, 5, 0);
         CHECK((text.find("tensor<2x2x1x32x4xf32>") != std::string::npos) == !reversible);
-        CHECK(occurrences(text, "stablehlo.while") == 2);  // the forward loop and the reverse loop, whatever the depth
+        CHECK(olmax_test::count_of(text, "stablehlo.while") == 2);  // the forward loop and the reverse loop, whatever the depth
     }
 }
 

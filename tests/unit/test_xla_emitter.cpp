@@ -15,14 +15,9 @@
 namespace shlo = olmax::xla::stablehlo;
 using olmax::backend::xla;
 using Catch::Matchers::Contains;
+using olmax_test::count_of;
 
 namespace {
-
-std::size_t count_of(const std::string& text, const std::string& needle) {
-    std::size_t n = 0;
-    for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-    return n;
-}
 
 /// The SSA names on a line, in order: `%12`, `%arg0`, `%b7` (a `#i` result suffix is dropped).
 std::vector<std::string> ssa_names(const std::string& line) {

@@ -21,6 +21,7 @@
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "test_helpers.hpp"
 #include "xla/cpu_plugin.hpp"
 #include "xla/text_batch.hpp"
 
@@ -176,10 +177,7 @@ TEST_CASE("the main job's model (reversible conv/mixer stack) traced from its ea
         program = t.finish({loss});
     }
     // One loop in the module, whatever the depth: the layers are not unrolled.
-    const std::string& text = program.module.text;
-    std::size_t loops = 0;
-    for (std::size_t at = text.find("stablehlo.while"); at != std::string::npos; at = text.find("stablehlo.while", at + 1)) ++loops;
-    CHECK(loops == (depth >= 2 ? 2u : 0u));  // the forward loop and its reverse (depth 1: one layer after an empty loop, none)
+    CHECK(olmax_test::count_of(program.module.text, "stablehlo.while") == (depth >= 2 ? 2u : 0u));  // the forward loop and its reverse (depth 1: one layer after an empty loop, none)
     trace::compiled_program device(client, std::move(program));
 
     float first = 0, last = 0;
