@@ -10,8 +10,6 @@
 // Prints one JSON object: per product (m x k x n, A transposed or B transposed), the median
 // milliseconds and GFLOP/s of each side.
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,23 +21,12 @@
 #include <olmax/trace/trace.hpp>
 
 #include "flags.hpp"
+#include "timing.hpp"
 
 namespace {
 
 using olmax::Tensor;
 namespace trace = olmax::trace;
-
-template <class F>
-double median_seconds(std::size_t runs, F&& f) {
-    std::vector<double> seconds;
-    for (std::size_t r = 0; r < runs + 2; ++r) {  // two warm-ups
-        const auto start = std::chrono::steady_clock::now();
-        f();
-        if (r >= 2) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::sort(seconds.begin(), seconds.end());
-    return seconds[seconds.size() / 2];
-}
 
 struct Product {
     std::size_t m, k, n;
@@ -81,9 +68,9 @@ int main(int argc, char** argv) try {
             program = t.finish({olmax::reshape(olmax::slice(olmax::slice(out, 0, 0, 1), 1, 0, 1), {1})});  // one element: each run waits
         }
         trace::compiled_program device(client, std::move(program));
-        const double on_plugin = median_seconds(runs, [&] { device.run({}); });
+        const double on_plugin = olmax_bench::median_seconds(runs, 2, [&] { device.run({}); });
         std::vector<float> host_c(p.m * p.n);
-        const double on_host = median_seconds(runs, [&] {
+        const double on_host = olmax_bench::median_seconds(runs, 2, [&] {
             olmax::backend::onednn::gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, 1.f, a.data(), p.trans_a ? p.m : p.k, b.data(),
                                          p.trans_b ? p.k : p.n, 0.f, host_c.data(), p.n);
         });

@@ -11,7 +11,6 @@
 // program does not fit the device's memory), and the copy bandwidth (2 x 4 bytes per element).
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -24,6 +23,7 @@
 #include <olmax/trace/trace.hpp>
 
 #include "flags.hpp"
+#include "timing.hpp"
 
 namespace {
 
@@ -55,14 +55,7 @@ double median_seconds(const std::shared_ptr<olmax::xla::pjrt::client>& client, c
         program = t.finish({olmax::reshape(olmax::slice(olmax::slice(out, 1, 0, 1), 2, 0, 1), {1})});  // one element: each run waits for it
     }
     trace::compiled_program device(client, std::move(program));
-    std::vector<double> seconds;
-    for (std::size_t r = 0; r < runs + 2; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        device.run({});
-        if (r >= 2) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());  // two warm-ups
-    }
-    std::sort(seconds.begin(), seconds.end());
-    return seconds[seconds.size() / 2];
+    return olmax_bench::median_seconds(runs, 2, [&] { device.run({}); });
 }
 
 }  // namespace

@@ -19,7 +19,6 @@
 // peak resident MiB after each XLA form has run (fused first, so its figure is its own).
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -36,6 +35,7 @@
 #include <olmax/trace/trace.hpp>
 
 #include "flags.hpp"
+#include "timing.hpp"
 
 namespace {
 
@@ -52,16 +52,7 @@ Tensor<float> loss_of(const Inputs& x) {
     return olmax::sum(olmax::square(s.y));
 }
 
-double median_ms(std::size_t runs, const std::function<void()>& run) {
-    std::vector<double> ms;
-    for (std::size_t r = 0; r < runs + 1; ++r) {  // one warm-up
-        const auto start = std::chrono::steady_clock::now();
-        run();
-        if (r > 0) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-}
+double median_ms(std::size_t runs, const std::function<void()>& run) { return 1e3 * olmax_bench::median_seconds(runs, 1, run); }
 
 double peak_mib() {
     rusage usage{};
