@@ -36,16 +36,18 @@ if ! "$python" -c "import jax" 2>/dev/null; then
   echo "xla/run.sh: $python cannot import jax (tools/setup_jax_venv.sh); jax peer skipped"
   peer=0
 fi
+IFS=: read -r features batch sequence <<< "${SHAPE:-64:8:64}"
+shape=(--features "$features" --batch "$batch" --sequence "$sequence" --steps "${STEPS:-5}")
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for round in $(seq "${ROUNDS:-1}"); do
   for block in $(tr ',' ' ' <<<"${BLOCKS:-conv_mixer,qrnn,mamba,moe}"); do
     for depth in $(tr ',' ' ' <<<"${DEPTHS:-4,16,64}"); do
       tag="$block-$depth-$round"
-      "$bench" --plugin "$plugin" --depths "$depth" --blocks "$block" --repeats "${REPEATS:-3}" --json "$out/olmax-$tag.json"
+      "$bench" --plugin "$plugin" --depths "$depth" --blocks "$block" --repeats "${REPEATS:-3}" "${shape[@]}" --json "$out/olmax-$tag.json"
       [ "$peer" = 1 ] || continue
       # TF_CPP_MIN_LOG_LEVEL=3 on the plugin: it logs an error line per unmatched fusion, which is
       # not a failure.
-      jax=("$python" "$here/jax_byte_lm.py" --blocks "$block" --depths "$depth" --repeats "${REPEATS:-3}")
+      jax=("$python" "$here/jax_byte_lm.py" --blocks "$block" --depths "$depth" --repeats "${REPEATS:-3}" "${shape[@]}")
       JAX_PLATFORMS=cpu "${jax[@]}" --json "$out/jax-$tag.json"
       TF_CPP_MIN_LOG_LEVEL=3 "${jax[@]}" --plugin "$plugin" --json "$out/jax_plugin-$tag.json" 2> >(grep -v "is experimental" >&2)
     done
@@ -112,16 +114,18 @@ if j is not None and jp is not None:
             continue
         c, total = r["compile_s_median"], r["trace_s"] + r["compile_s_median"]
         jtotal = a["lower_s_median"] + a["compile_s_median"]
-        ratios.setdefault(r["block"], []).append((c / a["compile_s_median"], c / b["compile_s_median"], total / jtotal))
+        ratios.setdefault(r["block"], []).append((c / a["compile_s_median"], c / b["compile_s_median"], total / jtotal,
+                                                  r["step_s_median"] / a["step_s_median"], r["step_s_median"] / b["step_s_median"]))
         print(f"| {r['block']} | {r['depth']} | {r['round']} | {c:.3f} | {a['compile_s_median']:.3f} | {c / a['compile_s_median']:.2f} | "
               f"{b['compile_s_median']:.3f} | {c / b['compile_s_median']:.2f} | {total:.3f} | {jtotal:.3f} | {total / jtotal:.2f} | "
               f"{r['step_s_median'] * 1e3:.1f} | {a['step_s_median'] * 1e3:.1f} | {b['step_s_median'] * 1e3:.1f} |")
     summary["olmax_over_jax_median"] = {}
     for block, rs in ratios.items():
-        med = [statistics.median(x[i] for x in rs) for i in range(3)]
-        summary["olmax_over_jax_median"][block] = {"compile": med[0], "compile_plugin": med[1], "to_executable": med[2]}
+        med = [statistics.median(x[i] for x in rs) for i in range(5)]
+        summary["olmax_over_jax_median"][block] = {"compile": med[0], "compile_plugin": med[1], "to_executable": med[2],
+                                                   "step": med[3], "step_plugin": med[4]}
         print(f"{block}: olmax / jax, medians over depths and rounds: compile {med[0]:.2f}, compile on the plugin {med[1]:.2f}, "
-              f"to an executable {med[2]:.2f}")
+              f"to an executable {med[2]:.2f}; step time {med[3]:.2f}, on the plugin {med[4]:.2f}")
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 PY
 echo "xla/run.sh: results in $out"
