@@ -8,16 +8,11 @@
 //     done
 //     for r in 1 2 3; do for v in old new; do OMP_NUM_THREADS=1 /tmp/unary_$v; done; done
 #include <olmax/olmax.hpp>
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <vector>
+
+#include "../timing.hpp"
 using olmax::Tensor;
-template <class F> double time_it(F f) {
-    std::vector<double> t;
-    for (int r = 0; r < 15; ++r) { auto t0 = std::chrono::steady_clock::now(); f(); t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()); }
-    std::sort(t.begin(), t.end()); return t[t.size() / 2];
-}
+double time_it(const std::function<void()>& f) { return 1e3 * olmax_bench::median_seconds(15, 0, f); }
 int main() {
     olmax::Generator rng(1);
     auto x = olmax::randn<float>({1 << 20}, rng).set_requires_grad(true);

@@ -23,24 +23,15 @@
 #include <string>
 #include <vector>
 
+#include "../timing.hpp"
+
 namespace sc = olmax::scan;
 using olmax::Tensor;
 
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double time_median(const std::function<void()>& f, int repeats) {
-    f();  // warm-up (first touch, pool start)
-    std::vector<double> times;
-    for (int i = 0; i < repeats; ++i) {
-        const double s = now();
-        f();
-        times.push_back(now() - s);
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
-}
+/// One warm-up (first touch, the pool's start), then the median of `repeats` runs.
+double time_median(const std::function<void()>& f, int repeats) { return olmax_bench::median_seconds(std::size_t(repeats), 1, f); }
 
 struct Result {
     std::string name, direction;

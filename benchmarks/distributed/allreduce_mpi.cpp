@@ -33,6 +33,8 @@
 
 #include <olmax/distributed/mpi.hpp>
 
+#include "../timing.hpp"
+
 #ifdef OLMAX_BENCH_WITH_GLOO
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
@@ -43,6 +45,7 @@
 namespace {
 
 namespace dist = olmax::distributed;
+using olmax_bench::median;
 
 struct Args {
     std::size_t min_bytes = std::size_t(4) << 10, max_bytes = std::size_t(64) << 20, budget_mb = 256;
@@ -76,12 +79,6 @@ struct Algorithm {
     std::function<void(std::span<float>)> call;
     std::vector<double> seconds;  // per round, seconds per call
 };
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t m = v.size() / 2;
-    return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
 
 int run(const Args& a) {
     dist::MpiOptions options;
@@ -149,7 +146,7 @@ int run(const Args& a) {
                 const auto start = std::chrono::steady_clock::now();
                 for (int i = 0; i < iterations; ++i) algorithm.call(message);
                 mpi.barrier();
-                algorithm.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations);
+                algorithm.seconds.push_back(olmax_bench::seconds_since(start) / iterations);
             }
         for (const auto& algorithm : algorithms) {
             const double s = median(algorithm.seconds);

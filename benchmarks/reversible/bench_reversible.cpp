@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "../timing.hpp"
+
 namespace nn = olmax::nn;
 using olmax::Tensor;
 using Block = nn::Reversible<nn::Sandwich<nn::DenseConv<5, float>>, nn::Sandwich<nn::HierarchicalMixer<16, float>>>;
@@ -58,8 +60,7 @@ double step(nn::Stack<Block>& stack, const Tensor<float>& x_value, const Tensor<
     const auto t0 = std::chrono::steady_clock::now();
     auto y = stack(x);
     y.backward(dy);
-    const auto t1 = std::chrono::steady_clock::now();
-    return std::chrono::duration<double>(t1 - t0).count();
+    return olmax_bench::seconds_since(t0);
 }
 
 MemoryResult measure_memory(const Sizes& s, std::size_t depth, bool reversible) {
@@ -93,9 +94,7 @@ std::pair<double, double> median_step_seconds(const Sizes& s, std::size_t depth)
         rev_times.push_back(step(rev, x, dy));
         plain_times.push_back(step(plain, x, dy));
     }
-    std::sort(rev_times.begin(), rev_times.end());
-    std::sort(plain_times.begin(), plain_times.end());
-    return {rev_times[rev_times.size() / 2], plain_times[plain_times.size() / 2]};
+    return {olmax_bench::median(rev_times), olmax_bench::median(plain_times)};
 }
 
 int main(int argc, char** argv) {

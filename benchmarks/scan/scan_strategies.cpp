@@ -37,6 +37,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "../timing.hpp"
+
 namespace sc = olmax::scan;
 using olmax::Tensor;
 
@@ -113,23 +115,12 @@ const char* const legend = R"(columns:
   rel_err            max |result - fp64 reference| / max |reference| (bwd: the worse of dx and da)
 )";
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 /// Median of `repeats` timed runs after one warm-up (fewer repeats for long runs).
 double time_median(const std::function<void()>& f, int repeats) {
-    const double t0 = now();
-    f();
-    const double first = now() - t0;
+    const double first = olmax_bench::median_seconds(1, 0, f);  // the warm-up
     if (first > 2.0) repeats = 1;
     else if (first > 0.5) repeats = std::min(repeats, 3);
-    std::vector<double> times;
-    for (int i = 0; i < repeats; ++i) {
-        const double s = now();
-        f();
-        times.push_back(now() - s);
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    return olmax_bench::median_seconds(std::size_t(repeats), 0, f);
 }
 
 /// Parallel first-touch buffer of n floats.
@@ -458,7 +449,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> notices;
     olmax::backend::set_bf16_notice_sink([&notices](std::string_view message) { notices.emplace_back(message); });
 
-    const double start = now();
+    const auto start = std::chrono::steady_clock::now();
     Bench bench;
     bench.repeats = smoke ? 2 : quick ? 5 : 10;
     bench.filter = filter;
@@ -627,6 +618,6 @@ int main(int argc, char** argv) {
         out << "\n  ]\n}\n";
         std::printf("\nwrote %s\n", json_path.c_str());
     }
-    std::printf("total %.1f s\n", now() - start);
+    std::printf("total %.1f s\n", olmax_bench::seconds_since(start));
     return 0;
 }

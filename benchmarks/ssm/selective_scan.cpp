@@ -29,7 +29,10 @@
 #include <omp.h>
 #endif
 
+#include "../timing.hpp"
+
 namespace sc = olmax::scan;
+using olmax_bench::median;
 using olmax::Tensor;
 using T = float;
 
@@ -85,15 +88,9 @@ Measurement step(F&& f, const Inputs& in, const Tensor<T>& dy, Tensor<T>* y_out 
     const auto t0 = std::chrono::steady_clock::now();
     Tensor<T> y = f(x);
     y.backward(dy);
-    const auto t1 = std::chrono::steady_clock::now();
-    Measurement m{std::chrono::duration<double>(t1 - t0).count(), olmax::memory::stats().peak_bytes - baseline};
+    Measurement m{olmax_bench::seconds_since(t0), olmax::memory::stats().peak_bytes - baseline};
     if (y_out) *y_out = y.detach();
     return m;
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -49,6 +50,8 @@
 #if defined(TRAIN_STEP_WITH_ONEDNN)
 #include <olmax/backend/onednn_gemm.hpp>
 #endif
+
+#include "../timing.hpp"
 
 namespace byte_lm {
 using Model = olmax::models::ByteLM<>;  // the main job's model
@@ -220,18 +223,7 @@ olmax::data::Batch random_batch(std::size_t batch, std::size_t sequence, std::mt
 }
 
 /// Median milliseconds of `repeats` calls of f after one warm-up call.
-template <class F>
-double median_ms(int repeats, F&& f) {
-    f();
-    std::vector<double> ms;
-    for (int r = 0; r < repeats; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        f();
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-}
+double median_ms(int repeats, const std::function<void()>& f) { return 1e3 * olmax_bench::median_seconds(std::size_t(repeats), 1, f); }
 
 /// Where a step's time goes: each part of the model alone, forward only (no tape) and forward +
 /// backward, on [batch, sequence, features] inputs (torch_train_step.py --profile prints the same rows).
@@ -406,10 +398,6 @@ int run(int argc, char** argv) {
         backward_s.push_back(std::chrono::duration<double>(t2 - t1).count());
         optimizer_s.push_back(std::chrono::duration<double>(t3 - t2).count());
     };
-    auto median_of = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    };
 
     // First step: peak RSS growth from the built model (comparable to PyTorch's first step, which
     // also allocates its lazy optimiser state).
@@ -434,12 +422,11 @@ int run(int argc, char** argv) {
         const auto& batch = batches[std::size_t(r) % batches.size()];
         const auto t0 = clock::now();
         step(batch);
-        seconds.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+        seconds.push_back(olmax_bench::seconds_since(t0));
         timed += seconds.back();
     }
     const int repeats = int(seconds.size());
-    std::sort(seconds.begin(), seconds.end());
-    const double median = median_of(seconds);
+    const double median = olmax_bench::median(seconds);
     const double tokens_per_s = double(o.batch * o.sequence) / median;
     const std::size_t footprint_rss = proc_status_bytes("VmHWM") - rss_at_start;
 
@@ -455,8 +442,8 @@ int run(int argc, char** argv) {
          << ", \"parallel_threshold\": " << olmax::backend::cpu_openmp::parallel_threshold()
          << ", \"block_cache_bytes\": " << olmax::memory::cache_limit()
          << ", \"seconds_median\": " << median << ", \"seconds_min\": " << seconds.front() << ", \"seconds_max\": " << seconds.back()
-         << ", \"forward_s\": " << median_of(forward_s) << ", \"backward_s\": " << median_of(backward_s)
-         << ", \"optimizer_s\": " << median_of(optimizer_s) << ", \"tokens_per_s\": " << tokens_per_s << ", \"peak_bytes\": " << peak_bytes
+         << ", \"forward_s\": " << olmax_bench::median(forward_s) << ", \"backward_s\": " << olmax_bench::median(backward_s)
+         << ", \"optimizer_s\": " << olmax_bench::median(optimizer_s) << ", \"tokens_per_s\": " << tokens_per_s << ", \"peak_bytes\": " << peak_bytes
          << ", \"peak_step_bytes\": " << (peak_bytes - held_before)
          << ", \"peak_rss_bytes\": " << (rss_restarted ? std::to_string(peak_rss) : "null")
          << ", \"first_step_rss_bytes\": " << first_step_rss
@@ -466,7 +453,7 @@ int run(int argc, char** argv) {
                 "peak RSS growth of a step %.2f MiB (first step %.2f MiB), footprint %.2f MiB\n",
                 o.precision == "bf16" ? ("olmax-bf16 (" + bf16_gemm + ")").c_str() : "olmax", static_cast<long long>(o.batch), static_cast<long long>(o.sequence), static_cast<long long>(o.features),
                 static_cast<long long>(o.depth), static_cast<long long>(o.threads), shards, params, median * 1e3, repeats, tokens_per_s,
-                median_of(forward_s) * 1e3, median_of(backward_s) * 1e3, median_of(optimizer_s) * 1e3,
+                olmax_bench::median(forward_s) * 1e3, olmax_bench::median(backward_s) * 1e3, olmax_bench::median(optimizer_s) * 1e3,
                 double(peak_bytes) / 1048576.0, double(peak_bytes - held_before) / 1048576.0,
                 double(peak_rss) / 1048576.0, double(first_step_rss) / 1048576.0,
                 double(footprint_rss) / 1048576.0);

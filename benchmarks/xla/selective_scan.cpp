@@ -35,7 +35,7 @@
 #include <olmax/trace/trace.hpp>
 
 #include "flags.hpp"
-#include "timing.hpp"
+#include "../timing.hpp"
 
 namespace {
 

@@ -22,20 +22,14 @@
 #include <olmax/models/xla_trainer.hpp>
 #include <olmax/trace/program.hpp>
 
+#include "../timing.hpp"
 #include "flags.hpp"
 
 namespace {
 
+using olmax_bench::median;
 using olmax_bench::positive;
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+using olmax_bench::seconds_since;
 
 std::vector<std::int64_t> parse_list(const std::string& flag, const std::string& text) {
     std::vector<std::int64_t> out;
