@@ -426,6 +426,7 @@ int run(int argc, char** argv) {
         timed += seconds.back();
     }
     const int repeats = int(seconds.size());
+    std::sort(seconds.begin(), seconds.end());  // seconds_min and seconds_max below are its ends
     const double median = olmax_bench::median(seconds);
     const double tokens_per_s = double(o.batch * o.sequence) / median;
     const std::size_t footprint_rss = proc_status_bytes("VmHWM") - rss_at_start;
