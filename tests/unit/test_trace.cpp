@@ -294,10 +294,11 @@ TEST_CASE("trace: kept layers' backward reads what their forward loop stored ins
     // kept program's reverse loop runs the backward's products only, the other's runs the layers'
     // forward products again (inside `reverse`) before them.
     const std::string rebuilt = conv_mixer_stack_module(true, 4, 0), kept = conv_mixer_stack_module(true, 4, 4);
-    const std::size_t rebuilt_products = olmax_test::count_of(rebuilt, "stablehlo.dot_general"), kept_products = olmax_test::count_of(kept, "stablehlo.dot_general");
+    const std::size_t rebuilt_products = olmax_test::count_of(rebuilt, "stablehlo.dot_general");
+    const std::size_t kept_products = olmax_test::count_of(kept, "stablehlo.dot_general");
     INFO("products: every layer rebuilt " << rebuilt_products << ", every layer kept " << kept_products);
     CHECK(kept_products * 4 == rebuilt_products * 3);  // forward F, backward 2F: 3F kept; reverse runs F again: 4F rebuilt
-    CHECK(olmax_test::count_of(kept, "stablehlo.while") == 2);   // one forward loop, one reverse loop
+    CHECK(olmax_test::count_of(kept, "stablehlo.while") == 2);  // one forward loop, one reverse loop
 }
 
 TEST_CASE("trace: the checker catches a wrong rule", "[trace]") {

@@ -177,7 +177,8 @@ TEST_CASE("the main job's model (reversible conv/mixer stack) traced from its ea
         program = t.finish({loss});
     }
     // One loop in the module, whatever the depth: the layers are not unrolled.
-    CHECK(olmax_test::count_of(program.module.text, "stablehlo.while") == (depth >= 2 ? 2u : 0u));  // the forward loop and its reverse (depth 1: one layer after an empty loop, none)
+    // The forward loop and its reverse (depth 1: one layer after an empty loop, none).
+    CHECK(olmax_test::count_of(program.module.text, "stablehlo.while") == (depth >= 2 ? 2u : 0u));
     trace::compiled_program device(client, std::move(program));
 
     float first = 0, last = 0;
