@@ -2,16 +2,22 @@
 # header-only like the rest of olmax, but it needs the PJRT C API header (xla/pjrt/c/pjrt_c_api.h,
 # third-party source that olmax does not ship) and libdl (plugins are loaded with dlopen).
 #
-# olmax_define_pjrt_target(<folder containing xla/pjrt/c/pjrt_c_api.h>) defines the target; olmax's
-# own build calls it (top-level CMakeLists.txt) and so does the installed package config when the
-# consumer sets OLMAX_PJRT_INCLUDE_DIR before find_package(olmax).
+# olmax_define_pjrt_target(<folder>) defines the target, for a folder holding the header either as
+# xla/pjrt/c/pjrt_c_api.h (the openxla/xla tree) or as a flat pjrt_c_api.h (the xla-cpu-pjrt wheel's
+# include/); olmax's own build calls it (top-level CMakeLists.txt) and so does the package config
+# (installed, or through add_subdirectory / FetchContent) when the consumer sets
+# OLMAX_PJRT_INCLUDE_DIR before it.
 function(olmax_define_pjrt_target include_dir)
   if(TARGET olmax::pjrt)
     return()
   endif()
   set(header "${include_dir}/xla/pjrt/c/pjrt_c_api.h")
   if(NOT EXISTS "${header}")
-    message(FATAL_ERROR "olmax: ${include_dir} has no xla/pjrt/c/pjrt_c_api.h (OLMAX_PJRT_INCLUDE_DIR must name the folder that contains xla/)")
+    set(header "${include_dir}/pjrt_c_api.h")
+  endif()
+  if(NOT EXISTS "${header}")
+    message(FATAL_ERROR "olmax: ${include_dir} holds neither xla/pjrt/c/pjrt_c_api.h nor pjrt_c_api.h (OLMAX_PJRT_INCLUDE_DIR must name the "
+                        "folder that holds the PJRT C API header, e.g. the xla-cpu-pjrt wheel's include/)")
   endif()
   file(STRINGS "${header}" major REGEX "^#define PJRT_API_MAJOR [0-9]+")
   file(STRINGS "${header}" minor REGEX "^#define PJRT_API_MINOR [0-9]+")

@@ -9,6 +9,7 @@
 //     build/examples/train_lm --data=notes/ --steps=2000 --preset=small --block=mamba
 //     bash tools/launch_local.sh 2 build/examples/train_lm   # 2 processes on this machine
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,9 @@
 #endif
 
 namespace {
+
+/// When the program started: the summary's wall time counts from here.
+const auto program_start = std::chrono::steady_clock::now();
 
 namespace config = olmax::config;
 namespace data = olmax::data;
@@ -83,9 +87,10 @@ struct Printer final : train::Observer {
     }
     void finished() override { bar->finish(); }
     void step_finished(const train::StepReport& r) override {
-        char extra[64];
-        std::snprintf(extra, sizeof extra, "lr %.2e  eval %.3f", r.learning_rate, r.last_evaluation);
-        bar->update(r.step, r.loss, r.tokens_this_run, extra);
+        char extra[64];  // "eval -" until the first held-out loss exists
+        if (std::isnan(r.last_evaluation)) std::snprintf(extra, sizeof extra, "lr %.2e  eval -", r.learning_rate);
+        else std::snprintf(extra, sizeof extra, "lr %.2e  eval %.3f", r.learning_rate, r.last_evaluation);
+        bar->update(r.step, r.loss, r.tokens_this_run, extra, r.budget_seconds_left);  // the ETA: the sooner of steps and budget
     }
 };
 
@@ -138,11 +143,15 @@ int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::uniq
         printer.note(std::string("training diverged: ") + e.what());
         return printer.note(last.empty() ? "no checkpoint was written in this run" : "the last good checkpoint is " + last.string()), 3;
     }
-    char line[240];
-    // Rank 0's figures; the exchange share is what training across processes costs per step.
-    std::snprintf(line, sizeof line, "trained %.0f tokens in %.2f s without evaluations (%.0f tokens/s, %.3f ms/step); gradient exchange "
-                  "%.2f s (%.1f%%) across %d process(es)\n", r.tokens_this_run, r.train_seconds, r.tokens_per_second(),
-                  r.milliseconds_per_step(), r.exchange_seconds, r.train_seconds > 0 ? 100 * r.exchange_seconds / r.train_seconds : 0.0, ranks);
+    char line[400];
+    // Rank 0's figures; the exchange share is what training across processes costs per step. The
+    // step seconds are what --time_budget_s counts; the wall time adds everything around them.
+    std::snprintf(line, sizeof line, "trained %.0f tokens in %.2f s of training steps (%.0f tokens/s, %.3f ms/step); gradient exchange "
+                  "%.2f s (%.1f%%) across %d process(es)\nwall time %.1f s: the steps plus reading the data, building the model, "
+                  "evaluations and checkpoints (the loss plot and samples follow)\n", r.tokens_this_run, r.train_seconds,
+                  r.tokens_per_second(), r.milliseconds_per_step(), r.exchange_seconds,
+                  r.train_seconds > 0 ? 100 * r.exchange_seconds / r.train_seconds : 0.0, ranks,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - program_start).count());
     out << line << (r.step_summary.empty() ? "" : r.step_summary + "\n");
     const std::string checkpoint = r.last_checkpoint.empty() ? std::string("(none written in this run)") : r.last_checkpoint.string();
     if (r.stop.stop) {  // every rank reports; rank 0 wrote the checkpoint. No loss curve, no samples: stop soon.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job: installs missing Debian packages, builds olmax (Release, out of source in build/), and
-# runs the training example build/examples/train_lm when it exists, else the smaller example
-# build/examples/train_mlp (a small model fitting sin(x), printing the falling loss).
+# The main job: installs missing Debian packages, builds olmax (Release, out of source in build/) with
+# the README's ladder of examples (build/examples/quickstart, train_mlp, compare_scans, generate and
+# train_lm), and runs the training example build/examples/train_lm when it exists, else the smaller
+# example build/examples/train_mlp (a small model fitting sin(x), printing the falling loss).
 # Extra arguments are passed to the program. Usage: bash tools/main.sh [args...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,6 +14,12 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 program=train_mlp
 targets=$(cmake --build build --target help)  # captured first: grep -q closing a pipe early would trip pipefail
 if grep -qw train_lm <<<"$targets"; then program=train_lm; fi
-cmake --build build --target "$program" --parallel "$jobs"
+# The ladder the README walks through (tests/package/check_readme_commands.py reads this list).
+ladder=(quickstart train_mlp compare_scans generate train_lm)
+build_targets=()
+for target in "${ladder[@]}"; do
+  if grep -qw "$target" <<<"$targets"; then build_targets+=("$target"); fi
+done
+cmake --build build --target "${build_targets[@]}" --parallel "$jobs"
 echo "main: running build/examples/$program $*"
 exec "build/examples/$program" "$@"

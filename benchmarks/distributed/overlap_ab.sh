@@ -57,7 +57,7 @@ for preset in presets:
     for r in range(1, rounds + 1):
         for overlap in ("false", "true"):
             text = open(os.path.join(out, f"{preset}-r{r}-overlap_{overlap}.log")).read()
-            m = re.search(r"^trained (\d+) tokens in ([\d.]+) s without evaluations \(([\d.]+) tokens/s, ([\d.]+) ms/step\); "
+            m = re.search(r"^trained (\d+) tokens in ([\d.]+) s (?:of training steps|without evaluations) \(([\d.]+) tokens/s, ([\d.]+) ms/step\); "
                           r"gradient exchange ([\d.]+) s", text, re.M)
             o = re.search(r"^overlapped exchange: (\d+) bucket\(s\).*?(\d+) sent before backward ended", text, re.M)
             runs.append({"preset": preset, "round": r, "overlap": overlap == "true", "ms_per_step": float(m.group(4)),

@@ -9,7 +9,7 @@
 #   1 process  x 1 thread      the single-core step
 #   1 process  x N threads     threads share the batch inside one process (data_parallel_backward)
 #   N processes x 1 thread     tools/launch_local.sh: Gloo over 127.0.0.1, gradients averaged per step
-# From train_lm's summary line (rank 0): training seconds without evaluations, tokens/s, ms/step,
+# From train_lm's summary line (rank 0): the seconds of training steps, tokens/s, ms/step,
 # and the seconds spent in the gradient exchange (allreduce_gradients plus the loss exchange).
 # speedup = tokens/s over the 1 x 1 run; efficiency = speedup / N.
 #
@@ -57,7 +57,7 @@ for preset in presets:
     base = None
     for layout, processes, threads in (("1x1", 1, 1), (f"1x{ranks}", 1, ranks), (f"{ranks}x1", ranks, 1)):
         text = open(os.path.join(out, f"{preset}-{layout}.log")).read()
-        m = re.search(r"^trained (\d+) tokens in ([\d.]+) s without evaluations \(([\d.]+) tokens/s, ([\d.]+) ms/step\); "
+        m = re.search(r"^trained (\d+) tokens in ([\d.]+) s (?:of training steps|without evaluations) \(([\d.]+) tokens/s, ([\d.]+) ms/step\); "
                       r"gradient exchange ([\d.]+) s \(([\d.]+)%\)", text, re.M)
         model = re.search(r"^model: (.*), (\d+) parameters", text, re.M)
         cfg = dict(re.findall(r"^(batch|sequence|features|depth) = (\S+)", text, re.M))

@@ -230,8 +230,8 @@ def main():
         # it is not: training seconds extrapolated from it.
         train_s = before_eval[-1][3] * last_step / before_eval[-1][0] if before_eval and before_eval[-1][3] > 0 else float("nan")
         rate = before_eval[-1][2] if before_eval else float("nan")
-        # train_lm's own summary (newer builds): training seconds without evaluations, measured.
-        reported = re.search(r"^trained (\d+) tokens in ([\d.]+) s without evaluations \(([\d.]+) tokens/s", text, re.M)
+        # train_lm's own summary (newer builds): the seconds of training steps, measured.
+        reported = re.search(r"^trained (\d+) tokens in ([\d.]+) s (?:of training steps|without evaluations) \(([\d.]+) tokens/s", text, re.M)
         if reported:
             train_s, rate = float(reported.group(2)), float(reported.group(3))
         nats = float(evals[-1][1]) if evals else float("nan")

@@ -27,7 +27,7 @@ if ! diff "$work/one/metrics.csv" "$work/two/metrics.csv"; then
   echo "FAIL: two ranks and one process with two shards logged different losses"; exit 1
 fi
 grep -q "rank 1 of 2 (gloo): rows 2..3 of each batch" "$work/two.log" || { cat "$work/two.log"; echo "FAIL: no rank 1 report"; exit 1; }
-grep -Eq "^trained 768 tokens in [0-9.]+ s without evaluations .*gradient exchange [0-9.]+ s \([0-9.]+%\) across 2 process" "$work/two.log" ||
+grep -Eq "^trained 768 tokens in [0-9.]+ s of training steps .*gradient exchange [0-9.]+ s \([0-9.]+%\) across 2 process" "$work/two.log" ||
   { cat "$work/two.log"; echo "FAIL: no training summary with the exchange time of 2 processes"; exit 1; }
 [ ! -e "$work/two/rank1" ] && [ "$(ls "$work/two" | grep -c '^ckpt-')" -eq 2 ] || { ls -la "$work/two"; echo "FAIL: checkpoints"; exit 1; }
 echo "ok: two ranks equal one process with two shards (metrics.csv identical)"

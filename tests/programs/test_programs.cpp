@@ -9,6 +9,7 @@
 #include <olmax/models/byte_lm.hpp>
 #include <olmax/train/train_config.hpp>
 
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -373,4 +374,78 @@ TEST_CASE("train_lm trains on a plain text file, a folder with a link loop, CRLF
         if (data == "dump.jsonl") CHECK_THAT(o.out, Catch::Contains("data: ") && Catch::Contains("skipped 1 of 41"));
         if (data == "tree") CHECK_THAT(o.out, Catch::Contains("blob.bin") && Catch::Contains("loop"));
     }
+}
+
+TEST_CASE("train_lm --time_budget_s=20: the ETA keeps to the budget, no nan before the first evaluation", "[programs]") {
+    const Program train_lm = train_lm_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    // Far more steps than 20 s allow, so the budget ends the run; one evaluation (at the end) and
+    // one checkpoint, so the progress lines before it have no held-out loss yet.
+    const double budget = 20;
+    const Outcome o = run(train_lm,
+                          with(tiny_run(dir.path / "corpus.txt", dir.path / "budget"),
+                               {"--steps=10000000", "--time_budget_s=20", "--eval_every=10000000", "--checkpoint_every=10000000", "--log_every=200"}),
+                          dir.path, 240);
+    check_contract(o, train_lm);
+    INFO(o.describe());
+    REQUIRE(o.code == 0);
+    CHECK_THAT(o.out, Catch::Contains("time budget of 20 s reached"));
+    CHECK_THAT(o.out, Catch::Contains("s of training steps"));
+    CHECK_THAT(o.out, Catch::Contains("wall time"));
+    // "mm:ss"-style durations back to seconds: "12s", "3m05s", "1h02m".
+    auto seconds_of = [](const std::string& d) {
+        double total = 0, number = 0;
+        for (char ch : d) {
+            if (std::isdigit(static_cast<unsigned char>(ch))) number = number * 10 + (ch - '0');
+            else total += number * (ch == 'h' ? 3600 : ch == 'm' ? 60 : 1), number = 0;
+        }
+        return total;
+    };
+    std::istringstream lines(o.out);
+    std::string line;
+    int progress_lines = 0;
+    bool evaluated = false;
+    while (std::getline(lines, line)) {
+        if (line.find("held-out loss") != std::string::npos) evaluated = true;
+        if (line.rfind("step ", 0) != 0 || line.find("ETA") == std::string::npos) continue;
+        ++progress_lines;
+        INFO(line);
+        const auto field = [&](const std::string& key) {
+            const auto at = line.find(key);
+            REQUIRE(at != std::string::npos);
+            const auto begin = at + key.size(), end = line.find(' ', begin);
+            return line.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+        };
+        const double elapsed = seconds_of(field("elapsed ")), eta = seconds_of(field("ETA "));
+        // The budget counts the steps only and the bar's elapsed time starts with the loop, so what
+        // is left of the budget is at least budget - elapsed; the ETA may exceed that by the
+        // durations' rounding (1 s) and the time between steps (metrics writes, under 1 s here).
+        CHECK(eta <= budget - elapsed + 2);
+        if (!evaluated) {
+            CHECK(line.find("nan") == std::string::npos);
+            CHECK_THAT(line, Catch::Contains("eval -"));
+        }
+    }
+    CHECK(progress_lines >= 3);
+}
+
+TEST_CASE("train_lm: a checkpoint folder of another --block is refused before anything says it resumed", "[programs]") {
+    const Program train_lm = train_lm_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    const Outcome first = run(train_lm, with(tiny_run(dir.path / "corpus.txt", dir.path / "ckpt"), {"--block=qrnn"}), dir.path);
+    check_contract(first, train_lm);
+    REQUIRE(first.code == 0);
+    const Outcome other = run(train_lm, with(tiny_run(dir.path / "corpus.txt", dir.path / "ckpt"), {"--block=conv_mixer", "--resume=true"}), dir.path);
+    check_contract(other, train_lm);
+    INFO(other.describe());
+    CHECK(other.code == 2);
+    CHECK_THAT(other.last_error_line(), Catch::Contains("--block=qrnn"));
+    CHECK(other.out.find("resumed") == std::string::npos);
+    // The same folder with the same block resumes, and says so.
+    const Outcome same = run(train_lm, with(tiny_run(dir.path / "corpus.txt", dir.path / "ckpt"), {"--block=qrnn", "--resume=true", "--steps=3"}), dir.path);
+    check_contract(same, train_lm);
+    CHECK(same.code == 0);
+    CHECK_THAT(same.out, Catch::Contains("resumed from"));
 }

@@ -338,3 +338,27 @@ TEST_CASE("data_parallel_backward equals differentiating the shards one after an
         for (std::size_t i = 0; i < params.size(); ++i) CHECK(max_abs_diff(params[i].grad(), parallel[i]) < 1e-14);
     }
 }
+
+TEST_CASE("Reversible and Stack: a batch of 2 passed instead of nn::two_streams(x) is refused with a hint", "[nn][reversible][errors]") {
+    olmax::Generator rng(5);
+    const nn::Config config = small_config();
+    const Block block(config, rng);
+    nn::Stack<Block> stack(config, 2, rng);
+    // [2, 6, 4]: a batch of two sequences, read as two streams of shape [6, 4] (DenseConv wants [B, T, F]).
+    const auto batch_of_two = olmax::randn<double>({2, 6, 4}, rng);
+    for (const std::string where : {"Reversible", "Stack"}) {
+        INFO(where);
+        try {
+            where == "Stack" ? stack.forward(batch_of_two) : block.forward(batch_of_two);
+            FAIL("no error");
+        } catch (const olmax::shape_error& e) {
+            const std::string what = e.what();
+            CHECK_THAT(what, Catch::Contains("if it is a batch of 2, pass nn::two_streams(x) instead"));
+            CHECK_THAT(what, Catch::Contains(": its input [2, 6, 4] is read as two streams of shape [6, 4]"));
+            CHECK(what.find("two_streams") == what.rfind("two_streams"));  // one hint, also from a block inside a stack
+            CHECK(what.find('\n') == std::string::npos);
+        }
+    }
+    // The right input passes.
+    CHECK(stack.forward(nn::two_streams(olmax::randn<double>({2, 6, 4}, rng))).shape() == olmax::Shape{2, 2, 6, 4});
+}

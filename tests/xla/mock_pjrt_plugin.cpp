@@ -10,7 +10,11 @@
 //   OLMAX_MOCK_PJRT_DEVICE_BYTES=<n> the device holds n bytes of buffers: a buffer beyond that is a
 //                                   RESOURCE_EXHAUSTED error, as a real device's allocator reports
 
+#if __has_include(<xla/pjrt/c/pjrt_c_api.h>)
 #include <xla/pjrt/c/pjrt_c_api.h>
+#else
+#include <pjrt_c_api.h>  // a plugin wheel's flat include/ folder
+#endif
 
 #include <atomic>
 #include <cstdlib>

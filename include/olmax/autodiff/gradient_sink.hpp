@@ -86,7 +86,9 @@ template <Real T>
 void check_gradient_fits(const olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::string_view op) {
     if (grad.shape() != impl.shape)
         throw autodiff_error(olmax::detail::concat(op, ": backward produced a gradient of shape ", to_string(grad.shape()),
-                                                   " for an input of shape ", to_string(impl.shape)));
+                                                   " for an input of shape ", to_string(impl.shape),
+                                                   " (an input that was broadcast takes its gradient summed back to its own shape: "
+                                                   "olmax::sum_to_size(grad, input.shape()))"));
     if (grad.device() != impl.device)
         throw device_error(olmax::detail::concat(op, ": backward produced a gradient on device ", grad.device().name(),
                                                  " for an input on device ", impl.device.name()));

@@ -3,12 +3,14 @@
 // and plain log lines when the output is not a TTY (CI logs, files), plus a CSV metrics log for
 // scripts/plot_loss.py.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -52,12 +54,16 @@ public:
           first_step_(first_step), start_(Clock::now()), last_draw_(start_ - std::chrono::seconds(1)) {}
 
     /// Reports that `step` (of total) is done; `tokens` counts tokens processed since construction.
-    void update(std::int64_t step, double loss, double tokens, const std::string& extra = {}) {
+    /// `seconds_left`: a bound on the time still to run (a time budget's remainder), so that the
+    /// ETA is the sooner of it and the steps' pace; infinity when only the step count ends the run.
+    void update(std::int64_t step, double loss, double tokens, const std::string& extra = {},
+                double seconds_left = std::numeric_limits<double>::infinity()) {
         const auto now = Clock::now();
         const double elapsed = std::chrono::duration<double>(now - start_).count();
         const double done = double(step - first_step_);
         const double rate = elapsed > 0 ? tokens / elapsed : 0;
-        const double eta = done > 0 ? elapsed / done * double(total_ - step) : std::nan("");
+        double eta = done > 0 ? elapsed / done * double(total_ - step) : std::nan("");
+        if (seconds_left < std::numeric_limits<double>::infinity()) eta = std::isfinite(eta) ? std::min(eta, seconds_left) : seconds_left;
         const std::string stats = line(step, loss, rate, elapsed, eta, extra);
         if (interactive_) {
             if (step < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;  // at most 10 redraws/s

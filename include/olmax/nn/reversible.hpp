@@ -159,7 +159,7 @@ public:
         {
             autodiff::no_grad guard;
             Tensor<T> s0 = take_leading(state, 0), s1 = take_leading(state, 1);
-            forward_steps(s0, s1, ctx, std::index_sequence_for<Fs...>{});
+            detail::hint_two_streams(state, "Reversible", [&] { forward_steps(s0, s1, ctx, std::index_sequence_for<Fs...>{}); });
             y = stack_leading<T>({s0, s1});
         }
         // Parameters are inputs only so that the op records when they alone require grad; their
@@ -180,7 +180,7 @@ public:
     Tensor<T> forward_recorded(const Tensor<T>& state, const LayerContext& ctx = {}) const {
         detail::check_state(state, "Reversible");
         Tensor<T> s0 = take_leading(state, 0), s1 = take_leading(state, 1);
-        forward_steps(s0, s1, ctx, std::index_sequence_for<Fs...>{});
+        detail::hint_two_streams(state, "Reversible", [&] { forward_steps(s0, s1, ctx, std::index_sequence_for<Fs...>{}); });
         return stack_leading<T>({s0, s1});
     }
 

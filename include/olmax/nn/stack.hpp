@@ -120,7 +120,7 @@ public:
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
         if (x.traced()) return traced_layers(x, ctx);
         if constexpr (InvertibleLayer<Block>) {
-            if (worker_.memory_saving()) return forward_reversible(x, ctx);
+            if (worker_.memory_saving()) return detail::hint_two_streams(x, "Stack", [&] { return forward_reversible(x, ctx); });
         }
         return recorded_layers(x, depth_, ctx);
     }

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "olmax/autodiff/gradient_hooks.hpp"
@@ -91,5 +94,26 @@ Tensor<T> merge_streams(const Tensor<T>& state) {
                        to_string(state.shape()));
     return take_leading(state, 0) + take_leading(state, 1);
 }
+
+namespace detail {
+
+/// Runs `f` (a reversible block's or stack's forward on `state`). A shape_error from a layer inside
+/// gets a hint: a batch of 2 passed where nn::two_streams(x) belongs has the two-stream shape
+/// [2, ...], so it is only the inner layer that finds each "stream" the wrong shape.
+template <Real T, class F>
+decltype(auto) hint_two_streams(const Tensor<T>& state, std::string_view layer, F&& f) {
+    try {
+        return std::forward<F>(f)();
+    } catch (const shape_error& e) {
+        const std::string what = e.what();
+        if (what.find("nn::two_streams") != std::string::npos) throw;  // hinted already (a block inside a stack)
+        Shape stream(state.shape().begin() + 1, state.shape().end());
+        throw shape_error(olmax::detail::concat(what, " [in nn::", layer, ": its input ", to_string(state.shape()),
+                                                " is read as two streams of shape ", to_string(stream),
+                                                "; if it is a batch of 2, pass nn::two_streams(x) instead]"));
+    }
+}
+
+}  // namespace detail
 
 }  // namespace olmax::nn

@@ -11,6 +11,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/shape.hpp"
 
 namespace olmax {
 
@@ -168,6 +169,25 @@ Tensor<T> sum(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = f
     if (on.traced()) return backend::trace::call1<T>("sum", {x}, {detail::trace_axes(ax, x.rank(), keepdims), {}});
     if (ax.empty()) return detail::unary_op<detail::Reads::nothing>("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
     return detail::reduce_runs(x, ax, keepdims, /*average=*/false, "sum");
+}
+
+/// `x` summed down to `shape`, a shape it broadcasts from (NumPy's rules: axes added in front,
+/// extent-1 axes stretched), like PyTorch's `sum_to_size`. What a custom backward returns for an
+/// input that was broadcast: the gradient must have the input's shape (docs/GUIDE.md section 3).
+/// Differentiable, and traced like `sum`.
+template <Real T>
+Tensor<T> sum_to_size(const Tensor<T>& x, const Shape& shape) {
+    if (x.shape() == shape) return x;
+    const std::size_t rank = x.rank();
+    bool broadcasts = shape.size() <= rank;
+    std::vector<long> axes;
+    for (std::size_t i = 0; broadcasts && i < rank; ++i) {
+        const std::size_t lead = rank - shape.size(), target = i < lead ? 1 : shape[i - lead];
+        if (target != 1 && target != x.extent(i)) broadcasts = false;
+        else if (target == 1 && x.extent(i) != 1) axes.push_back(long(i));
+    }
+    check<shape_error>(broadcasts, "sum_to_size: shape ", to_string(x.shape()), " does not broadcast from ", to_string(shape));
+    return reshape(axes.empty() ? x : sum(x, std::move(axes), /*keepdims=*/true), shape);
 }
 
 /// Mean over `axes` (all axes when empty). The mean of zero elements is NaN, as in NumPy.

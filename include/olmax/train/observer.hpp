@@ -3,6 +3,7 @@
 // what goes to the terminal, a log or nowhere (examples/train_lm.cpp draws a progress bar).
 
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 namespace olmax::train {
@@ -15,6 +16,9 @@ struct StepReport {
     double tokens_this_run = 0;     ///< tokens trained since this process started (not before a resume)
     double learning_rate = 0;       ///< the schedule's rate for the next step
     double last_evaluation = 0;     ///< the latest held-out loss (NaN before the first evaluation)
+    /// Seconds of training steps left in the run's time budget (what TrainerOptions::time_budget_s
+    /// counts: steps only, not evaluations or checkpoints); infinity when there is no budget.
+    double budget_seconds_left = std::numeric_limits<double>::infinity();
 };
 
 /// The Trainer's reports; every member has a default that ignores it. Called on every rank (a

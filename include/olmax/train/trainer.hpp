@@ -10,6 +10,7 @@
 //     trainer.prepare();               // resume, agreement, broadcast, step strategy ready
 //     const auto result = trainer.run();
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -147,10 +149,13 @@ public:
                                                             std::int64_t(options_.batch) / comm_.world_size(), train_digest_,
                                                             optimizer_.parameters(), resumed ? resumed->integer("train/step") : 0));
         if (resumed) {
+            // The checkpoint's config is checked (a refusal throws) before anything says it resumed.
             const std::string note = options_.check_resumed_config ? options_.check_resumed_config(resumed->text("train/config")) : "";
             const auto state = io::restore_checkpoint(*resumed, optimizer_);
             loader_.restore(data::DataPosition::from_text(state.data_position));
             step_count_ = state.step;
+            observer_.note("resumed from " + (resumed_from_.empty() ? std::string("rank 0's checkpoint") : resumed_from_.string()) +
+                           " at step " + std::to_string(step_count_));
             if (!note.empty()) observer_.note(note);
         }
         distributed::broadcast_parameters(comm_, distributed::tensors_of(optimizer_.parameters()));  // every rank starts from rank 0's values
@@ -221,8 +226,10 @@ public:
             }
             if (lead && (step_count_ % options_.checkpoint_every == 0 || last))
                 r.last_checkpoint = save_checkpoint("train loss " + std::to_string(loss));
+            const double budget_left = options_.time_budget_s > 0 ? std::max(0.0, options_.time_budget_s - r.train_seconds)
+                                                                  : std::numeric_limits<double>::infinity();
             observer_.step_finished({step_count_, options_.steps, loss, r.tokens_this_run, optimizer_.config().schedule(step_count_ + 1),
-                                     r.last_evaluation});
+                                     r.last_evaluation, r.out_of_time ? 0.0 : budget_left});
         }
         r.step = step_count_;
         r.step_summary = step_->summary();
@@ -274,7 +281,7 @@ private:
         check<value_error>(loaded.has_value(), "none of the ", existing.size(), " checkpoints in ", options_.checkpoint_dir,
                            " loads (reasons above); remove them or choose another --checkpoint_dir");
         for (const auto& why : loaded->rejected) observer_.note("skipped damaged checkpoint " + why);
-        observer_.note("resumed from " + loaded->path.string() + " at step " + std::to_string(loaded->archive.integer("train/step")));
+        resumed_from_ = loaded->path;  // "resumed from" is said once the resumed config is accepted (prepare)
         return std::move(loaded->archive);
     }
 
@@ -289,6 +296,7 @@ private:
     data::PackedLoader loader_;
     io::CheckpointDirectory checkpoints_{options_.checkpoint_dir, std::size_t(options_.keep_checkpoints)};
     std::int64_t step_count_ = 0;
+    std::filesystem::path resumed_from_;  ///< rank 0: the checkpoint prepare() resumes from
     bool prepared_ = false;
 };
 

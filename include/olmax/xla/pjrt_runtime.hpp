@@ -2,10 +2,12 @@
 // PJRT runtime: loads a PJRT plugin at run time (libtpu.so on a TPU VM, the jax CUDA plugin
 // xla_cuda_plugin.so on NVIDIA), compiles olmax's StableHLO modules and runs them.
 //
-// Needs the PJRT C API header `xla/pjrt/c/pjrt_c_api.h`, which olmax does not ship: take it from the
-// openxla/xla commit pinned by your jax / libtpu release and point CMake at its folder
-// (-DOLMAX_PJRT_INCLUDE_DIR=<dir containing xla/>, then link olmax::pjrt). The header must be at
-// least as new as the plugin (struct sizes; docs/xla.md). Link `${CMAKE_DL_LIBS}`.
+// Needs the PJRT C API header, which olmax does not ship: either as `xla/pjrt/c/pjrt_c_api.h` (the
+// openxla/xla tree pinned by your jax / libtpu release) or as a flat `pjrt_c_api.h` (the
+// `xla-cpu-pjrt` wheel's include/ folder). Point CMake at the folder that holds either
+// (-DOLMAX_PJRT_INCLUDE_DIR=..., then link olmax::pjrt), or compile with -I that folder,
+// -fpermissive (GCC) and -ldl (docs/xla.md, "Your own model on XLA"). The header must be at least
+// as new as the plugin (struct sizes; docs/xla.md).
 //
 // Call sequence and ownership follow the PJRT C API: dlopen (RTLD_NOW | RTLD_LOCAL, never dlclose:
 // the API table points into the library) -> GetPjrtApi -> version check -> Plugin_Initialize once per
@@ -16,10 +18,13 @@
 
 #include <dlfcn.h>
 
-#if !__has_include(<xla/pjrt/c/pjrt_c_api.h>)
-#error "olmax/xla/pjrt_runtime.hpp needs the PJRT C API header xla/pjrt/c/pjrt_c_api.h: configure with -DOLMAX_PJRT_INCLUDE_DIR=<folder containing xla/> and link olmax::pjrt (docs/xla.md)"
-#endif
+#if __has_include(<xla/pjrt/c/pjrt_c_api.h>)
 #include <xla/pjrt/c/pjrt_c_api.h>
+#elif __has_include(<pjrt_c_api.h>)  // a plugin wheel's flat include/ folder
+#include <pjrt_c_api.h>
+#else
+#error "olmax/xla/pjrt_runtime.hpp needs the PJRT C API header (xla/pjrt/c/pjrt_c_api.h, or the flat pjrt_c_api.h of the xla-cpu-pjrt wheel's include/): configure with -DOLMAX_PJRT_INCLUDE_DIR=<its folder> and link olmax::pjrt, or compile with -I<its folder> (docs/xla.md)"
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -84,8 +89,9 @@ public:
             if (!env || !*env)
                 throw pjrt_error(std::string("olmax xla: no PJRT plugin given: pass its path to olmax::xla::pjrt::plugin::load or set ") +
                                      plugin_env_var +
-                                     " (TPU VM: <site-packages>/libtpu/libtpu.so; NVIDIA: "
-                                     "<site-packages>/jax_plugins/xla_cuda13/xla_cuda_plugin.so)",
+                                     " (XLA CPU: <site-packages>/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so from `pip install "
+                                     "xla-cpu-pjrt`, which olmax's tools/setup_jax_venv.sh puts in .venv; TPU VM: "
+                                     "<site-packages>/libtpu/libtpu.so; NVIDIA: <site-packages>/jax_plugins/xla_cuda13/xla_cuda_plugin.so)",
                                  PJRT_Error_Code_NOT_FOUND);
             path = env;
         }
