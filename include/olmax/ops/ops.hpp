@@ -11,3 +11,5 @@
 #include "olmax/ops/loss.hpp"
 #include "olmax/ops/gather.hpp"
 #include "olmax/ops/grouped_matmul.hpp"
+#include "olmax/ops/rope.hpp"
+#include "olmax/ops/attention.hpp"

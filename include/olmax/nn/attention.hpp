@@ -1,0 +1,135 @@
+#pragma once
+// Causal multi-head self-attention, D -> D:
+//
+//     [q, k, v] = x W_qkv                      D -> (H + 2 Hkv) Dh, one GEMM
+//     q, k      = RMSNorm over Dh (optional qk-norm), then RoPE (olmax/ops/rope.hpp)
+//     a         = causal_attention(q, k, v)    olmax/ops/attention.hpp: blocked, O(T) memory, exact backward
+//     out       = a W_out                      H Dh -> D
+//
+// Grouped-query attention when kv_heads < heads. Packed documents: the optional resets [batch, T]
+// (nonzero at the first position of a document) keep every query inside its document and restart
+// the rotary positions there, so a packed row gives each document the outputs it would get alone.
+// Traced (a program for XLA) it runs the ops' traced forms: attention with its T x T scores
+// materialised, and RoPE with host resets only (traced resets throw trace_error there).
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "olmax/core/random.hpp"
+#include "olmax/nn/contract.hpp"
+#include "olmax/nn/init.hpp"
+#include "olmax/ops/attention.hpp"
+#include "olmax/ops/linalg.hpp"
+#include "olmax/ops/norm.hpp"
+#include "olmax/ops/rope.hpp"
+#include "olmax/ops/shape.hpp"
+
+namespace olmax::nn {
+
+/// Sizes and options of nn::CausalSelfAttention.
+struct AttentionConfig {
+    std::size_t features = 256;    ///< D: width of the residual stream
+    std::size_t heads = 0;         ///< H: query heads; 0 means D / 64 when 64 divides D, else 1
+    std::size_t kv_heads = 0;      ///< Hkv: key/value heads, dividing H; 0 means H (no grouping)
+    std::size_t head_dim = 0;      ///< Dh; 0 means D / H (then H must divide D)
+    std::size_t window = 0;        ///< sliding window W: query t sees keys (t - W, t]; 0 means all keys s <= t
+    double rope_base = 10000;      ///< RoPE base; 0 turns RoPE off
+    bool qk_norm = false;          ///< RMSNorm over Dh of q and k (one scale [Dh] each) before RoPE
+    double qk_norm_eps = 1e-6;
+    std::size_t query_tile = 64;   ///< tiles of causal_attention
+    std::size_t key_tile = 128;
+
+    std::size_t head_count() const { return heads ? heads : (features >= 64 && features % 64 == 0 ? features / 64 : 1); }
+    std::size_t kv_head_count() const { return kv_heads ? kv_heads : head_count(); }
+    std::size_t head_size() const { return head_dim ? head_dim : features / head_count(); }
+};
+
+/// Causal self-attention with RoPE, D -> D (see the top of this file). Parameters (names as
+/// visited): qkv/weight [D, (H + 2 Hkv) Dh], with qk_norm q_norm/scale and k_norm/scale [Dh], and
+/// out_proj/weight [H Dh, D].
+template <Real T = float>
+class CausalSelfAttention {
+public:
+    using value_type = T;
+    using config_type = Config;
+    static constexpr std::string_view name = "causal_self_attention";
+
+    /// features -> features with every other size at AttentionConfig's defaults.
+    CausalSelfAttention(const Config& config, Generator& rng)
+        : CausalSelfAttention(AttentionConfig{.features = config.checked_features("nn::CausalSelfAttention")}, rng) {}
+
+    /// Projections fan-in normal; qk-norm scales 1.
+    CausalSelfAttention(const AttentionConfig& config, Generator& rng) : config_(config) {
+        constexpr std::string_view layer = "nn::CausalSelfAttention";
+        const std::size_t D = config.features, H = config.head_count(), Hkv = config.kv_head_count();
+        check<value_error>(D > 0, layer, ": features must be positive");
+        check<value_error>(config.head_dim > 0 || D % H == 0, layer, ": ", H, " heads do not divide ", D,
+                           " features; set head_dim or a head count that divides features");
+        const std::size_t Dh = config.head_size();
+        check<value_error>(Dh > 0 && Hkv > 0 && H % Hkv == 0, layer, ": need head_dim > 0 and kv_heads dividing heads, got heads ", H,
+                           ", kv_heads ", Hkv, ", head_dim ", Dh);
+        check<value_error>(config.rope_base == 0 || (std::isfinite(config.rope_base) && config.rope_base > 0 && Dh % 2 == 0), layer,
+                           ": RoPE needs a positive base and an even head_dim, got base ", config.rope_base, " and head_dim ", Dh,
+                           " (rope_base = 0 turns RoPE off)");
+        check<value_error>(config.query_tile > 0 && config.key_tile > 0 && config.qk_norm_eps >= 0, layer,
+                           ": query_tile and key_tile must be positive and qk_norm_eps non-negative");
+        qkv_ = parameter(fan_in_normal<T>({D, (H + 2 * Hkv) * Dh}, D, rng));
+        if (config.qk_norm) {
+            q_norm_ = parameter(Tensor<T>({Dh}, T{1}));
+            k_norm_ = parameter(Tensor<T>({Dh}, T{1}));
+        }
+        out_proj_ = parameter(fan_in_normal<T>({H * Dh, D}, H * Dh, rng));
+    }
+
+    /// x [batch, T, D] -> [batch, T, D], each row one sequence.
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return run(x, {}); }
+
+    /// Packed rows: resets [batch, T] is nonzero at the first position of every document.
+    Tensor<T> forward(const Tensor<T>& x, const Tensor<T>& resets, const LayerContext& = {}) const { return run(x, resets); }
+
+    void visit_parameters(ParameterVisitor<T>& visit) {
+        visit("qkv/weight", qkv_, Role::weight);
+        if (config_.qk_norm) {
+            visit("q_norm/scale", q_norm_, Role::norm_scale);
+            visit("k_norm/scale", k_norm_, Role::norm_scale);
+        }
+        visit("out_proj/weight", out_proj_, Role::weight);
+    }
+
+    const AttentionConfig& config() const { return config_; }
+
+private:
+    Tensor<T> run(const Tensor<T>& x, const Tensor<T>& resets) const {
+        const std::size_t D = config_.features, H = config_.head_count(), Hkv = config_.kv_head_count(), Dh = config_.head_size();
+        check<shape_error>(x.defined() && x.rank() == 3 && x.extent(2) == D, "nn::CausalSelfAttention: expected input [batch, T, ", D,
+                           "], got ", x.defined() ? to_string(x.shape()) : std::string("an undefined tensor"));
+        const std::size_t nb = x.extent(0), nt = x.extent(1);
+        check<value_error>(nb > 0 && nt > 0, "nn::CausalSelfAttention: input of shape ", to_string(x.shape()), " is empty (batch or T is 0)");
+        if (resets.defined())
+            check<shape_error>(resets.rank() == 2 && resets.extent(0) == nb && resets.extent(1) == nt, "nn::CausalSelfAttention: resets of shape ",
+                               to_string(resets.shape()), " does not match [batch, T] = [", nb, ", ", nt, "]");
+        const Tensor<T> qkv = matmul(x, qkv_);  // [batch, T, (H + 2 Hkv) Dh]
+        Tensor<T> q = reshape(slice(qkv, 2, 0, H * Dh), Shape{nb, nt, H, Dh});
+        Tensor<T> k = reshape(slice(qkv, 2, H * Dh, (H + Hkv) * Dh), Shape{nb, nt, Hkv, Dh});
+        const Tensor<T> v = reshape(slice(qkv, 2, (H + Hkv) * Dh, (H + 2 * Hkv) * Dh), Shape{nb, nt, Hkv, Dh});
+        if (config_.qk_norm) {
+            q = rms_norm(q, q_norm_, T(config_.qk_norm_eps));
+            k = rms_norm(k, k_norm_, T(config_.qk_norm_eps));
+        }
+        if (config_.rope_base > 0) {
+            const RopeOptions<T> rope_options{.base = config_.rope_base, .resets = resets};
+            q = rope(q, rope_options);
+            k = rope(k, rope_options);
+        }
+        const Tensor<T> a = causal_attention(
+            q, k, v, {.window = config_.window, .resets = resets, .query_tile = config_.query_tile, .key_tile = config_.key_tile});
+        return matmul(reshape(a, Shape{nb, nt, H * Dh}), out_proj_);
+    }
+
+    AttentionConfig config_;
+    Tensor<T> qkv_, q_norm_, k_norm_, out_proj_;
+};
+
+}  // namespace olmax::nn

@@ -1,0 +1,153 @@
+#pragma once
+// Rotary position embedding, RoPE (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary
+// Position Embedding", arXiv:2104.09864): each head vector of x [batch, T, H, Dh] is rotated in
+// Dh/2 planes by angles proportional to its position p, so that the dot product of a rotated query
+// at p and a rotated key at s depends on p - s only. Planes pair coordinate i with i + Dh/2 (the
+// "rotate_half" layout of most open implementations, not RoFormer's interleaved pairs 2i, 2i+1):
+//
+//     theta_i = base^(-2i / Dh),  i = 0 .. Dh/2 - 1,  angle = p theta_i
+//     y[i]        = x[i] cos(angle) - x[i + Dh/2] sin(angle)
+//     y[i + Dh/2] = x[i + Dh/2] cos(angle) + x[i] sin(angle)
+//
+// Positions: p = offset + t until the first document start of the row (resets [batch, T], nonzero
+// where a document starts), then t minus the latest start, so every document of a packed row is
+// rotated as if it began at 0. `offset` continues a sequence from an earlier call (carried state);
+// a reset at t = 0 starts a new document there, so the offset then has no effect on that row.
+// The backward is the inverse rotation (the rotation matrix is orthogonal): dx = R(-angle) dy.
+// Angles, cosines and sines are computed in double and rounded once to T.
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/trace_rules.hpp"
+#include "olmax/core/device.hpp"
+#include "olmax/core/tensor.hpp"
+#include "olmax/core/traced.hpp"
+#include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/linalg.hpp"
+
+namespace olmax {
+
+/// Options of olmax::rope.
+template <Real T>
+struct RopeOptions {
+    double base = 10000;       ///< theta_i = base^(-2i / Dh)
+    std::size_t offset = 0;    ///< position of the first step (a sequence continued from an earlier call)
+    Tensor<T> resets = {};     ///< [batch, T], nonzero at a document start (positions restart at 0 there); optional
+};
+
+namespace detail::rope_ops {
+
+/// Position of every (b, t) row, [batch * T].
+template <Real T>
+std::vector<double> positions(std::size_t batch, std::size_t time, std::size_t offset, const Tensor<T>& resets) {
+    std::vector<double> pos(batch * time);
+    for (std::size_t b = 0; b < batch; ++b) {
+        bool started = false;
+        std::size_t start = 0;
+        for (std::size_t t = 0; t < time; ++t) {
+            if (resets.defined() && resets.data()[b * time + t] != T{0}) started = true, start = t;
+            pos[b * time + t] = started ? double(t - start) : double(offset) + double(t);
+        }
+    }
+    return pos;
+}
+
+/// y = R(sign * angle) x for every head of every row; sign -1 is the inverse (the backward).
+template <Real T>
+void rotate(const T* x, T* y, const std::vector<double>& pos, std::size_t heads, std::size_t dim, double base, double sign) {
+    const std::size_t half = dim / 2, rows = pos.size();
+    std::vector<double> inv_freq(half);
+    for (std::size_t i = 0; i < half; ++i) inv_freq[i] = std::pow(base, -2.0 * double(i) / double(dim));
+    backend::current().parallel_for(rows, heads * dim * 2 + half * 20, [&](std::size_t lo, std::size_t hi) {
+        std::vector<T> c(half), s(half);
+        for (std::size_t r = lo; r < hi; ++r) {
+            for (std::size_t i = 0; i < half; ++i) {
+                const double angle = pos[r] * inv_freq[i];
+                c[i] = T(std::cos(angle));
+                s[i] = T(sign * std::sin(angle));
+            }
+            for (std::size_t h = 0; h < heads; ++h) {
+                const T* xr = x + (r * heads + h) * dim;
+                T* yr = y + (r * heads + h) * dim;
+#pragma omp simd
+                for (std::size_t i = 0; i < half; ++i) {
+                    const T a = xr[i], b = xr[i + half];
+                    yr[i] = a * c[i] - b * s[i];
+                    yr[i + half] = b * c[i] + a * s[i];
+                }
+            }
+        }
+    });
+}
+
+/// The traced form: y = x C + (x P) S with host constants C = [cos, cos] and S = [-sin, sin] per
+/// row ([batch or 1, T, 1, Dh]) and P [Dh, Dh] the swap of the two halves.
+template <Real T>
+Tensor<T> traced(const Tensor<T>& x, const std::vector<double>& pos, std::size_t rows_batch, double base) {
+    const std::size_t nt = x.extent(1), dim = x.extent(3), half = dim / 2;
+    Tensor<T> cosines, sines, swap;
+    {
+        device_scope host(Device::host());  // the constants are built on the host, then captured
+        cosines = Tensor<T>({rows_batch, nt, 1, dim});
+        sines = Tensor<T>({rows_batch, nt, 1, dim});
+        for (std::size_t r = 0; r < rows_batch * nt; ++r)
+            for (std::size_t i = 0; i < half; ++i) {
+                const double angle = pos[r] * std::pow(base, -2.0 * double(i) / double(dim));
+                cosines.data()[r * dim + i] = cosines.data()[r * dim + i + half] = T(std::cos(angle));
+                sines.data()[r * dim + i] = T(-std::sin(angle));
+                sines.data()[r * dim + i + half] = T(std::sin(angle));
+            }
+        swap = Tensor<T>({dim, dim});
+        for (std::size_t i = 0; i < half; ++i) swap.data()[(i + half) * dim + i] = swap.data()[i * dim + i + half] = T{1};
+    }
+    auto constant = [](const Tensor<T>& host) { return backend::trace::as_type<T>(backend::trace::as_float(host)); };
+    return add(mul(x, constant(cosines)), mul(matmul(x, constant(swap)), constant(sines)));
+}
+
+}  // namespace detail::rope_ops
+
+/// Rotary position embedding of x [batch, T, H, Dh] (Dh even), see the top of this file.
+/// Differentiable in x; the resets are not differentiated. On traced tensors it traces
+/// x C + rotate_half(x) S with the cosines and sines as constants (host resets or none; traced
+/// resets throw trace_error).
+template <Real T>
+Tensor<T> rope(const Tensor<T>& x, const RopeOptions<T>& options = {}) {
+    constexpr std::string_view op = "rope";
+    backend::op_scope on(op, x, options.resets);
+    check<value_error>(x.defined(), op, ": x is an undefined tensor");
+    check<shape_error>(x.rank() == 4, op, ": x must be [batch, T, heads, head_dim], got shape ", to_string(x.shape()));
+    const std::size_t nb = x.extent(0), nt = x.extent(1), nh = x.extent(2), dim = x.extent(3);
+    check<value_error>(nb > 0 && nt > 0 && nh > 0 && dim > 0, op, ": x of shape ", to_string(x.shape()), " is empty");
+    check<shape_error>(dim % 2 == 0, op, ": head_dim must be even (pairs i, i + head_dim/2 rotate), got ", dim, " in x of shape ",
+                       to_string(x.shape()));
+    check<value_error>(std::isfinite(options.base) && options.base > 0, op, ": base must be positive and finite, got ", options.base);
+    if (options.resets.defined())
+        check<shape_error>(options.resets.rank() == 2 && options.resets.extent(0) == nb && options.resets.extent(1) == nt, op,
+                           ": resets of shape ", to_string(options.resets.shape()), " does not match [batch, T] = [", nb, ", ", nt, "]");
+    if (on.traced()) {
+        check<trace_error>(!options.resets.traced(), op, ": traced resets (a per-call input) are not supported by the traced rope yet; ",
+                           "pass host resets, or none");
+        return detail::rope_ops::traced(x, detail::rope_ops::positions(options.resets.defined() ? nb : 1, nt, options.offset, options.resets),
+                                        options.resets.defined() ? nb : 1, options.base);
+    }
+    auto pos = detail::rope_ops::positions(nb, nt, options.offset, options.resets);
+    auto y = Tensor<T>::uninitialized(x.shape());
+    detail::rope_ops::rotate(x.data(), y.data(), pos, nh, dim, options.base, 1.0);
+    autodiff::record<T>(op, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                        [pos = std::move(pos), nh, dim, base = options.base](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            if (!sink.needs(0)) return;
+                            auto dx = Tensor<T>::uninitialized(g[0].shape());
+                            detail::rope_ops::rotate(g[0].data(), dx.data(), pos, nh, dim, base, -1.0);
+                            sink.add(0, std::move(dx));
+                        });
+    return y;
+}
+
+}  // namespace olmax
