@@ -18,5 +18,6 @@
 #include "olmax/nn/qrnn.hpp"
 #include "olmax/nn/qrnn_block.hpp"
 #include "olmax/nn/selective_ssm.hpp"
+#include "olmax/nn/mamba2.hpp"
 #include "olmax/nn/attention.hpp"
 #include "olmax/nn/gated_deltanet.hpp"

@@ -79,11 +79,10 @@ namespace detail {
 /// second output is the new tail: the last K-1 positions of [tail; x], zero before the last
 /// document start. One op (not conv + add + silu) because causal_conv1d with E groups would run
 /// E one-channel GEMMs per tap; pre is recomputed in the backward (K multiply-adds per element)
-/// instead of kept.
+/// instead of kept. `op` names it in errors and on the tape (nn::Mamba2 passes its own name).
 template <Real T>
 std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& bias, const Tensor<T>& resets,
-                                           const Tensor<T>& tail) {
-    constexpr std::string_view op = "nn::SelectiveSSM conv";
+                                           const Tensor<T>& tail, std::string_view op = "nn::SelectiveSSM conv") {
     backend::op_scope on(op, x, w, bias, resets, tail);
     check<shape_error>(x.rank() == 3 && w.rank() == 2 && w.extent(1) == x.extent(2) && w.extent(0) > 0 && bias.rank() == 1 &&
                            bias.extent(0) == x.extent(2),
@@ -173,7 +172,7 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
     std::vector<Tensor<T>> outputs{out, new_tail};
     const std::vector<Tensor<T>> inputs{x, w, bias, tail};
     autodiff::record<T>(
-        "nn::SelectiveSSM conv", inputs, outputs,
+        op, inputs, outputs,
         [x = x.detach(), w = w.detach(), bias = bias.detach(), tail_in, lowest = std::move(lowest), nb, nt, ne, K, back, value_at,
          pre_row](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
             const T *xp = x.data(), *wp = w.data(), *bp = bias.data(), *tp = tail_in.defined() ? tail_in.data() : nullptr;

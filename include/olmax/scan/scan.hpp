@@ -32,6 +32,7 @@
 #include "olmax/scan/detail/problem.hpp"
 #include "olmax/scan/options.hpp"
 #include "olmax/scan/selective_scan.hpp"  // Mamba's selective scan (fused discretisation, linear-memory backward)
+#include "olmax/scan/ssd.hpp"  // Mamba-2's SSD (chunked state-space duality, linear-memory backward)
 #include "olmax/scan/gated_delta.hpp"  // the gated delta rule (Gated DeltaNet: chunked WY forward, linear-memory backward)
 #include "olmax/scan/strategies.hpp"
 
