@@ -43,7 +43,8 @@ struct ByteLMSettings {
         using C = ByteLMSettings;
         using config::Field;
         static const std::vector<Field<C>> f{
-            Field<C>{"block", &C::block, "block type of the model (olmax::models recipes)", {"conv_mixer", "qrnn", "mamba", "moe"}},
+            Field<C>{"block", &C::block, "block type of the model (olmax::models recipes)",
+                     {"conv_mixer", "qrnn", "mamba", "moe", "mamba2", "gated_deltanet", "attention", "hybrid"}},
             Field<C>{"features", &C::features, "model width"}.in(1, 1 << 16),
             Field<C>{"depth", &C::depth, "number of blocks"}.in(1, 1 << 12),
             Field<C>{"kept_layers", &C::kept_layers,

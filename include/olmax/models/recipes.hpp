@@ -7,14 +7,19 @@
 // Every recipe is a two-function reversible coupling (nn::Reversible): activation memory stays flat
 // in depth, and the two functions split the work into token mixing and channel mixing.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <numeric>
 #include <string_view>
 #include <utility>
 
 #include "olmax/core/core.hpp"
+#include "olmax/nn/attention.hpp"
 #include "olmax/nn/conv.hpp"
+#include "olmax/nn/gated_deltanet.hpp"
+#include "olmax/nn/mamba2.hpp"
 #include "olmax/nn/mixer.hpp"
 #include "olmax/nn/moe.hpp"
 #include "olmax/nn/norm.hpp"
@@ -113,8 +118,105 @@ struct SwitchMoE {
     static constexpr double activation_floats_per_token_feature = 48;
 };
 
+namespace detail {
+
+/// The sandwich's two ScaleNorm scales [F].
+inline double sandwich_parameters(double F) { return 2 * F; }
+
+/// nn::Mamba2 built from nn::Config (E = 2F, P = gcd(2F, 64), H = E / P, N = 64, G = 1, K = 4):
+/// in_proj [D, 2E + 2GN + H], conv [K, E + 2GN] + [E + 2GN], dt_bias, A_log and D [H] each,
+/// the gated RMSNorm's weight [E], out_proj [E, D].
+inline double mamba2_parameters(double F) {
+    const double D = F, E = 2 * F, P = double(std::gcd(2 * std::size_t(F), std::size_t{64})), H = E / P, N = 64, G = 1, K = 4;
+    const double conv = E + 2 * G * N;
+    return D * (E + conv + H) + K * conv + conv + 3 * H + E + E * D;
+}
+
+/// nn::GatedDeltaNet built from nn::Config (d = min(64, F), H = max(1, F / d), E = H d, conv 4):
+/// in_proj [D, 4E + 2H], conv [4, 3E] + [3E], A_log and dt_bias [H] each, the per-head RMSNorm's
+/// weight [d], out_proj [E, D].
+inline double gated_deltanet_parameters(double F) {
+    const std::size_t f = std::size_t(F), dh = std::min<std::size_t>(64, f), heads = std::max<std::size_t>(1, f / dh);
+    const double D = F, d = double(dh), H = double(heads), E = H * d;
+    return D * (4 * E + 2 * H) + 4 * 3 * E + 3 * E + 2 * H + d + E * D;
+}
+
+/// nn::CausalSelfAttention built from nn::Config (H = F / 64 heads of 64 when 64 divides F, else one
+/// head of F; no grouping, no qk-norm): qkv [D, 3D] and out_proj [D, D].
+inline double attention_parameters(double F) { return 4 * F * F; }
+
+}  // namespace detail
+
+/// Mamba-2 (nn::Mamba2: the chunked SSD scan, expand 2, state 64, heads of up to 64) as both
+/// functions of the coupling, each between two ScaleNorms, as the `mamba` recipe does with Mamba-1:
+/// Reversible(Sandwich<Mamba2>, Sandwich<Mamba2>).
+struct Mamba2Pair {
+    static constexpr std::string_view key = "mamba2";
+    template <Real T>
+    using block = nn::Reversible<nn::Sandwich<nn::Mamba2<T>>, nn::Sandwich<nn::Mamba2<T>>>;
+
+    static constexpr std::string_view description = "reversible(mamba2, mamba2)";
+    static constexpr std::size_t sequence_multiple = 1;
+    static double parameters_per_block(double F) { return 2 * (detail::mamba2_parameters(F) + detail::sandwich_parameters(F)); }
+    /// Inner width 2F: in_proj's ~4F outputs, the conv's and gate's, the scan's chunk checkpoints.
+    static constexpr double activation_floats_per_token_feature = 80;
+};
+
+/// Gated DeltaNet token mixing (nn::GatedDeltaNet: heads of up to 64, conv 4, chunk 64) between two
+/// ScaleNorms, and a position-wise MLP: Reversible(Sandwich<GatedDeltaNet>, DenseConv<1>).
+struct GatedDeltaNetMlp {
+    static constexpr std::string_view key = "gated_deltanet";
+    template <Real T>
+    using block = nn::Reversible<nn::Sandwich<nn::GatedDeltaNet<T>>, nn::DenseConv<1, T>>;
+
+    static constexpr std::string_view description = "reversible(gated deltanet, mlp)";
+    static constexpr std::size_t sequence_multiple = 1;
+    static double parameters_per_block(double F) {
+        return detail::gated_deltanet_parameters(F) + detail::sandwich_parameters(F) + detail::pointwise_mlp_parameters(F);
+    }
+    static constexpr double activation_floats_per_token_feature = 64;
+};
+
+/// A transformer block made reversible: causal multi-head attention with RoPE (nn::CausalSelfAttention,
+/// O(T) memory) between two ScaleNorms, and a position-wise MLP:
+/// Reversible(Sandwich<CausalSelfAttention>, DenseConv<1>).
+struct AttentionMlp {
+    static constexpr std::string_view key = "attention";
+    template <Real T>
+    using block = nn::Reversible<nn::Sandwich<nn::CausalSelfAttention<T>>, nn::DenseConv<1, T>>;
+
+    static constexpr std::string_view description = "reversible(causal attention, mlp)";
+    static constexpr std::size_t sequence_multiple = 1;
+    static double parameters_per_block(double F) {
+        return detail::attention_parameters(F) + detail::sandwich_parameters(F) + detail::pointwise_mlp_parameters(F);
+    }
+    static constexpr double activation_floats_per_token_feature = 48;
+};
+
+/// The 2026 hybrid pattern (Qwen3-Next, Kimi Linear: three linear-recurrent layers per attention
+/// layer): one block is three Gated DeltaNet layers and one attention layer, each followed by a
+/// position-wise MLP, as one reversible chain of eight; `depth` counts such blocks (so 4 layers of
+/// token mixing each). nn::ReversibleChain<Sandwich<GDN>, MLP, Sandwich<GDN>, MLP, Sandwich<GDN>,
+/// MLP, Sandwich<Attention>, MLP>.
+struct Hybrid {
+    static constexpr std::string_view key = "hybrid";
+    template <Real T>
+    using mlp = nn::DenseConv<1, T>;
+    template <Real T>
+    using block = nn::ReversibleChain<nn::Sandwich<nn::GatedDeltaNet<T>>, mlp<T>, nn::Sandwich<nn::GatedDeltaNet<T>>, mlp<T>,
+                                      nn::Sandwich<nn::GatedDeltaNet<T>>, mlp<T>, nn::Sandwich<nn::CausalSelfAttention<T>>, mlp<T>>;
+
+    static constexpr std::string_view description = "reversible chain(3 x (gated deltanet, mlp), (causal attention, mlp))";
+    static constexpr std::size_t sequence_multiple = 1;
+    static double parameters_per_block(double F) {
+        return 3 * GatedDeltaNetMlp::parameters_per_block(F) + AttentionMlp::parameters_per_block(F);
+    }
+    static constexpr double activation_floats_per_token_feature = 64;
+};
+
 /// The `--block` names, in the order the main job's help lists them.
-inline constexpr std::array<std::string_view, 4> block_names{ConvMixer::key, QrnnMlp::key, Mamba::key, SwitchMoE::key};
+inline constexpr std::array<std::string_view, 8> block_names{ConvMixer::key, QrnnMlp::key,   Mamba::key,  SwitchMoE::key,
+                                                             Mamba2Pair::key, GatedDeltaNetMlp::key, AttentionMlp::key, Hybrid::key};
 
 /// Calls `f.template operator()<Recipe>()` for the recipe named `block` (one of block_names) and
 /// returns its result: the one place that turns a run-time block name into a type.
@@ -124,7 +226,12 @@ decltype(auto) with_recipe(std::string_view block, F&& f) {
     if (block == QrnnMlp::key) return std::forward<F>(f).template operator()<QrnnMlp>();
     if (block == Mamba::key) return std::forward<F>(f).template operator()<Mamba>();
     if (block == SwitchMoE::key) return std::forward<F>(f).template operator()<SwitchMoE>();
-    throw value_error(olmax::detail::concat("models::with_recipe: unknown block '", block, "'; choose conv_mixer, qrnn, mamba or moe"));
+    if (block == Mamba2Pair::key) return std::forward<F>(f).template operator()<Mamba2Pair>();
+    if (block == GatedDeltaNetMlp::key) return std::forward<F>(f).template operator()<GatedDeltaNetMlp>();
+    if (block == AttentionMlp::key) return std::forward<F>(f).template operator()<AttentionMlp>();
+    if (block == Hybrid::key) return std::forward<F>(f).template operator()<Hybrid>();
+    throw value_error(olmax::detail::concat("models::with_recipe: unknown block '", block,
+                                            "'; choose conv_mixer, qrnn, mamba, moe, mamba2, gated_deltanet, attention or hybrid"));
 }
 
 }  // namespace olmax::models

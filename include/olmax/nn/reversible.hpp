@@ -283,6 +283,20 @@ public:
     static constexpr std::string_view name = "reversible";
 };
 
+/// A chain of additive couplings over any number of functions: each step adds its function of one
+/// stream to the other and swaps them, as Reversible<F, G> does for two (an even count keeps the
+/// streams in their order). A hybrid block, say three recurrent mixers and one attention layer
+/// each followed by an MLP, is one chain of eight, and an nn::Stack of such chains repeats the
+/// pattern over depth with the same memory-free backward.
+template <class... Fs>
+class ReversibleChain : public CouplingBlock<AdditiveCoupling, Fs...> {
+    static_assert(sizeof...(Fs) >= 1, "olmax::nn::ReversibleChain: give at least one function layer");
+
+public:
+    using CouplingBlock<AdditiveCoupling, Fs...>::CouplingBlock;
+    static constexpr std::string_view name = "reversible_chain";
+};
+
 /// The original Olmax step over a [2, ...] state: y0 = x1, y1 = x0 + f(x1).
 template <class F, class Coupling = AdditiveCoupling>
 class RevSwap : public CouplingBlock<Coupling, F> {
