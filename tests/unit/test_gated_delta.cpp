@@ -1,13 +1,18 @@
 // scan::gated_delta_rule and nn::GatedDeltaNet: the chunked WY forward against the sequential
 // recurrence, finite-difference gradients in double, causality, packed-sequence resets, carried
-// state, bad shapes.
+// state, bad shapes; the traced (chunked-GEMM, composed of ops) form evaluated in double against
+// the eager op and layer.
 #include "test_helpers.hpp"
 
 #include "olmax/nn/gated_deltanet.hpp"
+#include "olmax/optim/parameters_of.hpp"
 #include "olmax/scan/gated_delta.hpp"
 #include "olmax/trace/trace.hpp"
+#include "olmax/xla/graph/evaluate.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -311,13 +316,145 @@ TEST_CASE("scan::gated_delta_rule: the serial host kernels give the same bits as
     }
 }
 
-TEST_CASE("scan::gated_delta_rule: refuses traced tensors, naming the op", "[gated_delta]") {
+namespace {
+
+using GdnFloat = olmax::Tensor<float>;
+
+/// Traces outs = f(inputs) on float inputs shaped as `values` (the first `differentiable` of them
+/// requiring gradients, the rest, e.g. resets, plain program inputs), differentiates
+/// sum_i sum(outs[i] * weights[i]) with the tape, and evaluates the program in double precision
+/// (the graph's reference evaluation, no plugin) at `values` and `weights`: the outputs, then the
+/// gradients of the differentiable inputs, as tensors of their shapes.
+std::vector<GdnTensor> gdn_traced(const std::function<std::vector<GdnFloat>(const std::vector<GdnFloat>&)>& f,
+                                  const std::vector<GdnTensor>& values, std::size_t differentiable, const std::vector<GdnTensor>& weights) {
+    namespace gx = olmax::xla::graph;
     olmax::trace::tracing t;
-    auto v = [&](olmax::Shape s) { return t.input<float>(std::move(s)); };
-    REQUIRE_THROWS_AS(gdn_sc::gated_delta_rule(v({1, 4, 2, 3}), v({1, 4, 2, 3}), v({1, 4, 2, 3}), v({1, 4, 2}), v({1, 4, 2})),
-                      olmax::trace_error);
-    CHECK_THROWS_WITH(gdn_sc::gated_delta_rule(v({1, 4, 2, 3}), v({1, 4, 2, 3}), v({1, 4, 2, 3}), v({1, 4, 2}), v({1, 4, 2})),
-                      Catch::Contains("scan::gated_delta_rule") && Catch::Contains("not traced yet"));
+    std::vector<GdnFloat> inputs;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        inputs.push_back(t.input<float>(values[i].shape()));
+        if (i < differentiable) inputs.back().set_requires_grad(true);
+    }
+    const std::vector<GdnFloat> outs = f(inputs);
+    REQUIRE(outs.size() == weights.size());
+    GdnFloat loss;
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+        REQUIRE(outs[i].shape() == weights[i].shape());
+        const GdnFloat term = olmax::sum(olmax::mul(outs[i], t.input<float>(weights[i].shape())));
+        loss = loss.defined() ? olmax::add(loss, term) : term;
+    }
+    loss.backward();
+    std::vector<gx::var> wanted;
+    std::vector<olmax::Shape> shapes;
+    for (const auto& y : outs) {
+        wanted.push_back(olmax::trace::var_of(y));
+        shapes.push_back(y.shape());
+    }
+    for (std::size_t i = 0; i < differentiable; ++i) {
+        REQUIRE(inputs[i].grad().defined());
+        wanted.push_back(olmax::trace::var_of(inputs[i].grad()));
+        shapes.push_back(inputs[i].shape());
+    }
+    const gx::graph& g = t.graph();
+    std::vector<gx::host_value> host;
+    std::size_t i = 0;
+    for (auto in : g.inputs()) {
+        REQUIRE(i < values.size() + weights.size());
+        const GdnTensor& v = i < values.size() ? values[i] : weights[i - values.size()];
+        ++i;
+        host.push_back({g.at(in).outputs[0], std::vector<double>(v.begin(), v.end())});
+    }
+    REQUIRE(i == values.size() + weights.size());
+    const auto results = gx::evaluate(g, host, wanted);
+    std::vector<GdnTensor> out;
+    for (std::size_t r = 0; r < results.size(); ++r) {
+        GdnTensor o(shapes[r]);
+        REQUIRE(results[r].data.size() == o.size());
+        std::copy(results[r].data.begin(), results[r].data.end(), o.begin());
+        out.push_back(o);
+    }
+    return out;
+}
+
+/// The eager op in double: o, state and the gradients of sum(o * dout) + sum(state * dstate) w.r.t.
+/// q, k, v, g, beta (and h0 when `use_h0`).
+GdnGrads gdn_eager(const GdnInputs& base, bool use_h0, bool use_resets, long chunk, const GdnTensor& dout, const GdnTensor& dstate) {
+    std::vector<GdnTensor> x;
+    for (const auto& t : base.differentiable()) x.push_back(olmax::parameter(t.clone()));
+    if (!use_h0) x.pop_back();
+    auto r = gdn_sc::gated_delta_rule(x[0], x[1], x[2], x[3], x[4], use_h0 ? x[5] : GdnTensor(), use_resets ? base.resets : GdnTensor(),
+                                      {.chunk = chunk});
+    olmax::add(olmax::sum(olmax::mul(r.o, dout)), olmax::sum(olmax::mul(r.state, dstate))).backward();
+    GdnGrads out{r.o.detach(), r.state.detach(), {}};
+    for (auto& t : x) out.d.push_back(t.grad());
+    return out;
+}
+
+/// The traced op (resets: none, a host constant, or a traced program input) against the eager op,
+/// values and every gradient, all in double.
+void gdn_check_traced(const GdnInputs& in, bool use_h0, int resets_mode, long chunk, double tolerance) {
+    olmax::Generator rng(70);
+    const auto dout = olmax::randn<double>(in.v.shape(), rng), dstate = olmax::randn<double>(in.h0.shape(), rng);
+    const auto eager = gdn_eager(in, use_h0, resets_mode != 0, chunk, dout, dstate);
+    std::vector<GdnTensor> values{in.q, in.k, in.v, in.g, in.beta};
+    if (use_h0) values.push_back(in.h0);
+    const std::size_t differentiable = values.size();
+    if (resets_mode == 2) values.push_back(in.resets);
+    const GdnFloat host_resets = olmax::cast<float>(in.resets);
+    const auto traced = gdn_traced(
+        [&](const std::vector<GdnFloat>& x) {
+            const GdnFloat resets = resets_mode == 0 ? GdnFloat() : resets_mode == 1 ? host_resets : x.back();
+            const auto r = gdn_sc::gated_delta_rule(x[0], x[1], x[2], x[3], x[4], use_h0 ? x[5] : GdnFloat(), resets, {.chunk = chunk});
+            return std::vector<GdnFloat>{r.o, r.state};
+        },
+        values, differentiable, {dout, dstate});
+    REQUIRE(traced.size() == 2 + differentiable);
+    CHECK(olmax_test::max_abs_diff(traced[0], eager.o) < tolerance);
+    CHECK(olmax_test::max_abs_diff(traced[1], eager.state) < tolerance);
+    for (std::size_t i = 0; i < differentiable; ++i) {
+        INFO("gradient of input " << i << " (q, k, v, g, beta, h0)");
+        CHECK(olmax_test::max_abs_diff(traced[2 + i], eager.d[i]) < tolerance);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("scan::gated_delta_rule traced: the chunked-GEMM program gives the eager op's values and gradients to 1e-12",
+          "[gated_delta][trace]") {
+    // K = 4: the default scale 1/2 is exact in float, so the double evaluation has nothing rounded to float.
+    for (std::size_t time : {std::size_t{16}, std::size_t{13}, std::size_t{6}})
+        for (long chunk : {4L, 8L})
+            for (bool use_h0 : {true, false}) {
+                INFO("T " << time << ", chunk " << chunk << (use_h0 ? ", h0" : ", no h0"));
+                const auto in = gdn_make_inputs(2, time, 2, 4, 3, 60 + time);
+                gdn_check_traced(in, use_h0, 0, chunk, 1e-12);
+            }
+}
+
+TEST_CASE("scan::gated_delta_rule traced: resets, as a host constant and as a program input, to 1e-12", "[gated_delta][trace]") {
+    auto in = gdn_make_inputs(2, 19, 2, 4, 3, 80);
+    in.resets(0, 5) = 1;
+    in.resets(0, 6) = 1;   // two starts in a row: a one-step document
+    in.resets(0, 8) = 1;   // on a chunk boundary for chunk 4 and 8
+    in.resets(0, 11) = 1;  // the last step of a chunk of 4
+    in.resets(1, 0) = 1;   // h0 does not reach this row
+    in.resets(1, 13) = 1;
+    for (long chunk : {4L, 8L})
+        for (int mode : {1, 2})
+            for (bool use_h0 : {true, false}) {
+                INFO("chunk " << chunk << (mode == 1 ? ", host resets" : ", traced resets") << (use_h0 ? ", h0" : ", no h0"));
+                gdn_check_traced(in, use_h0, mode, chunk, 1e-12);
+            }
+}
+
+TEST_CASE("scan::gated_delta_rule traced: unnormalised k, strong decay, chunk 1 and a chunk longer than T", "[gated_delta][trace]") {
+    auto in = gdn_make_inputs(1, 11, 3, 4, 2, 90);
+    olmax::Generator rng(91);
+    in.k = olmax::randn<double>(in.k.shape(), rng, 0.0, 0.6);
+    for (std::size_t t = 0; t < 11; ++t) in.g(0, t, 1) = t % 4 == 0 ? -30.0 : in.g(0, t, 1);  // e^gamma underflows towards 0
+    for (long chunk : {1L, 3L, 8L, 64L}) {
+        INFO("chunk " << chunk);
+        gdn_check_traced(in, true, 0, chunk, 1e-12);
+    }
 }
 
 namespace {
@@ -511,4 +648,104 @@ TEST_CASE("nn::GatedDeltaNet: works inside nn::Stack (stacked parameters)", "[ga
     std::size_t with_grad = 0;
     for (const auto& p : gdn_nn::parameters(stack)) with_grad += p.tensor.grad().defined();
     CHECK(with_grad == 7);
+}
+
+TEST_CASE("nn::GatedDeltaNet traced: the program gives the eager layer's values and gradients (input, every parameter) to 1e-12",
+          "[gated_delta][trace]") {
+    gdn_nn::GatedDeltaNetConfig config;
+    config.features = 6;
+    config.heads = 2;
+    config.head_dim = 4;  // the delta rule's scale 1/2 is exact in float
+    config.conv_kernel = 3;
+    config.chunk = 4;
+    config.norm_eps = std::ldexp(1.0, -20);  // epsilons exact in float too
+    config.l2_eps = std::ldexp(1.0, -20);
+    olmax::Generator rng(95);
+    gdn_nn::GatedDeltaNet<float> layer_f(config, rng);
+    gdn_nn::GatedDeltaNet<double> layer(config, rng);
+    // The parameters are program inputs, as in a training step (a host parameter would be a float
+    // constant, and the parts of the chain that read only parameters, exp(A_log), would be computed
+    // on the host in float); the double layer gets the float layer's values, exactly.
+    std::vector<GdnTensor> params;
+    gdn_nn::ParameterVisitor<float> read([&](const std::string&, GdnFloat& t, gdn_nn::Role, gdn_nn::Sharing) { params.push_back(olmax::cast<double>(t)); });
+    layer_f.visit_parameters(read);
+    const auto x = olmax::randn<double>({2, 10, 6}, rng), r = olmax::randn<double>({2, 10, 6}, rng);
+    GdnTensor resets({2, 10});
+    resets(0, 3) = 1;
+    resets(0, 4) = 1;
+    resets(1, 0) = 1;
+    resets(1, 8) = 1;
+    for (bool use_resets : {false, true}) {
+        INFO((use_resets ? "resets (a program input)" : "no resets"));
+        std::vector<GdnTensor> eager_params;
+        for (const auto& p : params) eager_params.push_back(olmax::parameter(p.clone()));
+        gdn_bind(layer, eager_params);
+        auto xp = olmax::parameter(x.clone());
+        const auto y = use_resets ? layer.forward(xp, resets) : layer.forward(xp);
+        olmax::sum(olmax::mul(y, r)).backward();
+        std::vector<GdnTensor> values{x};
+        values.insert(values.end(), params.begin(), params.end());
+        const std::size_t differentiable = values.size();
+        if (use_resets) values.push_back(resets);
+        const auto traced = gdn_traced(
+            [&](const std::vector<GdnFloat>& in) {
+                std::size_t i = 1;
+                gdn_nn::ParameterVisitor<float> bind([&](const std::string&, GdnFloat& t, gdn_nn::Role, gdn_nn::Sharing) { t = in[i++]; });
+                layer_f.visit_parameters(bind);
+                return std::vector<GdnFloat>{use_resets ? layer_f.forward(in[0], in.back()) : layer_f.forward(in[0])};
+            },
+            values, differentiable, {r});
+        REQUIRE(traced.size() == 1 + differentiable);
+        CHECK(olmax_test::max_abs_diff(traced[0], y.detach()) < 1e-12);
+        CHECK(olmax_test::max_abs_diff(traced[1], xp.grad()) < 1e-12);
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            INFO("parameter " << i);
+            REQUIRE(eager_params[i].grad().defined());
+            CHECK(olmax_test::max_abs_diff(traced[2 + i], eager_params[i].grad()) < 1e-12);
+        }
+    }
+}
+
+TEST_CASE("nn::GatedDeltaNet traced inside nn::Stack (one layer loop): the program gives the eager float stack's values and input gradient",
+          "[gated_delta][trace]") {
+    namespace gx = olmax::xla::graph;
+    gdn_nn::Config config;
+    config.features = 8;  // one head of 8, chunk 64: T = 70 is two chunks, the second padded
+    config.depth = 3;
+    olmax::Generator rng(29);
+    gdn_nn::Stack<gdn_nn::GatedDeltaNet<float>> stack(config, rng);
+    const auto x = olmax::randn<float>({2, 70, 8}, rng), r = olmax::randn<float>({2, 70, 8}, rng);
+    auto xp = olmax::parameter(x.clone());
+    const auto y = stack.forward(xp);
+    olmax::sum(olmax::mul(y, r)).backward();
+    // The parameters are the program's state (bound before the trace reads them), then x and r.
+    std::vector<std::vector<double>> values;
+    std::vector<GdnFloat> state;
+    for (const auto& p : olmax::optim::parameters_of(stack)) {
+        state.push_back(p.tensor);
+        values.emplace_back(p.tensor.begin(), p.tensor.end());
+    }
+    values.emplace_back(x.begin(), x.end());
+    values.emplace_back(r.begin(), r.end());
+    olmax::trace::tracing t;
+    for (const auto& s : state) t.bind_state(s);
+    auto xi = t.input<float>(x.shape()).set_requires_grad(true);
+    const GdnFloat yt = stack.forward(xi);
+    olmax::sum(olmax::mul(yt, t.input<float>(r.shape()))).backward();
+    const gx::graph& g = t.graph();
+    REQUIRE(g.inputs().size() == values.size());
+    std::vector<gx::host_value> host;
+    std::size_t i = 0;
+    for (auto in : g.inputs()) host.push_back({g.at(in).outputs[0], values[i++]});
+    const auto results = gx::evaluate(g, host, {olmax::trace::var_of(yt), olmax::trace::var_of(xi.grad())});
+    double dy = 0, dx = 0, y_max = 0, dx_max = 0;
+    for (std::size_t k = 0; k < y.size(); ++k) {
+        dy = olmax_test::worse(dy, std::abs(results[0].data[k] - double(y.data()[k])));
+        dx = olmax_test::worse(dx, std::abs(results[1].data[k] - double(xp.grad().data()[k])));
+        y_max = std::max(y_max, std::abs(double(y.data()[k])));
+        dx_max = std::max(dx_max, std::abs(double(xp.grad().data()[k])));
+    }
+    // eager float against the program in double: float rounding, relative to the largest entry
+    CHECK(dy < 1e-5 * y_max);
+    CHECK(dx < 1e-5 * dx_max);
 }

@@ -361,3 +361,74 @@ TEST_CASE("the Mamba layer with document resets traces to the eager layer's valu
                          [&](const std::vector<Tensor<float>>& x) { return olmax::sum(layer.forward(x[0], resets) * weights); }, 1e-4);
 }
 
+
+TEST_CASE("the 2026 mixers' ops trace to their eager values and gradients on the CPU plugin", "[cpu_plugin][mixers]") {
+    olmax::Generator rng(21);
+    const std::size_t B = 2, T = 11, H = 2;
+    Tensor<float> resets({B, T});
+    resets(0, 4) = 1;
+    resets(1, 8) = 1;
+    SECTION("causal attention, a window and resets") {
+        const std::vector<Tensor<float>> inputs{olmax::randn<float>({B, T, H, 4}, rng), olmax::randn<float>({B, T, H, 4}, rng),
+                                                olmax::randn<float>({B, T, H, 4}, rng)};
+        const Tensor<float> weights = olmax::randn<float>({B, T, H, 4}, rng);
+        check_traced_matches(inputs, [&](const std::vector<Tensor<float>>& x) {
+            return olmax::sum(olmax::causal_attention(x[0], x[1], x[2], {.window = 6, .resets = resets}) * weights);
+        }, 1e-4);
+    }
+    SECTION("Mamba-2's SSD, chunks of 4, h0 and resets") {
+        const std::vector<Tensor<float>> inputs{olmax::randn<float>({B, T, H, 3}, rng), olmax::rand<float>({B, T, H}, rng, 0.1f, 0.9f),
+                                                olmax::rand<float>({H}, rng, -1.5f, -0.2f),   olmax::randn<float>({B, T, 1, 4}, rng),
+                                                olmax::randn<float>({B, T, 1, 4}, rng),        olmax::randn<float>({H}, rng),
+                                                olmax::randn<float>({B, H, 3, 4}, rng)};
+        const Tensor<float> weights = olmax::randn<float>({B, T, H, 3}, rng);
+        check_traced_matches(inputs, [&](const std::vector<Tensor<float>>& x) {
+            const auto s = olmax::scan::ssd(x[0], x[1], x[2], x[3], x[4], x[5], {.h0 = x[6], .resets = resets, .chunk = 4});
+            return olmax::sum(s.y * weights) + olmax::sum(s.h_last);
+        }, 1e-4);
+    }
+    SECTION("the gated delta rule, chunks of 4, h0 and resets") {
+        auto unit_rows = [&](const Tensor<float>& x) { return x / olmax::sqrt(olmax::sum(x * x, {-1}, true)); };
+        const std::vector<Tensor<float>> inputs{olmax::randn<float>({B, T, H, 3}, rng), unit_rows(olmax::randn<float>({B, T, H, 3}, rng)),
+                                                olmax::randn<float>({B, T, H, 5}, rng), olmax::rand<float>({B, T, H}, rng, -1.0f, -0.05f),
+                                                olmax::rand<float>({B, T, H}, rng, 0.1f, 0.9f), olmax::randn<float>({B, H, 3, 5}, rng)};
+        const Tensor<float> weights = olmax::randn<float>({B, T, H, 5}, rng);
+        check_traced_matches(inputs, [&](const std::vector<Tensor<float>>& x) {
+            const auto s = olmax::scan::gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], resets, {.chunk = 4});
+            return olmax::sum(s.o * weights) + olmax::sum(s.state);
+        }, 1e-4);
+    }
+    SECTION("the gated delta rule with alike keys over one chunk of 64") {
+        // Every key nearly the same unit vector and beta 0.9: A = strict_tril(beta K K^T . Gamma) is near a
+        // triangle of equal entries, whose power series cancels terms of ~1e9 in float; the traced
+        // form's block substitution must stay within float rounding of the eager solve.
+        const std::size_t T64 = 64;
+        Tensor<float> keys = olmax::full<float>({1, T64, 1, 4}, 0.5f) + olmax::randn<float>({1, T64, 1, 4}, rng) * 0.01f;
+        keys = keys / olmax::sqrt(olmax::sum(keys * keys, {-1}, true));
+        const std::vector<Tensor<float>> inputs{olmax::randn<float>({1, T64, 1, 4}, rng), keys, olmax::randn<float>({1, T64, 1, 4}, rng),
+                                                olmax::full<float>({1, T64, 1}, -0.01f), olmax::full<float>({1, T64, 1}, 0.9f)};
+        const Tensor<float> weights = olmax::randn<float>({1, T64, 1, 4}, rng);
+        check_traced_matches(inputs, [&](const std::vector<Tensor<float>>& x) {
+            const auto s = olmax::scan::gated_delta_rule(x[0], x[1], x[2], x[3], x[4], Tensor<float>(), Tensor<float>(), {.chunk = 64});
+            return olmax::sum(s.o * weights) + olmax::sum(s.state);
+        }, 1e-4);
+    }
+}
+
+TEST_CASE("the 2026 mixers' layers trace to their eager values and input gradients on the CPU plugin", "[cpu_plugin][mixers]") {
+    olmax::Generator rng(22);
+    const std::size_t B = 2, T = 19, F = 16;
+    const Tensor<float> weights = olmax::randn<float>({B, T, F}, rng);
+    const auto loss_of = [&](const auto& layer) {
+        return [&](const std::vector<Tensor<float>>& x) { return olmax::sum(layer.forward(x[0]) * weights); };
+    };
+    olmax::nn::Config config;
+    config.features = F;
+    SECTION("nn::Mamba2") { check_traced_matches({olmax::randn<float>({B, T, F}, rng)}, loss_of(olmax::nn::Mamba2<float>(config, rng)), 1e-4); }
+    SECTION("nn::GatedDeltaNet") {
+        check_traced_matches({olmax::randn<float>({B, T, F}, rng)}, loss_of(olmax::nn::GatedDeltaNet<float>(config, rng)), 1e-4);
+    }
+    SECTION("nn::CausalSelfAttention") {
+        check_traced_matches({olmax::randn<float>({B, T, F}, rng)}, loss_of(olmax::nn::CausalSelfAttention<float>(config, rng)), 1e-4);
+    }
+}

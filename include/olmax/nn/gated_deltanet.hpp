@@ -17,7 +17,9 @@
 // convolution inputs [batch, conv_kernel - 1, 3E]; running a sequence in pieces with the state
 // carried gives the outputs of one call on the whole.
 //
-// Eager CPU only: the delta rule has no traced lowering yet, so a traced forward throws trace_error.
+// Traced (XLA): the delta rule traces its chunked form from ops (scan/gated_delta.hpp); a traced
+// forward takes no carried convolution state (forward_with_state with state.conv throws trace_error)
+// and returns none (state.conv undefined); the delta-rule state is carried and returned.
 
 #include <algorithm>
 #include <cmath>

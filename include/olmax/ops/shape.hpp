@@ -267,4 +267,30 @@ Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t aft
     return y;
 }
 
+/// Stacks equal-shaped tensors along a new leading axis (a copy). Differentiable.
+template <Real T>
+Tensor<T> stack_leading(const std::vector<Tensor<T>>& parts) {
+    check<shape_error>(!parts.empty(), "stack_leading: no tensors given");
+    backend::op_scope on("stack_leading", parts);
+    const Shape inner = parts[0].shape();
+    for (const auto& p : parts)
+        check<shape_error>(p.shape() == inner, "stack_leading: shapes ", to_string(inner), " and ", to_string(p.shape()), " differ");
+    if (on.traced()) {
+        std::vector<Tensor<float>> in;
+        for (const auto& p : parts) in.push_back(backend::trace::as_float(p));
+        return backend::trace::call<T>("stack_leading", in).front();
+    }
+    Shape shape{parts.size()};
+    shape.insert(shape.end(), inner.begin(), inner.end());
+    auto out = Tensor<T>::uninitialized(shape);
+    const std::size_t n = numel(inner);
+    for (std::size_t i = 0; i < parts.size(); ++i) std::copy(parts[i].begin(), parts[i].end(), out.data() + i * n);
+    autodiff::record<T>("stack_leading", std::span<const Tensor<T>>(parts), std::span<Tensor<T>>(&out, 1),
+                        [count = parts.size(), inner, n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                            for (std::size_t i = 0; i < count; ++i)
+                                if (sink.needs(i)) sink.add(i, olmax::detail::TensorAccess<T>::alias(g[0], i * n, inner));
+                        });
+    return out;
+}
+
 }  // namespace olmax

@@ -56,7 +56,32 @@
 // C K V scratch per task. The recomputed states come from the sequential recurrence, the
 // forward's from the chunked form: they agree to rounding, not bit for bit.
 //
-// Not yet: a traced (XLA) lowering (a traced call throws trace_error), and a chunked-GEMM backward.
+// Traced (a program traced for XLA, olmax/trace/): the same chunked form composed of traced ops
+// (detail::gated_delta::traced), no primitive or lowering rule of its own, so XLA gets batched
+// GEMMs rather than a loop over steps, and the tape differentiates the ops (no hand-written
+// backward). T is zero-padded to chunks C (k = v = q = 0, g = 0, beta = 0: a padded step leaves
+// the state as it is, and its outputs are cut off) and every tensor reshaped to
+// [batch, H, chunks, C, ...]; then, for all chunks at once,
+//
+//     gamma     = g U                       (U the constant upper-triangular ones [C, C]: a cumsum)
+//     Gamma     = mask . exp(mask . (gamma_i - gamma_j))   (mask = [i >= j]: the masked exponent
+//                                                           is 0, so no exp overflow times 0)
+//     (I + A)^-1 by block forward substitution: diagonal blocks' inverses of size s merge into
+//                 those of size 2s in two batched GEMMs, log2 C levels (unit_lower_inverse; no
+//                 solve primitive, and stable where a power series of A is not)
+//     W, U      = (I + A)^-1 diag(beta)(K . e^gamma), (I + A)^-1 diag(beta) V
+//
+// and the chunk-to-chunk recurrence unrolled (the number of chunks is static), two GEMMs a chunk:
+// V_new = U - W S, S' = e^{gamma_C} S + (K . e^{gamma_C - gamma})^T V_new. The outputs then come
+// for all chunks at once from the stacked states and V_new: O = scale [(Q . e^gamma) S +
+// (Q K^T . Gamma) V_new]. Resets (a host tensor, captured as a constant, or a traced 0/1 input,
+// not differentiated) act as exp(g_t) = 0 at a start: with count = resets U (the starts in the
+// chunk up to each step), every decay product is multiplied by 1 - min(starts it spans, 1) (Gamma_ij
+// by the starts in (j, i], e^gamma_i by those in [0, i], e^{gamma_C - gamma_i} by those in (i, C),
+// e^{gamma_C} by all of the chunk's). Memory: the [batch, H, chunks, C, C] matrices (Gamma, A,
+// the inverse), i.e. B H T C, besides the state entering every chunk.
+//
+// Not yet: a chunked-GEMM backward for the eager op.
 
 #include <algorithm>
 #include <cmath>
@@ -70,9 +95,15 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/cpu_serial.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/trace_rules.hpp"
+#include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/core/traced.hpp"
 #include "olmax/detail/third_party.hpp"
+#include "olmax/ops/shape.hpp"
+#include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/linalg.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 
 namespace olmax::scan {
@@ -350,20 +381,168 @@ void backward(const Geometry& geo, const Buffers<T>& in, const T* dO, const T* d
     });
 }
 
+/// A host tensor read by the traced program as a constant of type T (outside a trace, the tensor
+/// itself: the traced form then runs eagerly, op by op).
+template <Real T>
+Tensor<T> constant(const Tensor<T>& host) {
+    if (!olmax::detail::active_tracer()) return host;
+    return backend::trace::as_type<T>(backend::trace::as_float(host));
+}
+
+/// 1 - min(x, 1) for counts x >= 0: 1 where no document starts in the range x counts.
+template <Real T>
+Tensor<T> no_start(const Tensor<T>& x) {
+    return add_scalar(neg(sub(x, relu(add_scalar(x, T{-1})))), T{1});
+}
+
+/// (I + A)^-1 for a batch of strictly lower-triangular A [L, C, C], by block forward substitution
+/// in batched GEMMs: the inverses of the diagonal blocks of size s merge into those of size 2s as
+///     [[D11, 0], [A21, D22]]^-1 = [[D11^-1, 0], [-D22^-1 A21 D11^-1, D22^-1]],
+/// log2 C levels (C padded to a power of two with an identity block). Unlike the power series
+/// prod_j (I + (-A)^(2^j)), whose terms grow like binomial coefficients when the keys of a chunk
+/// are alike (A near a triangle of equal entries: at C = 64 terms of ~1e9 cancel to O(1), which
+/// float cannot), every product here is one of the exact inverse's own blocks.
+template <Real T>
+Tensor<T> unit_lower_inverse(const Tensor<T>& A) {
+    const std::size_t L = A.extent(0), C = A.extent(1);
+    std::size_t P = 1;
+    while (P < C) P *= 2;
+    const Tensor<T> Ap = P == C ? A : pad(pad(A, 1, 0, P - C), 2, 0, P - C);
+    Tensor<T> D = Tensor<T>();  // the inverses of the diagonal blocks, [L, P / s, s, s]
+    {
+        device_scope host(Device::host());
+        D = Tensor<T>({L, P, 1, 1}, T{1});
+    }
+    D = constant(D);
+    for (std::size_t s = 1; s < P; s *= 2) {
+        const std::size_t pairs = P / (2 * s);
+        Tensor<T> same;  // [pairs, 1, pairs, 1]: 1 where the two pair indices agree (picks the diagonal blocks)
+        {
+            device_scope host(Device::host());
+            same = Tensor<T>({pairs, 1, pairs, 1});
+            for (std::size_t p = 0; p < pairs; ++p) same.data()[p * pairs + p] = T{1};
+        }
+        // A21 of each pair: rows of its second block, columns of its first, [L, pairs, s, s]
+        const Tensor<T> blocks = reshape(Ap, Shape{L, pairs, 2, s, pairs, 2, s});
+        const Tensor<T> lower_left = reshape(slice(slice(blocks, 2, 1, 2), 5, 0, 1), Shape{L, pairs, s, pairs, s});
+        const Tensor<T> A21 = sum(mul(lower_left, constant(same)), {3});
+        const Tensor<T> halves = reshape(D, Shape{L, pairs, 2, s, s});
+        const Tensor<T> D11 = reshape(slice(halves, 2, 0, 1), Shape{L, pairs, s, s});
+        const Tensor<T> D22 = reshape(slice(halves, 2, 1, 2), Shape{L, pairs, s, s});
+        const Tensor<T> X = neg(matmul(matmul(D22, A21), D11));
+        D = add(add(pad(pad(D11, 2, 0, s), 3, 0, s), pad(pad(X, 2, s, 0), 3, 0, s)), pad(pad(D22, 2, s, 0), 3, s, 0));
+    }
+    const Tensor<T> inverse = reshape(D, Shape{L, P, P});
+    return P == C ? inverse : slice(slice(inverse, 1, 0, C), 2, 0, C);
+}
+
+/// The traced form (see the top of this file): the chunked WY / UT form over every chunk at once
+/// in batched GEMMs ([batch, H, chunks, C, ...]), (I + A)^-1 as a product of ceil(log2 C) factors,
+/// and the chunk-to-chunk state recurrence unrolled (2 GEMMs a chunk). Composed of traced ops, so
+/// the tape differentiates it.
+template <Real T>
+GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& g,
+                           const Tensor<T>& beta, const Tensor<T>& h0_in, const Tensor<T>& resets_in) {
+    const std::size_t nb = geo.batch, nt = geo.time, nh = geo.heads, C = geo.chunk, n = geo.chunks, extra = n * C - nt;
+    Tensor<T> upper, lower, strict;  // [C, C]: i <= j (cumulative sums), i >= j, i > j
+    {
+        device_scope host(Device::host());  // the constants are built on the host, then captured
+        upper = Tensor<T>({C, C});
+        lower = Tensor<T>({C, C});
+        strict = Tensor<T>({C, C});
+        for (std::size_t i = 0; i < C; ++i)
+            for (std::size_t j = 0; j < C; ++j) {
+                upper.data()[i * C + j] = i <= j ? T{1} : T{0};
+                lower.data()[i * C + j] = i >= j ? T{1} : T{0};
+                strict.data()[i * C + j] = i > j ? T{1} : T{0};
+            }
+    }
+    const Tensor<T> cumsum = constant(upper), causal = constant(lower), below = constant(strict);
+    const Tensor<T> h0 = h0_in.defined() && !h0_in.traced() ? constant(h0_in) : h0_in;
+    const Tensor<T> resets = !resets_in.defined() ? Tensor<T>() : resets_in.traced() ? resets_in.detach() : constant(resets_in);
+
+    // [batch, T, H, X] -> [batch, H, chunks, C, X] and [batch, T, H] -> [batch, H, chunks, C], zero-padded to chunks C steps:
+    // a padded step (k = v = q = 0, g = 0, beta = 0) leaves the state as it is.
+    auto rows = [&](const Tensor<T>& x) {
+        return reshape(transpose(extra ? pad(x, 1, 0, extra) : x, {0, 2, 1, 3}), Shape{nb, nh, n, C, x.extent(3)});
+    };
+    auto gates = [&](const Tensor<T>& x) { return reshape(transpose(extra ? pad(x, 1, 0, extra) : x, {0, 2, 1}), Shape{nb, nh, n, C}); };
+    auto column = [](const Tensor<T>& x) {  // [..., C] -> [..., C, 1]
+        Shape s = x.shape();
+        s.push_back(1);
+        return reshape(x, s);
+    };
+    auto row = [](const Tensor<T>& x) {  // [..., C] -> [..., 1, C]
+        Shape s = x.shape();
+        s.push_back(s.back());  // (not svector::insert: GCC 12 at -O3 warns falsely inside it, -Warray-bounds)
+        s[s.size() - 2] = 1;
+        return reshape(x, s);
+    };
+    const Tensor<T> Q = rows(q), Kc = rows(k), Vc = rows(v), betas = gates(beta);
+    const Tensor<T> gamma = contract_axis(gates(g), cumsum, 3);  // chunk-local cumulative log decay
+    const Tensor<T> last = slice(gamma, 3, C - 1, C);           // [batch, H, chunks, 1]
+    // Gamma_ij = exp(gamma_i - gamma_j) for i >= j, else 0 (the exponent masked first: no inf * 0)
+    Tensor<T> Gamma = mul(exp(mul(sub(column(gamma), row(gamma)), causal)), causal);
+    Tensor<T> decay_in = exp(gamma), decay_out = exp(sub(last, gamma)), decay_all = exp(last);
+    if (resets.defined()) {  // a start at t acts as exp(g_t) = 0: every decay product spanning it is zeroed
+        const Tensor<T> starts = reshape(extra ? pad(resets, 1, 0, extra) : resets, Shape{nb, n, C});
+        const Tensor<T> count = reshape(contract_axis(starts, cumsum, 2), Shape{nb, 1, n, C});  // starts in the chunk up to i
+        const Tensor<T> count_last = slice(count, 3, C - 1, C);
+        Gamma = mul(Gamma, no_start(relu(sub(column(count), row(count)))));  // starts in (j, i]
+        decay_in = mul(decay_in, no_start(count));                           // starts in [0, i]
+        decay_out = mul(decay_out, no_start(sub(count_last, count)));        // starts in (i, C)
+        decay_all = mul(decay_all, no_start(count_last));
+    }
+    const Tensor<T> Kt = transpose(Kc);  // [batch, H, chunks, K, C]
+    // A = strict_tril(diag(beta) K K^T . Gamma); (I + A)^-1 by block forward substitution (unit_lower_inverse)
+    const Tensor<T> A = mul(mul(matmul(Kc, Kt), Gamma), mul(column(betas), below));
+    const Tensor<T> inverse = reshape(unit_lower_inverse(reshape(A, Shape{nb * nh * n, C, C})), Shape{nb, nh, n, C, C});
+    const Tensor<T> W = matmul(inverse, mul(Kc, column(mul(betas, decay_in))));  // [batch, H, chunks, C, K]
+    const Tensor<T> U = matmul(inverse, mul(Vc, column(betas)));                 // [batch, H, chunks, C, V]
+    const Tensor<T> Kout = transpose(mul(Kc, column(decay_out)));                // (K . e^{gamma_C - gamma})^T
+    auto chunk_of = [&](const Tensor<T>& x, std::size_t c) {  // [batch, H, chunks, R, S] -> chunk c's [batch, H, R, S]
+        return reshape(slice(x, 2, c, c + 1), Shape{nb, nh, x.extent(3), x.extent(4)});
+    };
+    std::vector<Tensor<T>> states, news;  // the state entering each chunk (none while it is zero), V_new of each chunk
+    Tensor<T> S = h0;                     // undefined: zeros
+    for (std::size_t c = 0; c < n; ++c) {
+        const Tensor<T> Uc = chunk_of(U, c);
+        const Tensor<T> vn = S.defined() ? sub(Uc, matmul(chunk_of(W, c), S)) : Uc;
+        if (S.defined()) states.push_back(S);
+        news.push_back(vn);
+        const Tensor<T> write = matmul(chunk_of(Kout, c), vn);
+        S = S.defined() ? add(mul(S, reshape(slice(decay_all, 2, c, c + 1), Shape{nb, nh, 1, 1})), write) : write;
+    }
+    auto stacked = [](const std::vector<Tensor<T>>& parts) {  // [chunks, batch, H, R, S] -> [batch, H, chunks, R, S]
+        return transpose(stack_leading(parts), {1, 2, 0, 3, 4});
+    };
+    Tensor<T> O = matmul(mul(matmul(Q, Kt), Gamma), stacked(news));  // tril(Q K^T . Gamma) V_new
+    if (!states.empty()) {                                          // + (Q . e^gamma) S, from the first chunk with a state
+        const std::size_t first = n - states.size();
+        const Tensor<T> Qe = mul(Q, column(decay_in));
+        const Tensor<T> inter = matmul(first ? slice(Qe, 2, first, n) : Qe, stacked(states));
+        O = add(O, first ? pad(inter, 2, first, 0) : inter);
+    }
+    O = reshape(olmax::scale(O, T(geo.scale)), Shape{nb, nh, n * C, geo.value});
+    if (extra) O = slice(O, 2, 0, nt);
+    return {transpose(O, {0, 2, 1, 3}), S};
+}
+
 }  // namespace detail::gated_delta
 
 /// The gated delta rule (see the top of this file): returns o [batch, T, H, V] and the final state
 /// [batch, H, K, V]. Differentiable in q, k, v, g, beta and h0 (undefined: zeros); resets [batch, T]
 /// (nonzero where a document starts: the state is zeroed before that step) is not differentiated.
 /// Parallel over batch x heads. Throws shape_error naming mismatched shapes, value_error for an
-/// empty size, a chunk < 1 or a non-finite scale, trace_error when called on traced tensors.
+/// empty size, a chunk < 1 or a non-finite scale. On traced tensors it traces the chunked form from
+/// ops (see the top of this file).
 template <Real T>
 GatedDeltaResult<T> gated_delta_rule(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& g, const Tensor<T>& beta,
                                      const Tensor<T>& h0 = {}, const Tensor<T>& resets = {}, const GatedDeltaOptions& options = {}) {
     namespace gd = detail::gated_delta;
     backend::op_scope on(gd::op_name, q, k, v, g, beta, h0, resets);
     const gd::Geometry geo = gd::make_geometry(q, k, v, g, beta, h0, resets, options);
-    check<trace_error>(!on.traced(), gd::op_name, ": the gated delta rule is not traced yet (it runs eagerly on the CPU only)");
+    if (on.traced()) return gd::traced(geo, q, k, v, g, beta, h0, resets);
     std::vector<Tensor<T>> inputs{q, k, v, g, beta, h0};
     const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
 
