@@ -20,6 +20,8 @@ function(olmax_define_distributed_target)
   find_package(Threads REQUIRED)  # Gloo's TCP transport runs its own event-loop thread
   add_library(olmax_distributed INTERFACE IMPORTED GLOBAL)
   add_library(olmax::distributed ALIAS olmax_distributed)
+  # Code that links the target knows it (olmax/train/launch.hpp: world_size > 1 over Gloo).
+  target_compile_definitions(olmax_distributed INTERFACE OLMAX_HAS_GLOO)
   target_link_libraries(olmax_distributed INTERFACE olmax::olmax gloo Threads::Threads)
 endfunction()
 

@@ -46,6 +46,8 @@ function(olmax_define_onednn_target)
   endif()
   add_library(olmax_onednn INTERFACE IMPORTED GLOBAL)
   add_library(olmax::onednn ALIAS olmax_onednn)
+  # Code that links the target knows it (olmax/train/precision.hpp: the Trainer's GEMMs on oneDNN).
+  target_compile_definitions(olmax_onednn INTERFACE OLMAX_HAS_ONEDNN)
   if(TARGET DNNL::dnnl)
     target_link_libraries(olmax_onednn INTERFACE olmax::olmax DNNL::dnnl)
   else()

@@ -26,6 +26,8 @@ function(olmax_define_pjrt_target include_dir)
   message(STATUS "olmax: PJRT C API header ${header}: API ${major}.${minor}")
   add_library(olmax_pjrt INTERFACE IMPORTED GLOBAL)
   add_library(olmax::pjrt ALIAS olmax_pjrt)
+  # Code that links the target knows it (olmax/train/launch.hpp: device=xla on train::XlaStep).
+  target_compile_definitions(olmax_pjrt INTERFACE OLMAX_HAS_PJRT)
   # SYSTEM + -fpermissive: GCC rejects the header's PJRT_Api fields that reuse their typedef names
   # ("changes meaning"); clang accepts them. With both, GCC compiles it without diagnostics.
   target_include_directories(olmax_pjrt SYSTEM INTERFACE "${include_dir}")

@@ -1,11 +1,11 @@
 // Trains a byte-level language model (olmax::models::ByteLM over the recipe --block) on real text, in
 // one process or several (--world_size / --rank / --rendezvous), on the CPU or compiled for a PJRT
-// device (--device=xla); docs/TRAIN_LM.md. The loop is olmax::train::Trainer's; this file holds the
-// flags and the printing: a progress bar (log lines when stdout is not a terminal), held-out losses,
-// metrics.csv and loss.png in --checkpoint_dir, samples at the end. Exit status: 0 done, 1 failure,
-// 2 bad usage (flags, or ranks started with settings that disagree), 3 diverged (NaN/Inf; the last
-// good checkpoint is kept), 130 / 143 stopped by SIGINT / SIGTERM after the current step and a
-// checkpoint (all ranks together; a second SIGINT stops at once, without one).
+// device (--device=xla); docs/TRAIN_LM.md. The library runs it (train::launch: threads, --device's
+// step, the processes; train::Trainer: the loop at --precision); this file holds the flags and the
+// printing: a progress bar (log lines when stdout is not a terminal), held-out losses, metrics.csv and
+// loss.png in --checkpoint_dir, samples at the end. Exit status: 0 done, 1 failure, 2 bad usage (flags,
+// or ranks started with settings that disagree), 3 diverged (NaN/Inf; the last good checkpoint is kept),
+// 130 / 143 stopped by SIGINT / SIGTERM after the step and a checkpoint (all ranks; a 2nd SIGINT at once, without).
 //     build/examples/train_lm --data=notes/ --steps=2000 --preset=small --block=mamba
 //     bash tools/launch_local.sh 2 build/examples/train_lm   # 2 processes on this machine
 
@@ -19,54 +19,15 @@
 #include <optional>
 
 #include <olmax/olmax.hpp>
-#if defined(TRAIN_LM_WITH_ONEDNN)  // set by examples/CMakeLists.txt when CMake found oneDNN
-#include <olmax/backend/onednn_gemm.hpp>
-#endif
-#if defined(TRAIN_LM_WITH_GLOO)  // ... Gloo
-#include <olmax/distributed/gloo.hpp>
-#endif
-#if defined(TRAIN_LM_WITH_PJRT)  // ... the PJRT runtime (olmax::pjrt)
-#include <olmax/train/xla_step.hpp>
-#endif
+#include <olmax/train/launch.hpp>  // with the targets olmax::pjrt / olmax::distributed: --device=xla, --world_size > 1
 
 namespace {
 
-/// When the program started: the summary's wall time counts from here.
-const auto program_start = std::chrono::steady_clock::now();
+const auto program_start = std::chrono::steady_clock::now();  // the summary's wall time counts from here
 
 namespace config = olmax::config;
-namespace data = olmax::data;
-namespace dist = olmax::distributed;
 namespace models = olmax::models;
 namespace train = olmax::train;
-
-/// The group of processes this run trains in: itself alone, or the ranks met at --rendezvous.
-std::unique_ptr<dist::Communicator> connect(const train::TrainConfig& c) {
-    const auto timeout = dist::Timeout(std::int64_t(c.collective_timeout_s * 1000));
-    if (c.world_size == 1) return std::make_unique<dist::LocalCommunicator>(timeout);
-#if defined(TRAIN_LM_WITH_GLOO)
-    // OLMAX_HOSTNAME / OLMAX_INTERFACE (the address this rank listens on) from the environment.
-    auto options = dist::parse_rendezvous(c.rendezvous, int(c.rank), int(c.world_size), dist::GlooOptions::from_environment());
-    options.timeout = timeout;
-    return std::make_unique<dist::GlooCommunicator>(options);
-#else
-    throw config::config_error("config: --world_size > 1 needs a train_lm built with Gloo (Debian: libgloo-dev; CMake did not find it)");
-#endif
-}
-
-/// The step strategy of --device, made before any work (so refusals come first).
-template <class Model>
-std::unique_ptr<train::StepStrategy<Model>> make_step(const train::TrainConfig& c) {
-    if (c.device == "cpu") return std::make_unique<train::HostStep<Model>>(c);
-#if defined(TRAIN_LM_WITH_PJRT)
-    return std::make_unique<train::XlaStep<Model>>(
-        train::XlaStepOptions{train::resolve_pjrt_plugin(c.xla_plugin), std::size_t(c.batch), std::size_t(c.sequence), int(c.xla_devices),
-                              c.xla_scan_form});
-#else
-    throw config::config_error("config: --device=xla needs a train_lm built with the PJRT runtime (CMake found no PJRT header: run "
-                               "tools/setup_jax_venv.sh or set OLMAX_PJRT_INCLUDE_DIR, then rebuild)");
-#endif
-}
 
 /// The Trainer's reports on rank 0's stdout (the other ranks print to a null stream).
 struct Printer final : train::Observer {
@@ -95,13 +56,10 @@ struct Printer final : train::Observer {
 };
 
 template <class Recipe, class Model = models::ByteLM<Recipe>>
-int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::unique_ptr<train::StepStrategy<Model>> step) {
+int train_model(const train::TrainConfig& c, olmax::distributed::Communicator& comm, std::unique_ptr<train::StepStrategy<Model>> step) {
     const bool lead = comm.rank() == 0;  // rank 0 prints, writes checkpoints and metrics
     std::ostream null_out(nullptr);      // the other ranks' progress goes nowhere (errors still reach stderr)
     std::ostream& out = lead ? std::cout : null_out;
-#if defined(_OPENMP)
-    if (c.threads > 0) omp_set_num_threads(int(c.threads));
-#endif
     out << "# resolved config\n" << config::to_text(c) << std::flush;
     const auto rank = comm.rank(), ranks = comm.world_size();
     if (ranks > 1)
@@ -110,42 +68,28 @@ int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::uniq
     auto text = train::read_text_data(c.data, c.held_out_fraction, std::uint64_t(c.seed));
     for (const auto& line : text.report) out << line << "\n";
     Model model(models::ByteLMConfig::from(c));  // checked in run()
-    const auto rows = std::size_t(c.batch * (rank + 1) / ranks - c.batch * rank / ranks);  // on XLA kept only when asked (docs/xla.md)
-    const std::size_t kept = model.keep_activations(c.device == "xla" ? std::max<std::int64_t>(c.kept_layers, 0) : c.kept_layers, rows,
-                                                    std::size_t(c.sequence), train::shards_for(c));
+    const std::int64_t kept_layers = c.device == "xla" ? std::max<std::int64_t>(c.kept_layers, 0) : c.kept_layers;  // on XLA only when asked (docs/xla.md)
+    const std::size_t kept = model.keep_activations(kept_layers, std::size_t(c.batch / ranks), std::size_t(c.sequence), train::shards_for(c));
     if (kept > 0) out << "recompute: the first " << kept << " of " << c.depth << " blocks keep their activations" << (c.kept_layers < 0 ? " (as many as fit half the free memory; --kept_layers=0: none)" : "") << "\n";
     olmax::optim::AdamW<typename Model::value_type> opt(model.parameters(), train::optimizer_config(c));
-    std::size_t parameters = 0;
-    for (const auto& p : opt.parameters()) parameters += p.tensor.size();
-    out << "model: " << c.depth << " x " << Recipe::description << ", " << c.features << " features, " << parameters << " parameters\n";
+    out << "model: " << c.depth << " x " << Recipe::description << ", " << c.features << " features, " << olmax::nn::parameter_count(model) << " parameters\n";
     Printer printer(out, lead && olmax::io::stdout_is_terminal(), c.log_every, text.unigram_baseline);
     train::Trainer trainer(model, opt, comm, std::move(text.train), std::move(text.held_out), train::trainer_options(c), std::move(step), printer);
     try {
         trainer.prepare();  // resume, the ranks' agreement, rank 0's parameters everywhere, the step compiled
-    } catch (const dist::disagreement_error& e) {  // ranks started differently stop here, all with the same line
+    } catch (const olmax::distributed::disagreement_error& e) {  // ranks started differently stop here, all with the same line
         return std::cerr << "train_lm: " << e.what() << std::endl, config::exit_usage;
     }
     if (c.dry_run) return out << "dry run: flags, data, model" << (trainer.step() > 0 ? " and checkpoint" : "") << " are fine; not training\n", 0;
-    std::optional<olmax::backend::bf16_matmul_scope> bf16;  // covers training, evaluation and sampling (not the initialisation)
-    std::optional<olmax::backend::float_gemm_scope> fp32;
-#if defined(TRAIN_LM_WITH_ONEDNN)  // the CPU's bf16 units where it has them; oneDNN's fp32 GEMM otherwise (faster than Eigen's)
-    namespace onednn = olmax::backend::onednn;
-    if (c.precision == "bf16") bf16.emplace(onednn::gemm_bf16, onednn::gemm_batched_bf16), out << "precision bf16: GEMMs on " << onednn::bf16_gemm_description() << "\n";
-    else fp32.emplace(onednn::gemm, "onednn");
-#else
-    if (c.precision == "bf16") bf16.emplace();  // the portable product (fp32 compute; it says so once)
-#endif
     train::TrainResult r;
     try {
         r = trainer.run();
     } catch (const train::training_diverged& e) {  // exit status 3
-        const auto& last = e.last_checkpoint();
         printer.note(std::string("training diverged: ") + e.what());
-        return printer.note(last.empty() ? "no checkpoint was written in this run" : "the last good checkpoint is " + last.string()), 3;
+        return printer.note(e.last_checkpoint().empty() ? "no checkpoint was written in this run" : "the last good checkpoint is " + e.last_checkpoint().string()), 3;
     }
     char line[400];
-    // Rank 0's figures; the exchange share is what training across processes costs per step. The
-    // step seconds are what --time_budget_s counts; the wall time adds everything around them.
+    // Rank 0's; the exchange share is what training across processes costs per step; --time_budget_s counts the step seconds.
     std::snprintf(line, sizeof line, "trained %.0f tokens in %.2f s of training steps (%.0f tokens/s, %.3f ms/step); gradient exchange "
                   "%.2f s (%.1f%%) across %d process(es)\nwall time %.1f s: the steps plus reading the data, building the model, "
                   "evaluations and checkpoints (the loss plot and samples follow)\n", r.tokens_this_run, r.train_seconds,
@@ -157,14 +101,12 @@ int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::uniq
     if (r.stop.stop) {  // every rank reports; rank 0 wrote the checkpoint. No loss curve, no samples: stop soon.
         const std::string stopped = "stopped by " + olmax::signal_name(r.stop.signal) + " after step " + std::to_string(r.step);
         std::cout << (lead ? stopped + "; checkpoint: " + checkpoint + " (the same command resumes from it)"
-                           : "rank " + std::to_string(rank) + ": " + stopped + " together with the other ranks (rank 0 wrote the checkpoint)")
-                  << std::endl;
+                           : "rank " + std::to_string(rank) + ": " + stopped + " together with the other ranks (rank 0 wrote the checkpoint)") << std::endl;
         return r.stop.exit_status();
     }
     if (!lead) return 0;  // the rest (loss curve, samples) is rank 0's
     std::cout << "checkpoint: " << checkpoint << "\n";
-    // scripts/plot_loss.py, found from this file's path (CMake compiles with absolute paths), else from
-    // the executable's (<repo>/build/examples/train_lm), else from the working directory.
+    // scripts/plot_loss.py beside this file (CMake compiles absolute paths), the executable (<repo>/build/examples/) or here.
     std::error_code no_exe;
     const auto exe = std::filesystem::read_symlink("/proc/self/exe", no_exe);
     auto script = std::filesystem::path(__FILE__).parent_path().parent_path() / "scripts/plot_loss.py";
@@ -177,22 +119,20 @@ int train_model(const train::TrainConfig& c, dist::Communicator& comm, std::uniq
         std::cout << (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3") && std::system((plot + " > /dev/null").c_str()) == 0
                           ? "loss curve: " + png.string() : "loss curve not drawn; run: " + plot) << "\n";
     olmax::Generator sampler(std::uint64_t(c.seed) + 1);
-    const data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
-    for (int i = 0; i < 2 && c.sample_bytes > 0; ++i)
-        std::cout << "\n--- sample " << i + 1 << " (temperature " << c.temperature << ", top_p " << c.top_p << ") ---\n"
-                  << c.prompt << model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler) << "\n";
+    const olmax::data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
+    for (int i = 0; i < 2 && c.sample_bytes > 0; ++i)  // at the run's precision, as it trained
+        std::cout << "\n--- sample " << i + 1 << " (temperature " << c.temperature << ", top_p " << c.top_p << ") ---\n" << c.prompt
+                  << trainer.with_precision([&] { return model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler); }) << "\n";
     return 0;
 }
 
 int run(int argc, char** argv) {
     train::TrainConfig c;
     const auto cl = train::parse_train_command_line(c, argc, argv);
-    if (cl.help) {
-        std::cout << "usage: train_lm [--config=FILE] [--key=value ...]\n\n" << config::help_text<train::TrainConfig>()
-                  << "\nexit status: 0 done, 1 failure, 2 usage error (or ranks that disagree), 3 training diverged, 130 / 143 stopped by "
-                     "SIGINT / SIGTERM (after the current step and a checkpoint)\n";
-        return 0;
-    }
+    if (cl.help)
+        return std::cout << "usage: train_lm [--config=FILE] [--key=value ...]\n\n" << config::help_text<train::TrainConfig>()
+                         << "\nexit status: 0 done, 1 failure, 2 usage error (or ranks that disagree), 3 training diverged, 130 / 143 "
+                            "stopped by SIGINT / SIGTERM (after the current step and a checkpoint)\n", 0;
     olmax::stop_on_signals stop("train_lm", "finishing the current step, then writing a checkpoint");  // from here on
     olmax::check<config::config_error>(cl.positional.empty(), "unexpected argument '", cl.positional.empty() ? "" : cl.positional[0],
                                        "' (flags are --key=value)");
@@ -200,9 +140,8 @@ int run(int argc, char** argv) {
     return models::with_recipe(c.block, [&]<class Recipe>() {
         using Model = models::ByteLM<Recipe>;  // fp32
         Model::check_trainable(models::ByteLMConfig::from(c), std::size_t(c.batch), std::size_t(c.sequence));  // before any work
-        auto step = make_step<Model>(c);
-        const auto comm = connect(c);
-        return train_model<Recipe>(c, *comm, std::move(step));
+        auto launched = train::launch<Model>(c);  // threads, the step of --device (refusals first), then the processes
+        return train_model<Recipe>(c, *launched.comm, std::move(launched.step));
     });
 }
 

@@ -38,18 +38,14 @@
 
 #include <malloc.h>  // malloc_trim (glibc)
 
-#include <olmax/backend/bf16_matmul_kernels.hpp>
-#include <olmax/backend/float_gemm_kernels.hpp>
 #include <olmax/config/program.hpp>
 #include <olmax/core/memory.hpp>
 #include <olmax/core/memory_profile.hpp>
 #include <olmax/core/time_profile.hpp>
 #include <olmax/io/npy.hpp>
 #include <olmax/models/models.hpp>
+#include <olmax/train/precision.hpp>  // the GEMM kernels of --precision (oneDNN's with olmax::onednn), as train_lm's Trainer
 #include <olmax/train/train_config.hpp>
-#if defined(TRAIN_STEP_WITH_ONEDNN)
-#include <olmax/backend/onednn_gemm.hpp>
-#endif
 
 #include "../timing.hpp"
 
@@ -324,9 +320,7 @@ int run(int argc, char** argv) {
     if (!o.adam_moments.empty()) c.adam_moments = o.adam_moments;
     c.update_in_backward = o.update_in_backward;
     c.validate();
-#if defined(_OPENMP)
-    if (c.threads > 0) omp_set_num_threads(int(c.threads));
-#endif
+    olmax::train::set_threads(c.threads);
     if (o.parallel_threshold >= 0) olmax::backend::cpu_openmp::set_parallel_threshold(std::size_t(o.parallel_threshold));
     if (o.block_cache_mib >= 0) olmax::memory::set_cache_limit(std::size_t(o.block_cache_mib) << 20);
     byte_lm::Model model(c);
@@ -354,23 +348,10 @@ int run(int argc, char** argv) {
         return 0;
     }
 
-    // The precision policy for every step below (olmax/backend/bf16_matmul_kernels.hpp).
-    std::optional<olmax::backend::bf16_matmul_scope> bf16;
-    std::optional<olmax::backend::float_gemm_scope> fp32;
-    std::string bf16_gemm = "none", fp32_gemm = "eigen";
-#if defined(TRAIN_STEP_WITH_ONEDNN)
-    if (o.precision == "fp32" && o.fp32_gemm == "onednn")
-        fp32.emplace(olmax::backend::onednn::gemm, "onednn"), fp32_gemm = "onednn " + olmax::backend::onednn::version();
-#endif
-    if (o.precision == "bf16") {
-#if defined(TRAIN_STEP_WITH_ONEDNN)
-        bf16.emplace(olmax::backend::onednn::gemm_bf16, olmax::backend::onednn::gemm_batched_bf16);
-        bf16_gemm = olmax::backend::onednn::bf16_gemm_description();
-#else
-        bf16.emplace();
-        bf16_gemm = "portable (fp32 compute)";
-#endif
-    }
+    // The precision policy for every step below: the library's, as train_lm's (olmax/train/precision.hpp).
+    const olmax::train::PrecisionScope precision(o.precision, o.fp32_gemm == "onednn");
+    const std::string bf16_gemm = precision.bf16_gemm().empty() ? "none" : precision.bf16_gemm();
+    const std::string fp32_gemm = precision.fp32_gemm().empty() ? "eigen" : precision.fp32_gemm();
 
     double last_loss = 0;
     std::vector<double> forward_s, backward_s, optimizer_s;

@@ -1,9 +1,12 @@
 // oneDNN's GEMMs (olmax/backend/onednn_gemm.hpp, CMake target olmax::onednn): bf16 x bf16 -> fp32
 // and fp32, against fp64 references of the same inputs, for odd and empty sizes and transposes;
-// the path chosen from the CPU (accelerated, or fp32 with a one-time notice); bad shapes.
+// the path chosen from the CPU (accelerated, or fp32 with a one-time notice); bad shapes; the
+// Trainer's precision scope (olmax/train/precision.hpp) on them when the program links the target.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <olmax/backend/onednn_gemm.hpp>
@@ -231,4 +234,36 @@ TEST_CASE("onednn: inside a float_gemm_scope an op's fp32 GEMMs, forward and bac
             INFO("tensor " << t << " element " << i);
             REQUIRE(std::abs(through[t].data()[i] - eigen[t].data()[i]) <= 1e-4f * (1.0f + std::abs(eigen[t].data()[i])));  // fp32 sums in another order
         }
+}
+
+TEST_CASE("onednn: a program linking olmax::onednn gets its GEMMs from the Trainer's precision scope, bf16 and fp32", "[onednn][train]") {
+    static_assert(olmax::train::links_onednn, "the target olmax::onednn defines OLMAX_HAS_ONEDNN for the code that links it");
+    backend::set_bf16_notice_sink([](std::string_view) {});  // a CPU without bf16 units says so once
+    olmax::Generator rng(21);
+    const auto a = olmax::randn<float>({7, 33}, rng), b = olmax::randn<float>({33, 9}, rng);
+    Tensor<float> library, direct;
+    {
+        const olmax::train::PrecisionScope precision("bf16");  // what Trainer::run() holds for TrainerOptions::precision = "bf16"
+        CHECK(precision.note() == "precision bf16: GEMMs on " + onednn::bf16_gemm_description());
+        CHECK(precision.bf16_gemm() == onednn::bf16_gemm_description());
+        library = olmax::matmul(a, b);
+    }
+    {
+        backend::bf16_matmul_scope scope(onednn::gemm_bf16, onednn::gemm_batched_bf16);
+        direct = olmax::matmul(a, b);
+    }
+    CHECK(library.shape() == direct.shape());
+    CHECK(std::equal(library.data(), library.data() + library.size(), direct.data()));  // the same product, bit for bit
+    {
+        const olmax::train::PrecisionScope precision("fp32");
+        CHECK(precision.note().empty());
+        CHECK(precision.fp32_gemm() == "onednn " + onednn::version());
+        CHECK(std::string(backend::host_kernels().name()).find("+onednn_gemm") != std::string::npos);
+    }
+    {
+        const olmax::train::PrecisionScope precision("fp32", /*onednn_fp32_gemm=*/false);  // train_step --fp32_gemm eigen
+        CHECK(precision.fp32_gemm().empty());
+        CHECK(std::string(backend::host_kernels().name()).find("onednn") == std::string::npos);
+    }
+    backend::set_bf16_notice_sink({});
 }

@@ -1,6 +1,7 @@
 // olmax::train::Trainer and its host step on a model of the test's own (a bigram table): gradient
 // accumulation against one batch of both micro-batches, resume against an uninterrupted run (bit
-// for bit), divergence, the time budget, a stop request and bad settings.
+// for bit), divergence, the time budget, a stop request, bad settings, and the precision (bf16 GEMMs)
+// and threads the Trainer applies itself.
 
 #include "test_helpers.hpp"
 
@@ -204,6 +205,84 @@ TEST_CASE("train: bad settings are refused with a plain message", "[train]") {
     CHECK_THROWS_WITH(train::Trainer<Bigram>(model, opt, comm, olmax_test::tiny_corpus(), {}, options(dir.path, 5),
                                              std::make_unique<train::HostStep<Bigram>>(train::HostStepOptions{}), recorder),
                       Catch::Contains("no held-out documents"));
+}
+
+namespace {
+using TrainerPrecisionModel = olmax::models::ByteLM<olmax::models::ConvMixer>;  // GEMMs in its layers and head
+
+/// What a Trainer run of a tiny ByteLM reports, and a product computed through its with_precision.
+struct TrainerPrecisionResult {
+    std::vector<double> losses, evaluations;
+    std::vector<std::string> notes;
+    Tensor<float> product;
+};
+
+/// Four steps (two evaluations) of a tiny ByteLM with TrainerOptions::precision `precision`, one
+/// thread and no data-parallel shards, so that two runs at one precision agree bit for bit.
+TrainerPrecisionResult trainer_precision_run(const std::string& precision, const std::string& folder) {
+    TempDir dir(folder);
+    TrainerPrecisionModel model(olmax::models::ByteLMConfig{.features = 8, .depth = 1, .seed = 1});
+    olmax::optim::AdamW<float> opt(model.parameters(), adam());
+    olmax::distributed::LocalCommunicator comm;
+    Recorder recorder;
+    auto o = options(dir.path, 4);
+    o.precision = precision, o.config_text = "model = byte_lm\n";
+    train::Trainer trainer(model, opt, comm, olmax_test::tiny_corpus(), olmax_test::tiny_corpus(), o,
+                           std::make_unique<train::HostStep<TrainerPrecisionModel>>(train::HostStepOptions{.data_parallel = false}),
+                           recorder);
+    trainer.run();
+    olmax::Generator rng(3);
+    const auto a = olmax::randn<float>({6, 40}, rng), b = olmax::randn<float>({40, 5}, rng);
+    return {recorder.losses, recorder.evaluations, recorder.notes, trainer.with_precision([&] { return olmax::matmul(a, b); })};
+}
+
+double trainer_precision_max_relative_difference(const std::vector<double>& x, const std::vector<double>& y) {
+    REQUIRE(x.size() == y.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]) / std::abs(y[i]));
+    return worst;
+}
+}  // namespace
+
+TEST_CASE("train: a Trainer asked for bf16 computes its GEMMs in bf16, as inside an explicit bf16_matmul_scope", "[train][bf16]") {
+    const auto fp32 = trainer_precision_run("fp32", "precision_fp32");
+    const auto bf16 = trainer_precision_run("bf16", "precision_bf16");
+    REQUIRE(fp32.losses.size() == 4);
+    REQUIRE(fp32.evaluations.size() == 2);
+    // bf16 operands (8 significant bits) move the losses far beyond fp32's rounding (~1e-7).
+    CHECK(trainer_precision_max_relative_difference(bf16.losses, fp32.losses) > 1e-5);
+    CHECK(trainer_precision_max_relative_difference(bf16.evaluations, fp32.evaluations) > 1e-5);
+    CHECK(olmax_test::max_abs_diff(bf16.product, fp32.product) > 1e-4);  // with_precision too
+    // The oneDNN product says what it runs on; the portable one says so itself, once, on stderr.
+    const bool noted = std::any_of(bf16.notes.begin(), bf16.notes.end(), [](const std::string& n) { return n.starts_with("precision bf16: GEMMs on"); });
+    CHECK(noted == train::links_onednn);
+    if constexpr (!train::links_onednn) {  // with oneDNN linked, the fp32 run's own scope would take the float GEMMs back
+        // A program's own scope around an fp32 Trainer: the same bf16 product, so the same numbers, bit for bit.
+        olmax::backend::bf16_matmul_scope scope;
+        const auto explicit_bf16 = trainer_precision_run("fp32", "precision_explicit");
+        CHECK(explicit_bf16.losses == bf16.losses);
+        CHECK(explicit_bf16.evaluations == bf16.evaluations);
+        CHECK(same_bits(explicit_bf16.product, bf16.product));
+    }
+}
+
+TEST_CASE("train: the Trainer sets the OpenMP threads of its options in prepare()", "[train]") {
+    const int before = olmax::backend::host_kernels().num_threads();
+    const std::int64_t wanted = before == 1 ? 2 : 1;
+    TempDir dir("threads");
+    auto o = options(dir.path, 1);
+    o.threads = wanted;
+    TrainerRun run(o);
+    run.trainer.prepare();
+    const int during = olmax::backend::host_kernels().num_threads();
+    train::set_threads(before);
+#if defined(_OPENMP)
+    CHECK(during == wanted);
+#else
+    CHECK(during == before);  // no OpenMP: one thread, whatever is asked
+#endif
+    o.precision = "fp16";
+    CHECK_THROWS_WITH(TrainerRun(o), Catch::Contains("precision must be fp32 or bf16"));
 }
 
 TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and reads the text checkpoints stored before", "[train][config]") {

@@ -139,13 +139,14 @@ inline config::CommandLine parse_train_command_line(TrainConfig& c, int argc, co
     return config::parse_command_line(c, argc, argv);
 }
 
-/// The Trainer's settings for the main job: its loop keys and batch, the config text stored and
-/// compared, the keys that may differ between ranks, and the resume's checks that a checkpoint
-/// was trained with the same --block (and a note when by another --world_size).
+/// The Trainer's settings for the main job: its loop keys, batch, precision and threads, the config
+/// text stored and compared, the keys that may differ between ranks, and the resume's checks that a
+/// checkpoint was trained with the same --block (and a note when by another --world_size).
 inline TrainerOptions trainer_options(const TrainConfig& c) {
     TrainerOptions o;
     static_cast<LoopConfig&>(o) = c;
     o.batch = std::size_t(c.batch), o.sequence = std::size_t(c.sequence), o.seed = std::uint64_t(c.seed);
+    o.precision = c.precision, o.threads = c.threads;
     o.config_text = config::to_text(c);
     o.rank_local_keys = {
         "data", "checkpoint_dir", "rendezvous", "rank", "collective_timeout_s", "xla_plugin",     // files and peers

@@ -3,7 +3,9 @@
 // 0's, shared with the other ranks, after they agree on the run), steps by a step strategy
 // (host_step.hpp, xla_step.hpp), held-out evaluations, checkpoints, metrics.csv, divergence, stop
 // on signals (all ranks after the same step) and the time budget. It prints nothing: it reports to
-// a train::Observer.
+// a train::Observer. It runs at the precision and with the OpenMP threads of its options
+// (TrainerOptions::precision, ::threads; olmax/train/precision.hpp): bf16 GEMMs on oneDNN's kernels
+// where the program links olmax::onednn, on the portable ones otherwise.
 //
 //     train::Trainer trainer(model, optimizer, comm, std::move(split.train), std::move(split.held_out), options,
 //                            std::make_unique<train::HostStep<Model>>(train::HostStepOptions{}), observer);
@@ -38,6 +40,7 @@
 #include "olmax/train/evaluation.hpp"
 #include "olmax/train/model.hpp"
 #include "olmax/train/observer.hpp"
+#include "olmax/train/precision.hpp"
 #include "olmax/train/step.hpp"
 
 namespace olmax::train {
@@ -72,10 +75,14 @@ struct LoopConfig {
     }
 };
 
-/// The Trainer's settings: the loop's keys, the batch, and what identifies the run.
+/// The Trainer's settings: the loop's keys, the batch, how it computes, and what identifies the run.
 struct TrainerOptions : LoopConfig {
     std::size_t batch = 8, sequence = 64;  ///< rows of the global batch, targets per row
     std::uint64_t seed = 0;                ///< data order
+    /// fp32 or bf16: the GEMM kernels run() trains and evaluates with (train::PrecisionScope:
+    /// oneDNN's where the program links olmax::onednn, fp32 included; the portable ones otherwise).
+    std::string precision = "fp32";
+    std::int64_t threads = 0;              ///< OpenMP threads, set by prepare(); 0: left as they are
     /// The run's resolved settings as `key = value` lines: stored in every checkpoint
     /// ("train/config") and compared across the ranks, but for `rank_local_keys`.
     std::string config_text;
@@ -136,14 +143,18 @@ public:
         check<value_error>(std::isfinite(options_.time_budget_s) && options_.time_budget_s >= 0,
                            "train::Trainer: time_budget_s must be 0 (off) or positive, got ", options_.time_budget_s);
         check<value_error>(!held_out_.empty(), "train::Trainer: no held-out documents to evaluate on");
+        check<value_error>(options_.precision == "fp32" || options_.precision == "bf16",
+                           "train::Trainer: precision must be fp32 or bf16, got '", options_.precision, "'");
+        check<value_error>(options_.threads >= 0, "train::Trainer: threads must be 0 (as they are) or positive, got ", options_.threads);
     }
 
-    /// Resumes from the newest loadable checkpoint in the folder (rank 0 reads it and shares it),
-    /// checks that every rank runs the same settings, data and model (distributed::disagreement_error
-    /// otherwise), gives every rank rank 0's parameters and prepares the step strategy. Returns the
-    /// step training starts after. A collective.
+    /// Sets the OpenMP threads (options' `threads`), resumes from the newest loadable checkpoint in
+    /// the folder (rank 0 reads it and shares it), checks that every rank runs the same settings,
+    /// data and model (distributed::disagreement_error otherwise), gives every rank rank 0's
+    /// parameters and prepares the step strategy. Returns the step training starts after. A collective.
     std::int64_t prepare() {
         check(!prepared_, "train::Trainer::prepare: called twice");
+        set_threads(options_.threads);  // before the step strategy counts its shards
         const auto resumed = share_checkpoint(comm_, [&] { return load_checkpoint(); });
         distributed::check_agreement(comm_, run_fingerprint(options_.config_text, options_.rank_local_keys,
                                                             std::int64_t(options_.batch) / comm_.world_size(), train_digest_,
@@ -168,9 +179,12 @@ public:
     /// Trains until `steps`, the time budget or a stop signal (SIGINT/SIGTERM on any rank), with
     /// evaluations and checkpoints on their cadence and after the last step (no evaluation after a
     /// stop: a scheduler's grace period is short). Throws training_diverged on a NaN/Inf loss or
-    /// gradient. A collective.
+    /// gradient. Trains and evaluates inside the precision's PrecisionScope (reporting its note,
+    /// "precision bf16: GEMMs on ...", first). A collective.
     TrainResult run() {
         if (!prepared_) prepare();
+        const PrecisionScope precision(options_.precision);
+        if (!precision.note().empty()) observer_.note(precision.note());
         const bool lead = comm_.rank() == 0;  // rank 0 writes checkpoints and metrics
         std::optional<io::MetricsLog> metrics;
         if (lead) {
@@ -220,7 +234,7 @@ public:
             if (metrics) metrics->write(step_count_, tokens_total, "train", loss);
             const bool last = step_count_ == options_.steps || r.out_of_time || r.stop.stop;
             if (step_count_ % options_.eval_every == 0 || (last && !r.stop.stop)) {
-                r.last_evaluation = evaluate_now();
+                r.last_evaluation = evaluate_held_out();
                 if (metrics) metrics->write(step_count_, tokens_total, "eval", r.last_evaluation);
                 observer_.evaluated(step_count_, r.last_evaluation);
             }
@@ -242,10 +256,17 @@ public:
         return r;
     }
 
-    /// The held-out loss now (a collective).
+    /// The held-out loss now, at the run's precision (a collective).
     double evaluate_now() {
-        step_->synchronize_host();
-        return evaluate(model_, held_out_, {options_.batch, options_.sequence, options_.seed, options_.eval_batches}, comm_);
+        return with_precision([&] { return evaluate_held_out(); });
+    }
+
+    /// f() computed at the run's precision, as run() trains and evaluates (a PrecisionScope of
+    /// options' `precision` around it): e.g. samples from the trained model.
+    template <class F>
+    decltype(auto) with_precision(F&& f) const {
+        const PrecisionScope precision(options_.precision);
+        return std::forward<F>(f)();
     }
 
     /// Writes a checkpoint of the current step (rank 0's job) and returns its path.
@@ -261,6 +282,12 @@ public:
     const TrainerOptions& options() const { return options_; }
 
 private:
+    /// The held-out loss now, at whatever precision the caller runs (a collective).
+    double evaluate_held_out() {
+        step_->synchronize_host();
+        return evaluate(model_, held_out_, {options_.batch, options_.sequence, options_.seed, options_.eval_batches}, comm_);
+    }
+
     /// Rank 0's part of the resume: the folder cleaned of interrupted saves, then its newest
     /// checkpoint that loads (damaged newer ones reported and skipped).
     std::optional<io::Archive> load_checkpoint() {
