@@ -98,26 +98,14 @@ public:
         const std::size_t D = config.features, H = config.head_count(), d = config.head_size(), E = H * d, Kc = config.conv_kernel;
         check<value_error>(D > 0 && H > 0 && d > 0 && Kc > 0 && config.chunk > 0, layer, ": features ", D, ", heads ", H, ", head_dim ", d,
                            ", conv_kernel ", Kc, " and chunk ", config.chunk, " must be positive");
-        check<value_error>(config.dt_min > 0 && config.dt_min <= config.dt_max && config.dt_floor > 0, layer, ": need 0 < dt_min (",
-                           config.dt_min, ") <= dt_max (", config.dt_max, ") and dt_floor (", config.dt_floor, ") > 0");
-        check<value_error>(config.A_min > 0 && config.A_min <= config.A_max, layer, ": need 0 < A_min (", config.A_min, ") <= A_max (",
-                           config.A_max, ")");
         check<value_error>(config.norm_eps >= 0 && config.l2_eps > 0, layer, ": norm_eps (", config.norm_eps, ") must be >= 0 and l2_eps (",
                            config.l2_eps, ") > 0");
         in_proj_ = parameter(fan_in_normal<T>({D, 4 * E + 2 * H}, D, rng));
         const T conv_bound = T(1 / std::sqrt(double(Kc)));
         conv_weight_ = parameter(olmax::rand<T>({Kc, 3 * E}, rng, -conv_bound, conv_bound));
         conv_bias_ = parameter(olmax::rand<T>({3 * E}, rng, -conv_bound, conv_bound));
-        A_log_ = Tensor<T>({H});
-        for (T& v : A_log_) v = T(std::log(config.A_min + (config.A_max - config.A_min) * rng.uniform()));
-        A_log_ = parameter(A_log_);
-        dt_bias_ = Tensor<T>({H});
-        const double log_min = std::log(config.dt_min), log_max = std::log(config.dt_max);
-        for (T& v : dt_bias_) {
-            const double dt = std::max(std::exp(log_min + (log_max - log_min) * rng.uniform()), config.dt_floor);
-            v = T(dt + std::log(-std::expm1(-dt)));  // softplus^-1(dt) = log(exp(dt) - 1)
-        }
-        dt_bias_ = parameter(dt_bias_);
+        A_log_ = parameter(log_uniform_rates<T>({H}, config.A_min, config.A_max, rng, layer));
+        dt_bias_ = parameter(step_size_bias<T>({H}, config.dt_min, config.dt_max, config.dt_floor, rng, layer));
         norm_weight_ = parameter(Tensor<T>({d}, T{1}));
         out_proj_ = parameter(fan_in_normal<T>({E, D}, E, rng));
     }

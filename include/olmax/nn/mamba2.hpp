@@ -111,26 +111,14 @@ public:
                            " (expand ", config.expand, " x features ", D, "); pick a head_dim that divides it");
         const std::size_t H = E / P;
         check<value_error>(H % G == 0, "nn::Mamba2: the ", H, " heads (E = ", E, " / P = ", P, ") do not divide into ", G, " groups");
-        check<value_error>(config.dt_min > 0 && config.dt_min <= config.dt_max && config.dt_floor > 0, "nn::Mamba2: need 0 < dt_min (",
-                           config.dt_min, ") <= dt_max (", config.dt_max, ") and dt_floor (", config.dt_floor, ") > 0");
-        check<value_error>(config.A_min > 0 && config.A_min <= config.A_max, "nn::Mamba2: need 0 < A_min (", config.A_min, ") <= A_max (",
-                           config.A_max, ")");
         check<value_error>(config.norm_eps >= 0, "nn::Mamba2: norm_eps must be non-negative, got ", config.norm_eps);
         const std::size_t conv_width = E + 2 * G * N;
         in_proj_ = parameter(fan_in_normal<T>({D, E + conv_width + H}, D, rng));
         const T conv_bound = T(1 / std::sqrt(double(K)));
         conv_weight_ = parameter(olmax::rand<T>({K, conv_width}, rng, -conv_bound, conv_bound));
         conv_bias_ = parameter(olmax::rand<T>({conv_width}, rng, -conv_bound, conv_bound));
-        dt_bias_ = Tensor<T>({H});
-        const double log_min = std::log(config.dt_min), log_max = std::log(config.dt_max);
-        for (T& v : dt_bias_) {
-            const double dt = std::max(std::exp(log_min + (log_max - log_min) * rng.uniform()), config.dt_floor);
-            v = T(dt + std::log(-std::expm1(-dt)));  // softplus^-1(dt) = log(exp(dt) - 1)
-        }
-        dt_bias_ = parameter(dt_bias_);
-        A_log_ = Tensor<T>({H});
-        for (T& v : A_log_) v = T(std::log(config.A_min + (config.A_max - config.A_min) * rng.uniform()));
-        A_log_ = parameter(A_log_);
+        dt_bias_ = parameter(step_size_bias<T>({H}, config.dt_min, config.dt_max, config.dt_floor, rng, "nn::Mamba2"));
+        A_log_ = parameter(log_uniform_rates<T>({H}, config.A_min, config.A_max, rng, "nn::Mamba2"));
         D_ = parameter(Tensor<T>({H}, T{1}));
         norm_weight_ = parameter(Tensor<T>({E}, T{1}));
         out_proj_ = parameter(fan_in_normal<T>({E, D}, E, rng));

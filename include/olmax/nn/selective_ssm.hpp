@@ -281,8 +281,6 @@ public:
         const std::size_t D = config.features, E = config.inner_features(), N = config.state, K = config.conv_kernel, R = config.rank();
         check<value_error>(D > 0 && E > 0 && N > 0 && K > 0 && R > 0 && config.chunk > 0, "nn::SelectiveSSM: features ", D, ", inner ", E,
                            ", state ", N, ", conv kernel ", K, ", dt rank ", R, " and chunk ", config.chunk, " must be positive");
-        check<value_error>(config.dt_min > 0 && config.dt_min <= config.dt_max && config.dt_floor > 0, "nn::SelectiveSSM: need 0 < dt_min (",
-                           config.dt_min, ") <= dt_max (", config.dt_max, ") and dt_floor (", config.dt_floor, ") > 0");
         in_proj_ = parameter(fan_in_normal<T>({D, 2 * E}, D, rng));
         const T conv_bound = T(1 / std::sqrt(double(K)));
         conv_weight_ = parameter(olmax::rand<T>({K, E}, rng, -conv_bound, conv_bound));
@@ -290,13 +288,7 @@ public:
         x_proj_ = parameter(fan_in_normal<T>({E, R + 2 * N}, E, rng));
         const T dt_bound = T(1 / std::sqrt(double(R)));
         dt_weight_ = parameter(olmax::rand<T>({R, E}, rng, -dt_bound, dt_bound));
-        dt_bias_ = Tensor<T>({E});
-        const double log_min = std::log(config.dt_min), log_max = std::log(config.dt_max);
-        for (T& v : dt_bias_) {
-            const double dt = std::max(std::exp(log_min + (log_max - log_min) * rng.uniform()), config.dt_floor);
-            v = T(dt + std::log(-std::expm1(-dt)));  // softplus^-1(dt) = log(exp(dt) - 1)
-        }
-        dt_bias_ = parameter(dt_bias_);
+        dt_bias_ = parameter(step_size_bias<T>({E}, config.dt_min, config.dt_max, config.dt_floor, rng, "nn::SelectiveSSM"));
         A_log_ = Tensor<T>({E, N});
         for (std::size_t e = 0; e < E; ++e)
             for (std::size_t n = 0; n < N; ++n) A_log_(e, n) = T(std::log(double(n + 1)));
