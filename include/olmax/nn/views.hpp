@@ -15,6 +15,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/shape.hpp"
 
 namespace olmax::nn {
 
