@@ -420,8 +420,9 @@ TEST_CASE("train_lm --time_budget_s=20: the ETA keeps to the budget, no nan befo
         const double elapsed = seconds_of(field("elapsed ")), eta = seconds_of(field("ETA "));
         // The budget counts the steps only and the bar's elapsed time starts with the loop, so what
         // is left of the budget is at least budget - elapsed; the ETA may exceed that by the
-        // durations' rounding (1 s) and the time between steps (metrics writes, under 1 s here).
-        CHECK(eta <= budget - elapsed + 2);
+        // durations' rounding (1 s) and the time between steps (a metrics row each, under a tenth
+        // of the time even under the sanitizers). Counted by the steps alone it would be hours.
+        CHECK(eta <= budget - elapsed + 1 + 0.1 * elapsed);
         if (!evaluated) {
             CHECK(line.find("nan") == std::string::npos);
             CHECK_THAT(line, Catch::Contains("eval -"));
