@@ -36,6 +36,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "quality"))
+from compare import cpu_model  # noqa: E402  (the quality driver's: the CPU's model name from /proc/cpuinfo)
+
 
 # ---- the references ----------------------------------------------------------------------------
 
@@ -218,14 +221,6 @@ def cases(op_filter, quick):
 
 
 # ---- measuring ---------------------------------------------------------------------------------------
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def loadavg():

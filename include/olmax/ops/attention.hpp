@@ -41,6 +41,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
@@ -89,6 +90,14 @@ std::vector<std::size_t> lowest_keys(const Dims& d, std::size_t window, const Te
     return lowest;
 }
 
+/// The keys query t sees within the key tile [s0, s1), as offsets [first, end) into the tile (its
+/// interval is [lo_t, t]); first >= end when it sees none there. The forward and the backward cut
+/// their tiles by it.
+inline std::pair<std::size_t, std::size_t> visible_in_tile(std::size_t lo_t, std::size_t t, std::size_t s0, std::size_t s1) {
+    const std::size_t end = std::min(t + 1, s1);
+    return {std::max(lo_t, s0) - s0, end > s0 ? end - s0 : 0};
+}
+
 /// x[i] = exp(x[i] - shift) for i in [0, n), on SIMD batches.
 template <Real T>
 void exp_shifted(std::size_t n, T* x, T shift) {
@@ -121,7 +130,7 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
                     const std::size_t t = t0 + r;
                     T* srow = scores.data() + r * cols;
                     // Keys [a, e) of this tile are visible to row t; the others get probability 0.
-                    const std::size_t a = std::max(lo[t], s0) - s0, e = std::min(t + 1, s1) > s0 ? std::min(t + 1, s1) - s0 : 0;
+                    const auto [a, e] = visible_in_tile(lo[t], t, s0, s1);
                     if (a >= e) {
                         std::fill_n(srow, cols, T{0});
                         continue;
@@ -191,7 +200,7 @@ void backward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, 
                     for (std::size_t r = 0; r < rows; ++r) {
                         const std::size_t t = t0 + r;
                         T* prow = p.data() + r * cols;
-                        const std::size_t a = std::max(lo[t], s0) - s0, e = std::min(t + 1, s1) > s0 ? std::min(t + 1, s1) - s0 : 0;
+                        const auto [a, e] = visible_in_tile(lo[t], t, s0, s1);
                         if (a >= e) {
                             std::fill_n(prow, cols, T{0});
                             continue;
