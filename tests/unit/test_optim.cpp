@@ -204,6 +204,28 @@ TEST_CASE("optim: LR schedule warmup then exponential decay from the end of warm
     CHECK_THROWS_AS((optim::LrSchedule{.exponential_decay = 1.5}.validate()), olmax::value_error);
 }
 
+TEST_CASE("optim: cosine and linear schedules decay from the peak to min_lr over total_steps or the reported progress", "[optim]") {
+    optim::LrSchedule s{.peak_lr = 1.0, .warmup_steps = 2, .min_lr = 0.1, .decay = optim::LrDecay::cosine, .total_steps = 12};
+    CHECK(s(1) == Approx(0.5));   // warmup as before
+    CHECK(s(2) == Approx(1.0));   // progress 0
+    CHECK(s(7) == Approx(0.55));  // half of the 10 decayed steps: the mean of peak and floor
+    CHECK(s(12) == Approx(0.1));
+    CHECK(s(40) == Approx(0.1));  // past the end: the floor
+    CHECK(s(3, 0.5) == Approx(0.55));  // a larger reported progress wins ...
+    CHECK(s(7, 0.1) == Approx(0.55));  // ... a smaller one does not
+    auto linear = s;
+    linear.decay = optim::LrDecay::linear;
+    CHECK(linear(7) == Approx(0.55));
+    CHECK(linear(4) == Approx(1.0 - 0.9 * 0.2));
+    linear.total_steps = 0;  // only the reported progress decays
+    CHECK(linear(1000) == Approx(1.0));
+    CHECK(linear(1000, 0.75) == Approx(1.0 - 0.9 * 0.75));
+    CHECK(linear(1000, 3.0) == Approx(0.1));
+    CHECK(optim::parse_lr_decay("cosine") == optim::LrDecay::cosine);
+    CHECK_THROWS_WITH(optim::parse_lr_decay("cosin"), Catch::Contains("unknown decay 'cosin'"));
+    CHECK_THROWS_AS((optim::LrSchedule{.total_steps = -1}.validate()), olmax::value_error);
+}
+
 TEST_CASE("optim: unit-wise AGC clips each output unit against its own weight norm", "[optim]") {
     // W[in=2, out=2]; units are columns (the output axis is last). Column 0: ||W||=5, ||G||=1 ->
     // limit 0.1*5 = 0.5, factor 0.5. Column 1: ||W||=1, ||G||=0.05 < 0.1: untouched.

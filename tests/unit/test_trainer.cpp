@@ -81,21 +81,28 @@ train::TrainerOptions options(const std::filesystem::path& dir, std::int64_t ste
 struct Recorder final : train::Observer {
     std::vector<double> losses, evaluations;
     std::vector<std::string> notes;
+    std::vector<double> learning_rates;  // each step's report: the next step's rate
+    std::int64_t stop_after = 0;         // > 0: request a stop when this step is reported (the run ends after the next)
     bool ended = false;
     void note(std::string_view line) override { notes.emplace_back(line); }
     void finished() override { ended = true; }
-    void step_finished(const train::StepReport& r) override { losses.push_back(r.loss); }
+    void step_finished(const train::StepReport& r) override {
+        losses.push_back(r.loss);
+        learning_rates.push_back(r.learning_rate);
+        if (r.step == stop_after) olmax::request_stop();
+    }
     void evaluated(std::int64_t, double loss) override { evaluations.push_back(loss); }
 };
 
 struct TrainerRun {
     Bigram model{11};
-    olmax::optim::AdamW<float> opt{model.parameters(), adam()};
+    olmax::optim::AdamW<float> opt;
     olmax::distributed::LocalCommunicator comm;
     Recorder recorder;
     train::Trainer<Bigram> trainer;
-    explicit TrainerRun(train::TrainerOptions o, train::HostStepOptions step = {})
-        : trainer(model, opt, comm, olmax_test::tiny_corpus(), olmax_test::tiny_corpus(), std::move(o),
+    explicit TrainerRun(train::TrainerOptions o, train::HostStepOptions step = {}, olmax::optim::AdamWConfig config = adam())
+        : opt(model.parameters(), config),
+          trainer(model, opt, comm, olmax_test::tiny_corpus(), olmax_test::tiny_corpus(), std::move(o),
                   std::make_unique<train::HostStep<Bigram>>(step), recorder) {}
 };
 
@@ -174,6 +181,7 @@ TEST_CASE("train: the time budget and a stop request end the run after the curre
     TrainerRun run(o);
     const auto result = run.trainer.run();
     CHECK(result.out_of_time);
+    CHECK(run.recorder.learning_rates.back() == 1e-2);  // an exponential schedule with no decay ignores the budget
     CHECK(result.step == 1);
     CHECK(std::isfinite(result.last_evaluation));  // the last step is evaluated ...
     CHECK(result.last_checkpoint.filename() == "ckpt-0000000001.olmax");  // ... and saved
@@ -190,6 +198,48 @@ TEST_CASE("train: the time budget and a stop request end the run after the curre
     CHECK(stop_result.step == 1);
     CHECK(stopped.recorder.evaluations.empty());  // a stop skips the final evaluation, not the checkpoint
     CHECK(stop_result.last_checkpoint.filename() == "ckpt-0000000001.olmax");
+}
+
+TEST_CASE("train: a cosine schedule decays over the run's steps, or over its time budget when that ends it, and resumes where it was", "[train]") {
+    auto cosine = adam();
+    cosine.schedule.decay = olmax::optim::LrDecay::cosine;
+    cosine.schedule.min_lr = 1e-3;
+    // Over the steps: the Trainer reports the fraction done, so step s of 8 (after 2 of warmup)
+    // runs at the schedule's rate at progress s / 8.
+    TempDir straight_dir("cosine");
+    TrainerRun straight(options(straight_dir.path, 8), {}, cosine);
+    straight.trainer.run();
+    REQUIRE(straight.recorder.learning_rates.size() == 8);
+    for (std::size_t i = 0; i < 8; ++i) {
+        const double progress = double(i + 1) / 8.0;  // reported after step i + 1, for step i + 2
+        CHECK(straight.recorder.learning_rates[i] == Approx(1e-3 + (1e-2 - 1e-3) * 0.5 * (1 + std::cos(M_PI * progress))));
+    }
+    CHECK(straight.recorder.learning_rates[3] == Approx(0.5 * (1e-2 + 1e-3)));  // half way: the mean of peak and floor
+    CHECK(straight.recorder.learning_rates.back() == Approx(1e-3));
+
+    // Stopped after step 3 and resumed, the schedule goes on where it was: the same rates and the
+    // same weights.
+    TempDir resumed_dir("cosine_resumed");
+    {
+        TrainerRun first(options(resumed_dir.path, 8), {}, cosine);
+        first.recorder.stop_after = 2;
+        const auto stopped = first.trainer.run();
+        olmax::clear_stop_request();
+        CHECK(stopped.last_checkpoint.filename() == "ckpt-0000000003.olmax");
+    }
+    TrainerRun second(options(resumed_dir.path, 8), {}, cosine);
+    second.trainer.run();
+    REQUIRE(second.recorder.learning_rates.size() == 5);
+    for (std::size_t i = 0; i < 5; ++i) CHECK(second.recorder.learning_rates[i] == Approx(straight.recorder.learning_rates[i + 3]));
+    CHECK(same_bits(second.model.table, straight.model.table));
+
+    // A time budget that ends the run first ends the decay with it.
+    TempDir budget_dir("cosine_budget");
+    auto o = options(budget_dir.path, 1000);
+    o.time_budget_s = 1e-9;
+    TrainerRun budgeted(o, {}, cosine);
+    CHECK(budgeted.trainer.run().out_of_time);
+    CHECK(budgeted.recorder.learning_rates.back() == Approx(1e-3));
 }
 
 TEST_CASE("train: bad settings are refused with a plain message", "[train]") {
@@ -290,7 +340,7 @@ TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and
     using olmax::train::TrainConfig;
     std::vector<std::string> keys;
     for (const auto& f : TrainConfig::fields()) keys.push_back(f.key);
-    CHECK(keys.size() == 54);
+    CHECK(keys.size() == 55);
     auto sorted = keys;
     std::sort(sorted.begin(), sorted.end());
     CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
@@ -321,6 +371,7 @@ TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and
     CHECK(saved.xla_devices == 2);
     CHECK(saved.checkpoint_dir == "/tmp/tl0");
     CHECK(saved.prompt == "The ");
+    CHECK(saved.lr_schedule == "exponential");  // stored before the key existed: the schedule it ran with
     TrainConfig again;
     config::load_text(again, config::to_text(saved));
     CHECK(config::to_text(again) == config::to_text(saved));

@@ -306,7 +306,14 @@ public:
     const AdamWConfig& config() const { return config_; }
     std::int64_t step_count() const { return step_; }
     /// The scheduled learning rate the next step will use.
-    double next_lr() const { return config_.schedule(step_ + 1); }
+    double next_lr() const { return config_.schedule(step_ + 1, progress_); }
+    /// The fraction of the training done, for cosine and linear schedules (LrSchedule::operator());
+    /// train::Trainer sets it after every step from its steps and time budget.
+    void set_progress(double fraction) {
+        check(std::isfinite(fraction) && fraction >= 0, "AdamW::set_progress: the fraction must be finite and >= 0, got ", fraction);
+        progress_ = fraction;
+    }
+    double progress() const { return progress_; }
 
     /// Drops every parameter's gradient.
     void zero_grad() {
@@ -330,7 +337,7 @@ public:
         if (on.traced()) return traced_step(grads);
         StepReport report;
         report.step = step_ + 1;
-        report.lr = config_.schedule(report.step);
+        report.lr = config_.schedule(report.step, progress_);
         if (config_.agc.clip > 0) {
             // AGC rewrites gradients, so all of them are checked before it runs.
             for (std::size_t i = 0; i < params_.size(); ++i)
@@ -419,7 +426,7 @@ public:
     StepReport step_during_backward(RunBackward&& run_backward) {
         StepReport report;
         report.step = step_ + 1;
-        report.lr = config_.schedule(report.step);
+        report.lr = config_.schedule(report.step, progress_);
         if (config_.max_grad_norm == 0) {
             const FusedPass pass = fused_pass(run_backward, report.lr, 1.0, /*apply=*/true);
             report.grad_norm = pass.norm();
@@ -662,7 +669,7 @@ private:
             const AdamWConfig config = config_;
             auto per_call = [this, config](int which) {
                 return backend::trace::host_values(1, [this, config, which] {
-                    const double t = double(step_ + 1), lr = config.schedule(step_ + 1);
+                    const double t = double(step_ + 1), lr = config.schedule(step_ + 1, progress_);
                     const double value = which == 0   ? lr
                                          : which == 1 ? lr / (1.0 - std::pow(config.beta1, t))
                                                       : std::sqrt(1.0 - std::pow(config.beta2, t));
@@ -864,6 +871,7 @@ private:
     AdamWConfig config_;
     std::vector<Slot> slots_;
     std::int64_t step_ = 0;
+    double progress_ = 0.0;  // set_progress
 };
 
 /// Classic Adam is AdamW with L2 weight decay folded into the gradient.

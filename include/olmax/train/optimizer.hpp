@@ -17,6 +17,7 @@ namespace olmax::train {
 struct OptimizerConfig {
     double lr = 3e-3;
     std::int64_t warmup = 50;
+    std::string lr_schedule = "exponential";
     double lr_decay = 1e-4;
     std::int64_t decay_start = -1;
     double min_lr = 0.0;
@@ -36,6 +37,8 @@ struct OptimizerConfig {
         static const std::vector<Field<C>> f{
             Field<C>{"lr", &C::lr, "peak learning rate"}.greater_than(0).at_most(10),
             Field<C>{"warmup", &C::warmup, "linear warmup steps"}.in(0, steps_max),
+            Field<C>{"lr_schedule", &C::lr_schedule, "decay after warmup: exponential (lr_decay per step), or cosine / linear from lr down to min_lr over "
+                                                     "the run (its steps, or its time_budget_s when that ends it sooner)", {"exponential", "cosine", "linear"}},
             Field<C>{"lr_decay", &C::lr_decay, "exponential decay rate per step after decay_start"}.at_least(0).less_than(1),
             Field<C>{"decay_start", &C::decay_start, "first decayed step (-1: end of warmup)"}.in(-1, steps_max),
             Field<C>{"min_lr", &C::min_lr, "floor of the decayed learning rate"}.in(0, 10),
@@ -62,7 +65,7 @@ struct OptimizerConfig {
 /// The AdamW settings of the keys (schedule, betas, decay policy, AGC, global clip).
 inline optim::AdamWConfig optimizer_config(const OptimizerConfig& c) {
     optim::AdamWConfig o;
-    o.schedule = optim::LrSchedule{c.lr, c.warmup, c.lr_decay, c.decay_start, c.min_lr};
+    o.schedule = optim::LrSchedule{c.lr, c.warmup, c.lr_decay, c.decay_start, c.min_lr, optim::parse_lr_decay(c.lr_schedule)};
     o.beta1 = c.beta1;
     o.beta2 = c.beta2;
     o.eps = c.eps;

@@ -169,6 +169,7 @@ public:
                            " at step " + std::to_string(step_count_));
             if (!note.empty()) observer_.note(note);
         }
+        optimizer_.set_progress(double(step_count_) / double(options_.steps));  // a resumed cosine / linear schedule goes on where it was
         distributed::broadcast_parameters(comm_, distributed::tensors_of(optimizer_.parameters()));  // every rank starts from rank 0's values
         const std::string line = step_->prepare({model_, optimizer_, comm_});  // after the resume: it may copy the host state
         if (!line.empty()) observer_.note(line);
@@ -207,14 +208,16 @@ public:
                 const auto exchange_started = clock::now();
                 const double elapsed = r.train_seconds + seconds_since(step_started);
                 const auto vote = distributed::stop_vote();
-                std::array<double, 2 + distributed::stop_vote_size> shared{
-                    local.loss, lead && options_.time_budget_s > 0 && elapsed >= options_.time_budget_s ? 1.0 : 0.0};
-                std::copy(vote.begin(), vote.end(), shared.begin() + 2);
+                std::array<double, 3 + distributed::stop_vote_size> shared{
+                    local.loss, lead && options_.time_budget_s > 0 && elapsed >= options_.time_budget_s ? 1.0 : 0.0,
+                    lead && options_.time_budget_s > 0 ? elapsed / options_.time_budget_s : 0.0};
+                std::copy(vote.begin(), vote.end(), shared.begin() + 3);
                 comm_.allreduce(std::span<double>(shared));
+                const double budget_fraction = shared[2];
                 r.exchange_seconds += local.exchange_seconds + (comm_.world_size() > 1 ? seconds_since(exchange_started) : 0.0);
                 loss = shared[0] / double(comm_.world_size());
                 r.out_of_time = shared[1] > 0;
-                r.stop = distributed::decide_stop(std::span<const double>(shared).subspan(2));
+                r.stop = distributed::decide_stop(std::span<const double>(shared).subspan(3));
                 const bool finite_norm = !local.grad_norm || std::isfinite(*local.grad_norm);
                 if (!std::isfinite(loss) || !finite_norm) {
                     std::string what = olmax::detail::concat("the loss is ", loss);
@@ -224,6 +227,10 @@ public:
                     throw optim::non_finite_gradient(what);
                 }
                 step_->update();
+                // Cosine and linear schedules decay over the run: the next step's learning rate
+                // follows the larger of the steps' and the time budget's fraction (rank 0's clock,
+                // shared above, so every rank uses the same rate).
+                optimizer_.set_progress(std::max(double(step_count_ + 1) / double(options_.steps), shared[1] > 0 ? 1.0 : budget_fraction));
             } catch (const optim::non_finite_gradient& e) {  // from the check above, AdamW's own, or backward's
                 throw training_diverged(e.what(), r.last_checkpoint);
             }
@@ -242,7 +249,7 @@ public:
                 r.last_checkpoint = save_checkpoint("train loss " + std::to_string(loss));
             const double budget_left = options_.time_budget_s > 0 ? std::max(0.0, options_.time_budget_s - r.train_seconds)
                                                                   : std::numeric_limits<double>::infinity();
-            observer_.step_finished({step_count_, options_.steps, loss, r.tokens_this_run, optimizer_.config().schedule(step_count_ + 1),
+            observer_.step_finished({step_count_, options_.steps, loss, r.tokens_this_run, optimizer_.next_lr(),
                                      r.last_evaluation, r.out_of_time ? 0.0 : budget_left});
         }
         r.step = step_count_;
