@@ -173,7 +173,7 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
     const std::vector<Tensor<T>> inputs{x, w, bias, tail};
     autodiff::record<T>(
         op, inputs, outputs,
-        [x = x.detach(), w = w.detach(), bias = bias.detach(), tail_in, lowest = std::move(lowest), nb, nt, ne, K, back, value_at,
+        [x = x.detach(), w = w.detach(), bias = bias.detach(), tail_in, lowest = std::move(lowest), nb, nt, ne, K, back,
          pre_row](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
             const T *xp = x.data(), *wp = w.data(), *bp = bias.data(), *tp = tail_in.defined() ? tail_in.data() : nullptr;
             const T *gp = g[0].data(), *gtail = g[1].data();
@@ -242,7 +242,12 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
                                 for (std::size_t k = 0; k < K; ++k) {
                                     const std::size_t p = t + k;
                                     if (p < lowest[b * nt + t]) continue;
-                                    for (std::size_t i = 0; i < n; ++i) acc[k * width + i] += double(dr[i]) * double(value_at(xp, tp, b, p, e0 + i));
+                                    // value_at's row, read contiguously (a tail that is absent reads zeros: nothing to add)
+                                    const T* src = p >= back ? xp + (b * nt + p - back) * ne + e0 : tp ? tp + (b * back + p) * ne + e0 : nullptr;
+                                    if (!src) continue;
+                                    double* a = acc.data() + k * width;
+#pragma omp simd
+                                    for (std::size_t i = 0; i < n; ++i) a[i] += double(dr[i]) * double(src[i]);
                                 }
                             }
                         for (std::size_t i = 0; i < n; ++i) {

@@ -16,6 +16,7 @@
 // The backward is the inverse rotation (the rotation matrix is orthogonal): dx = R(-angle) dy.
 // Angles, cosines and sines are computed in double and rounded once to T.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -65,14 +66,25 @@ void rotate(const T* x, T* y, const std::vector<double>& pos, std::size_t heads,
     const std::size_t half = dim / 2, rows = pos.size();
     std::vector<double> inv_freq(half);
     for (std::size_t i = 0; i < half; ++i) inv_freq[i] = std::pow(base, -2.0 * double(i) / double(dim));
-    backend::current().parallel_for(rows, heads * dim * 2 + half * 20, [&](std::size_t lo, std::size_t hi) {
-        std::vector<T> c(half), s(half);
-        for (std::size_t r = lo; r < hi; ++r) {
+    // The cosines and sines once per distinct position (the rows of a batch share them: without
+    // resets every row has positions offset .. offset + T - 1), not once per row.
+    std::vector<double> distinct(pos);
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    std::vector<T> cos_table(distinct.size() * half), sin_table(distinct.size() * half);
+    backend::current().parallel_for(distinct.size(), half * 40, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t u = lo; u < hi; ++u)
             for (std::size_t i = 0; i < half; ++i) {
-                const double angle = pos[r] * inv_freq[i];
-                c[i] = T(std::cos(angle));
-                s[i] = T(sign * std::sin(angle));
+                const double angle = distinct[u] * inv_freq[i];
+                cos_table[u * half + i] = T(std::cos(angle));
+                sin_table[u * half + i] = T(sign * std::sin(angle));
             }
+    });
+    backend::current().parallel_for(rows, heads * dim * 2, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = lo; r < hi; ++r) {
+            const std::size_t u = std::size_t(std::lower_bound(distinct.begin(), distinct.end(), pos[r]) - distinct.begin());
+            const T* c = cos_table.data() + u * half;
+            const T* s = sin_table.data() + u * half;
             for (std::size_t h = 0; h < heads; ++h) {
                 const T* xr = x + (r * heads + h) * dim;
                 T* yr = y + (r * heads + h) * dim;
