@@ -11,10 +11,15 @@ Steps:
     library calls), and split.json with counts and fingerprints. The counts train_lm prints are
     checked against it (documents, bytes, held-out documents and bytes); a mismatch is an error.
  3. The PyTorch baseline on the default block's split, for each mode in TORCH_MODES (recipe: nanoGPT's
-    max_iters 2000 or the budget, whichever ends first; fill: cosine over the whole budget).
+    max_iters 2000 or the budget, whichever ends first; fill: cosine over the whole budget;
+    fill_compiled: fill with torch.compile, compiled before the clock starts).
  4. train_lm for each block: with --time_budget_s when train_lm has that flag, otherwise with a
     step count calibrated from a short run (steps = measured steps/s x budget); --eval_batches large
     enough to score every held-out evaluation row once, only at the end.
+With --eval_every_s, both systems also evaluate on the whole held-out part every so many seconds of
+training (train_lm: every N steps, N from a calibration run's rate; its evaluations are not counted
+as training time, nor are the baseline's): each run's curve gives the training seconds to reach
+--target_bits (interpolated between evaluations).
 One JSON per run in the output folder, then a markdown table.
 """
 import argparse
@@ -103,6 +108,20 @@ def progress_lines(text):
     return out
 
 
+def time_to_target(curve, target):
+    """Training seconds at which the held-out bits/byte first reach `target`, linear between evaluations
+    (None if never)."""
+    before = None
+    for point in curve:
+        if point["bits_per_byte"] <= target:
+            if before is None or before["bits_per_byte"] <= point["bits_per_byte"]:
+                return point["train_seconds"]
+            frac = (before["bits_per_byte"] - target) / (before["bits_per_byte"] - point["bits_per_byte"])
+            return before["train_seconds"] + frac * (point["train_seconds"] - before["train_seconds"])
+        before = point
+    return None
+
+
 def check_split(text, split, where):
     """The counts train_lm printed against split.json."""
     m = re.search(r"^corpus .*: (\d+) files, (\d+) documents, (\d+) bytes; held out (?:(\d+) documents \((\d+) bytes\)|the last (\d+) bytes)",
@@ -133,7 +152,12 @@ def main():
     p.add_argument("--data", default="")
     p.add_argument("--extra", default="", help="more train_lm flags, space separated (e.g. --preset=small)")
     p.add_argument("--calibration_steps", type=int, default=400)
+    p.add_argument("--eval_every_s", type=float, default=0.0, help="evaluate every this many seconds of training too (0: only at the end)")
+    p.add_argument("--target_bits", type=float, default=2.6, help="the held-out bits/byte whose time to reach is reported")
+    p.add_argument("--corpus_name", default="", help="the corpus's name in the JSON (default: the data path, or fortunes)")
+    p.add_argument("--command", default="", help="the command that ran this comparison, recorded in every JSON")
     a = p.parse_args()
+    corpus = a.corpus_name or (os.path.basename(os.path.normpath(a.data)) if a.data else "fortunes")
     os.makedirs(a.out, exist_ok=True)
     here = os.path.dirname(os.path.abspath(__file__))
     cpu, load_start = cpu_model(), loadavg()
@@ -184,12 +208,16 @@ def main():
     # 3: the PyTorch baseline
     for mode in a.torch_modes.split():
         path = os.path.join(a.out, f"pytorch-nanogpt-{mode}.json")
-        run([a.torch_python, os.path.join(here, "nanogpt_baseline.py"), "--split", base_dir, "--threads", str(a.threads),
-             "--time_budget_s", str(a.budget_s), "--json", path] + (["--fill_budget"] if mode == "fill" else []),
-            os.path.join(a.out, f"pytorch-nanogpt-{mode}.log"))
+        if mode not in ("recipe", "fill", "fill_compiled"):
+            sys.exit(f"compare: unknown torch mode '{mode}' (recipe, fill, fill_compiled)")
+        cmd = [a.torch_python, os.path.join(here, "nanogpt_baseline.py"), "--split", base_dir, "--threads", str(a.threads),
+               "--time_budget_s", str(a.budget_s), "--json", path, "--eval_every_s", str(a.eval_every_s)]
+        cmd += (["--fill_budget"] if mode.startswith("fill") else []) + (["--compile"] if mode.endswith("compiled") else [])
+        run(cmd, os.path.join(a.out, f"pytorch-nanogpt-{mode}.log"))
         with open(path) as f:
             r = json.load(f)
         r["mode"] = mode
+        r["run_command"] = " ".join(cmd)
         r["eval_rows_match_baseline"] = True
         with open(path, "w") as f:
             json.dump(r, f, indent=1)
@@ -202,10 +230,19 @@ def main():
         tokens_per_step = int(cfg["batch"]) * int(cfg["sequence"]) * int(cfg.get("grad_accumulation", 1))
         eval_flag = f"--eval_batches={split['eval_batches'] + 1}"  # + 1: the loader's end is reached, every row scored
         note = ""
+        eval_every = HUGE
         if has_budget:
             steps = HUGE
             extra = [f"--time_budget_s={a.budget_s:g}"]
             note = "train_lm --time_budget_s"
+            if a.eval_every_s > 0:  # evaluations every so many steps, from a short run's rate
+                cal = a.calibration_steps
+                text, _ = run([a.train_lm, *common, *block_flags(block), f"--steps={cal}", f"--log_every={max(1, cal // 4)}",
+                               "--eval_batches=1", f"--checkpoint_dir={a.out}/olmax-{block}-calibration"],
+                              os.path.join(a.out, f"olmax-{block}-calibration.txt"))
+                reported = re.search(r"^trained \d+ tokens in [\d.]+ s of training steps \(([\d.]+) tokens/s", text, re.M)
+                rate = float(reported.group(1)) if reported else progress_lines(text)[-1][2]
+                eval_every = max(1, int(rate * a.eval_every_s / tokens_per_step))
         else:
             cal = a.calibration_steps
             text, _ = run([a.train_lm, *common, *block_flags(block), f"--steps={cal}", f"--log_every={max(1, cal // 4)}",
@@ -218,8 +255,9 @@ def main():
             note = f"no --time_budget_s in train_lm: steps calibrated from a {cal}-step run at {rate:.0f} tokens/s"
         log_every = 50 if has_budget else max(1, steps // 40)  # progress lines give tokens/s and training time
         load0 = loadavg()
-        text, seconds = run([a.train_lm, *common, *block_flags(block), f"--steps={steps}", f"--log_every={log_every}", eval_flag,
-                             f"--checkpoint_dir={a.out}/olmax-{block}-run", *extra], os.path.join(a.out, f"olmax-{block}.txt"))
+        cmd = [a.train_lm, *common, *block_flags(block), f"--steps={steps}", f"--log_every={log_every}", eval_flag,
+               f"--checkpoint_dir={a.out}/olmax-{block}-run", *extra] + ([f"--eval_every={eval_every}"] if eval_every < HUGE else [])
+        text, seconds = run(cmd, os.path.join(a.out, f"olmax-{block}.txt"))
         verified = check_split(text, split, os.path.join(a.out, f"olmax-{block}.txt"))
         evals = re.findall(r"^step (\d+): held-out loss ([\d.]+) nats/byte", text, re.M)
         params = re.search(r"^model: .*, (\d+) parameters", text, re.M)
@@ -235,6 +273,9 @@ def main():
         if reported:
             train_s, rate = float(reported.group(2)), float(reported.group(3))
         nats = float(evals[-1][1]) if evals else float("nan")
+        # The periodic evaluations' training seconds: the step's share of the run's measured steps time.
+        curve = [{"train_seconds": int(n) * train_s / last_step, "tokens": int(n) * tokens_per_step, "bits_per_byte": float(v) / math.log(2)}
+                 for n, v in evals] if last_step > 0 else []
         r = {
             "system": "olmax train_lm", "block": block, "params": int(params.group(1)) if params else None, "threads": a.threads,
             "steps": last_step, "tokens": last_step * tokens_per_step, "tokens_per_s": rate, "train_seconds": train_s,
@@ -244,12 +285,28 @@ def main():
             "eval_context": f"rows of {cfg['sequence']} bytes (first input: the byte that ended the previous row), batch {cfg['batch']}",
             "eval_rows_match_baseline": split_dir == base_dir, "split_checked_against_train_lm": verified, "split": split,
             "resolved_config": cfg, "cpu_model": cpu, "load_average_start": load0, "load_average_end": loadavg(),
+            "run_command": " ".join(cmd), "curve": curve,
+            "curve_note": "training seconds of each evaluation: its step x the run's mean seconds per step",
         }
         if not evals:
             r["error"] = "train_lm printed no held-out loss line (a budget-stopped run must still evaluate at its end)"
         with open(os.path.join(a.out, f"olmax-{block}.json"), "w") as f:
             json.dump(r, f, indent=1)
         results.append(r)
+
+    # The issue-54 fields, the same in every JSON: system, block, corpus, budget_s, threads, cpu,
+    # tokens_per_s, bits_per_byte, parameters, command; and the time to the target.
+    for r in results:
+        r.update({"corpus": corpus, "budget_s": a.budget_s, "threads": a.threads, "cpu": r["cpu_model"], "bits_per_byte": r["held_out_bits_per_byte"],
+                  "parameters": r["params"], "command": a.command or r.get("run_command", ""), "target_bits_per_byte": a.target_bits,
+                  "time_to_target_s": time_to_target(r.get("curve", []), a.target_bits)})
+        if r["system"] == "pytorch-nanogpt":
+            r["system"] = f"pytorch-nanogpt ({r['mode']})"
+            name = f"pytorch-nanogpt-{r['mode']}.json"
+        else:
+            name = f"olmax-{r['block']}.json"
+        with open(os.path.join(a.out, name), "w") as f:
+            json.dump(r, f, indent=1)
 
     # table
     load_end = loadavg()
@@ -258,17 +315,18 @@ def main():
           f"{base_split['held_out_fingerprint']}), scored as {base_split['eval_real_targets']} targets in "
           f"{base_split['eval_batches']} batches of {base_split['eval_batch']} x {base_split['eval_sequence']} bytes. "
           f"Budget {a.budget_s:g} s, {a.threads} threads. CPU: {cpu}. Load average {load_start} at start, {load_end} at end.\n")
-    print("| system | block | parameters | tokens/s | wall-clock (train) s | steps | held-out bits/byte | CPU | load avg (1/5/15) |")
-    print("|---|---|---:|---:|---:|---:|---:|---|---|")
+    print(f"| system | block | parameters | tokens/s | wall-clock (train) s | steps | held-out bits/byte | s to {a.target_bits:g} | CPU | load avg (1/5/15) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     for r in results:
-        name = r["system"] + (f" ({r['framework']}, {r['mode']})" if "mode" in r else "")
+        name = r["system"] + (f" ({r['framework']})" if "framework" in r else "")
         steps = r.get("iters", r.get("steps"))
         mark = "" if r.get("eval_rows_match_baseline", True) else " (other eval rows)"
         load = "/".join(f"{x:.2f}" for x in r["load_average_start"])
+        reach = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
         print(f"| {name} | {r['block']} | {r['params']} | {r['tokens_per_s']:.0f} | {r['train_seconds']:.1f} | {steps} | "
-              f"{r['held_out_bits_per_byte']:.4f}{mark} | {r['cpu_model']} | {load} |")
+              f"{r['held_out_bits_per_byte']:.4f}{mark} | {reach} | {r['cpu_model']} | {load} |")
     with open(os.path.join(a.out, "summary.json"), "w") as f:
-        json.dump({"cpu_model": cpu, "load_average_start": load_start, "load_average_end": load_end, "budget_s": a.budget_s,
+        json.dump({"corpus": corpus, "command": a.command, "cpu_model": cpu, "load_average_start": load_start, "load_average_end": load_end, "budget_s": a.budget_s,
                    "threads": a.threads, "train_lm_has_time_budget_s": has_budget, "results": results}, f, indent=1)
     print(f"\nwrote {a.out}/*.json")
     return 0

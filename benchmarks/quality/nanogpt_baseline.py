@@ -166,6 +166,10 @@ def main():
     p.add_argument("--beta2", type=float, default=0.99)
     p.add_argument("--grad_clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (compiled before the clock starts; the seconds are reported)")
+    p.add_argument("--eval_every_s", type=float, default=0.0,
+                   help="also evaluate every this many seconds of training (the evaluation's time is not counted): the curve gives the "
+                        "time to a target")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
     if args.lr_decay_iters is None:
@@ -188,12 +192,37 @@ def main():
                             lr=args.learning_rate, betas=(args.beta1, args.beta2))
     gen = torch.Generator().manual_seed(args.seed)
     offsets = torch.arange(args.block_size + 1)
+    compile_seconds = 0.0
+    step_model = model
+    if args.compile:
+        # Compiled before the clock starts: one forward and backward on a batch the training does not
+        # see compiles both graphs; the weights and gradients are restored, so training starts from
+        # the same initialisation as eager.
+        compile_start = time.perf_counter()
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        step_model = torch.compile(model)
+        window = train_t[torch.arange(args.batch_size)[:, None] + offsets]
+        F.cross_entropy(step_model(window[:, :-1]).reshape(-1, 256), window[:, 1:].reshape(-1)).backward()
+        model.load_state_dict(initial)
+        opt.zero_grad(set_to_none=True)
+        compile_seconds = time.perf_counter() - compile_start
+    curve = []  # (training seconds, tokens, held-out bits/byte) of the periodic evaluations
+    eval_total = 0.0
 
     load_start = os.getloadavg()
     start = time.perf_counter()
     it, loss_value, elapsed, warm_end = 0, float("nan"), 0.0, None
+    next_eval = args.eval_every_s
     while True:
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - eval_total
+        if args.eval_every_s > 0 and elapsed >= next_eval and elapsed < args.time_budget_s:
+            eval_start = time.perf_counter()
+            nats, _ = evaluate(model, args.split, info)
+            curve.append((elapsed, it * args.batch_size * args.block_size, nats / math.log(2)))
+            print(f"iter {it}: held-out {nats / math.log(2):.4f} bits/byte at {elapsed:.1f} s of training", flush=True)
+            eval_total += time.perf_counter() - eval_start
+            next_eval += args.eval_every_s
+            continue
         if elapsed >= args.time_budget_s or (not args.fill_budget and it >= args.max_iters):
             break
         if args.fill_budget and it >= args.warmup_iters:  # cosine over the wall-clock left after warmup
@@ -207,7 +236,7 @@ def main():
             group["lr"] = lr
         ix = torch.randint(0, train_t.numel() - args.block_size - 1, (args.batch_size,), generator=gen)
         window = train_t[ix[:, None] + offsets]
-        logits = model(window[:, :-1])
+        logits = step_model(window[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -223,6 +252,7 @@ def main():
     held_out, count = evaluate(model, args.split, info)
     eval_seconds = time.perf_counter() - eval_start
     tokens = it * args.batch_size * args.block_size
+    curve.append((train_seconds, tokens, held_out / math.log(2)))
     result = {
         "system": "pytorch-nanogpt",
         "block": "gpt (pre-LN attention + GELU MLP)",
@@ -236,6 +266,9 @@ def main():
         "train_seconds": train_seconds,
         "tokens_per_s": tokens / train_seconds if train_seconds > 0 else float("nan"),
         "eval_seconds": eval_seconds,
+        "compiled": args.compile,
+        "compile_seconds": compile_seconds,
+        "curve": [{"train_seconds": t, "tokens": n, "bits_per_byte": b} for t, n, b in curve],
         "held_out_nats_per_byte": held_out,
         "held_out_bits_per_byte": held_out / math.log(2),
         "held_out_targets": count,

@@ -11,9 +11,13 @@
 #
 # Environment: BUDGET_S (300), THREADS (2), BLOCKS (comma/space separated train_lm --block values;
 # default: every choice train_lm --help lists, or its one model when it has no --block flag),
-# TORCH_MODES ("recipe fill": nanoGPT's max_iters 2000 or the budget, whichever ends first; and
-# cosine over the whole budget), DATA (a corpus for train_lm --data; default its own, the Debian
-# fortunes), TRAIN_LM_FLAGS (more train_lm flags, e.g. --preset=small), TORCH_PYTHON (default
+# TORCH_MODES ("fill fill_compiled": cosine over the whole budget, eager and torch.compile'd; "recipe":
+# nanoGPT's max_iters 2000 or the budget, whichever ends first), CORPUS (fortunes, the default, or
+# python_docs: the reStructuredText sources of Python 3.11's documentation, 512 files, 11 MB, from
+# Debian's python3.11-doc package, fetched with apt-get download into benchmarks/results/corpora/, no
+# root needed), DATA (any other corpus for train_lm --data), EVAL_EVERY_S (30: both systems also
+# evaluate every so many seconds of training, which gives the time to TARGET_BITS (2.6); 0: only at
+# the end), TRAIN_LM_FLAGS (more train_lm flags, e.g. --preset=small), TORCH_PYTHON (default
 # .venv-torch/bin/python), OUT (default benchmarks/results/quality-<UTC time>, git-ignored).
 # Writes one JSON per run and summary.json into OUT, and prints a markdown table.
 set -euo pipefail
@@ -28,6 +32,23 @@ for binary in "$train_lm" "$dump_split"; do
 done
 "$torch_python" -c "import torch, numpy" 2>/dev/null ||
   { echo "run.sh: $torch_python cannot import torch and numpy; run benchmarks/quality/setup_torch_venv.sh" >&2; exit 77; }
+corpus="${CORPUS:-fortunes}"
+data="${DATA:-}"
+case "$corpus" in
+  fortunes) ;;
+  python_docs)
+    corpora="$repo/benchmarks/results/corpora"
+    data="$corpora/python3.11-doc/usr/share/doc/python3.11/html/_sources"
+    if [ ! -d "$data" ]; then
+      mkdir -p "$corpora"
+      (cd "$corpora" && apt-get download python3.11-doc >/dev/null && dpkg-deb -x python3.11-doc_*.deb python3.11-doc) ||
+        { echo "run.sh: could not fetch Debian's python3.11-doc (apt-get download python3.11-doc)" >&2; exit 1; }
+    fi ;;
+  *) echo "run.sh: CORPUS must be fortunes or python_docs (or give DATA=path), got '$corpus'" >&2; exit 2 ;;
+esac
+[ -z "${DATA:-}" ] || corpus="$(basename "$DATA")"
+command="BUDGET_S=${BUDGET_S:-300} THREADS=${THREADS:-2}${BLOCKS:+ BLOCKS=\"$BLOCKS\"} TORCH_MODES=\"${TORCH_MODES-fill fill_compiled}\" CORPUS=$corpus${DATA:+ DATA=$DATA}${TRAIN_LM_FLAGS:+ TRAIN_LM_FLAGS=\"$TRAIN_LM_FLAGS\"} EVAL_EVERY_S=${EVAL_EVERY_S:-30} benchmarks/quality/run.sh ${1:-}"
 exec /usr/bin/python3 "$here/compare.py" --train_lm "$train_lm" --dump_split "$dump_split" --torch_python "$torch_python" \
   --out "$out" --budget_s "${BUDGET_S:-300}" --threads "${THREADS:-2}" --blocks "${BLOCKS:-}" \
-  --torch_modes="${TORCH_MODES-recipe fill}" --data="${DATA:-}" --extra="${TRAIN_LM_FLAGS:-}"
+  --torch_modes="${TORCH_MODES-fill fill_compiled}" --data="$data" --extra="${TRAIN_LM_FLAGS:-}" \
+  --corpus_name="$corpus" --eval_every_s="${EVAL_EVERY_S:-30}" --target_bits="${TARGET_BITS:-2.6}" --command="$command"
