@@ -1,6 +1,7 @@
-// Fast tests of the StableHLO emitter (golden text, structure, shapes, step counts) and of
-// olmax::backend::xla in the backend trait (capabilities, fallback policy). Numerical checks of the
-// emitted modules against a real XLA are in tests/xla (label xla).
+// Fast tests of the StableHLO emitter on the modules programs emit, the traced program's (golden
+// text, SSA structure, HIGHEST precision on every dot, the scan forms' step counts, shapes, errors),
+// and of the compile options the runtime sends. Numerical checks of emitted modules against a real
+// XLA are in tests/xla (label xla).
 
 #include <cctype>
 #include <set>
@@ -13,7 +14,7 @@
 #include "test_helpers.hpp"
 
 namespace shlo = olmax::xla::stablehlo;
-using olmax::backend::xla;
+namespace gx = olmax::xla::graph;
 using Catch::Matchers::Contains;
 using olmax_test::count_of;
 
@@ -67,11 +68,20 @@ std::vector<shlo::scan_strategy> all_strategies() {
             shlo::scan_strategy::blocked()};
 }
 
+/// The module of one linear scan over [rows, steps] (from the end with `reverse`).
+shlo::emitted_module emitted_scan(const shlo::scan_strategy& strategy, std::int64_t rows, std::int64_t steps, bool reverse = false) {
+    gx::graph g;
+    const gx::var a = g.input(gx::f32({rows, steps})), x = g.input(gx::f32({rows, steps}));
+    return gx::emit(g, "scan_" + strategy.name() + (reverse ? "_reverse" : ""), {gx::linear_scan(a, x, strategy, reverse)});
+}
+
 }  // namespace
 
 TEST_CASE("xla emitter: golden text of an element-wise module (generic op form)", "[xla]") {
-    const auto m = shlo::elementwise_binary("add", {2, 3});
-    CHECK(m.key == "binary.add.2x3");
+    gx::graph g;
+    const gx::var a = g.input(gx::f32({2, 3})), b = g.input(gx::f32({2, 3}));
+    const auto m = gx::emit(g, "binary", {a + b});
+    CHECK(m.key.rfind("binary.", 0) == 0);
     CHECK(m.text ==
           "module @binary {\n"
           "  func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<2x3xf32>) -> (tensor<2x3xf32>) {\n"
@@ -82,7 +92,9 @@ TEST_CASE("xla emitter: golden text of an element-wise module (generic op form)"
 }
 
 TEST_CASE("xla emitter: golden text of a matmul with HIGHEST precision", "[xla]") {
-    const auto m = shlo::matmul(4, 5, 6, false, true);
+    gx::graph g;
+    const gx::var a = g.input(gx::f32({4, 5})), b = g.input(gx::f32({6, 5}));
+    const auto m = gx::emit(g, "matmul", {gx::dot(a, b, 1, 1)});
     CHECK(m.inputs[1] == shlo::f32({6, 5}));
     CHECK_THAT(m.text, Contains("%0 = \"stablehlo.dot_general\"(%arg0, %arg1) {dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [], "
                                 "rhs_batching_dimensions = [], lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [1]>, "
@@ -91,19 +103,37 @@ TEST_CASE("xla emitter: golden text of a matmul with HIGHEST precision", "[xla]"
 }
 
 TEST_CASE("xla emitter: every module is well formed and every dot is HIGHEST precision", "[xla]") {
-    std::vector<shlo::emitted_module> modules{shlo::matmul(3, 4, 5), shlo::batched_matmul(2, 3, 4, 5), shlo::matmul_backward(3, 4, 5),
-                                              shlo::elementwise_unary("exponential", {7}), shlo::reduce(shlo::reduction_kind::max, {3, 4}, {1})};
+    std::vector<shlo::emitted_module> modules;
+    {
+        gx::graph g;
+        const gx::var a = g.input(gx::f32({3, 4})), b = g.input(gx::f32({4, 5})), dc = g.input(gx::f32({3, 5}));
+        const gx::var c = gx::matmul(a, b);
+        const auto d = gx::gradient_of(c, {dc}, {true, true});  // the dot's gradient rule: two more dots
+        modules.push_back(gx::emit(g, "matmul_and_gradient", {c, d[0], d[1]}));
+    }
+    {
+        gx::graph g;
+        const gx::var a = g.input(gx::f32({2, 3, 4})), b = g.input(gx::f32({2, 4, 5}));
+        modules.push_back(gx::emit(g, "batched_matmul", {gx::matmul(a, b)}));
+    }
+    {
+        gx::graph g;
+        const gx::var x = g.input(gx::f32({7})), y = g.input(gx::f32({3, 4}));
+        modules.push_back(gx::emit(g, "unary_and_reduce", {gx::exp(x), gx::max(y, {1})}));
+    }
     for (const auto& s : all_strategies())
         for (std::int64_t steps : {1, 129, 300}) {
-            modules.push_back(shlo::scan_forward(s, 2, steps));
-            modules.push_back(shlo::scan_backward(s, 2, steps));
-            modules.push_back(shlo::qrnn_block_forward(s, steps, 4, 3));
-            modules.push_back(shlo::qrnn_block_backward(s, steps, 4, 3));
+            modules.push_back(emitted_scan(s, 2, steps));
+            gx::graph g;  // the scan with its adjoint (its gradient rule: the scan the other way)
+            const gx::var a = g.input(gx::f32({2, steps})), x = g.input(gx::f32({2, steps})), dh = g.input(gx::f32({2, steps}));
+            const gx::var h = gx::linear_scan(a, x, s);
+            const auto d = gx::gradient_of(h, {dh}, {true, true});
+            modules.push_back(gx::emit(g, "scan_adjoint_" + s.name() + "_" + std::to_string(steps), {h, d[0], d[1]}));
         }
     std::set<std::string> keys;
     for (const auto& m : modules) {
         check_ssa(m);
-        CHECK(keys.insert(m.key).second);  // keys name op + shapes uniquely
+        CHECK(keys.insert(m.key).second);
         CHECK(count_of(m.text, "precision HIGHEST") == 2 * count_of(m.text, "\"stablehlo.dot_general\""));
         CHECK(count_of(m.text, "f64") == 0);
         CHECK(m.text.rfind("module @", 0) == 0);
@@ -114,15 +144,14 @@ TEST_CASE("xla emitter: every module is well formed and every dot is HIGHEST pre
 TEST_CASE("xla emitter: Hillis-Steele scan unrolls ceil(log2 T) steps", "[xla]") {
     for (auto [steps, expected] : std::vector<std::pair<std::int64_t, std::size_t>>{{1, 0}, {2, 1}, {129, 8}, {4096, 12}}) {
         INFO("T = " << steps);
-        const auto m = shlo::scan_forward(shlo::scan_strategy::hillis_steele(), 2, steps);
-        // One add folds h0 into x_0; each step adds one shifted, gated term.
-        CHECK(count_of(m.text, "\"stablehlo.add\"") == expected + 1);
+        const auto m = emitted_scan(shlo::scan_strategy::hillis_steele(), 2, steps);
+        CHECK(count_of(m.text, "\"stablehlo.add\"") == expected);  // each step adds one shifted, gated term
         CHECK(count_of(m.text, "\"stablehlo.while\"") == 0);
     }
 }
 
 TEST_CASE("xla emitter: sequential scan is one stablehlo.while over T steps", "[xla]") {
-    const auto m = shlo::scan_forward(shlo::scan_strategy::sequential(), 3, 50);
+    const auto m = emitted_scan(shlo::scan_strategy::sequential(), 3, 50);
     CHECK(count_of(m.text, "\"stablehlo.while\"") == 1);
     CHECK(count_of(m.text, "\"stablehlo.return\"") == 2);  // cond and body regions
     CHECK_THAT(m.text, Contains("dense<50> : tensor<i32>"));
@@ -132,17 +161,16 @@ TEST_CASE("xla emitter: sequential scan is one stablehlo.while over T steps", "[
 
 TEST_CASE("xla emitter: the blocked scan loops over the steps of one block, then doubles over the blocks", "[xla]") {
     // T = 50: blocks of 8 steps (auto: the smallest L with L^2 >= T), 7 blocks, time padded to 56.
-    const auto m = shlo::scan_forward(shlo::scan_strategy::blocked(), 3, 50);
-    CHECK(m.key == "scan_forward.blocked.3x50");
+    const auto m = emitted_scan(shlo::scan_strategy::blocked(), 3, 50);
     CHECK(count_of(m.text, "\"stablehlo.while\"") == 1);
     CHECK_THAT(m.text, Contains("dense<8> : tensor<i32>"));
     CHECK(count_of(m.text, "\"stablehlo.dynamic_update_slice\"") == 2);  // h_local and the gates' running product
     CHECK(count_of(m.text, "\"stablehlo.dot_general\"") == 0);
     CHECK(shlo::scan_strategy::blocked(16).name() == "blocked16");
-    // One block (L >= T): no carries to combine, so no doubling after the loop.
-    const auto one = shlo::scan_forward(shlo::scan_strategy::blocked(64), 3, 50);
+    // One block (L >= T): no carries to combine, so no doubling after the loop, and no padding.
+    const auto one = emitted_scan(shlo::scan_strategy::blocked(64), 3, 50);
     CHECK_THAT(one.text, Contains("dense<50> : tensor<i32>"));
-    CHECK(count_of(one.text, "\"stablehlo.pad\"") == 1);  // only scan_forward's fold of h0 into x_0
+    CHECK(count_of(one.text, "\"stablehlo.pad\"") == 0);
 }
 
 TEST_CASE("xla emitter: a scan form by its name (train_lm --xla_scan_form), and an unknown name refused", "[xla]") {
@@ -152,12 +180,12 @@ TEST_CASE("xla emitter: a scan form by its name (train_lm --xla_scan_form), and 
     CHECK(shlo::scan_strategy::from_name("chunked_matmul") == shlo::scan_strategy::chunked_matmul<128>());
     CHECK_THROWS_WITH(shlo::scan_strategy::from_name("parallel"),
                       Contains("unknown form 'parallel'; choose one of sequential, hillis_steele, blocked, chunked_matmul"));
-    CHECK_THROWS_AS(shlo::scan_forward(shlo::scan_strategy::blocked(-1), 2, 8), olmax::value_error);
+    CHECK_THROWS_AS(emitted_scan(shlo::scan_strategy::blocked(-1), 2, 8), olmax::value_error);
 }
 
 TEST_CASE("xla emitter: chunked_matmul<128> uses a per-chunk 128x128 triangular matrix on the matrix unit", "[xla]") {
-    const auto m = shlo::scan_forward(shlo::scan_strategy::chunked_matmul<128>(), 3, 4096);
-    CHECK(m.key == "scan_forward.chunked_matmul128.3x4096");
+    const auto m = emitted_scan(shlo::scan_strategy::chunked_matmul<128>(), 3, 4096);
+    CHECK(m.key.rfind("scan_chunked_matmul128.", 0) == 0);
     CHECK_THAT(m.text, Contains("tensor<3x32x128x128xf32>"));  // one matrix per (row, chunk)
     CHECK_THAT(m.text, Contains("\"stablehlo.iota\"() {iota_dimension = 0 : i64} : () -> tensor<128x128xi32>"));
     CHECK_THAT(m.text, Contains("lhs_batching_dimensions = [0, 1], rhs_batching_dimensions = [0, 1], lhs_contracting_dimensions = [3], "
@@ -166,21 +194,23 @@ TEST_CASE("xla emitter: chunked_matmul<128> uses a per-chunk 128x128 triangular 
     CHECK(count_of(m.text, "\"stablehlo.exponential\"") == 0);  // no exp(log-gate) differences: log 0 = -inf
     CHECK(count_of(m.text, "\"stablehlo.divide\"") == 0);       // no P_i / P_j: underflow
     // A ragged T is padded to whole chunks and cropped back.
-    const auto ragged = shlo::scan_forward(shlo::scan_strategy::chunked_matmul<128>(), 3, 129);
+    const auto ragged = emitted_scan(shlo::scan_strategy::chunked_matmul<128>(), 3, 129);
     CHECK_THAT(ragged.text, Contains("tensor<3x2x128x128xf32>"));
     CHECK_THAT(ragged.text, Contains("-> tensor<3x129xf32>"));
-    const auto small = shlo::scan_forward(shlo::scan_strategy::chunked_matmul<8>(), 1, 64);
+    const auto small = emitted_scan(shlo::scan_strategy::chunked_matmul<8>(), 1, 64);
     CHECK_THAT(small.text, Contains("tensor<1x8x8x8xf32>"));
 }
 
-TEST_CASE("xla emitter: backward modules compute the reverse adjoint with reversed scans", "[xla]") {
-    const auto m = shlo::scan_backward(shlo::scan_strategy::hillis_steele(), 2, 16);
-    CHECK(m.outputs.size() == 3);
-    CHECK(count_of(m.text, "\"stablehlo.reverse\"") == 3);  // gates and g in, delta out
-    const auto q = shlo::qrnn_block_backward(shlo::scan_strategy::chunked_matmul<128>(), 16, 4, 3);
-    CHECK(q.outputs == std::vector<shlo::tensor_type>{shlo::f32({16, 4}), shlo::f32({4, 6})});
-    CHECK(count_of(q.text, "\"stablehlo.clamp\"") == 1);  // hard sigmoid
-    CHECK(count_of(q.text, "comparison_direction GT") >= 1);
+TEST_CASE("xla emitter: a scan from the end, and a scan's adjoint, are scans of time-reversed rows", "[xla]") {
+    const auto m = emitted_scan(shlo::scan_strategy::hillis_steele(), 2, 16, true);
+    CHECK(m.outputs.size() == 1);
+    CHECK(count_of(m.text, "\"stablehlo.reverse\"") == 3);  // gates and x in, h out
+    gx::graph g;
+    const gx::var a = g.input(gx::f32({2, 16})), x = g.input(gx::f32({2, 16})), dh = g.input(gx::f32({2, 16}));
+    const auto d = gx::gradient_of(gx::linear_scan(a, x, shlo::scan_strategy::hillis_steele()), {dh}, {true, true});
+    const auto adjoint = gx::emit(g, "adjoint", {d[0], d[1]});
+    CHECK(count_of(adjoint.text, "\"stablehlo.reverse\"") == 3);
+    CHECK(adjoint.outputs == std::vector<shlo::tensor_type>{shlo::f32({2, 16}), shlo::f32({2, 16})});
 }
 
 TEST_CASE("xla emitter: bad shapes and sizes throw naming the op", "[xla]") {
@@ -190,24 +220,9 @@ TEST_CASE("xla emitter: bad shapes and sizes throw naming the op", "[xla]") {
     CHECK_THROWS_AS(b.reshape(b.arg(0), {7}), olmax::shape_error);
     CHECK_THROWS_AS(b.slice(b.arg(0), {0, 0}, {3, 3}), olmax::shape_error);
     CHECK_THROWS_AS(b.broadcast_in_dim(b.arg(0), {2, 4}, {0, 1}), olmax::shape_error);
-    CHECK_THROWS_WITH(shlo::scan_forward(shlo::scan_strategy::hillis_steele(), 0, 8), Contains("scan_forward") && Contains("rows=0"));
-    CHECK_THROWS_AS(shlo::matmul(0, 1, 1), olmax::value_error);
-    CHECK_THROWS_AS(shlo::qrnn_block_forward(shlo::scan_strategy::sequential(), 4, 0, 2), olmax::value_error);
-}
-
-TEST_CASE("xla emitter: module cache emits each key once", "[xla]") {
-    shlo::module_cache cache;
-    int emitted = 0;
-    auto emit = [&] {
-        ++emitted;
-        return shlo::matmul(2, 3, 4);
-    };
-    const auto& a = cache.get("matmul.NN.2x3x4", emit);
-    const auto& b = cache.get("matmul.NN.2x3x4", emit);
-    CHECK(&a == &b);
-    CHECK(emitted == 1);
-    cache.get("matmul.NN.2x3x5", [] { return shlo::matmul(2, 3, 5); });
-    CHECK(cache.size() == 2);
+    gx::graph g;
+    const gx::var row = g.input(gx::f32({8}));
+    CHECK_THROWS_WITH(gx::linear_scan(row, row, shlo::scan_strategy::hillis_steele()), Contains("linear_scan takes [B, T, ...]") && Contains("tensor<8xf32>"));
 }
 
 TEST_CASE("xla: compile-options bytes encode 1 replica x 1 partition, device_ordinal -1", "[xla]") {
@@ -220,50 +235,4 @@ TEST_CASE("xla: compile-options bytes encode 1 replica x 1 partition, device_ord
     CHECK(bytes[12] == 0x01);
     CHECK((bytes[13] == ((4 << 3) | 0) && bytes[14] == 1));  // num_replicas = 1
     CHECK((bytes[15] == ((5 << 3) | 0) && bytes[16] == 1));  // num_partitions = 1
-}
-
-TEST_CASE("backend::xla models the static backend concept and serves the registered xla device", "[xla][backend]") {
-    STATIC_REQUIRE(olmax::backend::Backend<xla>);
-    CHECK(xla::name == "xla");
-    const olmax::Device device = olmax::backend::xla_device();
-    CHECK(device == olmax::backend::xla_device());  // registered once
-    CHECK_FALSE(device.is_host());
-    CHECK(device.name() == "xla");
-    CHECK(olmax::backend::kernels_for(device).name() == "xla");
-}
-
-TEST_CASE("ops on the xla device without a PJRT device: CPU results, one notice per primitive, strict mode throws", "[xla][backend]") {
-    xla::detach();
-    xla::reset_notices();
-    std::vector<std::string> notices;
-    xla::set_notice_sink([&](std::string_view message) { notices.emplace_back(message); });
-
-    const olmax::Device device = olmax::backend::xla_device();
-    const auto a = olmax::Tensor<float>::from({2, 3}, {1, 2, 3, 4, 5, 6});
-    const auto b = olmax::Tensor<float>::from({3, 2}, {1, -1, 2, 0.5f, -3, 1});
-    const auto on_xla = olmax::matmul(a.to(device), b.to(device));
-    CHECK(on_xla.device() == device);
-    const auto reference = olmax_test::with_kernels<olmax::backend::cpu_serial>([&] { return olmax::matmul(a, b); });
-    CHECK(olmax_test::max_abs_diff(on_xla, reference) == 0.0);
-    REQUIRE(notices.size() == 1);
-    CHECK_THAT(notices[0], Contains("gemm<float>") && Contains("no PJRT device attached"));
-    olmax::matmul(a.to(device), b.to(device));
-    CHECK(notices.size() == 1);  // once, however often it runs
-
-    // An element-wise op is a C++ loop: it runs on the host, with one notice.
-    const auto doubled = olmax::map([](double v) { return 2 * v; }, olmax::Tensor<double>::from({3}, {1, 2, 3}).to(device));
-    CHECK(doubled.device() == device);
-    CHECK(std::vector<double>(doubled.begin(), doubled.end()) == std::vector<double>{2, 4, 6});
-    REQUIRE(notices.size() == 2);
-    CHECK_THAT(notices[1], Contains("loops"));
-    std::vector<double> x{1, 2, 3};
-    CHECK(xla::sum(x.data(), 3) == 6.0);
-    CHECK(notices.size() == 3);  // sum<double>
-
-    xla::set_strict(true);
-    CHECK_THROWS_AS(olmax::matmul(a.to(device), b.to(device)), olmax::backend::xla_fallback_error);
-    CHECK_THROWS_WITH(xla::sum(x.data(), 3), Contains("sum<double>") && Contains("strict"));
-    xla::set_strict(false);
-    xla::set_notice_sink(nullptr);
-    xla::reset_notices();
 }

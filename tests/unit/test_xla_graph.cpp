@@ -1,11 +1,19 @@
 // The traced-program IR of the XLA path (olmax/xla/graph): primitives evaluate as StableHLO
-// defines them, bad programs fail while they are built naming the primitive, and the emitter writes
-// the ops named. The primitives' gradients are the tracer's (tests/unit/test_trace.cpp checks them
-// against finite differences); running modules on a real PJRT plugin is in tests/xla/.
+// defines them, bad programs fail while they are built naming the primitive, the emitter writes the
+// ops named, the registry holds every primitive once, and every primitive's gradient rule matches
+// central finite differences of its double-precision evaluation (tests/unit/test_trace.cpp checks
+// the ops' rules built from them, through the tape); running modules on a real PJRT plugin is in
+// tests/xla/.
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <olmax/xla/graph/emit.hpp>
@@ -15,6 +23,161 @@ namespace gx = olmax::xla::graph;
 using gx::dims_t;
 using gx::f32;
 using gx::var;
+
+namespace {
+
+/// One application of a primitive for its gradient check: `apply` builds it on the graph's inputs
+/// of `inputs` (values uniform in [lo, hi]) and returns the outputs of its node (the first
+/// identifies it).
+struct graph_gradient_case {
+    std::string_view primitive;
+    std::vector<gx::tensor_type> inputs;
+    std::function<std::vector<var>(gx::graph&, const std::vector<var>&)> apply;
+    double lo = -1.5, hi = 1.5;
+};
+
+std::vector<var> one_output(const var& y) { return {y}; }
+
+std::vector<graph_gradient_case> graph_gradient_cases() {
+    const gx::tensor_type m23 = f32({2, 3});
+    using V = const std::vector<var>&;
+    std::vector<graph_gradient_case> cases{
+        {"add", {m23, m23}, [](gx::graph&, V x) { return one_output(x[0] + x[1]); }},
+        {"subtract", {m23, m23}, [](gx::graph&, V x) { return one_output(x[0] - x[1]); }},
+        {"multiply", {m23, m23}, [](gx::graph&, V x) { return one_output(x[0] * x[1]); }},
+        {"divide", {m23, m23}, [](gx::graph&, V x) { return one_output(x[0] / x[1]); }, 0.5, 2.0},
+        {"maximum", {m23, m23}, [](gx::graph&, V x) { return one_output(gx::maximum(x[0], x[1])); }},
+        {"negate", {m23}, [](gx::graph&, V x) { return one_output(-x[0]); }},
+        {"exponential", {m23}, [](gx::graph&, V x) { return one_output(gx::exp(x[0])); }},
+        {"log", {m23}, [](gx::graph&, V x) { return one_output(gx::log(x[0])); }, 0.5, 2.0},
+        {"tanh", {m23}, [](gx::graph&, V x) { return one_output(gx::tanh(x[0])); }},
+        {"logistic", {m23}, [](gx::graph&, V x) { return one_output(gx::logistic(x[0])); }},
+        {"sqrt", {m23}, [](gx::graph&, V x) { return one_output(gx::sqrt(x[0])); }, 0.5, 2.0},
+        {"select", {m23, m23, m23, m23},
+         [](gx::graph&, V x) { return one_output(gx::select(gx::compare(x[0], x[1], gx::compare_direction::GT), x[2], x[3])); }},
+        {"broadcast_in_dim", {f32({3, 1})}, [](gx::graph&, V x) { return one_output(gx::broadcast_in_dim(x[0], {2, 3, 4}, {1, 2})); }},
+        {"reshape", {m23}, [](gx::graph&, V x) { return one_output(gx::reshape(x[0], {3, 2})); }},
+        {"transpose", {f32({2, 3, 4})}, [](gx::graph&, V x) { return one_output(gx::transpose(x[0], {2, 0, 1})); }},
+        {"slice", {f32({4, 5})}, [](gx::graph&, V x) { return one_output(gx::slice(x[0], {1, 2}, {3, 5})); }},
+        {"pad", {m23}, [](gx::graph&, V x) { return one_output(gx::pad(x[0], {1, 0}, {0, 2})); }},
+        {"concatenate", {m23, f32({2, 1})}, [](gx::graph&, V x) { return one_output(gx::concatenate({x[0], x[1]}, 1)); }},
+        {"reduce_sum", {f32({2, 3, 4})}, [](gx::graph&, V x) { return one_output(gx::sum(x[0], {0, 2})); }},
+        {"reduce_max", {f32({2, 3, 4})}, [](gx::graph&, V x) { return one_output(gx::max(x[0], {1})); }},
+        {"all_reduce_sum", {f32({3})}, [](gx::graph&, V x) { return one_output(gx::all_reduce_sum(x[0], 1)); }},
+        {"gather_rows", {f32({4, 3})},
+         [](gx::graph& g, V x) { return one_output(gx::gather_rows(x[0], gx::dense_constant(g, {2, 0, 2}, f32({3})))); }},
+        {"scatter_add_rows", {f32({3, 2})},
+         [](gx::graph& g, V x) { return one_output(gx::scatter_add_rows(x[0], gx::dense_constant(g, {1, 1, 3}, f32({3})), 4)); }},
+        {"linear_scan", {f32({2, 5}), f32({2, 5})},
+         [](gx::graph&, V x) { return one_output(gx::linear_scan(x[0], x[1], olmax::xla::stablehlo::scan_strategy::sequential())); }, 0.5, 1.0},
+        {"linear_scan", {f32({1, 4, 2}), f32({1, 4, 2})},
+         [](gx::graph&, V x) { return one_output(gx::linear_scan(x[0], x[1], olmax::xla::stablehlo::scan_strategy::sequential(), true)); }},
+        {"selective_scan", {f32({1, 5, 2}), f32({1, 5, 2}), f32({2, 3}), f32({1, 5, 3}), f32({1, 5, 3}), f32({1, 2, 3})},
+         [](gx::graph& g, V x) {  // u, delta, A, B, C, h0; keep resets at step 3
+             const var keep = gx::dense_constant(g, {1, 1, 1, 0, 1}, f32({1, 5}));
+             return gx::selective_scan(x[0], x[1], x[2], x[3], x[4], keep, x[5], 2);
+         }},
+    };
+    for (std::int64_t lc : {0, 1})  // every contracting layout, and a batch of matrices
+        for (std::int64_t rc : {0, 1})
+            cases.push_back({"dot", {lc ? f32({2, 3}) : f32({3, 2}), rc ? f32({4, 3}) : f32({3, 4})},
+                             [lc, rc](gx::graph&, V x) { return one_output(gx::dot(x[0], x[1], lc, rc)); }});
+    cases.push_back({"dot", {f32({2, 3, 4}), f32({2, 4, 2})}, [](gx::graph&, V x) { return one_output(gx::matmul(x[0], x[1])); }});
+    return cases;
+}
+
+/// The largest |rule - central difference| / max(1, |central difference|) over every element of
+/// every input of `c` that is an operand of its node, for loss = sum over outputs of sum(y * w).
+double graph_gradient_error(const graph_gradient_case& c, std::string& where) {
+    gx::graph g;
+    std::vector<var> x;
+    for (const auto& t : c.inputs) x.push_back(g.input(t));
+    const std::vector<var> y = c.apply(g, x);
+    const gx::primitive_info& info = g.at(y[0].node()).kind.info();
+    REQUIRE(info.name == c.primitive);
+    const std::size_t differentiated = info.differentiated_outputs ? info.differentiated_outputs : y.size();
+    std::vector<var> w;
+    var loss;
+    for (std::size_t k = 0; k < differentiated; ++k) {
+        w.push_back(g.input(gx::tensor_type(y[k].type())));
+        std::vector<std::int64_t> axes;
+        for (std::size_t a = 0; a < y[k].type().rank(); ++a) axes.push_back(std::int64_t(a));
+        const var term = axes.empty() ? y[k] * w[k] : gx::sum(y[k] * w[k], axes);
+        loss = loss.defined() ? loss + term : term;
+    }
+    const std::vector<var> operands = g.at(y[0].node()).operands;
+    const std::vector<var> dx = gx::gradient_of(y[0], w, std::vector<bool>(operands.size(), true));
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<double> uniform(c.lo, c.hi);
+    std::vector<gx::host_value> values;
+    for (auto i : g.inputs()) {
+        const auto& type = g.at(i).outputs[0];
+        gx::host_value v{type, std::vector<double>(std::size_t(type.elements()))};
+        for (auto& e : v.data) e = uniform(rng);
+        values.push_back(v);
+    }
+    double worst = 0;
+    const double h = 1e-6;
+    for (std::size_t i = 0; i < operands.size(); ++i) {
+        const auto at = std::find(x.begin(), x.end(), operands[i]);
+        if (at == x.end()) continue;  // a constant or a predicate: no gradient to check
+        REQUIRE(dx[i].defined());
+        const std::size_t k = std::size_t(at - x.begin());
+        const auto analytic = gx::evaluate(g, values, {dx[i]})[0].data;
+        for (std::size_t e = 0; e < values[k].data.size(); ++e) {
+            auto plus = values, minus = values;
+            plus[k].data[e] += h;
+            minus[k].data[e] -= h;
+            const double fd = (gx::evaluate(g, plus, {loss})[0].data[0] - gx::evaluate(g, minus, {loss})[0].data[0]) / (2 * h);
+            const double err = std::abs(analytic[e] - fd) / std::max(1.0, std::abs(fd));
+            if (err > worst) {
+                worst = err;
+                where = std::string(c.primitive) + ": operand " + std::to_string(i) + " element " + std::to_string(e) + ": rule " +
+                        std::to_string(analytic[e]) + ", finite difference " + std::to_string(fd);
+            }
+        }
+    }
+    return worst;
+}
+
+}  // namespace
+
+TEST_CASE("xla graph: the registry holds each primitive once, in order, with its parts", "[xla_graph]") {
+    std::set<std::string_view> names;
+    for (std::size_t i = 0; i < gx::primitive_table.size(); ++i) {
+        const gx::primitive_info& p = *gx::primitive_table[i];
+        INFO(p.name);
+        CHECK(p.index == i);
+        CHECK(names.insert(p.name).second);
+        CHECK(p.emit != nullptr);
+        CHECK(p.evaluate != nullptr);
+        CHECK(gx::find_primitive(p.name) == &p);
+    }
+    CHECK(gx::find_primitive("no_such_primitive") == nullptr);
+    gx::graph g;
+    const var x = g.input(f32({2}));
+    CHECK(g.at(gx::exp(x).node()).is<gx::prim::exponential>());
+    CHECK(gx::op_name(g.at(gx::sum(x, {0}).node()).kind) == "reduce_sum");
+    CHECK(gx::find_primitive("scan_layers")->gradient_in_tracer);
+    CHECK(gx::find_primitive("floor")->gradient == nullptr);
+    CHECK_THROWS_WITH(gx::gradient_of(gx::floor(x), {x}, {true}), Catch::Contains("floor has no gradient rule"));
+}
+
+TEST_CASE("xla graph: every primitive's gradient rule matches finite differences of its evaluation", "[xla_graph]") {
+    const auto cases = graph_gradient_cases();
+    std::set<std::string_view> checked;
+    for (const auto& c : cases) {
+        std::string where;
+        const double worst = graph_gradient_error(c, where);
+        INFO(where);
+        CHECK(worst < 1e-6);
+        checked.insert(c.primitive);
+    }
+    for (const gx::primitive_info* p : gx::primitive_table) {  // a new primitive with a rule needs a case above
+        INFO(p->name);
+        CHECK((p->gradient == nullptr || checked.count(p->name) == 1));
+    }
+}
 
 TEST_CASE("xla graph: the linear_scan primitive evaluates the recurrence from the start and from the end", "[xla_graph]") {
     for (const auto& strategy : {olmax::xla::stablehlo::scan_strategy::chunked_matmul<4>(), olmax::xla::stablehlo::scan_strategy::sequential()}) {

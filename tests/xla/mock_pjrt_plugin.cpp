@@ -178,8 +178,9 @@ PJRT_Error* client_compile(PJRT_Client_Compile_Args* args) {
     std::string text(args->program->code, args->program->code_size);
     if (!contains(text, "func.func public @main"))
         return make_error(PJRT_Error_Code_INVALID_ARGUMENT, "mock: failed to parse the MLIR module: no 'func.func public @main'");
-    // Recognised by olmax's module names (olmax/xla/stablehlo/): elementwise_binary add/multiply, matmul,
-    // and reduce over every axis (scalar result); anything else is UNIMPLEMENTED here.
+    // Recognised by the module names the tests give their graphs (graph::emit(g, name, ...)): "binary"
+    // add / multiply, "matmul", and "reduce" over every axis (scalar result); anything else is
+    // UNIMPLEMENTED here.
     auto exe = new PJRT_LoadedExecutable;
     if (text.rfind("module @matmul ", 0) == 0) {
         exe->op = "matmul";

@@ -176,23 +176,14 @@ inline std::vector<gx::var> saved_for_backward(const gx::layer_body& body) {
     std::vector<gx::var> saved;
     std::function<void(const gx::var&)> save = [&](const gx::var& v) {
         const gx::node& n = g.at(v.node());
-        if (!from_input[v.node()] || from_grad[v.node()] || n.kind == gx::op::input) return;
-        switch (n.kind) {
-            case gx::op::dot:
-            case gx::op::reduce_sum:
-            case gx::op::reduce_max:
-            case gx::op::linear_scan:
-            case gx::op::selective_scan:
-            case gx::op::gather_rows:
-            case gx::op::scatter_add_rows:
-            case gx::op::all_reduce_sum:
-                if (std::find(saved.begin(), saved.end(), v) == saved.end()) saved.push_back(v);
-                return;
-            default:  // recomputed from its operands
-                if (visited[v.node()]) return;
-                visited[v.node()] = 1;
-                for (const auto& operand : n.operands) save(operand);
+        if (!from_input[v.node()] || from_grad[v.node()] || n.is<gx::prim::input>()) return;
+        if (n.kind.info().saved_by_kept_layers) {
+            if (std::find(saved.begin(), saved.end(), v) == saved.end()) saved.push_back(v);
+            return;
         }
+        if (visited[v.node()]) return;  // recomputed from its operands
+        visited[v.node()] = 1;
+        for (const auto& operand : n.operands) save(operand);
     };
     for (std::uint32_t i = 0; i < g.nodes().size(); ++i)
         if (from_grad[i])
@@ -222,27 +213,13 @@ inline Tf record_loop(const backend::trace::layer_loop& loop, const Tf& carry, c
     std::vector<Tf> inputs{carry};
     inputs.insert(inputs.end(), looped.begin(), looped.end());
     inputs.insert(inputs.end(), loop.shared.begin(), loop.shared.end());
-    return p::detail::record("layer_loop", inputs, wrap(out), [loop, carry, looped, out, backward, rebuild, saved](const Tf& gy, autodiff::GradientSink<float>& sink) {
-        gx::node n;
-        n.kind = gx::op::scan_layers_backward;
-        n.stacked = looped.size();
-        n.body = backward();
-        if (rebuild) n.reverse = n.body;
-        n.saved = saved;
-        n.operands = {var_of(gy), rebuild ? out : gx::var(&out.owner(), out.node(), 1)};  // the final carry, or the stored carries
-        n.outputs.push_back(var_of(carry).type());
-        for (const auto& w : looped) {
-            n.operands.push_back(var_of(w));
-            n.outputs.push_back(var_of(w).type());
-        }
-        for (const auto& w : loop.shared) {
-            n.operands.push_back(var_of(w));
-            n.outputs.push_back(var_of(w).type());
-        }
-        for (std::uint32_t k = 0; k < saved.size(); ++k) n.operands.push_back(gx::var(&out.owner(), out.node(), 2 + k));
-        const gx::var first = out.owner().add(std::move(n));
-        for (std::uint32_t k = 0; k < 1 + looped.size() + loop.shared.size(); ++k)
-            if (sink.needs(k)) sink.add(k, wrap(gx::var(&out.owner(), first.node(), k)));
+    return p::detail::record("layer_loop", inputs, wrap(out), [loop, looped, out, backward, rebuild, saved](const Tf& gy, autodiff::GradientSink<float>& sink) {
+        std::vector<gx::var> stacked, shared;
+        for (const auto& w : looped) stacked.push_back(var_of(w));
+        for (const auto& w : loop.shared) shared.push_back(var_of(w));
+        const std::vector<gx::var> grads = gx::scan_layers_backward(var_of(gy), out, backward(), rebuild, stacked, shared, saved);
+        for (std::size_t k = 0; k < grads.size(); ++k)
+            if (sink.needs(k)) sink.add(k, wrap(grads[k]));
     });
 }
 

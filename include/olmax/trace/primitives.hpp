@@ -1,9 +1,12 @@
 #pragma once
-// The traced primitives with their gradients: the small set every lowering rule (rules.hpp) is
-// built from. Each makes one value of the program (graph.hpp) and records itself on the tape with
-// a backward closure written in the same primitives, so olmax's one reverse mode (the tape)
-// differentiates traced programs like any other: the program's backward pass is what `backward()`
-// records while it walks the tape, nodes of custom ops and reversible blocks included.
+// The traced primitives on tensors: the small set every lowering rule (rules.hpp) is built from.
+// Each makes values of the program (xla/graph) and records its node on the tape with the
+// primitive's own gradient rule (`detail::bind`; each primitive of xla/graph states its gradient
+// once, in the primitives, next to its shape rule, lowering and reference evaluation), so olmax's
+// one reverse mode (the tape) differentiates traced programs like any other: the program's
+// backward pass is what `backward()` records while it walks the tape, nodes of custom ops and
+// reversible blocks included. The forms here that are not one primitive (a numpy broadcast, a
+// sum keeping its axes, a gather of rows of any rank) are compositions of bound primitives.
 //
 // Element-wise primitives take operands of one shape; `broadcast_to` (whose gradient sums back)
 // makes them so. All values are float32.
@@ -25,14 +28,46 @@ using T = Tensor<float>;
 
 namespace detail {
 
-/// Records `y` as the output of primitive `name` on `inputs`; `vjp(dy, sink)` adds the inputs'
+/// Records `y` as the output of an op `name` on `inputs`; `vjp(dy, sink)` adds the inputs'
 /// gradients (it runs during backward, where nothing records, so it may use the primitives freely).
+/// For a composite with a gradient of its own (the layer loop); a primitive's is its rule (bind).
 template <class Vjp>
 T record(std::string_view name, std::vector<T> inputs, T y, Vjp vjp) {
     autodiff::record<float>(name, std::span<const T>(inputs), std::span<T>(&y, 1),
                             [vjp = std::move(vjp)](std::span<const T> g, autodiff::GradientSink<float>& sink) { vjp(g[0], sink); });
     return y;
 }
+
+/// The node that made `first` as tensors (its outputs the tape differentiates), recorded on the tape
+/// with its primitive's gradient rule (xla/graph: each primitive states its own). `operands` are
+/// the node's operands as tensors, in order; a primitive without a gradient is not recorded (its
+/// outputs are constants of the tape).
+inline std::vector<T> bind(const gx::var& first, const std::vector<T>& operands) {
+    gx::graph& g = first.owner();
+    const std::uint32_t index = first.node();
+    const gx::node& n = g.at(index);
+    const gx::primitive_info& info = n.kind.info();
+    check<trace_error>(operands.size() == n.operands.size(), "olmax: trace: ", info.name, " bound to ", operands.size(), " tensors for ",
+                       n.operands.size(), " operands");
+    check<trace_error>(!info.gradient_in_tracer, "olmax: trace: ", info.name, " records its own gradient");
+    const std::size_t count = info.differentiated_outputs ? info.differentiated_outputs : n.outputs.size();
+    std::vector<T> ys;
+    for (std::uint32_t k = 0; k < count; ++k) ys.push_back(wrap(gx::var(&g, index, k)));
+    if (info.gradient == nullptr) return ys;
+    autodiff::record<float>(info.name, std::span<const T>(operands), std::span<T>(ys),
+                            [at = gx::var(&g, index, 0)](std::span<const T> gy, autodiff::GradientSink<float>& sink) {
+                                std::vector<gx::var> g_vars;
+                                for (const auto& t : gy) g_vars.push_back(var_of(t));
+                                std::vector<bool> wanted(at.owner().at(at.node()).operands.size());
+                                for (std::size_t i = 0; i < wanted.size(); ++i) wanted[i] = sink.needs(i);
+                                const std::vector<gx::var> dx = gx::gradient_of(at, g_vars, wanted);
+                                for (std::size_t i = 0; i < dx.size(); ++i)
+                                    if (wanted[i] && dx[i].defined()) sink.add(i, wrap(dx[i]));
+                            });
+    return ys;
+}
+
+inline T bind1(const gx::var& y, const std::vector<T>& operands) { return bind(y, operands)[0]; }
 
 inline gx::dims_t all_axes(std::size_t rank) {
     gx::dims_t out;
@@ -46,128 +81,9 @@ inline gx::dims_t all_axes(std::size_t rank) {
 inline T constant(const gx::var& v) { return wrap(v); }
 inline T full(const Shape& shape, double value) { return wrap(gx::constant(active().graph(), value, gx::f32(dims_of(shape)))); }
 
-/// `g` summed down to `shape` (the gradient of a numpy broadcast to g's shape).
-inline T sum_to(const T& g, const Shape& shape) {
-    if (g.shape() == shape) return g;
-    const gx::var& v = var_of(g);
-    const std::size_t rank = g.rank(), lead = rank - shape.size();
-    gx::dims_t axes;
-    for (std::size_t a = 0; a < rank; ++a)
-        if (a < lead || (shape[a - lead] == 1 && g.shape()[a] != 1)) axes.push_back(std::int64_t(a));
-    gx::var s = axes.empty() ? v : gx::sum(v, axes);
-    return wrap(gx::reshape(s, dims_of(shape)));
-}
-
-/// `x` broadcast to `shape` with numpy's rules (trailing alignment, size-1 axes stretched).
-inline T broadcast_to(const T& x, const Shape& shape) {
-    if (x.shape() == shape) return x;
-    check<shape_error>(x.rank() <= shape.size(), "trace: cannot broadcast ", to_string(x.shape()), " to ", to_string(shape));
-    const std::size_t lead = shape.size() - x.rank();
-    gx::dims_t kept_dims, kept_sizes;
-    for (std::size_t i = 0; i < x.rank(); ++i) {
-        check<shape_error>(x.shape()[i] == 1 || x.shape()[i] == shape[lead + i], "trace: cannot broadcast ", to_string(x.shape()), " to ",
-                           to_string(shape));
-        if (x.shape()[i] == shape[lead + i]) {
-            kept_dims.push_back(std::int64_t(lead + i));
-            kept_sizes.push_back(std::int64_t(x.shape()[i]));
-        }
-    }
-    const gx::var squeezed = gx::reshape(var_of(x), kept_sizes);  // the stretched size-1 axes dropped
-    const T y = wrap(gx::broadcast_in_dim(squeezed, dims_of(shape), kept_dims));
-    return detail::record("broadcast", {x}, y, [shape = x.shape()](const T& g, auto& sink) { sink.add(0, sum_to(g, shape)); });
-}
-
 inline T reshape(const T& x, const Shape& shape) {
     if (x.shape() == shape) return x;
-    const T y = wrap(gx::reshape(var_of(x), dims_of(shape)));
-    return detail::record("reshape", {x}, y, [shape = x.shape()](const T& g, auto& sink) { sink.add(0, reshape(g, shape)); });
-}
-
-inline T transpose(const T& x, const std::vector<std::int64_t>& perm) {
-    const T y = wrap(gx::transpose(var_of(x), perm));
-    std::vector<std::int64_t> inverse(perm.size());
-    for (std::size_t i = 0; i < perm.size(); ++i) inverse[std::size_t(perm[i])] = std::int64_t(i);
-    return detail::record("transpose", {x}, y, [inverse](const T& g, auto& sink) { sink.add(0, transpose(g, inverse)); });
-}
-
-/// The block [start, limit) of `x` (unit strides).
-inline T slice(const T& x, const gx::dims_t& start, const gx::dims_t& limit) {
-    const T y = wrap(gx::slice(var_of(x), start, limit));
-    return detail::record("slice", {x}, y, [shape = x.shape(), start, limit](const T& g, auto& sink) {
-        gx::dims_t high;
-        for (std::size_t d = 0; d < shape.size(); ++d) high.push_back(std::int64_t(shape[d]) - limit[d]);
-        sink.add(0, wrap(gx::pad(var_of(g), start, high)));
-    });
-}
-
-/// `x` with zeros around it: `low` and `high` entries per axis.
-inline T pad(const T& x, const gx::dims_t& low, const gx::dims_t& high) {
-    const T y = wrap(gx::pad(var_of(x), low, high));
-    return detail::record("pad", {x}, y, [shape = x.shape(), low](const T& g, auto& sink) {
-        gx::dims_t limit;
-        for (std::size_t d = 0; d < shape.size(); ++d) limit.push_back(low[d] + std::int64_t(shape[d]));
-        sink.add(0, wrap(gx::slice(var_of(g), low, limit)));
-    });
-}
-
-/// Parts joined along `axis`.
-inline T concatenate(const std::vector<T>& parts, std::size_t axis) {
-    std::vector<gx::var> vars;
-    for (const auto& part : parts) vars.push_back(var_of(part));
-    const T y = wrap(gx::concatenate(vars, std::int64_t(axis)));
-    std::vector<Shape> shapes;
-    for (const auto& part : parts) shapes.push_back(part.shape());
-    return detail::record("concatenate", parts, y, [shapes, axis](const T& g, auto& sink) {
-        std::int64_t at = 0;
-        for (std::size_t i = 0; i < shapes.size(); ++i) {
-            gx::dims_t start(shapes[i].size(), 0), limit = dims_of(g.shape());
-            start[axis] = at;
-            limit[axis] = at + std::int64_t(shapes[i][axis]);
-            at = limit[axis];
-            if (sink.needs(i)) sink.add(i, wrap(gx::slice(var_of(g), start, limit)));
-        }
-    });
-}
-
-/// Entries [begin, end) of the leading axis.
-inline T slice_leading(const T& x, std::size_t begin, std::size_t end) {
-    if (begin == 0 && end == x.shape()[0]) return x;
-    gx::dims_t start(x.rank(), 0), limit = dims_of(x.shape());
-    start[0] = std::int64_t(begin);
-    limit[0] = std::int64_t(end);
-    const T y = wrap(gx::slice(var_of(x), start, limit));
-    return detail::record("slice", {x}, y, [shape = x.shape(), begin, end](const T& g, auto& sink) {
-        gx::dims_t low(shape.size(), 0), high(shape.size(), 0);
-        low[0] = std::int64_t(begin);
-        high[0] = std::int64_t(shape[0] - end);
-        sink.add(0, wrap(gx::pad(var_of(g), low, high)));
-    });
-}
-
-/// x[index] along the leading axis.
-inline T take_leading(const T& x, std::size_t index) {
-    Shape inner(x.shape().begin() + 1, x.shape().end());
-    return reshape(slice_leading(x, index, index + 1), inner);
-}
-
-/// Equal-shaped parts stacked along a new leading axis.
-inline T stack_leading(const std::vector<T>& parts) {
-    if (parts.size() == 1) {
-        Shape one{1};
-        one.insert(one.end(), parts[0].shape().begin(), parts[0].shape().end());
-        return reshape(parts[0], one);
-    }
-    std::vector<gx::var> rows;
-    for (const auto& part : parts) {
-        gx::dims_t one{1};
-        for (auto d : part.shape()) one.push_back(std::int64_t(d));
-        rows.push_back(gx::reshape(var_of(part), one));
-    }
-    const T y = wrap(gx::concatenate(rows, 0));
-    return detail::record("stack", parts, y, [count = parts.size()](const T& g, auto& sink) {
-        for (std::size_t i = 0; i < count; ++i)
-            if (sink.needs(i)) sink.add(i, take_leading(g, i));
-    });
+    return detail::bind1(gx::reshape(var_of(x), dims_of(shape)), {x});
 }
 
 /// Sum over `axes` (increasing); `keepdims` keeps them with extent 1.
@@ -180,121 +96,120 @@ inline T sum(const T& x, const std::vector<std::int64_t>& axes, bool keepdims) {
         if (!reduced) out.push_back(x.shape()[a]);
         else if (keepdims) out.push_back(1);
     }
-    const T y = wrap(gx::reshape(gx::sum(var_of(x), axes), dims_of(out)));
-    return detail::record("sum", {x}, y, [in = x.shape(), axes](const T& g, auto& sink) {
-        Shape kept = in;  // g with the reduced axes as size 1, then stretched
-        for (auto a : axes) kept[std::size_t(a)] = 1;
-        sink.add(0, broadcast_to(reshape(g, kept), in));
-    });
+    return reshape(detail::bind1(gx::sum(var_of(x), axes), {x}), out);
+}
+
+/// `g` summed down to `shape` (the gradient of a numpy broadcast to g's shape).
+inline T sum_to(const T& g, const Shape& shape) {
+    if (g.shape() == shape) return g;
+    const std::size_t rank = g.rank(), lead = rank - shape.size();
+    std::vector<std::int64_t> axes;
+    for (std::size_t a = 0; a < rank; ++a)
+        if (a < lead || (shape[a - lead] == 1 && g.shape()[a] != 1)) axes.push_back(std::int64_t(a));
+    return reshape(sum(g, axes, false), shape);
+}
+
+/// `x` broadcast to `shape` with numpy's rules (trailing alignment, size-1 axes stretched).
+inline T broadcast_to(const T& x, const Shape& shape) {
+    if (x.shape() == shape) return x;
+    check<shape_error>(x.rank() <= shape.size(), "trace: cannot broadcast ", to_string(x.shape()), " to ", to_string(shape));
+    const std::size_t lead = shape.size() - x.rank();
+    gx::dims_t kept_dims;
+    Shape kept_sizes;
+    for (std::size_t i = 0; i < x.rank(); ++i) {
+        check<shape_error>(x.shape()[i] == 1 || x.shape()[i] == shape[lead + i], "trace: cannot broadcast ", to_string(x.shape()), " to ",
+                           to_string(shape));
+        if (x.shape()[i] == shape[lead + i]) {
+            kept_dims.push_back(std::int64_t(lead + i));
+            kept_sizes.push_back(x.shape()[i]);
+        }
+    }
+    const T squeezed = reshape(x, kept_sizes);  // the stretched size-1 axes dropped
+    return detail::bind1(gx::broadcast_in_dim(var_of(squeezed), dims_of(shape), kept_dims), {squeezed});
+}
+
+inline T transpose(const T& x, const std::vector<std::int64_t>& perm) { return detail::bind1(gx::transpose(var_of(x), perm), {x}); }
+
+/// The block [start, limit) of `x` (unit strides).
+inline T slice(const T& x, const gx::dims_t& start, const gx::dims_t& limit) { return detail::bind1(gx::slice(var_of(x), start, limit), {x}); }
+
+/// `x` with zeros around it: `low` and `high` entries per axis.
+inline T pad(const T& x, const gx::dims_t& low, const gx::dims_t& high) { return detail::bind1(gx::pad(var_of(x), low, high), {x}); }
+
+/// Parts joined along `axis`.
+inline T concatenate(const std::vector<T>& parts, std::size_t axis) {
+    if (parts.size() == 1) return parts[0];
+    std::vector<gx::var> vars;
+    for (const auto& part : parts) vars.push_back(var_of(part));
+    return detail::bind1(gx::concatenate(vars, std::int64_t(axis)), parts);
+}
+
+/// Entries [begin, end) of the leading axis.
+inline T slice_leading(const T& x, std::size_t begin, std::size_t end) {
+    if (begin == 0 && end == x.shape()[0]) return x;
+    gx::dims_t start(x.rank(), 0), limit = dims_of(x.shape());
+    start[0] = std::int64_t(begin);
+    limit[0] = std::int64_t(end);
+    return slice(x, start, limit);
+}
+
+/// x[index] along the leading axis.
+inline T take_leading(const T& x, std::size_t index) {
+    Shape inner(x.shape().begin() + 1, x.shape().end());
+    return reshape(slice_leading(x, index, index + 1), inner);
+}
+
+/// Equal-shaped parts stacked along a new leading axis.
+inline T stack_leading(const std::vector<T>& parts) {
+    std::vector<T> rows;
+    for (const auto& part : parts) {
+        Shape one{1};
+        one.insert(one.end(), part.shape().begin(), part.shape().end());
+        rows.push_back(reshape(part, one));
+    }
+    return concatenate(rows, 0);
 }
 
 // ---- element-wise, operands of one shape --------------------------------------------------------
 
-inline T add(const T& a, const T& b) {
-    const T y = wrap(var_of(a) + var_of(b));
-    return detail::record("add", {a, b}, y, [](const T& g, auto& sink) {
-        sink.add(0, g);
-        sink.add(1, g);
-    });
-}
-inline T neg(const T& x) {
-    const T y = wrap(-var_of(x));
-    return detail::record("negate", {x}, y, [](const T& g, auto& sink) { sink.add(0, neg(g)); });
-}
-inline T sub(const T& a, const T& b) {
-    const T y = wrap(var_of(a) - var_of(b));
-    return detail::record("subtract", {a, b}, y, [](const T& g, auto& sink) {
-        sink.add(0, g);
-        if (sink.needs(1)) sink.add(1, neg(g));
-    });
-}
-inline T mul(const T& a, const T& b) {
-    const T y = wrap(var_of(a) * var_of(b));
-    return detail::record("multiply", {a, b}, y, [a, b](const T& g, auto& sink) {
-        if (sink.needs(0)) sink.add(0, mul(g, b));
-        if (sink.needs(1)) sink.add(1, mul(g, a));
-    });
-}
-inline T div(const T& a, const T& b) {
-    const T y = wrap(var_of(a) / var_of(b));
-    return detail::record("divide", {a, b}, y, [b, y](const T& g, auto& sink) {
-        const T ga = div(g, b);
-        if (sink.needs(1)) sink.add(1, neg(mul(ga, y)));  // d(a/b)/db = -y / b
-        sink.add(0, ga);
-    });
-}
+inline T add(const T& a, const T& b) { return detail::bind1(var_of(a) + var_of(b), {a, b}); }
+inline T neg(const T& x) { return detail::bind1(-var_of(x), {x}); }
+inline T sub(const T& a, const T& b) { return detail::bind1(var_of(a) - var_of(b), {a, b}); }
+inline T mul(const T& a, const T& b) { return detail::bind1(var_of(a) * var_of(b), {a, b}); }
+inline T div(const T& a, const T& b) { return detail::bind1(var_of(a) / var_of(b), {a, b}); }
 /// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b` (as the eager op).
-inline T maximum(const T& a, const T& b) {
-    const T y = wrap(gx::maximum(var_of(a), var_of(b)));
-    return detail::record("maximum", {a, b}, y, [a, b](const T& g, auto& sink) {
-        const gx::var first = gx::compare(var_of(a), var_of(b), gx::compare_direction::GE);
-        const gx::var zero = gx::constant_like(var_of(g), 0.0);
-        sink.add(0, wrap(gx::select(first, var_of(g), zero)));
-        sink.add(1, wrap(gx::select(first, zero, var_of(g))));
-    });
-}
-inline T scale(const T& x, double s) {
-    const T y = wrap(var_of(x) * s);
-    return detail::record("scale", {x}, y, [s](const T& g, auto& sink) { sink.add(0, scale(g, s)); });
-}
-inline T add_scalar(const T& x, double s) {
-    const T y = wrap(var_of(x) + s);
-    return detail::record("add_scalar", {x}, y, [](const T& g, auto& sink) { sink.add(0, g); });
-}
-inline T exp(const T& x) {
-    const T y = wrap(gx::exp(var_of(x)));
-    return detail::record("exponential", {x}, y, [y](const T& g, auto& sink) { sink.add(0, mul(g, y)); });
-}
-inline T log(const T& x) {
-    const T y = wrap(gx::log(var_of(x)));
-    return detail::record("log", {x}, y, [x](const T& g, auto& sink) { sink.add(0, div(g, x)); });
-}
-inline T sqrt(const T& x) {
-    const T y = wrap(gx::sqrt(var_of(x)));
-    return detail::record("sqrt", {x}, y, [y](const T& g, auto& sink) { sink.add(0, div(scale(g, 0.5), y)); });
-}
-inline T tanh(const T& x) {
-    const T y = wrap(gx::tanh(var_of(x)));
-    return detail::record("tanh", {x}, y, [y](const T& g, auto& sink) { sink.add(0, mul(g, add_scalar(neg(mul(y, y)), 1.0))); });
-}
-inline T logistic(const T& x) {
-    const T y = wrap(gx::logistic(var_of(x)));
-    return detail::record("logistic", {x}, y, [y](const T& g, auto& sink) { sink.add(0, mul(g, mul(y, add_scalar(neg(y), 1.0)))); });
-}
+inline T maximum(const T& a, const T& b) { return detail::bind1(gx::maximum(var_of(a), var_of(b)), {a, b}); }
+inline T scale(const T& x, double s) { return mul(x, constant(gx::constant_like(var_of(x), s))); }
+inline T add_scalar(const T& x, double s) { return add(x, constant(gx::constant_like(var_of(x), s))); }
+inline T exp(const T& x) { return detail::bind1(gx::exp(var_of(x)), {x}); }
+inline T log(const T& x) { return detail::bind1(gx::log(var_of(x)), {x}); }
+inline T sqrt(const T& x) { return detail::bind1(gx::sqrt(var_of(x)), {x}); }
+inline T tanh(const T& x) { return detail::bind1(gx::tanh(var_of(x)), {x}); }
+inline T logistic(const T& x) { return detail::bind1(gx::logistic(var_of(x)), {x}); }
 
 /// h_t = a_t h_{t-1} + x_t along axis 1 of [B, T, ...] (from the end with `reverse`:
-/// h_t = a_t h_{t+1} + x_t), lowered in the form `strategy` names. Its exact adjoint is the same
-/// scan run the other way: lambda_t = g_t + a_{t+1} lambda_{t+1}, dx = lambda, da_t = lambda_t h_{t-1}.
+/// h_t = a_t h_{t+1} + x_t), lowered in the form `strategy` names (xla/graph's linear_scan; its
+/// gradient is the same scan run the other way).
 inline T linear_scan(const T& a, const T& x, const xla::stablehlo::scan_strategy& strategy, bool reverse) {
-    const T h = wrap(gx::linear_scan(var_of(a), var_of(x), strategy, reverse));
-    return detail::record("linear_scan", {a, x}, h, [a, h, strategy, reverse](const T& g, auto& sink) {
-        const std::int64_t toward = reverse ? 1 : -1;  // the gates of the step the adjoint comes from
-        const T next_gate = wrap(gx::shift(var_of(a), 1, toward));
-        const T lambda = linear_scan(next_gate, g, strategy, !reverse);
-        if (sink.needs(0)) sink.add(0, mul(lambda, wrap(gx::shift(var_of(h), 1, -toward))));
-        sink.add(1, lambda);
-    });
+    return detail::bind1(gx::linear_scan(var_of(a), var_of(x), strategy, reverse), {a, x});
 }
 
-inline T scatter_add_rows(const T& src, const T& rows, std::size_t count);
 /// Rows of x [R, ...] by `rows` [M] (the program's f32 values holding row indices): [M, ...]. Its
 /// gradient scatters dy back into the rows (repeated rows accumulate).
 inline T gather_rows(const T& x, const T& rows) {
     const std::size_t count = x.shape()[0], width = count ? x.size() / count : 0;
-    const gx::var flat = gx::reshape(var_of(x), {std::int64_t(count), std::int64_t(width)});
+    const T flat = reshape(x, {count, width});
     Shape out_shape = x.shape();
     out_shape[0] = rows.shape()[0];
-    const T y = wrap(gx::reshape(gx::gather_rows(flat, var_of(rows)), dims_of(out_shape)));
-    return detail::record("gather_rows", {x}, y, [rows, count](const T& g, auto& sink) { sink.add(0, scatter_add_rows(g, rows, count)); });
+    return reshape(detail::bind1(gx::gather_rows(var_of(flat), var_of(rows)), {flat, rows}), out_shape);
 }
 /// The adjoint of gather_rows: [count, ...] zeros with src[m] added to row rows[m] for every m.
 inline T scatter_add_rows(const T& src, const T& rows, std::size_t count) {
     const std::size_t m = src.shape()[0], width = m ? src.size() / m : 0;
-    const gx::var flat = gx::reshape(var_of(src), {std::int64_t(m), std::int64_t(width)});
+    const T flat = reshape(src, {m, width});
     Shape out_shape = src.shape();
     out_shape[0] = count;
-    const T y = wrap(gx::reshape(gx::scatter_add_rows(flat, var_of(rows), std::int64_t(count)), dims_of(out_shape)));
-    return detail::record("scatter_add_rows", {src}, y, [rows](const T& g, auto& sink) { sink.add(0, gather_rows(g, rows)); });
+    return reshape(detail::bind1(gx::scatter_add_rows(var_of(flat), var_of(rows), std::int64_t(count)), {flat, rows}), out_shape);
 }
 
 /// Mamba's selective scan fused over time (xla/graph's selective_scan: the [B, T, E, N] states are
@@ -307,27 +222,12 @@ inline std::array<T, 2> selective_scan(const T& u, const T& delta, const T& A, c
                                        bool native_call = false) {
     const std::vector<gx::var> out =
         gx::selective_scan(var_of(u), var_of(delta), var_of(A), var_of(B), var_of(C), var_of(keep), var_of(h0), chunk, native_call);
-    std::array<T, 2> ys{wrap(out[0]), wrap(out[1])};
-    const std::vector<T> inputs{u, delta, A, B, C, h0};
-    autodiff::record<float>("selective_scan", std::span<const T>(inputs), std::span<T>(ys),
-                            [u, delta, A, B, C, keep, checkpoints = out[2], chunk, native_call](std::span<const T> g,
-                                                                                                 autodiff::GradientSink<float>& sink) {
-                                const std::vector<gx::var> d =
-                                    gx::selective_scan_backward(var_of(u), var_of(delta), var_of(A), var_of(B), var_of(C), var_of(keep),
-                                                                checkpoints, var_of(g[0]), var_of(g[1]), chunk, native_call);
-                                for (std::size_t i = 0; i < d.size(); ++i) sink.add(i, wrap(d[i]));
-                            });
-    return ys;
+    const std::vector<T> ys = detail::bind(out[0], {u, delta, A, B, C, keep, h0});
+    return {ys[0], ys[1]};
 }
 
-/// [m, k] x [k, n], or [batch, m, k] x [batch, k, n] (the gradients below are the same batched products).
-inline T matmul(const T& a, const T& b) {
-    const T y = wrap(gx::dot(var_of(a), var_of(b), 1, 0));
-    return detail::record("dot", {a, b}, y, [a, b](const T& g, auto& sink) {
-        if (sink.needs(0)) sink.add(0, wrap(gx::dot(var_of(g), var_of(b), 1, 1)));  // dA = dY B^T
-        if (sink.needs(1)) sink.add(1, wrap(gx::dot(var_of(a), var_of(g), 0, 0)));  // dB = A^T dY
-    });
-}
+/// [m, k] x [k, n], or [batch, m, k] x [batch, k, n] (the gradients are the same batched products).
+inline T matmul(const T& a, const T& b) { return detail::bind1(gx::dot(var_of(a), var_of(b), 1, 0), {a, b}); }
 
 /// The maximum over `axis`, kept as size 1, with no gradient (a softmax's stabiliser).
 inline T max_detached(const T& x, std::size_t axis) {

@@ -657,48 +657,4 @@ private:
     std::string platform_;
 };
 
-/// Runs the xla backend's lowered primitives (float GEMM, float sum) on a client's device.
-class device_dispatcher : public olmax::backend::xla_device_dispatcher {
-public:
-    explicit device_dispatcher(std::shared_ptr<pjrt::client> c) : client_(std::move(c)) {}
-
-    std::string_view platform() const override { return client_->platform_name(); }
-
-    void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
-              const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) override {
-        if (m == 0 || n == 0) return;
-        if (k == 0) {
-            for (std::size_t i = 0; i < m; ++i)
-                for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-            return;
-        }
-        const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-        const std::vector<float> a_dense = dense(a, a_rows, a_cols, lda), b_dense = dense(b, b_rows, b_cols, ldb);
-        const auto module = stablehlo::matmul(std::int64_t(m), std::int64_t(k), std::int64_t(n), trans_a, trans_b);
-        const auto product = client_->run(module, {a_dense.data(), b_dense.data()})[0];
-        for (std::size_t i = 0; i < m; ++i)
-            for (std::size_t j = 0; j < n; ++j) {
-                const float p = alpha * product[i * n + j];
-                c[i * ldc + j] = beta == 0.0f ? p : p + beta * c[i * ldc + j];  // beta = 0 never reads C (may be garbage)
-            }
-    }
-
-    double sum(const float* x, std::size_t n) override {
-        if (n == 0) return 0.0;
-        const auto module = stablehlo::reduce(stablehlo::reduction_kind::sum, {std::int64_t(n)}, {0});
-        return double(client_->run(module, {x})[0][0]);
-    }
-
-private:
-    static std::vector<float> dense(const float* p, std::size_t rows, std::size_t cols, std::size_t ld) {
-        std::vector<float> out(rows * cols);
-        for (std::size_t r = 0; r < rows; ++r) std::memcpy(out.data() + r * cols, p + r * ld, cols * sizeof(float));
-        return out;
-    }
-    std::shared_ptr<pjrt::client> client_;
-};
-
-/// Routes olmax::backend::xla's lowered primitives to `c`'s device until `detach()`.
-inline void attach(std::shared_ptr<client> c) { olmax::backend::xla::attach(std::make_shared<device_dispatcher>(std::move(c))); }
-
 }  // namespace olmax::xla::pjrt

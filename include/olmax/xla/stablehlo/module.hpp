@@ -1,9 +1,9 @@
 #pragma once
-// What the module library returns: an emitted module (cache key, text, input and output types),
-// the key spelling of a shape, and the cache that emits each op + shape once.
+// What the emitter hands the PJRT runtime: an emitted module (cache key, text, input and output
+// types, donated state, SPMD partitioning).
 
-#include <map>
-#include <mutex>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,7 +11,8 @@
 
 namespace olmax::xla::stablehlo {
 
-/// One emitted module: its cache key (op + shapes), text, and the types of its inputs and outputs.
+/// One emitted module: its cache key (the module name and a hash of its text; the runtime compiles
+/// each key once), text, and the types of its inputs and outputs.
 struct emitted_module {
     std::string key;
     std::string text;
@@ -34,36 +35,6 @@ struct emitted_module {
         if (is_split(i)) t.dims[0] /= static_cast<std::int64_t>(partitions);
         return t;
     }
-};
-
-inline std::string dims_key(const dims_t& dims) {
-    std::string s;
-    for (std::size_t i = 0; i < dims.size(); ++i) {
-        if (i) s += 'x';
-        s += std::to_string(dims[i]);  // appended, not "x" + to_string(...): GCC 12 -O3 warns falsely there (-Warray-bounds)
-    }
-    return s.empty() ? "scalar" : s;
-}
-
-/// Emitted modules by key, so each op + shape is emitted (and, by the runtime, compiled) once.
-/// Thread-safe; entries live as long as the cache.
-class module_cache {
-public:
-    template <class Emit>
-    const emitted_module& get(const std::string& key, Emit&& emit) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto it = modules_.find(key);
-        if (it == modules_.end()) it = modules_.emplace(key, emit()).first;
-        return it->second;
-    }
-    std::size_t size() const {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return modules_.size();
-    }
-
-private:
-    mutable std::mutex mutex_;
-    std::map<std::string, emitted_module> modules_;
 };
 
 }  // namespace olmax::xla::stablehlo

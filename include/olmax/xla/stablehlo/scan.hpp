@@ -1,7 +1,7 @@
 #pragma once
-// Linear scans h_t = a_t h_{t-1} + x_t in StableHLO: the lowerings (a while loop over time,
-// Hillis-Steele doubling, chunked triangular matmuls, blocks scanned side by side), the
-// reverse-time adjoint, and the scan_forward / scan_backward modules.
+// Linear scans h_t = a_t h_{t-1} + x_t in StableHLO: the lowerings of the graph's linear_scan (a
+// while loop over time, Hillis-Steele doubling, chunked triangular matmuls, blocks scanned side by
+// side).
 
 #include <algorithm>
 #include <cstddef>
@@ -12,7 +12,6 @@
 
 #include "olmax/xla/stablehlo/function_builder.hpp"
 #include "olmax/xla/stablehlo/ir.hpp"
-#include "olmax/xla/stablehlo/module.hpp"
 #include "olmax/xla/stablehlo/scan_strategy.hpp"
 #include "olmax/core/error.hpp"
 
@@ -216,8 +215,7 @@ inline value blocked_scan(function_builder& b, value a, value x, std::int64_t as
 
 }  // namespace detail
 
-/// Inclusive scan h_t = a_t h_{t-1} + x_t from a zero state along dimension 1 of [B, T, ...] values
-/// ([rows, T] in the scan modules).
+/// Inclusive scan h_t = a_t h_{t-1} + x_t from a zero state along dimension 1 of [B, T, ...] values.
 inline value emit_scan(function_builder& b, const scan_strategy& strategy, const value& a, const value& x) {
     check<shape_error>(a.type == x.type && x.type.rank() >= 2, "scan: gates ", a.type.str(), " and inputs ", x.type.str(),
                        " must both be [B, T, ...]");
@@ -247,48 +245,6 @@ inline value emit_scan(function_builder& b, const scan_strategy& strategy, const
         }
     }
     return x;
-}
-
-/// Reverse-time adjoint of the scan: delta_t = g_t + a_{t+1} delta_{t+1} (a reverse scan with the
-/// gates shifted by one step, and gate 0 after the last step).
-inline value emit_reverse_adjoint(function_builder& b, const scan_strategy& strategy, const value& a, const value& g) {
-    const value next_gate = b.pad(a, 0.0, {0, -1}, {0, 1});  // a_{t+1}, 0 after the end
-    const value reversed = emit_scan(b, strategy, b.reverse(next_gate, {1}), b.reverse(g, {1}));
-    return b.reverse(reversed, {1});
-}
-
-inline void check_scan_sizes(std::string_view op, std::int64_t rows, std::int64_t steps) {
-    check<value_error>(rows >= 1 && steps >= 1, op, ": rows and T must be at least 1, got rows=", rows, " T=", steps);
-}
-
-/// (a [R,T], x [R,T], h0 [R]) -> h [R,T].
-inline emitted_module scan_forward(const scan_strategy& strategy, std::int64_t rows, std::int64_t steps) {
-    check_scan_sizes("scan_forward", rows, steps);
-    const tensor_type rt = f32({rows, steps}), r = f32({rows});
-    function_builder b({rt, rt, r});
-    const value a = b.arg(0), h0 = b.arg(2);
-    // Fold the initial state into the first input: h_0 = a_0 h0 + x_0.
-    const value first = b.mul(b.reshape(b.slice(a, {0, 0}, {rows, 1}), {rows}), h0);
-    const value x = b.add(b.arg(1), b.pad(b.reshape(first, {rows, 1}), 0.0, {0, 0}, {0, steps - 1}));
-    const value h = emit_scan(b, strategy, a, x);
-    const std::string key = "scan_forward." + strategy.name() + "." + std::to_string(rows) + "x" + std::to_string(steps);
-    return {key, b.finish("scan_forward", {h}), {rt, rt, r}, {rt}};
-}
-
-/// (a [R,T], h [R,T], h0 [R], g [R,T]) -> (dx [R,T], da [R,T], dh0 [R]):
-/// delta = reverse adjoint of g; dx = delta; da_t = delta_t h_{t-1} (h_{-1} = h0); dh0 = a_0 delta_0.
-inline emitted_module scan_backward(const scan_strategy& strategy, std::int64_t rows, std::int64_t steps) {
-    check_scan_sizes("scan_backward", rows, steps);
-    const tensor_type rt = f32({rows, steps}), r = f32({rows});
-    function_builder b({rt, rt, r, rt});
-    const value a = b.arg(0), h = b.arg(1), h0 = b.arg(2), g = b.arg(3);
-    const value delta = emit_reverse_adjoint(b, strategy, a, g);
-    const value h0_column = b.reshape(h0, {rows, 1});
-    const value previous = steps == 1 ? h0_column : b.concatenate({h0_column, b.slice(h, {0, 0}, {rows, steps - 1})}, 1);
-    const value da = b.mul(delta, previous);
-    const value dh0 = b.mul(b.reshape(b.slice(a, {0, 0}, {rows, 1}), {rows}), b.reshape(b.slice(delta, {0, 0}, {rows, 1}), {rows}));
-    const std::string key = "scan_backward." + strategy.name() + "." + std::to_string(rows) + "x" + std::to_string(steps);
-    return {key, b.finish("scan_backward", {delta, da, dh0}), {rt, rt, r, rt}, {rt, rt, r}};
 }
 
 }  // namespace olmax::xla::stablehlo

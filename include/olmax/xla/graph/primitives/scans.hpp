@@ -1,0 +1,274 @@
+#pragma once
+// The scans: the linear recurrence h_t = a_t h_{t-1} + x_t (linear_scan) and Mamba's selective
+// scan fused over time with its gradient (selective_scan, selective_scan_backward).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "olmax/xla/graph/ir.hpp"
+#include "olmax/xla/graph/primitives/elementwise.hpp"
+#include "olmax/xla/graph/primitives/structure.hpp"
+#include "olmax/xla/stablehlo/scan.hpp"
+#include "olmax/xla/stablehlo/selective_scan.hpp"
+
+namespace olmax::xla::graph {
+
+namespace prim {
+
+/// The linear recurrence h_t = a_t h_{t-1} + x_t along dimension 1 of [B, T, ...] values from a zero
+/// state, or (`axis` 1) h_t = a_t h_{t+1} + x_t from the end (the direction of its adjoint). One
+/// primitive, so that its gradient is the exact adjoint (one scan in the other direction plus
+/// element-wise work, keeping only h: linear memory) and it lowers to a scan strategy (`scan`;
+/// stablehlo/scan.hpp: a while loop over time, log-depth doubling, or chunked_matmul<C>'s
+/// triangular matmuls on the matrix unit, the TPU form). The strategy changes how it lowers, not
+/// its values.
+struct linear_scan {
+    static constexpr std::string_view name = "linear_scan";
+    static constexpr bool saved_by_kept_layers = true;
+    static var make(const var& a, const var& x, const stablehlo::scan_strategy& strategy, bool reverse) {
+        detail::same_type(name, a, x);
+        detail::require_f32(name, x);
+        check<graph_error>(x.type().rank() >= 2, "xla::graph: linear_scan takes [B, T, ...] (time along dimension 1), got ", x.type().str());
+        check<graph_error>(strategy.strategy != stablehlo::scan_strategy::kind::chunked_matmul || strategy.chunk >= 1,
+                           "xla::graph: linear_scan: chunked_matmul's chunk must be positive, got ", strategy.chunk);
+        node n = detail::make_node<linear_scan>({a, x}, x.type());
+        n.scan = strategy;
+        n.axis = reverse ? 1 : 0;
+        return detail::commit(std::move(n));
+    }
+    static value emit(function_builder& b, const node& n, const std::vector<value>& in) {
+        if (n.axis == 0) return stablehlo::emit_scan(b, n.scan, in[0], in[1]);
+        // from the end: the forward scan of the time-reversed rows, reversed back
+        return b.reverse(stablehlo::emit_scan(b, n.scan, b.reverse(in[0], {1}), b.reverse(in[1], {1})), {1});
+    }
+    static void evaluate(const node& n, const std::vector<const host_value*>& in, host_value& out) {  // in time order (from the end when reversed)
+        const std::size_t lead = std::size_t(out.type.dims[0]), steps = std::size_t(out.type.dims[1]);
+        const std::size_t inner = out.data.size() / std::max<std::size_t>(1, lead * steps);
+        for (std::size_t l = 0; l < lead; ++l)
+            for (std::size_t i = 0; i < inner; ++i) {
+                double h = 0;
+                for (std::size_t k = 0; k < steps; ++k) {
+                    const std::size_t at = (l * steps + (n.axis ? steps - 1 - k : k)) * inner + i;
+                    h = in[0]->data[at] * h + in[1]->data[at];
+                    out.data[at] = h;
+                }
+            }
+    }
+    /// The same scan run the other way: lambda_t = g_t + a_{t+1} lambda_{t+1}, dx = lambda,
+    /// da_t = lambda_t h_{t-1}.
+    static void gradient(vjp& v) {
+        const bool reverse = v.n.axis != 0;
+        const std::int64_t toward = reverse ? 1 : -1;  // the gates of the step the adjoint comes from
+        const var next_gate = shift(v.x[0], 1, toward);
+        const var lambda = make(next_gate, v.gy[0], v.n.scan, !reverse);
+        if (v.needs(0)) v.dx[0] = multiply::make(lambda, shift(v.y[0], 1, -toward));
+        v.dx[1] = lambda;
+    }
+};
+
+}  // namespace prim
+
+/// The checkpoint chunk of a fused selective scan over `steps`: the smallest power of two at least
+/// sqrt(steps), which keeps its memory near the minimum, B E N (steps / chunk + chunk).
+inline std::int64_t selective_scan_chunk(std::int64_t steps) {
+    std::int64_t chunk = 1;
+    while (chunk * chunk < steps) chunk *= 2;
+    return chunk;
+}
+
+namespace detail {
+
+/// The shape rule shared by selective_scan and its backward: u, delta [B, T, E]; A [E, N];
+/// Bm, C [B, T, N]; keep [B, T]; a state [B, E, N].
+inline void check_selective_scan(std::string_view name, const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep,
+                                 const var& state, std::int64_t chunk) {
+    for (const var* v : {&u, &delta, &A, &Bm, &C, &keep, &state}) require_f32(name, *v);
+    const dims_t& d = u.dims();
+    const bool ranks = d.size() == 3 && A.dims().size() == 2;
+    const std::int64_t n = ranks ? A.dims()[1] : 0;
+    check<graph_error>(ranks && delta.dims() == d && A.dims()[0] == d[2] && Bm.dims() == dims_t{d[0], d[1], n} && C.dims() == Bm.dims() &&
+                           keep.dims() == dims_t{d[0], d[1]} && state.dims() == dims_t{d[0], d[2], n} && chunk >= 1,
+                       "xla::graph: ", name, " takes u, delta [B, T, E], A [E, N], B, C [B, T, N], keep [B, T], a state [B, E, N] and a ",
+                       "positive chunk; got u ", u.type().str(), ", delta ", delta.type().str(), ", A ", A.type().str(), ", B ", Bm.type().str(),
+                       ", C ", C.type().str(), ", keep ", keep.type().str(), ", state ", state.type().str(), ", chunk ", chunk);
+}
+
+/// selective_scan in double, every state kept: (y, h_last, the states entering each chunk).
+/// in: u, delta [B, T, E], A [E, N], Bm, C [B, T, N], keep [B, T], h0 [B, E, N].
+struct selective_scan_states {
+    std::size_t batch, steps, channels, states;
+    std::vector<double> h;  // [B, T + 1, E, N]: h[b, t] is the state entering step t
+    double& at(std::size_t b, std::size_t t, std::size_t e, std::size_t n) { return h[((b * (steps + 1) + t) * channels + e) * states + n]; }
+};
+inline selective_scan_states run_selective_scan(const std::vector<const host_value*>& in) {
+    const dims_t& d = in[0]->type.dims;
+    selective_scan_states s{std::size_t(d[0]), std::size_t(d[1]), std::size_t(d[2]), std::size_t(in[2]->type.dims[1]), {}};
+    s.h.assign(s.batch * (s.steps + 1) * s.channels * s.states, 0.0);
+    const auto &u = in[0]->data, &delta = in[1]->data, &A = in[2]->data, &Bm = in[3]->data, &keep = in[5]->data, &h0 = in[6]->data;
+    for (std::size_t b = 0; b < s.batch; ++b)
+        for (std::size_t e = 0; e < s.channels; ++e)
+            for (std::size_t n = 0; n < s.states; ++n) {
+                s.at(b, 0, e, n) = h0[(b * s.channels + e) * s.states + n];
+                for (std::size_t t = 0; t < s.steps; ++t) {
+                    const std::size_t bte = (b * s.steps + t) * s.channels + e;
+                    const double abar = std::exp(delta[bte] * A[e * s.states + n]) * keep[b * s.steps + t];
+                    s.at(b, t + 1, e, n) = abar * s.at(b, t, e, n) + delta[bte] * u[bte] * Bm[(b * s.steps + t) * s.states + n];
+                }
+            }
+    return s;
+}
+inline std::vector<host_value> selective_scan_reference(const node& nd, const std::vector<const host_value*>& in) {
+    selective_scan_states s = run_selective_scan(in);
+    const auto chunk = std::size_t(nd.axis);
+    std::vector<host_value> out;
+    for (const auto& type : nd.outputs) out.push_back({type, std::vector<double>(std::size_t(type.elements()), 0.0)});
+    const auto& C = in[4]->data;
+    for (std::size_t b = 0; b < s.batch; ++b)
+        for (std::size_t e = 0; e < s.channels; ++e)
+            for (std::size_t n = 0; n < s.states; ++n) {
+                for (std::size_t t = 0; t < s.steps; ++t)
+                    out[0].data[(b * s.steps + t) * s.channels + e] += C[(b * s.steps + t) * s.states + n] * s.at(b, t + 1, e, n);
+                out[1].data[(b * s.channels + e) * s.states + n] = s.at(b, s.steps, e, n);
+                const std::size_t chunks = std::size_t(nd.outputs[2].dims[1]);
+                for (std::size_t c = 0; c < chunks; ++c) out[2].data[((b * chunks + c) * s.channels + e) * s.states + n] = s.at(b, c * chunk, e, n);
+            }
+    return out;
+}
+/// selective_scan_backward in double (the states are recomputed from the first checkpoint, which is h0).
+/// in: u, delta, A, Bm, C, keep, checkpoints, gy, gh.
+inline std::vector<host_value> selective_scan_backward_reference(const node& nd, const std::vector<const host_value*>& in) {
+    const host_value& checkpoints = *in[6];
+    host_value h0{in[8]->type, {}};
+    const std::size_t state_size = std::size_t(in[8]->type.elements()), chunks = std::size_t(checkpoints.type.dims[1]);
+    const std::size_t per_batch = state_size / std::size_t(in[8]->type.dims[0]);
+    for (std::size_t b = 0; b < std::size_t(in[8]->type.dims[0]); ++b)
+        h0.data.insert(h0.data.end(), checkpoints.data.begin() + std::ptrdiff_t(b * chunks * per_batch),
+                       checkpoints.data.begin() + std::ptrdiff_t((b * chunks + 1) * per_batch));
+    selective_scan_states s = run_selective_scan({in[0], in[1], in[2], in[3], in[4], in[5], &h0});
+    std::vector<host_value> out;
+    for (const auto& type : nd.outputs) out.push_back({type, std::vector<double>(std::size_t(type.elements()), 0.0)});
+    const auto &u = in[0]->data, &delta = in[1]->data, &A = in[2]->data, &Bm = in[3]->data, &C = in[4]->data, &keep = in[5]->data;
+    const auto &gy = in[7]->data, &gh = in[8]->data;
+    auto &du = out[0].data, &ddelta = out[1].data, &dA = out[2].data, &dB = out[3].data, &dC = out[4].data, &dh0 = out[5].data;
+    for (std::size_t b = 0; b < s.batch; ++b)
+        for (std::size_t e = 0; e < s.channels; ++e)
+            for (std::size_t n = 0; n < s.states; ++n) {
+                double g = gh[(b * s.channels + e) * s.states + n];
+                for (std::size_t t = s.steps; t-- > 0;) {
+                    const std::size_t bte = (b * s.steps + t) * s.channels + e, btn = (b * s.steps + t) * s.states + n;
+                    g += C[btn] * gy[bte];
+                    dC[btn] += gy[bte] * s.at(b, t + 1, e, n);
+                    const double abar = std::exp(delta[bte] * A[e * s.states + n]) * keep[b * s.steps + t];
+                    const double decay_grad = g * abar * s.at(b, t, e, n);
+                    du[bte] += delta[bte] * g * Bm[btn];
+                    ddelta[bte] += u[bte] * g * Bm[btn] + A[e * s.states + n] * decay_grad;
+                    dA[e * s.states + n] += delta[bte] * decay_grad;
+                    dB[btn] += g * delta[bte] * u[bte];
+                    g *= abar;
+                }
+                dh0[(b * s.channels + e) * s.states + n] = g;
+            }
+    return out;
+}
+
+
+}  // namespace detail
+
+namespace prim {
+
+/// Mamba's selective scan (olmax/scan/selective_scan.hpp has the formulas) as ONE primitive fused
+/// over time, so the [B, T, E, N] states are never materialised: per step abar = exp(delta_t A) keep_t
+/// (keep [B, T] is 0 where a document starts), h_t = abar h_{t-1} + delta_t u_t B_t from h0,
+/// y_t = sum_n C_t h_t. Operands u, delta, A, B, C, keep, h0; outputs: y [B, T, E], the last state
+/// h [B, E, N], and the state entering every `axis` (the chunk) steps [B, ceil(T / chunk), E, N]
+/// for the gradient (emitted only when one uses it; not differentiated). It lowers to loops over
+/// time (stablehlo/selective_scan.hpp), the form for CPUs, or with `native_call` to a custom call
+/// of olmax's own CPU kernel (the XLA CPU plugin with olmax's native calls registered:
+/// trace/native_calls.hpp). Its gradient is one selective_scan_backward; keep gets none.
+struct selective_scan {
+    static constexpr std::string_view name = "selective_scan";
+    static constexpr bool saved_by_kept_layers = true;
+    static constexpr std::size_t differentiated_outputs = 2;
+    static std::vector<var> make(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep, const var& h0,
+                                 std::int64_t chunk, bool native_call) {
+        detail::check_selective_scan(name, u, delta, A, Bm, C, keep, h0, chunk);
+        const dims_t d = u.dims();
+        const std::int64_t chunks = (d[1] + chunk - 1) / chunk;
+        node n = detail::make_node<selective_scan>({u, delta, A, Bm, C, keep, h0}, u.type());
+        n.outputs.push_back(h0.type());
+        n.outputs.push_back(f32({d[0], chunks, d[2], A.dims()[1]}));
+        n.axis = chunk;
+        n.native_call = native_call;
+        return detail::outputs_of(detail::commit(std::move(n)));
+    }
+    static std::vector<value> emit(function_builder& b, const node& n, const std::vector<value>& in, const std::vector<bool>& needed) {
+        return n.native_call ? b.custom_call(stablehlo::native_call::selective_scan, in, n.outputs, {{"chunk", n.axis}})
+                             : stablehlo::emit_selective_scan(b, n.axis, needed[2], in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
+    }
+    static std::vector<host_value> evaluate(const node& n, const std::vector<const host_value*>& in) { return detail::selective_scan_reference(n, in); }
+    static void gradient(vjp& v);  // below selective_scan_backward
+};
+
+/// The exact gradient of selective_scan from its operands (no h0: the checkpoints hold it), its
+/// checkpoints and the gradients gy of y and gh of the last state: outputs (du, ddelta, dA, dB, dC,
+/// dh0). Chunks run from last to first; each recomputes its states from its checkpoint.
+struct selective_scan_backward {
+    static constexpr std::string_view name = "selective_scan_backward";
+    static constexpr no_gradient gradient{};
+    static std::vector<var> make(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep, const var& checkpoints,
+                                 const var& gy, const var& gh, std::int64_t chunk, bool native_call) {
+        detail::check_selective_scan(name, u, delta, A, Bm, C, keep, gh, chunk);
+        const dims_t d = u.dims();
+        check<graph_error>(gy.type() == u.type() && checkpoints.dims() == dims_t{d[0], (d[1] + chunk - 1) / chunk, d[2], A.dims()[1]},
+                           "xla::graph: selective_scan_backward: gy ", gy.type().str(), " and checkpoints ", checkpoints.type().str(),
+                           " do not match u ", u.type().str(), " with chunk ", chunk);
+        node n = detail::make_node<selective_scan_backward>({u, delta, A, Bm, C, keep, checkpoints, gy, gh}, u.type());
+        n.outputs = {u.type(), u.type(), A.type(), Bm.type(), C.type(), gh.type()};
+        n.axis = chunk;
+        n.native_call = native_call;
+        return detail::outputs_of(detail::commit(std::move(n)));
+    }
+    static std::vector<value> emit(function_builder& b, const node& n, const std::vector<value>& in, const std::vector<bool>&) {
+        return n.native_call ? b.custom_call(stablehlo::native_call::selective_scan_backward, in, n.outputs, {{"chunk", n.axis}})
+                             : stablehlo::emit_selective_scan_backward(b, n.axis, in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], in[8]);
+    }
+    static std::vector<host_value> evaluate(const node& n, const std::vector<const host_value*>& in) {
+        return detail::selective_scan_backward_reference(n, in);
+    }
+};
+
+inline void selective_scan::gradient(vjp& v) {
+    const std::vector<var> d = selective_scan_backward::make(v.x[0], v.x[1], v.x[2], v.x[3], v.x[4], v.x[5], v.y[2], v.gy[0], v.gy[1], v.n.axis,
+                                                             v.n.native_call);
+    for (std::size_t i = 0; i < 5; ++i) v.dx[i] = d[i];  // u, delta, A, B, C; keep (5) gets none
+    v.dx[6] = d[5];                                      // h0
+}
+
+}  // namespace prim
+
+/// The linear recurrence h_t = a_t h_{t-1} + x_t along dimension 1 of [B, T, ...] values from a zero
+/// state, or with `reverse` h_t = a_t h_{t+1} + x_t from the end (prim::linear_scan).
+inline var linear_scan(const var& a, const var& x, const stablehlo::scan_strategy& strategy, bool reverse = false) {
+    return prim::linear_scan::make(a, x, strategy, reverse);
+}
+
+/// Mamba's selective scan fused over time (prim::selective_scan): y [B, T, E], the last state
+/// [B, E, N] and the chunk checkpoints [B, ceil(T / chunk), E, N].
+inline std::vector<var> selective_scan(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep, const var& h0,
+                                       std::int64_t chunk, bool native_call = false) {
+    return prim::selective_scan::make(u, delta, A, Bm, C, keep, h0, chunk, native_call);
+}
+
+/// The exact gradient of selective_scan (prim::selective_scan_backward): (du, ddelta, dA, dB, dC, dh0).
+inline std::vector<var> selective_scan_backward(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep,
+                                                const var& checkpoints, const var& gy, const var& gh, std::int64_t chunk,
+                                                bool native_call = false) {
+    return prim::selective_scan_backward::make(u, delta, A, Bm, C, keep, checkpoints, gy, gh, chunk, native_call);
+}
+
+}  // namespace olmax::xla::graph
