@@ -304,12 +304,12 @@ TEST_CASE("trace: kept layers' backward reads what their forward loop stored ins
 TEST_CASE("trace: the checker catches a wrong rule", "[trace]") {
     const auto right = check_traced({{3}}, [](const Traced& x) { return olmax::tanh(x[0]); });
     CHECK(right.worst < tolerance);
-    olmax::backend::trace::register_rule("tanh", [](std::span<const Tensor<float>> in, const olmax::backend::trace::attributes&) {
+    olmax::backend::trace::register_rule<olmax::op::tanh>([](std::span<const Tensor<float>> in, const olmax::op::tanh::attrs&) {
         return std::vector<Tensor<float>>{trace::primitives::logistic(in[0])};  // the wrong function: its own gradient is right
     });
     const auto value_only = check_traced({{3}}, [](const Traced& x) { return olmax::tanh(x[0]); });
-    CHECK(value_only.worst < tolerance);  // a wrong value with a consistent gradient passes this check; test_traced_step compares values
-    olmax::backend::trace::register_rule("tanh", [](std::span<const Tensor<float>> in, const olmax::backend::trace::attributes&) {
+    CHECK(value_only.worst < tolerance);  // a wrong value with a consistent gradient passes this check; test_op_rules compares values
+    olmax::backend::trace::register_rule<olmax::op::tanh>([](std::span<const Tensor<float>> in, const olmax::op::tanh::attrs&) {
         const Tensor<float> y = trace::wrap(gx::tanh(trace::var_of(in[0])));  // the right value recorded with the wrong gradient (1)
         return std::vector<Tensor<float>>{trace::primitives::add(y, trace::primitives::sub(in[0], trace::wrap(trace::var_of(in[0]))))};
     });

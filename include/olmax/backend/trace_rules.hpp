@@ -1,56 +1,52 @@
 #pragma once
-// How an op runs on traced tensors: one lowering rule per op, found by the op's name.
+// How an op runs on traced tensors: one lowering rule per op, found by the op's typed KEY.
 //
 // An op whose inputs are traced (core/traced.hpp; `op_scope::traced()`) returns what its rule
-// returns instead of running kernels:
+// returns instead of running kernels. The op names its rule by a key, a struct that holds the op's
+// name and its typed attributes (olmax's own keys: `olmax::op::*`, listed in ops/op_keys.hpp and
+// defined next to their ops):
 //
-//     template <Real T> Tensor<T> tanh(const Tensor<T>& x) {
-//         backend::op_scope on("tanh", x);
-//         if (on.traced()) return backend::trace::call1<T>("tanh", {x});
-//         ...   // the kernels
+//     template <Real T> Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t end) {
+//         backend::op_scope on("slice", x);
+//         ...
+//         if (on.traced()) return backend::trace::call1<op::slice>({x}, {.axis = a, .begin = begin, .end = end});
 //
-// The rules themselves live in olmax/trace/ (above every op), which registers them when it is
-// included: a program that never traces includes none of the tracer. A rule builds the op's value
-// in the tracer's primitives and records the primitives' backward on the tape, so the op's
-// gradient traces too; an op without a rule fails at trace time with a `trace_error` naming it.
+// A misspelt key does not compile, nor does a wrong attribute. The rules themselves live in
+// olmax/trace/ (above every op), which registers them when it is included (`register_rule<Key>`):
+// a program that never traces includes none of the tracer. A rule builds the op's value in the
+// tracer's primitives, which record their backward on the tape, so the op's gradient traces too.
+// Every key of op::all has its rule in trace/rules.hpp, or that header does not compile; a key of
+// an op outside olmax (yours) without a registered rule fails at trace time with a `trace_error`
+// naming the op (and, inside a stack, the layer).
+//
+// The registry is also the list of what to check: each entry carries its key's samples and its
+// eager form, so that one test (tests/unit/test_op_rules.cpp) compares every op's traced value
+// and gradient with its eager ones without a test of its own.
 
+#include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <typeindex>
 #include <utility>
 #include <vector>
 
+#include "olmax/core/random.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/core/traced.hpp"
 
 namespace olmax::backend::trace {
 
-/// An op's non-tensor arguments (axes, sizes, scalars), in the order its rule documents.
-struct attributes {
-    std::vector<std::int64_t> ints{};
-    std::vector<double> reals{};
-};
-
-/// A lowering rule: the op's outputs from its traced inputs. Traced programs compute in float32;
-/// integer inputs (token ids) arrive as float32 values of the same symbol (`as_float`).
-using rule = std::function<std::vector<Tensor<float>>(std::span<const Tensor<float>> inputs, const attributes& attrs)>;
-
 namespace detail {
-
-struct rule_table {
-    std::mutex mutex;
-    std::map<std::string, rule, std::less<>> rules;
-};
-inline rule_table& rules() {
-    static rule_table table;
-    return table;
-}
 
 /// A traced tensor of element type To naming `t`'s value (the program holds every value as float32).
 template <Scalar To, Scalar From>
@@ -65,20 +61,6 @@ Tensor<To> retyped(const Tensor<From>& t) {
 }
 
 }  // namespace detail
-
-/// Sets the rule of op `op` (a later registration replaces an earlier one).
-inline void register_rule(std::string_view op, rule r) {
-    auto& table = detail::rules();
-    std::lock_guard lock(table.mutex);
-    table.rules.insert_or_assign(std::string(op), std::move(r));
-}
-
-/// Whether op `op` has a rule.
-inline bool has_rule(std::string_view op) {
-    auto& table = detail::rules();
-    std::lock_guard lock(table.mutex);
-    return table.rules.find(op) != table.rules.end();
-}
 
 /// The same traced value seen as a float32 tensor (token ids, targets, masks: the program holds
 /// them as float32); a float tensor is returned as it is.
@@ -189,40 +171,239 @@ inline Tensor<float> loop_layers(const layer_loop& loop) {
     return detail::loop_rule()(loop);
 }
 
-/// Runs the rule of op `op` on traced `inputs`; throws `trace_error` naming the op when it has
-/// none, or when the op runs in another precision than float32.
+/// Integer indices (token ids, row numbers) from a tensor holding them as values: the same traced
+/// value seen as int32 (a program holds them as float32), or a host copy converted. What a key's
+/// eager form passes to an op that takes indices.
 template <Real T>
-std::vector<Tensor<T>> call(std::string_view op, std::span<const Tensor<float>> inputs, const attributes& attrs = {}) {
+Tensor<std::int32_t> as_indices(const Tensor<T>& t) {
+    if (t.traced()) return as_type<std::int32_t>(as_float(t));
+    Tensor<std::int32_t> out(t.shape());
+    for (std::size_t i = 0; i < t.size(); ++i) out.data()[i] = std::int32_t(t.data()[i]);
+    return out;
+}
+
+// ---- typed keys and the registry of rules -------------------------------------------------------
+
+/// A lowering rule's operands and results: float32 traced tensors (an optional operand left out is
+/// an undefined tensor; integer inputs arrive as float32 values of the same symbol, `as_float`).
+using traced_inputs = std::span<const Tensor<float>>;
+using traced_outputs = std::vector<Tensor<float>>;
+
+/// The key of an op's lowering rule: a struct holding the op's `name` (for messages) and its typed
+/// attributes `attrs`, the op's non-tensor arguments (`struct attrs {};` for none).
+template <class K>
+concept op_key = requires {
+    { K::name } -> std::convertible_to<std::string_view>;
+    typename K::attrs;
+} && std::is_default_constructible_v<typename K::attrs> && std::is_copy_constructible_v<typename K::attrs>;
+
+/// A rule of the op keyed by K: its results from its traced operands and its attributes.
+template <op_key K>
+using rule_of = std::function<traced_outputs(traced_inputs, const typename K::attrs&)>;
+
+/// One sample of an op's inputs, for the check that its traced form equals its eager form
+/// (tests/unit/test_op_rules.cpp): host float32 tensors (undefined: an optional input left out), the
+/// attributes, and the inputs that take no gradient (ids, row indices, masks).
+template <class Attrs>
+struct sample {
+    std::vector<Tensor<float>> inputs;
+    Attrs attrs{};
+    std::vector<std::size_t> constant{};
+};
+
+/// A sample with its op bound to it, whatever the op's key: what the registry hands the check.
+struct bound_sample {
+    std::vector<Tensor<float>> inputs;
+    std::vector<std::size_t> constant;
+    /// The op on host tensors in double precision (the reference), and the same call on traced
+    /// float32 tensors (the op's traced branch: its rule).
+    std::function<std::vector<Tensor<double>>(std::span<const Tensor<double>>)> eager;
+    std::function<std::vector<Tensor<float>>(std::span<const Tensor<float>>)> traced;
+};
+
+/// A registered op: its name, its rule (attributes type-erased) and its samples bound to its eager
+/// form (empty when its key declares none).
+struct op_entry {
+    std::string_view name;
+    std::function<traced_outputs(traced_inputs, const void* attrs)> lower;
+    std::function<std::vector<bound_sample>(Generator&)> samples;
+    bool takes_attrs = true;  // false: its key's attrs are empty (the transitional path may call it by name)
+};
+
+namespace detail {
+
+template <class T, class R>
+std::vector<Tensor<T>> as_outputs(R&& r) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<R>, Tensor<T>>) return {std::forward<R>(r)};
+    else return std::vector<Tensor<T>>(r.begin(), r.end());
+}
+
+/// Whether key K declares samples and an eager form: `static std::vector<sample<attrs>>
+/// samples(Generator&)` and `template <Real T> static R eager(std::span<const Tensor<T>>, const
+/// attrs&)`, R a tensor or a list of them (the op's outputs).
+template <class K>
+concept has_samples = requires(Generator& rng, std::span<const Tensor<double>> d, std::span<const Tensor<float>> f, const typename K::attrs& a) {
+    { K::samples(rng) } -> std::convertible_to<std::vector<sample<typename K::attrs>>>;
+    as_outputs<double>(K::template eager<double>(d, a));
+    as_outputs<float>(K::template eager<float>(f, a));
+};
+
+}  // namespace detail
+
+/// Rules by key. The process's registry is `rules()`; a test may hold its own and make this
+/// thread's traced ops use it (`registry_scope`).
+class rule_registry {
+public:
+    /// Sets the rule of K (a later registration replaces an earlier one), with K's samples bound to
+    /// its eager form when K declares them (detail::has_samples).
+    template <op_key K>
+    void add(rule_of<K> rule) {
+        using attrs = typename K::attrs;
+        op_entry e;
+        e.name = K::name;
+        e.lower = [rule = std::move(rule)](traced_inputs in, const void* a) {
+            return a ? rule(in, *static_cast<const attrs*>(a)) : rule(in, attrs{});  // null: none given (the transitional path)
+        };
+        e.takes_attrs = !std::is_empty_v<attrs>;
+        if constexpr (detail::has_samples<K>)
+            e.samples = [](Generator& rng) {
+                std::vector<bound_sample> out;
+                for (auto& s : K::samples(rng))
+                    out.push_back({std::move(s.inputs), std::move(s.constant),
+                                   [a = s.attrs](std::span<const Tensor<double>> in) { return detail::as_outputs<double>(K::template eager<double>(in, a)); },
+                                   [a = s.attrs](std::span<const Tensor<float>> in) { return detail::as_outputs<float>(K::template eager<float>(in, a)); }});
+                return out;
+            };
+        std::lock_guard lock(mutex_);
+        entries_.insert_or_assign(std::type_index(typeid(K)), std::move(e));
+    }
+    /// The entry of key `key`, or of the op named `name` (transitional: one without attributes).
+    std::optional<op_entry> find(std::type_index key) const {
+        std::lock_guard lock(mutex_);
+        const auto it = entries_.find(key);
+        return it == entries_.end() ? std::nullopt : std::optional<op_entry>(it->second);
+    }
+    std::optional<op_entry> find(std::string_view name) const {
+        std::lock_guard lock(mutex_);
+        for (const auto& [key, e] : entries_)
+            if (e.name == name && !e.takes_attrs) return e;
+        return std::nullopt;
+    }
+    /// Every entry, by name.
+    std::vector<op_entry> entries() const {
+        std::lock_guard lock(mutex_);
+        std::vector<op_entry> out;
+        for (const auto& [key, e] : entries_) out.push_back(e);
+        std::sort(out.begin(), out.end(), [](const op_entry& a, const op_entry& b) { return a.name < b.name; });
+        return out;
+    }
+
+private:
+    mutable std::mutex mutex_;
+    std::map<std::type_index, op_entry> entries_;
+};
+
+/// The process's rules: olmax/trace/ registers olmax's ops' rules here when it is included.
+inline rule_registry& rules() {
+    static rule_registry registry;
+    return registry;
+}
+
+namespace detail {
+inline const rule_registry*& local_rules() {
+    thread_local const rule_registry* registry = nullptr;
+    return registry;
+}
+inline const rule_registry& active_rules() { return local_rules() ? *local_rules() : rules(); }
+[[noreturn]] inline void no_rule(std::string_view op) {
+    throw trace_error(olmax::detail::concat("olmax: the op '", op,
+                                            "' has no lowering rule, so it cannot run inside a traced program (docs/xla.md lists "
+                                            "the ops that have one)"));
+}
+}  // namespace detail
+
+/// RAII: while it lives, this thread's traced ops find their rules in `registry` only (a test's
+/// registry holding a rule of its own).
+class registry_scope {
+public:
+    explicit registry_scope(const rule_registry& registry) : previous_(std::exchange(detail::local_rules(), &registry)) {}
+    ~registry_scope() { detail::local_rules() = previous_; }
+    registry_scope(const registry_scope&) = delete;
+    registry_scope& operator=(const registry_scope&) = delete;
+
+private:
+    const rule_registry* previous_;
+};
+
+/// Sets the rule of the op keyed by K in the process's registry (olmax/trace/rules.hpp does for
+/// olmax's ops; an op of yours registers its own the same way).
+template <op_key K>
+void register_rule(rule_of<K> rule) {
+    rules().add<K>(std::move(rule));
+}
+
+/// Whether the op keyed by K has a rule where this thread's traced ops look.
+template <op_key K>
+bool has_rule() {
+    return detail::active_rules().find(std::type_index(typeid(K))).has_value();
+}
+
+/// Runs the rule of the op keyed by K on traced `inputs`; throws `trace_error` naming the op when it
+/// has none, or when the op runs in another precision than float32.
+template <op_key K, Real T>
+std::vector<Tensor<T>> call(traced_inputs inputs, const typename K::attrs& attrs = {}) {
     if constexpr (!std::is_same_v<T, float>) {
-        throw trace_error(olmax::detail::concat("olmax: ", op, ": traced programs compute in float32; trace a float model"));
+        throw trace_error(olmax::detail::concat("olmax: ", K::name, ": traced programs compute in float32; trace a float model"));
     } else {
-        rule r;
-        {
-            auto& table = detail::rules();
-            std::lock_guard lock(table.mutex);
-            const auto it = table.rules.find(op);
-            if (it == table.rules.end())
-                throw trace_error(olmax::detail::concat("olmax: the op '", op,
-                                                        "' has no lowering rule, so it cannot run inside a traced program (docs/xla.md lists "
-                                                        "the ops that have one)"));
-            r = it->second;
-        }
-        return r(inputs, attrs);
+        const auto e = detail::active_rules().find(std::type_index(typeid(K)));
+        if (!e) detail::no_rule(K::name);
+        return e->lower(inputs, &attrs);
     }
 }
 
-/// The one output of a single-output op's rule, for ops on inputs of their own element type.
-template <Real T>
-Tensor<T> call1(std::string_view op, std::initializer_list<Tensor<T>> inputs, const attributes& attrs = {}) {
+/// The one output of a single-output op's rule, for ops on inputs of their own element type (host
+/// inputs become constants of the program).
+template <op_key K, Real T>
+Tensor<T> call1(std::initializer_list<Tensor<T>> inputs, const typename K::attrs& attrs = {}) {
     if constexpr (!std::is_same_v<T, float>) {
-        return call<T>(op, {}, attrs).front();  // throws: float32 only
+        return call<K, T>({}, attrs).front();  // throws: float32 only
     } else {
         std::vector<Tensor<float>> in;
-        for (const auto& t : inputs) in.push_back(t.defined() ? as_float(t) : t);  // host inputs become constants
-        auto out = call<T>(op, in, attrs);
-        check<trace_error>(out.size() == 1, "olmax: the rule of '", op, "' returned ", out.size(), " values, expected 1");
+        for (const auto& t : inputs) in.push_back(t.defined() ? as_float(t) : t);
+        auto out = call<K, T>(in, attrs);
+        check<trace_error>(out.size() == 1, "olmax: the rule of '", K::name, "' returned ", out.size(), " values, expected 1");
         return std::move(out.front());
     }
+}
+
+// ---- TRANSITIONAL (issue 55 item 2): rules found by name ---------------------------------------
+// For ops/attention.hpp and scan/gated_delta.hpp until they are converted to typed keys (neither
+// calls a rule by name today: their traced branches compose the typed ops). A name finds the
+// registered rule of that name whose key has no attributes: add, sub, mul, div, maximum, exp, log,
+// sqrt, rsqrt, square, tanh, sigmoid, relu, hard_sigmoid, silu, softplus, matmul, embedding,
+// gather_rows, selective_scan, stack_leading. Delete this block once nothing calls it.
+
+/// TRANSITIONAL: `call<K, T>(inputs)` for the op named `op`.
+template <Real T>
+std::vector<Tensor<T>> call(std::string_view op, traced_inputs inputs) {
+    if constexpr (!std::is_same_v<T, float>) {
+        throw trace_error(olmax::detail::concat("olmax: ", op, ": traced programs compute in float32; trace a float model"));
+    } else {
+        const auto e = detail::active_rules().find(op);
+        if (!e) detail::no_rule(op);
+        return e->lower(inputs, nullptr);
+    }
+}
+
+/// TRANSITIONAL: `call1<K>(inputs)` for the op named `op`.
+template <Real T>
+Tensor<T> call1(std::string_view op, std::initializer_list<Tensor<T>> inputs) {
+    std::vector<Tensor<float>> in;
+    if constexpr (std::is_same_v<T, float>)
+        for (const auto& t : inputs) in.push_back(t.defined() ? as_float(t) : t);
+    auto out = call<T>(op, in);
+    check<trace_error>(out.size() == 1, "olmax: the rule of '", op, "' returned ", out.size(), " values, expected 1");
+    return std::move(out.front());
 }
 
 }  // namespace olmax::backend::trace

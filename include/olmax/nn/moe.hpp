@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -64,6 +65,7 @@
 #include "olmax/ops/grouped_matmul.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/loss.hpp"
+#include "olmax/ops/op_keys.hpp"
 #include "olmax/ops/reduction.hpp"
 #include "olmax/ops/shape.hpp"
 
@@ -132,6 +134,52 @@ MoERouting route(const T* p, std::size_t batch, std::size_t sequence, std::size_
         }
     }
     return r;
+}
+
+/// The slot maps of a host routing, as moe_route computes them in a traced program, with C slots
+/// per expert and sequence: slot_token [E B C] (the token row in expert e's slot c of sequence b;
+/// 0 when empty) and token_slot [N E] (the slot row of each kept (token, expert); 0 where not kept).
+inline std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> slot_maps(const MoERouting& routing, std::size_t batch, std::size_t sequence,
+                                                                                 std::size_t experts, std::size_t slots) {
+    std::vector<std::int32_t> slot_token(experts * batch * slots, 0), token_slot(batch * sequence * experts, 0);
+    for (std::size_t e = 0; e < experts; ++e) {
+        std::size_t b_last = batch, c = 0;  // rows of expert e come in time order, sequence by sequence
+        for (std::size_t i = routing.offsets[e]; i < routing.offsets[e + 1]; ++i) {
+            const auto n = std::size_t(routing.rows[i]), b = n / sequence;
+            c = b == b_last ? c + 1 : 0;
+            b_last = b;
+            const std::size_t slot = (e * batch + b) * slots + c;
+            slot_token[slot] = std::int32_t(n);
+            token_slot[n * experts + e] = std::int32_t(slot);
+        }
+    }
+    return {std::move(slot_token), std::move(token_slot)};
+}
+
+/// The routing of probabilities p [N, E] (N = batch * sequence tokens, top `k`, `capacity` per
+/// expert and sequence) as moe_route's four values: keep [N, E] (1 at each kept assignment),
+/// fraction [E] (the share of the k N choices that picked each expert), slot_token [E B C] and
+/// token_slot [N, E] (slot_maps, C = min(capacity, sequence)). On traced p, the rule op::moe_route
+/// inside the program; on host p, the same from `route` (the reference its rule is checked with).
+template <Real T>
+std::vector<Tensor<T>> route_values(const Tensor<T>& p, std::size_t batch, std::size_t sequence, std::size_t k, std::size_t capacity) {
+    const std::size_t tokens = p.shape()[0], experts = p.shape()[1], slots = std::min(capacity, sequence);
+    if (p.traced()) {
+        const Tensor<float> in[1] = {backend::trace::as_float(p)};
+        return backend::trace::call<op::moe_route, T>(in, {.batch = batch, .sequence = sequence, .k = k, .capacity = capacity});
+    }
+    const MoERouting routing = route(p.data(), batch, sequence, experts, k, capacity);
+    device_scope on(p.device());
+    Tensor<T> keep({tokens, experts}), fraction({experts});
+    for (std::int32_t g : routing.gates) keep.data()[g] = T{1};
+    for (std::size_t e = 0; e < experts; ++e) fraction.data()[e] = T(double(routing.assigned[e]) / (double(k) * double(tokens)));
+    const auto [slot_token, token_slot] = slot_maps(routing, batch, sequence, experts, slots);
+    auto values = [](const std::vector<std::int32_t>& v, const Shape& shape) {
+        Tensor<T> t(shape);
+        for (std::size_t i = 0; i < v.size(); ++i) t.data()[i] = T(v[i]);
+        return t;
+    };
+    return {keep, fraction, values(slot_token, {experts * batch * slots}), values(token_slot, {tokens, experts})};
 }
 
 /// Returns y's value unchanged; its backward passes dy through to y and gives the scalar `loss`
@@ -214,9 +262,7 @@ public:
         const Tensor<T> probs = softmax(matmul(x2, router_), -1);  // [N, E]
         Tensor<T> y, fraction;
         if (probs.traced()) {  // the routing inside the program: keep mask [N, E] and the choices' shares [E]
-            const auto routed = backend::trace::call<T>(
-                "moe_route", std::vector<Tensor<float>>{backend::trace::as_float(probs)},
-                {{std::int64_t(batch), std::int64_t(sequence), std::int64_t(top_k_), std::int64_t(capacity(sequence))}, {}});
+            const auto routed = detail::route_values(probs, batch, sequence, top_k_, capacity(sequence));
             auto indices = [](const Tensor<T>& t) { return backend::trace::as_type<std::int32_t>(backend::trace::as_float(t)); };
             y = slots(x2, mul(probs, routed[0]), indices(routed[2]), indices(reshape(routed[3], {tokens * E})));
             fraction = routed[1];
@@ -304,24 +350,11 @@ private:
         return sum(mul(back, reshape(gates, {tokens, E, 1})), {1});
     }
 
-    /// The slot maps of a host routing, as moe_route computes them in a traced program:
-    /// slot_token [E B C] (the token row in expert e's slot c of sequence b; 0 when empty) and
-    /// token_slot [N E] (the slot row of each kept (token, expert); 0 where not kept).
+    /// The slot maps of a host routing (detail::slot_maps) on `device`.
     std::pair<Tensor<std::int32_t>, Tensor<std::int32_t>> slot_maps(const detail::MoERouting& routing, std::size_t batch, std::size_t sequence,
                                                                      Device device) const {
         const std::size_t E = experts(), C = std::min(capacity(sequence), sequence);
-        std::vector<std::int32_t> slot_token(E * batch * C, 0), token_slot(batch * sequence * E, 0);
-        for (std::size_t e = 0; e < E; ++e) {
-            std::size_t b_last = batch, c = 0;  // rows of expert e come in time order, sequence by sequence
-            for (std::size_t i = routing.offsets[e]; i < routing.offsets[e + 1]; ++i) {
-                const auto n = std::size_t(routing.rows[i]), b = n / sequence;
-                c = b == b_last ? c + 1 : 0;
-                b_last = b;
-                const std::size_t slot = (e * batch + b) * C + c;
-                slot_token[slot] = std::int32_t(n);
-                token_slot[n * E + e] = std::int32_t(slot);
-            }
-        }
+        auto [slot_token, token_slot] = detail::slot_maps(routing, batch, sequence, E, C);
         device_scope on(device);
         return {Tensor<std::int32_t>::from({E * batch * C}, slot_token), Tensor<std::int32_t>::from({batch * sequence * E}, token_slot)};
     }
@@ -378,3 +411,34 @@ template <Real T = float>
 using TiedMoE = MoE<T, true>;
 
 }  // namespace olmax::nn
+
+// ---- the key of the MoE routing's lowering rule (its rule: olmax/trace/rules.hpp) -------------
+
+namespace olmax::op {
+
+/// Probabilities [N, E] (no gradient) to nn::detail::route_values' four values.
+struct moe_route : registered<moe_route> {
+    static constexpr std::string_view name = "moe_route";
+    struct attrs {
+        std::size_t batch = 0, sequence = 0, k = 1, capacity = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto probabilities = [&](std::size_t n, std::size_t e) {  // rows of a softmax: positive, summing to 1
+            Tensor<float> p = samples::uniform(rng, {n, e}, 0.05f, 1.0f);
+            for (std::size_t r = 0; r < n; ++r) {
+                float total = 0;
+                for (std::size_t c = 0; c < e; ++c) total += p.data()[r * e + c];
+                for (std::size_t c = 0; c < e; ++c) p.data()[r * e + c] /= total;
+            }
+            return p;
+        };
+        return {{{probabilities(8, 3)}, {2, 4, 1, 2}, {0}},    // some assignments dropped
+                {{probabilities(5, 4)}, {1, 5, 2, 2}, {0}},    // top 2
+                {{probabilities(6, 2)}, {2, 3, 2, 9}, {0}}};   // capacity above the sequence
+    }
+    template <Real T> static std::vector<Tensor<T>> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return nn::detail::route_values(in[0], a.batch, a.sequence, a.k, a.capacity);
+    }
+};
+
+}  // namespace olmax::op

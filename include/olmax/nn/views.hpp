@@ -15,6 +15,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/op_keys.hpp"
 #include "olmax/ops/shape.hpp"
 
 namespace olmax::nn {
@@ -37,7 +38,7 @@ template <Real T>
 Tensor<T> take_leading(const Tensor<T>& x, std::size_t index) {
     check<shape_error>(x.rank() >= 1 && index < x.shape()[0], "nn::take_leading: index ", index, " out of range for shape ",
                        to_string(x.shape()));
-    if (x.traced()) return backend::trace::call1<T>("take_leading", {x}, {{std::int64_t(index)}, {}});
+    if (x.traced()) return backend::trace::call1<op::take_leading>({x}, {.index = index});
     const Shape inner = detail::drop_leading(x.shape());
     const std::size_t offset = index * numel(inner);
     Tensor<T> out = detail::view_of(x, offset, inner);
@@ -95,3 +96,21 @@ decltype(auto) hint_two_streams(const Tensor<T>& state, std::string_view layer, 
 }  // namespace detail
 
 }  // namespace olmax::nn
+
+// ---- the key of take_leading's lowering rule (its rule: olmax/trace/rules.hpp) ----------------
+
+namespace olmax::op {
+
+/// x[index] along the leading axis.
+struct take_leading : registered<take_leading> {
+    static constexpr std::string_view name = "take_leading";
+    struct attrs {
+        std::size_t index = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return {{{samples::uniform(rng, {3, 2, 4})}, {1}}, {{samples::uniform(rng, {4, 3})}, {3}}, {{samples::uniform(rng, {2})}, {0}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return nn::take_leading(in[0], a.index); }
+};
+
+}  // namespace olmax::op

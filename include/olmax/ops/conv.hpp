@@ -24,6 +24,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/backend/gemm_operand.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/op_keys.hpp"
 
 namespace olmax {
 
@@ -269,7 +270,7 @@ template <Real T>
 Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, std::size_t groups) {
     backend::op_scope on("causal_conv1d", x, w, bias ? *bias : Tensor<T>());
     const ConvDims d = validate(x, w, groups);
-    if (on.traced()) return backend::trace::call1<T>("causal_conv1d", {x, w, bias ? *bias : Tensor<T>()}, {{std::int64_t(groups)}, {}});
+    if (on.traced()) return backend::trace::call1<op::causal_conv1d>({x, w, bias ? *bias : Tensor<T>()}, {.groups = groups});
     if (bias)
         if (!(bias->rank() == 1 && bias->shape()[0] == d.cout))
             throw shape_error(olmax::detail::concat("causal_conv1d: bias of shape ", to_string(bias->shape()),
@@ -338,5 +339,29 @@ template <Real T>
 Tensor<T> causal_conv1d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& bias, std::size_t groups = 1) {
     return detail::conv_ops::conv(x, w, &bias, groups);
 }
+
+// ---- the key of the convolution's lowering rule (its rule: olmax/trace/rules.hpp) -------------
+
+namespace op {
+
+/// x [B, T, Cin], w [K, Cin / groups, Cout], bias [Cout] (undefined: none).
+struct causal_conv1d : registered<causal_conv1d> {
+    static constexpr std::string_view name = "causal_conv1d";
+    struct attrs {
+        std::size_t groups = 1;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto u = [&](const Shape& s) { return samples::uniform(rng, s); };
+        return {{{u({2, 5, 3}), u({3, 3, 4}), Tensor<float>()}, {1}},
+                {{u({1, 6, 4}), u({2, 4, 2}), u({2})}, {1}},
+                {{u({2, 4, 4}), u({3, 2, 6}), u({6})}, {2}},   // groups: 2 channels in, 3 out each
+                {{u({1, 3, 2}), u({1, 2, 2}), Tensor<float>()}, {1}}};  // one tap
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return in[2].defined() ? olmax::causal_conv1d(in[0], in[1], in[2], a.groups) : olmax::causal_conv1d(in[0], in[1], a.groups);
+    }
+};
+
+}  // namespace op
 
 }  // namespace olmax

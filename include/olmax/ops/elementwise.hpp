@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -12,8 +13,26 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/ops/math_rules.hpp"
+#include "olmax/ops/op_keys.hpp"
 
 namespace olmax {
+
+namespace op {
+/// Keys of element-wise ops without a lowering rule (yet): not entries of op::all, so on traced
+/// tensors they fail at trace time, naming the op.
+struct abs {
+    static constexpr std::string_view name = "abs";
+    struct attrs {};
+};
+struct mish {
+    static constexpr std::string_view name = "mish";
+    struct attrs {};
+};
+struct elephant {
+    static constexpr std::string_view name = "elephant";
+    struct attrs {};
+};
+}  // namespace op
 
 namespace detail {
 
@@ -181,12 +200,15 @@ void map_elements(std::size_t n, T* out, F&& f, const In*... in) {
 /// A differentiable unary op: y = f(x), dx = dy * df(x, y); df reads what `reads` says (it is
 /// given dy in place of a value it does not read). When f and df take SIMD batches (a rule of
 /// ops/math_rules.hpp does: `unary_rule_op`), both passes run on them.
-template <Reads reads = Reads::both, Real T, class F, class DF>
-Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
+/// Traced, it returns its lowering rule's value, found by the op's key (`attrs`: the rule's
+/// arguments); a key outside op::all has no rule, and then fails at trace time naming the op.
+template <class Key, Reads reads = Reads::both, Real T, class F, class DF>
+Tensor<T> unary_op(const Tensor<T>& x, F f, DF df, const typename Key::attrs& attrs = {}) {
     using batch = xsimd::batch<T>;
     constexpr bool batched = std::is_invocable_v<F&, batch> && std::is_invocable_v<DF&, batch, batch>;
+    constexpr std::string_view name = Key::name;
     backend::op_scope on(name, x);
-    if (on.traced()) return backend::trace::call1<T>(name, {x});  // the op's lowering rule, found by its name
+    if (on.traced()) return backend::trace::call1<Key>({x}, attrs);
     auto y = Tensor<T>::uninitialized(x.shape());
     map_elements<batched>(x.size(), y.data(), f, x.data());
     constexpr bool keep_x = reads == Reads::input || reads == Reads::both, keep_y = reads == Reads::output || reads == Reads::both;
@@ -206,9 +228,9 @@ Tensor<T> unary_op(std::string_view name, const Tensor<T>& x, F f, DF df) {
 }
 
 /// A unary op whose value and derivative are a rule of ops/math_rules.hpp (on SIMD batches).
-template <class Rule, Reads reads, Real T>
-Tensor<T> unary_rule_op(std::string_view name, const Tensor<T>& x) {
-    return unary_op<reads>(name, x, [](auto v) { return Rule::value(v); }, [](auto v, auto y) { return Rule::derivative(v, y); });
+template <class Rule, class Key, Reads reads, Real T>
+Tensor<T> unary_rule_op(const Tensor<T>& x) {
+    return unary_op<Key, reads>(x, [](auto v) { return Rule::value(v); }, [](auto v, auto y) { return Rule::derivative(v, y); });
 }
 
 /// Which of a, b and y a binary op's derivatives read (add's: none; mul's: a and b).
@@ -218,10 +240,12 @@ struct BinaryReads {
 
 /// A differentiable binary op with broadcasting: y = f(a, b), da = dy * dfa(a, b, y), db = dy * dfb(a, b, y);
 /// the derivatives read what `reads` says (they are given dy in place of a value they do not read).
-template <BinaryReads reads = BinaryReads{}, Real T, class F, class DFA, class DFB>
-Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& b, F f, DFA dfa, DFB dfb) {
+/// Traced, it returns the lowering rule of the op's key.
+template <class Key, BinaryReads reads = BinaryReads{}, Real T, class F, class DFA, class DFB>
+Tensor<T> binary_op(const Tensor<T>& a, const Tensor<T>& b, F f, DFA dfa, DFB dfb) {
+    constexpr std::string_view name = Key::name;
     backend::op_scope on(name, a, b);
-    if (on.traced()) return backend::trace::call1<T>(name, {a, b});
+    if (on.traced()) return backend::trace::call1<Key>({a, b});
     const bool same = a.shape() == b.shape();
     const Shape out_shape = same ? a.shape() : broadcast_shapes(a.shape(), b.shape(), name);
     auto y = Tensor<T>::uninitialized(out_shape);
@@ -267,26 +291,26 @@ Tensor<T> binary_op(std::string_view name, const Tensor<T>& a, const Tensor<T>& 
 
 template <Real T>
 Tensor<T> add(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<detail::BinaryReads{false, false, false}>("add", a, b, [](T x, T y) { return x + y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{1}; });
+    return detail::binary_op<op::add, detail::BinaryReads{false, false, false}>(a, b, [](T x, T y) { return x + y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{1}; });
 }
 template <Real T>
 Tensor<T> sub(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<detail::BinaryReads{false, false, false}>("sub", a, b, [](T x, T y) { return x - y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{-1}; });
+    return detail::binary_op<op::sub, detail::BinaryReads{false, false, false}>(a, b, [](T x, T y) { return x - y; }, [](T, T, T) { return T{1}; }, [](T, T, T) { return T{-1}; });
 }
 template <Real T>
 Tensor<T> mul(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<detail::BinaryReads{true, true, false}>("mul", a, b, [](T x, T y) { return x * y; }, [](T, T y, T) { return y; }, [](T x, T, T) { return x; });
+    return detail::binary_op<op::mul, detail::BinaryReads{true, true, false}>(a, b, [](T x, T y) { return x * y; }, [](T, T y, T) { return y; }, [](T x, T, T) { return x; });
 }
 template <Real T>
 Tensor<T> div(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<detail::BinaryReads{false, true, true}>("div", a, b, [](T x, T y) { return x / y; }, [](T, T y, T) { return T{1} / y; },
+    return detail::binary_op<op::div, detail::BinaryReads{false, true, true}>(a, b, [](T x, T y) { return x / y; }, [](T, T y, T) { return T{1} / y; },
                                 [](T, T y, T out) { return -out / y; });
 }
 /// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b`. A NaN in either
 /// operand gives NaN (as `numpy.maximum`), with the gradient routed to the NaN operand.
 template <Real T>
 Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
-    return detail::binary_op<detail::BinaryReads{true, true, false}>("maximum", a, b, [](T x, T y) { return (x >= y || x != x) ? x : y; },
+    return detail::binary_op<op::maximum, detail::BinaryReads{true, true, false}>(a, b, [](T x, T y) { return (x >= y || x != x) ? x : y; },
                                 [](T x, T y, T) { return T(x >= y || x != x); }, [](T x, T y, T) { return T(!(x >= y || x != x)); });
 }
 
@@ -294,13 +318,11 @@ Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
 
 template <Real T>
 Tensor<T> add_scalar(const Tensor<T>& x, T s) {
-    if (x.traced()) return backend::trace::call1<T>("add_scalar", {x}, {{}, {double(s)}});
-    return detail::unary_op<detail::Reads::nothing>("add_scalar", x, [s](T v) { return v + s; }, [](T, T) { return T{1}; });
+    return detail::unary_op<op::add_scalar, detail::Reads::nothing>(x, [s](T v) { return v + s; }, [](T, T) { return T{1}; }, {.value = double(s)});
 }
 template <Real T>
 Tensor<T> scale(const Tensor<T>& x, T s) {
-    if (x.traced()) return backend::trace::call1<T>("scale", {x}, {{}, {double(s)}});
-    return detail::unary_op<detail::Reads::nothing>("scale", x, [s](T v) { return v * s; }, [s](T, T) { return s; });
+    return detail::unary_op<op::scale, detail::Reads::nothing>(x, [s](T v) { return v * s; }, [s](T, T) { return s; }, {.factor = double(s)});
 }
 template <Real T>
 Tensor<T> neg(const Tensor<T>& x) { return scale(x, T{-1}); }
@@ -322,65 +344,64 @@ template <Real T> Tensor<T> operator/(const Tensor<T>& x, std::type_identity_t<T
 
 template <Real T>
 Tensor<T> exp(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::exp, detail::Reads::output>("exp", x);
+    return detail::unary_rule_op<math::rules::exp, op::exp, detail::Reads::output>(x);
 }
 template <Real T>
 Tensor<T> log(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::log, detail::Reads::input>("log", x);
+    return detail::unary_rule_op<math::rules::log, op::log, detail::Reads::input>(x);
 }
 template <Real T>
 Tensor<T> sqrt(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::sqrt, detail::Reads::output>("sqrt", x);
+    return detail::unary_rule_op<math::rules::sqrt, op::sqrt, detail::Reads::output>(x);
 }
 template <Real T>
 Tensor<T> rsqrt(const Tensor<T>& x) {
-    return detail::unary_op("rsqrt", x, [](T v) { return T{1} / std::sqrt(v); }, [](T v, T y) { return T{-0.5} * y / v; });
+    return detail::unary_op<op::rsqrt>(x, [](T v) { return T{1} / std::sqrt(v); }, [](T v, T y) { return T{-0.5} * y / v; });
 }
 template <Real T>
 Tensor<T> square(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::square, detail::Reads::input>("square", x);
+    return detail::unary_rule_op<math::rules::square, op::square, detail::Reads::input>(x);
 }
 template <Real T>
 Tensor<T> abs(const Tensor<T>& x) {
-    return detail::unary_op<detail::Reads::input>("abs", x, [](T v) { return std::abs(v); }, [](T v, T) { return T((v > 0) - (v < 0)); });
+    return detail::unary_op<op::abs, detail::Reads::input>(x, [](T v) { return std::abs(v); }, [](T v, T) { return T((v > 0) - (v < 0)); });
 }
 template <Real T>
 Tensor<T> tanh(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::tanh, detail::Reads::output>("tanh", x);
+    return detail::unary_rule_op<math::rules::tanh, op::tanh, detail::Reads::output>(x);
 }
 template <Real T>
 Tensor<T> sigmoid(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::sigmoid, detail::Reads::output>("sigmoid", x);
+    return detail::unary_rule_op<math::rules::sigmoid, op::sigmoid, detail::Reads::output>(x);
 }
 /// clip((x + 3) / 6, 0, 1): the QRNN gate of the original Olmax.
 template <Real T>
 Tensor<T> hard_sigmoid(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::hard_sigmoid, detail::Reads::input>("hard_sigmoid", x);
+    return detail::unary_rule_op<math::rules::hard_sigmoid, op::hard_sigmoid, detail::Reads::input>(x);
 }
 template <Real T>
 Tensor<T> relu(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::relu, detail::Reads::input>("relu", x);
+    return detail::unary_rule_op<math::rules::relu, op::relu, detail::Reads::input>(x);
 }
 /// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
 template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
-    if (x.traced()) return backend::trace::call1<T>("leaky_relu", {x}, {{}, {double(slope)}});
-    return detail::unary_op<detail::Reads::input>("leaky_relu", x, [slope](T v) { return v < T{0} ? slope * v : v; },
-                               [slope](T v, T) { return v < T{0} ? slope : T{1}; });
+    return detail::unary_op<op::leaky_relu, detail::Reads::input>(x, [slope](T v) { return v < T{0} ? slope * v : v; },
+                                                                  [slope](T v, T) { return v < T{0} ? slope : T{1}; }, {.slope = double(slope)});
 }
 template <Real T>
 Tensor<T> softplus(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::softplus, detail::Reads::input>("softplus", x);
+    return detail::unary_rule_op<math::rules::softplus, op::softplus, detail::Reads::input>(x);
 }
 /// SiLU (swish): x sigmoid(x), as one op (one pass, one saved pair).
 template <Real T>
 Tensor<T> silu(const Tensor<T>& x) {
-    return detail::unary_rule_op<math::rules::silu, detail::Reads::both>("silu", x);
+    return detail::unary_rule_op<math::rules::silu, op::silu, detail::Reads::both>(x);
 }
 /// Mish: x * tanh(softplus(x)) (Misra 2019).
 template <Real T>
 Tensor<T> mish(const Tensor<T>& x) {
-    return detail::unary_op("mish", x, [](T v) { return v * std::tanh(math::rules::softplus::value(v)); },
+    return detail::unary_op<op::mish>(x, [](T v) { return v * std::tanh(math::rules::softplus::value(v)); },
                                [](T v, T) {
                                    const T t = std::tanh(math::rules::softplus::value(v));
                                    const T s = T{1} / (T{1} + std::exp(-v));
@@ -391,7 +412,7 @@ Tensor<T> mish(const Tensor<T>& x) {
 template <Real T>
 Tensor<T> elephant(const Tensor<T>& x, T a = T{1}, T d = T{4}) {
     check(a > T{0} && d > T{0}, "elephant: a and d must be positive, got a=", a, " d=", d);
-    return detail::unary_op("elephant", x, [a, d](T v) { return T{1} / (T{1} + std::pow(std::abs(v / a), d)); },
+    return detail::unary_op<op::elephant>(x, [a, d](T v) { return T{1} / (T{1} + std::pow(std::abs(v / a), d)); },
                                [a, d](T v, T y) {
                                    const T u = std::abs(v / a);
                                    if (u == T{0}) return T{0};
@@ -425,5 +446,134 @@ Tensor<T> map(F f, const Tensor<T>& first, const Rest&... rest) {
     map_into(out, f, first, rest...);
     return out;
 }
+
+// ---- the keys of the element-wise ops' lowering rules (their rules: olmax/trace/rules.hpp) ------
+
+namespace op {
+
+/// An element-wise op of one input without attributes, sampled in [K::lo, K::hi).
+template <class K>
+struct elementwise_unary : registered<K> {
+    struct attrs {};
+    static std::vector<sample<attrs>> samples(Generator& rng) { return samples::unary<attrs>(rng, K::lo, K::hi); }
+};
+
+/// A broadcasting element-wise op of two inputs (the second from `second_input`).
+template <class K>
+struct elementwise_binary : registered<K> {
+    struct attrs {};
+    static Tensor<float> second_input(Generator& rng, const Shape& shape) { return samples::uniform(rng, shape); }
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return samples::binary<attrs>(rng, [](Generator& r, const Shape& s) { return K::second_input(r, s); });
+    }
+};
+
+struct add : elementwise_binary<add> {
+    static constexpr std::string_view name = "add";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::add(in[0], in[1]); }
+};
+struct sub : elementwise_binary<sub> {
+    static constexpr std::string_view name = "sub";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::sub(in[0], in[1]); }
+};
+struct mul : elementwise_binary<mul> {
+    static constexpr std::string_view name = "mul";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::mul(in[0], in[1]); }
+};
+struct div : elementwise_binary<div> {
+    static constexpr std::string_view name = "div";
+    static Tensor<float> second_input(Generator& rng, const Shape& shape) { return samples::signed_away_from_zero(rng, shape); }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::div(in[0], in[1]); }
+};
+struct maximum : elementwise_binary<maximum> {
+    static constexpr std::string_view name = "maximum";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::maximum(in[0], in[1]); }
+};
+
+struct exp : elementwise_unary<exp> {
+    static constexpr std::string_view name = "exp";
+    static constexpr float lo = -3, hi = 3;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::exp(in[0]); }
+};
+struct log : elementwise_unary<log> {
+    static constexpr std::string_view name = "log";
+    static constexpr float lo = 0.25f, hi = 4;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::log(in[0]); }
+};
+struct sqrt : elementwise_unary<sqrt> {
+    static constexpr std::string_view name = "sqrt";
+    static constexpr float lo = 0.25f, hi = 4;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::sqrt(in[0]); }
+};
+struct rsqrt : elementwise_unary<rsqrt> {
+    static constexpr std::string_view name = "rsqrt";
+    static constexpr float lo = 0.25f, hi = 4;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::rsqrt(in[0]); }
+};
+struct square : elementwise_unary<square> {
+    static constexpr std::string_view name = "square";
+    static constexpr float lo = -2, hi = 2;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::square(in[0]); }
+};
+struct tanh : elementwise_unary<tanh> {
+    static constexpr std::string_view name = "tanh";
+    static constexpr float lo = -3, hi = 3;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::tanh(in[0]); }
+};
+struct sigmoid : elementwise_unary<sigmoid> {
+    static constexpr std::string_view name = "sigmoid";
+    static constexpr float lo = -6, hi = 6;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::sigmoid(in[0]); }
+};
+struct relu : elementwise_unary<relu> {
+    static constexpr std::string_view name = "relu";
+    static constexpr float lo = -2, hi = 2;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::relu(in[0]); }
+};
+struct hard_sigmoid : elementwise_unary<hard_sigmoid> {
+    static constexpr std::string_view name = "hard_sigmoid";
+    static constexpr float lo = -5, hi = 5;  // both clipped ends and the slope between
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::hard_sigmoid(in[0]); }
+};
+struct silu : elementwise_unary<silu> {
+    static constexpr std::string_view name = "silu";
+    static constexpr float lo = -5, hi = 5;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::silu(in[0]); }
+};
+struct softplus : elementwise_unary<softplus> {
+    static constexpr std::string_view name = "softplus";
+    static constexpr float lo = -30, hi = 30;  // where exp(x) under- and overflows in float
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::softplus(in[0]); }
+};
+
+/// x + value.
+struct add_scalar : registered<add_scalar> {
+    static constexpr std::string_view name = "add_scalar";
+    struct attrs {
+        double value = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) { return samples::unary<attrs>(rng, -2, 2, {-1.25}); }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::add_scalar(in[0], T(a.value)); }
+};
+/// x * factor.
+struct scale : registered<scale> {
+    static constexpr std::string_view name = "scale";
+    struct attrs {
+        double factor = 1;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) { return samples::unary<attrs>(rng, -2, 2, {-0.375}); }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::scale(in[0], T(a.factor)); }
+};
+/// x where x >= 0, else slope * x.
+struct leaky_relu : registered<leaky_relu> {
+    static constexpr std::string_view name = "leaky_relu";
+    struct attrs {
+        double slope = 0.01;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) { return samples::unary<attrs>(rng, -2, 2, {0.125}); }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::leaky_relu(in[0], T(a.slope)); }
+};
+
+}  // namespace op
 
 }  // namespace olmax

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/op_keys.hpp"
 
 namespace olmax {
 
@@ -24,7 +26,7 @@ Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
     const std::size_t count = ids.size();
     if (on.traced()) {
         const Tensor<float> in[2] = {backend::trace::as_float(table), backend::trace::as_float(ids)};
-        return backend::trace::call<T>("embedding", in).front();
+        return backend::trace::call<op::embedding, T>(in).front();
     }
     const std::int32_t* id = ids.data();
     for (std::size_t i = 0; i < count; ++i)
@@ -59,5 +61,22 @@ Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
                         });
     return y;
 }
+
+namespace op {
+
+/// table [V, F] and ids (any shape; ids as values): ids.shape + [F].
+struct embedding : registered<embedding> {
+    static constexpr std::string_view name = "embedding";
+    struct attrs {};
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return {{{samples::uniform(rng, {6, 3}), samples::indices(rng, {2, 4}, 6)}, {}, {1}},
+                {{samples::uniform(rng, {4, 5}), samples::indices(rng, {7}, 4)}, {}, {1}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) {
+        return olmax::embedding(in[0], backend::trace::as_indices(in[1]));
+    }
+};
+
+}  // namespace op
 
 }  // namespace olmax

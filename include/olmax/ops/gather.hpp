@@ -22,6 +22,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/backend/trace_rules.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/op_keys.hpp"
 
 namespace olmax {
 
@@ -71,8 +72,8 @@ Tensor<T> gather_rows(const Tensor<T>& x, const Tensor<std::int32_t>& rows) {
                        x.defined() ? to_string(x.shape()) : std::string("an undefined tensor"));
     if (on.traced()) {  // its lowering rule (olmax/trace/rules.hpp); indices are the program's values, unchecked
         check<shape_error>(rows.defined() && rows.rank() == 1, op, ": rows must be 1-D");
-        if constexpr (std::is_same_v<T, float>) return backend::trace::call<T>(op, std::vector<Tensor<float>>{x, backend::trace::as_float(rows)}).front();
-        else return backend::trace::call<T>(op, {}).front();  // throws: float32 only
+        const Tensor<float> in[2] = {backend::trace::as_float(x), backend::trace::as_float(rows)};
+        return backend::trace::call<op::gather_rows, T>(in).front();
     }
     const std::size_t n = x.shape()[0], inner = n ? x.size() / n : 0;
     detail::gather_ops::check_rows(op, rows, n);
@@ -101,10 +102,9 @@ Tensor<T> scatter_rows(const Tensor<T>& src, const Tensor<std::int32_t>& rows, s
                        ": src [M, ...] and rows [M] must agree on M, got ",
                        src.defined() ? to_string(src.shape()) : std::string("an undefined tensor"), " and ",
                        rows.defined() ? to_string(rows.shape()) : std::string("an undefined tensor"));
-    if (on.traced()) {  // its lowering rule (olmax/trace/rules.hpp); ints = n
-        const backend::trace::attributes a{{std::int64_t(n)}, {}};
-        if constexpr (std::is_same_v<T, float>) return backend::trace::call<T>(op, std::vector<Tensor<float>>{src, backend::trace::as_float(rows)}, a).front();
-        else return backend::trace::call<T>(op, {}, a).front();  // throws: float32 only
+    if (on.traced()) {  // its lowering rule (olmax/trace/rules.hpp)
+        const Tensor<float> in[2] = {backend::trace::as_float(src), backend::trace::as_float(rows)};
+        return backend::trace::call<op::scatter_rows, T>(in, {.rows = n}).front();
     }
     detail::gather_ops::check_rows(op, rows, n);
     const std::size_t count = src.shape()[0];
@@ -122,5 +122,38 @@ Tensor<T> scatter_rows(const Tensor<T>& src, const Tensor<std::int32_t>& rows, s
                         });
     return y;
 }
+
+// ---- the keys of the row gathers' lowering rules (their rules: olmax/trace/rules.hpp) ----------
+
+namespace op {
+
+/// x [R, ...] and rows [M] (row numbers as values): x's rows [M, ...].
+struct gather_rows : registered<gather_rows> {
+    static constexpr std::string_view name = "gather_rows";
+    struct attrs {};
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return {{{samples::uniform(rng, {5, 3}), samples::indices(rng, {7}, 5)}, {}, {1}},  // rows repeat
+                {{samples::uniform(rng, {4, 2, 3}), samples::indices(rng, {3}, 4)}, {}, {1}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) {
+        return olmax::gather_rows(in[0], backend::trace::as_indices(in[1]));
+    }
+};
+/// src [M, ...] added into `rows` zero rows at rows [M] (row numbers as values).
+struct scatter_rows : registered<scatter_rows> {
+    static constexpr std::string_view name = "scatter_rows";
+    struct attrs {
+        std::size_t rows = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return {{{samples::uniform(rng, {7, 3}), samples::indices(rng, {7}, 4)}, {4}, {1}},  // rows repeat; some stay zero
+                {{samples::uniform(rng, {3, 2, 2}), samples::indices(rng, {3}, 5)}, {5}, {1}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::scatter_rows(in[0], backend::trace::as_indices(in[1]), a.rows);
+    }
+};
+
+}  // namespace op
 
 }  // namespace olmax

@@ -3,12 +3,15 @@
 // prepares its operands once (backend::GemmOperand: under the bf16 policy the output gradient is
 // rounded once for both backward products).
 
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/backend/gemm_operand.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/op_keys.hpp"
 
 namespace olmax {
 
@@ -66,7 +69,7 @@ template <Real T>
 Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
     backend::op_scope on("matmul", a, b);
     const auto p = detail::plan_matmul(a.shape(), b.shape());
-    if (on.traced()) return backend::trace::call1<T>("matmul", {a, b});
+    if (on.traced()) return backend::trace::call1<op::matmul>({a, b});
     auto y = Tensor<T>::uninitialized(p.out_shape);
     const std::size_t bs = p.batched_b ? p.k * p.n : 0;
     const backend::GemmOperand<T> a_op(a), b_op(b);
@@ -106,7 +109,7 @@ Tensor<T> contract_axis(const Tensor<T>& x, const Tensor<T>& w, std::size_t axis
     if (!(axis < x.rank() && w.rank() == 2 && w.shape()[0] == x.shape()[axis]))
         throw shape_error(detail::concat("contract_axis: x of shape ", to_string(x.shape()), " (axis ", axis, ") and w of shape ",
                                          to_string(w.shape()), " do not contract (need w [x.shape[axis], N])"));
-    if (on.traced()) return backend::trace::call1<T>("contract_axis", {x, w}, {{std::int64_t(axis)}, {}});
+    if (on.traced()) return backend::trace::call1<op::contract_axis>({x, w}, {.axis = axis});
     const std::size_t k = w.shape()[0], n = w.shape()[1];
     std::size_t outer = 1, inner = 1;
     for (std::size_t i = 0; i < axis; ++i) outer *= x.shape()[i];
@@ -140,5 +143,34 @@ Tensor<T> contract_axis(const Tensor<T>& x, const Tensor<T>& w, std::size_t axis
                         });
     return y;
 }
+
+// ---- the keys of the products' lowering rules (their rules: olmax/trace/rules.hpp) -------------
+
+namespace op {
+
+/// [..., m, k] x [k, n], or [..., m, k] x [..., k, n] with equal leading axes.
+struct matmul : registered<matmul> {
+    static constexpr std::string_view name = "matmul";
+    struct attrs {};
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto u = [&](const Shape& s) { return samples::uniform(rng, s); };
+        return {{{u({3, 4}), u({4, 5})}}, {{u({2, 3, 4}), u({4, 2})}}, {{u({2, 3, 4}), u({2, 4, 5})}}, {{u({2, 2, 1, 3}), u({2, 2, 3, 2})}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::matmul(in[0], in[1]); }
+};
+/// x [..., K (axis), ...] with w [K, N].
+struct contract_axis : registered<contract_axis> {
+    static constexpr std::string_view name = "contract_axis";
+    struct attrs {
+        std::size_t axis = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto u = [&](const Shape& s) { return samples::uniform(rng, s); };
+        return {{{u({2, 3, 4}), u({3, 5})}, {1}}, {{u({2, 3, 4}), u({4, 2})}, {2}}, {{u({3, 2}), u({3, 4})}, {0}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::contract_axis(in[0], in[1], a.axis); }
+};
+
+}  // namespace op
 
 }  // namespace olmax

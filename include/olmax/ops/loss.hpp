@@ -23,6 +23,7 @@
 #include "olmax/backend/gemm_operand.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/detail/third_party.hpp"
+#include "olmax/ops/op_keys.hpp"
 
 namespace olmax {
 
@@ -146,7 +147,7 @@ template <Real T>
 Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
     backend::op_scope on("softmax", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "softmax");
-    if (on.traced()) return backend::trace::call1<T>("softmax", {x}, {{std::int64_t(a)}, {}});
+    if (on.traced()) return backend::trace::call1<op::softmax>({x}, {.axis = a});
     auto y = detail::loss_ops::softmax_lines<false>(x, a);
     autodiff::record<T>("softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
@@ -172,7 +173,7 @@ template <Real T>
 Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
     backend::op_scope on("log_softmax", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "log_softmax");
-    if (on.traced()) return backend::trace::call1<T>("log_softmax", {x}, {{std::int64_t(a)}, {}});
+    if (on.traced()) return backend::trace::call1<op::log_softmax>({x}, {.axis = a});
     auto y = detail::loss_ops::softmax_lines<true>(x, a);
     autodiff::record<T>("log_softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                         [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
@@ -209,7 +210,7 @@ Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& tar
     const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
     if (on.traced()) {  // targets are checked where the program's inputs are made (they have no values here)
         const Tensor<float> in[2] = {backend::trace::as_float(logits), backend::trace::as_float(targets)};
-        return backend::trace::call<T>("cross_entropy", in, {{}, {double(z_loss)}}).front();
+        return backend::trace::call<op::cross_entropy, T>(in, {.z_loss = double(z_loss)}).front();
     }
     detail::loss_ops::check_targets("cross_entropy", targets.data(), n, vocab);
     // The forward pass works on a copy so the gradient can be formed in the same sweep when needed.
@@ -260,7 +261,7 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
     const std::size_t n = hidden.shape()[0], features = hidden.shape()[1], vocab = w_out.shape()[1];
     if (on.traced()) {
         const Tensor<float> in[3] = {backend::trace::as_float(hidden), backend::trace::as_float(w_out), backend::trace::as_float(targets)};
-        return backend::trace::call<T>("chunked_cross_entropy", in, {{}, {opt.z_loss}}).front();
+        return backend::trace::call<op::chunked_cross_entropy, T>(in, {.z_loss = opt.z_loss}).front();
     }
     detail::loss_ops::check_targets("chunked_cross_entropy", targets.data(), n, vocab);
 
@@ -306,5 +307,62 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
                         });
     return y;
 }
+
+// ---- the keys of the losses' lowering rules (their rules: olmax/trace/rules.hpp) ---------------
+
+namespace op {
+
+/// softmax or log_softmax along `axis` (non-negative).
+template <class K>
+struct softmax_along : registered<K> {
+    struct attrs {
+        std::size_t axis = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        const Tensor<float> x = samples::uniform(rng, {2, 3, 4}, -3, 3);
+        return {{{x}, {2}}, {{x}, {1}}, {{x}, {0}}, {{samples::uniform(rng, {5}, -3, 3)}, {0}}};
+    }
+};
+struct softmax : softmax_along<softmax> {
+    static constexpr std::string_view name = "softmax";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::softmax(in[0], long(a.axis)); }
+};
+struct log_softmax : softmax_along<log_softmax> {
+    static constexpr std::string_view name = "log_softmax";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::log_softmax(in[0], long(a.axis)); }
+};
+
+/// logits [N, V], targets [N] (class ids as values): the mean cross-entropy plus z_loss * mean(lse^2).
+struct cross_entropy : registered<cross_entropy> {
+    static constexpr std::string_view name = "cross_entropy";
+    struct attrs {
+        double z_loss = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto logits = [&](std::size_t n, std::size_t v) { return samples::uniform(rng, {n, v}, -3, 3); };
+        return {{{logits(4, 5), samples::indices(rng, {4}, 5)}, {0.0}, {1}}, {{logits(6, 3), samples::indices(rng, {6}, 3)}, {0.25}, {1}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::cross_entropy(in[0], backend::trace::as_indices(in[1]), T(a.z_loss));
+    }
+};
+/// hidden [N, F] x w_out [F, V] against targets [N]: the value without the z-loss term, the
+/// gradient with it (ops/loss.hpp).
+struct chunked_cross_entropy : registered<chunked_cross_entropy> {
+    static constexpr std::string_view name = "chunked_cross_entropy";
+    struct attrs {
+        double z_loss = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto u = [&](const Shape& s) { return samples::uniform(rng, s, -1.5f, 1.5f); };
+        return {{{u({5, 3}), u({3, 4}), samples::indices(rng, {5}, 4)}, {0.0}, {2}},
+                {{u({7, 2}), u({2, 6}), samples::indices(rng, {7}, 6)}, {0.125}, {2}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::chunked_cross_entropy(in[0], in[1], backend::trace::as_indices(in[2]), {.z_loss = a.z_loss, .chunk_tokens = 3});
+    }
+};
+
+}  // namespace op
 
 }  // namespace olmax

@@ -13,6 +13,7 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/op_keys.hpp"
 
 namespace olmax {
 
@@ -158,7 +159,7 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
 template <Real T>
 Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-16)) {
     check<value_error>(eps > T{0}, "scale_norm: eps must be positive, got ", eps);
-    if (x.traced() || w.traced()) return backend::trace::call1<T>("scale_norm", {x, w}, {{}, {double(eps)}});
+    if (x.traced() || w.traced()) return backend::trace::call1<op::scale_norm>({x, w}, {.eps = double(eps)});
     return detail::norm_ops::normalize(
         "scale_norm", x, w,
         [eps](double sum_sq, bool& clamped) { return detail::norm_ops::l2_factor(sum_sq, T(eps), clamped); },
@@ -175,7 +176,7 @@ Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<
         throw shape_error(
             olmax::detail::concat("rms_norm: needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape())));
     const double features = double(x.shape().back());
-    if (x.traced() || w.traced()) return backend::trace::call1<T>("rms_norm", {x, w}, {{}, {double(eps)}});
+    if (x.traced() || w.traced()) return backend::trace::call1<op::rms_norm>({x, w}, {.eps = double(eps)});
     return detail::norm_ops::normalize(
         "rms_norm", x, w,
         [eps, features](double sum_sq, bool& clamped) {
@@ -184,5 +185,36 @@ Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<
         },
         T(features));
 }
+
+// ---- the keys of the norms' lowering rules (their rules: olmax/trace/rules.hpp) ----------------
+
+namespace op {
+
+/// x [..., F] normalised over its last axis and scaled by w [F] (undefined: no scale).
+template <class K>
+struct norm_over_last_axis : registered<K> {
+    struct attrs {
+        double eps = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        Tensor<float> zero_row = samples::uniform(rng, {3, 4});  // a row of zeros: scale_norm's clamped factor
+        for (std::size_t i = 0; i < 4; ++i) zero_row.data()[i] = 0.0f;
+        return {{{samples::uniform(rng, {3, 4}), samples::uniform(rng, {4})}, {K::eps}},
+                {{samples::uniform(rng, {2, 3, 5}), Tensor<float>()}, {K::eps}},
+                {{zero_row, samples::uniform(rng, {4})}, {K::eps}}};
+    }
+};
+struct scale_norm : norm_over_last_axis<scale_norm> {
+    static constexpr std::string_view name = "scale_norm";
+    static constexpr double eps = 0x1p-20;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::scale_norm(in[0], in[1], T(a.eps)); }
+};
+struct rms_norm : norm_over_last_axis<rms_norm> {
+    static constexpr std::string_view name = "rms_norm";
+    static constexpr double eps = 0x1p-10;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::rms_norm(in[0], in[1], T(a.eps)); }
+};
+
+}  // namespace op
 
 }  // namespace olmax

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/op_keys.hpp"
 #include "olmax/ops/shape.hpp"
 
 namespace olmax {
@@ -130,12 +132,12 @@ Tensor<T> sum_one_axis(const Tensor<T>& x, std::size_t axis, bool keepdims, T fa
 
 /// A reduction's attributes for its lowering rule: keepdims (0 or 1), then the reduced axes (every
 /// axis when `axes` is empty).
-inline std::vector<std::int64_t> trace_axes(const std::vector<std::size_t>& axes, std::size_t rank, bool keepdims) {
-    std::vector<std::int64_t> out{keepdims ? 1 : 0};
-    if (axes.empty())
-        for (std::size_t a = 0; a < rank; ++a) out.push_back(std::int64_t(a));
-    for (std::size_t a : axes) out.push_back(std::int64_t(a));
-    return out;
+/// The axes a traced sum or mean reduces: `axes`, or every axis when it is empty.
+inline std::vector<std::size_t> traced_axes(const std::vector<std::size_t>& axes, std::size_t rank) {
+    if (!axes.empty()) return axes;
+    std::vector<std::size_t> all(rank);
+    for (std::size_t a = 0; a < rank; ++a) all[a] = a;
+    return all;
 }
 
 /// Sum (mean when `average`) over sorted unique `axes`: each run of consecutive axes is one pass
@@ -166,8 +168,8 @@ template <Real T>
 Tensor<T> sum(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     backend::op_scope on("sum", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "sum");
-    if (on.traced()) return backend::trace::call1<T>("sum", {x}, {detail::trace_axes(ax, x.rank(), keepdims), {}});
-    if (ax.empty()) return detail::unary_op<detail::Reads::nothing>("sum", x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
+    if (on.traced()) return backend::trace::call1<op::sum>({x}, {.axes = detail::traced_axes(ax, x.rank()), .keepdims = keepdims});
+    if (ax.empty()) return detail::unary_op<op::sum, detail::Reads::nothing>(x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
     return detail::reduce_runs(x, ax, keepdims, /*average=*/false, "sum");
 }
 
@@ -195,8 +197,8 @@ template <Real T>
 Tensor<T> mean(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     backend::op_scope on("mean", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "mean");
-    if (on.traced()) return backend::trace::call1<T>("mean", {x}, {detail::trace_axes(ax, x.rank(), keepdims), {}});
-    if (ax.empty()) return detail::unary_op<detail::Reads::nothing>("mean", x, [](T v) { return v; }, [](T, T) { return T{1}; });
+    if (on.traced()) return backend::trace::call1<op::mean>({x}, {.axes = detail::traced_axes(ax, x.rank()), .keepdims = keepdims});
+    if (ax.empty()) return detail::unary_op<op::mean, detail::Reads::nothing>(x, [](T v) { return v; }, [](T, T) { return T{1}; });
     return detail::reduce_runs(x, ax, keepdims, /*average=*/true, "mean");
 }
 
@@ -236,5 +238,37 @@ Tensor<T> max(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
                         });
     return y;
 }
+
+namespace op {
+
+/// The sum or mean over `axes` (increasing; empty only for a rank-0 input), `keepdims` keeping them
+/// with extent 1.
+template <class K>
+struct reduction : registered<K> {
+    struct attrs {
+        std::vector<std::size_t> axes{};
+        bool keepdims = false;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        const Tensor<float> x = samples::uniform(rng, {2, 3, 4});
+        return {{{x}, {{1}, false}}, {{x}, {{0, 2}, true}}, {{x}, {{0, 1, 2}, false}}, {{x}, {{2}, true}},
+                {{samples::uniform(rng, {})}, {{}, false}}};
+    }
+    static std::vector<long> axes_of(const attrs& a) { return std::vector<long>(a.axes.begin(), a.axes.end()); }
+};
+struct sum : reduction<sum> {
+    static constexpr std::string_view name = "sum";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::sum(in[0], axes_of(a), a.keepdims);
+    }
+};
+struct mean : reduction<mean> {
+    static constexpr std::string_view name = "mean";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::mean(in[0], axes_of(a), a.keepdims);
+    }
+};
+
+}  // namespace op
 
 }  // namespace olmax

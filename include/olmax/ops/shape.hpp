@@ -14,6 +14,7 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/op_keys.hpp"
 
 namespace olmax {
 
@@ -113,7 +114,7 @@ Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
     if (!(numel(shape) == x.size()))
         throw shape_error(olmax::detail::concat("reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", x.size(),
                                                 " elements) to ", to_string(shape), " (", numel(shape), " elements)"));
-    if (on.traced()) return backend::trace::call1<T>("reshape", {x}, {std::vector<std::int64_t>(shape.begin(), shape.end()), {}});
+    if (on.traced()) return backend::trace::call1<op::reshape>({x}, {.shape = shape});
     Tensor<T> y = detail::shape_ops::share_storage(x, shape);
     detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
         sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
@@ -140,7 +141,7 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
         throw shape_error(olmax::detail::concat("transpose: [", listed, "] is not a permutation of the axes of a tensor of shape ",
                                                 to_string(x.shape())));
     }
-    if (on.traced()) return backend::trace::call1<T>("transpose", {x}, {std::vector<std::int64_t>(perm.begin(), perm.end()), {}});
+    if (on.traced()) return backend::trace::call1<op::transpose>({x}, {.perm = perm});
     Shape out_shape(rank);
     for (std::size_t i = 0; i < rank; ++i) out_shape[i] = x.shape()[perm[i]];
     auto y = Tensor<T>::uninitialized(out_shape);
@@ -179,8 +180,7 @@ Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t en
     if (!(begin <= end && end <= lay.n))
         throw shape_error(olmax::detail::concat("slice: range [", begin, ", ", end, ") along axis ", axis, " of shape ",
                                                 to_string(x.shape()), " is not within [0, ", lay.n, "] with begin <= end"));
-    if (on.traced())
-        return backend::trace::call1<T>("slice", {x}, {{std::int64_t(a), std::int64_t(begin), std::int64_t(end)}, {}});
+    if (on.traced()) return backend::trace::call1<op::slice>({x}, {.axis = a, .begin = begin, .end = end});
     Shape out_shape = x.shape();
     out_shape[a] = end - begin;
     auto y = Tensor<T>::uninitialized(out_shape);
@@ -251,8 +251,7 @@ template <Real T>
 Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, std::type_identity_t<T> value = 0) {
     backend::op_scope on("pad", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "pad");
-    if (on.traced())
-        return backend::trace::call1<T>("pad", {x}, {{std::int64_t(a), std::int64_t(before), std::int64_t(after)}, {double(value)}});
+    if (on.traced()) return backend::trace::call1<op::pad>({x}, {.axis = a, .before = before, .after = after, .value = double(value)});
     const auto lay = olmax::detail::split_at(x.shape(), a);
     Shape out_shape = x.shape();
     out_shape[a] = lay.n + before + after;
@@ -278,7 +277,7 @@ Tensor<T> stack_leading(const std::vector<Tensor<T>>& parts) {
     if (on.traced()) {
         std::vector<Tensor<float>> in;
         for (const auto& p : parts) in.push_back(backend::trace::as_float(p));
-        return backend::trace::call<T>("stack_leading", in).front();
+        return backend::trace::call<op::stack_leading, T>(in).front();
     }
     Shape shape{parts.size()};
     shape.insert(shape.end(), inner.begin(), inner.end());
@@ -292,5 +291,74 @@ Tensor<T> stack_leading(const std::vector<Tensor<T>>& parts) {
                         });
     return out;
 }
+
+// ---- the keys of the shape ops' lowering rules (their rules: olmax/trace/rules.hpp) ------------
+
+namespace op {
+
+struct reshape : registered<reshape> {
+    static constexpr std::string_view name = "reshape";
+    struct attrs {
+        Shape shape{};
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        const Tensor<float> x = samples::uniform(rng, {2, 3, 4});
+        return {{{x}, {{4, 6}}}, {{x}, {{24}}}, {{x}, {{2, 1, 12}}}, {{samples::uniform(rng, {6})}, {{3, 2}}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::reshape(in[0], a.shape); }
+};
+/// Result axis i is input axis perm[i].
+struct transpose : registered<transpose> {
+    static constexpr std::string_view name = "transpose";
+    struct attrs {
+        std::vector<std::size_t> perm{};
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        const Tensor<float> x = samples::uniform(rng, {2, 3, 4});
+        return {{{x}, {{2, 0, 1}}}, {{x}, {{1, 0, 2}}}, {{x}, {{0, 2, 1}}}, {{samples::uniform(rng, {3, 5})}, {{1, 0}}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::transpose(in[0], a.perm); }
+};
+/// Elements [begin, end) along `axis` (non-negative).
+struct slice : registered<slice> {
+    static constexpr std::string_view name = "slice";
+    struct attrs {
+        std::size_t axis = 0, begin = 0, end = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return {{{samples::uniform(rng, {3, 5})}, {1, 1, 4}}, {{samples::uniform(rng, {4, 2, 3})}, {0, 2, 4}}, {{samples::uniform(rng, {2, 3, 4})}, {2, 0, 1}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::slice(in[0], long(a.axis), a.begin, a.end);
+    }
+};
+/// `before` and `after` elements of `value` added along `axis` (non-negative).
+struct pad : registered<pad> {
+    static constexpr std::string_view name = "pad";
+    struct attrs {
+        std::size_t axis = 0, before = 0, after = 0;
+        double value = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return {{{samples::uniform(rng, {3, 4})}, {1, 2, 1, 0.0}}, {{samples::uniform(rng, {2, 3})}, {0, 0, 2, 1.5}},
+                {{samples::uniform(rng, {2, 3, 2})}, {1, 1, 0, -0.25}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::pad(in[0], long(a.axis), a.before, a.after, T(a.value));
+    }
+};
+/// Its inputs (equal shapes) stacked along a new leading axis.
+struct stack_leading : registered<stack_leading> {
+    static constexpr std::string_view name = "stack_leading";
+    struct attrs {};
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return {{{samples::uniform(rng, {3})}}, {{samples::uniform(rng, {2, 3}), samples::uniform(rng, {2, 3}), samples::uniform(rng, {2, 3})}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) {
+        return olmax::stack_leading(std::vector<Tensor<T>>(in.begin(), in.end()));
+    }
+};
+
+}  // namespace op
 
 }  // namespace olmax

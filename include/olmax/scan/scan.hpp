@@ -21,6 +21,7 @@
 // in scan/detail/dispatch.hpp.
 
 #include <concepts>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/bfloat16.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/op_keys.hpp"
 #include "olmax/scan/detail/dispatch.hpp"
 #include "olmax/scan/detail/problem.hpp"
 #include "olmax/scan/options.hpp"
@@ -106,7 +108,7 @@ ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const 
         if constexpr (Real<T>) {
             const Tensor<float> in[3] = {backend::trace::as_float(gates), backend::trace::as_float(x),
                                          opt.h0.defined() ? backend::trace::as_float(opt.h0) : Tensor<float>()};
-            auto out = backend::trace::call<T>("linear_scan", in, {{opt.reverse ? 1 : 0, opt.log_gates ? 1 : 0}, {}});
+            auto out = backend::trace::call<op::linear_scan, T>(in, {.reverse = opt.reverse, .log_gates = opt.log_gates});
             return {std::move(out[0]), std::move(out[1])};
         }
     }
@@ -168,3 +170,29 @@ ScanGradients<T> scan_backward(const Tensor<T>& gates, const Tensor<T>& h, const
 }
 
 }  // namespace olmax::scan
+
+// ---- the key of the linear scan's lowering rule (its rule: olmax/trace/rules.hpp) -------------
+
+namespace olmax::op {
+
+/// h_t = a_t h_{t-1} + x_t along axis 1 of gates, x [B, T, C] from h0 [B, C] (undefined: zeros),
+/// from the end with `reverse`, gates given as log a with `log_gates`: h and its last state.
+struct linear_scan : registered<linear_scan> {
+    static constexpr std::string_view name = "linear_scan";
+    struct attrs {
+        bool reverse = false, log_gates = false;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto u = [&](const Shape& s, float lo, float hi) { return samples::uniform(rng, s, lo, hi); };
+        return {{{u({2, 5, 3}, 0.2f, 1.1f), u({2, 5, 3}, -1, 1), Tensor<float>()}, {false, false}},
+                {{u({2, 6, 2}, -0.9f, 0.9f), u({2, 6, 2}, -1, 1), u({2, 2}, -1, 1)}, {true, false}},
+                {{u({1, 7, 3}, -1.0f, 0.1f), u({1, 7, 3}, -1, 1), u({1, 3}, -1, 1)}, {false, true}},
+                {{u({2, 1, 4}, 0.2f, 1.0f), u({2, 1, 4}, -1, 1), u({2, 4}, -1, 1)}, {true, true}}};
+    }
+    template <Real T> static std::vector<Tensor<T>> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        auto r = scan::scan_with_state<scan::sequential>(in[0], in[1], {.h0 = in[2], .reverse = a.reverse, .log_gates = a.log_gates});
+        return {r.h, r.h_last};
+    }
+};
+
+}  // namespace olmax::op

@@ -45,6 +45,7 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/tensor.hpp"
+#include "olmax/ops/op_keys.hpp"
 #include "olmax/detail/simd.hpp"
 #include "olmax/ops/math_rules.hpp"
 #include "olmax/scan/detail/denormals.hpp"
@@ -422,7 +423,7 @@ SelectiveScanResult<T> selective_scan(const Tensor<T>& u, const Tensor<T>& delta
                                      backend::trace::as_float(C),     D.defined() ? backend::trace::as_float(D) : Tensor<float>(),
                                      opt.h0.defined() ? backend::trace::as_float(opt.h0) : Tensor<float>(),
                                      opt.resets.defined() ? backend::trace::as_float(opt.resets) : Tensor<float>()};
-        auto out = backend::trace::call<T>("selective_scan", in);
+        auto out = backend::trace::call<op::selective_scan, T>(in);
         return {std::move(out[0]), std::move(out[1])};
     }
     std::vector<Tensor<T>> inputs{u, delta, A, B, C, D, opt.h0};
@@ -469,3 +470,31 @@ SelectiveScanResult<T> selective_scan(const Tensor<T>& u, const Tensor<T>& delta
 }
 
 }  // namespace olmax::scan
+
+// ---- the key of the selective scan's lowering rule (its rule: olmax/trace/rules.hpp) ----------
+
+namespace olmax::op {
+
+/// u, delta [B, T, E], A [E, N], B, C [B, T, N], D [E], h0 [B, E, N] and resets [B, T] (the last
+/// three undefined: none): y and the last state.
+struct selective_scan : registered<selective_scan> {
+    static constexpr std::string_view name = "selective_scan";
+    struct attrs {};
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto u = [&](const Shape& s, float lo = -1, float hi = 1) { return samples::uniform(rng, s, lo, hi); };
+        auto one = [&](std::size_t b, std::size_t t, std::size_t e, std::size_t n, bool extras) {
+            return sample<attrs>{{u({b, t, e}), u({b, t, e}, 0.1f, 1.0f), u({e, n}, -1.5f, -0.2f), u({b, t, n}), u({b, t, n}),
+                                  extras ? u({e}) : Tensor<float>(), extras ? u({b, e, n}) : Tensor<float>(),
+                                  extras ? samples::bits(rng, {b, t}, 0.3) : Tensor<float>()},
+                                 {},
+                                 {7}};
+        };
+        return {one(2, 5, 3, 2, false), one(2, 6, 2, 3, true), one(1, 3, 1, 1, true)};
+    }
+    template <Real T> static std::vector<Tensor<T>> eager(std::span<const Tensor<T>> in, const attrs&) {
+        auto r = scan::selective_scan(in[0], in[1], in[2], in[3], in[4], in[5], {.h0 = in[6], .resets = in[7]});
+        return {r.y, r.h_last};
+    }
+};
+
+}  // namespace olmax::op

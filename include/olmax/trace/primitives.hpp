@@ -77,6 +77,11 @@ inline gx::dims_t all_axes(std::size_t rank) {
 
 }  // namespace detail
 
+/// The outputs of the node that made `first` (any primitive's, one defined outside olmax too) as
+/// tensors of the program, recorded on the tape with its primitive's gradient rule; `operands` are
+/// the node's operands as tensors, in order.
+inline std::vector<T> apply(const gx::var& first, const std::vector<T>& operands) { return detail::bind(first, operands); }
+
 /// A value that no gradient flows through (iota, comparisons, constants from the graph).
 inline T constant(const gx::var& v) { return wrap(v); }
 inline T full(const Shape& shape, double value) { return wrap(gx::constant(active().graph(), value, gx::f32(dims_of(shape)))); }

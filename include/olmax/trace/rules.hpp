@@ -1,13 +1,18 @@
 #pragma once
 // The ops' lowering rules: for each op that can run inside a traced program, its value in the
 // traced primitives (primitives.hpp), whose recorded gradients make the op's backward. One rule per
-// op serves every program and every layer built from the op; an op missing here fails at trace
-// time with a `trace_error` naming it (backend/trace_rules.hpp).
+// op serves every program and every layer built from the op.
 //
-// The rules are registered when this header is included (a program that never traces includes
-// none of it). Attributes follow each op's call of `backend::trace::call` in ops/.
+// A rule is one overload `Out lower(op::<name>, Ts inputs, const op::<name>::attrs&)`, found by the
+// op's typed key (ops/op_keys.hpp: the registry op::all, each key defined next to its op with its
+// attributes, samples and eager form). `register_all` registers the rule of every entry of op::all
+// when this header is included (a program that never traces includes none of it), and does not
+// compile when an entry has no rule here. tests/unit/test_op_rules.cpp checks every registered
+// rule against its op's eager form.
 
+#include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -15,6 +20,20 @@
 #include <vector>
 
 #include "olmax/backend/trace_rules.hpp"
+#include "olmax/nn/moe.hpp"
+#include "olmax/nn/views.hpp"
+#include "olmax/ops/conv.hpp"
+#include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/embedding.hpp"
+#include "olmax/ops/gather.hpp"
+#include "olmax/ops/linalg.hpp"
+#include "olmax/ops/loss.hpp"
+#include "olmax/ops/norm.hpp"
+#include "olmax/ops/op_keys.hpp"
+#include "olmax/ops/reduction.hpp"
+#include "olmax/ops/shape.hpp"
+#include "olmax/scan/scan.hpp"
+#include "olmax/scan/selective_scan.hpp"
 #include "olmax/trace/primitives.hpp"
 
 namespace olmax::trace {
@@ -23,7 +42,6 @@ namespace detail {
 
 namespace p = primitives;
 using Tf = Tensor<float>;
-using backend::trace::attributes;
 using Ts = std::span<const Tensor<float>>;
 using Out = std::vector<Tensor<float>>;
 
@@ -39,17 +57,11 @@ inline Shape broadcast_shape(const Shape& a, const Shape& b) {
     return out;
 }
 
+/// An element-wise op of two operands broadcast to one shape (numpy's rules).
 template <class F>
-void binary(std::string_view name, F f) {
-    backend::trace::register_rule(name, [f](Ts in, const attributes&) -> Out {
-        const Shape shape = broadcast_shape(in[0].shape(), in[1].shape());
-        return {f(p::broadcast_to(in[0], shape), p::broadcast_to(in[1], shape))};
-    });
-}
-
-template <class F>
-void unary(std::string_view name, F f) {
-    backend::trace::register_rule(name, [f](Ts in, const attributes&) -> Out { return {f(in[0])}; });
+Out binary(Ts in, F f) {
+    const Shape shape = broadcast_shape(in[0].shape(), in[1].shape());
+    return {f(p::broadcast_to(in[0], shape), p::broadcast_to(in[1], shape))};
 }
 
 /// Mean softmax cross-entropy of logits [N, V] against targets [N] (float32 class ids), plus
@@ -111,8 +123,8 @@ inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
 }
 
 /// MoE routing (nn::MoE's eager detail::route) inside the program, without a gradient: from the
-/// router's probabilities p [N, E] of N = batch * sequence tokens (ints: batch, sequence, k,
-/// capacity) to
+/// router's probabilities p [N, E] of N = batch * sequence tokens (top k, capacity per expert and
+/// sequence) to
 ///   keep [N, E]: 1 where token n's j-th choice (the j-th largest p, lowest index on ties) is
 ///                expert e and fewer than `capacity` earlier assignments of its sequence went to e
 ///                (earlier: a smaller position; at one position the choices are distinct experts);
@@ -126,8 +138,9 @@ inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
 /// program's linear scan (a = 1); it is the assignment's slot c. The two row maps let nn::MoE run
 /// each expert on its C slots per sequence only (gather, batched GEMM, gather back) instead of on
 /// every token.
-inline Out moe_route(const Tf& probabilities, const attributes& a) {
-    const std::int64_t batch = a.ints.at(0), sequence = a.ints.at(1), k = a.ints.at(2), capacity = a.ints.at(3);
+inline Out lower(op::moe_route, Ts in, const op::moe_route::attrs& a) {
+    const Tf& probabilities = in[0];
+    const std::int64_t batch = std::int64_t(a.batch), sequence = std::int64_t(a.sequence), k = std::int64_t(a.k), capacity = std::int64_t(a.capacity);
     const gx::var p = var_of(probabilities);
     const gx::dims_t ne = p.dims();
     const std::int64_t experts = ne.at(1);
@@ -174,7 +187,7 @@ inline Out moe_route(const Tf& probabilities, const attributes& a) {
 /// on devices with wide parallel units the recurrence as one linear scan over B E N rows, in the
 /// device's scan form, from the materialised abar = exp(delta A) (zeroed where a document starts)
 /// and drive delta u B.
-inline Out selective_scan(Ts in) {
+inline Out lower(op::selective_scan, Ts in, const op::selective_scan::attrs&) {
     const Tf &u = in[0], &delta = in[1], &A = in[2], &B = in[3], &C = in[4], &D = in[5], &h0 = in[6], &resets = in[7];
     const std::size_t nb = u.shape()[0], nt = u.shape()[1], ne = u.shape()[2], ns = A.shape()[1];
     const Tf keep = resets.defined() ? p::add_scalar(p::neg(resets), 1.0) : Tf();  // 0 where a document starts
@@ -199,167 +212,174 @@ inline Out selective_scan(Ts in) {
     return {y, h_last};
 }
 
-inline bool register_all() {
-    binary("add", [](const Tf& a, const Tf& b) { return p::add(a, b); });
-    binary("sub", [](const Tf& a, const Tf& b) { return p::sub(a, b); });
-    binary("mul", [](const Tf& a, const Tf& b) { return p::mul(a, b); });
-    binary("div", [](const Tf& a, const Tf& b) { return p::div(a, b); });
-    binary("maximum", [](const Tf& a, const Tf& b) { return p::maximum(a, b); });
-    unary("exp", [](const Tf& x) { return p::exp(x); });
-    unary("log", [](const Tf& x) { return p::log(x); });
-    unary("sqrt", [](const Tf& x) { return p::sqrt(x); });
-    unary("rsqrt", [](const Tf& x) { return p::div(p::full(x.shape(), 1.0), p::sqrt(x)); });
-    unary("square", [](const Tf& x) { return p::mul(x, x); });
-    unary("tanh", [](const Tf& x) { return p::tanh(x); });
-    unary("sigmoid", [](const Tf& x) { return p::logistic(x); });
-    unary("relu", [](const Tf& x) { return p::maximum(x, p::full(x.shape(), 0.0)); });
-    // The rank-0 sum and mean (a sum over no axes) are the identity.
-    unary("sum", [](const Tf& x) { return x; });
-    unary("mean", [](const Tf& x) { return x; });
-    backend::trace::register_rule("add_scalar", [](Ts in, const attributes& a) -> Out { return {p::add_scalar(in[0], a.reals.at(0))}; });
-    backend::trace::register_rule("scale", [](Ts in, const attributes& a) -> Out { return {p::scale(in[0], a.reals.at(0))}; });
-    // sum / mean: ints = keepdims, then the reduced axes (increasing).
-    auto reduction = [](bool average) {
-        return [average](Ts in, const attributes& a) -> Out {
-            const bool keepdims = a.ints.at(0) != 0;
-            const std::vector<std::int64_t> axes(a.ints.begin() + 1, a.ints.end());
-            Tensor<float> y = p::sum(in[0], axes, keepdims);
-            if (!average) return {y};
-            double count = 1;
-            for (auto axis : axes) count *= double(in[0].shape()[std::size_t(axis)]);
-            return {p::scale(y, count > 0 ? 1.0 / count : std::nan(""))};
-        };
-    };
-    backend::trace::register_rule("sum", reduction(false));
-    backend::trace::register_rule("mean", reduction(true));
-    backend::trace::register_rule("reshape", [](Ts in, const attributes& a) -> Out { return {p::reshape(in[0], Shape(a.ints.begin(), a.ints.end()))}; });
-    backend::trace::register_rule("transpose", [](Ts in, const attributes& a) -> Out { return {p::transpose(in[0], a.ints)}; });
-    // matmul: [..., m, k] x [k, n] (the leading axes folded into m), or [..., m, k] x [..., k, n] with
-    // equal leading axes (folded into one batch axis). The op has checked the shapes.
-    backend::trace::register_rule("matmul", [](Ts in, const attributes&) -> Out {
-        const Tf &a = in[0], &b = in[1];
-        const std::size_t m = a.shape()[a.rank() - 2], k = a.shape().back(), n = b.shape().back();
-        Shape out = a.shape();
-        out.back() = n;
-        if (b.rank() == 2) return {p::reshape(p::matmul(p::reshape(a, {a.size() / (k ? k : 1), k}), b), out)};
-        std::size_t batch = 1;
-        for (std::size_t d = 0; d + 2 < a.rank(); ++d) batch *= a.shape()[d];
-        return {p::reshape(p::matmul(p::reshape(a, {batch, m, k}), p::reshape(b, {batch, k, n})), out)};
-    });
-    // cross_entropy: logits, targets (float32 ids); reals = z_loss.
-    backend::trace::register_rule("cross_entropy", [](Ts in, const attributes& a) -> Out {
-        return {cross_entropy(in[0], in[1], a.reals.at(0))};
-    });
-    // embedding: table [V, F], ids (float32, any shape) -> ids.shape + [F], as one-hot rows times the table.
-    backend::trace::register_rule("embedding", [](Ts in, const attributes&) -> Out {
-        const Tf &table = in[0], &ids = in[1];
-        const std::size_t vocab = table.shape()[0], features = table.shape()[1], n = ids.size();
-        const Tf rows = p::matmul(p::reshape(p::one_hot(ids, vocab), {n, vocab}), table);
-        Shape out = ids.shape();
-        out.push_back(features);
-        return {p::reshape(rows, out)};
-    });
-    // leaky_relu: reals = slope (refused without it: the generic unary path passes none).
-    backend::trace::register_rule("leaky_relu", [](Ts in, const attributes& a) -> Out {
-        check<trace_error>(a.reals.size() == 1, "olmax: leaky_relu: the lowering rule needs the slope");
-        const Tf& x = in[0];  // x times (slope where x < 0, else 1): that factor is also the gradient's
-        const gx::var v = var_of(x), negative = gx::compare(v, gx::constant_like(v, 0.0), gx::compare_direction::LT);
-        return {p::mul(x, wrap(gx::select(negative, gx::constant_like(v, a.reals[0]), gx::constant_like(v, 1.0))))};
-    });
-    backend::trace::register_rule("scale_norm", [](Ts in, const attributes& a) -> Out { return {normalize(in[0], in[1], a.reals.at(0), false)}; });
-    backend::trace::register_rule("rms_norm", [](Ts in, const attributes& a) -> Out { return {normalize(in[0], in[1], a.reals.at(0), true)}; });
-    // causal_conv1d: x [B, T, Cin], w [K, Cin / G, Cout], bias [Cout] or undefined; ints = groups G.
-    // out[b, t] = sum_k x[b, t - (K-1-k)] w[k]: one GEMM over the K shifted copies side by side, or
-    // with groups one batched GEMM over the groups (group g: input channels [g Cg, (g+1) Cg), output
-    // channels [g Og, (g+1) Og)).
-    backend::trace::register_rule("causal_conv1d", [](Ts in, const attributes& a) -> Out {
-        const Tf &x = in[0], &w = in[1];
-        const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2], K = w.shape()[0], O = w.shape()[2];
-        const std::size_t G = std::size_t(a.ints.at(0)), Cg = C / G, Og = O / G;
-        std::vector<Tf> taps;
-        for (std::size_t k = 0; k < K; ++k) taps.push_back(shift_later(x, K - 1 - k));
-        const Tf shifted = K == 1 ? taps[0] : p::concatenate(taps, 2);  // [B, T, K C], tap-major
-        Tf y;
-        if (G == 1) {
-            y = p::reshape(p::matmul(p::reshape(shifted, {B * T, K * C}), p::reshape(w, {K * C, O})), {B, T, O});
-        } else {
-            const Tf columns = p::reshape(p::transpose(p::reshape(shifted, {B * T, K, G, Cg}), {2, 0, 1, 3}), {G, B * T, K * Cg});
-            const Tf weights = p::reshape(p::transpose(p::reshape(w, {K, Cg, G, Og}), {2, 0, 1, 3}), {G, K * Cg, Og});
-            y = p::reshape(p::transpose(p::matmul(columns, weights), {1, 0, 2}), {B, T, O});  // [G, B T, Og] -> [B T, G, Og]
-        }
-        if (in.size() > 2 && in[2].defined()) y = p::add(y, p::broadcast_to(in[2], y.shape()));
-        return {y};
-    });
-    // contract_axis: x [..., K (axis), ...], w [K, N]; ints = axis.
-    backend::trace::register_rule("contract_axis", [](Ts in, const attributes& a) -> Out {
-        const Tf &x = in[0], &w = in[1];
-        const std::size_t axis = std::size_t(a.ints.at(0)), rank = x.rank();
-        std::vector<std::int64_t> to_last, back(rank);
-        for (std::size_t d = 0; d < rank; ++d)
-            if (d != axis) to_last.push_back(std::int64_t(d));
-        to_last.push_back(std::int64_t(axis));
-        for (std::size_t d = 0; d < rank; ++d) back[std::size_t(to_last[d])] = std::int64_t(d);
-        const Tf moved = axis + 1 == rank ? x : p::transpose(x, to_last);
-        const std::size_t k = w.shape()[0], rows = x.size() / (k ? k : 1);
-        Shape out = moved.shape();
-        out.back() = w.shape()[1];
-        const Tf y = p::reshape(p::matmul(p::reshape(moved, {rows, k}), w), out);
-        return {axis + 1 == rank ? y : p::transpose(y, back)};
-    });
-    // chunked_cross_entropy: hidden [N, F], w_out [F, V], targets [N]; reals = z_loss. Its value
-    // leaves out the z-loss term that its gradient includes (ops/loss.hpp).
-    backend::trace::register_rule("chunked_cross_entropy", [](Ts in, const attributes& a) -> Out {
-        const double z_loss = a.reals.at(0);
-        const Tf logits = p::matmul(in[0], in[1]);
-        const Tf full = cross_entropy(logits, in[2], z_loss);
-        if (z_loss == 0) return {full};
-        const Tf plain = cross_entropy(logits, in[2], 0.0);
-        return {p::add(full, wrap(var_of(plain) - var_of(full)))};  // value: the plain loss; gradient: the full one's
-    });
-    // linear_scan: gates, x [B, T, C], h0 [B, C] or undefined; ints = reverse, log_gates.
-    backend::trace::register_rule("linear_scan", [](Ts in, const attributes& a) -> Out {
-        return linear_scan(in[0], in[1], in[2], a.ints.at(0) != 0, a.ints.at(1) != 0);
-    });
-    unary("hard_sigmoid", [](const Tf& x) {  // clip(x / 6 + 1/2, 0, 1) as the eager op (ops/elementwise.hpp)
-        const Tf y = p::add_scalar(p::scale(x, 1.0 / 6.0), 0.5);
-        return p::neg(p::maximum(p::neg(p::maximum(y, p::full(y.shape(), 0.0))), p::full(y.shape(), -1.0)));
-    });
-    // slice: ints = axis, begin, end.
-    backend::trace::register_rule("slice", [](Ts in, const attributes& a) -> Out {
-        gx::dims_t start(in[0].rank(), 0), limit = dims_of(in[0].shape());
-        start[std::size_t(a.ints.at(0))] = a.ints.at(1);
-        limit[std::size_t(a.ints.at(0))] = a.ints.at(2);
-        return {p::slice(in[0], start, limit)};
-    });
-    // gather_rows: x [R, ...], rows [M]; scatter_rows: src [M, ...], rows [M], ints = R.
-    backend::trace::register_rule("gather_rows", [](Ts in, const attributes&) -> Out { return {p::gather_rows(in[0], in[1])}; });
-    backend::trace::register_rule("scatter_rows", [](Ts in, const attributes& a) -> Out {
-        return {p::scatter_add_rows(in[0], in[1], std::size_t(a.ints.at(0)))};
-    });
-    backend::trace::register_rule("selective_scan", [](Ts in, const attributes&) -> Out { return selective_scan(in); });
-    unary("silu", [](const Tf& x) { return p::mul(x, p::logistic(x)); });
-    unary("softplus", [](const Tf& x) {  // max(x, 0) + log(1 + exp(-|x|)), without overflow
-        const Tf zero = p::full(x.shape(), 0.0), magnitude = p::maximum(x, p::neg(x));
-        return p::add(p::maximum(x, zero), p::log(p::add_scalar(p::exp(p::neg(magnitude)), 1.0)));
-    });
-    // pad: ints = axis, before, after; reals = the value.
-    backend::trace::register_rule("pad", [](Ts in, const attributes& a) -> Out {
-        gx::dims_t low(in[0].rank(), 0), high(in[0].rank(), 0);
-        low[std::size_t(a.ints.at(0))] = a.ints.at(1);
-        high[std::size_t(a.ints.at(0))] = a.ints.at(2);
-        Tf y = p::pad(in[0], low, high);
-        if (a.reals.at(0) != 0) y = p::add(y, p::pad(p::full(in[0].shape(), -a.reals[0]), low, high));  // the border, not x, gets the value...
-        if (a.reals.at(0) != 0) y = p::add_scalar(y, a.reals[0]);                                       // ...as value - value inside
-        return {y};
-    });
-    // softmax / log_softmax: ints = the axis (non-negative).
-    backend::trace::register_rule("softmax", [](Ts in, const attributes& a) -> Out { return {softmax(in[0], std::size_t(a.ints.at(0)), false)}; });
-    backend::trace::register_rule("log_softmax", [](Ts in, const attributes& a) -> Out { return {softmax(in[0], std::size_t(a.ints.at(0)), true)}; });
-    backend::trace::register_rule("moe_route", [](Ts in, const attributes& a) -> Out { return moe_route(in[0], a); });
-    backend::trace::register_rule("take_leading", [](Ts in, const attributes& a) -> Out { return {p::take_leading(in[0], std::size_t(a.ints.at(0)))}; });
-    backend::trace::register_rule("stack_leading", [](Ts in, const attributes&) -> Out { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; });
+// ---- the rules, one per key of op::all ----------------------------------------------------------
+
+inline Out lower(op::add, Ts in, const op::add::attrs&) { return binary(in, p::add); }
+inline Out lower(op::sub, Ts in, const op::sub::attrs&) { return binary(in, p::sub); }
+inline Out lower(op::mul, Ts in, const op::mul::attrs&) { return binary(in, p::mul); }
+inline Out lower(op::div, Ts in, const op::div::attrs&) { return binary(in, p::div); }
+inline Out lower(op::maximum, Ts in, const op::maximum::attrs&) { return binary(in, p::maximum); }
+inline Out lower(op::exp, Ts in, const op::exp::attrs&) { return {p::exp(in[0])}; }
+inline Out lower(op::log, Ts in, const op::log::attrs&) { return {p::log(in[0])}; }
+inline Out lower(op::sqrt, Ts in, const op::sqrt::attrs&) { return {p::sqrt(in[0])}; }
+inline Out lower(op::rsqrt, Ts in, const op::rsqrt::attrs&) { return {p::div(p::full(in[0].shape(), 1.0), p::sqrt(in[0]))}; }
+inline Out lower(op::square, Ts in, const op::square::attrs&) { return {p::mul(in[0], in[0])}; }
+inline Out lower(op::tanh, Ts in, const op::tanh::attrs&) { return {p::tanh(in[0])}; }
+inline Out lower(op::sigmoid, Ts in, const op::sigmoid::attrs&) { return {p::logistic(in[0])}; }
+inline Out lower(op::relu, Ts in, const op::relu::attrs&) { return {p::maximum(in[0], p::full(in[0].shape(), 0.0))}; }
+inline Out lower(op::silu, Ts in, const op::silu::attrs&) { return {p::mul(in[0], p::logistic(in[0]))}; }
+/// clip(x / 6 + 1/2, 0, 1) as the eager op (ops/elementwise.hpp).
+inline Out lower(op::hard_sigmoid, Ts in, const op::hard_sigmoid::attrs&) {
+    const Tf y = p::add_scalar(p::scale(in[0], 1.0 / 6.0), 0.5);
+    return {p::neg(p::maximum(p::neg(p::maximum(y, p::full(y.shape(), 0.0))), p::full(y.shape(), -1.0)))};
+}
+/// max(x, 0) + log(1 + exp(-|x|)), without overflow.
+inline Out lower(op::softplus, Ts in, const op::softplus::attrs&) {
+    const Tf& x = in[0];
+    const Tf zero = p::full(x.shape(), 0.0), magnitude = p::maximum(x, p::neg(x));
+    return {p::add(p::maximum(x, zero), p::log(p::add_scalar(p::exp(p::neg(magnitude)), 1.0)))};
+}
+inline Out lower(op::add_scalar, Ts in, const op::add_scalar::attrs& a) { return {p::add_scalar(in[0], a.value)}; }
+inline Out lower(op::scale, Ts in, const op::scale::attrs& a) { return {p::scale(in[0], a.factor)}; }
+/// x times (slope where x < 0, else 1): that factor is also the gradient's.
+inline Out lower(op::leaky_relu, Ts in, const op::leaky_relu::attrs& a) {
+    const gx::var v = var_of(in[0]), negative = gx::compare(v, gx::constant_like(v, 0.0), gx::compare_direction::LT);
+    return {p::mul(in[0], wrap(gx::select(negative, gx::constant_like(v, a.slope), gx::constant_like(v, 1.0))))};
+}
+
+/// sum or mean over the key's axes.
+inline Out reduce(const Tf& x, const std::vector<std::size_t>& axes, bool keepdims, bool average) {
+    const std::vector<std::int64_t> ax(axes.begin(), axes.end());
+    Tensor<float> y = p::sum(x, ax, keepdims);
+    if (!average) return {y};
+    double count = 1;
+    for (auto axis : axes) count *= double(x.shape()[axis]);
+    return {p::scale(y, count > 0 ? 1.0 / count : std::nan(""))};
+}
+inline Out lower(op::sum, Ts in, const op::sum::attrs& a) { return reduce(in[0], a.axes, a.keepdims, false); }
+inline Out lower(op::mean, Ts in, const op::mean::attrs& a) { return reduce(in[0], a.axes, a.keepdims, true); }
+
+inline Out lower(op::reshape, Ts in, const op::reshape::attrs& a) { return {p::reshape(in[0], a.shape)}; }
+inline Out lower(op::transpose, Ts in, const op::transpose::attrs& a) {
+    return {p::transpose(in[0], std::vector<std::int64_t>(a.perm.begin(), a.perm.end()))};
+}
+inline Out lower(op::slice, Ts in, const op::slice::attrs& a) {
+    gx::dims_t start(in[0].rank(), 0), limit = dims_of(in[0].shape());
+    start[a.axis] = std::int64_t(a.begin);
+    limit[a.axis] = std::int64_t(a.end);
+    return {p::slice(in[0], start, limit)};
+}
+/// The border gets `value`, x does not: x padded with zeros, plus value - value inside.
+inline Out lower(op::pad, Ts in, const op::pad::attrs& a) {
+    gx::dims_t low(in[0].rank(), 0), high(in[0].rank(), 0);
+    low[a.axis] = std::int64_t(a.before);
+    high[a.axis] = std::int64_t(a.after);
+    Tf y = p::pad(in[0], low, high);
+    if (a.value != 0) y = p::add_scalar(p::add(y, p::pad(p::full(in[0].shape(), -a.value), low, high)), a.value);
+    return {y};
+}
+inline Out lower(op::stack_leading, Ts in, const op::stack_leading::attrs&) { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; }
+inline Out lower(op::take_leading, Ts in, const op::take_leading::attrs& a) { return {p::take_leading(in[0], a.index)}; }
+
+/// [..., m, k] x [k, n] (the leading axes folded into m), or [..., m, k] x [..., k, n] with equal
+/// leading axes (folded into one batch axis). The op has checked the shapes.
+inline Out lower(op::matmul, Ts in, const op::matmul::attrs&) {
+    const Tf &a = in[0], &b = in[1];
+    const std::size_t m = a.shape()[a.rank() - 2], k = a.shape().back(), n = b.shape().back();
+    Shape out = a.shape();
+    out.back() = n;
+    if (b.rank() == 2) return {p::reshape(p::matmul(p::reshape(a, {a.size() / (k ? k : 1), k}), b), out)};
+    std::size_t batch = 1;
+    for (std::size_t d = 0; d + 2 < a.rank(); ++d) batch *= a.shape()[d];
+    return {p::reshape(p::matmul(p::reshape(a, {batch, m, k}), p::reshape(b, {batch, k, n})), out)};
+}
+/// x [..., K (axis), ...] with w [K, N]: the axis moved last, one product, moved back.
+inline Out lower(op::contract_axis, Ts in, const op::contract_axis::attrs& a) {
+    const Tf &x = in[0], &w = in[1];
+    const std::size_t axis = a.axis, rank = x.rank();
+    std::vector<std::int64_t> to_last, back(rank);
+    for (std::size_t d = 0; d < rank; ++d)
+        if (d != axis) to_last.push_back(std::int64_t(d));
+    to_last.push_back(std::int64_t(axis));
+    for (std::size_t d = 0; d < rank; ++d) back[std::size_t(to_last[d])] = std::int64_t(d);
+    const Tf moved = axis + 1 == rank ? x : p::transpose(x, to_last);
+    const std::size_t k = w.shape()[0], rows = x.size() / (k ? k : 1);
+    Shape out = moved.shape();
+    out.back() = w.shape()[1];
+    const Tf y = p::reshape(p::matmul(p::reshape(moved, {rows, k}), w), out);
+    return {axis + 1 == rank ? y : p::transpose(y, back)};
+}
+/// table [V, F], ids (any shape) -> ids.shape + [F], as one-hot rows times the table.
+inline Out lower(op::embedding, Ts in, const op::embedding::attrs&) {
+    const Tf &table = in[0], &ids = in[1];
+    const std::size_t vocab = table.shape()[0], features = table.shape()[1], n = ids.size();
+    const Tf rows = p::matmul(p::reshape(p::one_hot(ids, vocab), {n, vocab}), table);
+    Shape out = ids.shape();
+    out.push_back(features);
+    return {p::reshape(rows, out)};
+}
+/// out[b, t] = sum_k x[b, t - (K-1-k)] w[k]: one GEMM over the K shifted copies side by side, or
+/// with groups one batched GEMM over the groups (group g: input channels [g Cg, (g+1) Cg), output
+/// channels [g Og, (g+1) Og)).
+inline Out lower(op::causal_conv1d, Ts in, const op::causal_conv1d::attrs& a) {
+    const Tf &x = in[0], &w = in[1];
+    const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2], K = w.shape()[0], O = w.shape()[2];
+    const std::size_t G = a.groups, Cg = C / G, Og = O / G;
+    std::vector<Tf> taps;
+    for (std::size_t k = 0; k < K; ++k) taps.push_back(shift_later(x, K - 1 - k));
+    const Tf shifted = K == 1 ? taps[0] : p::concatenate(taps, 2);  // [B, T, K C], tap-major
+    Tf y;
+    if (G == 1) {
+        y = p::reshape(p::matmul(p::reshape(shifted, {B * T, K * C}), p::reshape(w, {K * C, O})), {B, T, O});
+    } else {
+        const Tf columns = p::reshape(p::transpose(p::reshape(shifted, {B * T, K, G, Cg}), {2, 0, 1, 3}), {G, B * T, K * Cg});
+        const Tf weights = p::reshape(p::transpose(p::reshape(w, {K, Cg, G, Og}), {2, 0, 1, 3}), {G, K * Cg, Og});
+        y = p::reshape(p::transpose(p::matmul(columns, weights), {1, 0, 2}), {B, T, O});  // [G, B T, Og] -> [B T, G, Og]
+    }
+    if (in.size() > 2 && in[2].defined()) y = p::add(y, p::broadcast_to(in[2], y.shape()));
+    return {y};
+}
+inline Out lower(op::scale_norm, Ts in, const op::scale_norm::attrs& a) { return {normalize(in[0], in[1], a.eps, false)}; }
+inline Out lower(op::rms_norm, Ts in, const op::rms_norm::attrs& a) { return {normalize(in[0], in[1], a.eps, true)}; }
+inline Out lower(op::softmax, Ts in, const op::softmax::attrs& a) { return {softmax(in[0], a.axis, false)}; }
+inline Out lower(op::log_softmax, Ts in, const op::log_softmax::attrs& a) { return {softmax(in[0], a.axis, true)}; }
+inline Out lower(op::cross_entropy, Ts in, const op::cross_entropy::attrs& a) { return {cross_entropy(in[0], in[1], a.z_loss)}; }
+/// hidden [N, F], w_out [F, V], targets [N]: the value leaves out the z-loss term that the
+/// gradient includes (ops/loss.hpp).
+inline Out lower(op::chunked_cross_entropy, Ts in, const op::chunked_cross_entropy::attrs& a) {
+    const Tf logits = p::matmul(in[0], in[1]);
+    const Tf full = cross_entropy(logits, in[2], a.z_loss);
+    if (a.z_loss == 0) return {full};
+    const Tf plain = cross_entropy(logits, in[2], 0.0);
+    return {p::add(full, wrap(var_of(plain) - var_of(full)))};  // value: the plain loss; gradient: the full one's
+}
+inline Out lower(op::gather_rows, Ts in, const op::gather_rows::attrs&) { return {p::gather_rows(in[0], in[1])}; }
+inline Out lower(op::scatter_rows, Ts in, const op::scatter_rows::attrs& a) { return {p::scatter_add_rows(in[0], in[1], a.rows)}; }
+inline Out lower(op::linear_scan, Ts in, const op::linear_scan::attrs& a) { return linear_scan(in[0], in[1], in[2], a.reverse, a.log_gates); }
+
+// ---- registration -------------------------------------------------------------------------------
+
+/// Whether key K has its rule above.
+template <class K>
+concept lowered = requires(Ts in, const typename K::attrs& a) {
+    { lower(K{}, in, a) } -> std::same_as<Out>;
+};
+
+template <class K>
+void register_key() {
+    static_assert(lowered<K>, "olmax: an entry of op::all has no lowering rule: write `Out lower(op::<name>, Ts, const op::<name>::attrs&)` "
+                              "in olmax/trace/rules.hpp");
+    backend::trace::register_rule<K>([](Ts in, const typename K::attrs& a) { return lower(K{}, in, a); });
+}
+
+template <class... K>
+bool register_keys(op::key_list<K...>) {
+    (register_key<K>(), ...);
     return true;
 }
+
+/// Registers the rule of every entry of op::all in the process's registry (backend::trace::rules()).
+inline bool register_all() { return register_keys(op::all{}); }
 
 }  // namespace detail
 

@@ -19,7 +19,9 @@
 // at its primitive's descriptor (`op`, made from the struct by `describe`), so the emitter, the
 // reference evaluation and the tracer's tape (olmax/trace/primitives.hpp) dispatch through it and
 // hold no list of primitives of their own. A struct missing a part, or missing from the registry,
-// does not compile.
+// does not compile. A primitive defined outside olmax (a user's, a test's) declares
+// `static constexpr bool defined_outside_olmax = true` instead of an entry in prim::all: it is then
+// in no table (find_primitive, the registry's tests) and reached through its nodes like any other.
 
 #include <concepts>
 #include <cstddef>
@@ -189,7 +191,7 @@ struct vjp {
 /// A primitive's descriptor, made once from its struct (`describe`).
 struct primitive_info {
     std::string_view name;
-    std::size_t index = 0;  // its position in prim::all
+    std::size_t index = 0;  // its position in prim::all (prim::all::size: defined outside olmax)
     /// Kept layers store its results per layer instead of recomputing them in the backward
     /// (products, reductions, scans, gathers: ops that read more than they write; trace/layer_loop.hpp).
     bool saved_by_kept_layers = false;
@@ -267,6 +269,12 @@ std::vector<host_value> evaluate_adapter(const node& n, const std::vector<const 
 
 }  // namespace detail
 
+/// Whether P declares itself a primitive defined outside olmax (not an entry of prim::all).
+template <class P>
+concept defined_outside_olmax = requires {
+    requires P::defined_outside_olmax;
+};
+
 /// A complete primitive definition: a name, a lowering, a reference evaluation and a gradient rule
 /// (or a marker for none).
 template <class P>
@@ -279,7 +287,8 @@ concept primitive_definition = requires {
 /// or not in the registry.
 template <class P>
 consteval primitive_info describe() {
-    static_assert(detail::registry_index<P>(prim::all{}) < prim::all::size, "xla::graph: a primitive missing from the registry prim::all (ir.hpp)");
+    static_assert(detail::registry_index<P>(prim::all{}) < prim::all::size || defined_outside_olmax<P>,
+                  "xla::graph: a primitive missing from the registry prim::all (ir.hpp)");
     static_assert(requires { { P::name } -> std::convertible_to<std::string_view>; }, "xla::graph: a primitive needs `static constexpr std::string_view name`");
     static_assert(detail::emits_one<P> || detail::emits_all<P>, "xla::graph: a primitive needs `emit` (its StableHLO lowering)");
     static_assert(detail::evaluates_one<P> || detail::evaluates_all<P>, "xla::graph: a primitive needs `evaluate` (its reference evaluation)");

@@ -1,0 +1,199 @@
+#pragma once
+// The eager-traced check of one registered op rule (PyTorch's OpInfo idea, olmax's registry): for
+// each sample its key gives (backend::trace::op_entry::samples), the op runs eagerly in double on
+// the sample's values, and the same call runs on traced float32 tensors (the op's traced branch,
+// its lowering rule) inside a program that also holds the tape's gradients. Both are reduced to
+// one scalar loss = sum_k sum(output_k * W_k) with fixed random weights W_k, differentiated by the
+// eager tape and by the traced program's tape; the program's outputs and gradients are then
+// evaluated by `evaluate` (tests/unit/test_op_rules.cpp: the graph's double-precision reference
+// evaluation; tests/xla/test_op_rules_plugin.cpp: the real XLA CPU plugin) and compared with the
+// eager ones. Every sample runs once per traced target ("cpu", "cuda", "tpu"), whose rules may
+// take other forms (a scan: a loop, log-depth doubling, chunked products).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <olmax/olmax.hpp>
+#include <olmax/trace/trace.hpp>
+#include <olmax/xla/graph/evaluate.hpp>
+
+namespace olmax_test {
+
+/// Evaluates `results` of a traced program's graph on its inputs' values (one per graph input, in
+/// order); returns each result's values, row-major.
+using op_rule_evaluator = std::function<std::vector<std::vector<double>>(const olmax::xla::graph::graph&, const std::vector<olmax::xla::graph::var>&,
+                                                                         const std::vector<olmax::xla::graph::host_value>&)>;
+
+/// What the check found for one op: one line per disagreement (empty: the op passes).
+struct op_rule_report {
+    std::size_t samples = 0;  // samples run (each on every target)
+    double worst = 0;         // the largest error seen, values and gradients
+    std::vector<std::string> failures;
+};
+
+/// The graph's double-precision reference evaluation (xla/graph/evaluate.hpp).
+inline std::vector<std::vector<double>> op_rule_reference(const olmax::xla::graph::graph& g, const std::vector<olmax::xla::graph::var>& results,
+                                                          const std::vector<olmax::xla::graph::host_value>& inputs) {
+    std::vector<std::vector<double>> out;
+    for (auto& v : olmax::xla::graph::evaluate(g, inputs, results)) out.push_back(std::move(v.data));
+    return out;
+}
+
+/// Checks every sample of `entry` on every target: outputs and the gradients of the inputs that
+/// take one, |traced - eager| <= tolerance * (1 + |eager|) elementwise.
+inline op_rule_report check_op_rule(const olmax::backend::trace::op_entry& entry, const op_rule_evaluator& evaluate, double tolerance,
+                                    const std::vector<std::string>& targets = {"cpu", "cuda", "tpu"}, std::uint64_t seed = 55) {
+    namespace gx = olmax::xla::graph;
+    namespace tr = olmax::trace;
+    namespace p = olmax::trace::primitives;
+    using olmax::Shape;
+    using olmax::Tensor;
+    op_rule_report report;
+    auto fail = [&](const std::string& what) { report.failures.push_back(std::string(entry.name) + ": " + what); };
+    if (!entry.samples) {
+        fail("the op has a rule but no samples: its key needs `samples(Generator&)` and `eager<T>(inputs, attrs)`");
+        return report;
+    }
+    olmax::Generator rng(seed);
+    const std::vector<olmax::backend::trace::bound_sample> samples = entry.samples(rng);
+    if (samples.empty()) fail("its key's samples() gave none");
+    for (std::size_t si = 0; si < samples.size(); ++si) {
+        const auto& s = samples[si];
+        std::ostringstream where;
+        where << "sample " << si << " (inputs";
+        for (const auto& x : s.inputs) where << ' ' << (x.defined() ? olmax::to_string(x.shape()) : std::string("none"));
+        where << ')';
+        auto wants_grad = [&](std::size_t i) { return s.inputs[i].defined() && std::find(s.constant.begin(), s.constant.end(), i) == s.constant.end(); };
+        bool any_grad = false;
+        for (std::size_t i = 0; i < s.inputs.size(); ++i) any_grad = any_grad || wants_grad(i);
+
+        // The eager reference, in double on the sample's (float) values.
+        std::vector<Tensor<double>> xd;
+        for (std::size_t i = 0; i < s.inputs.size(); ++i) {
+            if (!s.inputs[i].defined()) {
+                xd.emplace_back();
+                continue;
+            }
+            Tensor<double> t(s.inputs[i].shape());
+            for (std::size_t e = 0; e < t.size(); ++e) t.data()[e] = double(s.inputs[i].data()[e]);
+            if (wants_grad(i)) t.set_requires_grad(true);
+            xd.push_back(t);
+        }
+        const std::vector<Tensor<double>> yd = s.eager(xd);
+        olmax::Generator wrng(seed + si);
+        std::vector<Tensor<float>> weights;
+        for (const auto& y : yd) weights.push_back(olmax::rand<float>(y.shape(), wrng, -1.0f, 1.0f));
+        std::vector<std::vector<double>> expected;
+        std::vector<std::string> labels;
+        for (const auto& y : yd) {
+            labels.push_back("output " + std::to_string(expected.size()));
+            expected.emplace_back(y.begin(), y.end());
+        }
+        if (any_grad) {
+            Tensor<double> loss;
+            for (std::size_t k = 0; k < yd.size(); ++k) {
+                Tensor<double> w(weights[k].shape());
+                for (std::size_t e = 0; e < w.size(); ++e) w.data()[e] = double(weights[k].data()[e]);
+                const Tensor<double> term = olmax::sum(olmax::mul(yd[k], w));
+                loss = loss.defined() ? olmax::add(loss, term) : term;
+            }
+            if (loss.requires_grad()) loss.backward();
+            for (std::size_t i = 0; i < xd.size(); ++i) {
+                if (!wants_grad(i)) continue;
+                const Tensor<double> g = xd[i].grad();
+                labels.push_back("the gradient of input " + std::to_string(i));
+                expected.push_back(g.defined() ? std::vector<double>(g.begin(), g.end()) : std::vector<double>(xd[i].size(), 0.0));
+            }
+        }
+
+        for (const std::string& target : targets) {
+            const std::string at = where.str() + ", traced for '" + target + "'";
+            std::vector<std::vector<double>> got;
+            try {
+                tr::tracing t;
+                t.set_target(target);
+                std::vector<Tensor<float>> xt;
+                std::vector<gx::host_value> values;
+                for (std::size_t i = 0; i < s.inputs.size(); ++i) {
+                    if (!s.inputs[i].defined()) {
+                        xt.emplace_back();
+                        continue;
+                    }
+                    Tensor<float> x = t.input<float>(s.inputs[i].shape());
+                    if (wants_grad(i)) x.set_requires_grad(true);
+                    values.push_back({tr::var_of(x).type(), std::vector<double>(s.inputs[i].begin(), s.inputs[i].end())});
+                    xt.push_back(x);
+                }
+                const std::vector<Tensor<float>> yt = s.traced(xt);
+                if (yt.size() != yd.size()) {
+                    fail(at + ": the traced op gave " + std::to_string(yt.size()) + " outputs, the eager one " + std::to_string(yd.size()));
+                    continue;
+                }
+                std::vector<gx::var> results;
+                bool shapes_agree = true;
+                for (std::size_t k = 0; k < yt.size(); ++k) {
+                    if (yt[k].shape() != yd[k].shape()) {
+                        fail(at + ": output " + std::to_string(k) + " is " + olmax::to_string(yt[k].shape()) + " traced, " +
+                             olmax::to_string(yd[k].shape()) + " eager");
+                        shapes_agree = false;
+                    }
+                    results.push_back(tr::var_of(yt[k]));
+                }
+                if (!shapes_agree) continue;
+                if (any_grad) {
+                    Tensor<float> loss;
+                    for (std::size_t k = 0; k < yt.size(); ++k) {
+                        const Tensor<float> w = olmax::backend::trace::as_float(weights[k]);  // a constant of the program
+                        std::vector<std::int64_t> all;
+                        for (std::size_t a = 0; a < yt[k].rank(); ++a) all.push_back(std::int64_t(a));
+                        const Tensor<float> term = p::sum(p::mul(yt[k], w), all, false);
+                        loss = loss.defined() ? p::add(loss, term) : term;
+                    }
+                    if (loss.requires_grad()) loss.backward();
+                    for (std::size_t i = 0; i < xt.size(); ++i) {
+                        if (!wants_grad(i)) continue;
+                        const Tensor<float> g = xt[i].grad();
+                        results.push_back(g.defined() ? tr::var_of(g) : gx::constant(t.graph(), 0.0, tr::var_of(xt[i]).type()));
+                    }
+                }
+                got = evaluate(t.graph(), results, values);
+            } catch (const std::exception& e) {
+                fail(at + ": threw " + e.what());
+                continue;
+            }
+            if (got.size() != expected.size()) {
+                fail(at + ": " + std::to_string(got.size()) + " results evaluated, expected " + std::to_string(expected.size()));
+                continue;
+            }
+            for (std::size_t r = 0; r < expected.size(); ++r) {
+                const std::string& what = labels[r];
+                if (got[r].size() != expected[r].size()) {
+                    fail(at + ": " + what + " has " + std::to_string(got[r].size()) + " values, expected " + std::to_string(expected[r].size()));
+                    continue;
+                }
+                double worst = 0;
+                std::size_t worst_at = 0;
+                for (std::size_t e = 0; e < got[r].size(); ++e) {
+                    const double err = std::abs(got[r][e] - expected[r][e]) / (1.0 + std::abs(expected[r][e]));
+                    if (!(err <= worst)) worst = err, worst_at = e;  // NaN counts as worst
+                }
+                report.worst = std::max(report.worst, std::isnan(worst) ? INFINITY : worst);
+                if (!(worst <= tolerance)) {
+                    std::ostringstream line;
+                    line << at << ": " << what << " differs: element " << worst_at << " is " << got[r][worst_at] << " traced, "
+                         << expected[r][worst_at] << " eager (error " << worst << " > " << tolerance << ")";
+                    fail(line.str());
+                }
+            }
+        }
+        ++report.samples;
+    }
+    return report;
+}
+
+}  // namespace olmax_test
