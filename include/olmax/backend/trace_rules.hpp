@@ -227,7 +227,6 @@ struct op_entry {
     std::string_view name;
     std::function<traced_outputs(traced_inputs, const void* attrs)> lower;
     std::function<std::vector<bound_sample>(Generator&)> samples;
-    bool takes_attrs = true;  // false: its key's attrs are empty (the transitional path may call it by name)
 };
 
 namespace detail {
@@ -261,10 +260,7 @@ public:
         using attrs = typename K::attrs;
         op_entry e;
         e.name = K::name;
-        e.lower = [rule = std::move(rule)](traced_inputs in, const void* a) {
-            return a ? rule(in, *static_cast<const attrs*>(a)) : rule(in, attrs{});  // null: none given (the transitional path)
-        };
-        e.takes_attrs = !std::is_empty_v<attrs>;
+        e.lower = [rule = std::move(rule)](traced_inputs in, const void* a) { return rule(in, *static_cast<const attrs*>(a)); };
         if constexpr (detail::has_samples<K>)
             e.samples = [](Generator& rng) {
                 std::vector<bound_sample> out;
@@ -277,17 +273,11 @@ public:
         std::lock_guard lock(mutex_);
         entries_.insert_or_assign(std::type_index(typeid(K)), std::move(e));
     }
-    /// The entry of key `key`, or of the op named `name` (transitional: one without attributes).
+    /// The entry of key `key`.
     std::optional<op_entry> find(std::type_index key) const {
         std::lock_guard lock(mutex_);
         const auto it = entries_.find(key);
         return it == entries_.end() ? std::nullopt : std::optional<op_entry>(it->second);
-    }
-    std::optional<op_entry> find(std::string_view name) const {
-        std::lock_guard lock(mutex_);
-        for (const auto& [key, e] : entries_)
-            if (e.name == name && !e.takes_attrs) return e;
-        return std::nullopt;
     }
     /// Every entry, by name.
     std::vector<op_entry> entries() const {
@@ -374,36 +364,6 @@ Tensor<T> call1(std::initializer_list<Tensor<T>> inputs, const typename K::attrs
         check<trace_error>(out.size() == 1, "olmax: the rule of '", K::name, "' returned ", out.size(), " values, expected 1");
         return std::move(out.front());
     }
-}
-
-// ---- TRANSITIONAL (issue 55 item 2): rules found by name ---------------------------------------
-// For ops/attention.hpp and scan/gated_delta.hpp until they are converted to typed keys (neither
-// calls a rule by name today: their traced branches compose the typed ops). A name finds the
-// registered rule of that name whose key has no attributes: add, sub, mul, div, maximum, exp, log,
-// sqrt, rsqrt, square, tanh, sigmoid, relu, hard_sigmoid, silu, softplus, matmul, embedding,
-// gather_rows, selective_scan, stack_leading. Delete this block once nothing calls it.
-
-/// TRANSITIONAL: `call<K, T>(inputs)` for the op named `op`.
-template <Real T>
-std::vector<Tensor<T>> call(std::string_view op, traced_inputs inputs) {
-    if constexpr (!std::is_same_v<T, float>) {
-        throw trace_error(olmax::detail::concat("olmax: ", op, ": traced programs compute in float32; trace a float model"));
-    } else {
-        const auto e = detail::active_rules().find(op);
-        if (!e) detail::no_rule(op);
-        return e->lower(inputs, nullptr);
-    }
-}
-
-/// TRANSITIONAL: `call1<K>(inputs)` for the op named `op`.
-template <Real T>
-Tensor<T> call1(std::string_view op, std::initializer_list<Tensor<T>> inputs) {
-    std::vector<Tensor<float>> in;
-    if constexpr (std::is_same_v<T, float>)
-        for (const auto& t : inputs) in.push_back(t.defined() ? as_float(t) : t);
-    auto out = call<T>(op, in);
-    check<trace_error>(out.size() == 1, "olmax: the rule of '", op, "' returned ", out.size(), " values, expected 1");
-    return std::move(out.front());
 }
 
 }  // namespace olmax::backend::trace
