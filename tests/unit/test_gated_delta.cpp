@@ -1,5 +1,6 @@
 // scan::gated_delta_rule and nn::GatedDeltaNet: the chunked WY forward against the sequential
-// recurrence, finite-difference gradients in double, causality, packed-sequence resets, carried
+// recurrence, the chunked backward against the sequential adjoint (every input's gradient, h0's
+// included), finite-difference gradients in double, causality, packed-sequence resets, carried
 // state, bad shapes; the traced (chunked-GEMM, composed of ops) form evaluated in double against
 // the eager op and layer.
 #include "test_helpers.hpp"
@@ -111,6 +112,80 @@ GdnGrads gdn_run(const GdnInputs& base, bool use_resets, long chunk, const GdnTe
     GdnGrads out{r.o.detach(), r.state.detach(), {}};
     for (auto& t : x) out.d.push_back(t.grad());
     return out;
+}
+
+/// The gradients of sum(o * dout) + sum(state * dstate) by the sequential adjoint of the recurrence,
+/// step by step from the last (derived from S_t = a (S_{t-1} - beta k x^T) + beta k v^T with x =
+/// S_{t-1}^T k, independently of the op's chunked backward): dq, dk, dv, dg, dbeta, dh0.
+std::vector<std::vector<double>> gdn_reference_grads(const GdnInputs& in, bool use_h0, bool use_resets, double scale, const GdnTensor& dout,
+                                                     const GdnTensor& dstate) {
+    const std::size_t nb = in.q.extent(0), nt = in.q.extent(1), nh = in.q.extent(2), K = in.q.extent(3), V = in.v.extent(3);
+    std::vector<std::vector<double>> d{std::vector<double>(in.q.size()), std::vector<double>(in.k.size()), std::vector<double>(in.v.size()),
+                                       std::vector<double>(in.g.size()), std::vector<double>(in.beta.size()), std::vector<double>(in.h0.size())};
+    for (std::size_t b = 0; b < nb; ++b)
+        for (std::size_t h = 0; h < nh; ++h) {
+            // states[t + 1] = S_t, states[0] = S_{-1}
+            std::vector<std::vector<double>> states(nt + 1, std::vector<double>(K * V, 0.0));
+            if (use_h0)
+                for (std::size_t i = 0; i < K * V; ++i) states[0][i] = in.h0.data()[(b * nh + h) * K * V + i];
+            auto reset = [&](std::size_t t) { return use_resets && in.resets(b, t) != 0; };
+            for (std::size_t t = 0; t < nt; ++t) {
+                const std::vector<double> P = reset(t) ? std::vector<double>(K * V, 0.0) : states[t];
+                const double a = std::exp(in.g(b, t, h)), beta = in.beta(b, t, h);
+                for (std::size_t j = 0; j < V; ++j) {
+                    double x = 0;
+                    for (std::size_t m = 0; m < K; ++m) x += P[m * V + j] * in.k(b, t, h, m);
+                    for (std::size_t i = 0; i < K; ++i)
+                        states[t + 1][i * V + j] = a * P[i * V + j] + beta * in.k(b, t, h, i) * (in.v(b, t, h, j) - a * x);
+                }
+            }
+            std::vector<double> G(K * V), x(V), y(V);
+            for (std::size_t i = 0; i < K * V; ++i) G[i] = dstate.data()[(b * nh + h) * K * V + i];
+            for (std::size_t t = nt; t-- > 0;) {
+                const std::vector<double>& S = states[t + 1];
+                const std::vector<double> P = reset(t) ? std::vector<double>(K * V, 0.0) : states[t];
+                const double a = std::exp(in.g(b, t, h)), beta = in.beta(b, t, h);
+                const std::size_t qk = ((b * nt + t) * nh + h) * K, vo = ((b * nt + t) * nh + h) * V, gi = (b * nt + t) * nh + h;
+                const double* dot = dout.data() + vo;
+                for (std::size_t i = 0; i < K; ++i) {  // dq = scale S do; G += scale q do^T
+                    double acc = 0;
+                    for (std::size_t j = 0; j < V; ++j) {
+                        acc += S[i * V + j] * dot[j];
+                        G[i * V + j] += scale * in.q(b, t, h, i) * dot[j];
+                    }
+                    d[0][qk + i] = scale * acc;
+                }
+                for (std::size_t j = 0; j < V; ++j) {  // y = G^T k, x = P^T k
+                    y[j] = x[j] = 0;
+                    for (std::size_t i = 0; i < K; ++i) {
+                        y[j] += G[i * V + j] * in.k(b, t, h, i);
+                        x[j] += P[i * V + j] * in.k(b, t, h, i);
+                    }
+                    d[2][vo + j] = beta * y[j];
+                }
+                double dbeta = 0, gp = 0, xy = 0;
+                for (std::size_t j = 0; j < V; ++j) {
+                    const double r = in.v(b, t, h, j) - a * x[j];  // x = 0 at a reset
+                    dbeta += y[j] * r;
+                    xy += x[j] * y[j];
+                }
+                d[4][gi] = dbeta;
+                for (std::size_t i = 0; i < K; ++i) {  // dk = beta G r - a beta P y
+                    double gr = 0, py = 0;
+                    for (std::size_t j = 0; j < V; ++j) {
+                        gr += G[i * V + j] * (in.v(b, t, h, j) - a * x[j]);
+                        py += P[i * V + j] * y[j];
+                        gp += G[i * V + j] * P[i * V + j];
+                    }
+                    d[1][qk + i] = beta * gr - a * beta * py;
+                }
+                d[3][gi] = reset(t) ? 0.0 : a * (gp - beta * xy);
+                for (std::size_t i = 0; i < K; ++i)  // dS_{t-1} = a (G - beta k y^T), nothing across a reset
+                    for (std::size_t j = 0; j < V; ++j) G[i * V + j] = reset(t) ? 0.0 : a * (G[i * V + j] - beta * in.k(b, t, h, i) * y[j]);
+            }
+            for (std::size_t i = 0; i < K * V; ++i) d[5][(b * nh + h) * K * V + i] = G[i];
+        }
+    return d;
 }
 
 }  // namespace
@@ -417,6 +492,59 @@ void gdn_check_traced(const GdnInputs& in, bool use_h0, int resets_mode, long ch
 }
 
 }  // namespace
+
+TEST_CASE("scan::gated_delta_rule: the chunked backward equals the sequential adjoint (double, every input, resets, h0)",
+          "[gated_delta][grad]") {
+    // Chunks longer than the WY block (wy_block steps) run as several blocks, the state entering
+    // the later ones recomputed in the backward; T % chunk != 0; resets on and next to block and
+    // chunk boundaries. The second shape has K, V above one vector of lanes with ragged ends.
+    struct Case {
+        std::size_t batch, time, heads, K, V;
+    };
+    for (const Case& c : {Case{2, 77, 2, 5, 3}, Case{1, 70, 1, 18, 35}}) {
+        auto in = gdn_make_inputs(c.batch, c.time, c.heads, c.K, c.V, 120 + c.K);
+        for (std::size_t t : {5, 6, 15, 16, 31, 32, 40, 64, 65}) in.resets(0, t) = 1;
+        if (c.batch > 1) {
+            in.resets(1, 0) = 1;  // h0 does not reach this row
+            in.resets(1, 50) = 1;
+        }
+        olmax::Generator rng(121);
+        const auto dout = olmax::randn<double>(in.v.shape(), rng), dstate = olmax::randn<double>(in.h0.shape(), rng);
+        const double scale = 1 / std::sqrt(double(c.K));
+        for (bool use_h0 : {false, true})
+            for (bool use_resets : {false, true}) {
+                const auto expected = gdn_reference_grads(in, use_h0, use_resets, scale, dout, dstate);
+                const auto values = gdn_reference(in, use_h0, use_resets, scale);
+                for (long chunk : {1L, 5L, 16L, 17L, 32L, 33L, 64L, 200L}) {
+                    INFO("K " << c.K << ", h0 " << use_h0 << ", resets " << use_resets << ", chunk " << chunk);
+                    const auto got = gdn_eager(in, use_h0, use_resets, chunk, dout, dstate);
+                    CHECK(gdn_max_diff(got.o, values.o) < 1e-12);
+                    CHECK(gdn_max_diff(got.state, values.state) < 1e-12);
+                    for (std::size_t i = 0; i < (use_h0 ? 6u : 5u); ++i) {
+                        INFO("gradient of input " << i << " (q, k, v, g, beta, h0)");
+                        CHECK(gdn_max_diff(got.d[i], expected[i]) < 1e-12);
+                    }
+                }
+            }
+    }
+}
+
+TEST_CASE("scan::gated_delta_rule: gradients (double) with chunks of several WY blocks and resets at block boundaries",
+          "[gated_delta][grad]") {
+    auto in = gdn_make_inputs(1, 75, 1, 3, 2, 130);  // chunk 64: several blocks, then a chunk of 11
+    in.resets(0, 16) = 1;
+    in.resets(0, 32) = 1;
+    in.resets(0, 40) = 1;
+    in.resets(0, 70) = 1;
+    auto f = [&](const std::vector<GdnTensor>& x) {
+        return gdn_flat(gdn_sc::gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], in.resets, {.chunk = 64}));
+    };
+    olmax_test::check_gradients(f, in.differentiable());
+    auto g = [&](const std::vector<GdnTensor>& x) {
+        return gdn_flat(gdn_sc::gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], GdnTensor(), {.chunk = 48}));
+    };
+    olmax_test::check_gradients(g, in.differentiable());
+}
 
 TEST_CASE("scan::gated_delta_rule traced: the chunked-GEMM program gives the eager op's values and gradients to 1e-12",
           "[gated_delta][trace]") {
