@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -183,6 +184,96 @@ TEST_CASE("causal_attention: matches the materialised softmax reference, values 
         CHECK(olmax_test::max_abs_diff(blocked.dq, naive.dq) < 1e-12);
         CHECK(olmax_test::max_abs_diff(blocked.dk, naive.dk) < 1e-12);
         CHECK(olmax_test::max_abs_diff(blocked.dv, naive.dv) < 1e-12);
+    }
+}
+
+TEST_CASE("causal_attention: tiles of several register blocks, head dims off the SIMD width, in double and float", "[attention]") {
+    // The tile products run on register blocks of a few rows by a few SIMD vectors, skip the steps
+    // above the diagonal and the keys before every row's window or document; here tiles span many
+    // blocks, T is a multiple of neither tile and the head dims leave partial vectors (padded).
+    const AttnCase cases[] = {
+        {1, 150, 4, 2, 20, 37, 24, 40, true},   // window, GQA, resets
+        {2, 131, 2, 2, 16, 0, 32, 48, false},   // query tile shorter than the key tile
+        {1, 97, 3, 1, 9, 0, 13, 64, true},      // multi-query, odd sizes
+        {1, 120, 2, 2, 12, 0, 40, 16, true},    // query tile longer than the key tile
+        {1, 200, 2, 1, 33, 50, 64, 128, false}, // default tiles, a window shorter than a key tile
+        {1, 130, 2, 2, 64, 0, 64, 128, true},   // head dim 64
+    };
+    for (const AttnCase& c : cases) {
+        INFO("batch " << c.batch << " T " << c.time << " heads " << c.heads << "/" << c.kv_heads << " dim " << c.dim << " window " << c.window
+                      << " tiles " << c.query_tile << "x" << c.key_tile << " resets " << c.resets);
+        olmax::Generator rng(300 + c.time + c.dim);
+        const auto q = olmax::randn<double>({c.batch, c.time, c.heads, c.dim}, rng);
+        const auto k = olmax::randn<double>({c.batch, c.time, c.kv_heads, c.dim}, rng);
+        const auto v = olmax::randn<double>({c.batch, c.time, c.kv_heads, c.dim}, rng);
+        const auto r = olmax::randn<double>(q.shape(), rng);
+        Tensor<double> resets;
+        if (c.resets) resets = attn_resets(c.batch, c.time, {{0, c.time / 4}, {0, c.time / 2 + 3}, {c.batch - 1, c.time - 20}});
+        const double scale = 0.9 / std::sqrt(double(c.dim));
+        const AttnRun naive = attn_run(
+            [&](const Tensor<double>& a, const Tensor<double>& b, const Tensor<double>& d) { return attn_reference(a, b, d, scale, c.window, resets); },
+            q, k, v, r);
+        const AttnRun blocked = attn_run(
+            [&](const Tensor<double>& a, const Tensor<double>& b, const Tensor<double>& d) {
+                return olmax::causal_attention(a, b, d,
+                                               {.scale = scale, .window = c.window, .resets = resets, .query_tile = c.query_tile, .key_tile = c.key_tile});
+            },
+            q, k, v, r);
+        CHECK(olmax_test::max_abs_diff(blocked.y, naive.y) < 1e-12);
+        CHECK(olmax_test::max_abs_diff(blocked.dq, naive.dq) < 1e-12);
+        CHECK(olmax_test::max_abs_diff(blocked.dk, naive.dk) < 1e-12);
+        CHECK(olmax_test::max_abs_diff(blocked.dv, naive.dv) < 1e-12);
+        if (&c == &cases[0]) {  // the threads' chunks start inside a head here: the same bits on one thread
+            olmax::backend::host_kernels_scope serial(olmax::backend::kernels<olmax::backend::cpu_serial>());
+            const AttnRun one_thread = attn_run(
+                [&](const Tensor<double>& a, const Tensor<double>& b, const Tensor<double>& d) {
+                    return olmax::causal_attention(
+                        a, b, d, {.scale = scale, .window = c.window, .resets = resets, .query_tile = c.query_tile, .key_tile = c.key_tile});
+                },
+                q, k, v, r);
+            CHECK(olmax_test::same_bits(blocked.y, one_thread.y));
+            CHECK(olmax_test::same_bits(blocked.dq, one_thread.dq));
+            CHECK(olmax_test::same_bits(blocked.dk, one_thread.dk));
+            CHECK(olmax_test::same_bits(blocked.dv, one_thread.dv));
+        }
+        // float: the same blocks on twice the lanes
+        auto qf = olmax::parameter(olmax::cast<float>(q)), kf = olmax::parameter(olmax::cast<float>(k)), vf = olmax::parameter(olmax::cast<float>(v));
+        const Tensor<float> resets_f = c.resets ? olmax::cast<float>(resets) : Tensor<float>();
+        const Tensor<float> yf = olmax::causal_attention(
+            qf, kf, vf, {.scale = scale, .window = c.window, .resets = resets_f, .query_tile = c.query_tile, .key_tile = c.key_tile});
+        olmax::sum(olmax::mul(yf, olmax::cast<float>(r))).backward();
+        CHECK(olmax_test::max_abs_diff(olmax::cast<double>(yf.detach()), naive.y) < 2e-5);
+        CHECK(olmax_test::max_abs_diff(olmax::cast<double>(qf.grad()), naive.dq) < 1e-4);
+        CHECK(olmax_test::max_abs_diff(olmax::cast<double>(kf.grad()), naive.dk) < 1e-4);
+        CHECK(olmax_test::max_abs_diff(olmax::cast<double>(vf.grad()), naive.dv) < 1e-4);
+    }
+}
+
+TEST_CASE("causal_attention: under the bf16 policy its float products round their operands, as every float GEMM does", "[attention][bf16]") {
+    olmax::Generator rng(12);
+    const std::size_t T = 70, H = 4, Hkv = 2, Dh = 16;
+    const auto q = olmax::randn<double>({1, T, H, Dh}, rng), k = olmax::randn<double>({1, T, Hkv, Dh}, rng), v = olmax::randn<double>({1, T, Hkv, Dh}, rng);
+    const auto r = olmax::randn<double>(q.shape(), rng);
+    const auto resets = attn_resets(1, T, {{0, 30}});
+    const double scale = 1 / std::sqrt(double(Dh));
+    const AttnRun naive = attn_run(
+        [&](const Tensor<double>& a, const Tensor<double>& b, const Tensor<double>& d) { return attn_reference(a, b, d, scale, 25, resets); }, q, k, v, r);
+    auto run = [&](bool bf16) {
+        std::optional<olmax::backend::bf16_matmul_scope> policy;
+        if (bf16) policy.emplace();
+        auto qf = olmax::parameter(olmax::cast<float>(q)), kf = olmax::parameter(olmax::cast<float>(k)), vf = olmax::parameter(olmax::cast<float>(v));
+        const Tensor<float> y = olmax::causal_attention(qf, kf, vf, {.window = 25, .resets = olmax::cast<float>(resets), .query_tile = 16, .key_tile = 24});
+        olmax::sum(olmax::mul(y, olmax::cast<float>(r))).backward();
+        return std::vector<Tensor<double>>{olmax::cast<double>(y.detach()), olmax::cast<double>(qf.grad()), olmax::cast<double>(kf.grad()),
+                                           olmax::cast<double>(vf.grad())};
+    };
+    const auto fp32 = run(false), bf16 = run(true);
+    const std::vector<const Tensor<double>*> reference{&naive.y, &naive.dq, &naive.dk, &naive.dv};
+    for (std::size_t i = 0; i < 4; ++i) {
+        INFO("output " << i << " (y, dq, dk, dv)");
+        CHECK(olmax_test::max_abs_diff(fp32[i], *reference[i]) < 1e-4);
+        CHECK(olmax_test::max_abs_diff(bf16[i], *reference[i]) < 0.1);   // bf16 operands: ~3 significant digits
+        CHECK(olmax_test::max_abs_diff(bf16[i], fp32[i]) > 1e-4);        // and the policy did apply
     }
 }
 

@@ -18,29 +18,39 @@
 // maximum grows (the online softmax). The T x T matrix never exists: what the forward keeps for the
 // backward is the output and the log-sum-exp lse = m + log l per row, [batch, H, T].
 //
-// Backward (exact; the same per-tile loop): P = exp(scale q k^T - lse) is recomputed from q, k and
-// lse; with D = rowsum(dO * O),
-//     dV += P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dQ += scale dS K,   dK += scale dS^T Q.
-// Memory beyond the inputs and their gradients: lse, D per tile, and per-thread tile scratch; with
-// Hkv < H, dK and dV are first accumulated per query head ([batch, T, H, Dh], the size of q) and then
-// summed over each group. The forward runs the (batch, head, query tile) items on the threads, the
-// backward the (batch, head) items (each owns its rows of dQ and its per-head dK, dV), as PyTorch's
-// CPU flash-attention kernel does. The tile GEMMs run on the device's `Kernels::gemm` (on the host
-// Eigen's blocked GEMM on the raw row-major buffers, one thread inside a parallel chunk), so they
-// follow the kernels in force (e.g. the bf16 precision policy rounds their float operands).
+// Backward (exact): P = exp(scale q k^T - lse) is recomputed from q, k and lse; with D = rowsum(dO * O),
+//     dV += P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dQ += scale dS K,   dK += scale dS^T Q,
+// in FlashAttention-2's loop order: for each key tile of a (batch, head), the query tiles that see
+// it (from its diagonal to the last query whose window or document reaches it), its dK and dV
+// summed in tile buffers and dQ in a buffer of the (batch, head). Memory beyond the inputs and
+// their gradients: lse and, per thread, copies of one (batch, head)'s k (transposed) and v in the
+// forward, of its scaled q, dO and dQ sums in the backward ([T, Dh] each), D, and tile scratch;
+// with Hkv < H, dK and dV are first accumulated per query head ([batch, T, H, Dh], the size of q)
+// and then summed over each group. The forward runs the (batch, head, query tile) items on the
+// threads, the backward the (batch, head) items, as PyTorch's CPU flash-attention kernel does; each
+// item sums in one order, so the results do not depend on the thread count.
+//
+// The tile products run on register blocks (tile_gemm below: a few rows by a few SIMD vectors of the
+// result held in registers through the whole inner dimension, no packing), skipping the terms where
+// a probability tile is zero above its diagonal. Under the bf16 precision policy
+// (Kernels::float_gemms_in_bf16) the float products go to the device's Kernels::gemm instead, so
+// their operands are rounded as every float GEMM's are.
 //
 // On traced tensors (a program traced for XLA, olmax/trace/) the op traces the same function
 // composed of traced ops with the T x T scores materialised (detail::attention_ops::traced): a first
 // step, with the memory of plain attention.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -50,6 +60,7 @@
 #include "olmax/core/traced.hpp"
 #include "olmax/backend/trace_rules.hpp"
 #include "olmax/core/device.hpp"
+#include "olmax/detail/simd.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/loss.hpp"
@@ -98,66 +109,263 @@ inline std::pair<std::size_t, std::size_t> visible_in_tile(std::size_t lo_t, std
     return {std::max(lo_t, s0) - s0, end > s0 ? end - s0 : 0};
 }
 
-/// x[i] = exp(x[i] - shift) for i in [0, n), on SIMD batches.
+constexpr std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+/// f(std::integral_constant<std::size_t, I>{}) for I = 0, ..., N - 1: a loop unrolled at compile time
+/// (the register tiles below are arrays indexed by constants, which the compiler keeps in registers).
+template <std::size_t N, class F>
+[[gnu::always_inline]] inline void unrolled(F&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (f(std::integral_constant<std::size_t, I>{}), ...); }(std::make_index_sequence<N>{});
+}
+
+/// The tile products C = A B (or C += A B) on register blocks. B is row-major [k x n] with row
+/// stride ldb and n a multiple of `lanes` (the callers pad B and C to whole SIMD vectors); A is
+/// row-major [m x k] with row stride lda or, `Transposed`, stored as A^T [k x m] with row stride lda.
+/// A block of up to max_rows rows and max_vectors vectors of C stays in registers through the whole
+/// k loop, each step loading the block's vectors of one row of B and broadcasting one element of A
+/// per row: no packing (at these sizes, k = head_dim or a tile, Eigen's blocked GEMM called per tile
+/// took a sixth of the op's time repacking operands). A step's loads bound it: 6 x 4 blocks (10 loads per
+/// 24 multiply-adds) ran ~1.2x as fast as 4 x 6 or 3 x 8 blocks with the same number of registers,
+/// and the op's forward + backward ~1.4x as fast as on Eigen (AMD EPYC Zen 5, Dh = 64, 2026-11).
+template <Real T, class Arch = xsimd::default_arch>
+struct tile_gemm {
+    using batch = xsimd::batch<T, Arch>;
+    static constexpr std::size_t lanes = batch::size;
+    // 32 vector registers (AVX-512): 6 x 4 accumulators, 4 vectors of B and a broadcast; else 16.
+    static constexpr bool many_registers = std::is_base_of_v<xsimd::avx512f, Arch>;
+    static constexpr std::size_t max_rows = many_registers ? 6 : 3, max_vectors = many_registers ? 4 : 3;
+
+    template <bool Transposed, std::size_t R, std::size_t N>
+    static void block(std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb, bool accumulate, T* c, std::size_t ldc) {
+        batch acc[R][N];
+        unrolled<R>([&](auto r) {
+            unrolled<N>([&](auto j) { acc[r][j] = accumulate ? batch::load_unaligned(c + r * ldc + j * lanes) : batch(T{0}); });
+        });
+        for (std::size_t p = 0; p < k; ++p) {
+            const T* bp = b + p * ldb;
+            batch bv[N];
+            unrolled<N>([&](auto j) { bv[j] = batch::load_unaligned(bp + j * lanes); });
+            unrolled<R>([&](auto r) {
+                const batch ar(Transposed ? a[p * lda + r] : a[r * lda + p]);
+                unrolled<N>([&](auto j) { acc[r][j] = xsimd::fma(ar, bv[j], acc[r][j]); });
+            });
+        }
+        unrolled<R>([&](auto r) { unrolled<N>([&](auto j) { acc[r][j].store_unaligned(c + r * ldc + j * lanes); }); });
+    }
+
+    using block_fn = void (*)(std::size_t, const T*, std::size_t, const T*, std::size_t, bool, T*, std::size_t);
+    static constexpr std::ptrdiff_t no_band = std::numeric_limits<std::ptrdiff_t>::max();
+
+    template <bool Transposed, std::size_t... I>
+    static constexpr std::array<block_fn, sizeof...(I)> blocks(std::index_sequence<I...>) {
+        return {&block<Transposed, I / max_vectors + 1, I % max_vectors + 1>...};
+    }
+
+    /// `band` (when not no_band): A is zero past a diagonal, A(r, p) = 0 for p > r + band (or, Transposed,
+    /// for p < r - band), and each block of rows runs only the steps p where its A can be nonzero:
+    /// the probability tiles on the diagonal are lower triangles.
+    template <bool Transposed>
+    static void product(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb, bool accumulate,
+                        T* c, std::size_t ldc, std::ptrdiff_t band) {
+        static constexpr std::array<block_fn, max_rows * max_vectors> table =
+            blocks<Transposed>(std::make_index_sequence<max_rows * max_vectors>{});
+        // Blocks as even as the register block allows (64 rows: 9 of 6 and 2 of 5, not 10 of 6 and
+        // one of 4): a narrow block pays the same broadcasts or loads for fewer multiply-adds.
+        const std::size_t vectors = n / lanes, column_blocks = (vectors + max_vectors - 1) / max_vectors;
+        const std::size_t row_blocks = (m + max_rows - 1) / max_rows;
+        for (std::size_t jb = 0, j = 0; jb < column_blocks; ++jb) {  // a panel of B stays in L1 for all rows
+            const std::size_t nv = (vectors - j + column_blocks - jb - 1) / (column_blocks - jb);
+            for (std::size_t ib = 0, i = 0; ib < row_blocks; ++ib) {
+                const std::size_t nr = (m - i + row_blocks - ib - 1) / (row_blocks - ib);
+                std::size_t p0 = 0, p1 = k;  // the steps [p0, p1)
+                if (band != no_band) {
+                    const auto clamp = [k](std::ptrdiff_t p) { return std::size_t(std::clamp<std::ptrdiff_t>(p, 0, std::ptrdiff_t(k))); };
+                    if constexpr (Transposed) p0 = clamp(std::ptrdiff_t(i) - band);
+                    else p1 = clamp(std::ptrdiff_t(i + nr) + band);
+                }
+                table[(nr - 1) * max_vectors + nv - 1](std::max(p0, p1) - p0, Transposed ? a + p0 * lda + i : a + i * lda + p0, lda,
+                                                       b + p0 * ldb + j * lanes, ldb, accumulate, c + i * ldc + j * lanes, ldc);
+                i += nr;
+            }
+            j += nv;
+        }
+    }
+};
+
+/// The products of the forward and the backward, in tile_gemm's layouts: on tile_gemm, or through the
+/// device's Kernels::gemm where that changes what a float product computes (the bf16 precision
+/// policy rounds the operands of every float GEMM; attention's products follow it as matmul's do).
 template <Real T>
-void exp_shifted(std::size_t n, T* x, T shift) {
-    math::transform(n, x, [shift](auto s) { using std::exp; return exp(s - decltype(s)(shift)); }, static_cast<const T*>(x));
+struct Products {
+    const backend::Kernels* kernels = nullptr;  // nullptr: tile_gemm
+
+    static Products in_force() {
+        const backend::Kernels& kernels = backend::current();
+        if constexpr (std::is_same_v<T, float>)
+            if (kernels.float_gemms_in_bf16()) return {&kernels};
+        return {};
+    }
+
+    /// `band`: as tile_gemm::product's (the device's GEMM runs the whole product; the terms it adds are 0).
+    void operator()(bool a_transposed, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb,
+                    bool accumulate, T* c, std::size_t ldc, std::ptrdiff_t band = tile_gemm<T>::no_band) const {
+        if (kernels) kernels->gemm(a_transposed, false, m, n, k, T{1}, a, lda, b, ldb, accumulate ? T{1} : T{0}, c, ldc);
+        else if (a_transposed) tile_gemm<T>::template product<true>(m, n, k, a, lda, b, ldb, accumulate, c, ldc, band);
+        else tile_gemm<T>::template product<false>(m, n, k, a, lda, b, ldb, accumulate, c, ldc, band);
+    }
+};
+
+/// The element-wise steps on rows of a score tile, n columns (a multiple of lanes) of which [a, e)
+/// are visible (a < e), on SIMD batches.
+template <Real T, class Arch = xsimd::default_arch>
+struct tile_rows {
+    using batch = xsimd::batch<T, Arch>;
+    static constexpr std::size_t lanes = batch::size;
+    static constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+
+    static T largest(const batch& x) {
+        alignas(64) T v[lanes];
+        x.store_aligned(v);
+        return *std::max_element(v, v + lanes);
+    }
+
+    /// The forward's online softmax on one row: x holds the scores scale q.k on entry and the
+    /// probabilities exp(x - m_new) on return (0 outside [a, e)); the running maximum m and sum l
+    /// become the row's new ones. Returns exp(m_old - m_new), the factor of the row's output so far.
+    static T online_softmax(T* x, std::size_t n, std::size_t a, std::size_t e, T& m, T& l) {
+        std::fill(x, x + a, minus_infinity);
+        std::fill(x + e, x + n, minus_infinity);
+        batch top(minus_infinity);
+        for (std::size_t j = 0; j < n; j += lanes) top = xsimd::max(top, batch::load_unaligned(x + j));
+        const T m_new = std::max(m, largest(top));
+        const batch shift(m_new);
+        batch sum(T{0});
+        for (std::size_t j = 0; j < n; j += lanes) {  // exp(-inf) = 0 at the masked columns
+            const batch p = xsimd::exp(batch::load_unaligned(x + j) - shift);
+            p.store_unaligned(x + j);
+            sum += p;
+        }
+        const T correction = std::exp(m - m_new);  // 0 on the row's first visible tile
+        l = l * correction + xsimd::hadd(sum);
+        m = m_new;
+        return correction;
+    }
+
+    /// The backward's probabilities: x holds scale q.k on entry, exp(x - lse) in [a, e) and 0 elsewhere on return.
+    static void probabilities(T* x, std::size_t n, std::size_t a, std::size_t e, T lse) {
+        const batch shift(lse);
+        for (std::size_t j = 0; j < n; j += lanes) xsimd::exp(batch::load_unaligned(x + j) - shift).store_unaligned(x + j);
+        std::fill(x, x + a, T{0});
+        std::fill(x + e, x + n, T{0});
+    }
+
+    /// dp[j] = p[j] (dp[j] - d): dS from dP.
+    static void score_gradient(T* dp, const T* p, std::size_t n, T d) {
+        const batch shift(d);
+        for (std::size_t j = 0; j < n; j += lanes)
+            (batch::load_unaligned(p + j) * (batch::load_unaligned(dp + j) - shift)).store_unaligned(dp + j);
+    }
+
+    static void scale(T* x, std::size_t n, T factor) {
+        const batch f(factor);
+        for (std::size_t j = 0; j < n; j += lanes) (batch::load_unaligned(x + j) * f).store_unaligned(x + j);
+    }
+};
+
+/// An uninitialised scratch buffer of n elements (each is written before it is read).
+template <Real T>
+std::unique_ptr<T[]> scratch(std::size_t n) {
+    return std::make_unique_for_overwrite<T[]>(n);
+}
+
+/// rows x dim values with row stride `stride` (times `factor`) -> rows x padded (the columns past
+/// dim zero).
+template <Real T>
+void copy_rows(std::size_t rows, std::size_t dim, const T* from, std::size_t stride, T factor, T* to, std::size_t padded) {
+    for (std::size_t r = 0; r < rows; ++r) {
+        const T* f = from + r * stride;
+        T* t = to + r * padded;
+        for (std::size_t i = 0; i < dim; ++i) t[i] = f[i] * factor;
+        std::fill(t + dim, t + padded, T{0});
+    }
+}
+
+/// rows x dim values with row stride `stride` -> their transpose, dim rows with row stride `ld`,
+/// columns rows .. padded of each zero.
+template <Real T>
+void transpose_rows(std::size_t rows, std::size_t dim, const T* from, std::size_t stride, T* to, std::size_t ld, std::size_t padded) {
+    constexpr std::size_t step = 16;  // 16 source rows at a time stay in L1 whatever their stride
+    for (std::size_t r0 = 0; r0 < rows; r0 += step) {
+        const std::size_t r1 = std::min(rows, r0 + step);
+        for (std::size_t i = 0; i < dim; ++i)
+            for (std::size_t r = r0; r < r1; ++r) to[i * ld + r] = from[r * stride + i];
+    }
+    for (std::size_t i = 0; i < dim; ++i) std::fill(to + i * ld + rows, to + i * ld + padded, T{0});
 }
 
 /// out [batch, T, H, Dh] and lse [batch, H, T] from q [batch, T, H, Dh], k and v [batch, T, Hkv, Dh].
+/// Each thread copies the keys of its items' (batch, kv head): k transposed, [Dh, T] (the score
+/// products read key columns as vectors), and v with contiguous rows padded to whole vectors.
 template <Real T>
 void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, const T* v, T* out, T* lse) {
+    using rows_of = tile_rows<T>;
+    constexpr std::size_t lanes = rows_of::lanes;
     const std::size_t tiles = (d.time + d.query_tile - 1) / d.query_tile, group = d.heads / d.kv_heads;
     const std::size_t ldq = d.heads * d.dim, ldk = d.kv_heads * d.dim;
-    const std::size_t work = d.query_tile * std::min(d.time, d.key_tile * 2) * d.dim * 2;
+    const std::size_t dp = round_up(d.dim, lanes), tp = d.time + lanes, kc = round_up(d.key_tile, lanes);
     const backend::Kernels& kernels = backend::current();
+    const Products<T> product = Products<T>::in_force();
+    const T scale = T(d.scale);
+
+    const std::size_t work = d.query_tile * std::min(d.time, d.key_tile * 2) * d.dim * 2;
     kernels.parallel_for(d.batch * d.heads * tiles, work, [&](std::size_t first, std::size_t last) {
-        std::vector<T> scores(d.query_tile * d.key_tile), acc(d.query_tile * d.dim), row_max(d.query_tile), row_sum(d.query_tile);
+        // The keys of the current (batch, kv head), k transposed [Dh, tp] and v [T, dp]: copied once
+        // per chunk of items (consecutive items share them), up to the last key its items reach.
+        const auto kt = scratch<T>(d.dim * tp), vr = scratch<T>(d.time * dp);
+        std::size_t packed = std::numeric_limits<std::size_t>::max();
+        const auto qs = scratch<T>(d.query_tile * dp), scores = scratch<T>(d.query_tile * kc), acc = scratch<T>(d.query_tile * dp);
+        std::vector<T> row_max(d.query_tile), row_sum(d.query_tile);
         for (std::size_t item = first; item < last; ++item) {
             const std::size_t b = item / (d.heads * tiles), h = item / tiles % d.heads, g = h / group;
             const std::size_t t0 = item % tiles * d.query_tile, t1 = std::min(d.time, t0 + d.query_tile), rows = t1 - t0;
             const std::size_t* lo = lowest + b * d.time;
-            const T* qp = q + ((b * d.time + t0) * d.heads + h) * d.dim;
-            std::fill_n(acc.begin(), rows * d.dim, T{0});
-            std::fill_n(row_max.begin(), rows, -std::numeric_limits<T>::infinity());
+            if (b * d.kv_heads + g != packed) {
+                packed = b * d.kv_heads + g;
+                std::size_t reach = t1;  // the items of this chunk that read these keys follow this one
+                for (std::size_t next = item + 1; next < last && next / (d.heads * tiles) == b && next / tiles % d.heads / group == g; ++next)
+                    reach = std::max(reach, std::min(d.time, next % tiles * d.query_tile + d.query_tile));
+                const std::size_t at = (b * d.time * d.kv_heads + g) * d.dim;
+                transpose_rows(reach, d.dim, k + at, ldk, kt.get(), tp, std::min(tp, reach + lanes));
+                copy_rows(reach, d.dim, v + at, ldk, T{1}, vr.get(), dp);
+            }
+            copy_rows(rows, d.dim, q + ((b * d.time + t0) * d.heads + h) * d.dim, ldq, scale, qs.get(), dp);  // scale q
+            std::fill_n(acc.get(), rows * dp, T{0});
+            std::fill_n(row_max.begin(), rows, rows_of::minus_infinity);
             std::fill_n(row_sum.begin(), rows, T{0});
             for (std::size_t s0 = lo[t0]; s0 < t1; s0 += d.key_tile) {
-                const std::size_t s1 = std::min(t1, s0 + d.key_tile), cols = s1 - s0;
-                const T* kp = k + ((b * d.time + s0) * d.kv_heads + g) * d.dim;
-                const T* vp = v + ((b * d.time + s0) * d.kv_heads + g) * d.dim;
-                kernels.gemm(false, true, rows, cols, d.dim, T(d.scale), qp, ldq, kp, ldk, T{0}, scores.data(), cols);
+                const std::size_t s1 = std::min(t1, s0 + d.key_tile), cols = s1 - s0, nc = round_up(cols, lanes);
+                product(false, rows, nc, d.dim, qs.get(), dp, kt.get() + s0, tp, false, scores.get(), nc);  // scale q k^T
+                // Every row sees every key of the tile: no row's interval needs cutting.
+                const bool whole = s0 >= lo[t1 - 1] && s1 <= t0 + 1;
                 for (std::size_t r = 0; r < rows; ++r) {
                     const std::size_t t = t0 + r;
-                    T* srow = scores.data() + r * cols;
+                    T* srow = scores.get() + r * nc;
                     // Keys [a, e) of this tile are visible to row t; the others get probability 0.
-                    const auto [a, e] = visible_in_tile(lo[t], t, s0, s1);
+                    const auto [a, e] = whole ? std::pair<std::size_t, std::size_t>{0, cols} : visible_in_tile(lo[t], t, s0, s1);
                     if (a >= e) {
-                        std::fill_n(srow, cols, T{0});
+                        std::fill_n(srow, nc, T{0});
                         continue;
                     }
-                    T m = row_max[r];
-#pragma omp simd reduction(max : m)
-                    for (std::size_t c = a; c < e; ++c) m = std::max(m, srow[c]);
-                    const T correction = std::exp(row_max[r] - m);  // 0 on the row's first visible tile
-                    std::fill_n(srow, a, T{0});
-                    exp_shifted(e - a, srow + a, m);
-                    std::fill(srow + e, srow + cols, T{0});
-                    T sum{0};
-#pragma omp simd reduction(+ : sum)
-                    for (std::size_t c = a; c < e; ++c) sum += srow[c];
-                    row_sum[r] = row_sum[r] * correction + sum;
-                    row_max[r] = m;
-                    if (correction != T{1}) {
-                        T* ar = acc.data() + r * d.dim;
-                        for (std::size_t i = 0; i < d.dim; ++i) ar[i] *= correction;
-                    }
+                    const T correction = rows_of::online_softmax(srow, nc, a, e, row_max[r], row_sum[r]);
+                    if (correction != T{1}) rows_of::scale(acc.get() + r * dp, dp, correction);
                 }
-                kernels.gemm(false, false, rows, d.dim, cols, T{1}, scores.data(), cols, vp, ldk, T{1}, acc.data(), d.dim);
+                // += P v; P[r][c] = 0 for key s0 + c > query t0 + r
+                product(false, rows, dp, cols, scores.get(), nc, vr.get() + s0 * dp, dp, true, acc.get(), dp, std::ptrdiff_t(t0) - std::ptrdiff_t(s0));
             }
             for (std::size_t r = 0; r < rows; ++r) {
                 const T inv = T{1} / row_sum[r];
                 T* orow = out + ((b * d.time + t0 + r) * d.heads + h) * d.dim;
-                const T* ar = acc.data() + r * d.dim;
+                const T* ar = acc.get() + r * dp;
                 for (std::size_t i = 0; i < d.dim; ++i) orow[i] = ar[i] * inv;
                 lse[(b * d.heads + h) * d.time + t0 + r] = row_max[r] + std::log(row_sum[r]);
             }
@@ -165,63 +373,85 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
     });
 }
 
-/// dq [batch, T, H, Dh] and dk, dv per query head [batch, T, H, Dh], all zero on entry, from the
-/// forward's inputs, out, lse and dout.
+/// dq [batch, T, H, Dh] and dk, dv per query head [batch, T, H, Dh] from the forward's inputs, out,
+/// lse and dout; every element of them is written. FlashAttention-2's loop order: for each key tile
+/// (its k, k^T and v^T copied once), the query tiles that see it, their dK and dV summed in
+/// tile-sized buffers and dQ in a buffer of the (batch, head) item. Each (batch, head) item is one
+/// thread's, so the sums run in the same order with any number of threads.
 template <Real T>
 void backward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, const T* v, const T* out, const T* lse, const T* dout,
               T* dq, T* dk, T* dv) {
+    using rows_of = tile_rows<T>;
+    constexpr std::size_t lanes = rows_of::lanes;
     const std::size_t group = d.heads / d.kv_heads, ldq = d.heads * d.dim, ldk = d.kv_heads * d.dim;
+    const std::size_t dp = round_up(d.dim, lanes), kc = round_up(d.key_tile, lanes);
     const std::size_t work = d.time * std::min(d.time, d.key_tile * 2) * d.dim * 5;
     const backend::Kernels& kernels = backend::current();
+    const Products<T> product = Products<T>::in_force();
+    const T scale = T(d.scale);
     kernels.parallel_for(d.batch * d.heads, work, [&](std::size_t first, std::size_t last) {
-        std::vector<T> p(d.query_tile * d.key_tile), dp(d.query_tile * d.key_tile), dsum(d.query_tile);
+        // Per item: scale q, dout (rows padded to whole vectors), the dq sums, D = rowsum(dO * O).
+        const auto qs = scratch<T>(d.time * dp), dos = scratch<T>(d.time * dp), dqs = scratch<T>(d.time * dp);
+        const auto dsum = scratch<T>(d.time);
+        // Per key tile: k^T, v^T, k and the dk, dv sums; per query tile: P and dP, then dS.
+        const auto kt = scratch<T>(d.dim * kc), vt = scratch<T>(d.dim * kc), kr = scratch<T>(d.key_tile * dp);
+        const auto dks = scratch<T>(d.key_tile * dp), dvs = scratch<T>(d.key_tile * dp);
+        const auto p = scratch<T>(d.query_tile * kc), ds = scratch<T>(d.query_tile * kc);
         for (std::size_t item = first; item < last; ++item) {
             const std::size_t b = item / d.heads, h = item % d.heads, g = h / group;
             const std::size_t* lo = lowest + b * d.time;
-            for (std::size_t t0 = 0; t0 < d.time; t0 += d.query_tile) {
-                const std::size_t t1 = std::min(d.time, t0 + d.query_tile), rows = t1 - t0;
-                const std::size_t q_at = ((b * d.time + t0) * d.heads + h) * d.dim;
-                const T *qp = q + q_at, *dop = dout + q_at;
-                T* dqp = dq + q_at;
-                const T* lse_rows = lse + (b * d.heads + h) * d.time + t0;
-                for (std::size_t r = 0; r < rows; ++r) {
-                    const T *o = out + q_at + r * ldq, *dor = dop + r * ldq;
-                    T s{0};
+            const std::size_t q_at = (b * d.time * d.heads + h) * d.dim, kv_at = (b * d.time * d.kv_heads + g) * d.dim;
+            const T* lse_row = lse + (b * d.heads + h) * d.time;
+            copy_rows(d.time, d.dim, q + q_at, ldq, scale, qs.get(), dp);
+            copy_rows(d.time, d.dim, dout + q_at, ldq, T{1}, dos.get(), dp);
+            std::fill_n(dqs.get(), d.time * dp, T{0});
+            for (std::size_t t = 0; t < d.time; ++t) {
+                const T *o = out + q_at + t * ldq, *dor = dout + q_at + t * ldq;
+                T s{0};
 #pragma omp simd reduction(+ : s)
-                    for (std::size_t i = 0; i < d.dim; ++i) s += o[i] * dor[i];
-                    dsum[r] = s;
-                }
-                for (std::size_t s0 = lo[t0]; s0 < t1; s0 += d.key_tile) {
-                    const std::size_t s1 = std::min(t1, s0 + d.key_tile), cols = s1 - s0;
-                    const T* kp = k + ((b * d.time + s0) * d.kv_heads + g) * d.dim;
-                    const T* vp = v + ((b * d.time + s0) * d.kv_heads + g) * d.dim;
-                    const std::size_t kv_at = ((b * d.time + s0) * d.heads + h) * d.dim;  // this head's rows of dk, dv
-                    kernels.gemm(false, true, rows, cols, d.dim, T(d.scale), qp, ldq, kp, ldk, T{0}, p.data(), cols);
+                for (std::size_t i = 0; i < d.dim; ++i) s += o[i] * dor[i];
+                dsum[t] = s;
+            }
+            for (std::size_t s0 = 0; s0 < d.time; s0 += d.key_tile) {
+                const std::size_t s1 = std::min(d.time, s0 + d.key_tile), cols = s1 - s0, nc = round_up(cols, lanes);
+                transpose_rows(cols, d.dim, k + kv_at + s0 * ldk, ldk, kt.get(), nc, nc);
+                transpose_rows(cols, d.dim, v + kv_at + s0 * ldk, ldk, vt.get(), nc, nc);
+                copy_rows(cols, d.dim, k + kv_at + s0 * ldk, ldk, T{1}, kr.get(), dp);
+                std::fill_n(dks.get(), cols * dp, T{0});
+                std::fill_n(dvs.get(), cols * dp, T{0});
+                // The queries that see a key of [s0, s1): t >= s0 with lo(t) < s1 (lo is non-decreasing).
+                const std::size_t t_end = std::size_t(std::upper_bound(lo + s0, lo + d.time, s1 - 1) - lo);
+                for (std::size_t t0 = s0; t0 < t_end; t0 += d.query_tile) {
+                    const std::size_t t1 = std::min(t_end, t0 + d.query_tile), rows = t1 - t0;
+                    // Only the keys [f, u) of the tile can be visible to these rows (lo(t0) <= lo(t), t < t1):
+                    // the products skip the columns outside, f rounded down to a whole vector.
+                    const std::size_t u = std::min(cols, t1 - s0), f = (lo[t0] > s0 ? std::min(lo[t0] - s0, u - 1) : 0) / lanes * lanes;
+                    const std::size_t width = u - f, nw = round_up(width, lanes);
+                    const T *qt = qs.get() + t0 * dp, *dot = dos.get() + t0 * dp;
+                    T *pf = p.get() + f, *dsf = ds.get() + f;
+                    product(false, rows, nw, d.dim, qt, dp, kt.get() + f, nc, false, pf, nc);  // scale q k^T
+                    const bool whole = lo[t1 - 1] <= s0 && s1 <= t0 + 1;
                     for (std::size_t r = 0; r < rows; ++r) {
                         const std::size_t t = t0 + r;
-                        T* prow = p.data() + r * cols;
-                        const auto [a, e] = visible_in_tile(lo[t], t, s0, s1);
-                        if (a >= e) {
-                            std::fill_n(prow, cols, T{0});
-                            continue;
-                        }
-                        std::fill_n(prow, a, T{0});
-                        exp_shifted(e - a, prow + a, lse_rows[r]);
-                        std::fill(prow + e, prow + cols, T{0});
+                        const auto [a, e] = whole ? std::pair<std::size_t, std::size_t>{0, cols} : visible_in_tile(lo[t], t, s0, s1);
+                        rows_of::probabilities(pf + r * nc, nw, std::max(a, f) - f, std::max(e, f) - f, lse_row[t]);
                     }
-                    kernels.gemm(true, false, cols, d.dim, rows, T{1}, p.data(), cols, dop, ldq, T{1}, dv + kv_at, ldq);  // dV += P^T dO
-                    kernels.gemm(false, true, rows, cols, d.dim, T{1}, dop, ldq, vp, ldk, T{0}, dp.data(), cols);          // dP = dO V^T
-                    for (std::size_t r = 0; r < rows; ++r) {
-                        T* dprow = dp.data() + r * cols;
-                        const T* prow = p.data() + r * cols;
-                        const T dr = dsum[r];
-#pragma omp simd
-                        for (std::size_t c = 0; c < cols; ++c) dprow[c] = prow[c] * (dprow[c] - dr);  // dS
-                    }
-                    kernels.gemm(false, false, rows, d.dim, cols, T(d.scale), dp.data(), cols, kp, ldk, T{1}, dqp, ldq);   // dQ += scale dS K
-                    kernels.gemm(true, false, cols, d.dim, rows, T(d.scale), dp.data(), cols, qp, ldq, T{1}, dk + kv_at, ldq);  // dK += scale dS^T Q
+                    product(false, rows, nw, d.dim, dot, dp, vt.get() + f, nc, false, dsf, nc);  // dP = dO v^T
+                    for (std::size_t r = 0; r < rows; ++r) rows_of::score_gradient(dsf + r * nc, pf + r * nc, nw, dsum[t0 + r]);
+                    // P and dS vanish where key s0 + f + c > query t0 + r.
+                    const std::ptrdiff_t band = std::ptrdiff_t(t0) - std::ptrdiff_t(s0 + f);
+                    product(true, width, dp, rows, pf, nc, dot, dp, true, dvs.get() + f * dp, dp, band);                    // dV += P^T dO
+                    product(true, width, dp, rows, dsf, nc, qt, dp, true, dks.get() + f * dp, dp, band);                    // dK += dS^T (scale q)
+                    product(false, rows, dp, width, dsf, nc, kr.get() + f * dp, dp, true, dqs.get() + t0 * dp, dp, band);  // dQ/scale += dS k
+                }
+                for (std::size_t s = s0; s < s1; ++s) {
+                    const std::size_t at = ((b * d.time + s) * d.heads + h) * d.dim;
+                    std::copy_n(dks.get() + (s - s0) * dp, d.dim, dk + at);
+                    std::copy_n(dvs.get() + (s - s0) * dp, d.dim, dv + at);
                 }
             }
+            for (std::size_t t = 0; t < d.time; ++t)
+                for (std::size_t i = 0; i < d.dim; ++i) dq[q_at + t * ldq + i] = scale * dqs[t * dp + i];
         }
     });
 }
@@ -335,7 +565,9 @@ Tensor<T> causal_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<
                         [d, lowest = std::move(lowest), q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse](
                             std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
                             if (!sink.needs(0) && !sink.needs(1) && !sink.needs(2)) return;
-                            Tensor<T> dq(q.shape()), dk(q.shape()), dv(q.shape());  // zeros; dk, dv per query head
+                            // Every element is written; dk, dv per query head.
+                            auto dq = Tensor<T>::uninitialized(q.shape()), dk = Tensor<T>::uninitialized(q.shape()),
+                                 dv = Tensor<T>::uninitialized(q.shape());
                             detail::attention_ops::backward(d, lowest.data(), q.data(), k.data(), v.data(), o.data(), lse.data(), g[0].data(),
                                                             dq.data(), dk.data(), dv.data());
                             sink.add(0, std::move(dq));
