@@ -232,7 +232,11 @@ inline std::array<T, 2> selective_scan(const T& u, const T& delta, const T& A, c
 }
 
 /// [m, k] x [k, n], or [batch, m, k] x [batch, k, n] (the gradients are the same batched products).
-inline T matmul(const T& a, const T& b) { return detail::bind1(gx::dot(var_of(a), var_of(b), 1, 0), {a, b}); }
+/// `bf16_operands`: both operands rounded to bfloat16 and f32 sums, forward and gradients (the bf16
+/// precision policy's GEMM; xla::graph::prim::dot).
+inline T matmul(const T& a, const T& b, bool bf16_operands = false) {
+    return detail::bind1(gx::dot(var_of(a), var_of(b), 1, 0, bf16_operands), {a, b});
+}
 
 /// The maximum over `axis`, kept as size 1, with no gradient (a softmax's stabiliser).
 inline T max_detached(const T& x, std::size_t axis) {

@@ -281,6 +281,10 @@ inline Out lower(op::pad, Ts in, const op::pad::attrs& a) {
 inline Out lower(op::stack_leading, Ts in, const op::stack_leading::attrs&) { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; }
 inline Out lower(op::take_leading, Ts in, const op::take_leading::attrs& a) { return {p::take_leading(in[0], a.index)}; }
 
+/// An op's GEMM: at the trace's precision (tracing::bf16_gemms: operands rounded to bfloat16 and f32
+/// sums, forward and backward, as the eager ops' GEMMs under the bf16 policy).
+inline Tf gemm(const Tf& a, const Tf& b) { return p::matmul(a, b, active().bf16_gemms()); }
+
 /// [..., m, k] x [k, n] (the leading axes folded into m), or [..., m, k] x [..., k, n] with equal
 /// leading axes (folded into one batch axis). The op has checked the shapes.
 inline Out lower(op::matmul, Ts in, const op::matmul::attrs&) {
@@ -288,10 +292,10 @@ inline Out lower(op::matmul, Ts in, const op::matmul::attrs&) {
     const std::size_t m = a.shape()[a.rank() - 2], k = a.shape().back(), n = b.shape().back();
     Shape out = a.shape();
     out.back() = n;
-    if (b.rank() == 2) return {p::reshape(p::matmul(p::reshape(a, {a.size() / (k ? k : 1), k}), b), out)};
+    if (b.rank() == 2) return {p::reshape(gemm(p::reshape(a, {a.size() / (k ? k : 1), k}), b), out)};
     std::size_t batch = 1;
     for (std::size_t d = 0; d + 2 < a.rank(); ++d) batch *= a.shape()[d];
-    return {p::reshape(p::matmul(p::reshape(a, {batch, m, k}), p::reshape(b, {batch, k, n})), out)};
+    return {p::reshape(gemm(p::reshape(a, {batch, m, k}), p::reshape(b, {batch, k, n})), out)};
 }
 /// x [..., K (axis), ...] with w [K, N]: the axis moved last, one product, moved back.
 inline Out lower(op::contract_axis, Ts in, const op::contract_axis::attrs& a) {
@@ -306,7 +310,7 @@ inline Out lower(op::contract_axis, Ts in, const op::contract_axis::attrs& a) {
     const std::size_t k = w.shape()[0], rows = x.size() / (k ? k : 1);
     Shape out = moved.shape();
     out.back() = w.shape()[1];
-    const Tf y = p::reshape(p::matmul(p::reshape(moved, {rows, k}), w), out);
+    const Tf y = p::reshape(gemm(p::reshape(moved, {rows, k}), w), out);
     return {axis + 1 == rank ? y : p::transpose(y, back)};
 }
 /// table [V, F], ids (any shape) -> ids.shape + [F], as one-hot rows times the table.
@@ -330,11 +334,11 @@ inline Out lower(op::causal_conv1d, Ts in, const op::causal_conv1d::attrs& a) {
     const Tf shifted = K == 1 ? taps[0] : p::concatenate(taps, 2);  // [B, T, K C], tap-major
     Tf y;
     if (G == 1) {
-        y = p::reshape(p::matmul(p::reshape(shifted, {B * T, K * C}), p::reshape(w, {K * C, O})), {B, T, O});
+        y = p::reshape(gemm(p::reshape(shifted, {B * T, K * C}), p::reshape(w, {K * C, O})), {B, T, O});
     } else {
         const Tf columns = p::reshape(p::transpose(p::reshape(shifted, {B * T, K, G, Cg}), {2, 0, 1, 3}), {G, B * T, K * Cg});
         const Tf weights = p::reshape(p::transpose(p::reshape(w, {K, Cg, G, Og}), {2, 0, 1, 3}), {G, K * Cg, Og});
-        y = p::reshape(p::transpose(p::matmul(columns, weights), {1, 0, 2}), {B, T, O});  // [G, B T, Og] -> [B T, G, Og]
+        y = p::reshape(p::transpose(gemm(columns, weights), {1, 0, 2}), {B, T, O});  // [G, B T, Og] -> [B T, G, Og]
     }
     if (in.size() > 2 && in[2].defined()) y = p::add(y, p::broadcast_to(in[2], y.shape()));
     return {y};
@@ -347,7 +351,7 @@ inline Out lower(op::cross_entropy, Ts in, const op::cross_entropy::attrs& a) { 
 /// hidden [N, F], w_out [F, V], targets [N]: the value leaves out the z-loss term that the
 /// gradient includes (ops/loss.hpp).
 inline Out lower(op::chunked_cross_entropy, Ts in, const op::chunked_cross_entropy::attrs& a) {
-    const Tf logits = p::matmul(in[0], in[1]);
+    const Tf logits = gemm(in[0], in[1]);
     const Tf full = cross_entropy(logits, in[2], a.z_loss);
     if (a.z_loss == 0) return {full};
     const Tf plain = cross_entropy(logits, in[2], 0.0);

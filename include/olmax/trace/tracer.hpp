@@ -205,6 +205,14 @@ public:
     /// the program then runs on any plugin.
     void set_native_calls(bool on) { native_calls_ = on; }
     bool native_calls() const { return native_calls_; }
+    /// Whether the program's GEMMs (the ops' products: matmul, contract_axis, the convolution's, the
+    /// output head's) compute as the bf16 precision policy's do: operands rounded to bfloat16, f32
+    /// sums, forward and backward (docs/BF16.md). By default what the calling thread's host kernels
+    /// did when the trace began (Kernels::float_gemms_in_bf16: a backend::bf16_matmul_scope or a
+    /// train::PrecisionScope("bf16") around the trace); the program records it, since it is
+    /// compiled once.
+    void set_bf16_gemms(bool on) { bf16_gemms_ = on; }
+    bool bf16_gemms() const { return bf16_gemms_; }
     /// The form every linear scan of the program takes, instead of the target's (scan_form); for
     /// comparing forms on one device (benchmarks/xla/scan_bandwidth.cpp). Mamba's selective scan
     /// follows it too: fused over time when it is sequential, else a linear scan of its
@@ -341,6 +349,7 @@ private:
     bool finished_ = false;
     std::string target_;
     bool native_calls_ = false;
+    bool bf16_gemms_ = backend::host_kernels().float_gemms_in_bf16();
     std::optional<xla::stablehlo::scan_strategy> scan_form_;
 };
 

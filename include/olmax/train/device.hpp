@@ -20,7 +20,7 @@ struct DeviceConfig {
     std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
     std::int64_t xla_devices = 1;
     std::string xla_scan_form = "auto";  // auto: the device's (trace::tracing::scan_form)
-    std::string precision = "fp32";  // fp32 | bf16 (olmax::backend::bf16_matmul_scope)
+    std::string precision = "fp32";  // fp32 | bf16 (olmax::backend::bf16_matmul_scope; on xla the traced GEMMs bf16 x bf16 -> f32)
 
     static const std::vector<config::Field<DeviceConfig>>& fields() {
         using C = DeviceConfig;
@@ -43,7 +43,8 @@ struct DeviceConfig {
                      scan_form_choices()},
             Field<C>{"precision", &C::precision,
                      "fp32, or bf16: every float GEMM (forward and backward) computes as bf16 matrix units do, operands rounded to "
-                     "bfloat16 and fp32 sums (on oneDNN's bf16 kernels when built with it and the CPU has bf16 units); "
+                     "bfloat16 and fp32 sums (on oneDNN's bf16 kernels when built with it and the CPU has bf16 units; on --device=xla the compiled step's dot_generals "
+                     "take bf16 operands and give f32); "
                      "parameters, optimiser state, norms, softmax, losses and scans stay fp32 (docs/BF16.md)",
                      {"fp32", "bf16"}},
         };
@@ -59,8 +60,6 @@ struct DeviceConfig {
 
     void validate() const {
         config::validate_fields(*this);
-        check<config::config_error>(device != "xla" || precision == "fp32",
-                                    "config: --precision=bf16 is not lowered for --device=xla yet; use --device=cpu or fp32");
     }
 };
 

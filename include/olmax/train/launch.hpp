@@ -64,7 +64,8 @@ std::unique_ptr<StepStrategy<Model>> make_step_strategy(const DeviceConfig& devi
     check<config::config_error>(device.device == "xla", "config: key 'device' must be cpu or xla, got '", device.device, "'");
 #if defined(OLMAX_HAS_PJRT)
     return std::make_unique<XlaStep<Model>>(
-        XlaStepOptions{resolve_pjrt_plugin(device.xla_plugin), batch, sequence, int(device.xla_devices), device.xla_scan_form});
+        XlaStepOptions{resolve_pjrt_plugin(device.xla_plugin), batch, sequence, int(device.xla_devices), device.xla_scan_form,
+                       device.precision});
 #else
     (void)batch, (void)sequence;
     throw config::config_error("config: --device=xla needs a program built with the PJRT runtime (the CMake target olmax::pjrt; CMake "

@@ -3,7 +3,9 @@
 // own eager step (loss, backward, AdamW) and runs it with the parameters and moments resident on
 // the device; per step only the batch goes there and the loss and gradient norm come back. The
 // host model and optimiser are brought up to date before evaluations and checkpoints, so a
-// checkpoint written by either strategy resumes with either.
+// checkpoint written by either strategy resumes with either. At precision bf16 the step is traced
+// inside the precision's PrecisionScope, so its GEMMs (forward and backward) compute with operands
+// rounded to bfloat16 and f32 sums, as the CPU step's do (trace::tracing::bf16_gemms, docs/BF16.md).
 //
 // Needs the PJRT runtime (CMake target olmax::pjrt): olmax/olmax.hpp and olmax/train/train.hpp do
 // not include this header. One process (data parallelism is over the plugin's devices instead).
@@ -18,6 +20,7 @@
 
 #include "olmax/core/error.hpp"
 #include "olmax/models/xla_trainer.hpp"
+#include "olmax/train/precision.hpp"
 #include "olmax/train/step.hpp"
 #include "olmax/xla/pjrt_runtime.hpp"
 
@@ -28,6 +31,7 @@ struct XlaStepOptions {
     std::size_t batch = 8, sequence = 64;  ///< the shape the step is compiled for
     int devices = 1;         ///< data parallel over the plugin's first N devices (XLA's SPMD partitioner)
     std::string scan_form = "auto";  ///< every linear scan's form (xla::stablehlo::scan_strategy::from_name); auto: the device's
+    std::string precision = "fp32";  ///< fp32, or bf16: the step's GEMMs bf16 x bf16 -> f32 (docs/BF16.md)
 };
 
 template <class Model>
@@ -46,8 +50,11 @@ public:
         const auto started = std::chrono::steady_clock::now();
         std::optional<olmax::xla::stablehlo::scan_strategy> scan_form;
         if (options_.scan_form != "auto") scan_form = olmax::xla::stablehlo::scan_strategy::from_name(options_.scan_form);
-        trainer_ = std::make_unique<models::XlaTrainer<Model>>(context.model, context.optimizer, std::move(client), options_.batch,
-                                                               options_.sequence, options_.devices, scan_form);
+        {
+            const PrecisionScope precision(options_.precision, false);  // the trace records the policy (tracing::bf16_gemms)
+            trainer_ = std::make_unique<models::XlaTrainer<Model>>(context.model, context.optimizer, std::move(client), options_.batch,
+                                                                   options_.sequence, options_.devices, scan_form);
+        }
         char line[400];
         std::snprintf(line, sizeof line, "device xla: %s, %zu device(s), step compiled in %.2f s (%zu bytes of StableHLO), data parallel over %d",
                       plugin.path().c_str(), device_count,
@@ -60,6 +67,10 @@ public:
                           double(plan->temporaries) / 1048576.0);
             said += line;
         }
+        if (options_.precision == "bf16")
+            said += "\nprecision bf16 (device xla): every GEMM of the compiled step, forward and backward, on bf16 operands with f32 "
+                    "results (stablehlo.convert to bf16, dot_general bf16 x bf16 -> f32); parameters, moments, norms, softmax, losses "
+                    "and scans in f32";
         return said;
     }
 

@@ -167,6 +167,9 @@ struct node {
     /// selective_scan(_backward): lowered to a custom call of olmax's own CPU kernel
     /// (trace/native_calls.hpp) instead of loops over time; only for a plugin with those registered.
     bool native_call = false;
+    /// dot: its operands rounded to bfloat16 (nearest even), their products summed in f32: a GEMM
+    /// of the bf16 precision policy (docs/BF16.md), lowered as bf16 x bf16 -> f32.
+    bool bf16_operands = false;
 
     /// Whether this node applies the primitive defined by struct P.
     template <class P>

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -301,8 +302,12 @@ public:
 
     // ---- contractions and reductions ------------------------------------------------------------
     /// General dot: result dims = batch dims, lhs free dims, rhs free dims. Always HIGHEST precision.
+    /// The result's element type is the operands' unless `result` says otherwise (bf16 x bf16 -> f32:
+    /// products of bf16 values summed in f32, what bf16 matrix units compute).
     value dot_general(const value& lhs, const value& rhs, const dims_t& lhs_batch, const dims_t& rhs_batch, const dims_t& lhs_contract,
-                      const dims_t& rhs_contract) {
+                      const dims_t& rhs_contract, std::optional<element> result = std::nullopt) {
+        check<shape_error>(lhs.type.elem == rhs.type.elem, "stablehlo.dot_general: operand element types differ: ", lhs.type.str(), " x ",
+                           rhs.type.str());
         check<shape_error>(lhs_batch.size() == rhs_batch.size() && lhs_contract.size() == rhs_contract.size(),
                            "stablehlo.dot_general: dimension lists differ in length");
         auto size_at = [](const value& v, std::int64_t d) {
@@ -316,7 +321,7 @@ public:
         for (std::size_t i = 0; i < lhs_contract.size(); ++i)
             check<shape_error>(size_at(lhs, lhs_contract[i]) == size_at(rhs, rhs_contract[i]), "stablehlo.dot_general: contracting sizes differ: ",
                                lhs.type.str(), " x ", rhs.type.str());
-        tensor_type t{{}, lhs.type.elem};
+        tensor_type t{{}, result.value_or(lhs.type.elem)};
         for (auto d : lhs_batch) t.dims.push_back(size_at(lhs, d));
         auto free_dims = [&](const value& v, const dims_t& batch, const dims_t& contract) {
             for (std::int64_t d = 0; d < static_cast<std::int64_t>(v.type.rank()); ++d) {

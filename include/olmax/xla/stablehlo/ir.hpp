@@ -10,13 +10,15 @@
 
 namespace olmax::xla::stablehlo {
 
-enum class element { f32, i32, i1 };
+/// bf16: only as the operands of a dot_general with an f32 result (the bf16 precision policy, docs/BF16.md).
+enum class element { f32, i32, i1, bf16 };
 
 inline std::string_view element_name(element e) {
     switch (e) {
         case element::f32: return "f32";
         case element::i32: return "i32";
         case element::i1: return "i1";
+        case element::bf16: return "bf16";
     }
     return "?";
 }

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "olmax/core/bfloat16.hpp"
 #include "olmax/xla/graph/ir.hpp"
 
 namespace olmax::xla::graph {
@@ -17,10 +18,17 @@ namespace prim {
 /// 1, counted within the matrix); result [lhs free, rhs free]. Rank-3 operands are batches of
 /// matrices with the same leading size, multiplied pairwise: result [batch, lhs free, rhs free].
 /// Lowered with `precision = HIGHEST`. Its gradients are two more products.
+///
+/// With `bf16_operands` (the bf16 precision policy, docs/BF16.md) both operands are rounded to
+/// bfloat16 (nearest, ties to even) and their exact products summed in f32, as bf16 matrix units
+/// and olmax's CPU policy (backend::Bf16MatmulKernels) compute: lowered as `stablehlo.convert` of
+/// each operand to bf16 and a dot_general bf16 x bf16 -> f32. Its gradient products are bf16 dots
+/// too (the output gradient and the other operand rounded, as the CPU policy's backward GEMMs
+/// round them); the rounding itself passes gradients straight through.
 struct dot {
     static constexpr std::string_view name = "dot";
     static constexpr bool saved_by_kept_layers = true;
-    static var make(const var& lhs, const var& rhs, std::int64_t lhs_contract, std::int64_t rhs_contract) {
+    static var make(const var& lhs, const var& rhs, std::int64_t lhs_contract, std::int64_t rhs_contract, bool bf16_operands = false) {
         detail::require_f32(name, lhs);
         detail::require_f32(name, rhs);
         const std::size_t rank = lhs.type().rank();
@@ -38,11 +46,15 @@ struct dot {
         out.push_back(rhs.dims()[batch + std::size_t(1 - rhs_contract)]);
         node n = detail::make_node<dot>({lhs, rhs}, f32(out));
         n.dims = {lhs_contract, rhs_contract};
+        n.bf16_operands = bf16_operands;
         return detail::commit(std::move(n));
     }
     static value emit(function_builder& b, const node& n, const std::vector<value>& in) {  // rank 3: dimension 0 is the batch
         const std::int64_t batch = std::int64_t(in[0].type.rank()) - 2;
         const dims_t batch_dims = batch ? dims_t{0} : dims_t{};
+        if (n.bf16_operands)
+            return b.dot_general(b.convert(in[0], element::bf16), b.convert(in[1], element::bf16), batch_dims, batch_dims, {batch + n.dims[0]},
+                                 {batch + n.dims[1]}, element::f32);
         return b.dot_general(in[0], in[1], batch_dims, batch_dims, {batch + n.dims[0]}, {batch + n.dims[1]});
     }
     static void evaluate(const node& n, const std::vector<const host_value*>& in, host_value& out) {
@@ -54,13 +66,16 @@ struct dot {
         const std::int64_t K = a.type.dims[lead + std::size_t(ca)], I = out.type.dims[lead], J = out.type.dims[lead + 1];
         const std::int64_t a_cols = a.type.dims[lead + 1], b_cols = b.type.dims[lead + 1];
         const std::int64_t a_size = a.type.dims[lead] * a_cols, b_size = b.type.dims[lead] * b_cols;
+        // bf16 operands: each value rounded once to the nearest bfloat16 (exact in double, as their
+        // products are); the sums stay double, the reference's.
+        const auto operand = [&](double x) { return n.bf16_operands ? double(float(bfloat16(x))) : x; };
         for (std::int64_t q = 0; q < batches; ++q)
             for (std::int64_t i = 0; i < I; ++i)
                 for (std::int64_t j = 0; j < J; ++j) {
                     double s = 0;
                     for (std::int64_t k = 0; k < K; ++k) {
-                        const double x = a.data[std::size_t(q * a_size + (ca == 1 ? i * a_cols + k : k * a_cols + i))];
-                        const double y = b.data[std::size_t(q * b_size + (cb == 0 ? k * b_cols + j : j * b_cols + k))];
+                        const double x = operand(a.data[std::size_t(q * a_size + (ca == 1 ? i * a_cols + k : k * a_cols + i))]);
+                        const double y = operand(b.data[std::size_t(q * b_size + (cb == 0 ? k * b_cols + j : j * b_cols + k))]);
                         s += x * y;
                     }
                     out.data[std::size_t((q * I + i) * J + j)] = s;
@@ -73,8 +88,9 @@ struct dot {
         const var& a = v.x[0];
         const var& b = v.x[1];
         const var& g = v.gy[0];
-        if (v.needs(0)) v.dx[0] = ca == 1 ? make(g, b, 1, 1 - cb) : make(b, g, 1 - cb, 1);
-        if (v.needs(1)) v.dx[1] = cb == 0 ? make(a, g, 1 - ca, 0) : make(g, a, 0, 1 - ca);
+        const bool r = v.n.bf16_operands;
+        if (v.needs(0)) v.dx[0] = ca == 1 ? make(g, b, 1, 1 - cb, r) : make(b, g, 1 - cb, 1, r);
+        if (v.needs(1)) v.dx[1] = cb == 0 ? make(a, g, 1 - ca, 0, r) : make(g, a, 0, 1 - ca, r);
     }
 };
 
@@ -107,11 +123,11 @@ struct all_reduce_sum {
 /// Product of two matrices contracting lhs dimension `lhs_contract` with rhs dimension `rhs_contract`
 /// (0 or 1, counted within the matrix); result [lhs free, rhs free]. Rank-3 operands are batches of
 /// matrices with the same leading size, multiplied pairwise: result [batch, lhs free, rhs free].
-/// matmul(a, b) = dot(a, b, 1, 0).
-inline var dot(const var& lhs, const var& rhs, std::int64_t lhs_contract, std::int64_t rhs_contract) {
-    return prim::dot::make(lhs, rhs, lhs_contract, rhs_contract);
+/// matmul(a, b) = dot(a, b, 1, 0). `bf16_operands`: both rounded to bfloat16, f32 sums (prim::dot).
+inline var dot(const var& lhs, const var& rhs, std::int64_t lhs_contract, std::int64_t rhs_contract, bool bf16_operands = false) {
+    return prim::dot::make(lhs, rhs, lhs_contract, rhs_contract, bf16_operands);
 }
-inline var matmul(const var& a, const var& b) { return dot(a, b, 1, 0); }
+inline var matmul(const var& a, const var& b, bool bf16_operands = false) { return dot(a, b, 1, 0, bf16_operands); }
 
 /// The sum of x over all `replicas` copies of a replicated program (prim::all_reduce_sum).
 inline var all_reduce_sum(const var& x, std::int64_t replicas) { return prim::all_reduce_sum::make(x, replicas); }
