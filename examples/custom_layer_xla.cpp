@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include <olmax/models/xla_trainer.hpp>
+#include <olmax/train/xla_trainer.hpp>
 #include <olmax/olmax.hpp>
 
 namespace nn = olmax::nn;
@@ -107,7 +107,7 @@ int main(int argc, char** argv) try {
 
     constexpr std::size_t rows = 4, sequence = 32;
     auto client = std::make_shared<olmax::xla::pjrt::client>(olmax::xla::pjrt::plugin::load(plugin));
-    olmax::models::XlaTrainer<TinyModel> trainer(xla, xla_opt, client, rows, sequence);  // traced once, compiled once
+    olmax::train::XlaTrainer<TinyModel> trainer(xla, xla_opt, client, rows, sequence);  // traced once, compiled once
 
     double worst = 0;
     std::printf("%5s %12s %12s\n", "step", "cpu loss", "xla loss");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile time, module size and step time of the main job's whole training step (ByteLM's eager
-# step traced once, as models::XlaTrainer traces it) against depth, for each block, on the
+# step traced once, as train::XlaTrainer traces it) against depth, for each block, on the
 # xla-cpu-pjrt CPU plugin (or PLUGIN), and the same against the JAX peer (jax_byte_lm.py: the same
 # ByteLM with depth as lax.scan), on jaxlib's own CPU backend and on the same plugin.
 #

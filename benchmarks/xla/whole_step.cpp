@@ -1,5 +1,5 @@
 // XLA compile time, module size and step time of the main job's whole training step (ByteLM's own
-// eager forward, backward and AdamW step, traced once as models::XlaTrainer traces it, native calls
+// eager forward, backward and AdamW step, traced once as train::XlaTrainer traces it, native calls
 // included where the plugin runs them) against depth, for each block, on a PJRT plugin. Usage:
 //   bench_xla_whole_step [--plugin PATH] [--blocks conv_mixer,qrnn,mamba,moe] [--depths 4,16,64]
 //                        [--repeats 3] [--steps 5] [--features 64] [--batch 8] [--sequence 64] [--json OUT.json]
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include <olmax/olmax.hpp>
-#include <olmax/models/xla_trainer.hpp>
+#include <olmax/train/xla_trainer.hpp>
 #include <olmax/trace/program.hpp>
 
 #include "../timing.hpp"
@@ -60,7 +60,7 @@ std::string measure(const std::shared_ptr<olmax::xla::pjrt::client>& client, con
     adam.schedule.peak_lr = 1e-3;
     olmax::optim::AdamW<float> opt(model.parameters(), adam);
     const auto t0 = std::chrono::steady_clock::now();
-    olmax::trace::traced_program traced = olmax::models::XlaTrainer<Model>::trace_step(model, opt, *client, z.batch, z.sequence);
+    olmax::trace::traced_program traced = olmax::train::XlaTrainer<Model>::trace_step(model, opt, *client, z.batch, z.sequence);
     const double trace_s = seconds_since(t0);
     std::vector<double> compile_s;
     for (int r = 0; r < repeats; ++r) {

@@ -21,6 +21,6 @@
 // Not included here, so that a program that never uses them does not compile them:
 //   olmax/trace/trace.hpp   the tracer: a model's eager step as one StableHLO program (docs/xla.md)
 //   olmax/xla/xla.hpp       the XLA module: the program IR and its primitives, the StableHLO emitter
-//   olmax/xla/pjrt_runtime.hpp, olmax/trace/program.hpp, olmax/models/xla_trainer.hpp,
+//   olmax/xla/pjrt_runtime.hpp, olmax/trace/program.hpp, olmax/train/xla_trainer.hpp,
 //   olmax/train/xla_step.hpp (need olmax::pjrt); olmax/train/launch.hpp (the step of a config's
 //   device and its communicator: XlaStep with olmax::pjrt, Gloo with olmax::distributed)

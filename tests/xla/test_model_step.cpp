@@ -1,5 +1,5 @@
 // The main job's model trained with its whole step compiled once for the real OpenXLA CPU plugin
-// (OLMAX_TEST_CPU_PJRT_PLUGIN; models::XlaTrainer): the same losses as olmax's own CPU training
+// (OLMAX_TEST_CPU_PJRT_PLUGIN; train::XlaTrainer): the same losses as olmax's own CPU training
 // (ByteLM<ConvMixer> + optim::AdamW in f32) within f32 re-association, a state that moves between
 // host and device both ways (what makes checkpoints interchangeable), data parallelism over the
 // plugin's devices equal to one device, and clear errors for bad batches.
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include <olmax/models/xla_trainer.hpp>
+#include <olmax/train/xla_trainer.hpp>
 #include <olmax/olmax.hpp>
 
 #include "xla/cpu_plugin.hpp"
@@ -71,7 +71,7 @@ TEST_CASE("xla model step: ByteLM<ConvMixer> on the CPU plugin follows olmax's C
     Model cpu(model_config), device(model_config);
     const auto start = snapshot(cpu);
     olmax::optim::AdamW<float> cpu_opt(cpu.parameters(), adam_config()), device_opt(device.parameters(), adam_config());
-    olmax::models::XlaTrainer<Model> trainer(device, device_opt, client, rows, sequence);
+    olmax::train::XlaTrainer<Model> trainer(device, device_opt, client, rows, sequence);
 
     double first = 0, last = 0, worst = 0;
     for (std::uint32_t step = 1; step <= 40; ++step) {
@@ -104,7 +104,7 @@ TEST_CASE("xla model step: at precision bf16 the CPU plugin follows olmax's CPU 
     Model cpu16(model_config), cpu32(model_config), device(model_config);
     olmax::optim::AdamW<float> opt16(cpu16.parameters(), adam_config()), opt32(cpu32.parameters(), adam_config()),
         device_opt(device.parameters(), adam_config());
-    std::optional<olmax::models::XlaTrainer<Model>> trainer;
+    std::optional<olmax::train::XlaTrainer<Model>> trainer;
     {
         olmax::backend::bf16_matmul_scope bf16;  // traced inside: the step's GEMMs are bf16 x bf16 -> f32
         trainer.emplace(device, device_opt, client, rows, sequence);
@@ -153,7 +153,7 @@ TEST_CASE("xla model step: the state moves between host and device both ways", "
             opt->zero_grad();
         }
     }
-    olmax::models::XlaTrainer<Model> trainer(moved, moved_opt, client, rows, sequence);  // uploads the host state
+    olmax::train::XlaTrainer<Model> trainer(moved, moved_opt, client, rows, sequence);  // uploads the host state
     CHECK(trainer.steps() == 5);
     double worst = 0;
     for (std::uint32_t step = 6; step <= 10; ++step) {
@@ -189,7 +189,7 @@ TEST_CASE("xla model step: SPMD data parallel over 2 and 4 plugin devices equals
     Model one(model_config);
     const auto start = snapshot(one);
     olmax::optim::AdamW<float> one_opt(one.parameters(), adam_config());
-    olmax::models::XlaTrainer<Model> single(one, one_opt, client, rows, sequence, 1);
+    olmax::train::XlaTrainer<Model> single(one, one_opt, client, rows, sequence, 1);
     std::vector<double> losses;
     for (std::uint32_t step = 1; step <= 3; ++step) losses.push_back(single.step(text_batch(rows, sequence, step)).loss);
     single.download();
@@ -197,7 +197,7 @@ TEST_CASE("xla model step: SPMD data parallel over 2 and 4 plugin devices equals
         INFO(devices << " devices");
         Model split(model_config);
         olmax::optim::AdamW<float> split_opt(split.parameters(), adam_config());
-        olmax::models::XlaTrainer<Model> trainer(split, split_opt, client, rows, sequence, devices);
+        olmax::train::XlaTrainer<Model> trainer(split, split_opt, client, rows, sequence, devices);
         // One global program for XLA's partitioner: the batch split, no collective written by olmax.
         const std::string& text = trainer.module().text;
         CHECK(trainer.devices() == std::size_t(devices));
@@ -217,8 +217,8 @@ TEST_CASE("xla model step: bad batches and settings are clear errors", "[cpu_plu
     auto client = cpu_client();
     Model model(model_config);
     olmax::optim::AdamW<float> opt(model.parameters(), adam_config());
-    olmax::models::XlaTrainer<Model> trainer(model, opt, client, rows, sequence);
+    olmax::train::XlaTrainer<Model> trainer(model, opt, client, rows, sequence);
     CHECK_THROWS_WITH(trainer.step(text_batch(rows, 2 * sequence, 1)), Catch::Contains("compiled for batches of [4, 32]"));
-    CHECK_THROWS_WITH(olmax::models::XlaTrainer<Model>(model, opt, client, 3, sequence, 2), Catch::Contains("does not split into 2"));
-    CHECK_THROWS_WITH(olmax::models::XlaTrainer<Model>(model, opt, client, 16, sequence, 16), Catch::Contains("devices asked for"));
+    CHECK_THROWS_WITH(olmax::train::XlaTrainer<Model>(model, opt, client, 3, sequence, 2), Catch::Contains("does not split into 2"));
+    CHECK_THROWS_WITH(olmax::train::XlaTrainer<Model>(model, opt, client, 16, sequence, 16), Catch::Contains("devices asked for"));
 }

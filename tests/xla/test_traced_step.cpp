@@ -16,7 +16,7 @@
 
 #include <olmax/xla/pjrt_runtime.hpp>
 #include <olmax/olmax.hpp>
-#include <olmax/models/xla_trainer.hpp>
+#include <olmax/train/xla_trainer.hpp>
 #include <olmax/trace/native_calls.hpp>
 #include <olmax/trace/program.hpp>
 #include <olmax/trace/trace.hpp>
@@ -224,7 +224,7 @@ std::pair<double, double> trains_like_the_cpu(std::size_t rows, std::size_t sequ
     const olmax::models::ByteLMConfig config{16, 2, 3};
     LM eager(config), traced(config);
     olmax::optim::AdamW<float> eager_opt(eager.parameters(), traced_adam_config()), traced_opt(traced.parameters(), traced_adam_config());
-    olmax::models::XlaTrainer<LM> trainer(traced, traced_opt, client, rows, sequence);
+    olmax::train::XlaTrainer<LM> trainer(traced, traced_opt, client, rows, sequence);
     double first = 0, last = 0;
     for (std::size_t step = 0; step < steps; ++step) {
         const auto b = text_batch(rows, sequence, std::uint32_t(step) + seed);

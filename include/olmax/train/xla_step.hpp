@@ -1,5 +1,5 @@
 #pragma once
-// The step compiled once for a PJRT device (docs/xla.md): models::XlaTrainer traces the model's
+// The step compiled once for a PJRT device (docs/xla.md): train::XlaTrainer traces the model's
 // own eager step (loss, backward, AdamW) and runs it with the parameters and moments resident on
 // the device; per step only the batch goes there and the loss and gradient norm come back. The
 // host model and optimiser are brought up to date before evaluations and checkpoints, so a
@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "olmax/core/error.hpp"
-#include "olmax/models/xla_trainer.hpp"
+#include "olmax/train/xla_trainer.hpp"
 #include "olmax/train/precision.hpp"
 #include "olmax/train/step.hpp"
 #include "olmax/xla/pjrt_runtime.hpp"
@@ -52,7 +52,7 @@ public:
         if (options_.scan_form != "auto") scan_form = olmax::xla::stablehlo::scan_strategy::from_name(options_.scan_form);
         {
             const PrecisionScope precision(options_.precision, false);  // the trace records the policy (tracing::bf16_gemms)
-            trainer_ = std::make_unique<models::XlaTrainer<Model>>(context.model, context.optimizer, std::move(client), options_.batch,
+            trainer_ = std::make_unique<XlaTrainer<Model>>(context.model, context.optimizer, std::move(client), options_.batch,
                                                                    options_.sequence, options_.devices, scan_form);
         }
         char line[400];
@@ -88,7 +88,7 @@ public:
 
 private:
     XlaStepOptions options_;
-    std::unique_ptr<models::XlaTrainer<Model>> trainer_;
+    std::unique_ptr<XlaTrainer<Model>> trainer_;
 };
 
 }  // namespace olmax::train

@@ -25,13 +25,13 @@
 #include "olmax/trace/program.hpp"
 #include "olmax/trace/trace.hpp"
 
-namespace olmax::models {
+namespace olmax::train {
 
 template <class Model>
 class XlaTrainer {
 public:
     using T = typename Model::value_type;
-    static_assert(std::same_as<T, float>, "olmax::models::XlaTrainer: the device program computes in f32; train a float model");
+    static_assert(std::same_as<T, float>, "olmax::train::XlaTrainer: the device program computes in f32; train a float model");
 
     /// Traces `model`'s step (loss of a [batch, sequence] batch, backward, `optimizer.step()`) and
     /// compiles it; uploads the host state. With `devices` D > 1 the step is data parallel over the
@@ -55,7 +55,7 @@ public:
     static trace::traced_program trace_step(Model& model, optim::AdamW<T>& optimizer, const xla::pjrt::client& client, std::size_t batch,
                                             std::size_t sequence, int devices = 1,
                                             std::optional<xla::stablehlo::scan_strategy> scan_form = std::nullopt) {
-        check<value_error>(devices >= 1 && batch % std::size_t(devices) == 0, "models::XlaTrainer: batch ", batch, " does not split into ",
+        check<value_error>(devices >= 1 && batch % std::size_t(devices) == 0, "train::XlaTrainer: batch ", batch, " does not split into ",
                            devices, " equal shares, one per device");
         trace::tracing t;
         t.set_target(client.platform_name());
@@ -86,7 +86,7 @@ public:
     /// One training step on `batch` ([batch, sequence] rows): one execute, state updated on the device.
     StepResult step(const data::Batch& batch) {
         const Shape want{batch_, sequence_};
-        check<shape_error>(batch.inputs.shape() == want && batch.targets.shape() == want, "models::XlaTrainer: the step was compiled for batches of ",
+        check<shape_error>(batch.inputs.shape() == want && batch.targets.shape() == want, "train::XlaTrainer: the step was compiled for batches of ",
                            to_string(want), ", got inputs ", to_string(batch.inputs.shape()), " and targets ", to_string(batch.targets.shape()));
         const auto reported = program_->run({trace::input_values(batch.inputs), trace::input_values(batch.targets)});
         return {double(reported[0][0]), double(reported[grad_norm_][0])};
@@ -106,4 +106,4 @@ private:
     std::size_t grad_norm_ = 0;
 };
 
-}  // namespace olmax::models
+}  // namespace olmax::train
