@@ -76,7 +76,7 @@ int main(int argc, char** argv) try {
     std::printf("{\"platform\": \"%s\", \"rows\": %zu, \"steps\": %zu, \"copy\": {\"seconds\": %.6g, \"GB_per_s\": %.4g}",
                 client->platform_name().c_str(), rows, steps, copy, 2 * 4 * elements / copy / 1e9);
     for (const auto& form : {hlo::scan_strategy::sequential(), hlo::scan_strategy::hillis_steele(), hlo::scan_strategy::chunked_matmul<128>(),
-                             hlo::scan_strategy::blocked()}) {
+                             hlo::scan_strategy::hillis_steele_chunked()}) {
         try {
             const double s = median_seconds(client, form, rows, steps, 3, runs, [](const std::vector<Tensor<float>>& state) {
                 return olmax::scan::scan<olmax::scan::sequential_vectorized>(state[0], state[1]);

@@ -21,7 +21,7 @@
 # "cpu xla", for an A/B in the same run; a run the baseline refuses is left out), NATIVE (0: only
 # the XLA runs, e.g. PLUGIN=<JAX's CUDA plugin> on a GPU machine), DATA (train_lm's --data; default
 # its own corpus, Debian's fortunes), XLA_ARGS (more train_lm flags for the XLA runs, e.g.
-# --xla_scan_form=blocked). Writes results.json and prints a markdown table with the CPU
+# --xla_scan_form=hillis_steele_chunked). Writes results.json and prints a markdown table with the CPU
 # model and the load average.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <olmax/xla/graph/evaluate.hpp>
@@ -343,6 +345,57 @@ TEST_CASE("trace: AdamW with bfloat16 moments refuses a traced step", "[trace]")
     opt.for_each_moment([&](const auto& m) { t.bind_state(m); });
     olmax::sum(w * w).backward();
     CHECK_THROWS_WITH(opt.step(), Catch::Contains("bfloat16 moments"));
+}
+
+TEST_CASE("trace: a scan keeps its written tag's form where the device suits it, else takes the device's and says so once", "[trace]") {
+    namespace sc = olmax::scan;
+    // The module of one scan of [2, 64, 3] written with Strategy, traced for `target`, and the notices.
+    auto traced = []<class Strategy>(const std::string& target, std::optional<trace::scan_form> forced = std::nullopt) {
+        trace::tracing t;
+        t.set_target(target);
+        t.set_scan_form(forced);
+        const Tensor<float> a = t.input<float>({2, 64, 3}), x = t.input<float>({2, 64, 3}), y = t.input<float>({2, 64, 3});
+        const Tensor<float> h = sc::scan<Strategy>(a, x) + sc::scan<Strategy>(a, y);  // two scans: one notice
+        auto program = t.finish({h});
+        return std::pair{program.module.text, program.notices};
+    };
+    auto count = [](const std::string& text, const std::string& what) {
+        std::size_t n = 0;
+        for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+        return n;
+    };
+    // chunked_matmul<16> on the CPU: its 16 x 16 triangular matrices, one per (row, chunk), not the loop.
+    auto [matmul, quiet] = traced.template operator()<sc::chunked_matmul<16>>("cpu");
+    CHECK(matmul.find("tensor<6x4x16x16xf32>") != std::string::npos);
+    CHECK(count(matmul, "\"stablehlo.while\"") == 0);
+    CHECK(quiet.empty());
+    // hillis_steele_chunked<8> on a GPU: one loop over the 8 steps of a chunk.
+    auto [chunked, quiet2] = traced.template operator()<sc::hillis_steele_chunked<8>>("cuda");
+    CHECK(count(chunked, "\"stablehlo.while\"") == 2);
+    CHECK(chunked.find("dense<8> : tensor<i32>") != std::string::npos);
+    CHECK(quiet2.empty());
+    // The CPU's loop on the CPU plugin; on a GPU doubling instead, with one notice for both scans.
+    auto [loop, quiet3] = traced.template operator()<sc::sequential_vectorized>("cpu");
+    CHECK(count(loop, "\"stablehlo.while\"") == 2);
+    CHECK(quiet3.empty());
+    auto [doubling, said] = traced.template operator()<sc::sequential_vectorized>("cuda");
+    CHECK(count(doubling, "\"stablehlo.while\"") == 0);
+    REQUIRE(said.size() == 1);
+    CHECK_THAT(said[0], Catch::Matchers::Contains("scan<sequential_vectorized> traced as hillis_steele for cuda"));
+    // No StableHLO form computes blelloch's tree as written: the device's form, said.
+    auto [tree, said2] = traced.template operator()<sc::blelloch>("cpu");
+    CHECK(count(tree, "\"stablehlo.while\"") == 2);
+    REQUIRE(said2.size() == 1);
+    CHECK_THAT(said2[0], Catch::Matchers::Contains("scan<blelloch> traced as sequential for cpu: no StableHLO form computes it"));
+    // A form set for the whole program wins over the tag, silently (a benchmark's comparison).
+    auto [forced, quiet4] = traced.template operator()<sc::chunked_matmul<16>>("cpu", trace::scan_form::hillis_steele());
+    CHECK(forced.find("x16x16xf32>") == std::string::npos);
+    CHECK(quiet4.empty());
+    // train_lm's --xla_scan_form names the tags.
+    CHECK(trace::scan_form_named("hillis_steele_chunked") == trace::scan_form::hillis_steele_chunked());
+    CHECK(trace::scan_form_named("chunked_matmul") == trace::scan_form::chunked_matmul<128>());
+    CHECK_THROWS_WITH(trace::scan_form_named("blocked"), Catch::Matchers::Contains(
+                          "unknown scan form 'blocked'; choose one of sequential, hillis_steele, hillis_steele_chunked, chunked_matmul"));
 }
 
 TEST_CASE("trace: Mamba's selective scan traced for the CPU never holds the [B, T, E, N] states, forward or backward", "[trace]") {

@@ -65,7 +65,7 @@ void check_ssa(const shlo::emitted_module& m) {
 
 std::vector<shlo::scan_strategy> all_strategies() {
     return {shlo::scan_strategy::sequential(), shlo::scan_strategy::hillis_steele(), shlo::scan_strategy::chunked_matmul<128>(),
-            shlo::scan_strategy::blocked()};
+            shlo::scan_strategy::hillis_steele_chunked()};
 }
 
 /// The module of one linear scan over [rows, steps] (from the end with `reverse`).
@@ -159,28 +159,22 @@ TEST_CASE("xla emitter: sequential scan is one stablehlo.while over T steps", "[
     CHECK(count_of(m.text, "\"stablehlo.dynamic_update_slice\"") == 1);
 }
 
-TEST_CASE("xla emitter: the blocked scan loops over the steps of one block, then doubles over the blocks", "[xla]") {
-    // T = 50: blocks of 8 steps (auto: the smallest L with L^2 >= T), 7 blocks, time padded to 56.
-    const auto m = emitted_scan(shlo::scan_strategy::blocked(), 3, 50);
+TEST_CASE("xla emitter: the hillis_steele_chunked scan loops over the steps of one chunk, then doubles over the chunks", "[xla]") {
+    // T = 50: chunks of 8 steps (auto: the smallest L with L^2 >= T), 7 blocks, time padded to 56.
+    const auto m = emitted_scan(shlo::scan_strategy::hillis_steele_chunked(), 3, 50);
     CHECK(count_of(m.text, "\"stablehlo.while\"") == 1);
     CHECK_THAT(m.text, Contains("dense<8> : tensor<i32>"));
     CHECK(count_of(m.text, "\"stablehlo.dynamic_update_slice\"") == 2);  // h_local and the gates' running product
     CHECK(count_of(m.text, "\"stablehlo.dot_general\"") == 0);
-    CHECK(shlo::scan_strategy::blocked(16).name() == "blocked16");
-    // One block (L >= T): no carries to combine, so no doubling after the loop, and no padding.
-    const auto one = emitted_scan(shlo::scan_strategy::blocked(64), 3, 50);
+    CHECK(shlo::scan_strategy::hillis_steele_chunked(16).name() == "hillis_steele_chunked16");
+    // One chunk (L >= T): no carries to combine, so no doubling after the loop, and no padding.
+    const auto one = emitted_scan(shlo::scan_strategy::hillis_steele_chunked(64), 3, 50);
     CHECK_THAT(one.text, Contains("dense<50> : tensor<i32>"));
     CHECK(count_of(one.text, "\"stablehlo.pad\"") == 0);
 }
 
-TEST_CASE("xla emitter: a scan form by its name (train_lm --xla_scan_form), and an unknown name refused", "[xla]") {
-    CHECK(shlo::scan_strategy::from_name("sequential") == shlo::scan_strategy::sequential());
-    CHECK(shlo::scan_strategy::from_name("hillis_steele") == shlo::scan_strategy::hillis_steele());
-    CHECK(shlo::scan_strategy::from_name("blocked") == shlo::scan_strategy::blocked());
-    CHECK(shlo::scan_strategy::from_name("chunked_matmul") == shlo::scan_strategy::chunked_matmul<128>());
-    CHECK_THROWS_WITH(shlo::scan_strategy::from_name("parallel"),
-                      Contains("unknown form 'parallel'; choose one of sequential, hillis_steele, blocked, chunked_matmul"));
-    CHECK_THROWS_AS(emitted_scan(shlo::scan_strategy::blocked(-1), 2, 8), olmax::value_error);
+TEST_CASE("xla emitter: a negative hillis_steele_chunked chunk is refused", "[xla]") {
+    CHECK_THROWS_AS(emitted_scan(shlo::scan_strategy::hillis_steele_chunked(-1), 2, 8), olmax::value_error);
 }
 
 TEST_CASE("xla emitter: chunked_matmul<128> uses a per-chunk 128x128 triangular matrix on the matrix unit", "[xla]") {

@@ -69,8 +69,8 @@ TEST_CASE("traced programs: the linear scan and its adjoint lower in every form"
         for (std::size_t k = 1; k < 3; ++k)
             for (auto& x : in[k]) x = float(value(rng));
         for (const auto& strategy : {hlo::scan_strategy::sequential(), hlo::scan_strategy::hillis_steele(), hlo::scan_strategy::chunked_matmul<8>(),
-                                     hlo::scan_strategy::chunked_matmul<128>(), hlo::scan_strategy::blocked(), hlo::scan_strategy::blocked(8),
-                                     hlo::scan_strategy::blocked(64)})
+                                     hlo::scan_strategy::chunked_matmul<128>(), hlo::scan_strategy::hillis_steele_chunked(), hlo::scan_strategy::hillis_steele_chunked(8),
+                                     hlo::scan_strategy::hillis_steele_chunked(64)})
             for (bool reverse : {false, true}) {
                 INFO(olmax::to_string(shape) << ", " << strategy.name() << (reverse ? ", from the end" : ", from the start"));
                 trace::tracing t;

@@ -24,7 +24,7 @@
 # for --block=mamba (measured 1.6e-7 with AVX-512); --block=moe (routing and capacity on the device,
 # the balance loss's gradient from inside the layer loop) within 3e-6 (measured 7.0e-7 with AVX-512:
 # the router's softmax adds its own rounding); and within 3e-6 for --block=qrnn with
-# --xla_scan_form=blocked and --block=mamba with --xla_scan_form=hillis_steele (GPUs' form), both
+# --xla_scan_form=hillis_steele_chunked and --block=mamba with --xla_scan_form=hillis_steele (GPUs' form), both
 # summing the scan in another order than the CPU's loop (measured 1.8e-7, and 0 in the printed digits,
 # on AMD EPYC Zen 5 with AVX-512, 2026-11-27).
 set -euo pipefail
@@ -56,10 +56,10 @@ run mamba_cpu --steps=5 --threads=2 --block=mamba
 run mamba_xla --steps=5 "${xla[@]}" --block=mamba
 run moe_cpu --steps=5 --threads=2 --block=moe
 run moe_xla --steps=5 "${xla[@]}" --block=moe
-# Scan forms other than the CPU's loop, through the flag: QRNN's pooling blocked, and Mamba as GPUs
+# Scan forms other than the CPU's loop, through the flag: QRNN's pooling in hillis_steele_chunked, and Mamba as GPUs
 # run it (doubling over the materialised [B, T, E N] states instead of the fused selective scan).
 run qrnn_cpu --steps=5 --threads=2 --block=qrnn
-run qrnn_xla_blocked --steps=5 "${xla[@]}" --block=qrnn --xla_scan_form=blocked
+run qrnn_xla_hillis_steele_chunked --steps=5 "${xla[@]}" --block=qrnn --xla_scan_form=hillis_steele_chunked
 run mamba_xla_doubling --steps=5 "${xla[@]}" --block=mamba --xla_scan_form=hillis_steele
 grep -q "step compiled in" "$work/xla.log" || { cat "$work/xla.log"; echo "FAIL: the XLA run did not report its compiled step"; exit 1; }
 
@@ -106,7 +106,7 @@ check("xla SPMD over 2 devices vs 1, training loss, steps 1-200, mean", mean(xla
 check("xla SPMD over 2 devices vs 1, training loss, steps 1-200, worst step", worst(xla, xla2, range(1, 201)), 2e-2)
 check("--block=mamba: xla vs cpu, training loss, steps 1-5", worst(losses("mamba_cpu"), losses("mamba_xla"), range(1, 6)), 1e-6)
 check("--block=moe: xla vs cpu, training loss, steps 1-5", worst(losses("moe_cpu"), losses("moe_xla"), range(1, 6)), 3e-6)
-check("--block=qrnn --xla_scan_form=blocked: xla vs cpu, training loss, steps 1-5", worst(losses("qrnn_cpu"), losses("qrnn_xla_blocked"), range(1, 6)), 3e-6)
+check("--block=qrnn --xla_scan_form=hillis_steele_chunked: xla vs cpu, training loss, steps 1-5", worst(losses("qrnn_cpu"), losses("qrnn_xla_hillis_steele_chunked"), range(1, 6)), 3e-6)
 check("--block=mamba --xla_scan_form=hillis_steele: xla vs cpu, training loss, steps 1-5",
       worst(losses("mamba_cpu"), losses("mamba_xla_doubling"), range(1, 6)), 3e-6)
 reference = losses("cpu_then_cpu")

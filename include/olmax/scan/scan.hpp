@@ -102,13 +102,14 @@ ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const 
     backend::op_scope on(op, gates, x, opt.h0);
     const detail::Geometry g = detail::make_geometry(op, gates, x, opt);
     const std::size_t chunk = opt.chunk ? static_cast<std::size_t>(*opt.chunk) : detail::default_chunk<Strategy>();
-    if (on.traced()) {  // the program's own scan: its form is the target device's (olmax/trace/rules.hpp), not Strategy's
+    if (on.traced()) {  // Strategy's StableHLO form where it has one that suits the device, else the device's (trace/scan_forms.hpp)
         check<trace_error>(opt.layout == Layout::btc && gates.shape() == x.shape(), op,
                            ": a traced scan takes gates of x's shape in the [batch, time, channels] layout");
         if constexpr (Real<T>) {
             const Tensor<float> in[3] = {backend::trace::as_float(gates), backend::trace::as_float(x),
                                          opt.h0.defined() ? backend::trace::as_float(opt.h0) : Tensor<float>()};
-            auto out = backend::trace::call<op::linear_scan, T>(in, {.reverse = opt.reverse, .log_gates = opt.log_gates});
+            auto out = backend::trace::call<op::linear_scan, T>(
+                in, {.reverse = opt.reverse, .log_gates = opt.log_gates, .strategy = Strategy::name, .chunk = chunk});
             return {std::move(out[0]), std::move(out[1])};
         }
     }
@@ -181,13 +182,19 @@ struct linear_scan : registered<linear_scan> {
     static constexpr std::string_view name = "linear_scan";
     struct attrs {
         bool reverse = false, log_gates = false;
+        std::string_view strategy = {};  ///< the tag's name (olmax/scan/strategies.hpp): its traced form; empty: the device's
+        std::size_t chunk = 0;      ///< the tag's chunk, where it has one
     };
     static std::vector<sample<attrs>> samples(Generator& rng) {
         auto u = [&](const Shape& s, float lo, float hi) { return samples::uniform(rng, s, lo, hi); };
-        return {{{u({2, 5, 3}, 0.2f, 1.1f), u({2, 5, 3}, -1, 1), Tensor<float>()}, {false, false}},
-                {{u({2, 6, 2}, -0.9f, 0.9f), u({2, 6, 2}, -1, 1), u({2, 2}, -1, 1)}, {true, false}},
-                {{u({1, 7, 3}, -1.0f, 0.1f), u({1, 7, 3}, -1, 1), u({1, 3}, -1, 1)}, {false, true}},
-                {{u({2, 1, 4}, 0.2f, 1.0f), u({2, 1, 4}, -1, 1), u({2, 4}, -1, 1)}, {true, true}}};
+        return {{{u({2, 5, 3}, 0.2f, 1.1f), u({2, 5, 3}, -1, 1), Tensor<float>()}, {}},
+                {{u({2, 6, 2}, -0.9f, 0.9f), u({2, 6, 2}, -1, 1), u({2, 2}, -1, 1)}, {.reverse = true}},
+                {{u({1, 7, 3}, -1.0f, 0.1f), u({1, 7, 3}, -1, 1), u({1, 3}, -1, 1)}, {.log_gates = true}},
+                {{u({2, 1, 4}, 0.2f, 1.0f), u({2, 1, 4}, -1, 1), u({2, 4}, -1, 1)}, {.reverse = true, .log_gates = true}},
+                // written tags: traced in their own forms, or the device's with a notice (trace/scan_forms.hpp)
+                {{u({2, 9, 2}, 0.2f, 1.1f), u({2, 9, 2}, -1, 1), u({2, 2}, -1, 1)}, {false, false, "chunked_matmul", 4}},
+                {{u({1, 9, 3}, 0.2f, 1.1f), u({1, 9, 3}, -1, 1), Tensor<float>()}, {true, false, "hillis_steele_chunked", 2}},
+                {{u({2, 5, 2}, 0.2f, 1.1f), u({2, 5, 2}, -1, 1), Tensor<float>()}, {false, false, "blelloch", 0}}};
     }
     template <Real T> static std::vector<Tensor<T>> eager(std::span<const Tensor<T>> in, const attrs& a) {
         auto r = scan::scan_with_state<scan::sequential>(in[0], in[1], {.h0 = in[2], .reverse = a.reverse, .log_gates = a.log_gates});

@@ -98,9 +98,10 @@ inline Tensor<float> shift_later(const Tensor<float>& x, std::size_t steps) {
 }
 
 /// h_t = a_t h_{t-1} + x_t along axis 1 of [B, T, C] (from the end with `reverse`), from the state
-/// h0 [B, C] (undefined: zeros), in the scan form of the target device (tracing::scan_form); also
-/// returns the final state [B, C].
-inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const Tensor<float>& h0, bool reverse, bool log_gates) {
+/// h0 [B, C] (undefined: zeros), in `form` (by default the target device's: tracing::device_scan_form);
+/// also returns the final state [B, C].
+inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const Tensor<float>& h0, bool reverse, bool log_gates,
+                       const scan_form& form = active().device_scan_form()) {
     const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
     const Tf a = log_gates ? p::exp(gates) : gates;
     Tf in = x;
@@ -108,7 +109,7 @@ inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const
         const Tf start = p::pad(p::reshape(h0, {B, 1, C}), {0, reverse ? std::int64_t(T) - 1 : 0, 0}, {0, reverse ? 0 : std::int64_t(T) - 1, 0});
         in = p::add(x, p::mul(a, start));
     }
-    const Tf h = p::linear_scan(a, in, active().scan_form(), reverse);
+    const Tf h = p::linear_scan(a, in, form, reverse);
     const std::int64_t last = reverse ? 0 : std::int64_t(T) - 1;
     const Tf h_last = p::reshape(p::slice(h, {0, last, 0}, {std::int64_t(B), last + 1, std::int64_t(C)}), {B, C});
     return {h, h_last};
@@ -159,7 +160,7 @@ inline Out lower(op::moe_route, Ts in, const op::moe_route::attrs& a) {
         left = gx::select(pick, gx::constant(g, -1.0, type), left);  // probabilities are >= 0: never picked again
     }
     const gx::var steps = gx::reshape(chosen, {batch, sequence, experts});
-    const gx::var running = gx::linear_scan(gx::constant(g, 1.0, steps.type()), steps, active().scan_form(), false);
+    const gx::var running = gx::linear_scan(gx::constant(g, 1.0, steps.type()), steps, active().device_scan_form(), false);
     const gx::var earlier = gx::reshape(running - steps, ne);
     const gx::var room = gx::compare(earlier, gx::constant(g, double(capacity) - 0.5, type), gx::compare_direction::LT);
     const gx::var keep = gx::select(room, chosen, zero);
@@ -192,7 +193,7 @@ inline Out lower(op::selective_scan, Ts in, const op::selective_scan::attrs&) {
     const std::size_t nb = u.shape()[0], nt = u.shape()[1], ne = u.shape()[2], ns = A.shape()[1];
     const Tf keep = resets.defined() ? p::add_scalar(p::neg(resets), 1.0) : Tf();  // 0 where a document starts
     Tf y, h_last;
-    if (active().scan_form().strategy == xla::stablehlo::scan_strategy::kind::sequential) {
+    if (active().device_scan_form().strategy == scan_form::kind::sequential) {
         const auto out = p::selective_scan(u, delta, A, B, C, keep.defined() ? keep : p::full({nb, nt}, 1.0),
                                            h0.defined() ? h0 : p::full({nb, ne, ns}, 0.0), gx::selective_scan_chunk(std::int64_t(nt)),
                                            active().native_calls());
@@ -359,7 +360,9 @@ inline Out lower(op::chunked_cross_entropy, Ts in, const op::chunked_cross_entro
 }
 inline Out lower(op::gather_rows, Ts in, const op::gather_rows::attrs&) { return {p::gather_rows(in[0], in[1])}; }
 inline Out lower(op::scatter_rows, Ts in, const op::scatter_rows::attrs& a) { return {p::scatter_add_rows(in[0], in[1], a.rows)}; }
-inline Out lower(op::linear_scan, Ts in, const op::linear_scan::attrs& a) { return linear_scan(in[0], in[1], in[2], a.reverse, a.log_gates); }
+inline Out lower(op::linear_scan, Ts in, const op::linear_scan::attrs& a) {
+    return linear_scan(in[0], in[1], in[2], a.reverse, a.log_gates, active().scan_form_for(a.strategy, a.chunk));
+}
 
 // ---- registration -------------------------------------------------------------------------------
 

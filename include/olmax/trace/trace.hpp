@@ -8,4 +8,5 @@
 #include "olmax/trace/layer_loop.hpp"
 #include "olmax/trace/primitives.hpp"
 #include "olmax/trace/rules.hpp"
+#include "olmax/trace/scan_forms.hpp"
 #include "olmax/trace/tracer.hpp"

@@ -34,6 +34,7 @@
 #include "olmax/xla/graph/graph.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/core/traced.hpp"
+#include "olmax/trace/scan_forms.hpp"
 
 namespace olmax::trace {
 
@@ -134,6 +135,7 @@ struct traced_program {
     std::vector<std::function<void()>> after_run;  // run after each run
     std::vector<Shape> reported;                   // the shapes of the reported values: the results, then the named ones
     std::vector<std::string> reported_names;       // the names of the reported values after the results (trace::report)
+    std::vector<std::string> notices;              // what the trace changed from the code as written (tracing::notices)
 };
 
 /// The tracer active on this thread; throws when none is.
@@ -213,16 +215,40 @@ public:
     /// compiled once.
     void set_bf16_gemms(bool on) { bf16_gemms_ = on; }
     bool bf16_gemms() const { return bf16_gemms_; }
-    /// The form every linear scan of the program takes, instead of the target's (scan_form); for
+    /// The form every linear scan of the program takes, instead of its tag's or the target's; for
     /// comparing forms on one device (benchmarks/xla/scan_bandwidth.cpp). Mamba's selective scan
     /// follows it too: fused over time when it is sequential, else a linear scan of its
-    /// materialised states (trace/rules.hpp). std::nullopt: the target's.
-    void set_scan_form(std::optional<xla::stablehlo::scan_strategy> form) { scan_form_ = form; }
-    xla::stablehlo::scan_strategy scan_form() const {
+    /// materialised states (trace/rules.hpp). std::nullopt: the tag's or the target's.
+    void set_scan_form(std::optional<scan_form> form) { scan_form_ = form; }
+    /// The target device's form of a linear scan: the set_scan_form one when given, else a loop
+    /// over time on the CPU, chunked triangular matmuls on a TPU, log-depth doubling elsewhere.
+    scan_form device_scan_form() const {
         if (scan_form_) return *scan_form_;
-        if (target_ == "tpu") return xla::stablehlo::scan_strategy::chunked_matmul<128>();
-        if (target_ == "cpu" || target_.empty()) return xla::stablehlo::scan_strategy::sequential();
-        return xla::stablehlo::scan_strategy::hillis_steele();
+        if (target_ == "tpu") return scan_form::chunked_matmul<128>();
+        if (on_cpu()) return scan_form::sequential();
+        return scan_form::hillis_steele();
+    }
+    /// The form of a scan written with the strategy tag named `strategy` (empty: none, the device's)
+    /// and chunk `chunk`: the set_scan_form one when given; the tag's own (scan_forms.hpp) where it has
+    /// one that suits the target (a loop over time only on the CPU, where it is the fastest; on a
+    /// device its T steps run one after another); else the device's, with a notice naming both.
+    scan_form scan_form_for(std::string_view strategy, std::size_t chunk) const {
+        const scan_form device = device_scan_form();
+        if (scan_form_ || strategy.empty()) return device;
+        const std::optional<scan_form> own = scan_form_of(strategy, chunk);
+        if (own && (own->strategy != scan_form::kind::sequential || on_cpu())) return *own;
+        note(olmax::detail::concat("scan<", strategy, "> traced as ", device.name(), " for ", target_.empty() ? "the CPU" : target_, ": ",
+                                   own ? "its loop over time would run the T steps one after another on the device"
+                                       : "no StableHLO form computes it as written"));
+        return device;
+    }
+    /// What the trace changed from the code as written (a scan's form), each said once: a runner
+    /// prints them (train::XlaStep); traced_program::notices keeps them.
+    const std::vector<std::string>& notices() const { return notices_; }
+    void note(std::string text) const {
+        for (const auto& n : notices_)
+            if (n == text) return;
+        notices_.push_back(std::move(text));
     }
 
     /// Makes `t` (a host tensor of any element type; the program holds it as float32) part of the
@@ -314,6 +340,7 @@ public:
         program.state = std::move(state_);
         program.inputs = std::move(inputs_);
         program.after_run = std::move(after_run_);
+        program.notices = notices_;
         tape_.reset();
         restore();
         return program;
@@ -350,7 +377,10 @@ private:
     std::string target_;
     bool native_calls_ = false;
     bool bf16_gemms_ = backend::host_kernels().float_gemms_in_bf16();
-    std::optional<xla::stablehlo::scan_strategy> scan_form_;
+    std::optional<scan_form> scan_form_;
+    mutable std::vector<std::string> notices_;
+
+    bool on_cpu() const { return target_ == "cpu" || target_.empty(); }
 };
 
 inline const tracing& active() {

@@ -10,7 +10,7 @@
 
 #include "olmax/config/key_value.hpp"
 #include "olmax/core/error.hpp"
-#include "olmax/xla/stablehlo/scan_strategy.hpp"
+#include "olmax/trace/scan_forms.hpp"
 
 namespace olmax::train {
 
@@ -36,9 +36,9 @@ struct DeviceConfig {
                      "device taking batch / xla_devices rows; the gradients are all-reduced inside the step)"}
                 .in(1, 1 << 16),
             Field<C>{"xla_scan_form", &C::xla_scan_form,
-                     "--device=xla: the form of every linear scan in the compiled step: auto (the device's: a loop over time on the "
-                     "CPU, chunked triangular matmuls on a TPU, doubling elsewhere), sequential, hillis_steele, blocked or "
-                     "chunked_matmul. QRNN's pooling takes it; so does Mamba's selective scan, fused over time when the form is "
+                     "--device=xla: the form of every linear scan in the compiled step: auto (each scan's strategy tag's form where it "
+                     "suits the device, else the device's: a loop over time on the CPU, chunked triangular matmuls on a TPU, doubling "
+                     "elsewhere), or one of sequential, hillis_steele, hillis_steele_chunked (about sqrt(T) steps a chunk), chunked_matmul (128). QRNN's pooling takes it; so does Mamba's selective scan, fused over time when the form is "
                      "sequential and else one linear scan of its materialised states (docs/xla.md)",
                      scan_form_choices()},
             Field<C>{"precision", &C::precision,
@@ -51,10 +51,10 @@ struct DeviceConfig {
         return f;
     }
 
-    /// xla_scan_form's values: auto, then every form xla::stablehlo::scan_strategy knows by name.
+    /// xla_scan_form's values: auto, then every form by its scan tag's name (trace::named_scan_forms).
     static std::vector<std::string> scan_form_choices() {
         std::vector<std::string> choices{"auto"};
-        for (const auto& named : xla::stablehlo::scan_strategy::named_forms()) choices.push_back(named.first);
+        for (const auto& named : trace::named_scan_forms()) choices.push_back(named.first);
         return choices;
     }
 

@@ -30,7 +30,7 @@ struct XlaStepOptions {
     std::string plugin;      ///< the PJRT plugin (.so); empty: the environment variable OLMAX_PJRT_PLUGIN
     std::size_t batch = 8, sequence = 64;  ///< the shape the step is compiled for
     int devices = 1;         ///< data parallel over the plugin's first N devices (XLA's SPMD partitioner)
-    std::string scan_form = "auto";  ///< every linear scan's form (xla::stablehlo::scan_strategy::from_name); auto: the device's
+    std::string scan_form = "auto";  ///< every linear scan's form (trace::scan_form_named); auto: the tags' or the device's
     std::string precision = "fp32";  ///< fp32, or bf16: the step's GEMMs bf16 x bf16 -> f32 (docs/BF16.md)
 };
 
@@ -48,8 +48,8 @@ public:
         auto client = std::make_shared<pjrt::client>(plugin);
         const std::size_t device_count = client->device_count();
         const auto started = std::chrono::steady_clock::now();
-        std::optional<olmax::xla::stablehlo::scan_strategy> scan_form;
-        if (options_.scan_form != "auto") scan_form = olmax::xla::stablehlo::scan_strategy::from_name(options_.scan_form);
+        std::optional<trace::scan_form> scan_form;
+        if (options_.scan_form != "auto") scan_form = trace::scan_form_named(options_.scan_form);
         {
             const PrecisionScope precision(options_.precision, false);  // the trace records the policy (tracing::bf16_gemms)
             trainer_ = std::make_unique<XlaTrainer<Model>>(context.model, context.optimizer, std::move(client), options_.batch,
@@ -71,6 +71,7 @@ public:
             said += "\nprecision bf16 (device xla): every GEMM of the compiled step, forward and backward, on bf16 operands with f32 "
                     "results (stablehlo.convert to bf16, dot_general bf16 x bf16 -> f32); parameters, moments, norms, softmax, losses "
                     "and scans in f32";
+        for (const auto& notice : trainer_->notices()) said += "\n" + notice;
         return said;
     }
 

@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "olmax/data/loader.hpp"
 #include "olmax/optim/adam.hpp"
@@ -39,7 +41,7 @@ public:
     /// device takes batch / D), the state is replicated, and the partitioner all-reduces the
     /// gradients inside the program.
     XlaTrainer(Model& model, optim::AdamW<T>& optimizer, std::shared_ptr<xla::pjrt::client> client, std::size_t batch, std::size_t sequence,
-               int devices = 1, std::optional<xla::stablehlo::scan_strategy> scan_form = std::nullopt)
+               int devices = 1, std::optional<trace::scan_form> scan_form = std::nullopt)
         : optimizer_(optimizer), batch_(batch), sequence_(sequence) {
         trace::traced_program traced = trace_step(model, optimizer, *client, batch, sequence, devices, scan_form);
         program_ = std::make_unique<trace::compiled_program>(std::move(client), std::move(traced));
@@ -50,11 +52,11 @@ public:
     /// a [batch, sequence] batch, backward and `optimizer.step()`, with the parameters and moments as
     /// the program's state. With olmax's own CPU kernels (native calls) where `client`'s plugin runs
     /// them, and not across devices: XLA's SPMD partitioner cannot split a custom call. Every linear
-    /// scan takes `scan_form`, or the device's form (tracing::scan_form). Public for benchmarks
+    /// scan takes `scan_form`, or its tag's form or the device's (tracing::scan_form_for). Public for benchmarks
     /// that compile the same program (benchmarks/xla/whole_step.cpp).
     static trace::traced_program trace_step(Model& model, optim::AdamW<T>& optimizer, const xla::pjrt::client& client, std::size_t batch,
                                             std::size_t sequence, int devices = 1,
-                                            std::optional<xla::stablehlo::scan_strategy> scan_form = std::nullopt) {
+                                            std::optional<trace::scan_form> scan_form = std::nullopt) {
         check<value_error>(devices >= 1 && batch % std::size_t(devices) == 0, "train::XlaTrainer: batch ", batch, " does not split into ",
                            devices, " equal shares, one per device");
         trace::tracing t;
@@ -95,6 +97,8 @@ public:
     /// Optimiser steps taken (the host optimiser's count, which each run advances).
     std::int64_t steps() const { return optimizer_.step_count(); }
     const xla::stablehlo::emitted_module& module() const { return program_->module(); }
+    /// What the trace changed from the model's code as written (a scan's form: tracing::notices).
+    const std::vector<std::string>& notices() const { return program_->program().notices; }
     /// What XLA planned for one step on one device (empty where the plugin does not say).
     const std::optional<xla::pjrt::memory_plan>& memory() const { return program_->memory(); }
     std::size_t devices() const { return program_->devices(); }

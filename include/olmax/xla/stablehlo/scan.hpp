@@ -128,7 +128,7 @@ inline value chunked_matmul_scan(function_builder& b, value a, value x, std::int
     return padded == steps ? x : b.slice(x, {0, 0}, {rows, steps});
 }
 
-/// The blocked form's steps per block: `asked`, or about sqrt(T) when 0 (at most T).
+/// The hillis_steele_chunked form's steps per chunk: `asked`, or about sqrt(T) when 0 (at most T).
 inline std::int64_t block_steps(std::int64_t asked, std::int64_t steps) {
     if (asked > 0) return std::min(asked, steps);
     std::int64_t l = 1;
@@ -136,7 +136,7 @@ inline std::int64_t block_steps(std::int64_t asked, std::int64_t steps) {
     return l;
 }
 
-/// Blocked scan along axis 1 of [B, T, ...]: time is cut into nb blocks of L steps (padded at the
+/// The hillis_steele_chunked form along axis 1 of [B, T, ...] (blocks are its chunks): time is cut into nb blocks of L steps (padded at the
 /// end with a = 1, x = 0, which change nothing earlier). One stablehlo.while over the L positions
 /// of a block scans every block from a zero state at once, keeping h_local and the gates' running
 /// product P; the blocks' carries (the state after each block) follow by doubling over the nb
@@ -144,7 +144,7 @@ inline std::int64_t block_steps(std::int64_t asked, std::int64_t steps) {
 /// block): h = h_local + P * H_{c-1}. So L + log2(nb) dependent steps instead of T, and a few
 /// passes over memory instead of doubling's 2 log2(T). As in the sequential loop, a step's slice
 /// is made contiguous (block position outermost) when its contiguous runs are short.
-inline value blocked_scan(function_builder& b, value a, value x, std::int64_t asked) {
+inline value hillis_steele_chunked_scan(function_builder& b, value a, value x, std::int64_t asked) {
     const std::size_t rank = x.type.rank();
     const std::int64_t batch = x.type.dims[0], steps = x.type.dims[1];
     const std::int64_t L = block_steps(asked, steps), nb = (steps + L - 1) / L, padded = nb * L;
@@ -222,9 +222,9 @@ inline value emit_scan(function_builder& b, const scan_strategy& strategy, const
     switch (strategy.strategy) {
         case scan_strategy::kind::sequential: return detail::sequential_scan(b, a, x);
         case scan_strategy::kind::hillis_steele: return detail::hillis_steele(b, a, x, 1);
-        case scan_strategy::kind::blocked:
-            check<value_error>(strategy.chunk >= 0, "scan: blocked steps per block must not be negative, got ", strategy.chunk);
-            return detail::blocked_scan(b, a, x, strategy.chunk);
+        case scan_strategy::kind::hillis_steele_chunked:
+            check<value_error>(strategy.chunk >= 0, "scan: hillis_steele_chunked steps per chunk must not be negative, got ", strategy.chunk);
+            return detail::hillis_steele_chunked_scan(b, a, x, strategy.chunk);
         case scan_strategy::kind::chunked_matmul: {
             check<value_error>(strategy.chunk >= 1, "scan: chunked_matmul chunk must be positive, got ", strategy.chunk);
             if (x.type.rank() == 2) return detail::chunked_matmul_scan(b, a, x, strategy.chunk);

@@ -1,23 +1,20 @@
 #pragma once
-// How a linear scan h_t = a_t h_{t-1} + x_t is lowered to StableHLO: a while loop over time,
-// Hillis–Steele doubling, chunked triangular matmuls (the matrix-unit form), or blocks scanned side
-// by side (a loop over the steps of a block, then the blocks' carries; scan.hpp has the lowerings).
+// How a linear scan h_t = a_t h_{t-1} + x_t is lowered to StableHLO. The forms carry the names of
+// the strategy tags of olmax/scan/strategies.hpp that compute the same thing (trace/scan_forms.hpp
+// maps a tag to its form): a while loop over time (sequential), log-depth doubling (hillis_steele),
+// blocks scanned side by side with doubling over their carries (hillis_steele_chunked), chunked
+// triangular matmuls for a matrix unit (chunked_matmul). scan.hpp has the lowerings.
 
 #include <cstdint>
 #include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-#include "olmax/core/error.hpp"
 
 namespace olmax::xla::stablehlo {
 
 struct scan_strategy {
-    enum class kind { sequential, hillis_steele, chunked_matmul, blocked };
+    enum class kind { sequential, hillis_steele, chunked_matmul, hillis_steele_chunked };
     kind strategy = kind::chunked_matmul;
-    /// chunked_matmul: the width of the per-chunk triangular matrix; blocked: the steps per block
-    /// (0: about sqrt(T), which balances the loop's iterations against the carries' work).
+    /// chunked_matmul: the width of the per-chunk triangular matrix; hillis_steele_chunked: the
+    /// steps per chunk (0: about sqrt(T), which balances the loop's iterations against the carries').
     std::int64_t chunk = 128;
 
     static scan_strategy sequential() { return {kind::sequential, 0}; }
@@ -27,30 +24,17 @@ struct scan_strategy {
         static_assert(Chunk >= 1, "chunked_matmul: chunk must be positive");
         return {kind::chunked_matmul, Chunk};
     }
-    /// Time cut into blocks of `steps` (0: about sqrt(T)); one loop runs every block's steps side
+    /// Time cut into chunks of `steps` (0: about sqrt(T)); one loop runs every chunk's steps side
     /// by side, so a scan of T steps takes `steps` iterations instead of T, each over T / steps times
-    /// as much data; the blocks' carries then follow by doubling and one fix-up pass.
-    static scan_strategy blocked(std::int64_t steps = 0) { return {kind::blocked, steps}; }
-    /// Each form by the name train_lm's --xla_scan_form spells it, at its default size: sequential,
-    /// hillis_steele, blocked (about sqrt(T) steps per block), chunked_matmul (128).
-    static std::vector<std::pair<std::string, scan_strategy>> named_forms() {
-        return {{"sequential", sequential()}, {"hillis_steele", hillis_steele()}, {"blocked", blocked()}, {"chunked_matmul", chunked_matmul<128>()}};
-    }
-    /// The form `name` selects (named_forms); value_error naming the choices for any other name.
-    static scan_strategy from_name(std::string_view name) {
-        std::string choices;
-        for (const auto& [known, form] : named_forms()) {
-            if (known == name) return form;
-            choices += (choices.empty() ? "" : ", ") + known;
-        }
-        throw value_error(std::string("scan_strategy: unknown form '") + std::string(name) + "'; choose one of " + choices);
-    }
+    /// as much data; the chunks' carries then follow by doubling and one fix-up pass.
+    static scan_strategy hillis_steele_chunked(std::int64_t steps = 0) { return {kind::hillis_steele_chunked, steps}; }
+    /// The form's tag name and its chunk, as one identifier (module names use it): chunked_matmul128.
     std::string name() const {
         switch (strategy) {
             case kind::sequential: return "sequential";
             case kind::hillis_steele: return "hillis_steele";
             case kind::chunked_matmul: return "chunked_matmul" + std::to_string(chunk);
-            case kind::blocked: return chunk ? "blocked" + std::to_string(chunk) : "blocked";
+            case kind::hillis_steele_chunked: return chunk ? "hillis_steele_chunked" + std::to_string(chunk) : "hillis_steele_chunked";
         }
         return "?";
     }
