@@ -13,3 +13,4 @@
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/backend/kernels.hpp"
 #include "olmax/backend/registry.hpp"
+#include "olmax/backend/small_gemm.hpp"

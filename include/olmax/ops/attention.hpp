@@ -30,9 +30,9 @@
 // threads, the backward the (batch, head) items, as PyTorch's CPU flash-attention kernel does; each
 // item sums in one order, so the results do not depend on the thread count.
 //
-// The tile products run on register blocks (tile_gemm below: a few rows by a few SIMD vectors of the
-// result held in registers through the whole inner dimension, no packing), skipping the terms where
-// a probability tile is zero above its diagonal. Under the bf16 precision policy
+// The tile products run on register blocks (backend::SmallGemm: a few rows by a few SIMD vectors of
+// the result held in registers through the whole inner dimension, no packing), skipping the terms
+// where a probability tile is zero above its diagonal. Under the bf16 precision policy
 // (Kernels::float_gemms_in_bf16) the float products go to the device's Kernels::gemm instead, so
 // their operands are rounded as every float GEMM's are.
 //
@@ -41,7 +41,6 @@
 // step, with the memory of plain attention.
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -56,6 +55,7 @@
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/small_gemm.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/core/traced.hpp"
 #include "olmax/backend/trace_rules.hpp"
@@ -111,93 +111,18 @@ inline std::pair<std::size_t, std::size_t> visible_in_tile(std::size_t lo_t, std
 
 constexpr std::size_t round_up(std::size_t n, std::size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-/// f(std::integral_constant<std::size_t, I>{}) for I = 0, ..., N - 1: a loop unrolled at compile time
-/// (the register tiles below are arrays indexed by constants, which the compiler keeps in registers).
-template <std::size_t N, class F>
-[[gnu::always_inline]] inline void unrolled(F&& f) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) { (f(std::integral_constant<std::size_t, I>{}), ...); }(std::make_index_sequence<N>{});
-}
-
-/// The tile products C = A B (or C += A B) on register blocks. B is row-major [k x n] with row
-/// stride ldb and n a multiple of `lanes` (the callers pad B and C to whole SIMD vectors); A is
-/// row-major [m x k] with row stride lda or, `Transposed`, stored as A^T [k x m] with row stride lda.
-/// A block of up to max_rows rows and max_vectors vectors of C stays in registers through the whole
-/// k loop, each step loading the block's vectors of one row of B and broadcasting one element of A
-/// per row: no packing (at these sizes, k = head_dim or a tile, Eigen's blocked GEMM called per tile
-/// took a sixth of the op's time repacking operands). A step's loads bound it: 6 x 4 blocks (10 loads per
-/// 24 multiply-adds) ran ~1.2x as fast as 4 x 6 or 3 x 8 blocks with the same number of registers,
-/// and the op's forward + backward ~1.4x as fast as on Eigen (AMD EPYC Zen 5, Dh = 64, 2026-11).
-template <Real T, class Arch = xsimd::default_arch>
-struct tile_gemm {
-    using batch = xsimd::batch<T, Arch>;
-    static constexpr std::size_t lanes = batch::size;
-    // 32 vector registers (AVX-512): 6 x 4 accumulators, 4 vectors of B and a broadcast; else 16.
-    static constexpr bool many_registers = std::is_base_of_v<xsimd::avx512f, Arch>;
-    static constexpr std::size_t max_rows = many_registers ? 6 : 3, max_vectors = many_registers ? 4 : 3;
-
-    template <bool Transposed, std::size_t R, std::size_t N>
-    static void block(std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb, bool accumulate, T* c, std::size_t ldc) {
-        batch acc[R][N];
-        unrolled<R>([&](auto r) {
-            unrolled<N>([&](auto j) { acc[r][j] = accumulate ? batch::load_unaligned(c + r * ldc + j * lanes) : batch(T{0}); });
-        });
-        for (std::size_t p = 0; p < k; ++p) {
-            const T* bp = b + p * ldb;
-            batch bv[N];
-            unrolled<N>([&](auto j) { bv[j] = batch::load_unaligned(bp + j * lanes); });
-            unrolled<R>([&](auto r) {
-                const batch ar(Transposed ? a[p * lda + r] : a[r * lda + p]);
-                unrolled<N>([&](auto j) { acc[r][j] = xsimd::fma(ar, bv[j], acc[r][j]); });
-            });
-        }
-        unrolled<R>([&](auto r) { unrolled<N>([&](auto j) { acc[r][j].store_unaligned(c + r * ldc + j * lanes); }); });
-    }
-
-    using block_fn = void (*)(std::size_t, const T*, std::size_t, const T*, std::size_t, bool, T*, std::size_t);
-    static constexpr std::ptrdiff_t no_band = std::numeric_limits<std::ptrdiff_t>::max();
-
-    template <bool Transposed, std::size_t... I>
-    static constexpr std::array<block_fn, sizeof...(I)> blocks(std::index_sequence<I...>) {
-        return {&block<Transposed, I / max_vectors + 1, I % max_vectors + 1>...};
-    }
-
-    /// `band` (when not no_band): A is zero past a diagonal, A(r, p) = 0 for p > r + band (or, Transposed,
-    /// for p < r - band), and each block of rows runs only the steps p where its A can be nonzero:
-    /// the probability tiles on the diagonal are lower triangles.
-    template <bool Transposed>
-    static void product(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb, bool accumulate,
-                        T* c, std::size_t ldc, std::ptrdiff_t band) {
-        static constexpr std::array<block_fn, max_rows * max_vectors> table =
-            blocks<Transposed>(std::make_index_sequence<max_rows * max_vectors>{});
-        // Blocks as even as the register block allows (64 rows: 9 of 6 and 2 of 5, not 10 of 6 and
-        // one of 4): a narrow block pays the same broadcasts or loads for fewer multiply-adds.
-        const std::size_t vectors = n / lanes, column_blocks = (vectors + max_vectors - 1) / max_vectors;
-        const std::size_t row_blocks = (m + max_rows - 1) / max_rows;
-        for (std::size_t jb = 0, j = 0; jb < column_blocks; ++jb) {  // a panel of B stays in L1 for all rows
-            const std::size_t nv = (vectors - j + column_blocks - jb - 1) / (column_blocks - jb);
-            for (std::size_t ib = 0, i = 0; ib < row_blocks; ++ib) {
-                const std::size_t nr = (m - i + row_blocks - ib - 1) / (row_blocks - ib);
-                std::size_t p0 = 0, p1 = k;  // the steps [p0, p1)
-                if (band != no_band) {
-                    const auto clamp = [k](std::ptrdiff_t p) { return std::size_t(std::clamp<std::ptrdiff_t>(p, 0, std::ptrdiff_t(k))); };
-                    if constexpr (Transposed) p0 = clamp(std::ptrdiff_t(i) - band);
-                    else p1 = clamp(std::ptrdiff_t(i + nr) + band);
-                }
-                table[(nr - 1) * max_vectors + nv - 1](std::max(p0, p1) - p0, Transposed ? a + p0 * lda + i : a + i * lda + p0, lda,
-                                                       b + p0 * ldb + j * lanes, ldb, accumulate, c + i * ldc + j * lanes, ldc);
-                i += nr;
-            }
-            j += nv;
-        }
-    }
-};
-
-/// The products of the forward and the backward, in tile_gemm's layouts: on tile_gemm, or through the
-/// device's Kernels::gemm where that changes what a float product computes (the bf16 precision
-/// policy rounds the operands of every float GEMM; attention's products follow it as matmul's do).
+/// The products of the forward and the backward: C = A B or C += A B (`accumulate`), B row-major [k x n]
+/// with n a multiple of the SIMD width (the callers pad B and C to whole vectors), A row-major
+/// [m x k] or, `a_transposed`, stored as A^T [k x m]; on backend::SmallGemm (register blocks, no
+/// packing: at these sizes, k = head_dim or a tile, Eigen's blocked GEMM called per tile took a
+/// sixth of the op's time repacking operands; the op's forward + backward ran ~1.4x as fast as on
+/// Eigen, AMD EPYC Zen 5, Dh = 64), or through the device's Kernels::gemm where that changes what a
+/// float product computes (the bf16 precision policy rounds the operands of every float GEMM;
+/// attention's products follow it as matmul's do).
 template <Real T>
 struct Products {
-    const backend::Kernels* kernels = nullptr;  // nullptr: tile_gemm
+    static constexpr std::ptrdiff_t no_band = backend::SmallGemmBand::none;
+    const backend::Kernels* kernels = nullptr;  // nullptr: backend::SmallGemm
 
     static Products in_force() {
         const backend::Kernels& kernels = backend::current();
@@ -206,12 +131,18 @@ struct Products {
         return {};
     }
 
-    /// `band`: as tile_gemm::product's (the device's GEMM runs the whole product; the terms it adds are 0).
+    /// `band` (when not no_band): A is zero past a diagonal, A(r, p) = 0 for p > r + band (or,
+    /// a_transposed, for p < r - band), and the steps where a block's rows of A are zero are skipped:
+    /// the probability tiles on the diagonal are lower triangles. (The device's GEMM runs the whole
+    /// product; the terms it adds are 0.)
     void operator()(bool a_transposed, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb,
-                    bool accumulate, T* c, std::size_t ldc, std::ptrdiff_t band = tile_gemm<T>::no_band) const {
-        if (kernels) kernels->gemm(a_transposed, false, m, n, k, T{1}, a, lda, b, ldb, accumulate ? T{1} : T{0}, c, ldc);
-        else if (a_transposed) tile_gemm<T>::template product<true>(m, n, k, a, lda, b, ldb, accumulate, c, ldc, band);
-        else tile_gemm<T>::template product<false>(m, n, k, a, lda, b, ldb, accumulate, c, ldc, band);
+                    bool accumulate, T* c, std::size_t ldc, std::ptrdiff_t band = no_band) const {
+        const T beta = accumulate ? T{1} : T{0};
+        if (kernels) kernels->gemm(a_transposed, false, m, n, k, T{1}, a, lda, b, ldb, beta, c, ldc);
+        else
+            backend::SmallGemm<T>::product(m, n, k, T{1}, a, a_transposed ? 1 : lda, a_transposed ? lda : 1, b, ldb, beta, c, ldc,
+                                           a_transposed ? backend::SmallGemmBand{band, backend::SmallGemmBand::none}
+                                                        : backend::SmallGemmBand{backend::SmallGemmBand::none, band});
     }
 };
 

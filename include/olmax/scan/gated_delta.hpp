@@ -31,11 +31,11 @@
 // that into u_t gives (I + A) U_all = diag(beta) V - diag(beta)(K . e^gamma) S, i.e. U_all = V_new.
 // (I + A)^-1 is formed explicitly by forward substitution (row i of the inverse from rows j < i,
 // vectorised along the row), then W | U = (I + A)^-1 [diag(beta)(K . e^gamma) | diag(beta) V] in one
-// GEMM. The GEMMs run on the calling thread directly on the operands' rows (strided by H K or
-// H V): an AVX-512 register-tiled kernel of this file where the compiler targets AVX-512 (the
-// benchmarks' -march=native), else single-threaded Eigen; the exponentials (Gamma, e^gamma, ...) in
-// Eigen's vectorised exp; one task per (batch, head), parallel on the current backend, with
-// per-thread scratch that is reused across calls.
+// GEMM. The GEMMs run on the calling thread on backend::small_gemm (register blocks, no packing;
+// at these sizes 1.3-1.5x the GFLOPS of Eigen's blocked GEMM), skipping the zero triangles of
+// (I + A)^-1, M and dM; the exponentials (Gamma, e^gamma, ...) in Eigen's vectorised exp; one
+// task per (batch, head), parallel on the current backend, with per-thread scratch that is reused
+// across calls.
 //
 // Segments (packed documents): resets[b, t] != 0 zeroes the state before step t (S_{t-1} := 0),
 // so S_t = beta_t k_t v_t^T there, g_t has no effect and no gradient crosses that step; h0 only
@@ -111,8 +111,8 @@
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
-#include "olmax/backend/cpu_serial.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/small_gemm.hpp"
 #include "olmax/backend/trace_rules.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
@@ -123,10 +123,6 @@
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/scan/detail/denormals.hpp"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace olmax::scan {
 
@@ -221,242 +217,10 @@ Geometry make_geometry(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
     return geo;
 }
 
-#if defined(__AVX512F__)
-/// An AVX-512 kernel for the small row-major products of this file: C = alpha op(A) op(B) + beta C,
-/// MR rows of C by NV vectors of columns at a time, A's entries broadcast from memory and B's rows
-/// loaded as vectors (op(B) = B^T is first copied transposed into a per-thread buffer), no packing
-/// of A (its rows or, transposed, its columns are read in place). At the sizes here (16-128) it
-/// runs at 1.3-1.5x the GFLOPS of Eigen's blocked routine, which packs both operands every call:
-/// 100-110 GFLOPS in cache on a Zen 5 core, whose measured peak is ~117 (one 16-wide FMA a cycle).
-namespace avx512 {
-
-template <class T>
-struct simd;
-template <>
-struct simd<float> {
-    using V = __m512;
-    using Mask = __mmask16;
-    static constexpr std::size_t lanes = 16;
-    static V zero() { return _mm512_setzero_ps(); }
-    static V set1(float x) { return _mm512_set1_ps(x); }
-    static V load(const float* p) { return _mm512_loadu_ps(p); }
-    static V load(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
-    static void store(float* p, Mask m, V x) { _mm512_mask_storeu_ps(p, m, x); }
-    static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-    static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-};
-template <>
-struct simd<double> {
-    using V = __m512d;
-    using Mask = __mmask8;
-    static constexpr std::size_t lanes = 8;
-    static V zero() { return _mm512_setzero_pd(); }
-    static V set1(double x) { return _mm512_set1_pd(x); }
-    static V load(const double* p) { return _mm512_loadu_pd(p); }
-    static V load(Mask m, const double* p) { return _mm512_maskz_loadu_pd(m, p); }
-    static void store(double* p, Mask m, V x) { _mm512_mask_storeu_pd(p, m, x); }
-    static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
-    static V mul(V a, V b) { return _mm512_mul_pd(a, b); }
-};
-
-/// MR rows x NV vectors of C (the last vector masked by `last`): C = alpha A B (+ beta C), A's
-/// entry (i, p) at a[i ars + p acs], B's row p at b + p ldb.
-template <class T, int MR, int NV>
-__attribute__((always_inline)) inline void tile(std::size_t k, T alpha, const T* a, std::size_t ars, std::size_t acs, const T* b, std::size_t ldb, T beta, T* c,
-                 std::size_t ldc, typename simd<T>::Mask last) {
-    using S = simd<T>;
-    using V = typename S::V;
-    constexpr std::size_t W = S::lanes;
-    const typename S::Mask full = typename S::Mask(~0u);
-    V acc[MR][NV];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[i][v] = S::zero();
-    for (std::size_t p = 0; p < k; ++p) {
-        V bv[NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) bv[v] = v + 1 < NV ? S::load(b + p * ldb + W * v) : S::load(last, b + p * ldb + W * v);
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) {
-            const V ai = S::set1(a[i * ars + p * acs]);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) acc[i][v] = S::fma(ai, bv[v], acc[i][v]);
-        }
-    }
-    const V al = S::set1(alpha), be = S::set1(beta);
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-            T* cp = c + i * ldc + W * v;
-            const typename S::Mask m = v + 1 < NV ? full : last;
-            V r = S::mul(al, acc[i][v]);
-            if (beta != T{0}) r = S::fma(be, S::load(m, cp), r);
-            S::store(cp, m, r);
-        }
-}
-
-/// MR rows of C, all n columns: tiles of 4 vectors, then one tile of 1-3 (the last one masked).
-template <class T, int MR>
-void rows(std::size_t n, std::size_t k, T alpha, const T* a, std::size_t ars, std::size_t acs, const T* b, std::size_t ldb, T beta, T* c,
-          std::size_t ldc) {
-    using S = simd<T>;
-    constexpr std::size_t W = S::lanes;
-    const typename S::Mask full = typename S::Mask(~0u);
-    std::size_t j = 0;
-    for (; j + 4 * W <= n; j += 4 * W) tile<T, MR, 4>(k, alpha, a, ars, acs, b + j, ldb, beta, c + j, ldc, full);
-    const std::size_t rest = n - j;
-    if (rest == 0) return;
-    const std::size_t nv = (rest + W - 1) / W, tail = rest - W * (nv - 1);
-    const typename S::Mask last = tail == W ? full : typename S::Mask((1u << tail) - 1);
-    if (nv == 1) tile<T, MR, 1>(k, alpha, a, ars, acs, b + j, ldb, beta, c + j, ldc, last);
-    else if (nv == 2) tile<T, MR, 2>(k, alpha, a, ars, acs, b + j, ldb, beta, c + j, ldc, last);
-    else tile<T, MR, 3>(k, alpha, a, ars, acs, b + j, ldb, beta, c + j, ldc, last);
-}
-
-/// r[0..W) (W x W, row-major) transposed in registers: W = 16 floats or 8 doubles. (The zero-masked
-/// forms with a full mask are the plain shuffles; the plain intrinsics' undefined pass-through
-/// trips GCC 12's -Wuninitialized.)
-inline constexpr __mmask16 all16 = 0xFFFF;
-inline constexpr __mmask8 all8 = 0xFF;
-inline void transpose_block(__m512* r) {
-    __m512 t[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_maskz_unpacklo_ps(all16, r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_maskz_unpackhi_ps(all16, r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {  // lane l of r[4 i + j]: column 4 l + j of rows 4 i .. 4 i + 3
-        r[4 * i] = _mm512_maskz_shuffle_ps(all16, t[4 * i], t[4 * i + 2], 0x44);
-        r[4 * i + 1] = _mm512_maskz_shuffle_ps(all16, t[4 * i], t[4 * i + 2], 0xEE);
-        r[4 * i + 2] = _mm512_maskz_shuffle_ps(all16, t[4 * i + 1], t[4 * i + 3], 0x44);
-        r[4 * i + 3] = _mm512_maskz_shuffle_ps(all16, t[4 * i + 1], t[4 * i + 3], 0xEE);
-    }
-    for (int j = 0; j < 4; ++j) {
-        const __m512 x0 = _mm512_maskz_shuffle_f32x4(all16, r[j], r[4 + j], 0x88), x1 = _mm512_maskz_shuffle_f32x4(all16, r[j], r[4 + j], 0xDD);
-        const __m512 y0 = _mm512_maskz_shuffle_f32x4(all16, r[8 + j], r[12 + j], 0x88), y1 = _mm512_maskz_shuffle_f32x4(all16, r[8 + j], r[12 + j], 0xDD);
-        t[j] = _mm512_maskz_shuffle_f32x4(all16, x0, y0, 0x88);
-        t[8 + j] = _mm512_maskz_shuffle_f32x4(all16, x0, y0, 0xDD);
-        t[4 + j] = _mm512_maskz_shuffle_f32x4(all16, x1, y1, 0x88);
-        t[12 + j] = _mm512_maskz_shuffle_f32x4(all16, x1, y1, 0xDD);
-    }
-    for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-inline void transpose_block(__m512d* r) {
-    __m512d t[8];
-    for (int i = 0; i < 4; ++i) {  // lane l of t[2 i + j]: column 2 l + j of rows 2 i, 2 i + 1
-        t[2 * i] = _mm512_maskz_unpacklo_pd(all8, r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_maskz_unpackhi_pd(all8, r[2 * i], r[2 * i + 1]);
-    }
-    for (int j = 0; j < 2; ++j) {
-        const __m512d x0 = _mm512_maskz_shuffle_f64x2(all8, t[j], t[2 + j], 0x88), x1 = _mm512_maskz_shuffle_f64x2(all8, t[j], t[2 + j], 0xDD);
-        const __m512d y0 = _mm512_maskz_shuffle_f64x2(all8, t[4 + j], t[6 + j], 0x88), y1 = _mm512_maskz_shuffle_f64x2(all8, t[4 + j], t[6 + j], 0xDD);
-        r[j] = _mm512_maskz_shuffle_f64x2(all8, x0, y0, 0x88);
-        r[4 + j] = _mm512_maskz_shuffle_f64x2(all8, x0, y0, 0xDD);
-        r[2 + j] = _mm512_maskz_shuffle_f64x2(all8, x1, y1, 0x88);
-        r[6 + j] = _mm512_maskz_shuffle_f64x2(all8, x1, y1, 0xDD);
-    }
-}
-
-/// dst [cols, rows] (leading dimension ldd) = src [rows, cols]^T (leading dimension lds), in W x W
-/// register blocks (the edge blocks by masked loads and stores).
-template <class T>
-void transpose(std::size_t rows, std::size_t cols, const T* src, std::size_t lds, T* dst, std::size_t ldd) {
-    using S = simd<T>;
-    using V = typename S::V;
-    constexpr std::size_t W = S::lanes;
-    auto mask = [](std::size_t n) { return n >= W ? typename S::Mask(~0u) : typename S::Mask((1u << n) - 1); };
-    for (std::size_t i0 = 0; i0 < rows; i0 += W) {
-        const std::size_t nr = std::min(W, rows - i0);
-        for (std::size_t j0 = 0; j0 < cols; j0 += W) {
-            const std::size_t nc = std::min(W, cols - j0);
-            V r[W];
-            for (std::size_t q = 0; q < W; ++q) r[q] = q < nr ? S::load(mask(nc), src + (i0 + q) * lds + j0) : S::zero();
-            transpose_block(r);
-            for (std::size_t q = 0; q < nc; ++q) S::store(dst + (j0 + q) * ldd + i0, mask(nr), r[q]);
-        }
-    }
-}
-
-template <class T>
-void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a, std::size_t lda, const T* b,
-          std::size_t ldb, T beta, T* c, std::size_t ldc) {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-        for (std::size_t i = 0; i < m; ++i)
-            for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T{0} ? T{0} : beta * c[i * ldc + j];
-        return;
-    }
-    if (trans_b) {  // op(B) = B^T [k, n]: copied into a per-thread buffer
-        thread_local std::vector<T> buffer;
-        if (buffer.size() < k * n) buffer.resize(k * n);
-        transpose(n, k, b, ldb, buffer.data(), n);
-        b = buffer.data();
-        ldb = n;
-    }
-    const std::size_t ars = trans_a ? 1 : lda, acs = trans_a ? lda : 1;
-    // Tiles of 6 rows; a remainder of 1 or 2 rows (few FMAs per load) merges with one tile of 6
-    // into tiles of 4 + 3 or 4 + 4.
-    auto run = [&](std::size_t rows_here, std::size_t i) {
-        const T* ai = a + i * ars;
-        T* ci = c + i * ldc;
-        switch (rows_here) {
-            case 1: rows<T, 1>(n, k, alpha, ai, ars, acs, b, ldb, beta, ci, ldc); break;
-            case 2: rows<T, 2>(n, k, alpha, ai, ars, acs, b, ldb, beta, ci, ldc); break;
-            case 3: rows<T, 3>(n, k, alpha, ai, ars, acs, b, ldb, beta, ci, ldc); break;
-            case 4: rows<T, 4>(n, k, alpha, ai, ars, acs, b, ldb, beta, ci, ldc); break;
-            case 5: rows<T, 5>(n, k, alpha, ai, ars, acs, b, ldb, beta, ci, ldc); break;
-            default: rows<T, 6>(n, k, alpha, ai, ars, acs, b, ldb, beta, ci, ldc); break;
-        }
-    };
-    const std::size_t rest = m % 6, sixes = m / 6 - (m >= 6 && rest > 0 && rest < 3 ? 1 : 0);
-    std::size_t i = 0;
-    for (std::size_t t = 0; t < sixes; ++t, i += 6) run(6, i);
-    for (std::size_t left = m - i; left > 0;) {
-        const std::size_t here = left > 6 ? 4 : left;
-        run(here, i);
-        i += here;
-        left -= here;
-    }
-}
-
-}  // namespace avx512
-#endif
-
-/// C = alpha op(A) op(B) + beta C on row-major buffers, on the calling thread (the tasks already
-/// fill the threads): the AVX-512 kernel above where the compiler targets AVX-512, else
-/// single-threaded Eigen as the serial backend runs it.
-template <class T>
-void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a, std::size_t lda, const T* b,
-          std::size_t ldb, T beta, T* c, std::size_t ldc) {
-#if defined(__AVX512F__)
-    avx512::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#else
-    olmax::backend::cpu_serial::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
-}
-
-/// B^T as the right operand of several products: with the AVX-512 kernel (which would copy B^T
-/// per product) copied transposed into buf [cols, rows] once, read as it is (trans = false); with
-/// Eigen, B itself read transposed (Eigen packs its operands anyway).
-template <class T>
-struct RightOperand {
-    const T* data;
-    std::size_t ld;
-    bool trans;
-};
-template <class T>
-RightOperand<T> transposed(std::size_t rows, std::size_t cols, const T* b, std::size_t ldb, T* buf) {
-#if defined(__AVX512F__)
-    avx512::transpose(rows, cols, b, ldb, buf, rows);
-    return {buf, rows, false};
-#else
-    (void)rows;
-    (void)cols;
-    (void)buf;
-    return {b, ldb, true};
-#endif
-}
+using backend::small_gemm;
+using backend::small_gemm_transpose;
+/// op(A) lower or upper triangular ((I + A)^-1, M, dM): the products skip the zero triangle's steps.
+inline constexpr backend::SmallGemmBand lower_triangle{backend::SmallGemmBand::none, 0}, upper_triangle{0, backend::SmallGemmBand::none};
 
 /// Where the backward writes: every pointer [the shape of its input]; dh0 may be null.
 template <class T>
@@ -507,8 +271,7 @@ struct Scratch {
     T *Xb, *dWV;               // [c, K + V]: right-hand sides of W | U (later dWb | dUb); dW | dV_new
     T *Qg, *Kd, *dQg, *dKd;    // [c, K]: Q . e^gamma, K . e^{gamma_last - gamma} and their adjoints
     T *S, *dS;                 // [K, V]: the forward's state; the state adjoint carried backwards
-    T *Kt, *VnT, *WUt;         // [K, c], [V, c], [K + V, c]: transposed operands (see transposed)
-    T *St, *dSt;               // [V, K]: S^T, dS^T
+    T *Kt, *St;                // [K, c], [V, K]: K^T, S^T (right operands of two products each)
     T *Oc, *dOc, *dQc, *dKc;   // [c, V], [c, V], [c, K], [c, K]: a block's rows of o, do, dq, dk, contiguous
     T *arena = nullptr, *arena_at = nullptr, *arena_end = nullptr;
     std::vector<Piece<T>>& pieces;
@@ -524,8 +287,7 @@ struct Scratch {
         };
         const Part parts[] = {{&dgam, c}, {&colsum, c}, {&dbeta, c},  {&dM, c * c},  {&dA, c * c}, {&Xb, c * (K + V)}, {&dWV, c * (K + V)},
                               {&Qg, c * K}, {&Kd, c * K},  {&dQg, c * K}, {&dKd, c * K}, {&S, KV},    {&dS, KV},
-                              {&Kt, K * c}, {&VnT, V * c}, {&WUt, (K + V) * c}, {&St, KV}, {&dSt, KV},
-                              {&Oc, c * V}, {&dOc, c * V}, {&dQc, c * K}, {&dKc, c * K}};
+                              {&Kt, K * c}, {&St, KV}, {&Oc, c * V}, {&dOc, c * V}, {&dQc, c * K}, {&dKc, c * K}};
         std::size_t total = line<T>;
         for (const Part& part : parts) total += whole_lines<T>(part.n);
         // Pieces of a chunk: at most C, of total length C, each part of a piece of L steps at most L
@@ -602,9 +364,9 @@ void prepare(const Geometry& geo, const Buffers<T>& in, std::size_t b, std::size
         for (std::size_t j = 0; j < L; ++j) row[j] = j <= i ? gi - gamma[j] : T{0};
     }
     exp_in_place(Gam, L * L);
-    const RightOperand<T> Kt = transposed(L, K, p.Kc, K, w.Kt);
-    gemm(false, Kt.trans, L, L, K, T{1}, p.Kc, K, Kt.data, Kt.ld, T{0}, AK, L);  // K K^T
-    gemm(false, Kt.trans, L, L, K, T{1}, p.Qc, K, Kt.data, Kt.ld, T{0}, M, L);   // Q K^T
+    small_gemm_transpose(L, K, p.Kc, K, w.Kt, L);                           // K^T, the right operand of both
+    small_gemm(false, false, L, L, K, T{1}, p.Kc, K, w.Kt, L, T{0}, AK, L);  // K K^T
+    small_gemm(false, false, L, L, K, T{1}, p.Qc, K, w.Kt, L, T{0}, M, L);   // Q K^T
     for (std::size_t i = 0; i < L; ++i) {
         T *row = Gam + i * L, *ak = AK + i * L, *m = M + i * L;
         for (std::size_t j = i + 1; j < L; ++j) row[j] = T{0};
@@ -655,10 +417,10 @@ void prepare(const Geometry& geo, const Buffers<T>& in, std::size_t b, std::size
 #pragma omp simd
         for (std::size_t n = 0; n < V; ++n) x[K + n] = bi * vr[n];
     }
-    gemm(false, false, L, KV, L, T{1}, Tinv, lt, Xb, KV, T{0}, p.WU, KV);  // W | U
+    small_gemm(false, false, L, KV, L, T{1}, Tinv, lt, Xb, KV, T{0}, p.WU, KV, lower_triangle);  // W | U
     // V_new = U - W S
     for (std::size_t i = 0; i < L; ++i) std::copy_n(p.WU + i * KV + K, V, p.Vn + i * V);
-    if (p.S) gemm(false, false, L, V, K, T{-1}, p.WU, KV, p.S, V, T{1}, p.Vn, V);
+    if (p.S) small_gemm(false, false, L, V, K, T{-1}, p.WU, KV, p.S, V, T{1}, p.Vn, V);
 }
 
 /// rows[i, :] = scales[i] * src[i, :] for L rows of n (src strided by lds, dst dense).
@@ -680,7 +442,7 @@ void state_after(const Geometry& geo, const Piece<T>& p, T* out, Scratch<T>& w) 
     const std::size_t K = geo.key, V = geo.value;
     scaled_rows(p.L, K, p.eout, p.Kc, K, w.Kd);
     if (p.S && out != p.S) std::copy_n(p.S, K * V, out);
-    gemm(true, false, K, V, p.L, T{1}, w.Kd, K, p.Vn, V, p.S ? p.decay_all : T{0}, out, V);
+    small_gemm(true, false, K, V, p.L, T{1}, w.Kd, K, p.Vn, V, p.S ? p.decay_all : T{0}, out, V);
 }
 
 /// The pieces of steps [t0, t1) of row b: runs of at most `block` steps (blocks start at t0, t0 +
@@ -742,10 +504,10 @@ void forward_task(const Geometry& geo, const Buffers<T>& in, std::size_t b, std:
             prefetch_rows(geo, o, V, b, h, e, next, true);
             prepare(geo, in, b, h, p, w);
             // O = scale [tril(Q K^T . Gamma) V_new + (Q . e^gamma) S], then copied to o's rows
-            gemm(false, false, p.L, V, p.L, scale, p.M, p.L, p.Vn, V, T{0}, w.Oc, V);
+            small_gemm(false, false, p.L, V, p.L, scale, p.M, p.L, p.Vn, V, T{0}, w.Oc, V, lower_triangle);
             if (p.S) {
                 scaled_rows(p.L, K, p.eg, p.Qc, K, w.Qg);
-                gemm(false, false, p.L, V, K, scale, w.Qg, K, p.S, V, T{1}, w.Oc, V);
+                small_gemm(false, false, p.L, V, K, scale, w.Qg, K, p.S, V, T{1}, w.Oc, V);
             }
             for (std::size_t i = 0; i < p.L; ++i) std::copy_n(w.Oc + i * V, V, o + geo.vo(b, s + i, h));
             state_after(geo, p, w.S, w);
@@ -793,34 +555,30 @@ T* backward_piece(const Geometry& geo, const Buffers<T>& in, const T* dO, const 
     const T *W = p.WU, *U = p.WU + K, *Vn = p.Vn;
     T *dW = w.dWV, *dVn = w.dWV + K, *dWb = w.Xb, *dUb = w.Xb + K, *dA = w.dA, *dM = w.dM;
     // dV_new = scale M^T dO + Kd dS; dKd = V_new dS^T; dM = scale dO V_new^T
-    gemm(true, false, L, V, L, scale, p.M, L, dOr, V, T{0}, dVn, KV);
+    small_gemm(true, false, L, V, L, scale, p.M, L, dOr, V, T{0}, dVn, KV, upper_triangle);
     if (dS) {
         scaled_rows(L, K, p.eout, Kr, K, w.Kd);
-        gemm(false, false, L, V, K, T{1}, w.Kd, K, dS, V, T{1}, dVn, KV);
-        const RightOperand<T> dSt = transposed(K, V, dS, V, w.dSt);
-        gemm(false, dSt.trans, L, K, V, T{1}, Vn, V, dSt.data, dSt.ld, T{0}, w.dKd, K);
+        small_gemm(false, false, L, V, K, T{1}, w.Kd, K, dS, V, T{1}, dVn, KV);
+        small_gemm(false, true, L, K, V, T{1}, Vn, V, dS, V, T{0}, w.dKd, K);
     }
-    const RightOperand<T> VnT = transposed(L, V, Vn, V, w.VnT);
-    gemm(false, VnT.trans, L, L, V, scale, dOr, V, VnT.data, VnT.ld, T{0}, dM, L);
+    small_gemm(false, true, L, L, V, scale, dOr, V, Vn, V, T{0}, dM, L);
     const T sd = S && dS ? dot(S, dS, K * V) : T{0};  // <S, dS>, before dS becomes dS_in
     T* dS_in = nullptr;
     if (S) {
         // dQg = scale dO S^T; dW = -dV_new S^T; dS_in = e^{gamma_L} dS + scale Qg^T dO - W^T dV_new
         scaled_rows(L, K, p.eg, Q, K, w.Qg);
-        const RightOperand<T> St = transposed(K, V, S, V, w.St);
-        gemm(false, St.trans, L, K, V, scale, dOr, V, St.data, St.ld, T{0}, w.dQg, K);
-        gemm(false, St.trans, L, K, V, T{-1}, dVn, KV, St.data, St.ld, T{0}, dW, KV);
+        small_gemm_transpose(K, V, S, V, w.St, K);  // S^T, the right operand of both
+        small_gemm(false, false, L, K, V, scale, dOr, V, w.St, K, T{0}, w.dQg, K);
+        small_gemm(false, false, L, K, V, T{-1}, dVn, KV, w.St, K, T{0}, dW, KV);
         dS_in = dS ? dS : w.dS;
-        gemm(true, false, K, V, L, scale, w.Qg, K, dOr, V, dS ? decay_all : T{0}, dS_in, V);
-        gemm(true, false, K, V, L, T{-1}, W, KV, dVn, KV, T{1}, dS_in, V);
+        small_gemm(true, false, K, V, L, scale, w.Qg, K, dOr, V, dS ? decay_all : T{0}, dS_in, V);
+        small_gemm(true, false, K, V, L, T{-1}, W, KV, dVn, KV, T{1}, dS_in, V);
         // [dWb | dUb] = Tinv^T [dW | dV_new]; dA = -(dWb W^T + dUb U^T)
-        gemm(true, false, L, KV, L, T{1}, p.Tinv, lt, dW, KV, T{0}, dWb, KV);
-        const RightOperand<T> WUt = transposed(L, KV, W, KV, w.WUt);
-        gemm(false, WUt.trans, L, L, KV, T{-1}, dWb, KV, WUt.data, WUt.ld, T{0}, dA, L);
+        small_gemm(true, false, L, KV, L, T{1}, p.Tinv, lt, dW, KV, T{0}, dWb, KV, upper_triangle);
+        small_gemm(false, true, L, L, KV, T{-1}, dWb, KV, W, KV, T{0}, dA, L);
     } else {  // W S = 0: dW = 0, dWb = 0
-        gemm(true, false, L, V, L, T{1}, p.Tinv, lt, dVn, KV, T{0}, dUb, KV);
-        const RightOperand<T> Ut = transposed(L, V, U, KV, w.WUt);
-        gemm(false, Ut.trans, L, L, V, T{-1}, dUb, KV, Ut.data, Ut.ld, T{0}, dA, L);
+        small_gemm(true, false, L, V, L, T{1}, p.Tinv, lt, dVn, KV, T{0}, dUb, KV, upper_triangle);
+        small_gemm(false, true, L, L, V, T{-1}, dUb, KV, U, KV, T{0}, dA, L);
     }
     // Elementwise on the triangles: dbeta_i's share sum_j dA_ij AK_ij; E = dA . A + dM . M (row and
     // column sums: gamma's gradient through Gamma); dA becomes P = dA . diag(beta) Gamma (strict
@@ -850,9 +608,9 @@ T* backward_piece(const Geometry& geo, const Buffers<T>& in, const T* dO, const 
     for (std::size_t i = 0; i < L; ++i)  // P + P^T
         for (std::size_t j = 0; j < i; ++j) dA[j * L + i] = dA[i * L + j];
     // dQ = (dM . Gamma) K (+ e^gamma . dQg below); dK = (dM . Gamma)^T Q + (P + P^T) K (+ ...)
-    gemm(false, false, L, K, L, T{1}, dM, L, Kr, K, T{0}, dq, K);
-    gemm(true, false, L, K, L, T{1}, dM, L, Q, K, T{0}, dk, K);
-    gemm(false, false, L, K, L, T{1}, dA, L, Kr, K, T{1}, dk, K);
+    small_gemm(false, false, L, K, L, T{1}, dM, L, Kr, K, T{0}, dq, K, lower_triangle);
+    small_gemm(true, false, L, K, L, T{1}, dM, L, Q, K, T{0}, dk, K, upper_triangle);
+    small_gemm(false, false, L, K, L, T{1}, dA, L, Kr, K, T{1}, dk, K);
     T* dgam = w.dgam;
     T dlast{0};
     for (std::size_t i = 0; i < L; ++i) {

@@ -1,0 +1,136 @@
+// backend::small_gemm and backend::SmallGemm (the register-blocked kernel of attention's tiles and
+// the gated delta rule's blocks) against a naive triple loop: random shapes with n off the SIMD
+// width, A and B transposed, alpha and beta (beta 0 must not read C), general strides of A, bands;
+// and small_gemm_transpose.
+#include "test_helpers.hpp"
+
+#include "olmax/backend/small_gemm.hpp"
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace small_gemm_test {
+
+using olmax::backend::SmallGemm;
+using olmax::backend::SmallGemmBand;
+
+/// Whether op(A)(i, p) may be nonzero under `band`.
+inline bool in_band(std::size_t i, std::size_t p, SmallGemmBand band) {
+    const auto ii = std::ptrdiff_t(i), pp = std::ptrdiff_t(p);
+    return (band.below == SmallGemmBand::none || pp >= ii - band.below) && (band.above == SmallGemmBand::none || pp <= ii + band.above);
+}
+
+/// C = alpha op(A) B + beta C in double on the same operands, and the size of its terms (for a
+/// relative tolerance).
+template <class T>
+void naive(std::size_t m, std::size_t n, std::size_t k, double alpha, const std::vector<T>& a, std::size_t ars, std::size_t acs,
+           const std::vector<T>& b, std::size_t brs, std::size_t bcs, double beta, const std::vector<T>& c, std::size_t ldc,
+           std::vector<double>& out, std::vector<double>& size) {
+    out.assign(m * n, 0.0);
+    size.assign(m * n, 0.0);
+    for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j) {
+            double s = 0, z = 0;
+            for (std::size_t p = 0; p < k; ++p) {
+                const double t = double(a[i * ars + p * acs]) * double(b[p * brs + j * bcs]);
+                s += t;
+                z += std::abs(t);
+            }
+            out[i * n + j] = alpha * s + (beta != 0 ? beta * double(c[i * ldc + j]) : 0.0);
+            size[i * n + j] = std::abs(alpha) * z + (beta != 0 ? std::abs(beta * double(c[i * ldc + j])) : 0.0);
+        }
+}
+
+template <class T>
+void check_random_products(double tol) {
+    std::mt19937 rng(20261128);
+    std::uniform_real_distribution<double> unit(-1.0, 1.0);
+    std::uniform_int_distribution<std::size_t> rows(1, 20), cols(1, 75), depth(0, 40), pad(0, 3);
+    std::uniform_int_distribution<int> pick(0, 3), offset(-3, 4);
+    constexpr std::size_t lanes = SmallGemm<T>::lanes;
+    const T sentinel = T(12345);
+    for (int trial = 0; trial < 400; ++trial) {
+        const std::size_t m = rows(rng), n = trial % 8 == 0 ? lanes * (1 + trial % 5) : cols(rng), k = depth(rng);
+        const bool trans_a = pick(rng) % 2 == 1, trans_b = pick(rng) % 2 == 1, strided = trial % 5 == 0;
+        const double alpha = trial % 3 == 0 ? 1.0 : unit(rng);
+        const int beta_kind = pick(rng);
+        const double beta = beta_kind == 0 ? 0.0 : beta_kind == 1 ? 1.0 : unit(rng);
+        SmallGemmBand band;
+        const int band_kind = pick(rng);
+        if (band_kind == 1 || band_kind == 3) band.above = offset(rng);
+        if (band_kind == 2 || band_kind == 3) band.below = offset(rng) + 3;
+        // op(A) [m, k]: row-major (lda >= k), stored transposed (lda >= m), or (strided) every other
+        // element of a larger buffer in both directions.
+        const std::size_t lda = (trans_a ? m : k) + pad(rng);
+        std::size_t ars = trans_a ? 1 : lda, acs = trans_a ? lda : 1;
+        if (strided) {
+            ars *= 2;
+            acs *= 2;
+        }
+        std::vector<T> a((m + 1) * (k + 1) * (lda + 1) * 4 + 8, T(0));
+        for (std::size_t i = 0; i < m; ++i)
+            for (std::size_t p = 0; p < k; ++p) a[i * ars + p * acs] = in_band(i, p, band) ? T(unit(rng)) : T(0);
+        // op(B) [k, n]: B row-major [k, n] or B^T stored as [n, k].
+        const std::size_t ldb = (trans_b ? k : n) + pad(rng);
+        std::vector<T> b((trans_b ? n : k) * ldb + 1);
+        for (T& x : b) x = T(unit(rng));
+        const std::size_t brs = trans_b ? 1 : ldb, bcs = trans_b ? ldb : 1;
+        const std::size_t ldc = n + pad(rng);
+        std::vector<T> c(m * ldc, sentinel);
+        for (std::size_t i = 0; i < m; ++i)
+            for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? std::numeric_limits<T>::quiet_NaN() : T(unit(rng));
+        std::vector<double> want, size;
+        naive(m, n, k, alpha, a, ars, acs, b, brs, bcs, beta, c, ldc, want, size);
+        if (strided) {  // the strided core directly (B^T copied first)
+            std::vector<T> bt(k * n);
+            for (std::size_t p = 0; p < k; ++p)
+                for (std::size_t j = 0; j < n; ++j) bt[p * n + j] = b[p * brs + j * bcs];
+            SmallGemm<T>::product(m, n, k, T(alpha), a.data(), ars, acs, bt.data(), n, T(beta), c.data(), ldc, band);
+        } else {
+            olmax::backend::small_gemm(trans_a, trans_b, m, n, k, T(alpha), a.data(), lda, b.data(), ldb, T(beta), c.data(), ldc, band);
+        }
+        INFO("trial " << trial << ": m " << m << " n " << n << " k " << k << " trans_a " << trans_a << " trans_b " << trans_b << " strided "
+                      << strided << " alpha " << alpha << " beta " << beta << " band " << band.below << " " << band.above);
+        for (std::size_t i = 0; i < m; ++i) {
+            for (std::size_t j = 0; j < n; ++j) {
+                INFO("C(" << i << ", " << j << ") = " << c[i * ldc + j] << ", want " << want[i * n + j]);
+                REQUIRE(std::abs(double(c[i * ldc + j]) - want[i * n + j]) <= tol * std::max(1.0, size[i * n + j]));
+            }
+            for (std::size_t j = n; j < ldc; ++j) REQUIRE(c[i * ldc + j] == sentinel);  // nothing past n written
+        }
+    }
+}
+
+template <class T>
+void check_transpose() {
+    constexpr std::size_t lanes = SmallGemm<T>::lanes;
+    for (std::size_t rows : {std::size_t(1), lanes - 1, lanes, 2 * lanes + 3, 3 * lanes})
+        for (std::size_t cols : {std::size_t(1), lanes, lanes + 1, 4 * lanes}) {
+            const std::size_t lds = cols + 2, ldd = rows + 1;
+            std::vector<T> src(rows * lds), dst(cols * ldd, T(-1));
+            for (std::size_t i = 0; i < src.size(); ++i) src[i] = T(i);
+            olmax::backend::small_gemm_transpose(rows, cols, src.data(), lds, dst.data(), ldd);
+            for (std::size_t j = 0; j < cols; ++j) {
+                for (std::size_t i = 0; i < rows; ++i) REQUIRE(dst[j * ldd + i] == src[i * lds + j]);
+                REQUIRE(dst[j * ldd + rows] == T(-1));
+            }
+        }
+}
+
+}  // namespace small_gemm_test
+
+TEST_CASE("small_gemm: random shapes, transposes, alpha, beta, strides and bands match a naive product (double, 1e-12)", "[small_gemm]") {
+    small_gemm_test::check_random_products<double>(1e-12);
+}
+
+TEST_CASE("small_gemm: random shapes, transposes, alpha, beta, strides and bands match a naive product (float, 1e-5)", "[small_gemm]") {
+    small_gemm_test::check_random_products<float>(1e-5);
+}
+
+TEST_CASE("small_gemm_transpose: whole register blocks and edges, leading dimensions past the extents", "[small_gemm]") {
+    small_gemm_test::check_transpose<double>();
+    small_gemm_test::check_transpose<float>();
+}
