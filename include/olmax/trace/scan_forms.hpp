@@ -10,7 +10,7 @@
 //     chunked_matmul<C>                                C x C triangular matmuls per chunk
 //     two_pass, blelloch, log_space                    none: the device's form
 //
-// Where the tag's form is not taken, the program uses the device's (tracing::scan_form) and the
+// Where the tag's form is not taken, the program uses the device's (tracing::device_scan_form) and the
 // tracer records a notice naming both (tracing::notices; the XLA step prints them once).
 
 #include <cstddef>

@@ -19,7 +19,7 @@ struct DeviceConfig {
     std::string device = "cpu";
     std::string xla_plugin;  // empty: $OLMAX_PJRT_PLUGIN
     std::int64_t xla_devices = 1;
-    std::string xla_scan_form = "auto";  // auto: the device's (trace::tracing::scan_form)
+    std::string xla_scan_form = "auto";  // auto: each scan's tag form where it suits the device, else the device's (trace::tracing::scan_form_for)
     std::string precision = "fp32";  // fp32 | bf16 (olmax::backend::bf16_matmul_scope; on xla the traced GEMMs bf16 x bf16 -> f32)
 
     static const std::vector<config::Field<DeviceConfig>>& fields() {
