@@ -29,12 +29,12 @@ struct Sizes {
 };
 
 void bm_moe(benchmark::State& state, Sizes s, std::size_t experts, nn::MoEDispatch dispatch) {
-    nn::Config c;
+    nn::MoEConfig c;
     c.features = s.features;
     c.experts = experts;
-    c.moe_top_k = 1;
+    c.top_k = 1;
     c.capacity_factor = 1.25;
-    c.moe_dispatch = dispatch;
+    c.dispatch = dispatch;
     olmax::Generator rng(1);
     nn::MoE<T> moe(c, rng);
     const auto x_value = olmax::randn<T>({s.batch, s.sequence, s.features}, rng);

@@ -17,13 +17,13 @@ using olmax_test::max_abs_diff;
 
 namespace {
 
-nn::Config moe_config(std::size_t top_k, double capacity_factor, std::size_t experts = 3, std::size_t features = 4,
+nn::MoEConfig moe_config(std::size_t top_k, double capacity_factor, std::size_t experts = 3, std::size_t features = 4,
                       double balance_coefficient = 0.01) {
-    nn::Config c;
-    c.moe_balance_coefficient = balance_coefficient;
+    nn::MoEConfig c;
+    c.balance_coefficient = balance_coefficient;
     c.features = features;
     c.experts = experts;
-    c.moe_top_k = top_k;
+    c.top_k = top_k;
     c.capacity_factor = capacity_factor;
     c.seed = 7;
     return c;
@@ -193,11 +193,11 @@ TEST_CASE("MoE: sparse and slot dispatch equal the dense reference, values and g
             }
         }
     }
-    // The same through Config::moe_dispatch (same seed, same parameters).
+    // The same through MoEConfig::dispatch (same seed, same parameters).
     auto c = moe_config(2, 1.0);
     olmax::Generator r1(5), r2(5), data(6);
     nn::MoE<double> a(c, r1);
-    c.moe_dispatch = nn::MoEDispatch::dense;
+    c.dispatch = nn::MoEDispatch::dense;
     nn::MoE<double> b(c, r2);
     CHECK(b.dispatch() == nn::MoEDispatch::dense);
     auto x = olmax::randn<double>({2, 9, 4}, data);
@@ -312,7 +312,7 @@ TEST_CASE("MoE: the balance loss reaches the same gradients with and without rev
         auto make = [k](bool memory_saving, double coefficient) {
             auto c = moe_config(k, 0.75, 3, 4);
             c.reversible_backward = memory_saving;
-            c.moe_balance_coefficient = coefficient;
+            c.balance_coefficient = coefficient;
             return nn::Stack<Block>(c, 3);
         };
         olmax::Generator data(40);
@@ -373,12 +373,12 @@ TEST_CASE("MoE: bad configurations and shapes throw clear errors", "[moe]") {
         edit(c);
         return [c, &rng] { nn::MoE<double> m(c, rng); };
     };
-    CHECK_THROWS_AS(bad([](nn::Config& c) { c.moe_top_k = 0; })(), olmax::value_error);
-    CHECK_THROWS_WITH(bad([](nn::Config& c) { c.moe_top_k = 4; })(), Catch::Contains("moe_top_k must be in [1, experts = 3]"));
-    CHECK_THROWS_AS(bad([](nn::Config& c) { c.capacity_factor = 0; })(), olmax::value_error);
-    CHECK_THROWS_AS(bad([](nn::Config& c) { c.experts = 0; })(), olmax::value_error);
-    CHECK_THROWS_AS(bad([](nn::Config& c) { c.moe_balance_coefficient = -1; })(), olmax::value_error);
-    CHECK_THROWS_AS(bad([](nn::Config& c) { c.moe_dispatch = nn::MoEDispatch(7); })(), olmax::value_error);
+    CHECK_THROWS_AS(bad([](nn::MoEConfig& c) { c.top_k = 0; })(), olmax::value_error);
+    CHECK_THROWS_WITH(bad([](nn::MoEConfig& c) { c.top_k = 4; })(), Catch::Contains("top_k must be in [1, experts = 3]"));
+    CHECK_THROWS_AS(bad([](nn::MoEConfig& c) { c.capacity_factor = 0; })(), olmax::value_error);
+    CHECK_THROWS_AS(bad([](nn::MoEConfig& c) { c.experts = 0; })(), olmax::value_error);
+    CHECK_THROWS_AS(bad([](nn::MoEConfig& c) { c.balance_coefficient = -1; })(), olmax::value_error);
+    CHECK_THROWS_AS(bad([](nn::MoEConfig& c) { c.dispatch = nn::MoEDispatch(7); })(), olmax::value_error);
     nn::MoE<double> moe(moe_config(2, 1.0), rng);
     CHECK_THROWS_AS(moe.forward(olmax::randn<double>({2, 5, 3}, rng)), olmax::shape_error);
     CHECK_THROWS_AS(moe.forward(olmax::randn<double>({10, 4}, rng)), olmax::shape_error);

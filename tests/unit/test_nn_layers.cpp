@@ -1,6 +1,7 @@
 #include "test_helpers.hpp"
 
 #include <sstream>
+#include <type_traits>
 
 #include <olmax/io/parameters.hpp>
 #include <olmax/nn/nn.hpp>
@@ -11,8 +12,8 @@ using olmax_test::max_abs_diff;
 
 namespace {
 
-nn::Config config(std::size_t features = 4) {
-    nn::Config c;
+nn::MoEConfig config(std::size_t features = 4) {
+    nn::MoEConfig c;  // an nn::Config with the MoE layers' fields: builds every layer here
     c.features = features;
     c.hidden_features = 6;
     c.vocab = 7;
@@ -109,7 +110,7 @@ TEST_CASE("gradient checks: every layer w.r.t. input and parameters", "[nn][grad
         // The layer adds alpha * d balance to its own gradient, which the finite differences of its
         // output do not see: checked here without it, and with it in test_moe.cpp.
         auto c = cfg;
-        c.moe_balance_coefficient = 0;
+        c.balance_coefficient = 0;
         CHECK(check_layer(nn::MoE<double>(c, rng), x));
     }
     SECTION("activations") {
@@ -246,6 +247,19 @@ TEST_CASE("initialisers: stacked weights are orthogonal per layer; fan-in normal
     for (double v : n) sq += v * v;
     CHECK(std::sqrt(sq / double(n.size())) == Approx(0.1).epsilon(0.03));
 }
+
+// A container is built from the most derived of its parts' configs; unrelated ones have none.
+struct UnrelatedLayerConfig : nn::Config {
+    int extra = 0;
+};
+struct UnrelatedConfigLayer : nn::Linear<double> {
+    using config_type = UnrelatedLayerConfig;
+    using nn::Linear<double>::Linear;
+};
+static_assert(std::is_same_v<nn::shared_config_t<nn::RMSNorm<double>, nn::MoE<double>, nn::Linear<double>>, nn::MoEConfig>);
+static_assert(std::is_same_v<nn::Sequential<nn::RMSNorm<double>, nn::MoE<double>>::config_type, nn::MoEConfig>);
+static_assert(std::is_same_v<nn::shared_config_t<nn::Linear<double>, UnrelatedConfigLayer>, UnrelatedLayerConfig>);
+static_assert(std::is_void_v<nn::shared_config_t<nn::MoE<double>, UnrelatedConfigLayer>>);
 
 TEST_CASE("tied parameters: one expert bank shared by every layer of a Stack", "[nn][stack][moe]") {
     auto cfg = config();

@@ -513,14 +513,14 @@ TEST_CASE("trace: gather_rows and scatter_rows (repeated rows, rows no index nam
 
 TEST_CASE("trace: nn::MoE's routing with capacity and its balance gradient equal the eager layer's, alone and in a reversible stack",
           "[trace][moe]") {
-    olmax::nn::Config config;
+    olmax::nn::MoEConfig config;
     config.features = 4;
     config.experts = 3;
     config.capacity_factor = 0.75;  // C = ceil(0.75 k 8 / 3): some assignments dropped
-    config.moe_balance_coefficient = 0.3;
+    config.balance_coefficient = 0.3;
     for (std::size_t k : {1u, 2u}) {
         INFO("top-" << k);
-        config.moe_top_k = k;
+        config.top_k = k;
         olmax::Generator rng(30 + k);
         olmax::nn::MoE<float> moe(config, rng);
         std::vector<Tensor<float>> state;
@@ -543,8 +543,8 @@ TEST_CASE("trace: nn::MoE's routing with capacity and its balance gradient equal
     }
     // Exact gradients of the traced routing's program by finite differences (without the balance
     // term, which the finite differences of sum(y w) do not see; test_moe.cpp checks it eagerly).
-    config.moe_top_k = 1;
-    config.moe_balance_coefficient = 0;
+    config.top_k = 1;
+    config.balance_coefficient = 0;
     olmax::Generator rng(31);
     olmax::nn::MoE<float> plain(config, rng);
     std::vector<Tensor<float>> state;

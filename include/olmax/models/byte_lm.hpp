@@ -289,10 +289,14 @@ private:
         return model;
     }
 
-    static nn::Config layer_config(const ByteLMConfig& c) {
+    /// The blocks' config (nn::Config, or one derived from it such as nn::MoEConfig); the embedding
+    /// and the head take its nn::Config part.
+    using layer_config_type = typename nn::Stack<block_type>::config_type;
+
+    static layer_config_type layer_config(const ByteLMConfig& c) {
         check<value_error>(c.features > 0 && c.depth > 0, "models::ByteLM: features and depth must be positive, got ", c.features, " and ",
                            c.depth);
-        nn::Config n;
+        layer_config_type n;
         n.features = c.features;
         n.depth = c.depth;
         n.vocab = vocab;
@@ -302,7 +306,7 @@ private:
     }
 
     ByteLMConfig config_;
-    nn::Config layer_config_;
+    layer_config_type layer_config_;
     Generator rng_;
 
 public:

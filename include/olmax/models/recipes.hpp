@@ -98,7 +98,7 @@ struct Mamba {
 };
 
 /// Switch-style sparse mixture of experts as the channel mixing beside the hierarchical token
-/// mixer: Reversible(HierarchicalMixer<16>, Sandwich<MoE>) with nn::Config's experts (4) and
+/// mixer: Reversible(HierarchicalMixer<16>, Sandwich<MoE>) with nn::MoEConfig's experts (4) and
 /// capacity factor (1.25).
 struct SwitchMoE {
     static constexpr std::string_view key = "moe";

@@ -45,13 +45,6 @@ namespace olmax::nn {
 /// by every layer (the original's weight-tied MoE expert).
 enum class Sharing { per_layer, tied };
 
-/// How nn::MoE computes its experts: `sparse` gathers the tokens routed to each expert and runs one
-/// GEMM on just those rows (flops independent of the number of experts); `dense` runs every expert
-/// on every token and masks by the gates (E times the flops; the reference the tests compare with);
-/// `slots` gives each expert its capacity's slots per sequence, empty ones included, and runs one
-/// batched GEMM over them (static shapes: the form a traced program always takes).
-enum class MoEDispatch { sparse, dense, slots };
-
 /// Runtime information a layer gets with every forward call.
 struct LayerContext {
     std::size_t layer_index = 0;  ///< position in the enclosing Stack (the mixer alternates modes by it)
@@ -102,6 +95,9 @@ inline LayerContext layer_context(const LayerContext& ctx, std::size_t layer, st
 
 /// One configuration shared by every layer, like the original's single context object. Fields a
 /// layer does not use are ignored; every layer validates the ones it uses and throws naming itself.
+/// A layer with settings of its own derives its config from this one (nn::MoEConfig in
+/// olmax/nn/moe.hpp), and a container of layers is built from the most derived of its parts'
+/// configs (shared_config_t).
 struct Config {
     /// F: width of the residual stream. No default: 0 means "not set", and every layer built from
     /// a config refuses it, naming itself (`checked_features`).
@@ -110,15 +106,6 @@ struct Config {
     std::size_t vocab = 256;            ///< V: embedding rows / output classes (bytes)
     std::size_t depth = 0;              ///< layers of an nn::Stack built from a config alone (no default: 0 is refused there)
     std::size_t conv_groups = 1;        ///< groups of CausalConv
-    std::size_t experts = 4;            ///< MoE experts
-    double capacity_factor = 1.25;      ///< MoE capacity per expert per sequence C = ceil(factor * moe_top_k * S / experts)
-    /// MoE experts per token k, 1 <= k <= experts: 1 is Switch routing, 2 GShard's top-2. The gates
-    /// are the chosen experts' softmax probabilities, not renormalised (nn::MoE).
-    std::size_t moe_top_k = 1;
-    /// MoE load-balancing loss weight alpha (Switch's 0.01): nn::MoE adds the gradient of alpha
-    /// times its balance loss to every backward through it itself; 0 turns it off.
-    double moe_balance_coefficient = 0.01;
-    MoEDispatch moe_dispatch = MoEDispatch::sparse;  ///< MoE: routed tokens only (sparse) or every expert on every token (dense)
     double norm_eps = 1e-16;            ///< ScaleNorm: x / max(||x||, eps)
     double rms_eps = 1e-6;              ///< RMSNorm epsilon
     double leaky_slope = 0.01;          ///< leaky-ReLU slope (the original's 0.01)
@@ -139,6 +126,29 @@ struct Config {
         return features;
     }
 };
+
+namespace detail {
+template <class A, class B>
+using wider_config_t = std::conditional_t<std::is_base_of_v<A, B>, B, std::conditional_t<std::is_base_of_v<B, A>, A, void>>;
+template <class... Cs>
+struct widest_config;
+template <class C>
+struct widest_config<C> {
+    using type = C;
+};
+template <class A, class B, class... Rest>
+struct widest_config<A, B, Rest...> : widest_config<wider_config_t<A, B>, Rest...> {};
+template <class B, class... Rest>
+struct widest_config<void, B, Rest...> {
+    using type = void;
+};
+}  // namespace detail
+
+/// The config a container of the layers Ls... is built from: the one of their config types that
+/// derives from all the others (Sequential<RMSNorm, MoE>: nn::MoEConfig, an nn::Config with the
+/// router's fields), so one object builds every part; void when no such type exists.
+template <class... Ls>
+using shared_config_t = typename detail::widest_config<typename Ls::config_type...>::type;
 
 /// Walks a layer's parameters: `visit("weight", weight_, Role::weight)` for its own and
 /// `visit.child("conv0", conv0_)` for a sub-layer, which prefixes the names ("dense/conv0/weight").

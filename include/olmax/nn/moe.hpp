@@ -18,7 +18,7 @@
 // A dropped assignment contributes nothing (a token dropped by all its experts gets y = 0; the
 // residual coupling carries it). routing_stats() counts assignments and drops.
 //
-// Dispatch (Config::moe_dispatch): `sparse` gathers each expert's kept tokens, runs one GEMM per
+// Dispatch (MoEConfig::dispatch): `sparse` gathers each expert's kept tokens, runs one GEMM per
 // expert on just those rows and scatters the gated outputs back (gather_rows -> grouped_matmul ->
 // scatter_rows): about k N F^2 multiply-adds whatever E. `dense` runs every expert on every token
 // and masks (E N F^2): the reference. `slots` gives each expert C slots per sequence and runs them
@@ -28,7 +28,7 @@
 // Load-balancing loss (Switch eq. 4, top-k counted): balance = E * sum_e f_e P_e, with f_e the
 // fraction of the k N top-k choices that picked e (before capacity; a constant) and P_e the mean
 // router probability of e; it is 1 when routing is uniform. Its weight alpha is
-// Config::moe_balance_coefficient. The layer adds alpha * d balance to the gradient itself: every
+// MoEConfig::balance_coefficient. The layer adds alpha * d balance to the gradient itself: every
 // taped forward returns y through an op that passes dy through unchanged and seeds the balance
 // with alpha, as if alpha * balance had been added to the objective being differentiated. So no
 // model or training loop has to collect it, and the gradient is the same whether the forward was
@@ -70,6 +70,29 @@
 #include "olmax/ops/shape.hpp"
 
 namespace olmax::nn {
+
+/// How nn::MoE computes its experts: `sparse` gathers the tokens routed to each expert and runs one
+/// GEMM on just those rows (flops independent of the number of experts); `dense` runs every expert
+/// on every token and masks by the gates (E times the flops; the reference the tests compare with);
+/// `slots` gives each expert its capacity's slots per sequence, empty ones included, and runs one
+/// batched GEMM over them (static shapes: the form a traced program always takes).
+enum class MoEDispatch { sparse, dense, slots };
+
+/// What nn::MoE is built from: the shared nn::Config (features, leaky_slope, seed) and the
+/// router's own settings. A container holding a MoE (Sequential, Reversible, Stack) is built from
+/// it too (shared_config_t), and hands its other layers the nn::Config part.
+struct MoEConfig : Config {
+    std::size_t experts = 4;  ///< E
+    /// Capacity per expert per sequence of S tokens: C = ceil(capacity_factor * top_k * S / experts).
+    double capacity_factor = 1.25;
+    /// Experts per token k, 1 <= k <= experts: 1 is Switch routing, 2 GShard's top-2. The gates
+    /// are the chosen experts' softmax probabilities, not renormalised.
+    std::size_t top_k = 1;
+    /// Load-balancing loss weight alpha (Switch's 0.01): the layer adds the gradient of alpha times
+    /// its balance loss to every backward through it itself; 0 turns it off.
+    double balance_coefficient = 0.01;
+    MoEDispatch dispatch = MoEDispatch::sparse;  ///< routed tokens only (sparse), every expert on every token (dense), or slots
+};
 
 /// What an nn::MoE routed since the last clear_routing_stats() (recomputes not counted).
 struct MoERoutingStats {
@@ -211,25 +234,25 @@ template <Real T = float, bool TiedExperts = false>
 class MoE {
 public:
     using value_type = T;
-    using config_type = Config;
+    using config_type = MoEConfig;
     static constexpr std::string_view name = TiedExperts ? "tied_moe" : "moe";
 
-    MoE(const Config& config, Generator& rng)
+    MoE(const MoEConfig& config, Generator& rng)
         : capacity_factor_(config.capacity_factor),
-          balance_coefficient_(config.moe_balance_coefficient),
-          top_k_(config.moe_top_k),
-          dispatch_(config.moe_dispatch),
+          balance_coefficient_(config.balance_coefficient),
+          top_k_(config.top_k),
+          dispatch_(config.dispatch),
           slope_(T(config.leaky_slope)),
           shared_(std::make_shared<detail::MoEShared>()) {
         config.checked_features("nn::MoE");
         check<value_error>(config.features >= 1 && config.experts >= 1 && config.capacity_factor > 0,
                            "nn::MoE: needs features >= 1, experts >= 1 and capacity_factor > 0, got ", config.features, ", ", config.experts,
                            " and ", config.capacity_factor);
-        check<value_error>(config.moe_top_k >= 1 && config.moe_top_k <= config.experts, "nn::MoE: moe_top_k must be in [1, experts = ",
-                           config.experts, "], got ", config.moe_top_k);
-        check<value_error>(std::isfinite(config.moe_balance_coefficient) && config.moe_balance_coefficient >= 0,
-                           "nn::MoE: moe_balance_coefficient must be finite and >= 0, got ", config.moe_balance_coefficient);
-        check<value_error>(known(config.moe_dispatch), "nn::MoE: moe_dispatch must be MoEDispatch::sparse, dense or slots");
+        check<value_error>(config.top_k >= 1 && config.top_k <= config.experts, "nn::MoE: top_k must be in [1, experts = ", config.experts,
+                           "], got ", config.top_k);
+        check<value_error>(std::isfinite(config.balance_coefficient) && config.balance_coefficient >= 0,
+                           "nn::MoE: balance_coefficient must be finite and >= 0, got ", config.balance_coefficient);
+        check<value_error>(known(config.dispatch), "nn::MoE: dispatch must be MoEDispatch::sparse, dense or slots");
         router_ = parameter(randn<T>({config.features, config.experts}, rng, T{0}, T(1.0 / std::sqrt(double(config.features)))));
         experts_ = parameter(orthogonal_init<T>({config.experts, config.features, config.features}, rng));
         shared_->stats.assigned_per_expert.assign(config.experts, 0);

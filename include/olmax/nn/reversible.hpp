@@ -139,7 +139,9 @@ class CouplingBlock {
 
 public:
     using value_type = typename std::tuple_element_t<0, std::tuple<Fs...>>::value_type;
-    using config_type = typename std::tuple_element_t<0, std::tuple<Fs...>>::config_type;
+    using config_type = shared_config_t<Fs...>;
+    static_assert(!std::is_void_v<config_type>, "olmax::nn::Reversible: F's or G's config_type must derive from the other's (as "
+                                                "nn::MoEConfig from nn::Config), so that one config builds both");
     static_assert((std::same_as<typename Fs::value_type, value_type> && ...),
                   "olmax::nn::Reversible: F and G must have the same value_type");
     using T = value_type;

@@ -329,7 +329,8 @@ private:
 };
 
 /// A flat list of different layers applied in order (no recursive nesting): layer i's parameters
-/// are named "<i>/<its name>/...". All layers share value_type and config_type.
+/// are named "<i>/<its name>/...". All layers share value_type; it is built from the most derived of
+/// their config types (shared_config_t).
 template <class... Ls>
 class Sequential {
     static_assert(sizeof...(Ls) >= 1, "olmax::nn::Sequential needs at least one layer");
@@ -337,11 +338,11 @@ class Sequential {
 
 public:
     using value_type = typename std::tuple_element_t<0, std::tuple<Ls...>>::value_type;
-    using config_type = typename std::tuple_element_t<0, std::tuple<Ls...>>::config_type;
+    using config_type = shared_config_t<Ls...>;
     static_assert((std::same_as<typename Ls::value_type, value_type> && ...),
                   "olmax::nn::Sequential: all layers must have the same value_type");
-    static_assert((std::same_as<typename Ls::config_type, config_type> && ...),
-                  "olmax::nn::Sequential: all layers must have the same config_type");
+    static_assert(!std::is_void_v<config_type>, "olmax::nn::Sequential: one layer's config_type must derive from all the others' (as "
+                                                "nn::MoEConfig from nn::Config), so that one config builds every layer");
     using T = value_type;
     static constexpr std::string_view name = "sequential";
 
