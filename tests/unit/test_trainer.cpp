@@ -378,6 +378,27 @@ TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and
     CHECK(train::trainer_options(saved).checkpoint_every == 2);
 }
 
+TEST_CASE("train: the optimiser keys' defaults are optim::AdamWConfig::language_model(), the library's recipe", "[train][config]") {
+    const olmax::optim::AdamWConfig made = olmax::train::optimizer_config(olmax::train::OptimizerConfig{});
+    const auto recipe = olmax::optim::AdamWConfig::language_model();
+    CHECK(made.beta1 == recipe.beta1);
+    CHECK(made.beta2 == recipe.beta2);
+    CHECK(made.eps == recipe.eps);
+    CHECK(made.weight_decay == recipe.weight_decay);
+    CHECK(made.decay_policy == recipe.decay_policy);
+    CHECK(made.agc.clip == recipe.agc.clip);
+    CHECK(made.max_grad_norm == recipe.max_grad_norm);
+    CHECK(made.moments == recipe.moments);
+    // The recipe is not the plain optimiser (beta2 0.999, no decay, no clipping, float64 moments).
+    const olmax::optim::AdamWConfig plain{};
+    CHECK(recipe.beta2 != plain.beta2);
+    CHECK(recipe.max_grad_norm != plain.max_grad_norm);
+    CHECK(recipe.moments != plain.moments);
+    for (auto m : {olmax::optim::MomentPrecision::float64, olmax::optim::MomentPrecision::float32, olmax::optim::MomentPrecision::bfloat16})
+        CHECK(olmax::optim::parse_moment_precision(olmax::optim::to_string(m)) == m);
+    CHECK_THROWS_WITH(olmax::optim::parse_moment_precision("fp16"), Catch::Contains("expected fp64, fp32 or bf16"));
+}
+
 TEST_CASE("models: ByteLM keeps as many layers' activations as fit half the free memory when kept_layers is -1", "[train][models]") {
     olmax::models::ByteLMConfig config;
     config.features = 64;

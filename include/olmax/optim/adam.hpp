@@ -213,6 +213,22 @@ enum class MomentPrecision {
               // only: a traced step refuses it (its rounding has no lowering rule)
 };
 
+inline std::string_view to_string(MomentPrecision precision) {
+    switch (precision) {
+        case MomentPrecision::float64: return "fp64";
+        case MomentPrecision::float32: return "fp32";
+        case MomentPrecision::bfloat16: return "bf16";
+    }
+    return "fp64";
+}
+
+/// "fp64", "fp32" or "bf16" (the names of train_lm's --adam_moments).
+inline MomentPrecision parse_moment_precision(std::string_view text) {
+    for (auto precision : {MomentPrecision::float64, MomentPrecision::float32, MomentPrecision::bfloat16})
+        if (to_string(precision) == text) return precision;
+    throw value_error(olmax::detail::concat("parse_moment_precision: unknown moment type '", text, "' (expected fp64, fp32 or bf16)"));
+}
+
 enum class WeightDecayMode {
     decoupled,  // AdamW: p <- p * (1 - lr_p * wd), outside the adaptive update
     l2,         // classic Adam: g <- g + wd * p before the moments
@@ -245,6 +261,20 @@ struct AdamWConfig {
         check(weight_decay >= 0, "AdamW: weight_decay must be >= 0, got ", weight_decay);
         check(max_grad_norm >= 0, "AdamW: max_grad_norm must be >= 0, got ", max_grad_norm);
         check(agc.clip >= 0, "AdamW: agc.clip must be >= 0, got ", agc.clip);
+    }
+
+    /// The settings olmax trains its language models with, and the defaults of train::Trainer and
+    /// train_lm (train::OptimizerConfig takes its defaults from here): beta2 0.99, decoupled weight
+    /// decay 0.01 on matrices, global-norm clipping at 1 and float32 moments, as nanoGPT-style
+    /// recipes do. A default AdamWConfig{} is the plain optimiser (torch.optim.AdamW's betas, no
+    /// decay, no clipping; float64 moments).
+    static AdamWConfig language_model() {
+        AdamWConfig c;
+        c.beta2 = 0.99;
+        c.weight_decay = 0.01;
+        c.max_grad_norm = 1.0;
+        c.moments = MomentPrecision::float32;
+        return c;
     }
 };
 

@@ -21,14 +21,16 @@ struct OptimizerConfig {
     double lr_decay = 1e-4;
     std::int64_t decay_start = -1;
     double min_lr = 0.0;
-    double beta1 = 0.9;
-    double beta2 = 0.99;
-    double eps = 1e-8;
-    double weight_decay = 0.01;
-    std::string decay_policy = "matrices";
-    double agc_clip = 0.0;
-    double max_grad_norm = 1.0;
-    std::string adam_moments = "fp32";  // as torch.optim.AdamW; fp64 is optim::AdamWConfig's own default
+    // AdamW's own settings: optim::AdamWConfig::language_model()'s, so the library's optimiser
+    // recipe and the programs' defaults are written once.
+    double beta1 = optim::AdamWConfig::language_model().beta1;
+    double beta2 = optim::AdamWConfig::language_model().beta2;
+    double eps = optim::AdamWConfig::language_model().eps;
+    double weight_decay = optim::AdamWConfig::language_model().weight_decay;
+    std::string decay_policy{optim::to_string(optim::AdamWConfig::language_model().decay_policy)};
+    double agc_clip = optim::AdamWConfig::language_model().agc.clip;
+    double max_grad_norm = optim::AdamWConfig::language_model().max_grad_norm;
+    std::string adam_moments{optim::to_string(optim::AdamWConfig::language_model().moments)};
 
     static const std::vector<config::Field<OptimizerConfig>>& fields() {
         using C = OptimizerConfig;
@@ -64,7 +66,7 @@ struct OptimizerConfig {
 
 /// The AdamW settings of the keys (schedule, betas, decay policy, AGC, global clip).
 inline optim::AdamWConfig optimizer_config(const OptimizerConfig& c) {
-    optim::AdamWConfig o;
+    optim::AdamWConfig o = optim::AdamWConfig::language_model();  // its other fields (decay mode, AGC floors)
     o.schedule = optim::LrSchedule{c.lr, c.warmup, c.lr_decay, c.decay_start, c.min_lr, optim::parse_lr_decay(c.lr_schedule)};
     o.beta1 = c.beta1;
     o.beta2 = c.beta2;
@@ -73,9 +75,7 @@ inline optim::AdamWConfig optimizer_config(const OptimizerConfig& c) {
     o.decay_policy = optim::parse_weight_decay_policy(c.decay_policy);
     o.agc.clip = c.agc_clip;
     o.max_grad_norm = c.max_grad_norm;
-    o.moments = c.adam_moments == "fp32"   ? optim::MomentPrecision::float32
-                : c.adam_moments == "bf16" ? optim::MomentPrecision::bfloat16
-                                           : optim::MomentPrecision::float64;
+    o.moments = optim::parse_moment_precision(c.adam_moments);
     return o;
 }
 
