@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """docs/xla.md's "Your own model on XLA", done as a reader does it: examples/custom_layer_xla.cpp
-copied to my_model.cpp, built with the documented compile line and, separately, with the documented
-CMakeLists.txt and cmake commands, and each program run on the CPU plugin (it exits 1 when its CPU
-and XLA loss curves part). The blocks are the ones after the `<!-- checked: xla-own-model ... -->`
+copied to my_model.cpp, built with the documented compile line and run on the CPU plugin (it exits 1
+when its CPU and XLA loss curves part); then the documented CMakeLists.txt and cmake commands, with
+tests/docs/xla_cmake_probe.cpp as my_model.cpp (a small olmax::pjrt program that adds two vectors on
+the plugin: the block is what is checked there, and compiling the example a second time would cost
+CI a minute for nothing). The blocks are the ones after the `<!-- checked: xla-own-model ... -->`
 comments, run as written; only the line `OLMAX=/path/to/olmax` is pointed at this checkout.
 
 Usage: check_xla_own_model.py --root REPO --work DIR
@@ -63,15 +65,16 @@ def main():
         sys.exit("FAIL: docs/xla.md's compile block does not set PJRT= (the cmake block uses it)")
 
     shutil.rmtree(work, ignore_errors=True)
-    for sub in ("line", "cmake"):
+    for sub, program in (("line", os.path.join("examples", "custom_layer_xla.cpp")),
+                         ("cmake", os.path.join("tests", "docs", "xla_cmake_probe.cpp"))):
         os.makedirs(os.path.join(work, sub))
-        shutil.copy(os.path.join(root, "examples", "custom_layer_xla.cpp"), os.path.join(work, sub, "my_model.cpp"))
+        shutil.copy(os.path.join(root, program), os.path.join(work, sub, "my_model.cpp"))
     run_block("compile", compile_code, os.path.join(work, "line"), root)
     with open(os.path.join(work, "cmake", "CMakeLists.txt"), "w", encoding="utf-8") as f:
         f.write(blocks["cmake"][1])
     # The cmake commands run in the same shell as the reader's: OLMAX and PJRT from the block above.
     run_block("cmake-build", f"OLMAX=\n{pjrt_line}\n" + blocks["cmake-build"][1], os.path.join(work, "cmake"), root)
-    print("docs/xla.md own-model example: built and ran from the compile line and from the CMake snippet")
+    print("docs/xla.md own-model example: built and ran from the compile line; the CMake snippet built and ran an olmax::pjrt program")
 
 
 if __name__ == "__main__":
