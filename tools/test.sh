@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls this):
 #  1. installs missing Debian packages (tools/install_deps.sh),
-#  2. Release build in build/ of everything (library tests, packaging tests, examples, benchmarks) and
-#     `ctest -LE slow` (all but the tests labelled slow), as many tests at once as the build's jobs,
+#  2. Release build in build/ of everything but the unit tests (programs, XLA plugin, distributed,
+#     packaging and docs tests, examples, benchmarks) and `ctest -LE slow` (all but the tests labelled
+#     slow), as many tests at once as the build's jobs,
 #  3. tests/onednn built and run again against oneDNN 3.x in build-onednn3/ (tools/setup_onednn3.sh),
 #  4. AddressSanitizer + UndefinedBehaviorSanitizer build of the tests in build-asan/ and its
 #     `ctest -LE "slow|packaging|compile_fail"` (those compile-only checks do not depend on sanitizers
-#     and already ran in step 2).
+#     and already ran in step 2). The unit tests (tests/unit) are compiled and run here only: once,
+#     with the sanitizers, instead of in both builds.
 # Usage: bash tools/test.sh      (OLMAX_TEST_JOBS=N to change the build parallelism, default nproc)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +19,7 @@ start=$SECONDS
 bash tools/install_deps.sh
 
 echo "== test: Release build (build/)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DOLMAX_BUILD_UNIT_TESTS=OFF
 cmake --build build --parallel "$jobs"
 # --parallel: most tests use one core; those that fill the machine or measure time are RUN_SERIAL.
 (cd build && ctest --output-on-failure --parallel "$jobs" -LE slow)
