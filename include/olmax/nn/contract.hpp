@@ -129,7 +129,7 @@ struct Config {
 
 namespace detail {
 template <class A, class B>
-using wider_config_t = std::conditional_t<std::is_base_of_v<A, B>, B, std::conditional_t<std::is_base_of_v<B, A>, A, void>>;
+using wider_config_t = std::conditional_t<std::is_same_v<A, B> || std::is_base_of_v<A, B>, B, std::conditional_t<std::is_base_of_v<B, A>, A, void>>;
 template <class... Cs>
 struct widest_config;
 template <class C>
