@@ -268,7 +268,7 @@ struct AdamWConfig {
     /// decay 0.01 on matrices, global-norm clipping at 1 and float32 moments, as nanoGPT-style
     /// recipes do. A default AdamWConfig{} is the plain optimiser (torch.optim.AdamW's betas, no
     /// decay, no clipping; float64 moments).
-    static AdamWConfig language_model() {
+    static constexpr AdamWConfig language_model() {
         AdamWConfig c;
         c.beta2 = 0.99;
         c.weight_decay = 0.01;

@@ -21,16 +21,17 @@ struct OptimizerConfig {
     double lr_decay = 1e-4;
     std::int64_t decay_start = -1;
     double min_lr = 0.0;
-    // AdamW's own settings: optim::AdamWConfig::language_model()'s, so the library's optimiser
-    // recipe and the programs' defaults are written once.
-    double beta1 = optim::AdamWConfig::language_model().beta1;
-    double beta2 = optim::AdamWConfig::language_model().beta2;
-    double eps = optim::AdamWConfig::language_model().eps;
-    double weight_decay = optim::AdamWConfig::language_model().weight_decay;
-    std::string decay_policy{optim::to_string(optim::AdamWConfig::language_model().decay_policy)};
-    double agc_clip = optim::AdamWConfig::language_model().agc.clip;
-    double max_grad_norm = optim::AdamWConfig::language_model().max_grad_norm;
-    std::string adam_moments{optim::to_string(optim::AdamWConfig::language_model().moments)};
+    // AdamW's own settings: optim::AdamWConfig::language_model()'s (recipe), so the library's
+    // optimiser recipe and the programs' defaults are written once.
+    static constexpr optim::AdamWConfig recipe = optim::AdamWConfig::language_model();
+    double beta1 = recipe.beta1;
+    double beta2 = recipe.beta2;
+    double eps = recipe.eps;
+    double weight_decay = recipe.weight_decay;
+    std::string decay_policy{optim::to_string(recipe.decay_policy)};
+    double agc_clip = recipe.agc.clip;
+    double max_grad_norm = recipe.max_grad_norm;
+    std::string adam_moments{optim::to_string(recipe.moments)};
 
     static const std::vector<config::Field<OptimizerConfig>>& fields() {
         using C = OptimizerConfig;
@@ -66,7 +67,7 @@ struct OptimizerConfig {
 
 /// The AdamW settings of the keys (schedule, betas, decay policy, AGC, global clip).
 inline optim::AdamWConfig optimizer_config(const OptimizerConfig& c) {
-    optim::AdamWConfig o = optim::AdamWConfig::language_model();  // its other fields (decay mode, AGC floors)
+    optim::AdamWConfig o = OptimizerConfig::recipe;  // its other fields (decay mode, AGC floors)
     o.schedule = optim::LrSchedule{c.lr, c.warmup, c.lr_decay, c.decay_start, c.min_lr, optim::parse_lr_decay(c.lr_schedule)};
     o.beta1 = c.beta1;
     o.beta2 = c.beta2;
