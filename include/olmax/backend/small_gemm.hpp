@@ -36,6 +36,9 @@ struct SmallGemmBand {
     std::ptrdiff_t below = none, above = none;
 };
 
+/// op(A) lower triangular (A(i, p) = 0 for p > i) and upper triangular (A(i, p) = 0 for p < i).
+inline constexpr SmallGemmBand lower_triangle{SmallGemmBand::none, 0}, upper_triangle{0, SmallGemmBand::none};
+
 namespace small_gemm_detail {
 
 /// f(std::integral_constant<std::size_t, I>{}) for I = 0, ..., N - 1: a loop unrolled at compile time

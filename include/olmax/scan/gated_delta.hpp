@@ -220,7 +220,8 @@ Geometry make_geometry(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
 using backend::small_gemm;
 using backend::small_gemm_transpose;
 /// op(A) lower or upper triangular ((I + A)^-1, M, dM): the products skip the zero triangle's steps.
-inline constexpr backend::SmallGemmBand lower_triangle{backend::SmallGemmBand::none, 0}, upper_triangle{0, backend::SmallGemmBand::none};
+using backend::lower_triangle;
+using backend::upper_triangle;
 
 /// Where the backward writes: every pointer [the shape of its input]; dh0 may be null.
 template <class T>

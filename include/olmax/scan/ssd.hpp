@@ -42,8 +42,11 @@
 //     da_s   = sum_{i >= s} dcum_i,    ddt_s = A da_s + <x_s, dX_s>,   dA = sum dt_s da_s
 //     dx_s   = dt_s dX_s + D dY_s,     dD = sum <dY_s, x_s>,           dh0 = dS_in of chunk 0
 //
-// All products above are GEMMs on the current device's kernels (Eigen on the CPU), parallel over
-// (batch, head). C B^T is the same for the H / G heads of a group: with H > G it is computed once
+// All products above are small GEMMs (sizes Q, P, N of 64-256) on backend::small_gemm, the
+// register-blocked kernel that runs on the calling thread without packing its operands, parallel
+// over (batch, head). The products with a triangular operand (M, dG) skip its zero triangle, and
+// C B^T and dM, of which only the lower triangle is read, are computed by panels of 16 rows up to
+// the diagonal: that halves the intra-chunk work. C B^T is the same for the H / G heads of a group: with H > G it is computed once
 // per (batch, group, chunk) before the heads run (a temporary of batch G T Q elements, forward and
 // backward). dB and dC are sums over the heads of a group: each head writes its own partial
 // ([batch, T, H, N], only when H > G) and they are added in head order, so the gradients do not
@@ -70,6 +73,7 @@
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/backend/small_gemm.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/tensor.hpp"
@@ -202,7 +206,7 @@ struct Scratch {
     std::vector<double> cum;     // [Q] chunk-local cumulative sums of dt A
     std::vector<double> dcum;    // [Q]
     std::vector<long> last_reset;  // [Q] the last reset at or before i inside the chunk, -1 if none
-    Storage<T> X, Xv, M, Lam, dM, dX, Z, T1, Cw, S, dS;
+    Storage<T> X, Xv, M, Lam, dM, dX, Z, T1, Cw, S, dS, Xt, Bt;
 
     explicit Scratch(const Geometry& g, bool backward) : cum(g.chunk), dcum(g.chunk), last_reset(g.chunk) {
         const std::size_t Q = g.chunk, P = g.head_dim, N = g.state;
@@ -212,12 +216,14 @@ struct Scratch {
         Lam.resize(Q * Q);
         Cw.resize(Q * N);
         S.resize(P * N);
+        Bt.resize(N * Q);
         if (backward) {
             dM.resize(Q * Q);
             dX.resize(Q * P);
             Z.resize(Q * P);
             T1.resize(Q * N);
             dS.resize(P * N);
+            Xt.resize(P * Q);
         }
     }
 };
@@ -237,6 +243,30 @@ void exp_in_place(T* v, std::size_t n) {
     a = a.exp();
 }
 
+using backend::lower_triangle;
+using backend::small_gemm;
+using backend::upper_triangle;
+
+/// The lower triangle (j <= i) of c [L, L] = a [L, K] bt [K, L] (leading dimensions lda, ldbt, ldc),
+/// by panels of 16 rows, each up to the diagonal's column: about half a full product. Entries above
+/// the diagonal are left unset, or partly set, and must not be read.
+template <class T>
+void lower_product(std::size_t L, std::size_t K, const T* a, std::size_t lda, const T* bt, std::size_t ldbt, T* c, std::size_t ldc) {
+    constexpr std::size_t panel = 16;  // a multiple of the SIMD width: the panels' columns need no padding
+    for (std::size_t i0 = 0; i0 < L; i0 += panel) {
+        const std::size_t rows = std::min(panel, L - i0);
+        small_gemm(false, false, rows, i0 + rows, K, T{1}, a + i0 * lda, lda, bt, ldbt, T{0}, c + i0 * ldc, ldc);
+    }
+}
+
+/// The lower triangle of C B^T for one chunk ([L, N] each, leading dimension ld), through `bt`
+/// ([N, L] scratch for B^T).
+template <class T>
+void chunk_product(std::size_t L, std::size_t N, const T* Cc, const T* Bc, std::size_t ld, T* bt, T* out) {
+    backend::small_gemm_transpose(L, N, Bc, ld, bt, L);
+    lower_product(L, N, Cc, ld, bt, L, out, L);
+}
+
 /// Where chunk c of group grp of batch row b keeps its C B^T in group_products' buffer.
 inline std::size_t product_offset(const Geometry& g, std::size_t b, std::size_t grp, std::size_t c) {
     return ((b * g.groups + grp) * g.chunks + c) * g.chunk * g.chunk;
@@ -248,19 +278,21 @@ template <class T>
 void group_products(const Geometry& g, const Buffers<T>& in, T* products) {
     const std::size_t N = g.state, GN = g.groups * N, T_ = g.time;
     backend::current().parallel_for(g.batch * g.groups * g.chunks, 2 * g.chunk * g.chunk * N, [&](std::size_t lo, std::size_t hi) {
+        std::vector<T> bt(N * g.chunk);
         for (std::size_t i = lo; i < hi; ++i) {
             const std::size_t c = i % g.chunks, grp = (i / g.chunks) % g.groups, b = i / (g.chunks * g.groups);
             const std::size_t t0 = c * g.chunk, L = std::min(g.chunk, T_ - t0);
             const T* Cc = in.C + ((b * T_ + t0) * g.groups + grp) * N;
             const T* Bc = in.B + ((b * T_ + t0) * g.groups + grp) * N;
-            backend::current().gemm(false, true, L, L, N, T{1}, Cc, GN, Bc, GN, T{0}, products + product_offset(g, b, grp, c), L);
+            chunk_product(L, N, Cc, Bc, GN, bt.data(), products + product_offset(g, b, grp, c));
         }
     });
 }
 
 /// The chunk's cumulative sums, resets, X = dt x (contiguous [len, P]), the decay mask Lambda
-/// (lower triangle, zero elsewhere and across resets) and M = (C B^T) o Lambda, with C B^T from
-/// `products` (group_products) or, when null, computed here.
+/// (lower triangle, zero elsewhere and across resets) and M = (C B^T) o Lambda (zero where Lambda
+/// is), with the lower triangle of C B^T from `products` (group_products) or, when null, computed
+/// here.
 template <class T>
 Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, std::size_t b, std::size_t h, std::size_t c, Scratch<T>& s) {
     const std::size_t H = g.heads, P = g.head_dim, N = g.state, GN = g.groups * N, T_ = g.time;
@@ -296,16 +328,21 @@ Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, 
         exp_in_place(row + lo, i + 1 - lo);
         for (std::size_t j = i + 1; j < L; ++j) row[j] = T{0};
     }
-    // M = (C B^T) o Lambda.
+    // M = (C B^T) o Lambda, on the lower triangle (C B^T is not set above it).
     T* m = s.M.data();
-    if (products) {
-        const T* cb = products + product_offset(g, b, ch.grp, c);
-        for (std::size_t i = 0; i < L * L; ++i) m[i] = cb[i] * lam[i];
-    } else {
+    const T* cb = m;
+    if (products) cb = products + product_offset(g, b, ch.grp, c);
+    else {
         const T* Cc = in.C + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
         const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
-        backend::current().gemm(false, true, L, L, N, T{1}, Cc, GN, Bc, GN, T{0}, m, L);
-        for (std::size_t i = 0; i < L * L; ++i) m[i] *= lam[i];
+        chunk_product(L, N, Cc, Bc, GN, s.Bt.data(), m);
+    }
+    for (std::size_t i = 0; i < L; ++i) {
+        T* row = m + i * L;
+        const T *cr = cb + i * L, *lr = lam + i * L;
+#pragma omp simd
+        for (std::size_t j = 0; j <= i; ++j) row[j] = cr[j] * lr[j];
+        std::fill(row + i + 1, row + L, T{0});
     }
     return ch;
 }
@@ -315,7 +352,6 @@ Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, 
 template <class T>
 void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, std::size_t b, std::size_t h, T* y, T* h_last, T* ckpt,
                   Scratch<T>& s) {
-    const backend::Kernels& k = backend::current();
     const std::size_t H = g.heads, P = g.head_dim, N = g.state, GN = g.groups * N, HP = H * P, PN = g.plane(), T_ = g.time;
     T* S = s.S.data();
     if (in.h0) std::copy_n(in.h0 + (b * H + h) * PN, PN, S);
@@ -329,7 +365,7 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
         const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
         T* yc = y + ((b * T_ + ch.t0) * H + h) * P;
         // Intra-chunk: Y = M X.
-        k.gemm(false, false, L, P, L, T{1}, s.M.data(), L, s.X.data(), P, T{0}, yc, HP);
+        small_gemm(false, false, L, P, L, T{1}, s.M.data(), L, s.X.data(), P, T{0}, yc, HP, lower_triangle);
         // From the entering state: Y[i] += w_i C_i S^T for the rows before the chunk's first reset.
         const std::size_t nw = std::size_t(ch.first_reset);
         if (nw > 0) {
@@ -340,7 +376,7 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
 #pragma omp simd
                 for (std::size_t n = 0; n < N; ++n) dst[n] = w * cr[n];
             }
-            k.gemm(false, true, nw, P, N, T{1}, s.Cw.data(), N, S, N, T{1}, yc, HP);
+            small_gemm(false, true, nw, P, N, T{1}, s.Cw.data(), N, S, N, T{1}, yc, HP);
         }
         if (in.D) {
             for (std::size_t i = 0; i < L; ++i) {
@@ -360,7 +396,7 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
 #pragma omp simd
             for (std::size_t p = 0; p < P; ++p) dst[p] = v * xr[p];
         }
-        k.gemm(true, false, P, N, L - lo, T{1}, s.Xv.data() + lo * P, P, Bc + lo * GN, GN, delta, S, N);
+        small_gemm(true, false, P, N, L - lo, T{1}, s.Xv.data() + lo * P, P, Bc + lo * GN, GN, delta, S, N);
     }
     std::copy_n(S, PN, h_last + (b * H + h) * PN);
 }
@@ -386,7 +422,6 @@ T dot(const T* a, const T* b, std::size_t n) {
 template <class T>
 void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, const T* dy, const T* dh_last, const T* ckpt,
                    const Outputs<T>& out, std::size_t b, std::size_t h, Scratch<T>& s) {
-    const backend::Kernels& k = backend::current();
     const std::size_t H = g.heads, P = g.head_dim, N = g.state, GN = g.groups * N, HP = H * P, HN = H * N, PN = g.plane(), T_ = g.time;
     const T A = in.A[h], Dh = in.D ? in.D[h] : T{0};
     T* dS = s.dS.data();
@@ -405,33 +440,40 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
         std::fill_n(dcum, L, 0.0);
 
         // Intra-chunk: dX = M^T dY; dM = dY X^T; R = dM o M feeds dcum; dG = dM o Lambda.
-        k.gemm(true, false, L, P, L, T{1}, s.M.data(), L, dyc, HP, T{0}, s.dX.data(), P);
-        k.gemm(false, true, L, L, P, T{1}, dyc, HP, s.X.data(), P, T{0}, s.dM.data(), L);
+        small_gemm(true, false, L, P, L, T{1}, s.M.data(), L, dyc, HP, T{0}, s.dX.data(), P, upper_triangle);
+        backend::small_gemm_transpose(L, P, s.X.data(), P, s.Xt.data(), L);
+        lower_product(L, P, dyc, HP, s.Xt.data(), L, s.dM.data(), L);  // dM's lower triangle: M is zero above it
         {
             T *dm = s.dM.data();
             const T *m = s.M.data(), *lam = s.Lam.data();
             for (std::size_t i = 0; i < L; ++i) {
                 const std::size_t j0 = std::size_t(std::max<long>(s.last_reset[i], 0));
+                T* dmr = dm + i * L;
+                const T *mr = m + i * L, *lr = lam + i * L;
                 double row = 0;
-                for (std::size_t j = j0; j < i; ++j) {  // the diagonal's R adds to and subtracts from dcum_i: no net term
-                    const double r = double(dm[i * L + j]) * double(m[i * L + j]);
+                // The diagonal's R adds to and subtracts from dcum_i: no net term.
+#pragma omp simd reduction(+ : row)
+                for (std::size_t j = j0; j < i; ++j) {
+                    const double r = double(dmr[j]) * double(mr[j]);
                     row += r;
                     dcum[j] -= r;
                 }
                 dcum[i] += row;
-                for (std::size_t j = 0; j < L; ++j) dm[i * L + j] *= lam[i * L + j];  // dG (zero off the mask)
+#pragma omp simd
+                for (std::size_t j = 0; j <= i; ++j) dmr[j] *= lr[j];  // dG (zero off the mask)
+                std::fill(dmr + i + 1, dmr + L, T{0});
             }
         }
         // dC = dG B (+ the state term below); dB = dG^T C (+ the state-update term below).
-        k.gemm(false, false, L, N, L, T{1}, s.dM.data(), L, Bc, GN, T{0}, dCc, HN);
-        k.gemm(true, false, L, N, L, T{1}, s.dM.data(), L, Cc, GN, T{0}, dBc, HN);
+        small_gemm(false, false, L, N, L, T{1}, s.dM.data(), L, Bc, GN, T{0}, dCc, HN, lower_triangle);
+        small_gemm(true, false, L, N, L, T{1}, s.dM.data(), L, Cc, GN, T{0}, dBc, HN, upper_triangle);
 
         // The state leaving the chunk: S' = delta S + X^T diag(v) B.
         const T delta = ch.end_reset < 0 ? T(std::exp(s.cum[L - 1])) : T{0};
         if (delta != T{0}) dcum[L - 1] += double(delta) * double(dot(dS, S, PN));
         if (lo < L) {
             // Z = B dS^T: dv_l = <X_l, Z_l>, dX_l += v_l Z_l; dB_l += v_l X_l dS.
-            k.gemm(false, true, L - lo, P, N, T{1}, Bc + lo * GN, GN, dS, N, T{0}, s.Z.data() + lo * P, P);
+            small_gemm(false, true, L - lo, P, N, T{1}, Bc + lo * GN, GN, dS, N, T{0}, s.Z.data() + lo * P, P);
             for (std::size_t l = lo; l < L; ++l) {
                 const T v = T(std::exp(s.cum[L - 1] - s.cum[l]));
                 const T *zr = s.Z.data() + l * P, *xr = s.X.data() + l * P;
@@ -446,12 +488,12 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
                     xv[p] = v * xr[p];
                 }
             }
-            k.gemm(false, false, L - lo, N, P, T{1}, s.Xv.data() + lo * P, P, dS, N, T{1}, dBc + lo * HN, HN);
+            small_gemm(false, false, L - lo, N, P, T{1}, s.Xv.data() + lo * P, P, dS, N, T{1}, dBc + lo * HN, HN);
         }
         // The entering state's term Y[i] += w_i C_i S^T (rows before the first reset):
         // T1 = dY S, dw_i = <T1_i, C_i>, dC_i += w_i T1_i, dS_in = delta dS + dY^T diag(w) C.
         if (nw > 0) {
-            k.gemm(false, false, nw, N, P, T{1}, dyc, HP, S, N, T{0}, s.T1.data(), N);
+            small_gemm(false, false, nw, N, P, T{1}, dyc, HP, S, N, T{0}, s.T1.data(), N);
             for (std::size_t i = 0; i < nw; ++i) {
                 const T w = T(std::exp(s.cum[i]));
                 const T *t1 = s.T1.data() + i * N, *cr = Cc + i * GN;
@@ -464,7 +506,7 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
                     cw[n] = w * cr[n];
                 }
             }
-            k.gemm(true, false, P, N, nw, T{1}, dyc, HP, s.Cw.data(), N, delta, dS, N);
+            small_gemm(true, false, P, N, nw, T{1}, dyc, HP, s.Cw.data(), N, delta, dS, N);
         } else {
             for (std::size_t i = 0; i < PN; ++i) dS[i] *= delta;
         }
@@ -594,7 +636,7 @@ inline std::size_t task_work(const Geometry& g) {
 /// The op's forward on caller-owned buffers (the op below runs it): y [batch, T, H, P], h_last
 /// [batch, H, P, N] and, when `checkpoints` is not null, the state entering every chunk
 /// [batch, H, ceil(T / min(chunk, T)), P, N] for the backward. Parallel over (batch, head) on the
-/// current backend, its products on the current backend's GEMM. Throws value_error for a size of 0
+/// current backend, its products on backend::small_gemm. Throws value_error for a size of 0
 /// or heads that do not divide into the groups; the buffers must have the sizes' shapes.
 template <Real T>
 void ssd_forward(const SsdSizes& sizes, const SsdBuffers<T>& in, T* y, T* h_last, T* checkpoints) {
@@ -640,17 +682,26 @@ void ssd_backward(const SsdSizes& sizes, const SsdBuffers<T>& in, const T* dy, c
         const T *pb = dB_part.data(), *pc = dC_part.data();
         T *db = grads.dB, *dc = grads.dC;
         backend::current().parallel_for(g.batch * g.time, H * N, [&](std::size_t lo, std::size_t hi) {
+            std::vector<double> sb(N), sc(N);
             for (std::size_t r = lo; r < hi; ++r)
-                for (std::size_t grp = 0; grp < G; ++grp)
-                    for (std::size_t n = 0; n < N; ++n) {
-                        double sb = 0, sc = 0;
-                        for (std::size_t j = 0; j < hpg; ++j) {
-                            sb += double(pb[(r * H + grp * hpg + j) * N + n]);
-                            sc += double(pc[(r * H + grp * hpg + j) * N + n]);
+                for (std::size_t grp = 0; grp < G; ++grp) {
+                    std::fill(sb.begin(), sb.end(), 0.0);
+                    std::fill(sc.begin(), sc.end(), 0.0);
+                    for (std::size_t j = 0; j < hpg; ++j) {
+                        const T *rb = pb + (r * H + grp * hpg + j) * N, *rc = pc + (r * H + grp * hpg + j) * N;
+#pragma omp simd
+                        for (std::size_t n = 0; n < N; ++n) {
+                            sb[n] += double(rb[n]);
+                            sc[n] += double(rc[n]);
                         }
-                        db[(r * G + grp) * N + n] = T(sb);
-                        dc[(r * G + grp) * N + n] = T(sc);
                     }
+                    T *ob = db + (r * G + grp) * N, *oc = dc + (r * G + grp) * N;
+#pragma omp simd
+                    for (std::size_t n = 0; n < N; ++n) {
+                        ob[n] = T(sb[n]);
+                        oc[n] = T(sc[n]);
+                    }
+                }
         });
     }
     for (std::size_t h = 0; h < g.heads; ++h) {  // dA, dD: sums over batch, in batch order
@@ -664,7 +715,7 @@ void ssd_backward(const SsdSizes& sizes, const SsdBuffers<T>& in, const T* dy, c
 /// Mamba-2's SSD (see the top of this file): returns y [batch, T, H, P] and the final state
 /// h_last [batch, H, P, N]. Differentiable in x, dt, A, B, C, D (undefined: no skip term) and
 /// opt.h0; opt.resets marks segment starts; opt.chunk is the chunk length Q. Runs on the inputs'
-/// device, parallel over (batch, head), its products on the device's GEMM; on traced tensors as
+/// device, parallel over (batch, head), its products on backend::small_gemm; on traced tensors as
 /// ordinary ops (see the top of this file). Throws shape_error naming the mismatched shapes and
 /// value_error for an empty extent or a chunk length < 1.
 template <Real T>
