@@ -1,6 +1,8 @@
 // olmax's sequence mixers, forward and forward + backward, at the shapes their PyTorch references
 // (benchmarks/mixers/peer.py) run on: olmax::causal_attention, scan::gated_delta_rule and
-// scan::ssd (Mamba-2), all in fp32.
+// scan::ssd (Mamba-2), on float tensors: fp32 (variant "fp32") and, with --precision bf16, under
+// the bf16 precision policy (variant "bf16": inside a backend::bf16_matmul_scope, where the ops'
+// products round their operands to bfloat16 and sum in fp32, as PyTorch's bf16 autocast does).
 //
 // One timed run: fresh leaves (clones of fixed inputs, every input requiring grad; not timed), then
 // out = op(inputs) [forward_ms stops here], loss = sum(out * dout) with a fixed random dout,
@@ -16,6 +18,8 @@
 //
 // Output: one JSON object per line, to stdout and to --json FILE when given.
 // Usage: bench_mixers [--quick] [--runs N] [--warmups N] [--json FILE] [--no-memory] [--only attention|gated_delta|ssd]
+//                     [--precision fp32|bf16|fp32,bf16]   (default fp32,bf16; the time rows)
+#include <olmax/backend/bf16_matmul_kernels.hpp>
 #include <olmax/core/memory.hpp>
 #include <olmax/core/random.hpp>
 #include <olmax/ops/attention.hpp>
@@ -32,6 +36,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -51,6 +56,7 @@ struct Settings {
     std::size_t runs = 5, warmups = 1;
     bool quick = false, memory = true;
     std::string only, json_path;
+    std::vector<std::string> precisions{"fp32", "bf16"};
 };
 
 std::string cpu_model() {
@@ -147,14 +153,16 @@ private:
     std::ofstream file_;
 };
 
-std::string common_fields(const Case& c) {
+std::string common_fields(const Case& c, const std::string& variant = "fp32") {
     std::ostringstream o;
-    o << "\"impl\": \"olmax\", \"variant\": \"fp32\", \"op\": \"" << c.op << "\", \"shape\": " << c.shape << ", \"threads\": " << threads()
+    o << "\"impl\": \"olmax\", \"variant\": \"" << variant << "\", \"op\": \"" << c.op << "\", \"shape\": " << c.shape << ", \"threads\": " << threads()
       << ", \"cpu\": \"" << escape(cpu_model()) << "\"";
     return o.str();
 }
 
-void time_case(const Case& c, const Settings& s, Output& out) {
+void time_case(const Case& c, const Settings& s, Output& out, const std::string& precision) {
+    std::optional<olmax::backend::bf16_matmul_scope> policy;
+    if (precision == "bf16") policy.emplace();
     for (std::size_t w = 0; w < s.warmups; ++w) run_once(c);
     std::vector<double> fwd, total;
     for (std::size_t r = 0; r < s.runs; ++r) {
@@ -163,10 +171,14 @@ void time_case(const Case& c, const Settings& s, Output& out) {
         total.push_back(t.total);
     }
     std::ostringstream o;
-    o << "{\"kind\": \"time\", " << common_fields(c) << ", \"runs\": " << s.runs << ", \"warmups\": " << s.warmups
+    o << "{\"kind\": \"time\", " << common_fields(c, precision) << ", \"runs\": " << s.runs << ", \"warmups\": " << s.warmups
       << ", \"forward_ms\": " << 1e3 * olmax_bench::median(fwd) << ", \"forward_backward_ms\": " << 1e3 * olmax_bench::median(total)
       << ", \"loadavg\": \"" << load_average() << "\"}";
     out.line(o.str());
+}
+
+void time_case(const Case& c, const Settings& s, Output& out) {
+    for (const std::string& precision : s.precisions) time_case(c, s, out, precision);
 }
 
 void memory_case(const Case& c, Output& out) {
@@ -263,7 +275,9 @@ Case ssd(std::size_t batch, std::size_t time, std::size_t heads, std::size_t p, 
 
 int main(int argc, char** argv) {
     Settings s;
-    const char* usage = "usage: bench_mixers [--quick] [--runs N] [--warmups N] [--json FILE] [--no-memory] [--only attention|gated_delta|ssd]";
+    const char* usage =
+        "usage: bench_mixers [--quick] [--runs N] [--warmups N] [--json FILE] [--no-memory] [--only attention|gated_delta|ssd] "
+        "[--precision fp32|bf16|fp32,bf16]";
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         const bool has_value = i + 1 < argc;
@@ -281,6 +295,14 @@ int main(int argc, char** argv) {
             s.memory = false;
         } else if (a == "--only" && has_value) {
             s.only = argv[++i];
+        } else if (a == "--precision" && has_value) {
+            const std::string v = argv[++i];
+            if (v == "fp32" || v == "bf16") s.precisions = {v};
+            else if (v == "fp32,bf16") s.precisions = {"fp32", "bf16"};
+            else {
+                std::cerr << "bench_mixers: --precision takes fp32, bf16 or fp32,bf16, not '" << v << "'\n";
+                return 2;
+            }
         } else {
             std::cerr << "bench_mixers: unknown argument '" << a << "' (" << usage << ")\n";
             return 2;

@@ -1,10 +1,13 @@
 // backend::small_gemm and backend::SmallGemm (the register-blocked kernel of attention's tiles and
 // the gated delta rule's blocks) against a naive triple loop: random shapes with n off the SIMD
 // width, A and B transposed, alpha and beta (beta 0 must not read C), general strides of A, bands;
-// and small_gemm_transpose.
+// small_gemm_transpose; and backend::small_gemm_bf16 (operands rounded to bfloat16, fp32 sums), both
+// its VDPBF16PS kernel (where the CPU has AVX512-BF16) and its portable form, against the naive
+// product of the rounded operands.
 #include "test_helpers.hpp"
 
 #include "olmax/backend/small_gemm.hpp"
+#include "olmax/backend/small_gemm_bf16.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -44,8 +47,13 @@ void naive(std::size_t m, std::size_t n, std::size_t k, double alpha, const std:
         }
 }
 
-template <class T>
+/// Which product check_random_products runs: small_gemm (and, for some trials, SmallGemm::product
+/// on general strides), or small_gemm_bf16 on its VDPBF16PS kernel or its portable form.
+enum class Kind { plain, bf16, bf16_portable };
+
+template <class T, Kind kind = Kind::plain>
 void check_random_products(double tol) {
+    constexpr bool bf16 = kind != Kind::plain;
     std::mt19937 rng(20261128);
     std::uniform_real_distribution<double> unit(-1.0, 1.0);
     std::uniform_int_distribution<std::size_t> rows(1, 20), cols(1, 75), depth(0, 40), pad(0, 3);
@@ -54,7 +62,7 @@ void check_random_products(double tol) {
     const T sentinel = T(12345);
     for (int trial = 0; trial < 400; ++trial) {
         const std::size_t m = rows(rng), n = trial % 8 == 0 ? lanes * (1 + trial % 5) : cols(rng), k = depth(rng);
-        const bool trans_a = pick(rng) % 2 == 1, trans_b = pick(rng) % 2 == 1, strided = trial % 5 == 0;
+        const bool trans_a = pick(rng) % 2 == 1, trans_b = pick(rng) % 2 == 1, strided = !bf16 && trial % 5 == 0;
         const double alpha = trial % 3 == 0 ? 1.0 : unit(rng);
         const int beta_kind = pick(rng);
         const double beta = beta_kind == 0 ? 0.0 : beta_kind == 1 ? 1.0 : unit(rng);
@@ -62,6 +70,7 @@ void check_random_products(double tol) {
         const int band_kind = pick(rng);
         if (band_kind == 1 || band_kind == 3) band.above = offset(rng);
         if (band_kind == 2 || band_kind == 3) band.below = offset(rng) + 3;
+        band.lower_c = trial % 7 == 3;  // C's entries above the diagonal are then unspecified
         // op(A) [m, k]: row-major (lda >= k), stored transposed (lda >= m), or (strided) every other
         // element of a larger buffer in both directions.
         const std::size_t lda = (trans_a ? m : k) + pad(rng);
@@ -83,8 +92,18 @@ void check_random_products(double tol) {
         for (std::size_t i = 0; i < m; ++i)
             for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? std::numeric_limits<T>::quiet_NaN() : T(unit(rng));
         std::vector<double> want, size;
-        naive(m, n, k, alpha, a, ars, acs, b, brs, bcs, beta, c, ldc, want, size);
-        if (strided) {  // the strided core directly (B^T copied first)
+        if constexpr (bf16) {  // the exact product of the rounded operands
+            auto ra = a, rb = b;
+            for (T& x : ra) x = T(float(olmax::bfloat16(x)));
+            for (T& x : rb) x = T(float(olmax::bfloat16(x)));
+            naive(m, n, k, alpha, ra, ars, acs, rb, brs, bcs, beta, c, ldc, want, size);
+        } else {
+            naive(m, n, k, alpha, a, ars, acs, b, brs, bcs, beta, c, ldc, want, size);
+        }
+        if constexpr (bf16) {
+            olmax::backend::small_gemm_bf16(trans_a, trans_b, m, n, k, float(alpha), a.data(), lda, b.data(), ldb, float(beta), c.data(), ldc,
+                                            band, kind == Kind::bf16_portable);
+        } else if (strided) {  // the strided core directly (B^T copied first)
             std::vector<T> bt(k * n);
             for (std::size_t p = 0; p < k; ++p)
                 for (std::size_t j = 0; j < n; ++j) bt[p * n + j] = b[p * brs + j * bcs];
@@ -93,9 +112,9 @@ void check_random_products(double tol) {
             olmax::backend::small_gemm(trans_a, trans_b, m, n, k, T(alpha), a.data(), lda, b.data(), ldb, T(beta), c.data(), ldc, band);
         }
         INFO("trial " << trial << ": m " << m << " n " << n << " k " << k << " trans_a " << trans_a << " trans_b " << trans_b << " strided "
-                      << strided << " alpha " << alpha << " beta " << beta << " band " << band.below << " " << band.above);
+                      << strided << " alpha " << alpha << " beta " << beta << " band " << band.below << " " << band.above << " lower_c " << band.lower_c);
         for (std::size_t i = 0; i < m; ++i) {
-            for (std::size_t j = 0; j < n; ++j) {
+            for (std::size_t j = 0; j < (band.lower_c ? std::min(n, i + 1) : n); ++j) {
                 INFO("C(" << i << ", " << j << ") = " << c[i * ldc + j] << ", want " << want[i * n + j]);
                 REQUIRE(std::abs(double(c[i * ldc + j]) - want[i * n + j]) <= tol * std::max(1.0, size[i * n + j]));
             }
@@ -128,6 +147,24 @@ TEST_CASE("small_gemm: random shapes, transposes, alpha, beta, strides and bands
 
 TEST_CASE("small_gemm: random shapes, transposes, alpha, beta, strides and bands match a naive product (float, 1e-5)", "[small_gemm]") {
     small_gemm_test::check_random_products<float>(1e-5);
+}
+
+TEST_CASE("small_gemm_bf16: random shapes, transposes, alpha, beta and bands match the product of the rounded operands (1e-5)",
+          "[small_gemm]") {
+    // The VDPBF16PS kernel runs where the CPU has AVX512-BF16; elsewhere both calls take the portable form.
+    INFO("AVX512-BF16: " << olmax::backend::small_gemm_bf16_detail::has_avx512_bf16());
+    small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16>(1e-5);
+    small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_portable>(1e-5);
+}
+
+TEST_CASE("small_gemm_bf16: rounds its operands (a product the fp32 kernel computes differently)", "[small_gemm]") {
+    // 1 + 2^-9 is not a bfloat16 (8 fraction bits): it rounds to 1 (tie to even), so the product is 1, not 1 + 2^-8.
+    const float a = 1.0f + 0x1p-9f, b = 1.0f + 0x1p-9f;
+    for (bool portable : {false, true}) {
+        float c = -1.0f;
+        olmax::backend::small_gemm_bf16(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1, {}, portable);
+        REQUIRE(c == 1.0f);
+    }
 }
 
 TEST_CASE("small_gemm_transpose: whole register blocks and edges, leading dimensions past the extents", "[small_gemm]") {

@@ -3,6 +3,7 @@
 // packed-sequence resets, carried state, bad shapes.
 #include "test_helpers.hpp"
 
+#include "olmax/backend/bf16_matmul_kernels.hpp"
 #include "olmax/nn/mamba2.hpp"
 #include "olmax/scan/ssd.hpp"
 #include <olmax/trace/trace.hpp>
@@ -335,6 +336,32 @@ TEST_CASE("scan::ssd: float agrees with double, and the serial kernels agree wit
                         {&parallel.dA, &one_thread.dA}, {&parallel.dB, &one_thread.dB}, {&parallel.dC, &one_thread.dC},
                         {&parallel.dh0, &one_thread.dh0}})
         CHECK(olmax_test::max_abs_diff(*a, *b) < 1e-12);
+}
+
+TEST_CASE("scan::ssd: under the bf16 policy its float products round their operands, as every float GEMM does", "[ssd][bf16]") {
+    auto in = ssd_make_inputs(2, 40, 4, 8, 2, 8, 9);
+    in.resets(1, 13) = 1;
+    olmax::Generator rng(81);
+    const auto dy = olmax::randn<double>(in.x.shape(), rng);
+    const auto dh_last = olmax::randn<double>(in.h0.shape(), rng);
+    const SsdReference ref = ssd_reference(in, true, true, true, dy, dh_last);
+    auto run = [&](bool bf16) {
+        std::optional<olmax::backend::bf16_matmul_scope> policy;
+        if (bf16) policy.emplace();
+        auto f = [](const Tensor<double>& t) { return olmax::cast<float>(t); };
+        std::vector<Tensor<float>> v;
+        for (const auto& t : in.differentiable()) v.push_back(olmax::parameter(f(t)));
+        auto r = sc::ssd(v[0], v[1], v[2], v[3], v[4], v[5], {.h0 = v[6], .resets = f(in.resets), .chunk = 16});
+        olmax::add(olmax::sum(olmax::mul(r.y, f(dy))), olmax::sum(olmax::mul(r.h_last, f(dh_last)))).backward();
+        auto d = [](const Tensor<float>& t) { return olmax::cast<double>(t.detach()); };
+        return SsdRun{d(r.y), d(r.h_last), d(v[0].grad()), d(v[1].grad()), d(v[2].grad()), d(v[3].grad()), d(v[4].grad()), d(v[5].grad()),
+                      d(v[6].grad())};
+    };
+    const SsdRun fp32 = run(false), bf16 = run(true);
+    ssd_check_against(fp32, ref, true, true, 1e-5);
+    ssd_check_against(bf16, ref, true, true, 3e-2);  // bf16 operands: ~3 significant digits
+    CHECK(olmax_test::max_abs_diff(bf16.y, fp32.y) > 1e-4);  // and the policy did apply
+    CHECK(olmax_test::max_abs_diff(bf16.dx, fp32.dx) > 1e-4);
 }
 
 TEST_CASE("scan::ssd_forward / ssd_backward on caller-owned buffers give the op's results bit for bit", "[ssd]") {

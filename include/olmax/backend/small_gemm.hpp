@@ -30,14 +30,19 @@ namespace olmax::backend {
 
 /// Where op(A) can be nonzero: A(i, p) = 0 for p < i - below and for p > i + above (a triangular
 /// or banded A; `none` for no bound). Each block of rows runs only the steps p where its rows of A
-/// can be nonzero.
+/// can be nonzero. `lower_c`: only C's lower triangle (C(i, j) for j <= i) is wanted; each block of
+/// rows stops at the SIMD vector holding its last row's diagonal, and C's entries above the diagonal
+/// are left unspecified (unset, or set to anything).
 struct SmallGemmBand {
     static constexpr std::ptrdiff_t none = std::numeric_limits<std::ptrdiff_t>::max();
     std::ptrdiff_t below = none, above = none;
+    bool lower_c = false;
 };
 
-/// op(A) lower triangular (A(i, p) = 0 for p > i) and upper triangular (A(i, p) = 0 for p < i).
-inline constexpr SmallGemmBand lower_triangle{SmallGemmBand::none, 0}, upper_triangle{0, SmallGemmBand::none};
+/// op(A) lower triangular (A(i, p) = 0 for p > i) and upper triangular (A(i, p) = 0 for p < i);
+/// only the lower triangle of C wanted.
+inline constexpr SmallGemmBand lower_triangle{SmallGemmBand::none, 0}, upper_triangle{0, SmallGemmBand::none},
+    lower_c_only{SmallGemmBand::none, SmallGemmBand::none, true};
 
 namespace small_gemm_detail {
 
@@ -140,6 +145,14 @@ struct SmallGemm {
             }
             for (std::size_t ib = 0, i = 0; ib < row_blocks; ++ib) {
                 const std::size_t nr = (m - i + row_blocks - ib - 1) / (row_blocks - ib);
+                std::size_t nvr = nv;  // vectors this block runs
+                if (band.lower_c) {
+                    if (i + nr <= j0) {  // the whole block lies above the diagonal
+                        i += nr;
+                        continue;
+                    }
+                    nvr = std::min(nv, (i + nr - j0 + lanes - 1) / lanes);
+                }
                 const std::size_t p0 = band.below == SmallGemmBand::none ? 0 : clamp(std::ptrdiff_t(i) - band.below);
                 const std::size_t p1 = band.above == SmallGemmBand::none ? k : clamp(std::ptrdiff_t(i + nr) + band.above);
                 T* cp = c + i * ldc + j0;
@@ -150,7 +163,7 @@ struct SmallGemm {
                     cp = pad_c.data();
                     ldcp = width;
                 }
-                table[(nr - 1) * max_vectors + nv - 1](std::max(p0, p1) - p0, alpha, a + i * ars + p0 * acs, ars, acs, bp + p0 * ldbp, ldbp,
+                table[(nr - 1) * max_vectors + nvr - 1](std::max(p0, p1) - p0, alpha, a + i * ars + p0 * acs, ars, acs, bp + p0 * ldbp, ldbp,
                                                        beta, cp, ldcp);
                 if (partial)
                     for (std::size_t r = 0; r < nr; ++r) std::copy_n(pad_c.data() + r * width, cols, c + (i + r) * ldc + j0);

@@ -44,9 +44,11 @@
 //
 // All products above are small GEMMs (sizes Q, P, N of 64-256) on backend::small_gemm, the
 // register-blocked kernel that runs on the calling thread without packing its operands, parallel
-// over (batch, head). The products with a triangular operand (M, dG) skip its zero triangle, and
-// C B^T and dM, of which only the lower triangle is read, are computed by panels of 16 rows up to
-// the diagonal: that halves the intra-chunk work. C B^T is the same for the H / G heads of a group: with H > G it is computed once
+// over (batch, head); under the bf16 precision policy (a bf16_matmul_scope) on small_gemm_bf16, with
+// their operands rounded to bfloat16 and fp32 sums, as every float GEMM's are there. The products
+// with a triangular operand (M, dG) skip its zero triangle, and C B^T and dM, of which only the
+// lower triangle is read, stop at the diagonal: that halves the intra-chunk work. C B^T is the
+// same for the H / G heads of a group: with H > G it is computed once
 // per (batch, group, chunk) before the heads run (a temporary of batch G T Q elements, forward and
 // backward). dB and dC are sums over the heads of a group: each head writes its own partial
 // ([batch, T, H, N], only when H > G) and they are added in head order, so the gradients do not
@@ -73,11 +75,10 @@
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
-#include "olmax/backend/small_gemm.hpp"
+#include "olmax/backend/small_products.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
 #include "olmax/core/tensor.hpp"
-#include "olmax/detail/third_party.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/shape.hpp"
@@ -207,8 +208,10 @@ struct Scratch {
     std::vector<double> dcum;    // [Q]
     std::vector<long> last_reset;  // [Q] the last reset at or before i inside the chunk, -1 if none
     Storage<T> X, Xv, M, Lam, dM, dX, Z, T1, Cw, S, dS, Xt, Bt;
+    backend::SmallProducts<T> gemm;  // the products, under the precision policy of the op's caller
 
-    explicit Scratch(const Geometry& g, bool backward) : cum(g.chunk), dcum(g.chunk), last_reset(g.chunk) {
+    Scratch(const Geometry& g, bool backward, backend::SmallProducts<T> products)
+        : cum(g.chunk), dcum(g.chunk), last_reset(g.chunk), gemm(products) {
         const std::size_t Q = g.chunk, P = g.head_dim, N = g.state;
         X.resize(Q * P);
         Xv.resize(Q * P);
@@ -235,36 +238,23 @@ struct Chunk {
     long end_reset;    // last_reset[len - 1]: v_l is nonzero for l >= max(end_reset, 0); delta is zero unless -1
 };
 
-/// exp in place on n contiguous values (Eigen's vectorised exp).
-template <class T>
-void exp_in_place(T* v, std::size_t n) {
-    if (n == 0) return;
-    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> a(v, Eigen::Index(n));
-    a = a.exp();
-}
-
 using backend::lower_triangle;
-using backend::small_gemm;
 using backend::upper_triangle;
 
-/// The lower triangle (j <= i) of c [L, L] = a [L, K] bt [K, L] (leading dimensions lda, ldbt, ldc),
-/// by panels of 16 rows, each up to the diagonal's column: about half a full product. Entries above
-/// the diagonal are left unset, or partly set, and must not be read.
+/// The lower triangle (j <= i) of c [L, L] = a [L, K] bt [K, L] (leading dimensions lda, ldbt, ldc):
+/// about half a full product. Entries above the diagonal are unspecified and must not be read.
 template <class T>
-void lower_product(std::size_t L, std::size_t K, const T* a, std::size_t lda, const T* bt, std::size_t ldbt, T* c, std::size_t ldc) {
-    constexpr std::size_t panel = 16;  // a multiple of the SIMD width: the panels' columns need no padding
-    for (std::size_t i0 = 0; i0 < L; i0 += panel) {
-        const std::size_t rows = std::min(panel, L - i0);
-        small_gemm(false, false, rows, i0 + rows, K, T{1}, a + i0 * lda, lda, bt, ldbt, T{0}, c + i0 * ldc, ldc);
-    }
+void lower_product(const backend::SmallProducts<T>& gemm, std::size_t L, std::size_t K, const T* a, std::size_t lda, const T* bt,
+                   std::size_t ldbt, T* c, std::size_t ldc) {
+    gemm(false, false, L, L, K, T{1}, a, lda, bt, ldbt, T{0}, c, ldc, backend::lower_c_only);
 }
 
 /// The lower triangle of C B^T for one chunk ([L, N] each, leading dimension ld), through `bt`
 /// ([N, L] scratch for B^T).
 template <class T>
-void chunk_product(std::size_t L, std::size_t N, const T* Cc, const T* Bc, std::size_t ld, T* bt, T* out) {
+void chunk_product(const backend::SmallProducts<T>& gemm, std::size_t L, std::size_t N, const T* Cc, const T* Bc, std::size_t ld, T* bt, T* out) {
     backend::small_gemm_transpose(L, N, Bc, ld, bt, L);
-    lower_product(L, N, Cc, ld, bt, L, out, L);
+    lower_product(gemm, L, N, Cc, ld, bt, L, out, L);
 }
 
 /// Where chunk c of group grp of batch row b keeps its C B^T in group_products' buffer.
@@ -275,7 +265,7 @@ inline std::size_t product_offset(const Geometry& g, std::size_t b, std::size_t 
 /// C B^T of every chunk of every (batch, group), [len, len] each at product_offset: shared by the
 /// H / G heads of a group, so computed once for all of them (when H > G).
 template <class T>
-void group_products(const Geometry& g, const Buffers<T>& in, T* products) {
+void group_products(const Geometry& g, const Buffers<T>& in, const backend::SmallProducts<T>& gemm, T* products) {
     const std::size_t N = g.state, GN = g.groups * N, T_ = g.time;
     backend::current().parallel_for(g.batch * g.groups * g.chunks, 2 * g.chunk * g.chunk * N, [&](std::size_t lo, std::size_t hi) {
         std::vector<T> bt(N * g.chunk);
@@ -284,7 +274,7 @@ void group_products(const Geometry& g, const Buffers<T>& in, T* products) {
             const std::size_t t0 = c * g.chunk, L = std::min(g.chunk, T_ - t0);
             const T* Cc = in.C + ((b * T_ + t0) * g.groups + grp) * N;
             const T* Bc = in.B + ((b * T_ + t0) * g.groups + grp) * N;
-            chunk_product(L, N, Cc, Bc, GN, bt.data(), products + product_offset(g, b, grp, c));
+            chunk_product(gemm, L, N, Cc, Bc, GN, bt.data(), products + product_offset(g, b, grp, c));
         }
     });
 }
@@ -318,15 +308,22 @@ Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, 
         for (std::size_t p = 0; p < P; ++p) Xr[p] = dt * xr[p];
     }
     ch.end_reset = last;
-    // Lambda: row i holds exp(cum_i - cum_j) for max(last_reset_i, 0) <= j <= i.
+    // Lambda: row i holds exp(cum_i - cum_j) for max(last_reset_i, 0) <= j <= i, made row by row as
+    // row i-1 times exp(a_i) (a_i = cum_i - cum_{i-1}): one exponential per row, not per entry. Each
+    // entry is then a product of at most Q factors in (0, 1], within about Q rounding errors of the
+    // exponential of its sum (in float no worse than exp of the sum rounded to float).
     T* lam = s.Lam.data();
     for (std::size_t i = 0; i < L; ++i) {
         T* row = lam + i * L;
-        const std::size_t lo = std::size_t(std::max<long>(s.last_reset[i], 0));
-        for (std::size_t j = 0; j < lo; ++j) row[j] = T{0};
-        for (std::size_t j = lo; j <= i; ++j) row[j] = T(s.cum[i] - s.cum[j]);
-        exp_in_place(row + lo, i + 1 - lo);
-        for (std::size_t j = i + 1; j < L; ++j) row[j] = T{0};
+        if (i == 0 || s.last_reset[i] == long(i)) std::fill_n(row, i, T{0});  // a reset at i: no term before it
+        else {
+            const T decay = T(std::exp(s.cum[i] - s.cum[i - 1]));
+            const T* prev = row - L;
+#pragma omp simd
+            for (std::size_t j = 0; j < i; ++j) row[j] = prev[j] * decay;
+        }
+        row[i] = T{1};
+        std::fill(row + i + 1, row + L, T{0});
     }
     // M = (C B^T) o Lambda, on the lower triangle (C B^T is not set above it).
     T* m = s.M.data();
@@ -335,7 +332,7 @@ Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, 
     else {
         const T* Cc = in.C + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
         const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
-        chunk_product(L, N, Cc, Bc, GN, s.Bt.data(), m);
+        chunk_product(s.gemm, L, N, Cc, Bc, GN, s.Bt.data(), m);
     }
     for (std::size_t i = 0; i < L; ++i) {
         T* row = m + i * L;
@@ -365,7 +362,7 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
         const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
         T* yc = y + ((b * T_ + ch.t0) * H + h) * P;
         // Intra-chunk: Y = M X.
-        small_gemm(false, false, L, P, L, T{1}, s.M.data(), L, s.X.data(), P, T{0}, yc, HP, lower_triangle);
+        s.gemm(false, false, L, P, L, T{1}, s.M.data(), L, s.X.data(), P, T{0}, yc, HP, lower_triangle);
         // From the entering state: Y[i] += w_i C_i S^T for the rows before the chunk's first reset.
         const std::size_t nw = std::size_t(ch.first_reset);
         if (nw > 0) {
@@ -376,7 +373,7 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
 #pragma omp simd
                 for (std::size_t n = 0; n < N; ++n) dst[n] = w * cr[n];
             }
-            small_gemm(false, true, nw, P, N, T{1}, s.Cw.data(), N, S, N, T{1}, yc, HP);
+            s.gemm(false, true, nw, P, N, T{1}, s.Cw.data(), N, S, N, T{1}, yc, HP);
         }
         if (in.D) {
             for (std::size_t i = 0; i < L; ++i) {
@@ -396,7 +393,7 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
 #pragma omp simd
             for (std::size_t p = 0; p < P; ++p) dst[p] = v * xr[p];
         }
-        small_gemm(true, false, P, N, L - lo, T{1}, s.Xv.data() + lo * P, P, Bc + lo * GN, GN, delta, S, N);
+        s.gemm(true, false, P, N, L - lo, T{1}, s.Xv.data() + lo * P, P, Bc + lo * GN, GN, delta, S, N);
     }
     std::copy_n(S, PN, h_last + (b * H + h) * PN);
 }
@@ -440,9 +437,9 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
         std::fill_n(dcum, L, 0.0);
 
         // Intra-chunk: dX = M^T dY; dM = dY X^T; R = dM o M feeds dcum; dG = dM o Lambda.
-        small_gemm(true, false, L, P, L, T{1}, s.M.data(), L, dyc, HP, T{0}, s.dX.data(), P, upper_triangle);
+        s.gemm(true, false, L, P, L, T{1}, s.M.data(), L, dyc, HP, T{0}, s.dX.data(), P, upper_triangle);
         backend::small_gemm_transpose(L, P, s.X.data(), P, s.Xt.data(), L);
-        lower_product(L, P, dyc, HP, s.Xt.data(), L, s.dM.data(), L);  // dM's lower triangle: M is zero above it
+        lower_product(s.gemm, L, P, dyc, HP, s.Xt.data(), L, s.dM.data(), L);  // dM's lower triangle: M is zero above it
         {
             T *dm = s.dM.data();
             const T *m = s.M.data(), *lam = s.Lam.data();
@@ -465,15 +462,15 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
             }
         }
         // dC = dG B (+ the state term below); dB = dG^T C (+ the state-update term below).
-        small_gemm(false, false, L, N, L, T{1}, s.dM.data(), L, Bc, GN, T{0}, dCc, HN, lower_triangle);
-        small_gemm(true, false, L, N, L, T{1}, s.dM.data(), L, Cc, GN, T{0}, dBc, HN, upper_triangle);
+        s.gemm(false, false, L, N, L, T{1}, s.dM.data(), L, Bc, GN, T{0}, dCc, HN, lower_triangle);
+        s.gemm(true, false, L, N, L, T{1}, s.dM.data(), L, Cc, GN, T{0}, dBc, HN, upper_triangle);
 
         // The state leaving the chunk: S' = delta S + X^T diag(v) B.
         const T delta = ch.end_reset < 0 ? T(std::exp(s.cum[L - 1])) : T{0};
         if (delta != T{0}) dcum[L - 1] += double(delta) * double(dot(dS, S, PN));
         if (lo < L) {
             // Z = B dS^T: dv_l = <X_l, Z_l>, dX_l += v_l Z_l; dB_l += v_l X_l dS.
-            small_gemm(false, true, L - lo, P, N, T{1}, Bc + lo * GN, GN, dS, N, T{0}, s.Z.data() + lo * P, P);
+            s.gemm(false, true, L - lo, P, N, T{1}, Bc + lo * GN, GN, dS, N, T{0}, s.Z.data() + lo * P, P);
             for (std::size_t l = lo; l < L; ++l) {
                 const T v = T(std::exp(s.cum[L - 1] - s.cum[l]));
                 const T *zr = s.Z.data() + l * P, *xr = s.X.data() + l * P;
@@ -488,12 +485,12 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
                     xv[p] = v * xr[p];
                 }
             }
-            small_gemm(false, false, L - lo, N, P, T{1}, s.Xv.data() + lo * P, P, dS, N, T{1}, dBc + lo * HN, HN);
+            s.gemm(false, false, L - lo, N, P, T{1}, s.Xv.data() + lo * P, P, dS, N, T{1}, dBc + lo * HN, HN);
         }
         // The entering state's term Y[i] += w_i C_i S^T (rows before the first reset):
         // T1 = dY S, dw_i = <T1_i, C_i>, dC_i += w_i T1_i, dS_in = delta dS + dY^T diag(w) C.
         if (nw > 0) {
-            small_gemm(false, false, nw, N, P, T{1}, dyc, HP, S, N, T{0}, s.T1.data(), N);
+            s.gemm(false, false, nw, N, P, T{1}, dyc, HP, S, N, T{0}, s.T1.data(), N);
             for (std::size_t i = 0; i < nw; ++i) {
                 const T w = T(std::exp(s.cum[i]));
                 const T *t1 = s.T1.data() + i * N, *cr = Cc + i * GN;
@@ -506,7 +503,7 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
                     cw[n] = w * cr[n];
                 }
             }
-            small_gemm(true, false, P, N, nw, T{1}, dyc, HP, s.Cw.data(), N, delta, dS, N);
+            s.gemm(true, false, P, N, nw, T{1}, dyc, HP, s.Cw.data(), N, delta, dS, N);
         } else {
             for (std::size_t i = 0; i < PN; ++i) dS[i] *= delta;
         }
@@ -636,18 +633,20 @@ inline std::size_t task_work(const Geometry& g) {
 /// The op's forward on caller-owned buffers (the op below runs it): y [batch, T, H, P], h_last
 /// [batch, H, P, N] and, when `checkpoints` is not null, the state entering every chunk
 /// [batch, H, ceil(T / min(chunk, T)), P, N] for the backward. Parallel over (batch, head) on the
-/// current backend, its products on backend::small_gemm. Throws value_error for a size of 0
-/// or heads that do not divide into the groups; the buffers must have the sizes' shapes.
+/// current backend, its products on backend::small_gemm (small_gemm_bf16 under the bf16 policy).
+/// Throws value_error for a size of 0 or heads that do not divide into the groups; the buffers must
+/// have the sizes' shapes.
 template <Real T>
 void ssd_forward(const SsdSizes& sizes, const SsdBuffers<T>& in, T* y, T* h_last, T* checkpoints) {
     namespace sd = detail::ssd;
     const sd::Geometry g = sd::geometry_of(sizes);
+    const auto gemm = backend::SmallProducts<T>::in_force();
     Storage<T> products(g.heads_per_group() > 1 ? g.batch * g.groups * g.chunks * g.chunk * g.chunk : 0);
-    if (products.size()) sd::group_products(g, in, products.data());
+    if (products.size()) sd::group_products(g, in, gemm, products.data());
     const T* cb = products.size() ? products.data() : nullptr;
     backend::current().parallel_for(g.tasks(), sd::task_work(g), [&](std::size_t lo, std::size_t hi) {
         detail::denormal_guard guard;
-        sd::Scratch<T> scratch(g, false);
+        sd::Scratch<T> scratch(g, false, gemm);
         for (std::size_t task = lo; task < hi; ++task)
             sd::forward_task(g, in, cb, task / g.heads, task % g.heads, y, h_last, checkpoints, scratch);
     });
@@ -668,12 +667,13 @@ void ssd_backward(const SsdSizes& sizes, const SsdBuffers<T>& in, const T* dy, c
     Storage<double> dA_part(g.batch * g.heads), dD_part(g.batch * g.heads);
     const sd::Outputs<T> out{grads.dx,      grads.ddt,      hpg == 1 ? grads.dB : dB_part.data(), hpg == 1 ? grads.dC : dC_part.data(),
                              grads.dh0,     dA_part.data(), dD_part.data()};
+    const auto gemm = backend::SmallProducts<T>::in_force();
     Storage<T> products(hpg > 1 ? g.batch * g.groups * g.chunks * g.chunk * g.chunk : 0);
-    if (products.size()) sd::group_products(g, in, products.data());
+    if (products.size()) sd::group_products(g, in, gemm, products.data());
     const T* cb = products.size() ? products.data() : nullptr;
     backend::current().parallel_for(g.tasks(), 3 * sd::task_work(g), [&](std::size_t lo, std::size_t hi) {
         detail::denormal_guard guard;
-        sd::Scratch<T> scratch(g, true);
+        sd::Scratch<T> scratch(g, true, gemm);
         for (std::size_t task = lo; task < hi; ++task)
             sd::backward_task(g, in, cb, dy, dh_last, checkpoints, out, task / g.heads, task % g.heads, scratch);
     });
@@ -715,7 +715,8 @@ void ssd_backward(const SsdSizes& sizes, const SsdBuffers<T>& in, const T* dy, c
 /// Mamba-2's SSD (see the top of this file): returns y [batch, T, H, P] and the final state
 /// h_last [batch, H, P, N]. Differentiable in x, dt, A, B, C, D (undefined: no skip term) and
 /// opt.h0; opt.resets marks segment starts; opt.chunk is the chunk length Q. Runs on the inputs'
-/// device, parallel over (batch, head), its products on backend::small_gemm; on traced tensors as
+/// device, parallel over (batch, head), its products on backend::small_gemm (small_gemm_bf16 under
+/// the bf16 policy); on traced tensors as
 /// ordinary ops (see the top of this file). Throws shape_error naming the mismatched shapes and
 /// value_error for an empty extent or a chunk length < 1.
 template <Real T>

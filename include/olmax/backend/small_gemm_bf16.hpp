@@ -1,0 +1,231 @@
+#pragma once
+// The small GEMM of small_gemm.hpp under the bf16 precision policy: C (fp32) = alpha op(A) op(B) +
+// beta C with both operands rounded to bfloat16 (nearest even) and every product summed in fp32,
+// the numbers of the CPU's bf16 units and of Kernels::gemm inside a bf16_matmul_scope, for the
+// mixers' per-chunk and per-tile products on the calling thread.
+//
+// On a CPU with AVX512-BF16 (Intel Cooper Lake and later, AMD Zen 4 and later) it runs VDPBF16PS
+// register blocks: each instruction multiplies 16 pairs of bf16 products into 16 fp32 sums, twice
+// the multiply-adds of an fp32 FMA. The operands are first rounded into packed copies: op(A) as
+// pairs (A(i, 2q), A(i, 2q + 1)) in one 32-bit word, and op(B) with rows 2q and 2q + 1 interleaved
+// (word j of pair-row q holds (B(2q, j), B(2q + 1, j))), its columns padded to whole vectors with
+// zeros; an odd k gets a zero last row. A block of up to 6 rows by 4 vectors of C stays in
+// registers through the pairs, as in the fp32 kernel (Intel's intrinsics guide for VDPBF16PS and
+// VCVTNE2PS2BF16; the latter rounds to nearest even, as bfloat16(float) does).
+//
+// Elsewhere it rounds the operands into float copies and runs SmallGemm<float>: the same products,
+// at fp32 speed. Either way |C - the exact product of the rounded operands| is within about
+// k 2^-24 sum_p |a_p b_p| per element (fp32 sums in a different order).
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "olmax/backend/cpu_features.hpp"
+#include "olmax/backend/small_gemm.hpp"
+#include "olmax/core/bfloat16.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define OLMAX_SMALL_GEMM_BF16_X86 1
+#else
+#define OLMAX_SMALL_GEMM_BF16_X86 0
+#endif
+
+namespace olmax::backend {
+
+namespace small_gemm_bf16_detail {
+
+/// op(X)(i, p) at x[i rs + p cs] for X = A or B of a BLAS-style call.
+struct Strided {
+    const float* x;
+    std::size_t rs, cs;
+    float operator()(std::size_t i, std::size_t p) const { return x[i * rs + p * cs]; }
+};
+
+/// The portable form: operands rounded into float copies, SmallGemm<float> on them.
+inline void portable(std::size_t m, std::size_t n, std::size_t k, float alpha, Strided a, Strided b, float beta, float* c, std::size_t ldc,
+                     SmallGemmBand band) {
+    thread_local std::vector<float> ra, rb;
+    ra.resize(m * k);
+    rb.resize(k * n);
+    const auto round = [](float v) { return static_cast<float>(bfloat16(v)); };
+    for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t p = 0; p < k; ++p) ra[i * k + p] = round(a(i, p));
+    for (std::size_t p = 0; p < k; ++p)
+        for (std::size_t j = 0; j < n; ++j) rb[p * n + j] = round(b(p, j));
+    SmallGemm<float>::product(m, n, k, alpha, ra.data(), k, 1, rb.data(), n, beta, c, ldc, band);
+}
+
+#if OLMAX_SMALL_GEMM_BF16_X86
+#define OLMAX_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+/// 32 floats (lo: elements 0-15, hi: 16-31) rounded to 32 bf16, in order.
+OLMAX_BF16_TARGET inline __m512i round_32(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+
+/// Row i of op(A) as pairs: out[q] = (x[2q], x[2q + 1]) for the k contiguous floats at x, zero past k.
+OLMAX_BF16_TARGET inline void pack_row_pairs(std::size_t k, const float* x, std::uint32_t* out) {
+    for (std::size_t p = 0; p < k; p += 32) {
+        const std::size_t left = std::min<std::size_t>(32, k - p);
+        const __mmask16 lo = __mmask16((1u << std::min<std::size_t>(16, left)) - 1);
+        const __mmask16 hi = left > 16 ? __mmask16((1u << (left - 16)) - 1) : __mmask16(0);
+        const __m512i v = round_32(_mm512_maskz_loadu_ps(lo, x + p), _mm512_maskz_loadu_ps(hi, x + p + 16));
+        _mm512_mask_storeu_epi32(out + p / 2, __mmask16((1u << ((left + 1) / 2)) - 1), v);
+    }
+}
+
+/// pairs [kp][width] words: word (q, j) = (X(2q, j), X(2q + 1, j)) for X(p, j) = x(p, j) (contiguous
+/// rows: x.cs = 1), zero past k rows and past n columns; `width` a multiple of 16.
+OLMAX_BF16_TARGET inline void pack_interleaved(std::size_t k, std::size_t n, Strided x, std::uint32_t* out, std::size_t width) {
+    const std::size_t kp = (k + 1) / 2;
+    {  // rows contiguous (the caller's layout): convert 16 columns of two rows at once, then interleave
+        const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19,
+                                               3, 18, 2, 17, 1, 16, 0);
+        for (std::size_t q = 0; q < kp; ++q) {
+            const float* r0 = x.x + 2 * q * x.rs;
+            const float* r1 = 2 * q + 1 < k ? r0 + x.rs : nullptr;
+            for (std::size_t j = 0; j < width; j += 16) {
+                const std::size_t left = j < n ? std::min<std::size_t>(16, n - j) : 0;
+                const __mmask16 mask = __mmask16((1u << left) - 1);
+                const __m512 v0 = _mm512_maskz_loadu_ps(mask, r0 + j);
+                const __m512 v1 = r1 ? _mm512_maskz_loadu_ps(mask, r1 + j) : _mm512_setzero_ps();
+                _mm512_storeu_si512(out + q * width + j, _mm512_permutexvar_epi16(order, round_32(v0, v1)));
+            }
+        }
+    }
+}
+
+/// R rows by N vectors of C = alpha sum_q A-pairs(r, q) . B-pairs(q, :) + beta C over pairs [0, kq):
+/// A's pair (r, q) at a[r ars + q acs], B's pair-row q at b + q ldb; `last` masks the columns of the
+/// last vector.
+template <std::size_t R, std::size_t N>
+OLMAX_BF16_TARGET void block(std::size_t kq, float alpha, const std::uint32_t* a, std::size_t ars, std::size_t acs, const std::uint32_t* b,
+                             std::size_t ldb, float beta, float* c, std::size_t ldc, __mmask16 last) {
+    __m512 acc[R][N];
+    for (std::size_t r = 0; r < R; ++r)
+        for (std::size_t j = 0; j < N; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (std::size_t q = 0; q < kq; ++q, a += acs, b += ldb) {
+        __m512bh bv[N];
+        for (std::size_t j = 0; j < N; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + 16 * j);
+        for (std::size_t r = 0; r < R; ++r) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r * ars]));
+            for (std::size_t j = 0; j < N; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+        }
+    }
+    const __m512 al = _mm512_set1_ps(alpha), be = _mm512_set1_ps(beta);
+    for (std::size_t r = 0; r < R; ++r)
+        for (std::size_t j = 0; j < N; ++j) {
+            float* cp = c + r * ldc + 16 * j;
+            const __mmask16 mask = j + 1 == N ? last : __mmask16(0xFFFF);
+            __m512 x = _mm512_mul_ps(al, acc[r][j]);
+            if (beta != 0.0f) x = _mm512_fmadd_ps(be, _mm512_maskz_loadu_ps(mask, cp), x);
+            _mm512_mask_storeu_ps(cp, mask, x);
+        }
+}
+
+using block_fn = void (*)(std::size_t, float, const std::uint32_t*, std::size_t, std::size_t, const std::uint32_t*, std::size_t, float, float*,
+                          std::size_t, __mmask16);
+inline constexpr std::size_t max_rows = 6, max_vectors = 4;
+template <std::size_t... I>
+constexpr std::array<block_fn, sizeof...(I)> blocks(std::index_sequence<I...>) {
+    return {&block<I / max_vectors + 1, I % max_vectors + 1>...};
+}
+
+OLMAX_BF16_TARGET inline void avx512(std::size_t m, std::size_t n, std::size_t k, float alpha, Strided a, Strided b, float beta, float* c,
+                                     std::size_t ldc, SmallGemmBand band) {
+    static constexpr std::array<block_fn, max_rows * max_vectors> table = blocks(std::make_index_sequence<max_rows * max_vectors>{});
+    const std::size_t kp = (k + 1) / 2, vectors = (n + 15) / 16, width = 16 * vectors;
+    thread_local std::vector<std::uint32_t> pa, pb;
+    thread_local std::vector<float> bt;
+    // op(A) as pairs: when A is stored transposed (op(A)'s columns contiguous), [kp][m rounded up to
+    // 16] (op(A)^T's rows 2q and 2q + 1 interleaved: A's rows 1 word apart); else [m][kp] (each
+    // row's consecutive elements paired).
+    std::size_t ars, acs;
+    if (a.rs == 1 && a.cs != 1) {
+        const std::size_t mw = 16 * ((m + 15) / 16);
+        pa.resize(kp * mw);
+        pack_interleaved(k, m, Strided{a.x, a.cs, 1}, pa.data(), mw);
+        ars = 1, acs = mw;
+    } else {
+        pa.resize(m * kp);
+        if (a.cs == 1)
+            for (std::size_t i = 0; i < m; ++i) pack_row_pairs(k, a.x + i * a.rs, pa.data() + i * kp);
+        else
+            for (std::size_t i = 0; i < m; ++i)
+                for (std::size_t q = 0; q < kp; ++q) {
+                    const std::uint16_t lo = bfloat16(a(i, 2 * q)).bits(), hi = 2 * q + 1 < k ? bfloat16(a(i, 2 * q + 1)).bits() : 0;
+                    pa[i * kp + q] = std::uint32_t(lo) | std::uint32_t(hi) << 16;
+                }
+        ars = kp, acs = 1;
+    }
+    if (b.cs != 1) {  // op(B) = B^T: transposed into contiguous rows first (bits unchanged)
+        bt.resize(k * n);
+        SmallGemm<float>::transpose(n, k, b.x, b.rs == 1 ? b.cs : b.rs, bt.data(), n);
+        b = Strided{bt.data(), n, 1};
+    }
+    pb.resize(kp * width);
+    pack_interleaved(k, n, b, pb.data(), width);
+    const std::size_t column_blocks = (vectors + max_vectors - 1) / max_vectors, row_blocks = (m + max_rows - 1) / max_rows;
+    const auto clamp = [kp](std::ptrdiff_t q) { return std::size_t(std::clamp<std::ptrdiff_t>(q, 0, std::ptrdiff_t(kp))); };
+    for (std::size_t jb = 0, j = 0; jb < column_blocks; ++jb) {
+        const std::size_t nv = (vectors - j + column_blocks - jb - 1) / (column_blocks - jb);
+        for (std::size_t ib = 0, i = 0; ib < row_blocks; ++ib) {
+            const std::size_t nr = (m - i + row_blocks - ib - 1) / (row_blocks - ib);
+            std::size_t nvr = nv;  // vectors this block runs
+            if (band.lower_c) {
+                if (i + nr <= 16 * j) {  // the whole block lies above the diagonal
+                    i += nr;
+                    continue;
+                }
+                nvr = std::min(nv, (i + nr - 16 * j + 15) / 16);
+            }
+            const std::size_t tail = std::min(n, 16 * (j + nvr)) - 16 * (j + nvr - 1);  // columns of the block's last vector
+            const __mmask16 last = __mmask16((1u << tail) - 1);
+            // The band in pairs: element p lies in pair p / 2.
+            const std::size_t q0 = band.below == SmallGemmBand::none ? 0 : clamp((std::ptrdiff_t(i) - band.below) / 2);
+            const std::size_t q1 = band.above == SmallGemmBand::none ? kp : clamp((std::ptrdiff_t(i + nr) + band.above + 1) / 2);
+            table[(nr - 1) * max_vectors + nvr - 1](std::max(q0, q1) - q0, alpha, pa.data() + i * ars + q0 * acs, ars, acs,
+                                                   pb.data() + q0 * width + 16 * j, width, beta, c + i * ldc + 16 * j, ldc, last);
+            i += nr;
+        }
+        j += nv;
+    }
+}
+#undef OLMAX_BF16_TARGET
+#endif
+
+/// Whether this CPU runs the VDPBF16PS kernel (checked once).
+inline bool has_avx512_bf16() {
+#if OLMAX_SMALL_GEMM_BF16_X86
+    static const bool yes = cpu_bf16_features().avx512_bf16;
+    return yes;
+#else
+    return false;
+#endif
+}
+
+}  // namespace small_gemm_bf16_detail
+
+/// C = alpha op(A) op(B) + beta C (row-major, BLAS's arguments, C not read when beta = 0) with A and
+/// B rounded to bfloat16 and the products summed in fp32, on the calling thread: on VDPBF16PS where
+/// the CPU has AVX512-BF16 (`portable` = false), else on rounded float copies. `band` as in
+/// small_gemm.
+inline void small_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                            std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc, SmallGemmBand band = {},
+                            bool portable = false) {
+    namespace d = small_gemm_bf16_detail;
+    if (m == 0 || n == 0) return;
+    if (k == 0) return SmallGemm<float>::product(m, n, 0, alpha, a, 1, 1, b, n, beta, c, ldc);  // beta C only
+    const d::Strided sa{a, trans_a ? 1 : lda, trans_a ? lda : 1}, sb{b, trans_b ? 1 : ldb, trans_b ? ldb : 1};
+#if OLMAX_SMALL_GEMM_BF16_X86
+    if (!portable && d::has_avx512_bf16()) return d::avx512(m, n, k, alpha, sa, sb, beta, c, ldc, band);
+#else
+    (void)portable;
+#endif
+    d::portable(m, n, k, alpha, sa, sb, beta, c, ldc, band);
+}
+
+}  // namespace olmax::backend
