@@ -1,5 +1,5 @@
 """Merges bench_mixers' and peer.py's JSON lines into one JSON document and prints the ratio table
-(run.sh calls it). Time rows: olmax (fp32) against the fastest PyTorch variant of the same op and
+(run.sh calls it). Time rows: each olmax variant (fp32, and bf16 under its bf16 policy) against the fastest PyTorch variant of the same op and
 shape (eager or torch.compile, fp32 or bf16 autocast) and against the fastest fp32 one. Memory rows:
 olmax's peak tensor bytes and resident-set rise against PyTorch's resident-set rise."""
 
@@ -25,15 +25,17 @@ def main():
     olmax = [r for r in rows if r["impl"] == "olmax"]
     peers = [r for r in rows if r["impl"] == "torch"]
     ratios, lines = [], []
-    lines.append("| op | shape | olmax fwd ms | olmax fwd+bwd ms | best peer fwd+bwd ms (variant) | olmax / best peer | "
+    lines.append("| op | shape | olmax variant | olmax fwd ms | olmax fwd+bwd ms | best peer fwd+bwd ms (variant) | olmax / best peer | "
                  "best fp32 peer ms (variant) | olmax / best fp32 peer |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for o in (r for r in olmax if r["kind"] == "time"):
         same = [p for p in peers if p["kind"] == "time" and key(p) == key(o) and "forward_backward_ms" in p]
         best = min(same, key=lambda p: p["forward_backward_ms"], default=None)
         best32 = min((p for p in same if p["variant"].endswith("fp32")), key=lambda p: p["forward_backward_ms"], default=None)
-        entry = dict(op=o["op"], shape=o["shape"], olmax_forward_ms=o["forward_ms"], olmax_forward_backward_ms=o["forward_backward_ms"])
-        cells = [o["op"], shape_text(o["shape"]), f"{o['forward_ms']:.1f}", f"{o['forward_backward_ms']:.1f}"]
+        variant = o.get("variant", "fp32")
+        entry = dict(op=o["op"], shape=o["shape"], olmax_variant=variant, olmax_forward_ms=o["forward_ms"],
+                     olmax_forward_backward_ms=o["forward_backward_ms"])
+        cells = [o["op"], shape_text(o["shape"]), variant, f"{o['forward_ms']:.1f}", f"{o['forward_backward_ms']:.1f}"]
         for name, p in (("best_peer", best), ("best_fp32_peer", best32)):
             if p is None:
                 cells += ["-", "-"]
