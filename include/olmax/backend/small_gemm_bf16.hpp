@@ -104,19 +104,28 @@ OLMAX_BF16_TARGET inline void pack_interleaved(std::size_t k, std::size_t n, Str
 template <std::size_t R, std::size_t N>
 OLMAX_BF16_TARGET void block(std::size_t kq, float alpha, const std::uint32_t* a, std::size_t ars, std::size_t acs, const std::uint32_t* b,
                              std::size_t ldb, float beta, float* c, std::size_t ldc, __mmask16 last) {
+    // Every loop over r and j is unrolled (the pragmas), so that acc stays in 24 registers rather
+    // than on the stack: without them GCC spilled it (~7% of an SSD step in the zeroing alone).
     __m512 acc[R][N];
+#pragma GCC unroll 8
     for (std::size_t r = 0; r < R; ++r)
+#pragma GCC unroll 4
         for (std::size_t j = 0; j < N; ++j) acc[r][j] = _mm512_setzero_ps();
     for (std::size_t q = 0; q < kq; ++q, a += acs, b += ldb) {
         __m512bh bv[N];
+#pragma GCC unroll 4
         for (std::size_t j = 0; j < N; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + 16 * j);
+#pragma GCC unroll 8
         for (std::size_t r = 0; r < R; ++r) {
             const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r * ars]));
+#pragma GCC unroll 4
             for (std::size_t j = 0; j < N; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
         }
     }
     const __m512 al = _mm512_set1_ps(alpha), be = _mm512_set1_ps(beta);
+#pragma GCC unroll 8
     for (std::size_t r = 0; r < R; ++r)
+#pragma GCC unroll 4
         for (std::size_t j = 0; j < N; ++j) {
             float* cp = c + r * ldc + 16 * j;
             const __mmask16 mask = j + 1 == N ? last : __mmask16(0xFFFF);
