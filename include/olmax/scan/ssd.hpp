@@ -366,8 +366,9 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
         // From the entering state: Y[i] += w_i C_i S^T for the rows before the chunk's first reset.
         const std::size_t nw = std::size_t(ch.first_reset);
         if (nw > 0) {
+            const T w0 = T(std::exp(s.cum[0]));
             for (std::size_t i = 0; i < nw; ++i) {
-                const T w = T(std::exp(s.cum[i]));
+                const T w = s.Lam[i * L] * w0;  // exp(cum_i): no reset before i < nw
                 const T* cr = Cc + i * GN;
                 T* dst = s.Cw.data() + i * N;
 #pragma omp simd
@@ -387,7 +388,7 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
         const std::size_t lo = std::size_t(std::max<long>(ch.end_reset, 0));
         const T delta = ch.end_reset < 0 ? T(std::exp(s.cum[L - 1])) : T{0};
         for (std::size_t l = lo; l < L; ++l) {
-            const T v = T(std::exp(s.cum[L - 1] - s.cum[l]));
+            const T v = s.Lam[(L - 1) * L + l];  // exp(cum_{L-1} - cum_l)
             const T* xr = s.X.data() + l * P;
             T* dst = s.Xv.data() + l * P;
 #pragma omp simd
@@ -472,7 +473,7 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
             // Z = B dS^T: dv_l = <X_l, Z_l>, dX_l += v_l Z_l; dB_l += v_l X_l dS.
             s.gemm(false, true, L - lo, P, N, T{1}, Bc + lo * GN, GN, dS, N, T{0}, s.Z.data() + lo * P, P);
             for (std::size_t l = lo; l < L; ++l) {
-                const T v = T(std::exp(s.cum[L - 1] - s.cum[l]));
+                const T v = s.Lam[(L - 1) * L + l];  // exp(cum_{L-1} - cum_l)
                 const T *zr = s.Z.data() + l * P, *xr = s.X.data() + l * P;
                 const double dv = double(dot(xr, zr, P)) * double(v);
                 dcum[L - 1] += dv;
@@ -491,8 +492,9 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
         // T1 = dY S, dw_i = <T1_i, C_i>, dC_i += w_i T1_i, dS_in = delta dS + dY^T diag(w) C.
         if (nw > 0) {
             s.gemm(false, false, nw, N, P, T{1}, dyc, HP, S, N, T{0}, s.T1.data(), N);
+            const T w0 = T(std::exp(s.cum[0]));
             for (std::size_t i = 0; i < nw; ++i) {
-                const T w = T(std::exp(s.cum[i]));
+                const T w = s.Lam[i * L] * w0;  // exp(cum_i): no reset before i < nw
                 const T *t1 = s.T1.data() + i * N, *cr = Cc + i * GN;
                 dcum[i] += double(w) * double(dot(t1, cr, N));
                 T* dcr = dCc + i * HN;
