@@ -33,8 +33,8 @@
 // The tile products run on register blocks (backend::SmallGemm: a few rows by a few SIMD vectors of
 // the result held in registers through the whole inner dimension, no packing), skipping the terms
 // where a probability tile is zero above its diagonal. Under the bf16 precision policy
-// (Kernels::float_gemms_in_bf16) the float products go to the device's Kernels::gemm instead, so
-// their operands are rounded as every float GEMM's are.
+// (Kernels::float_gemms_in_bf16) the float products run on backend::small_gemm_bf16 instead
+// (backend::SmallProducts), so their operands are rounded as every float GEMM's are.
 //
 // On traced tensors (a program traced for XLA, olmax/trace/) the op traces the same function
 // composed of traced ops with the T x T scores materialised (detail::attention_ops::traced): a first
@@ -55,7 +55,7 @@
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
-#include "olmax/backend/small_gemm.hpp"
+#include "olmax/backend/small_products.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/core/traced.hpp"
 #include "olmax/backend/trace_rules.hpp"
@@ -116,33 +116,22 @@ constexpr std::size_t round_up(std::size_t n, std::size_t multiple) { return (n 
 /// [m x k] or, `a_transposed`, stored as A^T [k x m]; on backend::SmallGemm (register blocks, no
 /// packing: at these sizes, k = head_dim or a tile, Eigen's blocked GEMM called per tile took a
 /// sixth of the op's time repacking operands; the op's forward + backward ran ~1.4x as fast as on
-/// Eigen, AMD EPYC Zen 5, Dh = 64), or through the device's Kernels::gemm where that changes what a
-/// float product computes (the bf16 precision policy rounds the operands of every float GEMM;
-/// attention's products follow it as matmul's do).
+/// Eigen, AMD EPYC Zen 5, Dh = 64), or on backend::small_gemm_bf16 under the bf16 precision policy
+/// (which rounds the operands of every float GEMM; attention's products follow it as matmul's do).
 template <Real T>
 struct Products {
     static constexpr std::ptrdiff_t no_band = backend::SmallGemmBand::none;
-    const backend::Kernels* kernels = nullptr;  // nullptr: backend::SmallGemm
+    backend::SmallProducts<T> gemm;
 
-    static Products in_force() {
-        const backend::Kernels& kernels = backend::current();
-        if constexpr (std::is_same_v<T, float>)
-            if (kernels.float_gemms_in_bf16()) return {&kernels};
-        return {};
-    }
+    static Products in_force() { return {backend::SmallProducts<T>::in_force()}; }
 
     /// `band` (when not no_band): A is zero past a diagonal, A(r, p) = 0 for p > r + band (or,
     /// a_transposed, for p < r - band), and the steps where a block's rows of A are zero are skipped:
-    /// the probability tiles on the diagonal are lower triangles. (The device's GEMM runs the whole
-    /// product; the terms it adds are 0.)
+    /// the probability tiles on the diagonal are lower triangles.
     void operator()(bool a_transposed, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b, std::size_t ldb,
                     bool accumulate, T* c, std::size_t ldc, std::ptrdiff_t band = no_band) const {
-        const T beta = accumulate ? T{1} : T{0};
-        if (kernels) kernels->gemm(a_transposed, false, m, n, k, T{1}, a, lda, b, ldb, beta, c, ldc);
-        else
-            backend::SmallGemm<T>::product(m, n, k, T{1}, a, a_transposed ? 1 : lda, a_transposed ? lda : 1, b, ldb, beta, c, ldc,
-                                           a_transposed ? backend::SmallGemmBand{band, backend::SmallGemmBand::none}
-                                                        : backend::SmallGemmBand{backend::SmallGemmBand::none, band});
+        gemm(a_transposed, false, m, n, k, T{1}, a, lda, b, ldb, accumulate ? T{1} : T{0}, c, ldc,
+             a_transposed ? backend::SmallGemmBand{band, backend::SmallGemmBand::none} : backend::SmallGemmBand{backend::SmallGemmBand::none, band});
     }
 };
 
