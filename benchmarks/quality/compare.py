@@ -149,6 +149,9 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--blocks", default="", help="comma/space separated; empty: every --block choice train_lm lists (or its one model)")
     p.add_argument("--torch_modes", default="recipe fill")
+    p.add_argument("--torch_block_size", type=int, default=64,
+                   help="the baseline's context (nanoGPT's block_size; its recipe's is 64); it is evaluated on rows of "
+                        "min(this, the first olmax block's sequence) bytes")
     p.add_argument("--data", default="")
     p.add_argument("--extra", default="", help="more train_lm flags, space separated (e.g. --preset=small)")
     p.add_argument("--calibration_steps", type=int, default=400)
@@ -193,9 +196,9 @@ def main():
         check_split(text, splits[key][1], os.path.join(a.out, f"olmax-{block}-dry-run.txt"))
         block_cfg[block] = (cfg, key)
     # The baseline's rows: the first block's split and evaluation batch, rows of at most its block_size
-    # (64) bytes; an olmax block with other rows is marked in the table.
+    # (64 unless --torch_block_size) bytes; an olmax block with other rows is marked in the table.
     cfg0 = block_cfg[blocks[0]][0]
-    base_key = (cfg0["data"], cfg0["seed"], cfg0["held_out_fraction"], cfg0["batch"], str(min(int(cfg0["sequence"]), 64)))
+    base_key = (cfg0["data"], cfg0["seed"], cfg0["held_out_fraction"], cfg0["batch"], str(min(int(cfg0["sequence"]), a.torch_block_size)))
     if base_key not in splits:
         d = os.path.join(a.out, f"split-b{base_key[3]}-s{base_key[4]}-seed{base_key[1]}-f{base_key[2]}")
         run([a.dump_split, f"--out={d}", f"--held_out_fraction={base_key[2]}", f"--seed={base_key[1]}", f"--batch={base_key[3]}",
@@ -211,7 +214,8 @@ def main():
         if mode not in ("recipe", "fill", "fill_compiled"):
             sys.exit(f"compare: unknown torch mode '{mode}' (recipe, fill, fill_compiled)")
         cmd = [a.torch_python, os.path.join(here, "nanogpt_baseline.py"), "--split", base_dir, "--threads", str(a.threads),
-               "--time_budget_s", str(a.budget_s), "--json", path, "--eval_every_s", str(a.eval_every_s)]
+               "--time_budget_s", str(a.budget_s), "--json", path, "--eval_every_s", str(a.eval_every_s),
+               "--block_size", str(a.torch_block_size)]
         cmd += (["--fill_budget"] if mode.startswith("fill") else []) + (["--compile"] if mode.endswith("compiled") else [])
         run(cmd, os.path.join(a.out, f"pytorch-nanogpt-{mode}.log"))
         with open(path) as f:

@@ -17,7 +17,9 @@
 # Debian's python3.11-doc package, fetched with apt-get download into benchmarks/results/corpora/, no
 # root needed), DATA (any other corpus for train_lm --data), EVAL_EVERY_S (30: both systems also
 # evaluate every so many seconds of training, which gives the time to TARGET_BITS (2.6); 0: only at
-# the end), TRAIN_LM_FLAGS (more train_lm flags, e.g. --preset=small), TORCH_PYTHON (default
+# the end), TRAIN_LM_FLAGS (more train_lm flags, e.g. --preset=small), TORCH_BLOCK_SIZE (the baseline's
+# context, nanoGPT's block_size: 64, its recipe's; give train_lm's --sequence to score both on the same
+# rows), TORCH_PYTHON (default
 # .venv-torch/bin/python), OUT (default benchmarks/results/quality-<UTC time>, git-ignored).
 # Writes one JSON per run and summary.json into OUT, and prints a markdown table.
 set -euo pipefail
@@ -47,8 +49,8 @@ case "$corpus" in
   *) echo "run.sh: CORPUS must be fortunes or python_docs (or give DATA=path), got '$corpus'" >&2; exit 2 ;;
 esac
 [ -z "${DATA:-}" ] || corpus="$(basename "$DATA")"
-command="BUDGET_S=${BUDGET_S:-300} THREADS=${THREADS:-2}${BLOCKS:+ BLOCKS=\"$BLOCKS\"} TORCH_MODES=\"${TORCH_MODES-fill fill_compiled}\" CORPUS=$corpus${DATA:+ DATA=$DATA}${TRAIN_LM_FLAGS:+ TRAIN_LM_FLAGS=\"$TRAIN_LM_FLAGS\"} EVAL_EVERY_S=${EVAL_EVERY_S:-30} benchmarks/quality/run.sh ${1:-}"
+command="BUDGET_S=${BUDGET_S:-300} THREADS=${THREADS:-2}${BLOCKS:+ BLOCKS=\"$BLOCKS\"} TORCH_MODES=\"${TORCH_MODES-fill fill_compiled}\"${TORCH_BLOCK_SIZE:+ TORCH_BLOCK_SIZE=$TORCH_BLOCK_SIZE} CORPUS=$corpus${DATA:+ DATA=$DATA}${TRAIN_LM_FLAGS:+ TRAIN_LM_FLAGS=\"$TRAIN_LM_FLAGS\"} EVAL_EVERY_S=${EVAL_EVERY_S:-30} benchmarks/quality/run.sh ${1:-}"
 exec /usr/bin/python3 "$here/compare.py" --train_lm "$train_lm" --dump_split "$dump_split" --torch_python "$torch_python" \
   --out "$out" --budget_s "${BUDGET_S:-300}" --threads "${THREADS:-2}" --blocks "${BLOCKS:-}" \
-  --torch_modes="${TORCH_MODES-fill fill_compiled}" --data="$data" --extra="${TRAIN_LM_FLAGS:-}" \
+  --torch_modes="${TORCH_MODES-fill fill_compiled}" --torch_block_size="${TORCH_BLOCK_SIZE:-64}" --data="$data" --extra="${TRAIN_LM_FLAGS:-}" \
   --corpus_name="$corpus" --eval_every_s="${EVAL_EVERY_S:-30}" --target_bits="${TARGET_BITS:-2.6}" --command="$command"
