@@ -5,6 +5,7 @@
 // the eager op and layer.
 #include "test_helpers.hpp"
 
+#include "olmax/backend/bf16_matmul_kernels.hpp"
 #include "olmax/nn/gated_deltanet.hpp"
 #include "olmax/optim/parameters_of.hpp"
 #include "olmax/scan/gated_delta.hpp"
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -341,6 +343,30 @@ TEST_CASE("scan::gated_delta_rule: float agrees with double", "[gated_delta]") {
     olmax::sum(olmax::square(f.o)).backward();
     REQUIRE(q.grad().defined());
     for (float v : q.grad()) REQUIRE(std::isfinite(v));
+}
+
+TEST_CASE("scan::gated_delta_rule: under the bf16 policy its float products round their operands, as every float GEMM does",
+          "[gated_delta][bf16]") {
+    auto in = gdn_make_inputs(2, 40, 2, 8, 8, 19);
+    in.resets(0, 17) = 1;
+    const auto d = gdn_sc::gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.h0, in.resets, {.chunk = 16});
+    auto run = [&](bool bf16) {
+        std::optional<olmax::backend::bf16_matmul_scope> policy;
+        if (bf16) policy.emplace();
+        auto f = [](const GdnTensor& t) { return olmax::cast<float>(t); };
+        auto q = olmax::parameter(f(in.q)), v = olmax::parameter(f(in.v));
+        const auto r = gdn_sc::gated_delta_rule(q, f(in.k), v, f(in.g), f(in.beta), f(in.h0), f(in.resets), {.chunk = 16});
+        olmax::sum(olmax::square(r.o)).backward();
+        return std::vector<GdnTensor>{olmax::cast<double>(r.o.detach()), olmax::cast<double>(q.grad()), olmax::cast<double>(v.grad())};
+    };
+    const auto fp32 = run(false), bf16 = run(true);
+    CHECK(olmax_test::max_abs_diff(fp32[0], d.o) < 1e-4);
+    CHECK(olmax_test::max_abs_diff(bf16[0], d.o) < 3e-2);  // bf16 operands: ~3 significant digits
+    for (std::size_t i = 0; i < 3; ++i) {
+        INFO("output " << i << " (o, dq, dv)");
+        CHECK(olmax_test::max_abs_diff(bf16[i], fp32[i]) > 1e-5);  // the policy did apply
+        CHECK(olmax_test::max_abs_diff(bf16[i], fp32[i]) < 0.1);
+    }
 }
 
 TEST_CASE("scan::gated_delta_rule: bad shapes and sizes throw errors naming the op", "[gated_delta]") {

@@ -32,7 +32,8 @@
 // (I + A)^-1 is formed explicitly by forward substitution (row i of the inverse from rows j < i,
 // vectorised along the row), then W | U = (I + A)^-1 [diag(beta)(K . e^gamma) | diag(beta) V] in one
 // GEMM. The GEMMs run on the calling thread on backend::small_gemm (register blocks, no packing;
-// at these sizes 1.3-1.5x the GFLOPS of Eigen's blocked GEMM), skipping the zero triangles of
+// at these sizes 1.3-1.5x the GFLOPS of Eigen's blocked GEMM; under the bf16 precision policy on
+// small_gemm_bf16, operands rounded to bfloat16, as every float GEMM's are there), skipping the zero triangles of
 // (I + A)^-1, M and dM; the exponentials (Gamma, e^gamma, ...) in Eigen's vectorised exp; one
 // task per (batch, head), parallel on the current backend, with per-thread scratch that is reused
 // across calls.
@@ -112,7 +113,7 @@
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
-#include "olmax/backend/small_gemm.hpp"
+#include "olmax/backend/small_products.hpp"
 #include "olmax/backend/trace_rules.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/core/error.hpp"
@@ -217,7 +218,6 @@ Geometry make_geometry(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& 
     return geo;
 }
 
-using backend::small_gemm;
 using backend::small_gemm_transpose;
 /// op(A) lower or upper triangular ((I + A)^-1, M, dM): the products skip the zero triangle's steps.
 using backend::lower_triangle;
@@ -280,7 +280,9 @@ struct Scratch {
     static std::size_t piece_bound(const Geometry& geo) {  // one piece's parts, at most, per step of it (+ per piece)
         return 3 + 4 * geo.block + line<T> + 3 * geo.key + 2 * geo.value;
     }
-    Scratch(const Geometry& geo, bool backward) : pieces(piece_list()) {
+    backend::SmallProducts<T> gemm;  // the products, under the precision policy of the op's caller
+
+    Scratch(const Geometry& geo, bool backward, backend::SmallProducts<T> products) : pieces(piece_list()), gemm(products) {
         const std::size_t c = geo.block, K = geo.key, V = geo.value, KV = K * V;
         struct Part {
             T** p;
@@ -366,8 +368,8 @@ void prepare(const Geometry& geo, const Buffers<T>& in, std::size_t b, std::size
     }
     exp_in_place(Gam, L * L);
     small_gemm_transpose(L, K, p.Kc, K, w.Kt, L);                           // K^T, the right operand of both
-    small_gemm(false, false, L, L, K, T{1}, p.Kc, K, w.Kt, L, T{0}, AK, L);  // K K^T
-    small_gemm(false, false, L, L, K, T{1}, p.Qc, K, w.Kt, L, T{0}, M, L);   // Q K^T
+    w.gemm(false, false, L, L, K, T{1}, p.Kc, K, w.Kt, L, T{0}, AK, L);  // K K^T
+    w.gemm(false, false, L, L, K, T{1}, p.Qc, K, w.Kt, L, T{0}, M, L);   // Q K^T
     for (std::size_t i = 0; i < L; ++i) {
         T *row = Gam + i * L, *ak = AK + i * L, *m = M + i * L;
         for (std::size_t j = i + 1; j < L; ++j) row[j] = T{0};
@@ -418,10 +420,10 @@ void prepare(const Geometry& geo, const Buffers<T>& in, std::size_t b, std::size
 #pragma omp simd
         for (std::size_t n = 0; n < V; ++n) x[K + n] = bi * vr[n];
     }
-    small_gemm(false, false, L, KV, L, T{1}, Tinv, lt, Xb, KV, T{0}, p.WU, KV, lower_triangle);  // W | U
+    w.gemm(false, false, L, KV, L, T{1}, Tinv, lt, Xb, KV, T{0}, p.WU, KV, lower_triangle);  // W | U
     // V_new = U - W S
     for (std::size_t i = 0; i < L; ++i) std::copy_n(p.WU + i * KV + K, V, p.Vn + i * V);
-    if (p.S) small_gemm(false, false, L, V, K, T{-1}, p.WU, KV, p.S, V, T{1}, p.Vn, V);
+    if (p.S) w.gemm(false, false, L, V, K, T{-1}, p.WU, KV, p.S, V, T{1}, p.Vn, V);
 }
 
 /// rows[i, :] = scales[i] * src[i, :] for L rows of n (src strided by lds, dst dense).
@@ -443,7 +445,7 @@ void state_after(const Geometry& geo, const Piece<T>& p, T* out, Scratch<T>& w) 
     const std::size_t K = geo.key, V = geo.value;
     scaled_rows(p.L, K, p.eout, p.Kc, K, w.Kd);
     if (p.S && out != p.S) std::copy_n(p.S, K * V, out);
-    small_gemm(true, false, K, V, p.L, T{1}, w.Kd, K, p.Vn, V, p.S ? p.decay_all : T{0}, out, V);
+    w.gemm(true, false, K, V, p.L, T{1}, w.Kd, K, p.Vn, V, p.S ? p.decay_all : T{0}, out, V);
 }
 
 /// The pieces of steps [t0, t1) of row b: runs of at most `block` steps (blocks start at t0, t0 +
@@ -505,10 +507,10 @@ void forward_task(const Geometry& geo, const Buffers<T>& in, std::size_t b, std:
             prefetch_rows(geo, o, V, b, h, e, next, true);
             prepare(geo, in, b, h, p, w);
             // O = scale [tril(Q K^T . Gamma) V_new + (Q . e^gamma) S], then copied to o's rows
-            small_gemm(false, false, p.L, V, p.L, scale, p.M, p.L, p.Vn, V, T{0}, w.Oc, V, lower_triangle);
+            w.gemm(false, false, p.L, V, p.L, scale, p.M, p.L, p.Vn, V, T{0}, w.Oc, V, lower_triangle);
             if (p.S) {
                 scaled_rows(p.L, K, p.eg, p.Qc, K, w.Qg);
-                small_gemm(false, false, p.L, V, K, scale, w.Qg, K, p.S, V, T{1}, w.Oc, V);
+                w.gemm(false, false, p.L, V, K, scale, w.Qg, K, p.S, V, T{1}, w.Oc, V);
             }
             for (std::size_t i = 0; i < p.L; ++i) std::copy_n(w.Oc + i * V, V, o + geo.vo(b, s + i, h));
             state_after(geo, p, w.S, w);
@@ -556,30 +558,30 @@ T* backward_piece(const Geometry& geo, const Buffers<T>& in, const T* dO, const 
     const T *W = p.WU, *U = p.WU + K, *Vn = p.Vn;
     T *dW = w.dWV, *dVn = w.dWV + K, *dWb = w.Xb, *dUb = w.Xb + K, *dA = w.dA, *dM = w.dM;
     // dV_new = scale M^T dO + Kd dS; dKd = V_new dS^T; dM = scale dO V_new^T
-    small_gemm(true, false, L, V, L, scale, p.M, L, dOr, V, T{0}, dVn, KV, upper_triangle);
+    w.gemm(true, false, L, V, L, scale, p.M, L, dOr, V, T{0}, dVn, KV, upper_triangle);
     if (dS) {
         scaled_rows(L, K, p.eout, Kr, K, w.Kd);
-        small_gemm(false, false, L, V, K, T{1}, w.Kd, K, dS, V, T{1}, dVn, KV);
-        small_gemm(false, true, L, K, V, T{1}, Vn, V, dS, V, T{0}, w.dKd, K);
+        w.gemm(false, false, L, V, K, T{1}, w.Kd, K, dS, V, T{1}, dVn, KV);
+        w.gemm(false, true, L, K, V, T{1}, Vn, V, dS, V, T{0}, w.dKd, K);
     }
-    small_gemm(false, true, L, L, V, scale, dOr, V, Vn, V, T{0}, dM, L);
+    w.gemm(false, true, L, L, V, scale, dOr, V, Vn, V, T{0}, dM, L);
     const T sd = S && dS ? dot(S, dS, K * V) : T{0};  // <S, dS>, before dS becomes dS_in
     T* dS_in = nullptr;
     if (S) {
         // dQg = scale dO S^T; dW = -dV_new S^T; dS_in = e^{gamma_L} dS + scale Qg^T dO - W^T dV_new
         scaled_rows(L, K, p.eg, Q, K, w.Qg);
         small_gemm_transpose(K, V, S, V, w.St, K);  // S^T, the right operand of both
-        small_gemm(false, false, L, K, V, scale, dOr, V, w.St, K, T{0}, w.dQg, K);
-        small_gemm(false, false, L, K, V, T{-1}, dVn, KV, w.St, K, T{0}, dW, KV);
+        w.gemm(false, false, L, K, V, scale, dOr, V, w.St, K, T{0}, w.dQg, K);
+        w.gemm(false, false, L, K, V, T{-1}, dVn, KV, w.St, K, T{0}, dW, KV);
         dS_in = dS ? dS : w.dS;
-        small_gemm(true, false, K, V, L, scale, w.Qg, K, dOr, V, dS ? decay_all : T{0}, dS_in, V);
-        small_gemm(true, false, K, V, L, T{-1}, W, KV, dVn, KV, T{1}, dS_in, V);
+        w.gemm(true, false, K, V, L, scale, w.Qg, K, dOr, V, dS ? decay_all : T{0}, dS_in, V);
+        w.gemm(true, false, K, V, L, T{-1}, W, KV, dVn, KV, T{1}, dS_in, V);
         // [dWb | dUb] = Tinv^T [dW | dV_new]; dA = -(dWb W^T + dUb U^T)
-        small_gemm(true, false, L, KV, L, T{1}, p.Tinv, lt, dW, KV, T{0}, dWb, KV, upper_triangle);
-        small_gemm(false, true, L, L, KV, T{-1}, dWb, KV, W, KV, T{0}, dA, L);
+        w.gemm(true, false, L, KV, L, T{1}, p.Tinv, lt, dW, KV, T{0}, dWb, KV, upper_triangle);
+        w.gemm(false, true, L, L, KV, T{-1}, dWb, KV, W, KV, T{0}, dA, L);
     } else {  // W S = 0: dW = 0, dWb = 0
-        small_gemm(true, false, L, V, L, T{1}, p.Tinv, lt, dVn, KV, T{0}, dUb, KV, upper_triangle);
-        small_gemm(false, true, L, L, V, T{-1}, dUb, KV, U, KV, T{0}, dA, L);
+        w.gemm(true, false, L, V, L, T{1}, p.Tinv, lt, dVn, KV, T{0}, dUb, KV, upper_triangle);
+        w.gemm(false, true, L, L, V, T{-1}, dUb, KV, U, KV, T{0}, dA, L);
     }
     // Elementwise on the triangles: dbeta_i's share sum_j dA_ij AK_ij; E = dA . A + dM . M (row and
     // column sums: gamma's gradient through Gamma); dA becomes P = dA . diag(beta) Gamma (strict
@@ -609,9 +611,9 @@ T* backward_piece(const Geometry& geo, const Buffers<T>& in, const T* dO, const 
     for (std::size_t i = 0; i < L; ++i)  // P + P^T
         for (std::size_t j = 0; j < i; ++j) dA[j * L + i] = dA[i * L + j];
     // dQ = (dM . Gamma) K (+ e^gamma . dQg below); dK = (dM . Gamma)^T Q + (P + P^T) K (+ ...)
-    small_gemm(false, false, L, K, L, T{1}, dM, L, Kr, K, T{0}, dq, K, lower_triangle);
-    small_gemm(true, false, L, K, L, T{1}, dM, L, Q, K, T{0}, dk, K, upper_triangle);
-    small_gemm(false, false, L, K, L, T{1}, dA, L, Kr, K, T{1}, dk, K);
+    w.gemm(false, false, L, K, L, T{1}, dM, L, Kr, K, T{0}, dq, K, lower_triangle);
+    w.gemm(true, false, L, K, L, T{1}, dM, L, Q, K, T{0}, dk, K, upper_triangle);
+    w.gemm(false, false, L, K, L, T{1}, dA, L, Kr, K, T{1}, dk, K);
     T* dgam = w.dgam;
     T dlast{0};
     for (std::size_t i = 0; i < L; ++i) {
@@ -717,9 +719,10 @@ void backward_task(const Geometry& geo, const Buffers<T>& in, const T* dO, const
 template <Real T>
 void forward(const Geometry& geo, const Buffers<T>& in, T* o, T* state_out, T* ckpt) {
     const std::size_t work = geo.time * geo.key * geo.value * (geo.chunk + geo.key + geo.value);
+    const auto gemm = backend::SmallProducts<T>::in_force();
     backend::current().parallel_for(geo.tasks(), work, [&](std::size_t lo, std::size_t hi) {
         scan::detail::denormal_guard guard;
-        Scratch<T> scratch(geo, false);
+        Scratch<T> scratch(geo, false, gemm);
         for (std::size_t task = lo; task < hi; ++task) forward_task(geo, in, task / geo.heads, task % geo.heads, o, state_out, ckpt, scratch);
     });
 }
@@ -728,9 +731,10 @@ void forward(const Geometry& geo, const Buffers<T>& in, T* o, T* state_out, T* c
 template <Real T>
 void backward(const Geometry& geo, const Buffers<T>& in, const T* dO, const T* dstate, const T* ckpt, const Gradients<T>& out) {
     const std::size_t work = 4 * geo.time * geo.key * geo.value * (geo.chunk + geo.key + geo.value);
+    const auto gemm = backend::SmallProducts<T>::in_force();
     backend::current().parallel_for(geo.tasks(), work, [&](std::size_t lo, std::size_t hi) {
         scan::detail::denormal_guard guard;
-        Scratch<T> scratch(geo, true);
+        Scratch<T> scratch(geo, true, gemm);
         for (std::size_t task = lo; task < hi; ++task)
             backward_task(geo, in, dO, dstate, ckpt, out, task / geo.heads, task % geo.heads, scratch);
     });
