@@ -14,8 +14,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
 train_lm="$build/examples/train_lm"
 [ -x "$train_lm" ] || { echo "xla/bf16_step_time.sh: no $train_lm; build it: cmake --build $build --target train_lm" >&2; exit 1; }
-plugin="${PLUGIN:-$(ls "$repo"/.venv/lib/python3*/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so 2>/dev/null | head -1)}"
-[ -n "$plugin" ] || { echo "xla/bf16_step_time.sh: no CPU plugin; run tools/setup_jax_venv.sh or set PLUGIN" >&2; exit 1; }
+source "$here/cpu_plugin.sh" xla/bf16_step_time.sh
 IFS=: read -r f d b s <<< "${SHAPE:-128:4:16:128}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT

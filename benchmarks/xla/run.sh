@@ -25,8 +25,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
 bench="$build/benchmarks/xla/bench_xla_whole_step"
 [ -x "$bench" ] || { echo "xla/run.sh: no $bench; build it: cmake --build $build --target bench_xla_whole_step" >&2; exit 1; }
-plugin="${PLUGIN:-$(ls "$repo"/.venv/lib/python3*/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so 2>/dev/null | head -1)}"
-[ -n "$plugin" ] || { echo "xla/run.sh: no CPU plugin; run tools/setup_jax_venv.sh or set PLUGIN" >&2; exit 1; }
+source "$here/cpu_plugin.sh" xla/run.sh
 out="${OUT:-$repo/benchmarks/results/xla-whole-step-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"
 export TF_CPP_MIN_LOG_LEVEL=2

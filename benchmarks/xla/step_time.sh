@@ -28,8 +28,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
 train_lm="$build/examples/train_lm"
 [ -x "$train_lm" ] || { echo "xla/step_time.sh: no $train_lm; build it: cmake --build $build --target train_lm" >&2; exit 1; }
-plugin="${PLUGIN:-$(ls "$repo"/.venv/lib/python3*/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so 2>/dev/null | head -1)}"
-[ -n "$plugin" ] || { echo "xla/step_time.sh: no CPU plugin; run tools/setup_jax_venv.sh or set PLUGIN" >&2; exit 1; }
+source "$here/cpu_plugin.sh" xla/step_time.sh
 shapes="${SHAPES:-64:2:8:64 128:4:16:128}"
 blocks="${BLOCKS:-conv_mixer qrnn mamba moe}"
 steps="${STEPS:-100}" repeats="${REPEATS:-3}" threads="${THREADS:-2}"
