@@ -207,7 +207,7 @@ struct Scratch {
     std::vector<double> cum;     // [Q] chunk-local cumulative sums of dt A
     std::vector<double> dcum;    // [Q]
     std::vector<long> last_reset;  // [Q] the last reset at or before i inside the chunk, -1 if none
-    Storage<T> X, Xv, M, Lam, dM, dX, Z, T1, Cw, S, dS, Xt, Bt;
+    Storage<T> X, Xv, M, Lam, dM, dX, Z, T1, Cw, S, dS;
     backend::SmallProducts<T> gemm;  // the products, under the precision policy of the op's caller
 
     Scratch(const Geometry& g, bool backward, backend::SmallProducts<T> products)
@@ -219,14 +219,12 @@ struct Scratch {
         Lam.resize(Q * Q);
         Cw.resize(Q * N);
         S.resize(P * N);
-        Bt.resize(N * Q);
         if (backward) {
             dM.resize(Q * Q);
             dX.resize(Q * P);
             Z.resize(Q * P);
             T1.resize(Q * N);
             dS.resize(P * N);
-            Xt.resize(P * Q);
         }
     }
 };
@@ -241,20 +239,11 @@ struct Chunk {
 using backend::lower_triangle;
 using backend::upper_triangle;
 
-/// The lower triangle (j <= i) of c [L, L] = a [L, K] bt [K, L] (leading dimensions lda, ldbt, ldc):
-/// about half a full product. Entries above the diagonal are unspecified and must not be read.
+/// The lower triangle (j <= i) of C B^T [L, L] for one chunk (C, B: [L, N] rows ld apart): about
+/// half a full product. Entries above the diagonal are unspecified and must not be read.
 template <class T>
-void lower_product(const backend::SmallProducts<T>& gemm, std::size_t L, std::size_t K, const T* a, std::size_t lda, const T* bt,
-                   std::size_t ldbt, T* c, std::size_t ldc) {
-    gemm(false, false, L, L, K, T{1}, a, lda, bt, ldbt, T{0}, c, ldc, backend::lower_c_only);
-}
-
-/// The lower triangle of C B^T for one chunk ([L, N] each, leading dimension ld), through `bt`
-/// ([N, L] scratch for B^T).
-template <class T>
-void chunk_product(const backend::SmallProducts<T>& gemm, std::size_t L, std::size_t N, const T* Cc, const T* Bc, std::size_t ld, T* bt, T* out) {
-    backend::small_gemm_transpose(L, N, Bc, ld, bt, L);
-    lower_product(gemm, L, N, Cc, ld, bt, L, out, L);
+void chunk_product(const backend::SmallProducts<T>& gemm, std::size_t L, std::size_t N, const T* Cc, const T* Bc, std::size_t ld, T* out) {
+    gemm(false, true, L, L, N, T{1}, Cc, ld, Bc, ld, T{0}, out, L, backend::lower_c_only);
 }
 
 /// Where chunk c of group grp of batch row b keeps its C B^T in group_products' buffer.
@@ -268,13 +257,12 @@ template <class T>
 void group_products(const Geometry& g, const Buffers<T>& in, const backend::SmallProducts<T>& gemm, T* products) {
     const std::size_t N = g.state, GN = g.groups * N, T_ = g.time;
     backend::current().parallel_for(g.batch * g.groups * g.chunks, 2 * g.chunk * g.chunk * N, [&](std::size_t lo, std::size_t hi) {
-        std::vector<T> bt(N * g.chunk);
         for (std::size_t i = lo; i < hi; ++i) {
             const std::size_t c = i % g.chunks, grp = (i / g.chunks) % g.groups, b = i / (g.chunks * g.groups);
             const std::size_t t0 = c * g.chunk, L = std::min(g.chunk, T_ - t0);
             const T* Cc = in.C + ((b * T_ + t0) * g.groups + grp) * N;
             const T* Bc = in.B + ((b * T_ + t0) * g.groups + grp) * N;
-            chunk_product(gemm, L, N, Cc, Bc, GN, bt.data(), products + product_offset(g, b, grp, c));
+            chunk_product(gemm, L, N, Cc, Bc, GN, products + product_offset(g, b, grp, c));
         }
     });
 }
@@ -332,7 +320,7 @@ Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, 
     else {
         const T* Cc = in.C + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
         const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
-        chunk_product(s.gemm, L, N, Cc, Bc, GN, s.Bt.data(), m);
+        chunk_product(s.gemm, L, N, Cc, Bc, GN, m);
     }
     for (std::size_t i = 0; i < L; ++i) {
         T* row = m + i * L;
@@ -439,8 +427,8 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
 
         // Intra-chunk: dX = M^T dY; dM = dY X^T; R = dM o M feeds dcum; dG = dM o Lambda.
         s.gemm(true, false, L, P, L, T{1}, s.M.data(), L, dyc, HP, T{0}, s.dX.data(), P, upper_triangle);
-        backend::small_gemm_transpose(L, P, s.X.data(), P, s.Xt.data(), L);
-        lower_product(s.gemm, L, P, dyc, HP, s.Xt.data(), L, s.dM.data(), L);  // dM's lower triangle: M is zero above it
+        // dM's lower triangle only: M is zero above it.
+        s.gemm(false, true, L, L, P, T{1}, dyc, HP, s.X.data(), P, T{0}, s.dM.data(), L, backend::lower_c_only);
         {
             T *dm = s.dM.data();
             const T *m = s.M.data(), *lam = s.Lam.data();
