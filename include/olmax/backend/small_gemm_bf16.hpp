@@ -77,23 +77,23 @@ OLMAX_BF16_TARGET inline void pack_row_pairs(std::size_t k, const float* x, std:
     }
 }
 
-/// pairs [kp][width] words: word (q, j) = (X(2q, j), X(2q + 1, j)) for X(p, j) = x(p, j) (contiguous
-/// rows: x.cs = 1), zero past k rows and past n columns; `width` a multiple of 16.
-OLMAX_BF16_TARGET inline void pack_interleaved(std::size_t k, std::size_t n, Strided x, std::uint32_t* out, std::size_t width) {
+/// pairs [kp][width] words: word (q, j) = (X(2q, j), X(2q + 1, j)) for the row-major X [k, n] at x
+/// (rows ld apart), zero past k rows and past n columns; `width` a multiple of 16. Converts 16
+/// columns of two rows at once, then interleaves them.
+OLMAX_BF16_TARGET inline void pack_interleaved(std::size_t k, std::size_t n, const float* x, std::size_t ld, std::uint32_t* out,
+                                               std::size_t width) {
     const std::size_t kp = (k + 1) / 2;
-    {  // rows contiguous (the caller's layout): convert 16 columns of two rows at once, then interleave
-        const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19,
-                                               3, 18, 2, 17, 1, 16, 0);
-        for (std::size_t q = 0; q < kp; ++q) {
-            const float* r0 = x.x + 2 * q * x.rs;
-            const float* r1 = 2 * q + 1 < k ? r0 + x.rs : nullptr;
-            for (std::size_t j = 0; j < width; j += 16) {
-                const std::size_t left = j < n ? std::min<std::size_t>(16, n - j) : 0;
-                const __mmask16 mask = __mmask16((1u << left) - 1);
-                const __m512 v0 = _mm512_maskz_loadu_ps(mask, r0 + j);
-                const __m512 v1 = r1 ? _mm512_maskz_loadu_ps(mask, r1 + j) : _mm512_setzero_ps();
-                _mm512_storeu_si512(out + q * width + j, _mm512_permutexvar_epi16(order, round_32(v0, v1)));
-            }
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3,
+                                           18, 2, 17, 1, 16, 0);
+    for (std::size_t q = 0; q < kp; ++q) {
+        const float* r0 = x + 2 * q * ld;
+        const float* r1 = 2 * q + 1 < k ? r0 + ld : nullptr;
+        for (std::size_t j = 0; j < width; j += 16) {
+            const std::size_t left = j < n ? std::min<std::size_t>(16, n - j) : 0;
+            const __mmask16 mask = __mmask16((1u << left) - 1);
+            const __m512 v0 = _mm512_maskz_loadu_ps(mask, r0 + j);
+            const __m512 v1 = r1 ? _mm512_maskz_loadu_ps(mask, r1 + j) : _mm512_setzero_ps();
+            _mm512_storeu_si512(out + q * width + j, _mm512_permutexvar_epi16(order, round_32(v0, v1)));
         }
     }
 }
@@ -149,34 +149,29 @@ OLMAX_BF16_TARGET inline void avx512(std::size_t m, std::size_t n, std::size_t k
     const std::size_t kp = (k + 1) / 2, vectors = (n + 15) / 16, width = 16 * vectors;
     thread_local std::vector<std::uint32_t> pa, pb;
     thread_local std::vector<float> bt;
-    // op(A) as pairs: when A is stored transposed (op(A)'s columns contiguous), [kp][m rounded up to
-    // 16] (op(A)^T's rows 2q and 2q + 1 interleaved: A's rows 1 word apart); else [m][kp] (each
-    // row's consecutive elements paired).
+    // op(A) as pairs. Stored transposed (op(A)'s columns contiguous: a.cs = lda, a.rs = 1): [kp][m
+    // rounded up to 16], op(A)^T's rows 2q and 2q + 1 interleaved, A's rows 1 word apart. Else
+    // (a.cs = 1): [m][kp], each row's consecutive elements paired.
     std::size_t ars, acs;
-    if (a.rs == 1 && a.cs != 1) {
+    if (a.cs != 1) {
         const std::size_t mw = 16 * ((m + 15) / 16);
         pa.resize(kp * mw);
-        pack_interleaved(k, m, Strided{a.x, a.cs, 1}, pa.data(), mw);
+        pack_interleaved(k, m, a.x, a.cs, pa.data(), mw);
         ars = 1, acs = mw;
     } else {
         pa.resize(m * kp);
-        if (a.cs == 1)
-            for (std::size_t i = 0; i < m; ++i) pack_row_pairs(k, a.x + i * a.rs, pa.data() + i * kp);
-        else
-            for (std::size_t i = 0; i < m; ++i)
-                for (std::size_t q = 0; q < kp; ++q) {
-                    const std::uint16_t lo = bfloat16(a(i, 2 * q)).bits(), hi = 2 * q + 1 < k ? bfloat16(a(i, 2 * q + 1)).bits() : 0;
-                    pa[i * kp + q] = std::uint32_t(lo) | std::uint32_t(hi) << 16;
-                }
+        for (std::size_t i = 0; i < m; ++i) pack_row_pairs(k, a.x + i * a.rs, pa.data() + i * kp);
         ars = kp, acs = 1;
     }
-    if (b.cs != 1) {  // op(B) = B^T: transposed into contiguous rows first (bits unchanged)
+    const float* bx = b.x;
+    std::size_t ldb = b.rs;
+    if (b.cs != 1) {  // op(B) = B^T (b.cs = ldb, b.rs = 1): transposed into contiguous rows first (bits unchanged)
         bt.resize(k * n);
-        SmallGemm<float>::transpose(n, k, b.x, b.rs == 1 ? b.cs : b.rs, bt.data(), n);
-        b = Strided{bt.data(), n, 1};
+        SmallGemm<float>::transpose(n, k, b.x, b.cs, bt.data(), n);
+        bx = bt.data(), ldb = n;
     }
     pb.resize(kp * width);
-    pack_interleaved(k, n, b, pb.data(), width);
+    pack_interleaved(k, n, bx, ldb, pb.data(), width);
     const std::size_t column_blocks = (vectors + max_vectors - 1) / max_vectors, row_blocks = (m + max_rows - 1) / max_rows;
     const auto clamp = [kp](std::ptrdiff_t q) { return std::size_t(std::clamp<std::ptrdiff_t>(q, 0, std::ptrdiff_t(kp))); };
     for (std::size_t jb = 0, j = 0; jb < column_blocks; ++jb) {
