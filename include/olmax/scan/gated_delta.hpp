@@ -33,10 +33,10 @@
 // vectorised along the row), then W | U = (I + A)^-1 [diag(beta)(K . e^gamma) | diag(beta) V] in one
 // GEMM. The GEMMs run on the calling thread on backend::small_gemm (register blocks, no packing;
 // at these sizes 1.3-1.5x the GFLOPS of Eigen's blocked GEMM; under the bf16 precision policy on
-// small_gemm_bf16, operands rounded to bfloat16, as every float GEMM's are there), skipping the zero triangles of
-// (I + A)^-1, M and dM; the exponentials (Gamma, e^gamma, ...) in Eigen's vectorised exp; one
-// task per (batch, head), parallel on the current backend, with per-thread scratch that is reused
-// across calls.
+// small_gemm_bf16, operands rounded to bfloat16, as every float GEMM's are there), skipping the
+// zero triangles of (I + A)^-1, M and dM; the exponentials (Gamma, e^gamma, ...) in Eigen's
+// vectorised exp; one task per (batch, head), parallel on the current backend, with per-thread
+// scratch that is reused across calls.
 //
 // Segments (packed documents): resets[b, t] != 0 zeroes the state before step t (S_{t-1} := 0),
 // so S_t = beta_t k_t v_t^T there, g_t has no effect and no gradient crosses that step; h0 only
