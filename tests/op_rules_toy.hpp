@@ -39,13 +39,14 @@ struct softcap_key {
 template <olmax::Real T>
 olmax::Tensor<T> softcap(const olmax::Tensor<T>& x, double cap) {
     olmax::backend::op_scope on(softcap_key::name, x);
-    if (on.traced()) return olmax::backend::trace::call1<softcap_key>({x}, {.cap = cap});  // its rule, found by its key
-    auto y = olmax::Tensor<T>::uninitialized(x.shape());
-    olmax::backend::map(x.size(), y.data(), [c = T(cap)](T v) { return c * std::tanh(v / c); }, x.data());
-    return olmax::autodiff::custom_op("toy_softcap", y, {x},
-                                      [y = y.detach(), c = T(cap)](const olmax::Tensor<T>& dy, olmax::autodiff::GradientSink<T>& g) {
-                                          g.add(0, dy * (1 - y * y / (c * c)));  // d/dx c tanh(x / c) = 1 - tanh^2
-                                      });
+    return on.run<softcap_key>({x}, {.cap = cap}, [&] {  // traced: its rule, found by its key
+        auto y = olmax::Tensor<T>::uninitialized(x.shape());
+        olmax::backend::map(x.size(), y.data(), [c = T(cap)](T v) { return c * std::tanh(v / c); }, x.data());
+        return olmax::autodiff::custom_op("toy_softcap", y, {x},
+                                          [y = y.detach(), c = T(cap)](const olmax::Tensor<T>& dy, olmax::autodiff::GradientSink<T>& g) {
+                                              g.add(0, dy * (1 - y * y / (c * c)));  // d/dx c tanh(x / c) = 1 - tanh^2
+                                          });
+    });
 }
 
 /// Its rule, in the traced primitives (whose gradients the tape records); registered before main.
@@ -98,14 +99,15 @@ struct cube_key {
 template <olmax::Real T>
 olmax::Tensor<T> cube(const olmax::Tensor<T>& x) {
     olmax::backend::op_scope on(cube_key::name, x);
-    if (on.traced()) return olmax::backend::trace::call1<cube_key>({x});
-    olmax::Tensor<T> y;
-    {
-        olmax::autodiff::no_grad off;
-        y = x * x * x;
-    }
-    return olmax::autodiff::custom_op("toy_cube", y, {x}, [x = x.detach()](const olmax::Tensor<T>& dy, olmax::autodiff::GradientSink<T>& g) {
-        g.add(0, dy * x * x * T(3));
+    return on.run<cube_key>({x}, {}, [&] {
+        olmax::Tensor<T> y;
+        {
+            olmax::autodiff::no_grad off;
+            y = x * x * x;
+        }
+        return olmax::autodiff::custom_op("toy_cube", y, {x}, [x = x.detach()](const olmax::Tensor<T>& dy, olmax::autodiff::GradientSink<T>& g) {
+            g.add(0, dy * x * x * T(3));
+        });
     });
 }
 

@@ -12,7 +12,7 @@
 // runs the same check on the real XLA CPU plugin in float32 (1e-4).
 //
 // Every op that has a traced branch has a rule, as a compile-time property rather than a test
-// over the sources: an op's traced branch names its rule by a key type (`call1<op::slice>`), so a
+// over the sources: an op names its rule by a key type (`on.run<op::slice>(...)`), so a
 // misspelt key does not compile; every key of olmax derives from op::registered<K>, which does not
 // compile unless K is an entry of the registry op::all (ops/op_keys.hpp); and trace/rules.hpp,
 // which registers the rule of every entry, does not compile when an entry has no `lower` overload

@@ -9,6 +9,9 @@
 //         backend::map(out.size(), out.data(), f, a.data(), b.data());
 //         ...
 //
+// On traced inputs (core/traced.hpp) an op returns its lowering rule's value instead of running
+// kernels: `op_scope::run` picks one of the two, so the op's body never asks which.
+//
 // The dispatch path, end to end: tensor -> Device (core) -> Kernels of that device (registry.hpp)
 // -> the static backend behind them (cpu_openmp / cpu_serial / a registered device's own).
 
@@ -16,6 +19,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "olmax/backend/cpu_serial.hpp"
@@ -87,8 +92,25 @@ public:
     op_scope(const op_scope&) = delete;
     op_scope& operator=(const op_scope&) = delete;
 
-    /// Whether the op runs on traced tensors (core/traced.hpp): it must then return its lowering
-    /// rule's result (backend/trace_rules.hpp) instead of running kernels.
+    /// The op's result, the one place where its traced and eager forms part: on traced inputs
+    /// (core/traced.hpp) the lowering rule of its key K (backend/trace_rules.hpp) on `operands` and
+    /// `attrs`; else `kernel()`, the op's own kernels. Checks before it hold for both forms.
+    template <trace::op_key K, class Kernel>
+    std::invoke_result_t<Kernel&> run(const trace::operands& operands, const typename K::attrs& attrs, Kernel&& kernel) const {
+        if (traced()) return trace::results<std::invoke_result_t<Kernel&>, K>(operands, attrs);
+        return kernel();
+    }
+
+    /// The result of an op whose traced form is a composition of other ops, each with its own rule
+    /// (a fused kernel's unfused definition): `composition()` on traced inputs, else `kernel()`.
+    template <class Composition, class Kernel>
+    std::invoke_result_t<Kernel&> run_composed(Composition&& composition, Kernel&& kernel) const {
+        if (traced()) return composition();
+        return kernel();
+    }
+
+    /// Whether the op runs on traced tensors (core/traced.hpp), for what differs before `run`
+    /// (a value check that needs the elements).
     bool traced() const { return olmax::detail::is_tracing_device(device_); }
 
 private:

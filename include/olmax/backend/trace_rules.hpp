@@ -4,12 +4,12 @@
 // An op whose inputs are traced (core/traced.hpp; `op_scope::traced()`) returns what its rule
 // returns instead of running kernels. The op names its rule by a key, a struct that holds the op's
 // name and its typed attributes (olmax's own keys: `olmax::op::*`, listed in ops/op_keys.hpp and
-// defined next to their ops):
+// defined next to their ops). `op_scope::run` (backend/dispatch.hpp) is where an op's two forms part:
 //
 //     template <Real T> Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t end) {
 //         backend::op_scope on("slice", x);
-//         ...
-//         if (on.traced()) return backend::trace::call1<op::slice>({x}, {.axis = a, .begin = begin, .end = end});
+//         ...                                                  // checks, for both forms
+//         return on.run<op::slice>({x}, {.axis = a, .begin = begin, .end = end}, [&] { ... kernels ... });
 //
 // A misspelt key does not compile, nor does a wrong attribute. The rules themselves live in
 // olmax/trace/ (above every op), which registers them when it is included (`register_rule<Key>`):
@@ -351,18 +351,70 @@ std::vector<Tensor<T>> call(traced_inputs inputs, const typename K::attrs& attrs
     }
 }
 
-/// The one output of a single-output op's rule, for ops on inputs of their own element type (host
-/// inputs become constants of the program).
-template <op_key K, Real T>
-Tensor<T> call1(std::initializer_list<Tensor<T>> inputs, const typename K::attrs& attrs = {}) {
-    if constexpr (!std::is_same_v<T, float>) {
-        return call<K, T>({}, attrs).front();  // throws: float32 only
+/// An operand of an op's lowering rule: a tensor of any element type, handed to the rule as the
+/// float32 traced value `as_float` makes of it (a host tensor becomes a constant of the program; an
+/// optional operand left undefined stays undefined). It only refers to the tensor: an op builds its
+/// list of operands in the expression that runs the rule (`op_scope::run`).
+class operand {
+public:
+    template <Scalar S>
+    operand(const Tensor<S>& t) : tensor_(&t), lower_([](const void* p) {  // NOLINT: implicit, so that {a, b} lists operands
+          const auto& t = *static_cast<const Tensor<S>*>(p);
+          return t.defined() ? as_float(t) : Tensor<float>();
+      }) {}
+    Tensor<float> value() const { return lower_(tensor_); }
+
+private:
+    const void* tensor_;
+    Tensor<float> (*lower_)(const void*);
+};
+
+/// The operands of an op's lowering rule: a braced list of tensors (`{x, w}`), or a list of
+/// tensors of one type (stack_leading's parts). Nothing is converted until the rule runs.
+class operands {
+public:
+    operands(std::initializer_list<operand> list) : list_(list) {}
+    template <Scalar S>
+    operands(const std::vector<Tensor<S>>& tensors)
+        : tensors_(&tensors), lower_tensors_([](const void* p) {
+              std::vector<Tensor<float>> out;
+              for (const auto& t : *static_cast<const std::vector<Tensor<S>>*>(p)) out.push_back(operand(t).value());
+              return out;
+          }) {}
+    std::vector<Tensor<float>> values() const {
+        if (tensors_) return lower_tensors_(tensors_);
+        std::vector<Tensor<float>> out;
+        out.reserve(list_.size());
+        for (const auto& o : list_) out.push_back(o.value());
+        return out;
+    }
+
+private:
+    std::initializer_list<operand> list_{};
+    const void* tensors_ = nullptr;
+    std::vector<Tensor<float>> (*lower_tensors_)(const void*) = nullptr;
+};
+
+/// The results of the rule of the op keyed by K on `operands`, as the op returns them: R is the
+/// op's result type, a tensor, a list of tensors or a struct of two (a scan's h and h_last).
+/// Throws `trace_error` naming the op when it has no rule, when its rule gives another number of
+/// values, or when the op runs in another precision than float32.
+template <class R, op_key K>
+R results(const operands& operands, const typename K::attrs& attrs) {
+    const std::vector<Tensor<float>> in = operands.values();
+    auto counted = [](std::size_t expected, traced_outputs out) {
+        check<trace_error>(out.size() == expected, "olmax: the rule of '", K::name, "' returned ", out.size(), " values, expected ", expected);
+        return out;
+    };
+    if constexpr (std::is_same_v<R, Tensor<float>>) {
+        return std::move(counted(1, call<K, float>(in, attrs)).front());
+    } else if constexpr (std::is_same_v<R, std::vector<Tensor<float>>>) {
+        return call<K, float>(in, attrs);
+    } else if constexpr (requires(Tensor<float> t) { R{t, t}; }) {
+        auto out = counted(2, call<K, float>(in, attrs));
+        return R{std::move(out[0]), std::move(out[1])};
     } else {
-        std::vector<Tensor<float>> in;
-        for (const auto& t : inputs) in.push_back(t.defined() ? as_float(t) : t);
-        auto out = call<K, T>(in, attrs);
-        check<trace_error>(out.size() == 1, "olmax: the rule of '", K::name, "' returned ", out.size(), " values, expected 1");
-        return std::move(out.front());
+        throw trace_error(olmax::detail::concat("olmax: ", K::name, ": traced programs compute in float32; trace a float model"));
     }
 }
 

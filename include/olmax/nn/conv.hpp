@@ -66,66 +66,67 @@ template <Real T>
 Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T eps, T slope) {
     backend::op_scope on("nn::DenseConv norm", h, scale);
     check<value_error>(eps > T{0}, "nn::DenseConv: the norm's eps must be positive, got ", eps);
-    if (on.traced()) return leaky_relu(scale_norm(h, scale, eps), slope);  // the same function from its parts
     check<shape_error>(h.rank() >= 1 && scale.rank() == 1 && scale.shape()[0] == h.shape().back(), "nn::DenseConv: norm scale of shape ",
                        to_string(scale.shape()), " does not match the last axis of ", to_string(h.shape()));
-    const std::size_t f = h.shape().back();
-    std::size_t rows = 1;
-    for (std::size_t i = 0; i + 1 < h.rank(); ++i) rows *= h.shape()[i];
-    auto out = Tensor<T>::uninitialized(h.shape());
-    auto r = Tensor<T>::uninitialized({rows});
-    std::vector<unsigned char> clamped(rows);
-    {
-        const T *hp = h.data(), *wp = scale.data();
-        T *op = out.data(), *rp = r.data();
-        backend::current().parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
-            for (std::size_t i = lo; i < hi; ++i) {
-                const T* row = hp + i * f;
-                double sum_sq = 0;
-#pragma omp simd reduction(+ : sum_sq)
-                for (std::size_t j = 0; j < f; ++j) sum_sq += double(row[j]) * double(row[j]);
-                bool clamp = false;
-                const T factor = olmax::detail::norm_ops::l2_factor(sum_sq, eps, clamp);
-                rp[i] = factor;
-                clamped[i] = clamp;
-                T* o = op + i * f;
-                const T negative_slope = slope;  // a local: the select then needs no conditional load, so it vectorises
-#pragma omp simd
-                for (std::size_t j = 0; j < f; ++j) {
-                    const T z = row[j] * factor * wp[j], leaky = negative_slope * z;
-                    o[j] = z < T{0} ? leaky : z;
+    return on.run_composed([&] { return leaky_relu(scale_norm(h, scale, eps), slope); }, [&] {  // traced: the same function from its parts
+        const std::size_t f = h.shape().back();
+        std::size_t rows = 1;
+        for (std::size_t i = 0; i + 1 < h.rank(); ++i) rows *= h.shape()[i];
+        auto out = Tensor<T>::uninitialized(h.shape());
+        auto r = Tensor<T>::uninitialized({rows});
+        std::vector<unsigned char> clamped(rows);
+        {
+            const T *hp = h.data(), *wp = scale.data();
+            T *op = out.data(), *rp = r.data();
+            backend::current().parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+                for (std::size_t i = lo; i < hi; ++i) {
+                    const T* row = hp + i * f;
+                    double sum_sq = 0;
+    #pragma omp simd reduction(+ : sum_sq)
+                    for (std::size_t j = 0; j < f; ++j) sum_sq += double(row[j]) * double(row[j]);
+                    bool clamp = false;
+                    const T factor = olmax::detail::norm_ops::l2_factor(sum_sq, eps, clamp);
+                    rp[i] = factor;
+                    clamped[i] = clamp;
+                    T* o = op + i * f;
+                    const T negative_slope = slope;  // a local: the select then needs no conditional load, so it vectorises
+    #pragma omp simd
+                    for (std::size_t j = 0; j < f; ++j) {
+                        const T z = row[j] * factor * wp[j], leaky = negative_slope * z;
+                        o[j] = z < T{0} ? leaky : z;
+                    }
                 }
-            }
-        });
-    }
-    const Tensor<T> inputs[2] = {h, scale};
-    autodiff::record<T>("scale_norm_leaky_relu", inputs, std::span<Tensor<T>>(&out, 1),
-                        [h, scale, r, clamped = std::move(clamped), rows, f, slope](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const bool need_dh = sink.needs(0), need_dw = sink.needs(1);
-                            if (!need_dh && !need_dw) return;
-                            const T *hp = h.data(), *wp = scale.data(), *rp = r.data(), *gp = g[0].data();
-                            // dz = dout through the leaky-ReLU (its sign from the forward's z), then ScaleNorm's gradients.
-                            auto dz_tensor = Tensor<T>::uninitialized(h.shape());
-                            T* dz = dz_tensor.data();
-                            backend::current().parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
-                                const std::size_t n = f;
-                                const T negative_slope = slope;
-                                for (std::size_t i = lo; i < hi; ++i) {
-                                    const T *row = hp + i * n, *grow = gp + i * n;
-                                    T* dzr = dz + i * n;
-                                    const T rr = rp[i];
-#pragma omp simd
-                                    for (std::size_t j = 0; j < n; ++j) {
-                                        const T z = row[j] * rr * wp[j], dy = grow[j], leaky = dy * negative_slope;
-                                        dzr[j] = z < T{0} ? leaky : dy;
+            });
+        }
+        const Tensor<T> inputs[2] = {h, scale};
+        autodiff::record<T>("scale_norm_leaky_relu", inputs, std::span<Tensor<T>>(&out, 1),
+                            [h, scale, r, clamped = std::move(clamped), rows, f, slope](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                const bool need_dh = sink.needs(0), need_dw = sink.needs(1);
+                                if (!need_dh && !need_dw) return;
+                                const T *hp = h.data(), *wp = scale.data(), *rp = r.data(), *gp = g[0].data();
+                                // dz = dout through the leaky-ReLU (its sign from the forward's z), then ScaleNorm's gradients.
+                                auto dz_tensor = Tensor<T>::uninitialized(h.shape());
+                                T* dz = dz_tensor.data();
+                                backend::current().parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
+                                    const std::size_t n = f;
+                                    const T negative_slope = slope;
+                                    for (std::size_t i = lo; i < hi; ++i) {
+                                        const T *row = hp + i * n, *grow = gp + i * n;
+                                        T* dzr = dz + i * n;
+                                        const T rr = rp[i];
+    #pragma omp simd
+                                        for (std::size_t j = 0; j < n; ++j) {
+                                            const T z = row[j] * rr * wp[j], dy = grow[j], leaky = dy * negative_slope;
+                                            dzr[j] = z < T{0} ? leaky : dy;
+                                        }
                                     }
-                                }
+                                });
+                                if (need_dh)
+                                    sink.add(0, olmax::detail::norm_ops::input_gradient(dz, hp, wp, rp, clamped.data(), h.shape(), 1.0));
+                                if (need_dw) sink.add(1, olmax::detail::norm_ops::scale_gradient(dz, hp, rp, rows, f));
                             });
-                            if (need_dh)
-                                sink.add(0, olmax::detail::norm_ops::input_gradient(dz, hp, wp, rp, clamped.data(), h.shape(), 1.0));
-                            if (need_dw) sink.add(1, olmax::detail::norm_ops::scale_gradient(dz, hp, rp, rows, f));
-                        });
-    return out;
+        return out;
+    });
 }
 
 }  // namespace detail

@@ -187,22 +187,20 @@ inline std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> slot_maps
 template <Real T>
 std::vector<Tensor<T>> route_values(const Tensor<T>& p, std::size_t batch, std::size_t sequence, std::size_t k, std::size_t capacity) {
     const std::size_t tokens = p.shape()[0], experts = p.shape()[1], slots = std::min(capacity, sequence);
-    if (p.traced()) {
-        const Tensor<float> in[1] = {backend::trace::as_float(p)};
-        return backend::trace::call<op::moe_route, T>(in, {.batch = batch, .sequence = sequence, .k = k, .capacity = capacity});
-    }
-    const MoERouting routing = route(p.data(), batch, sequence, experts, k, capacity);
-    device_scope on(p.device());
-    Tensor<T> keep({tokens, experts}), fraction({experts});
-    for (std::int32_t g : routing.gates) keep.data()[g] = T{1};
-    for (std::size_t e = 0; e < experts; ++e) fraction.data()[e] = T(double(routing.assigned[e]) / (double(k) * double(tokens)));
-    const auto [slot_token, token_slot] = slot_maps(routing, batch, sequence, experts, slots);
-    auto values = [](const std::vector<std::int32_t>& v, const Shape& shape) {
-        Tensor<T> t(shape);
-        for (std::size_t i = 0; i < v.size(); ++i) t.data()[i] = T(v[i]);
-        return t;
-    };
-    return {keep, fraction, values(slot_token, {experts * batch * slots}), values(token_slot, {tokens, experts})};
+    backend::op_scope on("nn::MoE route", p);
+    return on.run<op::moe_route>({p}, {.batch = batch, .sequence = sequence, .k = k, .capacity = capacity}, [&] {
+        const MoERouting routing = route(p.data(), batch, sequence, experts, k, capacity);
+        Tensor<T> keep({tokens, experts}), fraction({experts});
+        for (std::int32_t g : routing.gates) keep.data()[g] = T{1};
+        for (std::size_t e = 0; e < experts; ++e) fraction.data()[e] = T(double(routing.assigned[e]) / (double(k) * double(tokens)));
+        const auto [slot_token, token_slot] = slot_maps(routing, batch, sequence, experts, slots);
+        auto values = [](const std::vector<std::int32_t>& v, const Shape& shape) {
+            Tensor<T> t(shape);
+            for (std::size_t i = 0; i < v.size(); ++i) t.data()[i] = T(v[i]);
+            return t;
+        };
+        return std::vector<Tensor<T>>{keep, fraction, values(slot_token, {experts * batch * slots}), values(token_slot, {tokens, experts})};
+    });
 }
 
 /// Returns y's value unchanged; its backward passes dy through to y and gives the scalar `loss`

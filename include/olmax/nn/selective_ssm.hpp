@@ -90,177 +90,180 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
                        " must be [batch, T, E], [K, E] and [E]");
     const std::size_t nb = x.extent(0), nt = x.extent(1), ne = x.extent(2), K = w.extent(0), back = K - 1;
     check<value_error>(nb > 0 && nt > 0 && ne > 0, op, ": x of shape ", to_string(x.shape()), " is empty");
-    if (on.traced()) {  // the same function from ops: each tap a shifted copy, cut where a document starts
-        check<trace_error>(!tail.defined(), op, ": a traced step takes no carried convolution state");
-        Tensor<T> pre = add(mul(x, reshape(slice(w, 0, back, K), Shape{ne})), bias);  // tap K-1 reads x_t
-        Tensor<T> open;  // 1 while no document started in (t - j, t]
-        for (std::size_t j = 1; j <= back && j < nt; ++j) {
-            if (resets.defined()) {
-                const Tensor<T> step = add_scalar(neg(slice(pad(resets, 1, j - 1, 0), 1, 0, nt)), T{1});  // 1 - resets[t - j + 1]
-                open = open.defined() ? mul(open, step) : step;
-            }
-            Tensor<T> tap = mul(slice(pad(x, 1, j, 0), 1, 0, nt), reshape(slice(w, 0, back - j, back - j + 1), Shape{ne}));
-            if (open.defined()) tap = mul(tap, reshape(open, Shape{nb, nt, 1}));
-            pre = add(pre, tap);
-        }
-        return {olmax::silu(pre), Tensor<T>()};
-    }
     if (resets.defined())
         check<shape_error>(resets.rank() == 2 && resets.extent(0) == nb && resets.extent(1) == nt, op, ": resets of shape ",
                            to_string(resets.shape()), " does not match [batch, T] = [", nb, ", ", nt, "]");
-    if (tail.defined())
-        check<shape_error>(tail.rank() == 3 && tail.extent(0) == nb && tail.extent(1) == back && tail.extent(2) == ne, op,
-                           ": conv state of shape ", to_string(tail.shape()), " does not match [batch, K-1, E] = [", nb, ", ", back, ", ", ne,
-                           "]");
-    // lowest[b, t]: the first position tap reads at step t may use, in positions of [tail; x]
-    // shifted by K-1 (tail position j is back + (j - back) = j, x position t is back + t).
-    std::vector<std::size_t> lowest(nb * nt);
-    for (std::size_t b = 0; b < nb; ++b) {
-        std::size_t current = tail.defined() ? 0 : back;
-        for (std::size_t t = 0; t < nt; ++t) {
-            if (resets.defined() && resets.data()[b * nt + t] != T{0}) current = back + t;
-            lowest[b * nt + t] = current;
-        }
-    }
-    const Tensor<T> tail_in = tail.defined() ? tail.detach() : Tensor<T>();
-    // Value at extended position p (0 .. back + T) of batch row b, channel e.
-    auto value_at = [nt, ne, back](const T* xp, const T* tp, std::size_t b, std::size_t p, std::size_t e) -> T {
-        if (p >= back) return xp[(b * nt + p - back) * ne + e];
-        return tp ? tp[(b * back + p) * ne + e] : T{0};
-    };
-    // pre-activation of row (b, t) into dst[0 .. ne).
-    auto pre_row = [nt, ne, K, back, value_at](const std::size_t* low, const T* xp, const T* tp, const T* wp, const T* bp, std::size_t b,
-                                                std::size_t t, T* dst) {
-        for (std::size_t e = 0; e < ne; ++e) dst[e] = bp[e];
-        const std::size_t lo = low[b * nt + t];
-        for (std::size_t k = 0; k < K; ++k) {
-            const std::size_t p = t + k;  // extended position of tap k: back + t - (K-1) + k
-            if (p < lo) continue;
-            const T* wk = wp + k * ne;
-            if (p >= back) {
-                const T* xr = xp + (b * nt + p - back) * ne;
-#pragma omp simd
-                for (std::size_t e = 0; e < ne; ++e) dst[e] += wk[e] * xr[e];
-            } else {
-                for (std::size_t e = 0; e < ne; ++e) dst[e] += wk[e] * value_at(xp, tp, b, p, e);
-            }
-        }
-    };
-    auto out = Tensor<T>::uninitialized(x.shape());
-    {
-        const T *xp = x.data(), *wp = w.data(), *bp = bias.data(), *tp = tail_in.defined() ? tail_in.data() : nullptr;
-        T* outp = out.data();
-        backend::current().parallel_for(nb * nt, ne * K, [&](std::size_t lo, std::size_t hi) {
-            for (std::size_t r = lo; r < hi; ++r) {
-                T* o = outp + r * ne;
-                pre_row(lowest.data(), xp, tp, wp, bp, r / nt, r % nt, o);
-                math::transform(ne, o, [](auto v) { return math::rules::silu::value(v); }, static_cast<const T*>(o));
-            }
-        });
-    }
-    // The new tail: extended positions T .. T + back - 1 (the last K-1), zero before the last start.
-    auto new_tail = Tensor<T>::uninitialized({nb, back, ne});
-    for (std::size_t b = 0; b < nb; ++b) {
-        const std::size_t start = lowest[b * nt + nt - 1];
-        for (std::size_t j = 0; j < back; ++j)
-            for (std::size_t e = 0; e < ne; ++e) {
-                const std::size_t p = nt + j;
-                new_tail.data()[(b * back + j) * ne + e] =
-                    p >= start ? value_at(x.data(), tail_in.defined() ? tail_in.data() : nullptr, b, p, e) : T{0};
-            }
-    }
-    std::vector<Tensor<T>> outputs{out, new_tail};
-    const std::vector<Tensor<T>> inputs{x, w, bias, tail};
-    autodiff::record<T>(
-        op, inputs, outputs,
-        [x = x.detach(), w = w.detach(), bias = bias.detach(), tail_in, lowest = std::move(lowest), nb, nt, ne, K, back,
-         pre_row](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-            const T *xp = x.data(), *wp = w.data(), *bp = bias.data(), *tp = tail_in.defined() ? tail_in.data() : nullptr;
-            const T *gp = g[0].data(), *gtail = g[1].data();
-            // dpre = dout SiLU'(pre), pre recomputed (the SiLU on SIMD batches: math::transform).
-            auto dpre_t = Tensor<T>::uninitialized(x.shape());
-            T* dpre = dpre_t.data();
-            backend::current().parallel_for(nb * nt, ne * K, [&](std::size_t lo, std::size_t hi) {
-                for (std::size_t r = lo; r < hi; ++r) {
-                    T* d = dpre + r * ne;
-                    pre_row(lowest.data(), xp, tp, wp, bp, r / nt, r % nt, d);
-                    const T* gr = gp + r * ne;
-                    math::transform(
-                        ne, d, [](auto pre, auto dout) { return dout * math::rules::silu::derivative(pre, math::rules::silu::value(pre)); },
-                        static_cast<const T*>(d), gr);
+    return on.run_composed(
+        [&]() -> std::vector<Tensor<T>> {  // the same function from ops: each tap a shifted copy, cut where a document starts
+            check<trace_error>(!tail.defined(), op, ": a traced step takes no carried convolution state");
+            Tensor<T> pre = add(mul(x, reshape(slice(w, 0, back, K), Shape{ne})), bias);  // tap K-1 reads x_t
+            Tensor<T> open;  // 1 while no document started in (t - j, t]
+            for (std::size_t j = 1; j <= back && j < nt; ++j) {
+                if (resets.defined()) {
+                    const Tensor<T> step = add_scalar(neg(slice(pad(resets, 1, j - 1, 0), 1, 0, nt)), T{1});  // 1 - resets[t - j + 1]
+                    open = open.defined() ? mul(open, step) : step;
                 }
-            });
-            // Gradient of extended position p: taps of the steps t = p - k (k = 0 .. K-1) that may
-            // read p, plus the new tail's gradient where p is one of its positions.
-            auto grad_at = [&](std::size_t b, std::size_t p, T* dst) {
-                std::fill_n(dst, ne, T{0});
+                Tensor<T> tap = mul(slice(pad(x, 1, j, 0), 1, 0, nt), reshape(slice(w, 0, back - j, back - j + 1), Shape{ne}));
+                if (open.defined()) tap = mul(tap, reshape(open, Shape{nb, nt, 1}));
+                pre = add(pre, tap);
+            }
+            return {olmax::silu(pre), Tensor<T>()};
+        },
+        [&] {
+            if (tail.defined())
+                check<shape_error>(tail.rank() == 3 && tail.extent(0) == nb && tail.extent(1) == back && tail.extent(2) == ne, op,
+                                   ": conv state of shape ", to_string(tail.shape()), " does not match [batch, K-1, E] = [", nb, ", ", back, ", ", ne,
+                                   "]");
+            // lowest[b, t]: the first position tap reads at step t may use, in positions of [tail; x]
+            // shifted by K-1 (tail position j is back + (j - back) = j, x position t is back + t).
+            std::vector<std::size_t> lowest(nb * nt);
+            for (std::size_t b = 0; b < nb; ++b) {
+                std::size_t current = tail.defined() ? 0 : back;
+                for (std::size_t t = 0; t < nt; ++t) {
+                    if (resets.defined() && resets.data()[b * nt + t] != T{0}) current = back + t;
+                    lowest[b * nt + t] = current;
+                }
+            }
+            const Tensor<T> tail_in = tail.defined() ? tail.detach() : Tensor<T>();
+            // Value at extended position p (0 .. back + T) of batch row b, channel e.
+            auto value_at = [nt, ne, back](const T* xp, const T* tp, std::size_t b, std::size_t p, std::size_t e) -> T {
+                if (p >= back) return xp[(b * nt + p - back) * ne + e];
+                return tp ? tp[(b * back + p) * ne + e] : T{0};
+            };
+            // pre-activation of row (b, t) into dst[0 .. ne).
+            auto pre_row = [nt, ne, K, back, value_at](const std::size_t* low, const T* xp, const T* tp, const T* wp, const T* bp, std::size_t b,
+                                                        std::size_t t, T* dst) {
+                for (std::size_t e = 0; e < ne; ++e) dst[e] = bp[e];
+                const std::size_t lo = low[b * nt + t];
                 for (std::size_t k = 0; k < K; ++k) {
-                    if (p < k || p - k >= nt) continue;
-                    const std::size_t t = p - k;
-                    if (p < lowest[b * nt + t]) continue;
-                    const T *wk = wp + k * ne, *dr = dpre + (b * nt + t) * ne;
-#pragma omp simd
-                    for (std::size_t e = 0; e < ne; ++e) dst[e] += wk[e] * dr[e];
-                }
-                if (p >= nt && p >= lowest[b * nt + nt - 1]) {
-                    const T* gt = gtail + (b * back + p - nt) * ne;
-                    for (std::size_t e = 0; e < ne; ++e) dst[e] += gt[e];
+                    const std::size_t p = t + k;  // extended position of tap k: back + t - (K-1) + k
+                    if (p < lo) continue;
+                    const T* wk = wp + k * ne;
+                    if (p >= back) {
+                        const T* xr = xp + (b * nt + p - back) * ne;
+        #pragma omp simd
+                        for (std::size_t e = 0; e < ne; ++e) dst[e] += wk[e] * xr[e];
+                    } else {
+                        for (std::size_t e = 0; e < ne; ++e) dst[e] += wk[e] * value_at(xp, tp, b, p, e);
+                    }
                 }
             };
-            if (sink.needs(0)) {
-                auto dx = Tensor<T>::uninitialized(x.shape());
-                T* dxp = dx.data();
-                backend::current().parallel_for(nb * nt, ne * K,
-                                                [&](std::size_t lo, std::size_t hi) {
-                                                    for (std::size_t r = lo; r < hi; ++r) grad_at(r / nt, back + r % nt, dxp + r * ne);
-                                                });
-                sink.add(0, std::move(dx));
-            }
-            if (sink.needs(3)) {
-                auto dtail = Tensor<T>::uninitialized({nb, back, ne});
-                for (std::size_t b = 0; b < nb; ++b)
-                    for (std::size_t j = 0; j < back; ++j) grad_at(b, j, dtail.data() + (b * back + j) * ne);
-                sink.add(3, std::move(dtail));
-            }
-            if (sink.needs(1) || sink.needs(2)) {
-                // dw[k, e] = sum_{b,t} dpre[b, t, e] value(t + k), dbias[e] = sum dpre; columns in
-                // groups of 16 per task, rows in order (the same sums on any thread count).
-                auto dw = Tensor<T>::uninitialized(w.shape());
-                auto dbias = Tensor<T>::uninitialized(bias.shape());
-                constexpr std::size_t width = 16;
-                const std::size_t groups = (ne + width - 1) / width;
-                backend::current().parallel_for(groups, nb * nt * width * K, [&](std::size_t lo, std::size_t hi) {
-                    std::vector<double> acc(K * width), accb(width);
-                    for (std::size_t grp = lo; grp < hi; ++grp) {
-                        const std::size_t e0 = grp * width, n = std::min(width, ne - e0);
-                        std::fill(acc.begin(), acc.end(), 0.0);
-                        std::fill(accb.begin(), accb.end(), 0.0);
-                        for (std::size_t b = 0; b < nb; ++b)
-                            for (std::size_t t = 0; t < nt; ++t) {
-                                const T* dr = dpre + (b * nt + t) * ne + e0;
-                                for (std::size_t i = 0; i < n; ++i) accb[i] += double(dr[i]);
-                                for (std::size_t k = 0; k < K; ++k) {
-                                    const std::size_t p = t + k;
-                                    if (p < lowest[b * nt + t]) continue;
-                                    // value_at's row, read contiguously (a tail that is absent reads zeros: nothing to add)
-                                    const T* src = p >= back ? xp + (b * nt + p - back) * ne + e0 : tp ? tp + (b * back + p) * ne + e0 : nullptr;
-                                    if (!src) continue;
-                                    double* a = acc.data() + k * width;
-#pragma omp simd
-                                    for (std::size_t i = 0; i < n; ++i) a[i] += double(dr[i]) * double(src[i]);
-                                }
-                            }
-                        for (std::size_t i = 0; i < n; ++i) {
-                            dbias.data()[e0 + i] = T(accb[i]);
-                            for (std::size_t k = 0; k < K; ++k) dw.data()[k * ne + e0 + i] = T(acc[k * width + i]);
-                        }
+            auto out = Tensor<T>::uninitialized(x.shape());
+            {
+                const T *xp = x.data(), *wp = w.data(), *bp = bias.data(), *tp = tail_in.defined() ? tail_in.data() : nullptr;
+                T* outp = out.data();
+                backend::current().parallel_for(nb * nt, ne * K, [&](std::size_t lo, std::size_t hi) {
+                    for (std::size_t r = lo; r < hi; ++r) {
+                        T* o = outp + r * ne;
+                        pre_row(lowest.data(), xp, tp, wp, bp, r / nt, r % nt, o);
+                        math::transform(ne, o, [](auto v) { return math::rules::silu::value(v); }, static_cast<const T*>(o));
                     }
                 });
-                sink.add(1, std::move(dw));
-                sink.add(2, std::move(dbias));
             }
+            // The new tail: extended positions T .. T + back - 1 (the last K-1), zero before the last start.
+            auto new_tail = Tensor<T>::uninitialized({nb, back, ne});
+            for (std::size_t b = 0; b < nb; ++b) {
+                const std::size_t start = lowest[b * nt + nt - 1];
+                for (std::size_t j = 0; j < back; ++j)
+                    for (std::size_t e = 0; e < ne; ++e) {
+                        const std::size_t p = nt + j;
+                        new_tail.data()[(b * back + j) * ne + e] =
+                            p >= start ? value_at(x.data(), tail_in.defined() ? tail_in.data() : nullptr, b, p, e) : T{0};
+                    }
+            }
+            std::vector<Tensor<T>> outputs{out, new_tail};
+            const std::vector<Tensor<T>> inputs{x, w, bias, tail};
+            autodiff::record<T>(
+                op, inputs, outputs,
+                [x = x.detach(), w = w.detach(), bias = bias.detach(), tail_in, lowest = std::move(lowest), nb, nt, ne, K, back,
+                 pre_row](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                    const T *xp = x.data(), *wp = w.data(), *bp = bias.data(), *tp = tail_in.defined() ? tail_in.data() : nullptr;
+                    const T *gp = g[0].data(), *gtail = g[1].data();
+                    // dpre = dout SiLU'(pre), pre recomputed (the SiLU on SIMD batches: math::transform).
+                    auto dpre_t = Tensor<T>::uninitialized(x.shape());
+                    T* dpre = dpre_t.data();
+                    backend::current().parallel_for(nb * nt, ne * K, [&](std::size_t lo, std::size_t hi) {
+                        for (std::size_t r = lo; r < hi; ++r) {
+                            T* d = dpre + r * ne;
+                            pre_row(lowest.data(), xp, tp, wp, bp, r / nt, r % nt, d);
+                            const T* gr = gp + r * ne;
+                            math::transform(
+                                ne, d, [](auto pre, auto dout) { return dout * math::rules::silu::derivative(pre, math::rules::silu::value(pre)); },
+                                static_cast<const T*>(d), gr);
+                        }
+                    });
+                    // Gradient of extended position p: taps of the steps t = p - k (k = 0 .. K-1) that may
+                    // read p, plus the new tail's gradient where p is one of its positions.
+                    auto grad_at = [&](std::size_t b, std::size_t p, T* dst) {
+                        std::fill_n(dst, ne, T{0});
+                        for (std::size_t k = 0; k < K; ++k) {
+                            if (p < k || p - k >= nt) continue;
+                            const std::size_t t = p - k;
+                            if (p < lowest[b * nt + t]) continue;
+                            const T *wk = wp + k * ne, *dr = dpre + (b * nt + t) * ne;
+        #pragma omp simd
+                            for (std::size_t e = 0; e < ne; ++e) dst[e] += wk[e] * dr[e];
+                        }
+                        if (p >= nt && p >= lowest[b * nt + nt - 1]) {
+                            const T* gt = gtail + (b * back + p - nt) * ne;
+                            for (std::size_t e = 0; e < ne; ++e) dst[e] += gt[e];
+                        }
+                    };
+                    if (sink.needs(0)) {
+                        auto dx = Tensor<T>::uninitialized(x.shape());
+                        T* dxp = dx.data();
+                        backend::current().parallel_for(nb * nt, ne * K,
+                                                        [&](std::size_t lo, std::size_t hi) {
+                                                            for (std::size_t r = lo; r < hi; ++r) grad_at(r / nt, back + r % nt, dxp + r * ne);
+                                                        });
+                        sink.add(0, std::move(dx));
+                    }
+                    if (sink.needs(3)) {
+                        auto dtail = Tensor<T>::uninitialized({nb, back, ne});
+                        for (std::size_t b = 0; b < nb; ++b)
+                            for (std::size_t j = 0; j < back; ++j) grad_at(b, j, dtail.data() + (b * back + j) * ne);
+                        sink.add(3, std::move(dtail));
+                    }
+                    if (sink.needs(1) || sink.needs(2)) {
+                        // dw[k, e] = sum_{b,t} dpre[b, t, e] value(t + k), dbias[e] = sum dpre; columns in
+                        // groups of 16 per task, rows in order (the same sums on any thread count).
+                        auto dw = Tensor<T>::uninitialized(w.shape());
+                        auto dbias = Tensor<T>::uninitialized(bias.shape());
+                        constexpr std::size_t width = 16;
+                        const std::size_t groups = (ne + width - 1) / width;
+                        backend::current().parallel_for(groups, nb * nt * width * K, [&](std::size_t lo, std::size_t hi) {
+                            std::vector<double> acc(K * width), accb(width);
+                            for (std::size_t grp = lo; grp < hi; ++grp) {
+                                const std::size_t e0 = grp * width, n = std::min(width, ne - e0);
+                                std::fill(acc.begin(), acc.end(), 0.0);
+                                std::fill(accb.begin(), accb.end(), 0.0);
+                                for (std::size_t b = 0; b < nb; ++b)
+                                    for (std::size_t t = 0; t < nt; ++t) {
+                                        const T* dr = dpre + (b * nt + t) * ne + e0;
+                                        for (std::size_t i = 0; i < n; ++i) accb[i] += double(dr[i]);
+                                        for (std::size_t k = 0; k < K; ++k) {
+                                            const std::size_t p = t + k;
+                                            if (p < lowest[b * nt + t]) continue;
+                                            // value_at's row, read contiguously (a tail that is absent reads zeros: nothing to add)
+                                            const T* src = p >= back ? xp + (b * nt + p - back) * ne + e0 : tp ? tp + (b * back + p) * ne + e0 : nullptr;
+                                            if (!src) continue;
+                                            double* a = acc.data() + k * width;
+        #pragma omp simd
+                                            for (std::size_t i = 0; i < n; ++i) a[i] += double(dr[i]) * double(src[i]);
+                                        }
+                                    }
+                                for (std::size_t i = 0; i < n; ++i) {
+                                    dbias.data()[e0 + i] = T(accb[i]);
+                                    for (std::size_t k = 0; k < K; ++k) dw.data()[k * ne + e0 + i] = T(acc[k * width + i]);
+                                }
+                            }
+                        });
+                        sink.add(1, std::move(dw));
+                        sink.add(2, std::move(dbias));
+                    }
+                });
+            return outputs;
         });
-    return outputs;
 }
 
 }  // namespace detail

@@ -36,24 +36,26 @@ inline Shape drop_leading(const Shape& shape) { return Shape(shape.begin() + 1, 
 /// into the matching slice of `x`'s gradient.
 template <Real T>
 Tensor<T> take_leading(const Tensor<T>& x, std::size_t index) {
+    backend::op_scope on("nn::take_leading", x);
     check<shape_error>(x.rank() >= 1 && index < x.shape()[0], "nn::take_leading: index ", index, " out of range for shape ",
                        to_string(x.shape()));
-    if (x.traced()) return backend::trace::call1<op::take_leading>({x}, {.index = index});
-    const Shape inner = detail::drop_leading(x.shape());
-    const std::size_t offset = index * numel(inner);
-    Tensor<T> out = detail::view_of(x, offset, inner);
-    if (!autodiff::should_record(std::span<const Tensor<T>>(&x, 1))) return out;
-    // The slice is all this node adds into, and all of it at once: a gradient hook may take it as
-    // final (a stack's kept layer, whose optimiser update then runs here; gradient_hooks.hpp).
-    autodiff::record<T>(
-        "take_leading", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&out, 1),
-        [impl = olmax::detail::impl_ptr_of(x), offset](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-            if (!sink.needs(0)) return;
-            if (!autodiff::offer_final_slice(*impl, offset, g[0]))
-                autodiff::accumulate_grad_slice(*impl, offset, g[0]);
-        },
-        {autodiff::InputSlice{0, offset, numel(inner)}});
-    return out;
+    return on.run<op::take_leading>({x}, {.index = index}, [&] {
+        const Shape inner = detail::drop_leading(x.shape());
+        const std::size_t offset = index * numel(inner);
+        Tensor<T> out = detail::view_of(x, offset, inner);
+        if (!autodiff::should_record(std::span<const Tensor<T>>(&x, 1))) return out;
+        // The slice is all this node adds into, and all of it at once: a gradient hook may take it as
+        // final (a stack's kept layer, whose optimiser update then runs here; gradient_hooks.hpp).
+        autodiff::record<T>(
+            "take_leading", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&out, 1),
+            [impl = olmax::detail::impl_ptr_of(x), offset](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                if (!sink.needs(0)) return;
+                if (!autodiff::offer_final_slice(*impl, offset, g[0]))
+                    autodiff::accumulate_grad_slice(*impl, offset, g[0]);
+            },
+            {autodiff::InputSlice{0, offset, numel(inner)}});
+        return out;
+    });
 }
 
 /// Stacks equal-shaped tensors along a new leading axis: olmax::stack_leading (ops/shape.hpp).

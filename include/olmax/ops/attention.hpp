@@ -472,29 +472,30 @@ Tensor<T> causal_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<
     check<value_error>(std::isfinite(scale) && scale != 0, op, ": scale must be finite and nonzero, got ", scale);
     check<value_error>(options.query_tile > 0 && options.key_tile > 0, op, ": query_tile (", options.query_tile, ") and key_tile (",
                        options.key_tile, ") must be positive");
-    if (on.traced()) return detail::attention_ops::traced(q, k, v, scale, options.window, options.resets);
+    return on.run_composed([&] { return detail::attention_ops::traced(q, k, v, scale, options.window, options.resets); }, [&] {
 
-    const detail::attention_ops::Dims d{nb, nt, nh, nkv, dim, std::min(options.query_tile, nt), std::min(options.key_tile, nt), scale};
-    auto lowest = detail::attention_ops::lowest_keys(d, options.window, options.resets);
-    auto out = Tensor<T>::uninitialized(q.shape());
-    auto lse = Tensor<T>::uninitialized({nb, nh, nt});
-    detail::attention_ops::forward(d, lowest.data(), q.data(), k.data(), v.data(), out.data(), lse.data());
+        const detail::attention_ops::Dims d{nb, nt, nh, nkv, dim, std::min(options.query_tile, nt), std::min(options.key_tile, nt), scale};
+        auto lowest = detail::attention_ops::lowest_keys(d, options.window, options.resets);
+        auto out = Tensor<T>::uninitialized(q.shape());
+        auto lse = Tensor<T>::uninitialized({nb, nh, nt});
+        detail::attention_ops::forward(d, lowest.data(), q.data(), k.data(), v.data(), out.data(), lse.data());
 
-    const std::vector<Tensor<T>> inputs{q, k, v};
-    autodiff::record<T>(op, inputs, std::span<Tensor<T>>(&out, 1),
-                        [d, lowest = std::move(lowest), q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse](
-                            std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            if (!sink.needs(0) && !sink.needs(1) && !sink.needs(2)) return;
-                            // Every element is written; dk, dv per query head.
-                            auto dq = Tensor<T>::uninitialized(q.shape()), dk = Tensor<T>::uninitialized(q.shape()),
-                                 dv = Tensor<T>::uninitialized(q.shape());
-                            detail::attention_ops::backward(d, lowest.data(), q.data(), k.data(), v.data(), o.data(), lse.data(), g[0].data(),
-                                                            dq.data(), dk.data(), dv.data());
-                            sink.add(0, std::move(dq));
-                            if (sink.needs(1)) sink.add(1, detail::attention_ops::sum_groups(dk, d.kv_heads));
-                            if (sink.needs(2)) sink.add(2, detail::attention_ops::sum_groups(dv, d.kv_heads));
-                        });
-    return out;
+        const std::vector<Tensor<T>> inputs{q, k, v};
+        autodiff::record<T>(op, inputs, std::span<Tensor<T>>(&out, 1),
+                            [d, lowest = std::move(lowest), q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse](
+                                std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                if (!sink.needs(0) && !sink.needs(1) && !sink.needs(2)) return;
+                                // Every element is written; dk, dv per query head.
+                                auto dq = Tensor<T>::uninitialized(q.shape()), dk = Tensor<T>::uninitialized(q.shape()),
+                                     dv = Tensor<T>::uninitialized(q.shape());
+                                detail::attention_ops::backward(d, lowest.data(), q.data(), k.data(), v.data(), o.data(), lse.data(), g[0].data(),
+                                                                dq.data(), dk.data(), dv.data());
+                                sink.add(0, std::move(dq));
+                                if (sink.needs(1)) sink.add(1, detail::attention_ops::sum_groups(dk, d.kv_heads));
+                                if (sink.needs(2)) sink.add(2, detail::attention_ops::sum_groups(dv, d.kv_heads));
+                            });
+        return out;
+    });
 }
 
 }  // namespace olmax

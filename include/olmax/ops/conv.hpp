@@ -270,57 +270,58 @@ template <Real T>
 Tensor<T> conv(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>* bias, std::size_t groups) {
     backend::op_scope on("causal_conv1d", x, w, bias ? *bias : Tensor<T>());
     const ConvDims d = validate(x, w, groups);
-    if (on.traced()) return backend::trace::call1<op::causal_conv1d>({x, w, bias ? *bias : Tensor<T>()}, {.groups = groups});
-    if (bias)
-        if (!(bias->rank() == 1 && bias->shape()[0] == d.cout))
-            throw shape_error(olmax::detail::concat("causal_conv1d: bias of shape ", to_string(bias->shape()),
-                                                    " does not match Cout = ", d.cout, " of w ", to_string(w.shape())));
-    auto y = Tensor<T>::uninitialized({d.batch, d.time, d.cout});  // every element is written below
-    if (bias) {
-        const T* bp = bias->data();
-        T* yp = y.data();
-        backend::current().parallel_for(d.batch * d.time, d.cout, [&](std::size_t lo, std::size_t hi) {
-            for (std::size_t r = lo; r < hi; ++r) std::copy_n(bp, d.cout, yp + r * d.cout);
-        });
-    }
-    // Under the bf16 policy the backward reuses the forward's rounded weight (2 bytes per weight
-    // held to the backward, as autocast's cast cache does) instead of rounding it again: at width
-    // 512 on AMX that was 30 of 1,173 ms per step, for 66 MiB more at the step's peak.
-    const backend::GemmOperand<T> xs(x), ws(w);
-    forward(d, xs.source(), ws.source(), y.data(), bias ? T{1} : T{0});
-    std::vector<Tensor<T>> inputs{x, w};
-    if (bias) inputs.push_back(*bias);
-    autodiff::record<T>(bias ? "causal_conv1d(bias)" : "causal_conv1d", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
-                        [d, xs = xs.kept_for_backward(x), ws](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const T* dy = g[0].data();
-                            const bool dx_needed = sink.needs(0), dw_needed = sink.needs(1);
-                            const std::optional<backend::GemmOperand<T>> dys =
-                                dx_needed || dw_needed ? std::optional(backend::GemmOperand<T>(g[0])) : std::nullopt;
-                            if (dx_needed) {
-                                auto dx = Tensor<T>::uninitialized({d.batch, d.time, d.cin});  // every element is written
-                                backward_input(d, dys->source(), ws.source(), dx.data());
-                                sink.add(0, std::move(dx));
-                            }
-                            if (dw_needed) {
-                                Tensor<T> dw = backward_weight_overwrites(d) ? Tensor<T>::uninitialized({d.taps, d.cin_group(), d.cout})
-                                                                             : Tensor<T>({d.taps, d.cin_group(), d.cout});
-                                backward_weight(d, xs.ready().source(), dys->source(), dw.data());
-                                sink.add(1, std::move(dw));
-                            }
-                            if (sink.needs(2)) {  // db[o] = sum over batch and time of dy[., ., o]
-                                auto db = Tensor<T>::uninitialized({d.cout});
-                                T* dbp = db.data();
-                                backend::current().parallel_for(d.cout, d.batch * d.time, [&](std::size_t lo, std::size_t hi) {
-                                    for (std::size_t o = lo; o < hi; ++o) {
-                                        double acc = 0;
-                                        for (std::size_t r = 0; r < d.batch * d.time; ++r) acc += double(dy[r * d.cout + o]);
-                                        dbp[o] = T(acc);
-                                    }
-                                });
-                                sink.add(2, std::move(db));
-                            }
-                        });
-    return y;
+    return on.run<op::causal_conv1d>({x, w, bias ? *bias : Tensor<T>()}, {.groups = groups}, [&] {
+        if (bias)
+            if (!(bias->rank() == 1 && bias->shape()[0] == d.cout))
+                throw shape_error(olmax::detail::concat("causal_conv1d: bias of shape ", to_string(bias->shape()),
+                                                        " does not match Cout = ", d.cout, " of w ", to_string(w.shape())));
+        auto y = Tensor<T>::uninitialized({d.batch, d.time, d.cout});  // every element is written below
+        if (bias) {
+            const T* bp = bias->data();
+            T* yp = y.data();
+            backend::current().parallel_for(d.batch * d.time, d.cout, [&](std::size_t lo, std::size_t hi) {
+                for (std::size_t r = lo; r < hi; ++r) std::copy_n(bp, d.cout, yp + r * d.cout);
+            });
+        }
+        // Under the bf16 policy the backward reuses the forward's rounded weight (2 bytes per weight
+        // held to the backward, as autocast's cast cache does) instead of rounding it again: at width
+        // 512 on AMX that was 30 of 1,173 ms per step, for 66 MiB more at the step's peak.
+        const backend::GemmOperand<T> xs(x), ws(w);
+        forward(d, xs.source(), ws.source(), y.data(), bias ? T{1} : T{0});
+        std::vector<Tensor<T>> inputs{x, w};
+        if (bias) inputs.push_back(*bias);
+        autodiff::record<T>(bias ? "causal_conv1d(bias)" : "causal_conv1d", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
+                            [d, xs = xs.kept_for_backward(x), ws](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                const T* dy = g[0].data();
+                                const bool dx_needed = sink.needs(0), dw_needed = sink.needs(1);
+                                const std::optional<backend::GemmOperand<T>> dys =
+                                    dx_needed || dw_needed ? std::optional(backend::GemmOperand<T>(g[0])) : std::nullopt;
+                                if (dx_needed) {
+                                    auto dx = Tensor<T>::uninitialized({d.batch, d.time, d.cin});  // every element is written
+                                    backward_input(d, dys->source(), ws.source(), dx.data());
+                                    sink.add(0, std::move(dx));
+                                }
+                                if (dw_needed) {
+                                    Tensor<T> dw = backward_weight_overwrites(d) ? Tensor<T>::uninitialized({d.taps, d.cin_group(), d.cout})
+                                                                                 : Tensor<T>({d.taps, d.cin_group(), d.cout});
+                                    backward_weight(d, xs.ready().source(), dys->source(), dw.data());
+                                    sink.add(1, std::move(dw));
+                                }
+                                if (sink.needs(2)) {  // db[o] = sum over batch and time of dy[., ., o]
+                                    auto db = Tensor<T>::uninitialized({d.cout});
+                                    T* dbp = db.data();
+                                    backend::current().parallel_for(d.cout, d.batch * d.time, [&](std::size_t lo, std::size_t hi) {
+                                        for (std::size_t o = lo; o < hi; ++o) {
+                                            double acc = 0;
+                                            for (std::size_t r = 0; r < d.batch * d.time; ++r) acc += double(dy[r * d.cout + o]);
+                                            dbp[o] = T(acc);
+                                        }
+                                    });
+                                    sink.add(2, std::move(db));
+                                }
+                            });
+        return y;
+    });
 }
 
 }  // namespace detail::conv_ops

@@ -205,26 +205,27 @@ void map_elements(std::size_t n, T* out, F&& f, const In*... in) {
 template <class Key, Reads reads = Reads::both, Real T, class F, class DF>
 Tensor<T> unary_op(const Tensor<T>& x, F f, DF df, const typename Key::attrs& attrs = {}) {
     using batch = xsimd::batch<T>;
-    constexpr bool batched = std::is_invocable_v<F&, batch> && std::is_invocable_v<DF&, batch, batch>;
+    static constexpr bool batched = std::is_invocable_v<F&, batch> && std::is_invocable_v<DF&, batch, batch>;
     constexpr std::string_view name = Key::name;
     backend::op_scope on(name, x);
-    if (on.traced()) return backend::trace::call1<Key>({x}, attrs);
-    auto y = Tensor<T>::uninitialized(x.shape());
-    map_elements<batched>(x.size(), y.data(), f, x.data());
-    constexpr bool keep_x = reads == Reads::input || reads == Reads::both, keep_y = reads == Reads::output || reads == Reads::both;
-    autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [shape = x.shape(), x = keep_x ? x.detach() : Tensor<T>(), y = keep_y ? y.detach() : Tensor<T>(),
-                         df](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            auto dx = Tensor<T>::uninitialized(shape);
-                            const T* gp = g[0].data();
-                            const T *xp = keep_x ? x.data() : gp, *yp = keep_y ? y.data() : gp;
-                            if constexpr (batched)
-                                map_elements<true>(dx.size(), dx.data(), [df](auto gi, auto xi, auto yi) { return gi * df(xi, yi); }, gp, xp, yp);
-                            else
-                                map_elements<false>(dx.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
+    return on.run<Key>({x}, attrs, [&] {
+        auto y = Tensor<T>::uninitialized(x.shape());
+        map_elements<batched>(x.size(), y.data(), f, x.data());
+        static constexpr bool keep_x = reads == Reads::input || reads == Reads::both, keep_y = reads == Reads::output || reads == Reads::both;
+        autodiff::record<T>(name, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                            [shape = x.shape(), x = keep_x ? x.detach() : Tensor<T>(), y = keep_y ? y.detach() : Tensor<T>(),
+                             df](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                auto dx = Tensor<T>::uninitialized(shape);
+                                const T* gp = g[0].data();
+                                const T *xp = keep_x ? x.data() : gp, *yp = keep_y ? y.data() : gp;
+                                if constexpr (batched)
+                                    map_elements<true>(dx.size(), dx.data(), [df](auto gi, auto xi, auto yi) { return gi * df(xi, yi); }, gp, xp, yp);
+                                else
+                                    map_elements<false>(dx.size(), dx.data(), [df](T gi, T xi, T yi) { return gi * df(xi, yi); }, gp, xp, yp);
+                                sink.add(0, std::move(dx));
+                            });
+        return y;
+    });
 }
 
 /// A unary op whose value and derivative are a rule of ops/math_rules.hpp (on SIMD batches).
@@ -245,44 +246,45 @@ template <class Key, BinaryReads reads = BinaryReads{}, Real T, class F, class D
 Tensor<T> binary_op(const Tensor<T>& a, const Tensor<T>& b, F f, DFA dfa, DFB dfb) {
     constexpr std::string_view name = Key::name;
     backend::op_scope on(name, a, b);
-    if (on.traced()) return backend::trace::call1<Key>({a, b});
-    const bool same = a.shape() == b.shape();
-    const Shape out_shape = same ? a.shape() : broadcast_shapes(a.shape(), b.shape(), name);
-    auto y = Tensor<T>::uninitialized(out_shape);
-    {
-        const T *ap = a.data(), *bp = b.data();
-        T* yp = y.data();
-        if (same) backend::map(y.size(), yp, f, ap, bp);
-        else for_each_broadcast(out_shape, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) { yp[i] = f(ap[ia], bp[ib]); });
-    }
-    const Tensor<T> inputs[2] = {a, b};
-    autodiff::record<T>(name, inputs, std::span<Tensor<T>>(&y, 1),
-                        [a_shape = a.shape(), b_shape = b.shape(), a = reads.a ? a.detach() : Tensor<T>(), b = reads.b ? b.detach() : Tensor<T>(),
-                         y = reads.y ? y.detach() : Tensor<T>(), dfa, dfb, same](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const T* gp = g[0].data();
-                            // dy (output-shaped, read at the output index) stands in for a value not kept.
-                            const T *ap = reads.a ? a.data() : gp, *bp = reads.b ? b.data() : gp, *yp = reads.y ? y.data() : gp;
-                            const Shape& os = g[0].shape();
-                            for (int side = 0; side < 2; ++side) {
-                                if (!sink.needs(side)) continue;
-                                auto full = Tensor<T>::uninitialized(os);
-                                T* dp = full.data();
-                                if (same && side == 0) {
-                                    backend::map(full.size(), dp, [dfa](T gi, T ai, T bi, T yi) { return gi * dfa(ai, bi, yi); }, gp, ap, bp, yp);
-                                } else if (same) {
-                                    backend::map(full.size(), dp, [dfb](T gi, T ai, T bi, T yi) { return gi * dfb(ai, bi, yi); }, gp, ap, bp, yp);
-                                } else {
-                                    for_each_broadcast(os, a_shape, b_shape, [&](std::size_t i, std::size_t ia, std::size_t ib) {
-                                        const T av = ap[reads.a ? ia : i], bv = bp[reads.b ? ib : i];
-                                        dp[i] = gp[i] * (side == 0 ? dfa(av, bv, yp[i]) : dfb(av, bv, yp[i]));
-                                    });
+    return on.run<Key>({a, b}, {}, [&] {
+        const bool same = a.shape() == b.shape();
+        const Shape out_shape = same ? a.shape() : broadcast_shapes(a.shape(), b.shape(), name);
+        auto y = Tensor<T>::uninitialized(out_shape);
+        {
+            const T *ap = a.data(), *bp = b.data();
+            T* yp = y.data();
+            if (same) backend::map(y.size(), yp, f, ap, bp);
+            else for_each_broadcast(out_shape, a.shape(), b.shape(), [&](std::size_t i, std::size_t ia, std::size_t ib) { yp[i] = f(ap[ia], bp[ib]); });
+        }
+        const Tensor<T> inputs[2] = {a, b};
+        autodiff::record<T>(name, inputs, std::span<Tensor<T>>(&y, 1),
+                            [a_shape = a.shape(), b_shape = b.shape(), a = reads.a ? a.detach() : Tensor<T>(), b = reads.b ? b.detach() : Tensor<T>(),
+                             y = reads.y ? y.detach() : Tensor<T>(), dfa, dfb, same](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                const T* gp = g[0].data();
+                                // dy (output-shaped, read at the output index) stands in for a value not kept.
+                                const T *ap = reads.a ? a.data() : gp, *bp = reads.b ? b.data() : gp, *yp = reads.y ? y.data() : gp;
+                                const Shape& os = g[0].shape();
+                                for (int side = 0; side < 2; ++side) {
+                                    if (!sink.needs(side)) continue;
+                                    auto full = Tensor<T>::uninitialized(os);
+                                    T* dp = full.data();
+                                    if (same && side == 0) {
+                                        backend::map(full.size(), dp, [dfa](T gi, T ai, T bi, T yi) { return gi * dfa(ai, bi, yi); }, gp, ap, bp, yp);
+                                    } else if (same) {
+                                        backend::map(full.size(), dp, [dfb](T gi, T ai, T bi, T yi) { return gi * dfb(ai, bi, yi); }, gp, ap, bp, yp);
+                                    } else {
+                                        for_each_broadcast(os, a_shape, b_shape, [&](std::size_t i, std::size_t ia, std::size_t ib) {
+                                            const T av = ap[reads.a ? ia : i], bv = bp[reads.b ? ib : i];
+                                            dp[i] = gp[i] * (side == 0 ? dfa(av, bv, yp[i]) : dfb(av, bv, yp[i]));
+                                        });
+                                    }
+                                    const Shape& target = side == 0 ? a_shape : b_shape;
+                                    if (full.shape() == target) sink.add(side, std::move(full));  // first arrival: no copy
+                                    else sink.add(side, sum_to_shape(full, target));
                                 }
-                                const Shape& target = side == 0 ? a_shape : b_shape;
-                                if (full.shape() == target) sink.add(side, std::move(full));  // first arrival: no copy
-                                else sink.add(side, sum_to_shape(full, target));
-                            }
-                        });
-    return y;
+                            });
+        return y;
+    });
 }
 
 }  // namespace detail

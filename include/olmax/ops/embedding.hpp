@@ -24,42 +24,40 @@ Tensor<T> embedding(const Tensor<T>& table, const Tensor<std::int32_t>& ids) {
         throw shape_error(olmax::detail::concat("embedding: the table must have shape [V, F], got ", to_string(table.shape())));
     const std::size_t vocab = table.shape()[0], features = table.shape()[1];
     const std::size_t count = ids.size();
-    if (on.traced()) {
-        const Tensor<float> in[2] = {backend::trace::as_float(table), backend::trace::as_float(ids)};
-        return backend::trace::call<op::embedding, T>(in).front();
-    }
-    const std::int32_t* id = ids.data();
-    for (std::size_t i = 0; i < count; ++i)
-        if (id[i] < 0 || std::size_t(id[i]) >= vocab)
-            throw value_error(olmax::detail::concat("embedding: id ", id[i], " at position ", i, " is out of range for a table of V=",
-                                                    vocab, " rows (shape ", to_string(table.shape()), ")"));
-    Shape out_shape = ids.shape();
-    out_shape.push_back(features);
-    auto y = Tensor<T>::uninitialized(out_shape);
-    const T* tp = table.data();
-    T* yp = y.data();
-    backend::current().parallel_for(count, features, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t i = lo; i < hi; ++i) std::copy_n(tp + std::size_t(id[i]) * features, features, yp + i * features);
-    });
-    autodiff::record<T>("embedding", std::span<const Tensor<T>>(&table, 1), std::span<Tensor<T>>(&y, 1),
-                        [ids, table_shape = table.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const std::size_t f = table_shape[1], n = ids.size();
-                            Tensor<T> dtable(table_shape);
-                            const std::int32_t* idp = ids.data();
-                            const T* gp = g[0].data();
-                            T* dp = dtable.data();
-                            // Threads own disjoint feature columns, so repeated ids never race.
-                            backend::current().parallel_for(f, n, [&](std::size_t lo, std::size_t hi) {
-                                for (std::size_t i = 0; i < n; ++i) {
-                                    T* row = dp + std::size_t(idp[i]) * f;
-                                    const T* grow = gp + i * f;
-#pragma omp simd
-                                    for (std::size_t j = lo; j < hi; ++j) row[j] += grow[j];
-                                }
+    return on.run<op::embedding>({table, ids}, {}, [&] {
+        const std::int32_t* id = ids.data();
+        for (std::size_t i = 0; i < count; ++i)
+            if (id[i] < 0 || std::size_t(id[i]) >= vocab)
+                throw value_error(olmax::detail::concat("embedding: id ", id[i], " at position ", i, " is out of range for a table of V=",
+                                                        vocab, " rows (shape ", to_string(table.shape()), ")"));
+        Shape out_shape = ids.shape();
+        out_shape.push_back(features);
+        auto y = Tensor<T>::uninitialized(out_shape);
+        const T* tp = table.data();
+        T* yp = y.data();
+        backend::current().parallel_for(count, features, [&](std::size_t lo, std::size_t hi) {
+            for (std::size_t i = lo; i < hi; ++i) std::copy_n(tp + std::size_t(id[i]) * features, features, yp + i * features);
+        });
+        autodiff::record<T>("embedding", std::span<const Tensor<T>>(&table, 1), std::span<Tensor<T>>(&y, 1),
+                            [ids, table_shape = table.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                const std::size_t f = table_shape[1], n = ids.size();
+                                Tensor<T> dtable(table_shape);
+                                const std::int32_t* idp = ids.data();
+                                const T* gp = g[0].data();
+                                T* dp = dtable.data();
+                                // Threads own disjoint feature columns, so repeated ids never race.
+                                backend::current().parallel_for(f, n, [&](std::size_t lo, std::size_t hi) {
+                                    for (std::size_t i = 0; i < n; ++i) {
+                                        T* row = dp + std::size_t(idp[i]) * f;
+                                        const T* grow = gp + i * f;
+    #pragma omp simd
+                                        for (std::size_t j = lo; j < hi; ++j) row[j] += grow[j];
+                                    }
+                                });
+                                sink.add(0, std::move(dtable));
                             });
-                            sink.add(0, std::move(dtable));
-                        });
-    return y;
+        return y;
+    });
 }
 
 namespace op {

@@ -28,10 +28,15 @@ namespace olmax {
 
 namespace detail::gather_ops {
 
-/// Checks `rows` (1-D, values in [0, n)) for op `op`.
-inline void check_rows(std::string_view op, const Tensor<std::int32_t>& rows, std::size_t n) {
+/// Checks that `rows` is 1-D, for op `op`.
+inline void check_row_shape(std::string_view op, const Tensor<std::int32_t>& rows) {
     check<shape_error>(rows.defined() && rows.rank() == 1, op, ": rows must be a 1-D tensor of indices, got ",
                        rows.defined() ? to_string(rows.shape()) : std::string("an undefined tensor"));
+}
+
+/// Also every index in [0, n) (host indices only: a traced program's are its values, unchecked).
+inline void check_rows(std::string_view op, const Tensor<std::int32_t>& rows, std::size_t n) {
+    check_row_shape(op, rows);
     const std::int32_t* r = rows.data();
     for (std::size_t m = 0; m < rows.size(); ++m)
         check<value_error>(r[m] >= 0 && std::size_t(r[m]) < n, op, ": index ", r[m], " at position ", m, " is out of range [0, ", n, ")");
@@ -70,25 +75,23 @@ Tensor<T> gather_rows(const Tensor<T>& x, const Tensor<std::int32_t>& rows) {
     backend::op_scope on(op, x, rows);
     check<shape_error>(x.defined() && x.rank() >= 1, op, ": x must have a leading axis, got ",
                        x.defined() ? to_string(x.shape()) : std::string("an undefined tensor"));
-    if (on.traced()) {  // its lowering rule (olmax/trace/rules.hpp); indices are the program's values, unchecked
-        check<shape_error>(rows.defined() && rows.rank() == 1, op, ": rows must be 1-D");
-        const Tensor<float> in[2] = {backend::trace::as_float(x), backend::trace::as_float(rows)};
-        return backend::trace::call<op::gather_rows, T>(in).front();
-    }
-    const std::size_t n = x.shape()[0], inner = n ? x.size() / n : 0;
-    detail::gather_ops::check_rows(op, rows, n);
-    Shape out_shape = x.shape();
-    out_shape[0] = rows.size();
-    auto y = Tensor<T>::uninitialized(out_shape);
-    detail::gather_ops::gather(x.data(), rows.data(), rows.size(), inner, y.data());
-    autodiff::record<T>(op, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [rows, in_shape = x.shape(), inner](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            if (!sink.needs(0)) return;
-                            Tensor<T> dx(in_shape);
-                            detail::gather_ops::scatter_add(g[0].data(), rows.data(), rows.size(), inner, dx.data());
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
+    detail::gather_ops::check_row_shape(op, rows);
+    return on.run<op::gather_rows>({x, rows}, {}, [&] {
+        const std::size_t n = x.shape()[0], inner = n ? x.size() / n : 0;
+        detail::gather_ops::check_rows(op, rows, n);
+        Shape out_shape = x.shape();
+        out_shape[0] = rows.size();
+        auto y = Tensor<T>::uninitialized(out_shape);
+        detail::gather_ops::gather(x.data(), rows.data(), rows.size(), inner, y.data());
+        autodiff::record<T>(op, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                            [rows, in_shape = x.shape(), inner](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                if (!sink.needs(0)) return;
+                                Tensor<T> dx(in_shape);
+                                detail::gather_ops::scatter_add(g[0].data(), rows.data(), rows.size(), inner, dx.data());
+                                sink.add(0, std::move(dx));
+                            });
+        return y;
+    });
 }
 
 /// The adjoint of gather_rows: a [n, ...] tensor of zeros with row `rows[m]` increased by
@@ -102,25 +105,23 @@ Tensor<T> scatter_rows(const Tensor<T>& src, const Tensor<std::int32_t>& rows, s
                        ": src [M, ...] and rows [M] must agree on M, got ",
                        src.defined() ? to_string(src.shape()) : std::string("an undefined tensor"), " and ",
                        rows.defined() ? to_string(rows.shape()) : std::string("an undefined tensor"));
-    if (on.traced()) {  // its lowering rule (olmax/trace/rules.hpp)
-        const Tensor<float> in[2] = {backend::trace::as_float(src), backend::trace::as_float(rows)};
-        return backend::trace::call<op::scatter_rows, T>(in, {.rows = n}).front();
-    }
-    detail::gather_ops::check_rows(op, rows, n);
-    const std::size_t count = src.shape()[0];
-    Shape out_shape = src.shape();
-    out_shape[0] = n;
-    const std::size_t inner = numel(out_shape) / std::max<std::size_t>(n, 1);
-    Tensor<T> y(out_shape);
-    if (n) detail::gather_ops::scatter_add(src.data(), rows.data(), count, inner, y.data());
-    autodiff::record<T>(op, std::span<const Tensor<T>>(&src, 1), std::span<Tensor<T>>(&y, 1),
-                        [rows, src_shape = src.shape(), inner](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            if (!sink.needs(0)) return;
-                            auto dsrc = Tensor<T>::uninitialized(src_shape);
-                            detail::gather_ops::gather(g[0].data(), rows.data(), rows.size(), inner, dsrc.data());
-                            sink.add(0, std::move(dsrc));
-                        });
-    return y;
+    return on.run<op::scatter_rows>({src, rows}, {.rows = n}, [&] {
+        detail::gather_ops::check_rows(op, rows, n);
+        const std::size_t count = src.shape()[0];
+        Shape out_shape = src.shape();
+        out_shape[0] = n;
+        const std::size_t inner = numel(out_shape) / std::max<std::size_t>(n, 1);
+        Tensor<T> y(out_shape);
+        if (n) detail::gather_ops::scatter_add(src.data(), rows.data(), count, inner, y.data());
+        autodiff::record<T>(op, std::span<const Tensor<T>>(&src, 1), std::span<Tensor<T>>(&y, 1),
+                            [rows, src_shape = src.shape(), inner](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                if (!sink.needs(0)) return;
+                                auto dsrc = Tensor<T>::uninitialized(src_shape);
+                                detail::gather_ops::gather(g[0].data(), rows.data(), rows.size(), inner, dsrc.data());
+                                sink.add(0, std::move(dsrc));
+                            });
+        return y;
+    });
 }
 
 // ---- the keys of the row gathers' lowering rules (their rules: olmax/trace/rules.hpp) ----------

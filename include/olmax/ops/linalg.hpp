@@ -69,34 +69,35 @@ template <Real T>
 Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
     backend::op_scope on("matmul", a, b);
     const auto p = detail::plan_matmul(a.shape(), b.shape());
-    if (on.traced()) return backend::trace::call1<op::matmul>({a, b});
-    auto y = Tensor<T>::uninitialized(p.out_shape);
-    const std::size_t bs = p.batched_b ? p.k * p.n : 0;
-    const backend::GemmOperand<T> a_op(a), b_op(b);
-    detail::batched_gemm(p.batch, false, false, p.m, p.n, p.k, a_op.source(), p.m * p.k, b_op.source(), bs, y.data(), p.m * p.n, false);
-    const Tensor<T> inputs[2] = {a, b};
-    autodiff::record<T>("matmul", inputs, std::span<Tensor<T>>(&y, 1),
-                        [a_shape = a.shape(), b_shape = b.shape(), ak = a_op.kept_for_backward(a), bk = b_op.kept_for_backward(b),
-                         p](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-        const backend::GemmOperand<T> dy(g[0]);
+    return on.run<op::matmul>({a, b}, {}, [&] {
+        auto y = Tensor<T>::uninitialized(p.out_shape);
         const std::size_t bs = p.batched_b ? p.k * p.n : 0;
-        if (sink.needs(0)) {  // dA = dY B^T
-            auto da = Tensor<T>::uninitialized(a_shape);
-            detail::batched_gemm(p.batch, false, true, p.m, p.k, p.n, dy.source(), p.m * p.n, bk.ready().source(), bs, da.data(), p.m * p.k, false);
-            sink.add(0, std::move(da));
-        }
-        if (sink.needs(1)) {  // dB = A^T dY (summed over batches when b is shared)
-            auto db = Tensor<T>::uninitialized(b_shape);
-            const backend::GemmOperand<T> as = ak.ready();
-            if (p.batched_b)
-                detail::batched_gemm(p.batch, true, false, p.k, p.n, p.m, as.source(), p.m * p.k, dy.source(), p.m * p.n, db.data(), p.k * p.n,
-                                     false);
-            else
-                backend::gemm(true, false, p.k, p.n, p.m, T{1}, as.source(), p.k, dy.source(), p.n, T{0}, db.data(), p.n);
-            sink.add(1, std::move(db));
-        }
+        const backend::GemmOperand<T> a_op(a), b_op(b);
+        detail::batched_gemm(p.batch, false, false, p.m, p.n, p.k, a_op.source(), p.m * p.k, b_op.source(), bs, y.data(), p.m * p.n, false);
+        const Tensor<T> inputs[2] = {a, b};
+        autodiff::record<T>("matmul", inputs, std::span<Tensor<T>>(&y, 1),
+                            [a_shape = a.shape(), b_shape = b.shape(), ak = a_op.kept_for_backward(a), bk = b_op.kept_for_backward(b),
+                             p](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+            const backend::GemmOperand<T> dy(g[0]);
+            const std::size_t bs = p.batched_b ? p.k * p.n : 0;
+            if (sink.needs(0)) {  // dA = dY B^T
+                auto da = Tensor<T>::uninitialized(a_shape);
+                detail::batched_gemm(p.batch, false, true, p.m, p.k, p.n, dy.source(), p.m * p.n, bk.ready().source(), bs, da.data(), p.m * p.k, false);
+                sink.add(0, std::move(da));
+            }
+            if (sink.needs(1)) {  // dB = A^T dY (summed over batches when b is shared)
+                auto db = Tensor<T>::uninitialized(b_shape);
+                const backend::GemmOperand<T> as = ak.ready();
+                if (p.batched_b)
+                    detail::batched_gemm(p.batch, true, false, p.k, p.n, p.m, as.source(), p.m * p.k, dy.source(), p.m * p.n, db.data(), p.k * p.n,
+                                         false);
+                else
+                    backend::gemm(true, false, p.k, p.n, p.m, T{1}, as.source(), p.k, dy.source(), p.n, T{0}, db.data(), p.n);
+                sink.add(1, std::move(db));
+            }
+        });
+        return y;
     });
-    return y;
 }
 
 /// Contraction of one axis with a matrix: x [..., K, ...] (K at `axis`) and w [K, N] give
@@ -109,39 +110,40 @@ Tensor<T> contract_axis(const Tensor<T>& x, const Tensor<T>& w, std::size_t axis
     if (!(axis < x.rank() && w.rank() == 2 && w.shape()[0] == x.shape()[axis]))
         throw shape_error(detail::concat("contract_axis: x of shape ", to_string(x.shape()), " (axis ", axis, ") and w of shape ",
                                          to_string(w.shape()), " do not contract (need w [x.shape[axis], N])"));
-    if (on.traced()) return backend::trace::call1<op::contract_axis>({x, w}, {.axis = axis});
-    const std::size_t k = w.shape()[0], n = w.shape()[1];
-    std::size_t outer = 1, inner = 1;
-    for (std::size_t i = 0; i < axis; ++i) outer *= x.shape()[i];
-    for (std::size_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape()[i];
-    Shape out_shape = x.shape();
-    out_shape[axis] = n;
-    auto y = Tensor<T>::uninitialized(out_shape);
-    // y_o [n, inner] = w^T x_o
-    const backend::GemmOperand<T> xs(x);
-    detail::batched_gemm(outer, true, false, n, inner, k, backend::GemmOperand<T>(w).source(), 0, xs.source(), k * inner, y.data(), n * inner,
-                         false);
-    const Tensor<T> inputs[2] = {x, w};
-    autodiff::record<T>("contract_axis", inputs, std::span<Tensor<T>>(&y, 1),
-                        [x_shape = x.shape(), xk = xs.kept_for_backward(x), w, outer, inner, k,
-                         n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const backend::GemmOperand<T> dy(g[0]);
-                            if (sink.needs(0)) {  // dx_o [k, inner] = w dy_o
-                                auto dx = Tensor<T>::uninitialized(x_shape);
-                                detail::batched_gemm(outer, false, false, k, inner, n, backend::GemmOperand<T>(w).source(), 0, dy.source(), n * inner,
-                                                     dx.data(), k * inner, false);
-                                sink.add(0, std::move(dx));
-                            }
-                            if (sink.needs(1)) {  // dw [k, n] = sum_o x_o dy_o^T, summed in order of o (thread-count independent)
-                                auto dw = Tensor<T>(w.shape());
-                                const backend::GemmOperand<T> xs = xk.ready();
-                                for (std::size_t o = 0; o < outer; ++o)
-                                    backend::gemm(false, true, k, n, inner, T{1}, xs.source() + o * k * inner, inner, dy.source() + o * n * inner, inner,
-                                                  T{1}, dw.data(), n);
-                                sink.add(1, std::move(dw));
-                            }
-                        });
-    return y;
+    return on.run<op::contract_axis>({x, w}, {.axis = axis}, [&] {
+        const std::size_t k = w.shape()[0], n = w.shape()[1];
+        std::size_t outer = 1, inner = 1;
+        for (std::size_t i = 0; i < axis; ++i) outer *= x.shape()[i];
+        for (std::size_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape()[i];
+        Shape out_shape = x.shape();
+        out_shape[axis] = n;
+        auto y = Tensor<T>::uninitialized(out_shape);
+        // y_o [n, inner] = w^T x_o
+        const backend::GemmOperand<T> xs(x);
+        detail::batched_gemm(outer, true, false, n, inner, k, backend::GemmOperand<T>(w).source(), 0, xs.source(), k * inner, y.data(), n * inner,
+                             false);
+        const Tensor<T> inputs[2] = {x, w};
+        autodiff::record<T>("contract_axis", inputs, std::span<Tensor<T>>(&y, 1),
+                            [x_shape = x.shape(), xk = xs.kept_for_backward(x), w, outer, inner, k,
+                             n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                const backend::GemmOperand<T> dy(g[0]);
+                                if (sink.needs(0)) {  // dx_o [k, inner] = w dy_o
+                                    auto dx = Tensor<T>::uninitialized(x_shape);
+                                    detail::batched_gemm(outer, false, false, k, inner, n, backend::GemmOperand<T>(w).source(), 0, dy.source(), n * inner,
+                                                         dx.data(), k * inner, false);
+                                    sink.add(0, std::move(dx));
+                                }
+                                if (sink.needs(1)) {  // dw [k, n] = sum_o x_o dy_o^T, summed in order of o (thread-count independent)
+                                    auto dw = Tensor<T>(w.shape());
+                                    const backend::GemmOperand<T> xs = xk.ready();
+                                    for (std::size_t o = 0; o < outer; ++o)
+                                        backend::gemm(false, true, k, n, inner, T{1}, xs.source() + o * k * inner, inner, dy.source() + o * n * inner, inner,
+                                                      T{1}, dw.data(), n);
+                                    sink.add(1, std::move(dw));
+                                }
+                            });
+        return y;
+    });
 }
 
 // ---- the keys of the products' lowering rules (their rules: olmax/trace/rules.hpp) -------------

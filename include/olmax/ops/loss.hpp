@@ -147,25 +147,26 @@ template <Real T>
 Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
     backend::op_scope on("softmax", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "softmax");
-    if (on.traced()) return backend::trace::call1<op::softmax>({x}, {.axis = a});
-    auto y = detail::loss_ops::softmax_lines<false>(x, a);
-    autodiff::record<T>("softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            // dx = y (dy - sum(dy y))
-                            auto dx = Tensor<T>::uninitialized(y.shape());
-                            const T *yp = y.data(), *gp = g[0].data();
-                            T* dp = dx.data();
-                            detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
-                                double dot = 0;
-                                for (std::size_t k = 0; k < n; ++k) dot += double(gp[base + k * stride]) * double(yp[base + k * stride]);
-                                for (std::size_t k = 0; k < n; ++k) {
-                                    const std::size_t i = base + k * stride;
-                                    dp[i] = yp[i] == T{0} ? T{0} : T(double(yp[i]) * (double(gp[i]) - dot));
-                                }
+    return on.run<op::softmax>({x}, {.axis = a}, [&] {
+        auto y = detail::loss_ops::softmax_lines<false>(x, a);
+        autodiff::record<T>("softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                            [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                // dx = y (dy - sum(dy y))
+                                auto dx = Tensor<T>::uninitialized(y.shape());
+                                const T *yp = y.data(), *gp = g[0].data();
+                                T* dp = dx.data();
+                                detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+                                    double dot = 0;
+                                    for (std::size_t k = 0; k < n; ++k) dot += double(gp[base + k * stride]) * double(yp[base + k * stride]);
+                                    for (std::size_t k = 0; k < n; ++k) {
+                                        const std::size_t i = base + k * stride;
+                                        dp[i] = yp[i] == T{0} ? T{0} : T(double(yp[i]) * (double(gp[i]) - dot));
+                                    }
+                                });
+                                sink.add(0, std::move(dx));
                             });
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
+        return y;
+    });
 }
 
 /// log(softmax(x)) along `axis`, computed as x - logsumexp(x). See the file comment for -inf rows.
@@ -173,28 +174,29 @@ template <Real T>
 Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
     backend::op_scope on("log_softmax", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "log_softmax");
-    if (on.traced()) return backend::trace::call1<op::log_softmax>({x}, {.axis = a});
-    auto y = detail::loss_ops::softmax_lines<true>(x, a);
-    autodiff::record<T>("log_softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            // dx = dy - softmax * sum(dy), softmax = exp(y); zero for fully masked lines
-                            auto dx = Tensor<T>::uninitialized(y.shape());
-                            const T *yp = y.data(), *gp = g[0].data();
-                            T* dp = dx.data();
-                            detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
-                                double total = 0, mass = 0;
-                                for (std::size_t k = 0; k < n; ++k) {
-                                    total += double(gp[base + k * stride]);
-                                    mass += std::exp(double(yp[base + k * stride]));
-                                }
-                                for (std::size_t k = 0; k < n; ++k) {
-                                    const std::size_t i = base + k * stride;
-                                    dp[i] = mass == 0 ? T{0} : T(double(gp[i]) - std::exp(double(yp[i])) * total);
-                                }
+    return on.run<op::log_softmax>({x}, {.axis = a}, [&] {
+        auto y = detail::loss_ops::softmax_lines<true>(x, a);
+        autodiff::record<T>("log_softmax", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                            [y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                // dx = dy - softmax * sum(dy), softmax = exp(y); zero for fully masked lines
+                                auto dx = Tensor<T>::uninitialized(y.shape());
+                                const T *yp = y.data(), *gp = g[0].data();
+                                T* dp = dx.data();
+                                detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+                                    double total = 0, mass = 0;
+                                    for (std::size_t k = 0; k < n; ++k) {
+                                        total += double(gp[base + k * stride]);
+                                        mass += std::exp(double(yp[base + k * stride]));
+                                    }
+                                    for (std::size_t k = 0; k < n; ++k) {
+                                        const std::size_t i = base + k * stride;
+                                        dp[i] = mass == 0 ? T{0} : T(double(gp[i]) - std::exp(double(yp[i])) * total);
+                                    }
+                                });
+                                sink.add(0, std::move(dx));
                             });
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
+        return y;
+    });
 }
 
 /// Mean softmax cross-entropy of `logits` [N, V] against integer `targets` [N] in [0, V), plus
@@ -208,28 +210,26 @@ Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& tar
         throw shape_error(olmax::detail::concat("cross_entropy: logits must be [N, V] and targets [N], got ", to_string(logits.shape()),
                                                 " and ", to_string(targets.shape())));
     const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
-    if (on.traced()) {  // targets are checked where the program's inputs are made (they have no values here)
-        const Tensor<float> in[2] = {backend::trace::as_float(logits), backend::trace::as_float(targets)};
-        return backend::trace::call<op::cross_entropy, T>(in, {.z_loss = double(z_loss)}).front();
-    }
-    detail::loss_ops::check_targets("cross_entropy", targets.data(), n, vocab);
-    // The forward pass works on a copy so the gradient can be formed in the same sweep when needed.
-    const Tensor<T> in[1] = {logits};
-    const bool recording = autodiff::should_record(std::span<const Tensor<T>>(in));
-    Tensor<T> dlogits = recording ? logits.clone() : logits;
-    double loss_sum = 0, lse_sq_sum = 0;
-    detail::loss_ops::softmax_xent_rows(dlogits.data(), n, vocab, targets.data(), recording, double(z_loss), 1.0 / double(n), loss_sum,
-                                           lse_sq_sum);
-    auto y = Tensor<T>::scalar(T((loss_sum + double(z_loss) * lse_sq_sum) / double(n)));
-    if (!recording) return y;
-    autodiff::record<T>("cross_entropy", std::span<const Tensor<T>>(in), std::span<Tensor<T>>(&y, 1),
-                        [dlogits](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const T s = g[0].item();
-                            auto dx = Tensor<T>::uninitialized(dlogits.shape());
-                            backend::map(dx.size(), dx.data(), [s](T v) { return v * s; }, dlogits.data());
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
+    return on.run<op::cross_entropy>({logits, targets}, {.z_loss = double(z_loss)}, [&] {  // targets: checked here, or where a traced program's inputs are made
+        detail::loss_ops::check_targets("cross_entropy", targets.data(), n, vocab);
+        // The forward pass works on a copy so the gradient can be formed in the same sweep when needed.
+        const Tensor<T> in[1] = {logits};
+        const bool recording = autodiff::should_record(std::span<const Tensor<T>>(in));
+        Tensor<T> dlogits = recording ? logits.clone() : logits;
+        double loss_sum = 0, lse_sq_sum = 0;
+        detail::loss_ops::softmax_xent_rows(dlogits.data(), n, vocab, targets.data(), recording, double(z_loss), 1.0 / double(n), loss_sum,
+                                               lse_sq_sum);
+        auto y = Tensor<T>::scalar(T((loss_sum + double(z_loss) * lse_sq_sum) / double(n)));
+        if (!recording) return y;
+        autodiff::record<T>("cross_entropy", std::span<const Tensor<T>>(in), std::span<Tensor<T>>(&y, 1),
+                            [dlogits](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                const T s = g[0].item();
+                                auto dx = Tensor<T>::uninitialized(dlogits.shape());
+                                backend::map(dx.size(), dx.data(), [s](T v) { return v * s; }, dlogits.data());
+                                sink.add(0, std::move(dx));
+                            });
+        return y;
+    });
 }
 
 /// Options of `chunked_cross_entropy`.
@@ -259,53 +259,51 @@ Tensor<T> chunked_cross_entropy(const Tensor<T>& hidden, const Tensor<T>& w_out,
                                                 to_string(hidden.shape()), ", ", to_string(w_out.shape()), " and ",
                                                 to_string(targets.shape())));
     const std::size_t n = hidden.shape()[0], features = hidden.shape()[1], vocab = w_out.shape()[1];
-    if (on.traced()) {
-        const Tensor<float> in[3] = {backend::trace::as_float(hidden), backend::trace::as_float(w_out), backend::trace::as_float(targets)};
-        return backend::trace::call<op::chunked_cross_entropy, T>(in, {.z_loss = opt.z_loss}).front();
-    }
-    detail::loss_ops::check_targets("chunked_cross_entropy", targets.data(), n, vocab);
+    return on.run<op::chunked_cross_entropy>({hidden, w_out, targets}, {.z_loss = opt.z_loss}, [&] {
+        detail::loss_ops::check_targets("chunked_cross_entropy", targets.data(), n, vocab);
 
-    const Tensor<T> inputs[2] = {hidden, w_out};
-    const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
-    const bool need_dh = recording && hidden.requires_grad(), need_dw = recording && w_out.requires_grad();
-    Tensor<T> dhidden = need_dh ? Tensor<T>(hidden.shape()) : Tensor<T>();
-    Tensor<T> dw = need_dw ? Tensor<T>(w_out.shape()) : Tensor<T>();
-    const std::size_t chunk = std::min(opt.chunk_tokens, n);
-    Tensor<T> logits = Tensor<T>::uninitialized({chunk, vocab});  // reused by every chunk (but a shorter last one)
-    // Each operand prepared once (under the bf16 policy: rounded once, not once per GEMM).
-    const backend::GemmOperand<T> hs(hidden), ws(w_out);
-    double loss_sum = 0, lse_sq_sum = 0;
-    for (std::size_t start = 0; start < n; start += chunk) {
-        const std::size_t rows = std::min(chunk, n - start);
-        if (rows != logits.shape()[0]) logits = Tensor<T>::uninitialized({rows, vocab});
-        const backend::GemmSource<T> h_rows = hs.source() + start * features;
-        backend::gemm(false, false, rows, vocab, features, T{1}, h_rows, features, ws.source(), vocab, T{0}, logits.data(), vocab);
-        detail::loss_ops::softmax_xent_rows(logits.data(), rows, vocab, targets.data() + start, recording, opt.z_loss, 1.0 / double(n),
-                                               loss_sum, lse_sq_sum);
-        if (!need_dh && !need_dw) continue;
-        const backend::GemmOperand<T> dlogits(logits);
-        if (need_dh)  // dhidden rows = dlogits w_out^T
-            backend::gemm(false, true, rows, features, vocab, T{1}, dlogits.source(), vocab, ws.source(), vocab, T{0},
-                          dhidden.data() + start * features, features);
-        if (need_dw)  // dw_out += hidden_rows^T dlogits
-            backend::gemm(true, false, features, vocab, rows, T{1}, h_rows, features, dlogits.source(), vocab, T{1}, dw.data(), vocab);
-    }
-    logits = Tensor<T>();
-    auto y = Tensor<T>::scalar(T(loss_sum / double(n)));
-    if (!recording) return y;
-    autodiff::record<T>("chunked_cross_entropy", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
-                        [dhidden, dw](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            const T s = g[0].item();
-                            auto scaled = [s](const Tensor<T>& t) {
-                                auto out = Tensor<T>::uninitialized(t.shape());
-                                backend::map(out.size(), out.data(), [s](T v) { return v * s; }, t.data());
-                                return out;
-                            };
-                            // The usual seed is 1: then the saved gradients are added as they are.
-                            if (sink.needs(0) && dhidden.defined()) sink.add(0, s == T{1} ? dhidden : scaled(dhidden));
-                            if (sink.needs(1) && dw.defined()) sink.add(1, s == T{1} ? dw : scaled(dw));
-                        });
-    return y;
+        const Tensor<T> inputs[2] = {hidden, w_out};
+        const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
+        const bool need_dh = recording && hidden.requires_grad(), need_dw = recording && w_out.requires_grad();
+        Tensor<T> dhidden = need_dh ? Tensor<T>(hidden.shape()) : Tensor<T>();
+        Tensor<T> dw = need_dw ? Tensor<T>(w_out.shape()) : Tensor<T>();
+        const std::size_t chunk = std::min(opt.chunk_tokens, n);
+        Tensor<T> logits = Tensor<T>::uninitialized({chunk, vocab});  // reused by every chunk (but a shorter last one)
+        // Each operand prepared once (under the bf16 policy: rounded once, not once per GEMM).
+        const backend::GemmOperand<T> hs(hidden), ws(w_out);
+        double loss_sum = 0, lse_sq_sum = 0;
+        for (std::size_t start = 0; start < n; start += chunk) {
+            const std::size_t rows = std::min(chunk, n - start);
+            if (rows != logits.shape()[0]) logits = Tensor<T>::uninitialized({rows, vocab});
+            const backend::GemmSource<T> h_rows = hs.source() + start * features;
+            backend::gemm(false, false, rows, vocab, features, T{1}, h_rows, features, ws.source(), vocab, T{0}, logits.data(), vocab);
+            detail::loss_ops::softmax_xent_rows(logits.data(), rows, vocab, targets.data() + start, recording, opt.z_loss, 1.0 / double(n),
+                                                   loss_sum, lse_sq_sum);
+            if (!need_dh && !need_dw) continue;
+            const backend::GemmOperand<T> dlogits(logits);
+            if (need_dh)  // dhidden rows = dlogits w_out^T
+                backend::gemm(false, true, rows, features, vocab, T{1}, dlogits.source(), vocab, ws.source(), vocab, T{0},
+                              dhidden.data() + start * features, features);
+            if (need_dw)  // dw_out += hidden_rows^T dlogits
+                backend::gemm(true, false, features, vocab, rows, T{1}, h_rows, features, dlogits.source(), vocab, T{1}, dw.data(), vocab);
+        }
+        logits = Tensor<T>();
+        auto y = Tensor<T>::scalar(T(loss_sum / double(n)));
+        if (!recording) return y;
+        autodiff::record<T>("chunked_cross_entropy", std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
+                            [dhidden, dw](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                const T s = g[0].item();
+                                auto scaled = [s](const Tensor<T>& t) {
+                                    auto out = Tensor<T>::uninitialized(t.shape());
+                                    backend::map(out.size(), out.data(), [s](T v) { return v * s; }, t.data());
+                                    return out;
+                                };
+                                // The usual seed is 1: then the saved gradients are added as they are.
+                                if (sink.needs(0) && dhidden.defined()) sink.add(0, s == T{1} ? dhidden : scaled(dhidden));
+                                if (sink.needs(1) && dw.defined()) sink.add(1, s == T{1} ? dw : scaled(dw));
+                            });
+        return y;
+    });
 }
 
 // ---- the keys of the losses' lowering rules (their rules: olmax/trace/rules.hpp) ---------------

@@ -158,12 +158,14 @@ Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& 
 /// whose norm is below eps (r clamped to 1/eps) get dx = r dxhat, the exact gradient there.
 template <Real T>
 Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-16)) {
+    backend::op_scope on("scale_norm", x, w);
     check<value_error>(eps > T{0}, "scale_norm: eps must be positive, got ", eps);
-    if (x.traced() || w.traced()) return backend::trace::call1<op::scale_norm>({x, w}, {.eps = double(eps)});
-    return detail::norm_ops::normalize(
-        "scale_norm", x, w,
-        [eps](double sum_sq, bool& clamped) { return detail::norm_ops::l2_factor(sum_sq, T(eps), clamped); },
-        T{1});
+    return on.run<op::scale_norm>({x, w}, {.eps = double(eps)}, [&] {
+        return detail::norm_ops::normalize(
+            "scale_norm", x, w,
+            [eps](double sum_sq, bool& clamped) { return detail::norm_ops::l2_factor(sum_sq, T(eps), clamped); },
+            T{1});
+    });
 }
 
 /// RMSNorm over the last axis: out = x / sqrt(mean(x^2) + eps) * w (Zhang & Sennrich 2019);
@@ -171,19 +173,21 @@ Tensor<T> scale_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_
 /// dx = s dxhat - s^3 x sum(dxhat x) / F with s = 1 / sqrt(mean(x^2) + eps).
 template <Real T>
 Tensor<T> rms_norm(const Tensor<T>& x, const Tensor<T>& w, std::type_identity_t<T> eps = T(1e-6)) {
+    backend::op_scope on("rms_norm", x, w);
     check<value_error>(eps >= T{0}, "rms_norm: eps must be non-negative, got ", eps);
     if (!(x.rank() >= 1))
         throw shape_error(
             olmax::detail::concat("rms_norm: needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape())));
     const double features = double(x.shape().back());
-    if (x.traced() || w.traced()) return backend::trace::call1<op::rms_norm>({x, w}, {.eps = double(eps)});
-    return detail::norm_ops::normalize(
-        "rms_norm", x, w,
-        [eps, features](double sum_sq, bool& clamped) {
-            clamped = false;
-            return T(1.0 / std::sqrt(sum_sq / features + double(eps)));
-        },
-        T(features));
+    return on.run<op::rms_norm>({x, w}, {.eps = double(eps)}, [&] {
+        return detail::norm_ops::normalize(
+            "rms_norm", x, w,
+            [eps, features](double sum_sq, bool& clamped) {
+                clamped = false;
+                return T(1.0 / std::sqrt(sum_sq / features + double(eps)));
+            },
+            T(features));
+    });
 }
 
 // ---- the keys of the norms' lowering rules (their rules: olmax/trace/rules.hpp) ----------------

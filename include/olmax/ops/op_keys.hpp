@@ -1,6 +1,6 @@
 #pragma once
 // The registry of olmax's traced ops: one typed key per op that has a lowering rule
-// (backend/trace_rules.hpp says how an op's traced branch reaches its rule through its key).
+// (backend/trace_rules.hpp says how an op reaches its rule through its key on traced inputs).
 //
 // An op's key is one struct in namespace olmax::op, defined in the op's header right after the op
 // (docs/ARCHITECTURE.md, "Adding an op"):
@@ -14,10 +14,10 @@
 //         }
 //     };
 //
-// and the op's traced branch names it: `backend::trace::call1<op::slice>({x}, {.axis = a, ...})`.
+// and the op returns through it: `on.run<op::slice>({x}, {.axis = a, ...}, [&] { ...kernels... })`.
 // Its rule is `lower(op::slice, ...)` in olmax/trace/rules.hpp. The key's base fails to compile
 // unless the key is an entry of `op::all` below, and trace/rules.hpp fails to compile unless every
-// entry has a rule there: so every op of olmax whose traced branch names a key has a rule, and the
+// entry has a rule there: so every op of olmax that runs through a key has a rule, and the
 // one generic test (tests/unit/test_op_rules.cpp) finds every op in the registry with its samples
 // and eager form, and checks it.
 

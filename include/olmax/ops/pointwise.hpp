@@ -300,7 +300,7 @@ constexpr bool returns() {
 template <class F, Real T, class... Rest, class Arch = xsimd::default_arch>
     requires(std::is_same_v<Rest, Tensor<T>> && ...)
 Tensor<T> pointwise(std::string_view name, F f, const Tensor<T>& first, const Rest&... rest) {
-    constexpr std::size_t N = 1 + sizeof...(Rest);
+    static constexpr std::size_t N = 1 + sizeof...(Rest);
     namespace ops = detail::pointwise_ops;
     using batch = xsimd::batch<T, Arch>;
     static_assert(ops::returns<math::Dual<batch, N>, F, math::Dual<batch, N>, ops::each<Rest, math::Dual<batch, N>>...>(),
@@ -312,34 +312,36 @@ Tensor<T> pointwise(std::string_view name, F f, const Tensor<T>& first, const Re
     backend::op_scope on(name, first, rest...);
     const std::array<const Tensor<T>*, N> in{&first, &rest...};
     const Shape shape = ops::output_shape<T, N>(name, in);
-    if (on.traced()) return f(first, rest...);  // the chain op by op, through each op's lowering rule
-    std::array<const T*, N> x;
-    std::array<std::size_t, N> sizes;
-    for (std::size_t k = 0; k < N; ++k) x[k] = in[k]->data(), sizes[k] = in[k]->size();
-    auto y = Tensor<T>::uninitialized(shape);  // every element is written
-    ops::forward(std::make_index_sequence<N>{}, Arch{}, f, x, sizes, y.data(), y.size());
-    const std::array<Tensor<T>, N> inputs{first, rest...};
-    autodiff::record<T>(name, std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
-                        [f, shape, kept = std::array<Tensor<T>, N>{first.detach(), rest.detach()...}](std::span<const Tensor<T>> g,
-                                                                                                     autodiff::GradientSink<T>& sink) {
-                            std::array<const T*, N> xs;
-                            std::array<std::size_t, N> sizes;
-                            std::array<Tensor<T>, N> full;
-                            std::array<T*, N> dx{};
-                            for (std::size_t k = 0; k < N; ++k) {
-                                xs[k] = kept[k].data(), sizes[k] = kept[k].size();
-                                if (!sink.needs(k)) continue;
-                                full[k] = Tensor<T>::uninitialized(shape);  // every element is written
-                                dx[k] = full[k].data();
-                            }
-                            detail::pointwise_ops::backward(std::make_index_sequence<N>{}, Arch{}, f, xs, sizes, g[0].data(), dx, numel(shape));
-                            for (std::size_t k = 0; k < N; ++k) {
-                                if (!dx[k]) continue;
-                                if (kept[k].shape() == shape) sink.add(k, std::move(full[k]));
-                                else sink.add(k, olmax::detail::sum_to_shape(full[k], kept[k].shape()));
-                            }
-                        });
-    return y;
+    return on.run_composed([&] { return f(first, rest...); },  // the chain op by op, through each op's lowering rule
+                           [&] {
+        std::array<const T*, N> x;
+        std::array<std::size_t, N> sizes;
+        for (std::size_t k = 0; k < N; ++k) x[k] = in[k]->data(), sizes[k] = in[k]->size();
+        auto y = Tensor<T>::uninitialized(shape);  // every element is written
+        ops::forward(std::make_index_sequence<N>{}, Arch{}, f, x, sizes, y.data(), y.size());
+        const std::array<Tensor<T>, N> inputs{first, rest...};
+        autodiff::record<T>(name, std::span<const Tensor<T>>(inputs), std::span<Tensor<T>>(&y, 1),
+                            [f, shape, kept = std::array<Tensor<T>, N>{first.detach(), rest.detach()...}](std::span<const Tensor<T>> g,
+                                                                                                         autodiff::GradientSink<T>& sink) {
+                                std::array<const T*, N> xs;
+                                std::array<std::size_t, N> sizes;
+                                std::array<Tensor<T>, N> full;
+                                std::array<T*, N> dx{};
+                                for (std::size_t k = 0; k < N; ++k) {
+                                    xs[k] = kept[k].data(), sizes[k] = kept[k].size();
+                                    if (!sink.needs(k)) continue;
+                                    full[k] = Tensor<T>::uninitialized(shape);  // every element is written
+                                    dx[k] = full[k].data();
+                                }
+                                detail::pointwise_ops::backward(std::make_index_sequence<N>{}, Arch{}, f, xs, sizes, g[0].data(), dx, numel(shape));
+                                for (std::size_t k = 0; k < N; ++k) {
+                                    if (!dx[k]) continue;
+                                    if (kept[k].shape() == shape) sink.add(k, std::move(full[k]));
+                                    else sink.add(k, olmax::detail::sum_to_shape(full[k], kept[k].shape()));
+                                }
+                            });
+        return y;
+    });
 }
 
 }  // namespace olmax

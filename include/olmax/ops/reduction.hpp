@@ -168,9 +168,10 @@ template <Real T>
 Tensor<T> sum(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     backend::op_scope on("sum", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "sum");
-    if (on.traced()) return backend::trace::call1<op::sum>({x}, {.axes = detail::traced_axes(ax, x.rank()), .keepdims = keepdims});
-    if (ax.empty()) return detail::unary_op<op::sum, detail::Reads::nothing>(x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
-    return detail::reduce_runs(x, ax, keepdims, /*average=*/false, "sum");
+    return on.run<op::sum>({x}, {.axes = detail::traced_axes(ax, x.rank()), .keepdims = keepdims}, [&] {
+        if (ax.empty()) return detail::unary_op<op::sum, detail::Reads::nothing>(x, [](T v) { return v; }, [](T, T) { return T{1}; });  // rank-0 input
+        return detail::reduce_runs(x, ax, keepdims, /*average=*/false, "sum");
+    });
 }
 
 /// `x` summed down to `shape`, a shape it broadcasts from (NumPy's rules: axes added in front,
@@ -197,9 +198,10 @@ template <Real T>
 Tensor<T> mean(const Tensor<T>& x, std::vector<long> axes = {}, bool keepdims = false) {
     backend::op_scope on("mean", x);
     const auto ax = detail::resolve_axes(std::move(axes), x.rank(), "mean");
-    if (on.traced()) return backend::trace::call1<op::mean>({x}, {.axes = detail::traced_axes(ax, x.rank()), .keepdims = keepdims});
-    if (ax.empty()) return detail::unary_op<op::mean, detail::Reads::nothing>(x, [](T v) { return v; }, [](T, T) { return T{1}; });
-    return detail::reduce_runs(x, ax, keepdims, /*average=*/true, "mean");
+    return on.run<op::mean>({x}, {.axes = detail::traced_axes(ax, x.rank()), .keepdims = keepdims}, [&] {
+        if (ax.empty()) return detail::unary_op<op::mean, detail::Reads::nothing>(x, [](T v) { return v; }, [](T, T) { return T{1}; });
+        return detail::reduce_runs(x, ax, keepdims, /*average=*/true, "mean");
+    });
 }
 
 /// Maximum along one axis; the gradient flows to the first maximal element. NaN propagates.

@@ -143,23 +143,26 @@ Tensor<T> rope(const Tensor<T>& x, const RopeOptions<T>& options = {}) {
     if (options.resets.defined())
         check<shape_error>(options.resets.rank() == 2 && options.resets.extent(0) == nb && options.resets.extent(1) == nt, op,
                            ": resets of shape ", to_string(options.resets.shape()), " does not match [batch, T] = [", nb, ", ", nt, "]");
-    if (on.traced()) {
-        check<trace_error>(!options.resets.traced(), op, ": traced resets (a per-call input) are not supported by the traced rope yet; ",
-                           "pass host resets, or none");
-        return detail::rope_ops::traced(x, detail::rope_ops::positions(options.resets.defined() ? nb : 1, nt, options.offset, options.resets),
-                                        options.resets.defined() ? nb : 1, options.base);
-    }
-    auto pos = detail::rope_ops::positions(nb, nt, options.offset, options.resets);
-    auto y = Tensor<T>::uninitialized(x.shape());
-    detail::rope_ops::rotate(x.data(), y.data(), pos, nh, dim, options.base, 1.0);
-    autodiff::record<T>(op, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [pos = std::move(pos), nh, dim, base = options.base](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            if (!sink.needs(0)) return;
-                            auto dx = Tensor<T>::uninitialized(g[0].shape());
-                            detail::rope_ops::rotate(g[0].data(), dx.data(), pos, nh, dim, base, -1.0);
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
+    return on.run_composed(
+        [&] {
+                check<trace_error>(!options.resets.traced(), op, ": traced resets (a per-call input) are not supported by the traced rope yet; ",
+                                   "pass host resets, or none");
+                const std::size_t rows = options.resets.defined() ? nb : 1;
+                return detail::rope_ops::traced(x, detail::rope_ops::positions(rows, nt, options.offset, options.resets), rows, options.base);
+            },
+            [&] {
+            auto pos = detail::rope_ops::positions(nb, nt, options.offset, options.resets);
+            auto y = Tensor<T>::uninitialized(x.shape());
+            detail::rope_ops::rotate(x.data(), y.data(), pos, nh, dim, options.base, 1.0);
+            autodiff::record<T>(op, std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                                [pos = std::move(pos), nh, dim, base = options.base](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                    if (!sink.needs(0)) return;
+                                    auto dx = Tensor<T>::uninitialized(g[0].shape());
+                                    detail::rope_ops::rotate(g[0].data(), dx.data(), pos, nh, dim, base, -1.0);
+                                    sink.add(0, std::move(dx));
+                                });
+            return y;
+        });
 }
 
 }  // namespace olmax

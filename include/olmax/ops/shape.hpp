@@ -114,12 +114,13 @@ Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
     if (!(numel(shape) == x.size()))
         throw shape_error(olmax::detail::concat("reshape: cannot reshape a tensor of shape ", to_string(x.shape()), " (", x.size(),
                                                 " elements) to ", to_string(shape), " (", numel(shape), " elements)"));
-    if (on.traced()) return backend::trace::call1<op::reshape>({x}, {.shape = shape});
-    Tensor<T> y = detail::shape_ops::share_storage(x, shape);
-    detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-        sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
+    return on.run<op::reshape>({x}, {.shape = shape}, [&] {
+        Tensor<T> y = detail::shape_ops::share_storage(x, shape);
+        detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+            sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
+        });
+        return y;
     });
-    return y;
 }
 
 /// Permutes the axes: result axis i is `x`'s axis `perm[i]` (NumPy `transpose(x, perm)`); `perm`
@@ -141,21 +142,22 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::size_t> perm) {
         throw shape_error(olmax::detail::concat("transpose: [", listed, "] is not a permutation of the axes of a tensor of shape ",
                                                 to_string(x.shape())));
     }
-    if (on.traced()) return backend::trace::call1<op::transpose>({x}, {.perm = perm});
-    Shape out_shape(rank);
-    for (std::size_t i = 0; i < rank; ++i) out_shape[i] = x.shape()[perm[i]];
-    auto y = Tensor<T>::uninitialized(out_shape);
-    detail::shape_ops::permute_copy(x.data(), x.shape(), perm, y.data());
-    std::vector<std::size_t> inverse(rank);
-    for (std::size_t i = 0; i < rank; ++i) inverse[perm[i]] = i;
-    detail::shape_ops::record_unary("transpose", x, y,
-                                    [inverse = std::move(inverse), out_shape, in_shape = x.shape()](std::span<const Tensor<T>> g,
-                                                                                                    autodiff::GradientSink<T>& sink) {
-                                        auto dx = Tensor<T>::uninitialized(in_shape);
-                                        detail::shape_ops::permute_copy(g[0].data(), out_shape, inverse, dx.data());
-                                        sink.add(0, std::move(dx));
-                                    });
-    return y;
+    return on.run<op::transpose>({x}, {.perm = perm}, [&] {
+        Shape out_shape(rank);
+        for (std::size_t i = 0; i < rank; ++i) out_shape[i] = x.shape()[perm[i]];
+        auto y = Tensor<T>::uninitialized(out_shape);
+        detail::shape_ops::permute_copy(x.data(), x.shape(), perm, y.data());
+        std::vector<std::size_t> inverse(rank);
+        for (std::size_t i = 0; i < rank; ++i) inverse[perm[i]] = i;
+        detail::shape_ops::record_unary("transpose", x, y,
+                                        [inverse = std::move(inverse), out_shape, in_shape = x.shape()](std::span<const Tensor<T>> g,
+                                                                                                        autodiff::GradientSink<T>& sink) {
+                                            auto dx = Tensor<T>::uninitialized(in_shape);
+                                            detail::shape_ops::permute_copy(g[0].data(), out_shape, inverse, dx.data());
+                                            sink.add(0, std::move(dx));
+                                        });
+        return y;
+    });
 }
 
 /// Swaps the last two axes (the matrix transpose, batched over leading axes); needs rank >= 2.
@@ -180,18 +182,19 @@ Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t en
     if (!(begin <= end && end <= lay.n))
         throw shape_error(olmax::detail::concat("slice: range [", begin, ", ", end, ") along axis ", axis, " of shape ",
                                                 to_string(x.shape()), " is not within [0, ", lay.n, "] with begin <= end"));
-    if (on.traced()) return backend::trace::call1<op::slice>({x}, {.axis = a, .begin = begin, .end = end});
-    Shape out_shape = x.shape();
-    out_shape[a] = end - begin;
-    auto y = Tensor<T>::uninitialized(out_shape);
-    detail::shape_ops::copy_along_axis(x.data(), lay.n, begin, y.data(), end - begin, 0, end - begin, lay.outer, lay.inner);
-    detail::shape_ops::record_unary(
-        "slice", x, y, [lay, begin, end, in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-            Tensor<T> dx(in_shape);
-            detail::shape_ops::copy_along_axis(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
-            sink.add(0, std::move(dx));
-        });
-    return y;
+    return on.run<op::slice>({x}, {.axis = a, .begin = begin, .end = end}, [&] {
+        Shape out_shape = x.shape();
+        out_shape[a] = end - begin;
+        auto y = Tensor<T>::uninitialized(out_shape);
+        detail::shape_ops::copy_along_axis(x.data(), lay.n, begin, y.data(), end - begin, 0, end - begin, lay.outer, lay.inner);
+        detail::shape_ops::record_unary(
+            "slice", x, y, [lay, begin, end, in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                Tensor<T> dx(in_shape);
+                detail::shape_ops::copy_along_axis(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
+                sink.add(0, std::move(dx));
+            });
+        return y;
+    });
 }
 
 /// Joins tensors along `axis`; all must have the same rank and equal extents on the other axes.
@@ -251,19 +254,20 @@ template <Real T>
 Tensor<T> pad(const Tensor<T>& x, long axis, std::size_t before, std::size_t after, std::type_identity_t<T> value = 0) {
     backend::op_scope on("pad", x);
     const std::size_t a = normalize_axis(axis, x.rank(), "pad");
-    if (on.traced()) return backend::trace::call1<op::pad>({x}, {.axis = a, .before = before, .after = after, .value = double(value)});
-    const auto lay = olmax::detail::split_at(x.shape(), a);
-    Shape out_shape = x.shape();
-    out_shape[a] = lay.n + before + after;
-    Tensor<T> y(out_shape, value);
-    detail::shape_ops::copy_along_axis(x.data(), lay.n, 0, y.data(), out_shape[a], before, lay.n, lay.outer, lay.inner);
-    detail::shape_ops::record_unary("pad", x, y, [lay, before, padded = out_shape[a], in_shape = x.shape()](std::span<const Tensor<T>> g,
-                                                                                                       autodiff::GradientSink<T>& sink) {
-        auto dx = Tensor<T>::uninitialized(in_shape);
-        detail::shape_ops::copy_along_axis(g[0].data(), padded, before, dx.data(), lay.n, 0, lay.n, lay.outer, lay.inner);
-        sink.add(0, std::move(dx));
+    return on.run<op::pad>({x}, {.axis = a, .before = before, .after = after, .value = double(value)}, [&] {
+        const auto lay = olmax::detail::split_at(x.shape(), a);
+        Shape out_shape = x.shape();
+        out_shape[a] = lay.n + before + after;
+        Tensor<T> y(out_shape, value);
+        detail::shape_ops::copy_along_axis(x.data(), lay.n, 0, y.data(), out_shape[a], before, lay.n, lay.outer, lay.inner);
+        detail::shape_ops::record_unary("pad", x, y, [lay, before, padded = out_shape[a], in_shape = x.shape()](std::span<const Tensor<T>> g,
+                                                                                                           autodiff::GradientSink<T>& sink) {
+            auto dx = Tensor<T>::uninitialized(in_shape);
+            detail::shape_ops::copy_along_axis(g[0].data(), padded, before, dx.data(), lay.n, 0, lay.n, lay.outer, lay.inner);
+            sink.add(0, std::move(dx));
+        });
+        return y;
     });
-    return y;
 }
 
 /// Stacks equal-shaped tensors along a new leading axis (a copy). Differentiable.
@@ -274,22 +278,19 @@ Tensor<T> stack_leading(const std::vector<Tensor<T>>& parts) {
     const Shape inner = parts[0].shape();
     for (const auto& p : parts)
         check<shape_error>(p.shape() == inner, "stack_leading: shapes ", to_string(inner), " and ", to_string(p.shape()), " differ");
-    if (on.traced()) {
-        std::vector<Tensor<float>> in;
-        for (const auto& p : parts) in.push_back(backend::trace::as_float(p));
-        return backend::trace::call<op::stack_leading, T>(in).front();
-    }
-    Shape shape{parts.size()};
-    shape.insert(shape.end(), inner.begin(), inner.end());
-    auto out = Tensor<T>::uninitialized(shape);
-    const std::size_t n = numel(inner);
-    for (std::size_t i = 0; i < parts.size(); ++i) std::copy(parts[i].begin(), parts[i].end(), out.data() + i * n);
-    autodiff::record<T>("stack_leading", std::span<const Tensor<T>>(parts), std::span<Tensor<T>>(&out, 1),
-                        [count = parts.size(), inner, n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            for (std::size_t i = 0; i < count; ++i)
-                                if (sink.needs(i)) sink.add(i, olmax::detail::TensorAccess<T>::alias(g[0], i * n, inner));
-                        });
-    return out;
+    return on.run<op::stack_leading>(parts, {}, [&] {
+        Shape shape{parts.size()};
+        shape.insert(shape.end(), inner.begin(), inner.end());
+        auto out = Tensor<T>::uninitialized(shape);
+        const std::size_t n = numel(inner);
+        for (std::size_t i = 0; i < parts.size(); ++i) std::copy(parts[i].begin(), parts[i].end(), out.data() + i * n);
+        autodiff::record<T>("stack_leading", std::span<const Tensor<T>>(parts), std::span<Tensor<T>>(&out, 1),
+                            [count = parts.size(), inner, n](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                for (std::size_t i = 0; i < count; ++i)
+                                    if (sink.needs(i)) sink.add(i, olmax::detail::TensorAccess<T>::alias(g[0], i * n, inner));
+                            });
+        return out;
+    });
 }
 
 // ---- the keys of the shape ops' lowering rules (their rules: olmax/trace/rules.hpp) ------------

@@ -901,42 +901,43 @@ GatedDeltaResult<T> gated_delta_rule(const Tensor<T>& q, const Tensor<T>& k, con
     namespace gd = detail::gated_delta;
     backend::op_scope on(gd::op_name, q, k, v, g, beta, h0, resets);
     const gd::Geometry geo = gd::make_geometry(q, k, v, g, beta, h0, resets, options);
-    if (on.traced()) return gd::traced(geo, q, k, v, g, beta, h0, resets);
-    std::vector<Tensor<T>> inputs{q, k, v, g, beta, h0};
-    const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
+    return on.run_composed([&] { return gd::traced(geo, q, k, v, g, beta, h0, resets); }, [&] {
+        std::vector<Tensor<T>> inputs{q, k, v, g, beta, h0};
+        const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
 
-    GatedDeltaResult<T> result{Tensor<T>::uninitialized(v.shape()), Tensor<T>::uninitialized({geo.batch, geo.heads, geo.key, geo.value})};
-    Tensor<T> ckpt = recording ? Tensor<T>::uninitialized({geo.batch, geo.heads, geo.chunks, geo.key, geo.value}) : Tensor<T>();
-    const Tensor<T> resets_in = resets.defined() ? resets.detach() : Tensor<T>();
-    auto buffers = [](const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& g, const Tensor<T>& beta,
-                      const Tensor<T>& h0, const Tensor<T>& resets) {
-        auto data = [](const Tensor<T>& t) { return t.defined() ? t.data() : static_cast<const T*>(nullptr); };
-        return gd::Buffers<T>{q.data(), k.data(), v.data(), g.data(), beta.data(), data(h0), data(resets)};
-    };
-    gd::forward(geo, buffers(q, k, v, g, beta, h0, resets_in), result.o.data(), result.state.data(), ckpt.defined() ? ckpt.data() : nullptr);
-    if (!recording) return result;
+        GatedDeltaResult<T> result{Tensor<T>::uninitialized(v.shape()), Tensor<T>::uninitialized({geo.batch, geo.heads, geo.key, geo.value})};
+        Tensor<T> ckpt = recording ? Tensor<T>::uninitialized({geo.batch, geo.heads, geo.chunks, geo.key, geo.value}) : Tensor<T>();
+        const Tensor<T> resets_in = resets.defined() ? resets.detach() : Tensor<T>();
+        auto buffers = [](const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& g, const Tensor<T>& beta,
+                          const Tensor<T>& h0, const Tensor<T>& resets) {
+            auto data = [](const Tensor<T>& t) { return t.defined() ? t.data() : static_cast<const T*>(nullptr); };
+            return gd::Buffers<T>{q.data(), k.data(), v.data(), g.data(), beta.data(), data(h0), data(resets)};
+        };
+        gd::forward(geo, buffers(q, k, v, g, beta, h0, resets_in), result.o.data(), result.state.data(), ckpt.defined() ? ckpt.data() : nullptr);
+        if (!recording) return result;
 
-    std::vector<Tensor<T>> outputs{result.o, result.state};
-    autodiff::record<T>(
-        gd::op_name, inputs, outputs,
-        [geo, buffers, q = q.detach(), k = k.detach(), v = v.detach(), g = g.detach(), beta = beta.detach(),
-         h0 = h0.defined() ? h0.detach() : Tensor<T>(), resets_in, ckpt](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
-            auto dq = Tensor<T>::uninitialized(q.shape()), dk = Tensor<T>::uninitialized(k.shape());
-            auto dv = Tensor<T>::uninitialized(v.shape());
-            auto dg = Tensor<T>::uninitialized(g.shape()), dbeta = Tensor<T>::uninitialized(beta.shape());
-            Tensor<T> dh0 = sink.needs(5) ? Tensor<T>::uninitialized(h0.shape()) : Tensor<T>();
-            gd::backward(geo, buffers(q, k, v, g, beta, h0, resets_in), grads[0].data(), grads[1].data(), ckpt.data(),
-                         gd::Gradients<T>{dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data(), dh0.defined() ? dh0.data() : nullptr});
-            sink.add(0, std::move(dq));
-            sink.add(1, std::move(dk));
-            sink.add(2, std::move(dv));
-            sink.add(3, std::move(dg));
-            sink.add(4, std::move(dbeta));
-            if (dh0.defined()) sink.add(5, std::move(dh0));
-        });
-    result.o = outputs[0];
-    result.state = outputs[1];
-    return result;
+        std::vector<Tensor<T>> outputs{result.o, result.state};
+        autodiff::record<T>(
+            gd::op_name, inputs, outputs,
+            [geo, buffers, q = q.detach(), k = k.detach(), v = v.detach(), g = g.detach(), beta = beta.detach(),
+             h0 = h0.defined() ? h0.detach() : Tensor<T>(), resets_in, ckpt](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
+                auto dq = Tensor<T>::uninitialized(q.shape()), dk = Tensor<T>::uninitialized(k.shape());
+                auto dv = Tensor<T>::uninitialized(v.shape());
+                auto dg = Tensor<T>::uninitialized(g.shape()), dbeta = Tensor<T>::uninitialized(beta.shape());
+                Tensor<T> dh0 = sink.needs(5) ? Tensor<T>::uninitialized(h0.shape()) : Tensor<T>();
+                gd::backward(geo, buffers(q, k, v, g, beta, h0, resets_in), grads[0].data(), grads[1].data(), ckpt.data(),
+                             gd::Gradients<T>{dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data(), dh0.defined() ? dh0.data() : nullptr});
+                sink.add(0, std::move(dq));
+                sink.add(1, std::move(dk));
+                sink.add(2, std::move(dv));
+                sink.add(3, std::move(dg));
+                sink.add(4, std::move(dbeta));
+                if (dh0.defined()) sink.add(5, std::move(dh0));
+            });
+        result.o = outputs[0];
+        result.state = outputs[1];
+        return result;
+    });
 }
 
 }  // namespace olmax::scan

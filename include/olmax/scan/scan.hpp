@@ -102,39 +102,36 @@ ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const 
     backend::op_scope on(op, gates, x, opt.h0);
     const detail::Geometry g = detail::make_geometry(op, gates, x, opt);
     const std::size_t chunk = opt.chunk ? static_cast<std::size_t>(*opt.chunk) : detail::default_chunk<Strategy>();
-    if (on.traced()) {  // Strategy's StableHLO form where it has one that suits the device, else the device's (trace/scan_forms.hpp)
-        check<trace_error>(opt.layout == Layout::btc && gates.shape() == x.shape(), op,
-                           ": a traced scan takes gates of x's shape in the [batch, time, channels] layout");
-        if constexpr (Real<T>) {
-            const Tensor<float> in[3] = {backend::trace::as_float(gates), backend::trace::as_float(x),
-                                         opt.h0.defined() ? backend::trace::as_float(opt.h0) : Tensor<float>()};
-            auto out = backend::trace::call<op::linear_scan, T>(
-                in, {.reverse = opt.reverse, .log_gates = opt.log_gates, .strategy = Strategy::name, .chunk = chunk});
-            return {std::move(out[0]), std::move(out[1])};
-        }
-    }
+    return on.run_composed(
+        [&] {  // the rule of op::linear_scan: Strategy's StableHLO form where it has one that suits the device, else the device's
+            check<trace_error>(opt.layout == Layout::btc && gates.shape() == x.shape(), op,
+                               ": a traced scan takes gates of x's shape in the [batch, time, channels] layout");
+            return backend::trace::results<ScanResult<T>, op::linear_scan>(
+                {gates, x, opt.h0}, {.reverse = opt.reverse, .log_gates = opt.log_gates, .strategy = Strategy::name, .chunk = chunk});
+        },
+        [&] {
+            ScanResult<T> result{Tensor<T>::uninitialized(x.shape()), Tensor<T>::uninitialized({g.batch, g.channels})};
+            const T* h0 = opt.h0.defined() ? opt.h0.data() : nullptr;
+            detail::run_forward<Strategy>(g, detail::ForwardArgs<T>{gates.data(), x.data(), h0, result.h.data(), result.h_last.data()}, chunk);
 
-    ScanResult<T> result{Tensor<T>::uninitialized(x.shape()), Tensor<T>::uninitialized({g.batch, g.channels})};
-    const T* h0 = opt.h0.defined() ? opt.h0.data() : nullptr;
-    detail::run_forward<Strategy>(g, detail::ForwardArgs<T>{gates.data(), x.data(), h0, result.h.data(), result.h_last.data()}, chunk);
-
-    if constexpr (Real<T>) {
-        std::vector<Tensor<T>> inputs{gates, x, opt.h0};
-        if (!autodiff::should_record(std::span<const Tensor<T>>(inputs))) return result;
-        std::vector<Tensor<T>> outputs{result.h, result.h_last};
-        autodiff::record<T>(
-            op, inputs, outputs,
-            [g, chunk, saved_gates = gates.detach(), saved_h = result.h.detach(),
-             saved_h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>()](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
-                ScanGradients<T> d = detail::scan_gradients<Strategy>(g, chunk, saved_gates, saved_h, saved_h0, grads[0], grads[1], sink.needs(2));
-                if (sink.needs(0)) sink.add(0, d.gates);
-                sink.add(1, d.x);
-                if (d.h0.defined()) sink.add(2, d.h0);
-            });
-        result.h = outputs[0];
-        result.h_last = outputs[1];
-    }
-    return result;
+            if constexpr (Real<T>) {
+                std::vector<Tensor<T>> inputs{gates, x, opt.h0};
+                if (!autodiff::should_record(std::span<const Tensor<T>>(inputs))) return result;
+                std::vector<Tensor<T>> outputs{result.h, result.h_last};
+                autodiff::record<T>(
+                    op, inputs, outputs,
+                    [g, chunk, saved_gates = gates.detach(), saved_h = result.h.detach(),
+                     saved_h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>()](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
+                        ScanGradients<T> d = detail::scan_gradients<Strategy>(g, chunk, saved_gates, saved_h, saved_h0, grads[0], grads[1], sink.needs(2));
+                        if (sink.needs(0)) sink.add(0, d.gates);
+                        sink.add(1, d.x);
+                        if (d.h0.defined()) sink.add(2, d.h0);
+                    });
+                result.h = outputs[0];
+                result.h_last = outputs[1];
+            }
+            return result;
+        });
 }
 
 /// Scans and returns h only (see scan_with_state).

@@ -417,56 +417,49 @@ SelectiveScanResult<T> selective_scan(const Tensor<T>& u, const Tensor<T>& delta
     namespace sel = detail::selective;
     backend::op_scope on("scan::selective_scan", u, delta, A, B, C, D, opt.h0, opt.resets);
     const sel::Geometry g = sel::make_geometry(u, delta, A, B, C, D, opt);
-    if (on.traced()) {
-        const Tensor<float> in[8] = {backend::trace::as_float(u),     backend::trace::as_float(delta),
-                                     backend::trace::as_float(A),     backend::trace::as_float(B),
-                                     backend::trace::as_float(C),     D.defined() ? backend::trace::as_float(D) : Tensor<float>(),
-                                     opt.h0.defined() ? backend::trace::as_float(opt.h0) : Tensor<float>(),
-                                     opt.resets.defined() ? backend::trace::as_float(opt.resets) : Tensor<float>()};
-        auto out = backend::trace::call<op::selective_scan, T>(in);
-        return {std::move(out[0]), std::move(out[1])};
-    }
-    std::vector<Tensor<T>> inputs{u, delta, A, B, C, D, opt.h0};
-    const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
-    const SelectiveScanSizes sizes{g.batch, g.time, g.channels, g.state, g.chunk};
+    return on.run<op::selective_scan>({u, delta, A, B, C, D, opt.h0, opt.resets}, {}, [&] {
+        std::vector<Tensor<T>> inputs{u, delta, A, B, C, D, opt.h0};
+        const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
+        const SelectiveScanSizes sizes{g.batch, g.time, g.channels, g.state, g.chunk};
 
-    SelectiveScanResult<T> result{Tensor<T>::uninitialized(u.shape()), Tensor<T>::uninitialized({g.batch, g.channels, g.state})};
-    Tensor<T> ckpt = recording ? Tensor<T>::uninitialized({g.batch, g.chunks, g.channels, g.state}) : Tensor<T>();
-    const Tensor<T> resets = opt.resets.defined() ? opt.resets.detach() : Tensor<T>();
-    auto buffers = [](const Tensor<T>& u, const Tensor<T>& delta, const Tensor<T>& A, const Tensor<T>& B, const Tensor<T>& C,
-                      const Tensor<T>& D, const Tensor<T>& h0, const Tensor<T>& resets) {
-        auto data = [](const Tensor<T>& t) { return t.defined() ? t.data() : static_cast<const T*>(nullptr); };
-        return SelectiveScanBuffers<T>{u.data(), delta.data(), A.data(), B.data(), C.data(), data(D), data(h0), data(resets)};
-    };
-    selective_scan_forward(sizes, buffers(u, delta, A, B, C, D, opt.h0, resets), result.y.data(), result.h_last.data(),
-                           ckpt.defined() ? ckpt.data() : nullptr);
-    if (!recording) return result;
+        SelectiveScanResult<T> result{Tensor<T>::uninitialized(u.shape()), Tensor<T>::uninitialized({g.batch, g.channels, g.state})};
+        Tensor<T> ckpt = recording ? Tensor<T>::uninitialized({g.batch, g.chunks, g.channels, g.state}) : Tensor<T>();
+        const Tensor<T> resets = opt.resets.defined() ? opt.resets.detach() : Tensor<T>();
+        auto buffers = [](const Tensor<T>& u, const Tensor<T>& delta, const Tensor<T>& A, const Tensor<T>& B, const Tensor<T>& C,
+                          const Tensor<T>& D, const Tensor<T>& h0, const Tensor<T>& resets) {
+            auto data = [](const Tensor<T>& t) { return t.defined() ? t.data() : static_cast<const T*>(nullptr); };
+            return SelectiveScanBuffers<T>{u.data(), delta.data(), A.data(), B.data(), C.data(), data(D), data(h0), data(resets)};
+        };
+        selective_scan_forward(sizes, buffers(u, delta, A, B, C, D, opt.h0, resets), result.y.data(), result.h_last.data(),
+                               ckpt.defined() ? ckpt.data() : nullptr);
+        if (!recording) return result;
 
-    std::vector<Tensor<T>> outputs{result.y, result.h_last};
-    autodiff::record<T>(
-        "scan::selective_scan", inputs, outputs,
-        [sizes, buffers, u = u.detach(), delta = delta.detach(), A = A.detach(), B = B.detach(), C = C.detach(),
-         D = D.defined() ? D.detach() : Tensor<T>(), h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>(), resets,
-         ckpt](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
-            auto du = Tensor<T>::uninitialized(u.shape()), ddelta = Tensor<T>::uninitialized(u.shape());
-            auto dB = Tensor<T>::uninitialized(B.shape()), dC = Tensor<T>::uninitialized(C.shape());
-            Tensor<T> dA = sink.needs(2) ? Tensor<T>::uninitialized(A.shape()) : Tensor<T>();
-            Tensor<T> dD = sink.needs(5) ? Tensor<T>::uninitialized(D.shape()) : Tensor<T>();
-            Tensor<T> dh0 = sink.needs(6) ? Tensor<T>::uninitialized({sizes.batch, sizes.channels, sizes.state}) : Tensor<T>();
-            auto data = [](Tensor<T>& t) { return t.defined() ? t.data() : static_cast<T*>(nullptr); };
-            selective_scan_backward(sizes, buffers(u, delta, A, B, C, D, h0, resets), grads[0].data(), grads[1].data(), ckpt.data(),
-                                    SelectiveScanGradients<T>{du.data(), ddelta.data(), data(dA), dB.data(), dC.data(), data(dD), data(dh0)});
-            sink.add(0, std::move(du));
-            sink.add(1, std::move(ddelta));
-            if (dA.defined()) sink.add(2, std::move(dA));
-            sink.add(3, std::move(dB));
-            sink.add(4, std::move(dC));
-            if (dD.defined()) sink.add(5, std::move(dD));
-            if (dh0.defined()) sink.add(6, std::move(dh0));
-        });
-    result.y = outputs[0];
-    result.h_last = outputs[1];
-    return result;
+        std::vector<Tensor<T>> outputs{result.y, result.h_last};
+        autodiff::record<T>(
+            "scan::selective_scan", inputs, outputs,
+            [sizes, buffers, u = u.detach(), delta = delta.detach(), A = A.detach(), B = B.detach(), C = C.detach(),
+             D = D.defined() ? D.detach() : Tensor<T>(), h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>(), resets,
+             ckpt](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
+                auto du = Tensor<T>::uninitialized(u.shape()), ddelta = Tensor<T>::uninitialized(u.shape());
+                auto dB = Tensor<T>::uninitialized(B.shape()), dC = Tensor<T>::uninitialized(C.shape());
+                Tensor<T> dA = sink.needs(2) ? Tensor<T>::uninitialized(A.shape()) : Tensor<T>();
+                Tensor<T> dD = sink.needs(5) ? Tensor<T>::uninitialized(D.shape()) : Tensor<T>();
+                Tensor<T> dh0 = sink.needs(6) ? Tensor<T>::uninitialized({sizes.batch, sizes.channels, sizes.state}) : Tensor<T>();
+                auto data = [](Tensor<T>& t) { return t.defined() ? t.data() : static_cast<T*>(nullptr); };
+                selective_scan_backward(sizes, buffers(u, delta, A, B, C, D, h0, resets), grads[0].data(), grads[1].data(), ckpt.data(),
+                                        SelectiveScanGradients<T>{du.data(), ddelta.data(), data(dA), dB.data(), dC.data(), data(dD), data(dh0)});
+                sink.add(0, std::move(du));
+                sink.add(1, std::move(ddelta));
+                if (dA.defined()) sink.add(2, std::move(dA));
+                sink.add(3, std::move(dB));
+                sink.add(4, std::move(dC));
+                if (dD.defined()) sink.add(5, std::move(dD));
+                if (dh0.defined()) sink.add(6, std::move(dh0));
+            });
+        result.y = outputs[0];
+        result.h_last = outputs[1];
+        return result;
+    });
 }
 
 }  // namespace olmax::scan

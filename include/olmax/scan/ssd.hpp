@@ -715,47 +715,49 @@ SsdResult<T> ssd(const Tensor<T>& x, const Tensor<T>& dt, const Tensor<T>& A, co
     namespace sd = detail::ssd;
     backend::op_scope on("scan::ssd", x, dt, A, B, C, D, opt.h0, opt.resets);
     const sd::Geometry g = sd::make_geometry(x, dt, A, B, C, D, opt);
-    if (on.traced()) return sd::composed(g, x, dt, A, B, C, D, opt.h0, opt.resets);  // ordinary ops, each with its lowering rule
-    std::vector<Tensor<T>> inputs{x, dt, A, B, C, D, opt.h0};
-    const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
-    const SsdSizes sizes{g.batch, g.time, g.heads, g.head_dim, g.groups, g.state, g.chunk};
+    return on.run_composed([&] { return sd::composed(g, x, dt, A, B, C, D, opt.h0, opt.resets); },  // ordinary ops, each with its lowering rule
+                           [&] {
+        std::vector<Tensor<T>> inputs{x, dt, A, B, C, D, opt.h0};
+        const bool recording = autodiff::should_record(std::span<const Tensor<T>>(inputs));
+        const SsdSizes sizes{g.batch, g.time, g.heads, g.head_dim, g.groups, g.state, g.chunk};
 
-    SsdResult<T> result{Tensor<T>::uninitialized(x.shape()), Tensor<T>::uninitialized({g.batch, g.heads, g.head_dim, g.state})};
-    Tensor<T> ckpt = recording ? Tensor<T>::uninitialized({g.batch, g.heads, g.chunks, g.head_dim, g.state}) : Tensor<T>();
-    const Tensor<T> resets = opt.resets.defined() ? opt.resets.detach() : Tensor<T>();
-    auto buffers = [](const Tensor<T>& x, const Tensor<T>& dt, const Tensor<T>& A, const Tensor<T>& B, const Tensor<T>& C, const Tensor<T>& D,
-                      const Tensor<T>& h0, const Tensor<T>& resets) {
-        auto data = [](const Tensor<T>& t) { return t.defined() ? t.data() : static_cast<const T*>(nullptr); };
-        return SsdBuffers<T>{x.data(), dt.data(), A.data(), B.data(), C.data(), data(D), data(h0), data(resets)};
-    };
-    ssd_forward(sizes, buffers(x, dt, A, B, C, D, opt.h0, resets), result.y.data(), result.h_last.data(), ckpt.defined() ? ckpt.data() : nullptr);
-    if (!recording) return result;
+        SsdResult<T> result{Tensor<T>::uninitialized(x.shape()), Tensor<T>::uninitialized({g.batch, g.heads, g.head_dim, g.state})};
+        Tensor<T> ckpt = recording ? Tensor<T>::uninitialized({g.batch, g.heads, g.chunks, g.head_dim, g.state}) : Tensor<T>();
+        const Tensor<T> resets = opt.resets.defined() ? opt.resets.detach() : Tensor<T>();
+        auto buffers = [](const Tensor<T>& x, const Tensor<T>& dt, const Tensor<T>& A, const Tensor<T>& B, const Tensor<T>& C, const Tensor<T>& D,
+                          const Tensor<T>& h0, const Tensor<T>& resets) {
+            auto data = [](const Tensor<T>& t) { return t.defined() ? t.data() : static_cast<const T*>(nullptr); };
+            return SsdBuffers<T>{x.data(), dt.data(), A.data(), B.data(), C.data(), data(D), data(h0), data(resets)};
+        };
+        ssd_forward(sizes, buffers(x, dt, A, B, C, D, opt.h0, resets), result.y.data(), result.h_last.data(), ckpt.defined() ? ckpt.data() : nullptr);
+        if (!recording) return result;
 
-    std::vector<Tensor<T>> outputs{result.y, result.h_last};
-    autodiff::record<T>(
-        "scan::ssd", inputs, outputs,
-        [sizes, buffers, x = x.detach(), dt = dt.detach(), A = A.detach(), B = B.detach(), C = C.detach(),
-         D = D.defined() ? D.detach() : Tensor<T>(), h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>(), resets,
-         ckpt](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
-            auto dx = Tensor<T>::uninitialized(x.shape()), ddt = Tensor<T>::uninitialized(dt.shape());
-            auto dB = Tensor<T>::uninitialized(B.shape()), dC = Tensor<T>::uninitialized(C.shape());
-            Tensor<T> dA = sink.needs(2) ? Tensor<T>::uninitialized(A.shape()) : Tensor<T>();
-            Tensor<T> dD = D.defined() && sink.needs(5) ? Tensor<T>::uninitialized(D.shape()) : Tensor<T>();
-            Tensor<T> dh0 = h0.defined() && sink.needs(6) ? Tensor<T>::uninitialized(h0.shape()) : Tensor<T>();
-            auto data = [](Tensor<T>& t) { return t.defined() ? t.data() : static_cast<T*>(nullptr); };
-            ssd_backward(sizes, buffers(x, dt, A, B, C, D, h0, resets), grads[0].data(), grads[1].data(), ckpt.data(),
-                         SsdGradients<T>{dx.data(), ddt.data(), data(dA), dB.data(), dC.data(), data(dD), data(dh0)});
-            sink.add(0, std::move(dx));
-            sink.add(1, std::move(ddt));
-            if (dA.defined()) sink.add(2, std::move(dA));
-            sink.add(3, std::move(dB));
-            sink.add(4, std::move(dC));
-            if (dD.defined()) sink.add(5, std::move(dD));
-            if (dh0.defined()) sink.add(6, std::move(dh0));
-        });
-    result.y = outputs[0];
-    result.h_last = outputs[1];
-    return result;
+        std::vector<Tensor<T>> outputs{result.y, result.h_last};
+        autodiff::record<T>(
+            "scan::ssd", inputs, outputs,
+            [sizes, buffers, x = x.detach(), dt = dt.detach(), A = A.detach(), B = B.detach(), C = C.detach(),
+             D = D.defined() ? D.detach() : Tensor<T>(), h0 = opt.h0.defined() ? opt.h0.detach() : Tensor<T>(), resets,
+             ckpt](std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
+                auto dx = Tensor<T>::uninitialized(x.shape()), ddt = Tensor<T>::uninitialized(dt.shape());
+                auto dB = Tensor<T>::uninitialized(B.shape()), dC = Tensor<T>::uninitialized(C.shape());
+                Tensor<T> dA = sink.needs(2) ? Tensor<T>::uninitialized(A.shape()) : Tensor<T>();
+                Tensor<T> dD = D.defined() && sink.needs(5) ? Tensor<T>::uninitialized(D.shape()) : Tensor<T>();
+                Tensor<T> dh0 = h0.defined() && sink.needs(6) ? Tensor<T>::uninitialized(h0.shape()) : Tensor<T>();
+                auto data = [](Tensor<T>& t) { return t.defined() ? t.data() : static_cast<T*>(nullptr); };
+                ssd_backward(sizes, buffers(x, dt, A, B, C, D, h0, resets), grads[0].data(), grads[1].data(), ckpt.data(),
+                             SsdGradients<T>{dx.data(), ddt.data(), data(dA), dB.data(), dC.data(), data(dD), data(dh0)});
+                sink.add(0, std::move(dx));
+                sink.add(1, std::move(ddt));
+                if (dA.defined()) sink.add(2, std::move(dA));
+                sink.add(3, std::move(dB));
+                sink.add(4, std::move(dC));
+                if (dD.defined()) sink.add(5, std::move(dD));
+                if (dh0.defined()) sink.add(6, std::move(dh0));
+            });
+        result.y = outputs[0];
+        result.h_last = outputs[1];
+        return result;
+    });
 }
 
 }  // namespace olmax::scan
