@@ -21,8 +21,10 @@
 # "cpu xla", for an A/B in the same run; a run the baseline refuses is left out), NATIVE (0: only
 # the XLA runs, e.g. PLUGIN=<JAX's CUDA plugin> on a GPU machine), DATA (train_lm's --data; default
 # its own corpus, Debian's fortunes), XLA_ARGS (more train_lm flags for the XLA runs, e.g.
-# --xla_scan_form=hillis_steele_chunked). Writes results.json and prints a markdown table with the CPU
-# model and the load average.
+# --xla_scan_form=hillis_steele_chunked), PRECISIONS (train_lm's --precision values, default fp32;
+# "fp32 bf16" alternates both in every repeat, one table row each, for bf16 against fp32 on the same
+# binary and shapes). Writes results.json and prints a markdown table with the CPU model and the
+# load average.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
@@ -31,7 +33,7 @@ train_lm="$build/examples/train_lm"
 source "$here/cpu_plugin.sh" xla/step_time.sh
 shapes="${SHAPES:-64:2:8:64 128:4:16:128}"
 blocks="${BLOCKS:-conv_mixer qrnn mamba moe}"
-steps="${STEPS:-100}" repeats="${REPEATS:-3}" threads="${THREADS:-2}"
+steps="${STEPS:-100}" repeats="${REPEATS:-3}" threads="${THREADS:-2}" precisions="${PRECISIONS:-fp32}"
 out="${OUT:-$repo/benchmarks/results/xla-step-time-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"
 timer=(/usr/bin/time -f "peak_kb %M")
@@ -45,23 +47,26 @@ for block in $blocks; do
       runs="xla"
       [ "${NATIVE:-1}" = 0 ] || runs="cpu xla"
       [ -n "${BASELINE:-}" ] && for device in ${BASELINE_DEVICES:-cpu xla}; do runs="$runs baseline_$device"; done
-      for run in $runs; do
-        device=${run#baseline_} binary=$train_lm
-        [ "$run" != "$device" ] && binary=$BASELINE
-        dir="$out/run-$block-$run-$f-$d-$b-$s-$r"
-        if ! "${timer[@]}" "$binary" --device=$device --xla_plugin="$plugin" --threads="$threads" --block="$block" --features="$f" \
-          --depth="$d" --batch="$b" --sequence="$s" --steps="$steps" --eval_every=100000 --checkpoint_every=100000 --plot=false \
-          --sample_bytes=0 --checkpoint_dir="$dir" ${DATA:+--data="$DATA"} $([ "$device" = xla ] && echo ${XLA_ARGS:-}) > "$dir.log" 2>&1; then
-          [ "$run" != "$device" ] && { echo "baseline refused $block $shape $device: $(grep -v '^peak_kb' "$dir.log" | tail -1)"; rm -rf "$dir"; continue; }
-          cat "$dir.log"
-          exit 1
-        fi
-        ms=$(sed -n 's/.*tokens\/s, \([0-9.]*\) ms\/step.*/\1/p' "$dir.log")
-        compile=$(sed -n 's/.*step compiled in \([0-9.]*\) s.*/\1/p' "$dir.log")
-        peak=$(sed -n 's/^peak_kb \([0-9]*\)$/\1/p' "$dir.log")
-        step_mib=$(sed -n 's/.*tensor memory at its peak: \([0-9.]*\) MiB.*/\1/p; s/.*step memory planned by XLA \([0-9.]*\) MiB.*/\1/p' "$dir.log")
-        echo "$block $shape $run $r $ms ${compile:-0} ${peak:-0} ${step_mib:-0}" | tee -a "$out/runs.txt"
-        rm -rf "$dir"
+      for precision in $precisions; do
+        for run in $runs; do
+          device=${run#baseline_} binary=$train_lm
+          [ "$run" != "$device" ] && binary=$BASELINE
+          dir="$out/run-$block-$run-$precision-$f-$d-$b-$s-$r"
+          if ! "${timer[@]}" "$binary" --device=$device --xla_plugin="$plugin" --threads="$threads" --block="$block" --features="$f" \
+            --depth="$d" --batch="$b" --sequence="$s" --steps="$steps" --eval_every=100000 --checkpoint_every=100000 --plot=false \
+            --sample_bytes=0 --checkpoint_dir="$dir" --precision="$precision" ${DATA:+--data="$DATA"} \
+            $([ "$device" = xla ] && echo ${XLA_ARGS:-}) > "$dir.log" 2>&1; then
+            [ "$run" != "$device" ] && { echo "baseline refused $block $shape $precision $device: $(grep -v '^peak_kb' "$dir.log" | tail -1)"; rm -rf "$dir"; continue; }
+            cat "$dir.log"
+            exit 1
+          fi
+          ms=$(sed -n 's/.*tokens\/s, \([0-9.]*\) ms\/step.*/\1/p' "$dir.log")
+          compile=$(sed -n 's/.*step compiled in \([0-9.]*\) s.*/\1/p' "$dir.log")
+          peak=$(sed -n 's/^peak_kb \([0-9]*\)$/\1/p' "$dir.log")
+          step_mib=$(sed -n 's/.*tensor memory at its peak: \([0-9.]*\) MiB.*/\1/p; s/.*step memory planned by XLA \([0-9.]*\) MiB.*/\1/p' "$dir.log")
+          echo "$block $shape $precision $run $r $ms ${compile:-0} ${peak:-0} ${step_mib:-0}" | tee -a "$out/runs.txt"
+          rm -rf "$dir"
+        done
       done
     done
   done
@@ -72,24 +77,24 @@ import json, os, statistics, sys
 out, before, after, threads, steps = sys.argv[1:6]
 rows = {}
 for line in open(f"{out}/runs.txt"):
-    block, shape, device, _, ms, compile_s, peak_kb, step_mib = line.split()
-    rows.setdefault((block, shape), {}).setdefault(device, []).append((float(ms), float(compile_s), float(peak_kb) / 1024, float(step_mib)))
+    block, shape, precision, device, _, ms, compile_s, peak_kb, step_mib = line.split()
+    rows.setdefault((block, shape, precision), {}).setdefault(device, []).append((float(ms), float(compile_s), float(peak_kb) / 1024, float(step_mib)))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"\nCPU {cpu}; load average {before} -> {after}; native CPU backend on {threads} threads; {steps} steps per run; medians\n")
 baseline = any("baseline_cpu" in by or "baseline_xla" in by for by in rows.values())
 extra = " baseline native ms/step | baseline XLA ms/step | native / baseline | XLA / baseline |" if baseline else ""
-print("| block | features x depth, batch x sequence | native ms/step | XLA ms/step | XLA / native | XLA compile s | native peak MiB | XLA peak MiB |"
+print("| block | features x depth, batch x sequence | precision | native ms/step | XLA ms/step | XLA / native | XLA compile s | native peak MiB | XLA peak MiB |"
       " native tensor peak MiB | XLA step plan MiB | plan / tensor peak |" + extra)
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 4 if baseline else ""))
+print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 4 if baseline else ""))
 summary = []
-for (block, shape), by in rows.items():
+for (block, shape, precision), by in rows.items():
     f, d, b, s = shape.split(":")
     med = lambda run, i: statistics.median(r[i] for r in by[run]) if run in by else float("nan")
     native, xla = med("cpu", 0), med("xla", 0)
     tensors, plan = med("cpu", 3), med("xla", 3)
-    line = (f"| {block} | {f} x {d}, {b} x {s} | {native:.2f} | {xla:.2f} | {xla / native:.2f} | {med('xla', 1):.2f} | {med('cpu', 2):.0f} | {med('xla', 2):.0f} |"
+    line = (f"| {block} | {f} x {d}, {b} x {s} | {precision} | {native:.2f} | {xla:.2f} | {xla / native:.2f} | {med('xla', 1):.2f} | {med('cpu', 2):.0f} | {med('xla', 2):.0f} |"
             f" {tensors:.1f} | {plan:.1f} | {plan / tensors if tensors else float('nan'):.2f} |")
-    row = {"block": block, "features": int(f), "depth": int(d), "batch": int(b), "sequence": int(s), "native_ms_median": native,
+    row = {"block": block, "features": int(f), "depth": int(d), "batch": int(b), "sequence": int(s), "precision": precision, "native_ms_median": native,
            "xla_ms_median": xla, "xla_over_native": xla / native, "xla_compile_s_median": med("xla", 1),
            "native_peak_mib_median": med("cpu", 2), "xla_peak_mib_median": med("xla", 2),
            "native_tensor_peak_mib_median": tensors, "xla_step_plan_mib_median": plan,
@@ -101,6 +106,11 @@ for (block, shape), by in rows.items():
                     "baseline_native_ms": [r[0] for r in by.get("baseline_cpu", [])], "baseline_xla_ms": [r[0] for r in by.get("baseline_xla", [])]})
     print(line)
     summary.append(row)
+ratios = [(block, shape, statistics.median(r[0] for r in rows[(block, shape, "bf16")]["xla"]) /
+           statistics.median(r[0] for r in rows[(block, shape, "fp32")]["xla"]))
+          for block, shape, precision in rows if precision == "bf16" and (block, shape, "fp32") in rows and "xla" in rows[(block, shape, "bf16")]]
+for block, shape, ratio in ratios:
+    print(f"{block} {shape}: XLA step bf16 / fp32 {ratio:.3f}")
 json.dump({"cpu": cpu, "plugin": os.environ.get("PLUGIN", ""), "load_before": before, "load_after": after, "threads": int(threads), "steps": int(steps),
            "baseline": os.environ.get("BASELINE", ""), "rows": summary},
           open(f"{out}/results.json", "w"), indent=1)

@@ -565,7 +565,7 @@ TEST_CASE("causal_attention and rope traced: the materialised program gives the 
         const olmax::AttentionOptions<double> eager_opt{.scale = 0.5, .window = window, .resets = resets, .query_tile = 4, .key_tile = 3};
         const AttnRun eager = attn_run([&](const Tensor<double>& a, const Tensor<double>& b, const Tensor<double>& c) { return olmax::causal_attention(a, b, c, eager_opt); },
                                        q, k, v, r);
-        // host resets (folded into the constant mask) and traced resets (a program input, the mask built by ops)
+        // host resets (constants of the program) and traced resets (a program input), the mask built by ops from either
         const auto host = attn_traced(
             [&](const std::vector<Tensor<float>>& in) {
                 return olmax::causal_attention(in[0], in[1], in[2], {.scale = 0.5, .window = window, .resets = olmax::cast<float>(resets)});

@@ -109,11 +109,10 @@ public:
         return kernel();
     }
 
-    /// Whether the op runs on traced tensors (core/traced.hpp), for what differs before `run`
-    /// (a value check that needs the elements).
+private:
+    /// Whether the op runs on traced tensors (core/traced.hpp).
     bool traced() const { return olmax::detail::is_tracing_device(device_); }
 
-private:
     Device device_;
     device_scope scope_;
     memory::op_label_scope label_;  // names the op's buffers in memory::profile_peak

@@ -1,7 +1,7 @@
 #pragma once
 // How an op runs on traced tensors: one lowering rule per op, found by the op's typed KEY.
 //
-// An op whose inputs are traced (core/traced.hpp; `op_scope::traced()`) returns what its rule
+// An op whose inputs are traced (core/traced.hpp) returns what its rule
 // returns instead of running kernels. The op names its rule by a key, a struct that holds the op's
 // name and its typed attributes (olmax's own keys: `olmax::op::*`, listed in ops/op_keys.hpp and
 // defined next to their ops). `op_scope::run` (backend/dispatch.hpp) is where an op's two forms part:

@@ -406,25 +406,23 @@ Tensor<T> traced_constant(const Tensor<T>& host) {
 
 /// The traced form, composed of traced ops with the scores materialised ([batch, Hkv, H/Hkv, T, T]):
 /// the same function, not the blocked algorithm. Masked scores get -1e9 added (exp underflows to 0;
-/// every row keeps its diagonal). Host resets are folded into the constant mask; traced resets
-/// (a per-call input, read as 0/1 values) give document ids d = resets U (U[s, t] = 1 for s <= t,
-/// a running count of starts) and the penalty -1e9 min(relu(d_t - d_s), 1) for keys of an earlier
-/// document.
+/// every row keeps its diagonal): outside the window by a constant mask, and across documents by
+/// document ids d = resets U (U[s, t] = 1 for s <= t, a running count of starts; resets read as 0/1
+/// values, host ones captured as constants, traced ones a per-call input) and the penalty
+/// -1e9 min(relu(d_t - d_s), 1) for keys of an earlier document.
 template <Real T>
 Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, double scale, std::size_t window, const Tensor<T>& resets) {
     const std::size_t nb = q.extent(0), nt = q.extent(1), nh = q.extent(2), dim = q.extent(3), nkv = k.extent(2), group = nh / nkv;
     constexpr double masked = -1e9;
-    const bool host_resets = resets.defined() && !resets.traced();
     Tensor<T> mask, upper;
     {
         device_scope host(Device::host());  // the constants are built on the host, then captured
-        const Dims d{host_resets ? nb : 1, nt, nh, nkv, dim, 1, 1, scale};
-        const auto lowest = lowest_keys(d, window, host_resets ? resets : Tensor<T>());
-        mask = Tensor<T>({d.batch, 1, 1, nt, nt});
-        for (std::size_t b = 0; b < d.batch; ++b)
-            for (std::size_t t = 0; t < nt; ++t)
-                for (std::size_t s = 0; s < nt; ++s) mask.data()[(b * nt + t) * nt + s] = s >= lowest[b * nt + t] && s <= t ? T{0} : T(masked);
-        if (resets.defined() && !host_resets) {
+        const Dims d{1, nt, nh, nkv, dim, 1, 1, scale};
+        const auto lowest = lowest_keys(d, window, Tensor<T>());
+        mask = Tensor<T>({1, 1, 1, nt, nt});
+        for (std::size_t t = 0; t < nt; ++t)
+            for (std::size_t s = 0; s < nt; ++s) mask.data()[t * nt + s] = s >= lowest[t] && s <= t ? T{0} : T(masked);
+        if (resets.defined()) {
             upper = Tensor<T>({nt, nt});
             for (std::size_t s = 0; s < nt; ++s)
                 for (std::size_t t = s; t < nt; ++t) upper.data()[s * nt + t] = T{1};

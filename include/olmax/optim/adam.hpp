@@ -364,53 +364,54 @@ public:
         }
         // The update runs where the parameters are (all on one device, their gradients with them).
         backend::op_scope on("AdamW::step", tensors, grads);
-        if (on.traced()) return traced_step(grads);
-        StepReport report;
-        report.step = step_ + 1;
-        report.lr = config_.schedule(report.step, progress_);
-        if (config_.agc.clip > 0) {
-            // AGC rewrites gradients, so all of them are checked before it runs.
-            for (std::size_t i = 0; i < params_.size(); ++i)
-                if (grads[i].defined() && !detail::all_finite(grads[i].data(), grads[i].size())) throw_non_finite(i);
-            for (std::size_t i = 0; i < params_.size(); ++i)
-                if (grads[i].defined())
-                    report.agc_clipped_units +=
-                        adaptive_grad_clip(params_[i].tensor, grads[i], config_.agc, params_[i].stacked_axes, params_[i].unit_axis);
-        }
-        // The global norm's pass is also the non-finite check: a parameter's sum of squares is
-        // non-finite when one of its gradients is, or (double gradients only) when squares of
-        // finite gradients above ~1e154 overflow, which the element-wise check tells apart.
-        std::vector<std::pair<const T*, std::size_t>> arrays;
-        std::vector<std::size_t> owners;
-        for (std::size_t i = 0; i < params_.size(); ++i)
-            if (grads[i].defined()) {
-                arrays.emplace_back(grads[i].data(), grads[i].size());
-                owners.push_back(i);
+        return on.run_composed([&] { return traced_step(grads); }, [&] {  // traced: the same update in the program's ops
+            StepReport report;
+            report.step = step_ + 1;
+            report.lr = config_.schedule(report.step, progress_);
+            if (config_.agc.clip > 0) {
+                // AGC rewrites gradients, so all of them are checked before it runs.
+                for (std::size_t i = 0; i < params_.size(); ++i)
+                    if (grads[i].defined() && !detail::all_finite(grads[i].data(), grads[i].size())) throw_non_finite(i);
+                for (std::size_t i = 0; i < params_.size(); ++i)
+                    if (grads[i].defined())
+                        report.agc_clipped_units +=
+                            adaptive_grad_clip(params_[i].tensor, grads[i], config_.agc, params_[i].stacked_axes, params_[i].unit_axis);
             }
-        const std::vector<double> sums = detail::sums_of_squares<T>(arrays);
-        double sum_sq = 0;
-        for (std::size_t a = 0; a < arrays.size(); ++a) {
-            if (!std::isfinite(sums[a]) && !detail::all_finite(arrays[a].first, arrays[a].second)) throw_non_finite(owners[a]);
-            sum_sq += sums[a];
-        }
-        report.grad_norm = std::sqrt(sum_sq);
-        const double grad_scale = detail::clip_coefficient(report.grad_norm, config_.max_grad_norm);
-        with_moment_type([&]<class M>(std::type_identity<M>) {
-            std::vector<UpdateJob<M>> jobs;
-            std::size_t total = 0;
-            for (std::size_t i = 0; i < params_.size(); ++i) {
-                if (!grads[i].defined()) continue;
-                const detail::AdamCoefficients c = begin_update(i, report.lr, grad_scale);
-                const std::size_t n = params_[i].tensor.size();
-                if (n == 0) continue;
-                auto [m, v] = slots_[i].template moments<M>();
-                jobs.push_back(UpdateJob<M>{params_[i].tensor.data(), grads[i].data(), m.data(), v.data(), total, n, c});
-                total += n;
+            // The global norm's pass is also the non-finite check: a parameter's sum of squares is
+            // non-finite when one of its gradients is, or (double gradients only) when squares of
+            // finite gradients above ~1e154 overflow, which the element-wise check tells apart.
+            std::vector<std::pair<const T*, std::size_t>> arrays;
+            std::vector<std::size_t> owners;
+            for (std::size_t i = 0; i < params_.size(); ++i)
+                if (grads[i].defined()) {
+                    arrays.emplace_back(grads[i].data(), grads[i].size());
+                    owners.push_back(i);
+                }
+            const std::vector<double> sums = detail::sums_of_squares<T>(arrays);
+            double sum_sq = 0;
+            for (std::size_t a = 0; a < arrays.size(); ++a) {
+                if (!std::isfinite(sums[a]) && !detail::all_finite(arrays[a].first, arrays[a].second)) throw_non_finite(owners[a]);
+                sum_sq += sums[a];
             }
-            run_jobs(jobs, total);
+            report.grad_norm = std::sqrt(sum_sq);
+            const double grad_scale = detail::clip_coefficient(report.grad_norm, config_.max_grad_norm);
+            with_moment_type([&]<class M>(std::type_identity<M>) {
+                std::vector<UpdateJob<M>> jobs;
+                std::size_t total = 0;
+                for (std::size_t i = 0; i < params_.size(); ++i) {
+                    if (!grads[i].defined()) continue;
+                    const detail::AdamCoefficients c = begin_update(i, report.lr, grad_scale);
+                    const std::size_t n = params_[i].tensor.size();
+                    if (n == 0) continue;
+                    auto [m, v] = slots_[i].template moments<M>();
+                    jobs.push_back(UpdateJob<M>{params_[i].tensor.data(), grads[i].data(), m.data(), v.data(), total, n, c});
+                    total += n;
+                }
+                run_jobs(jobs, total);
+            });
+            step_ = report.step;
+            return report;
         });
-        step_ = report.step;
-        return report;
     }
 
     /// One step whose update runs inside the reverse pass. `run_backward()` runs the step's
