@@ -279,8 +279,9 @@ Tensor<T> stack_leading(const std::vector<Tensor<T>>& parts) {
     for (const auto& p : parts)
         check<shape_error>(p.shape() == inner, "stack_leading: shapes ", to_string(inner), " and ", to_string(p.shape()), " differ");
     return on.run<op::stack_leading>(parts, {}, [&] {
-        Shape shape{parts.size()};
-        shape.insert(shape.end(), inner.begin(), inner.end());
+        Shape shape(inner.size() + 1);  // [count, inner...]
+        shape[0] = parts.size();
+        std::copy(inner.begin(), inner.end(), shape.begin() + 1);
         auto out = Tensor<T>::uninitialized(shape);
         const std::size_t n = numel(inner);
         for (std::size_t i = 0; i < parts.size(); ++i) std::copy(parts[i].begin(), parts[i].end(), out.data() + i * n);
