@@ -16,10 +16,10 @@ loss = sum(out * dout), loss.backward() [forward_backward_ms]; medians of --runs
 torch.compile variants run in a child process each, under --compile-timeout seconds; a failure or a
 timeout is recorded as the row's "error" and the script goes on.
 
-Memory (SDPA at T = 1k, 4k, 16k; B = 1, H = 2, Dh = 64; fp32 eager): PyTorch's CPU allocator does not
-go through Python's, so tracemalloc would see nothing; peak_rss_bytes is the rise of the resident
-set over one forward + backward (VmHWM after, reset through /proc/self/clear_refs, minus VmRSS
-before), each T in a fresh child process.
+Memory (SDPA at T = 1k, 4k, 16k, B = 1, H = 2, Dh = 64; SSD at T = 16k, B = 1, H = 8, P = N = 64; fp32 eager):
+PyTorch's CPU allocator does not go through Python's, so tracemalloc would see nothing; peak_rss_bytes is
+the rise of the resident set over one forward + backward (VmHWM after, reset through
+/proc/self/clear_refs, minus VmRSS before), each T in a fresh child process.
 
 Output: one JSON object per line, to stdout and appended to --json FILE when given.
 Usage: peer.py [--quick] [--runs N] [--warmups N] [--json FILE] [--only attention|gated_delta|ssd]
@@ -273,9 +273,16 @@ def status_bytes(key):
     return 0
 
 
-def memory_row(t):
-    """One SDPA forward + backward at B = 1, H = 2, Dh = 64, fp32 eager: the rise of the resident set."""
-    case = attention_case(1, t, 2, 64)
+MEMORY_CASES = {  # the shapes of bench_mixers' memory rows
+    "causal_attention": lambda t: attention_case(1, t, 2, 64),
+    "ssd": lambda t: ssd_case(1, t, 8, 64, 64, 1, 64),
+}
+
+
+def memory_row(op, t):
+    """One forward + backward of `op` (SDPA at B = 1, H = 2, Dh = 64; SSD at bench_mixers' memory
+    shape), fp32 eager: the rise of the resident set."""
+    case = MEMORY_CASES[op](t)
     leaves = [x.detach().clone().requires_grad_(True) for x in case["inputs"]]
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -285,11 +292,11 @@ def memory_row(t):
         method = f"unavailable: {e}"
     before = status_bytes("VmRSS")
     t0 = time.perf_counter()
-    out = sdpa(*leaves)
+    out = case["fn"](*leaves)
     (out * case["dout"]).sum().backward()
     seconds = time.perf_counter() - t0
     peak = status_bytes("VmHWM") - before if not method.startswith("unavailable") else 0
-    return dict(kind="memory", impl="torch", variant="eager_fp32", op="causal_attention", shape=case["shape"],
+    return dict(kind="memory", impl="torch", variant="eager_fp32", op=case["op"], shape=case["shape"],
                 threads=torch.get_num_threads(), cpu=cpu_model(), torch=torch.__version__, reference=case["impl_name"],
                 peak_rss_bytes=peak, rss_method=method, input_bytes=sum(x.numel() * 4 for x in case["inputs"]),
                 seconds=seconds, loadavg=loadavg())
@@ -330,7 +337,7 @@ def main():
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--compile-timeout", type=float, default=600)
     ap.add_argument("--check", action="store_true", help="check the references against their recurrences, then exit")
-    ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # "case_index:variant" or "memory:T"
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)  # "case_index:variant" or "memory:op:T"
     args = ap.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:
@@ -340,8 +347,12 @@ def main():
         return
     all_cases = cases(args.only, args.quick)
     if args.child:  # one row in this process, printed as the last line
-        what, arg = args.child.split(":")
-        row = memory_row(int(arg)) if what == "memory" else time_case(all_cases[int(what)], arg, args.runs, args.warmups)
+        what, arg = args.child.split(":", 1)
+        if what == "memory":
+            op, t = arg.split(":")
+            row = memory_row(op, int(t))
+        else:
+            row = time_case(all_cases[int(what)], arg, args.runs, args.warmups)
         print(json.dumps(row), flush=True)
         return
 
@@ -359,11 +370,16 @@ def main():
         fallback["loadavg"] = loadavg()
         return fallback
 
-    if not args.no_memory and args.only in (None, "attention"):
-        for t in (1024, 4096, 16384):
+    if not args.no_memory:
+        runs = []
+        if args.only in (None, "attention"):
+            runs += [("causal_attention", t) for t in (1024, 4096, 16384)]
+        if args.only in (None, "ssd"):
+            runs += [("ssd", 16384)]
+        for op, t in runs:
             t //= 16 if args.quick else 1
-            emit(child(f"memory:{t}", 1200, dict(kind="memory", impl="torch", op="causal_attention",
-                                                  shape=dict(B=1, T=t, H=2, Dh=64))), args.json)
+            emit(child(f"memory:{op}:{t}", 1200, dict(kind="memory", impl="torch", op=op, shape=MEMORY_CASES[op](t)["shape"])),
+                 args.json)
     variants = [v for v in args.variants.split(",") if v]
     for i, case in enumerate(all_cases):
         for variant in variants:
