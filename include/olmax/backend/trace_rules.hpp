@@ -339,16 +339,12 @@ bool has_rule() {
 }
 
 /// Runs the rule of the op keyed by K on traced `inputs`; throws `trace_error` naming the op when it
-/// has none, or when the op runs in another precision than float32.
-template <op_key K, Real T>
-std::vector<Tensor<T>> call(traced_inputs inputs, const typename K::attrs& attrs = {}) {
-    if constexpr (!std::is_same_v<T, float>) {
-        throw trace_error(olmax::detail::concat("olmax: ", K::name, ": traced programs compute in float32; trace a float model"));
-    } else {
-        const auto e = detail::active_rules().find(std::type_index(typeid(K)));
-        if (!e) detail::no_rule(K::name);
-        return e->lower(inputs, &attrs);
-    }
+/// has none.
+template <op_key K>
+traced_outputs call(traced_inputs inputs, const typename K::attrs& attrs = {}) {
+    const auto e = detail::active_rules().find(std::type_index(typeid(K)));
+    if (!e) detail::no_rule(K::name);
+    return e->lower(inputs, &attrs);
 }
 
 /// An operand of an op's lowering rule: a tensor of any element type, handed to the rule as the
@@ -401,17 +397,18 @@ private:
 /// values, or when the op runs in another precision than float32.
 template <class R, op_key K>
 R results(const operands& operands, const typename K::attrs& attrs) {
-    const std::vector<Tensor<float>> in = operands.values();
-    auto counted = [](std::size_t expected, traced_outputs out) {
-        check<trace_error>(out.size() == expected, "olmax: the rule of '", K::name, "' returned ", out.size(), " values, expected ", expected);
+    auto lowered = [&](std::size_t expected) {  // expected 0: any number of values
+        traced_outputs out = call<K>(operands.values(), attrs);
+        check<trace_error>(expected == 0 || out.size() == expected, "olmax: the rule of '", K::name, "' returned ", out.size(),
+                           " values, expected ", expected);
         return out;
     };
     if constexpr (std::is_same_v<R, Tensor<float>>) {
-        return std::move(counted(1, call<K, float>(in, attrs)).front());
+        return std::move(lowered(1).front());
     } else if constexpr (std::is_same_v<R, std::vector<Tensor<float>>>) {
-        return call<K, float>(in, attrs);
+        return lowered(0);
     } else if constexpr (requires(Tensor<float> t) { R{t, t}; }) {
-        auto out = counted(2, call<K, float>(in, attrs));
+        auto out = lowered(2);
         return R{std::move(out[0]), std::move(out[1])};
     } else {
         throw trace_error(olmax::detail::concat("olmax: ", K::name, ": traced programs compute in float32; trace a float model"));

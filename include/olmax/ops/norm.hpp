@@ -93,10 +93,10 @@ T l2_factor(double sum_sq, T eps, bool& clamped) {
 
 /// Shared by both norms: per row (all axes but the last) a factor r = factor_of(sum of squares),
 /// out = x * r * w. `clamped` marks rows where r did not depend on x (the eps branch), whose
-/// gradient is then just r * dxhat. `mean_divisor` is 1 for the L2 norm and F for RMS.
+/// gradient is then just r * dxhat. `mean_divisor` is 1 for the L2 norm and F for RMS. Runs inside
+/// the calling norm's op_scope.
 template <Real T, class FactorOf>
 Tensor<T> normalize(std::string_view name, const Tensor<T>& x, const Tensor<T>& w, FactorOf factor_of, T mean_divisor) {
-    backend::op_scope on(name, x, w);
     if (!(x.rank() >= 1))
         throw shape_error(
             olmax::detail::concat(name, ": needs a tensor of rank >= 1 (normalises the last axis), got shape ", to_string(x.shape())));
