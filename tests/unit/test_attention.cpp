@@ -94,7 +94,7 @@ void attn_bind_parameters(nn::CausalSelfAttention<T>& layer, const std::vector<T
 
 /// Traces y = f(inputs) on float inputs shaped as `values`, differentiates sum(y * r) with the tape,
 /// and evaluates the program in double precision at `values` and `r`: {y, d/d input 0, ...}, as
-/// tensors of the inputs' shapes.
+/// tensors of the inputs' shapes (zeros for an input without a gradient, such as resets).
 std::vector<Tensor<double>> attn_traced(const std::function<Tensor<float>(const std::vector<Tensor<float>>&)>& f,
                                         const std::vector<Tensor<double>>& values, const Tensor<double>& r) {
     namespace gx = olmax::xla::graph;
@@ -106,10 +106,12 @@ std::vector<Tensor<double>> attn_traced(const std::function<Tensor<float>(const 
     const Tensor<float> w = t.input<float>(r.shape());
     olmax::sum(olmax::mul(y, w)).backward();
     std::vector<gx::var> wanted{olmax::trace::var_of(y)};
-    for (const auto& x : inputs) {
-        REQUIRE(x.grad().defined());
-        wanted.push_back(olmax::trace::var_of(x.grad()));
-    }
+    std::vector<std::size_t> differentiated;  // inputs with a gradient (resets have none: zeros)
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+        if (inputs[k].grad().defined()) {
+            differentiated.push_back(k);
+            wanted.push_back(olmax::trace::var_of(inputs[k].grad()));
+        }
     const gx::graph& g = t.graph();
     std::vector<gx::host_value> host;
     std::size_t i = 0;
@@ -120,12 +122,12 @@ std::vector<Tensor<double>> attn_traced(const std::function<Tensor<float>(const 
     }
     REQUIRE(i == values.size() + 1);
     const auto results = gx::evaluate(g, host, wanted);
-    std::vector<Tensor<double>> out;
+    std::vector<Tensor<double>> out{Tensor<double>(r.shape())};
+    for (const auto& v : values) out.emplace_back(v.shape());
     for (std::size_t k = 0; k < results.size(); ++k) {
-        Tensor<double> o(k == 0 ? r.shape() : values[k - 1].shape());
+        Tensor<double>& o = out[k == 0 ? 0 : 1 + differentiated[k - 1]];
         REQUIRE(results[k].data.size() == o.size());
         std::copy(results[k].data.begin(), results[k].data.end(), o.begin());
-        out.push_back(o);
     }
     return out;
 }
@@ -592,9 +594,12 @@ TEST_CASE("causal_attention and rope traced: the materialised program gives the 
         [&](const std::vector<Tensor<float>>& in) { return olmax::rope(in[0], {.offset = 2, .resets = olmax::cast<float>(resets)}); }, {q}, r);
     CHECK(olmax_test::max_abs_diff(traced_rope[0], y.detach()) < 1e-6);
     CHECK(olmax_test::max_abs_diff(traced_rope[1], x.grad()) < 1e-6);
-    olmax::trace::tracing t;
-    const auto traced_x = t.input<float>({B, T, H, Dh});
-    CHECK_THROWS_WITH(olmax::rope(traced_x, {.resets = t.input<float>({B, T})}), Catch::Contains("rope") && Catch::Contains("traced resets"));
+    // traced resets: the program computes the positions (row 0 restarts at 3 and 4, row 1 runs from
+    // the offset until 6) and gathers their cosines and sines
+    const auto traced_resets_rope = attn_traced(
+        [&](const std::vector<Tensor<float>>& in) { return olmax::rope(in[0], {.offset = 2, .resets = in[1]}); }, {q, resets}, r);
+    CHECK(olmax_test::max_abs_diff(traced_resets_rope[0], y.detach()) < 1e-6);
+    CHECK(olmax_test::max_abs_diff(traced_resets_rope[1], x.grad()) < 1e-6);
 }
 
 TEST_CASE("nn::CausalSelfAttention traced: the program gives the eager layer's values and input gradient", "[attention][trace]") {

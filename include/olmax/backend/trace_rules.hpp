@@ -91,6 +91,15 @@ Tensor<To> as_type(const Tensor<float>& t) {
     return detail::retyped<To>(t);
 }
 
+/// `t` as a value of the program being traced: a host tensor becomes a constant of the program of
+/// its own element type, a traced or undefined one is returned as it is. Outside a trace it is `t`
+/// itself, so a composition of ops (an op's traced form) also runs eagerly, op by op.
+template <Real T>
+Tensor<T> in_program(const Tensor<T>& t) {
+    if (!t.defined() || t.traced() || !olmax::detail::active_tracer()) return t;
+    return as_type<T>(as_float(t));
+}
+
 /// Makes `dst` (a traced tensor) name `value` from here on: an in-place update inside a traced
 /// program (an optimiser writing its parameters and moments) becomes the program's new value.
 template <Scalar T>
@@ -391,8 +400,19 @@ private:
     std::vector<Tensor<float>> (*lower_tensors_)(const void*) = nullptr;
 };
 
+namespace detail {
+template <class R>
+struct integer_tensor : std::false_type {};
+template <std::integral S>
+struct integer_tensor<Tensor<S>> : std::true_type {
+    using element = S;
+};
+}  // namespace detail
+
 /// The results of the rule of the op keyed by K on `operands`, as the op returns them: R is the
-/// op's result type, a tensor, a list of tensors or a struct of two (a scan's h and h_last).
+/// op's result type, a tensor, a list of tensors or a struct of two (a scan's h and h_last). An
+/// integer tensor (a reshape of token ids) is the rule's float32 value seen as integers, the form
+/// in which the program holds them (as_float).
 /// Throws `trace_error` naming the op when it has no rule, when its rule gives another number of
 /// values, or when the op runs in another precision than float32.
 template <class R, op_key K>
@@ -407,6 +427,8 @@ R results(const operands& operands, const typename K::attrs& attrs) {
         return std::move(lowered(1).front());
     } else if constexpr (std::is_same_v<R, std::vector<Tensor<float>>>) {
         return lowered(0);
+    } else if constexpr (detail::integer_tensor<R>::value) {
+        return as_type<typename detail::integer_tensor<R>::element>(lowered(1).front());
     } else if constexpr (requires(Tensor<float> t) { R{t, t}; }) {
         auto out = lowered(2);
         return R{std::move(out[0]), std::move(out[1])};

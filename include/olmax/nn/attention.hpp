@@ -10,7 +10,7 @@
 // (nonzero at the first position of a document) keep every query inside its document and restart
 // the rotary positions there, so a packed row gives each document the outputs it would get alone.
 // Traced (a program for XLA) it runs the ops' traced forms: attention with its T x T scores
-// materialised, and RoPE with host resets only (traced resets throw trace_error there).
+// materialised, and RoPE with its positions computed in the program from host or traced resets.
 
 #include <cmath>
 #include <cstddef>

@@ -65,9 +65,7 @@ public:
                            to_string(targets.shape()), " and ", features, " features");
         const std::size_t n = targets.size();
         Tensor<T> flat = reshape(scale_norm(hidden, Tensor<T>(), eps_), Shape{n, features});
-        auto flat_targets = targets.traced() ? backend::trace::as_type<std::int32_t>(reshape(backend::trace::as_float(targets), Shape{n}))
-                                             : Tensor<std::int32_t>::from(Shape{n}, targets.span());
-        return chunked_cross_entropy(flat, w_out_, flat_targets, options_);
+        return chunked_cross_entropy(flat, w_out_, reshape(targets, Shape{n}), options_);
     }
 
 

@@ -281,28 +281,32 @@ public:
                            " experts exceed the 32-bit gate index; split the batch");
         const Tensor<T> x2 = reshape(x, {tokens, features});
         const Tensor<T> probs = softmax(matmul(x2, router_), -1);  // [N, E]
-        Tensor<T> y, fraction;
-        if (probs.traced()) {  // the routing inside the program: keep mask [N, E] and the choices' shares [E]
-            const auto routed = detail::route_values(probs, batch, sequence, top_k_, capacity(sequence));
-            auto indices = [](const Tensor<T>& t) { return backend::trace::as_type<std::int32_t>(backend::trace::as_float(t)); };
-            y = slots(x2, mul(probs, routed[0]), indices(routed[2]), indices(reshape(routed[3], {tokens * E})));
-            fraction = routed[1];
-        } else {
-            const detail::MoERouting routing = detail::route(probs.data(), batch, sequence, E, top_k_, capacity(sequence));
-            if (dispatch_ == MoEDispatch::sparse) {
-                y = sparse(x2, probs, routing);
-            } else {
-                const Tensor<T> gates = mul(probs, keep_mask(probs, routing));
-                if (dispatch_ == MoEDispatch::dense) {
-                    y = dense(x2, gates);
+        const backend::op_scope on("nn::MoE", probs);
+        // y [N, F] and the share of the choices per expert [E]
+        auto [y, fraction] = on.run_composed(
+            [&] {  // the routing inside the program: keep mask [N, E], the shares [E], the slot maps
+                const auto routed = detail::route_values(probs, batch, sequence, top_k_, capacity(sequence));
+                using backend::trace::as_indices;
+                return std::pair{slots(x2, mul(probs, routed[0]), as_indices(routed[2]), as_indices(reshape(routed[3], {tokens * E}))), routed[1]};
+            },
+            [&] {  // the routing on the host, then the dispatch chosen
+                const detail::MoERouting routing = detail::route(probs.data(), batch, sequence, E, top_k_, capacity(sequence));
+                Tensor<T> out;
+                if (dispatch_ == MoEDispatch::sparse) {
+                    out = sparse(x2, probs, routing);
                 } else {
-                    const auto [slot_token, token_slot] = slot_maps(routing, batch, sequence, x2.device());
-                    y = slots(x2, gates, slot_token, token_slot);
+                    const Tensor<T> gates = mul(probs, keep_mask(probs, routing));
+                    if (dispatch_ == MoEDispatch::dense) {
+                        out = dense(x2, gates);
+                    } else {
+                        const auto [slot_token, token_slot] = slot_maps(routing, batch, sequence, x2.device());
+                        out = slots(x2, gates, slot_token, token_slot);
+                    }
                 }
-            }
-            fraction = choice_fraction(probs, routing);
-            if (!ctx.recompute) account(probs, fraction, routing);
-        }
+                Tensor<T> shares = choice_fraction(probs, routing);
+                if (!ctx.recompute) account(probs, shares, routing);
+                return std::pair{out, shares};
+            });
         if (autodiff::is_grad_enabled() && probs.requires_grad() && balance_coefficient_ != 0)
             y = detail::attach_loss_gradient(y, balance(probs, fraction), T(balance_coefficient_));
         return reshape(y, {batch, sequence, features});

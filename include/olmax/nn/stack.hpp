@@ -13,6 +13,7 @@
 #include "olmax/autodiff/custom_op.hpp"
 #include "olmax/autodiff/gradient_hooks.hpp"
 #include "olmax/autodiff/tape.hpp"
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/memory.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/parameters.hpp"
@@ -117,12 +118,16 @@ public:
     /// share lives here, e.g. nn::MoE's routing counters.
     const Block& block() const { return worker_; }
 
+    /// Traced, the layers become one loop in the program (traced_layers); else they run one after
+    /// another on the tape, or reversibly.
     Tensor<T> forward(const Tensor<T>& x, const LayerContext& ctx = {}) const {
-        if (x.traced()) return traced_layers(x, ctx);
-        if constexpr (InvertibleLayer<Block>) {
-            if (worker_.memory_saving()) return detail::hint_two_streams(x, "Stack", [&] { return forward_reversible(x, ctx); });
-        }
-        return recorded_layers(x, depth_, ctx);
+        const backend::op_scope on("nn::Stack", x);
+        return on.run_composed([&] { return traced_layers(x, ctx); }, [&] {
+            if constexpr (InvertibleLayer<Block>) {
+                if (worker_.memory_saving()) return detail::hint_two_streams(x, "Stack", [&] { return forward_reversible(x, ctx); });
+            }
+            return recorded_layers(x, depth_, ctx);
+        });
     }
     Tensor<T> operator()(const Tensor<T>& x, const LayerContext& ctx = {}) const { return forward(x, ctx); }
 

@@ -398,12 +398,6 @@ Tensor<T> sum_groups(const Tensor<T>& per_head, std::size_t kv_heads) {
     return out;
 }
 
-/// A host tensor read by the traced program as a constant of type T.
-template <Real T>
-Tensor<T> traced_constant(const Tensor<T>& host) {
-    return backend::trace::as_type<T>(backend::trace::as_float(host));
-}
-
 /// The traced form, composed of traced ops with the scores materialised ([batch, Hkv, H/Hkv, T, T]):
 /// the same function, not the blocked algorithm. Masked scores get -1e9 added (exp underflows to 0;
 /// every row keeps its diagonal): outside the window by a constant mask, and across documents by
@@ -432,9 +426,9 @@ Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, dou
     const Tensor<T> qg = reshape(transpose(reshape(q, Shape{nb, nt, nkv, group, dim}), {0, 2, 3, 1, 4}), Shape{nb, nkv, group * nt, dim});
     const Tensor<T> kt = transpose(k, {0, 2, 3, 1});  // [B, Hkv, Dh, T]
     const Tensor<T> vh = transpose(v, {0, 2, 1, 3});  // [B, Hkv, T, Dh]
-    Tensor<T> scores = add(reshape(olmax::scale(matmul(qg, kt), T(scale)), Shape{nb, nkv, group, nt, nt}), traced_constant(mask));
+    Tensor<T> scores = add(reshape(olmax::scale(matmul(qg, kt), T(scale)), Shape{nb, nkv, group, nt, nt}), backend::trace::in_program(mask));
     if (upper.defined()) {
-        const Tensor<T> doc = matmul(resets, traced_constant(upper));  // [B, T]: starts at or before t
+        const Tensor<T> doc = matmul(resets, backend::trace::in_program(upper));  // [B, T]: starts at or before t
         const Tensor<T> later = relu(sub(reshape(doc, Shape{nb, nt, 1}), reshape(doc, Shape{nb, 1, nt})));  // d_t - d_s where >= 0
         const Tensor<T> other_document = sub(later, relu(add_scalar(later, T{-1})));                         // min(., 1)
         scores = add(scores, reshape(olmax::scale(other_document, T(masked)), Shape{nb, 1, 1, nt, nt}));

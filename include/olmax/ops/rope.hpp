@@ -31,6 +31,9 @@
 #include "olmax/core/tensor.hpp"
 #include "olmax/core/traced.hpp"
 #include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/gather.hpp"
+#include "olmax/ops/reduction.hpp"
+#include "olmax/ops/shape.hpp"
 #include "olmax/ops/linalg.hpp"
 
 namespace olmax {
@@ -99,36 +102,68 @@ void rotate(const T* x, T* y, const std::vector<double>& pos, std::size_t heads,
     });
 }
 
-/// The traced form: y = x C + (x P) S with host constants C = [cos, cos] and S = [-sin, sin] per
-/// row ([batch or 1, T, 1, Dh]) and P [Dh, Dh] the swap of the two halves.
+/// The traced form: y = x C + (x P) S with C = [cos, cos] and S = [-sin, sin] per row and P [Dh, Dh]
+/// the swap of the two halves. Without resets C and S are constants [1, T, 1, Dh] of the positions
+/// offset .. offset + T - 1. With resets (host ones captured as constants, traced ones a per-call
+/// input; read as 0/1 values) the positions are computed in the program and C, S are rows of a
+/// constant table of the positions 0 .. T - 1 (after a start) and offset .. offset + T - 1 (before
+/// the first), gathered per (batch, t): with document ids d = resets U (U[s, t] = 1 for s <= t)
+/// and n_t the number of steps s <= t with d_s = d_t, t's row is n_t - 1 once a document has
+/// started (d_t >= 1) and T + t before.
 template <Real T>
-Tensor<T> traced(const Tensor<T>& x, const std::vector<double>& pos, std::size_t rows_batch, double base) {
-    const std::size_t nt = x.extent(1), dim = x.extent(3), half = dim / 2;
-    Tensor<T> cosines, sines, swap;
+Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets, double base) {
+    const std::size_t nb = x.extent(0), nt = x.extent(1), dim = x.extent(3), half = dim / 2;
+    const bool gathered = resets.defined();
+    const std::size_t rows = gathered ? 2 * nt : nt;  // the table's positions
+    Tensor<T> cosines, sines, swap, upper, step;
     {
         device_scope host(Device::host());  // the constants are built on the host, then captured
-        cosines = Tensor<T>({rows_batch, nt, 1, dim});
-        sines = Tensor<T>({rows_batch, nt, 1, dim});
-        for (std::size_t r = 0; r < rows_batch * nt; ++r)
+        cosines = Tensor<T>({rows, dim});
+        sines = Tensor<T>({rows, dim});
+        for (std::size_t r = 0; r < rows; ++r) {
+            const double position = gathered && r < nt ? double(r) : double(offset) + double(gathered ? r - nt : r);
             for (std::size_t i = 0; i < half; ++i) {
-                const double angle = pos[r] * std::pow(base, -2.0 * double(i) / double(dim));
+                const double angle = position * std::pow(base, -2.0 * double(i) / double(dim));
                 cosines.data()[r * dim + i] = cosines.data()[r * dim + i + half] = T(std::cos(angle));
                 sines.data()[r * dim + i] = T(-std::sin(angle));
                 sines.data()[r * dim + i + half] = T(std::sin(angle));
             }
+        }
         swap = Tensor<T>({dim, dim});
         for (std::size_t i = 0; i < half; ++i) swap.data()[(i + half) * dim + i] = swap.data()[i * dim + i + half] = T{1};
+        if (gathered) {
+            upper = Tensor<T>({nt, nt});
+            step = Tensor<T>({nt});
+            for (std::size_t s = 0; s < nt; ++s) {
+                step.data()[s] = T(s);
+                for (std::size_t t = s; t < nt; ++t) upper.data()[s * nt + t] = T{1};
+            }
+        }
     }
-    auto constant = [](const Tensor<T>& host) { return backend::trace::as_type<T>(backend::trace::as_float(host)); };
-    return add(mul(x, constant(cosines)), mul(matmul(x, constant(swap)), constant(sines)));
+    using backend::trace::in_program;
+    Tensor<T> c = in_program(cosines), s = in_program(sines);
+    if (gathered) {
+        auto at_most_one = [](const Tensor<T>& v) { return sub(v, relu(add_scalar(v, T{-1}))); };  // min(v, 1) for v >= 0
+        const Tensor<T> doc = matmul(in_program(resets).detach(), in_program(upper));                 // [B, T]
+        const Tensor<T> apart = relu(sub(reshape(doc, Shape{nb, nt, 1}), reshape(doc, Shape{nb, 1, nt})));  // d_t - d_s for s <= t
+        const Tensor<T> same = mul(add_scalar(neg(at_most_one(apart)), T{1}), reshape(transpose(in_program(upper), {1, 0}), Shape{1, nt, nt}));
+        const Tensor<T> started = at_most_one(doc);
+        const Tensor<T> before_first = add_scalar(reshape(in_program(step), Shape{1, nt}), T(nt));  // T + t
+        const Tensor<T> row = add(mul(started, add_scalar(sum(same, {2}), T{-1})), mul(add_scalar(neg(started), T{1}), before_first));
+        const Tensor<std::int32_t> index = backend::trace::as_indices(reshape(row, Shape{nb * nt}));
+        c = gather_rows(c, index);
+        s = gather_rows(s, index);
+    }
+    const Shape table{gathered ? nb : 1, nt, 1, dim};
+    return add(mul(x, reshape(c, table)), mul(matmul(x, in_program(swap)), reshape(s, table)));
 }
 
 }  // namespace detail::rope_ops
 
 /// Rotary position embedding of x [batch, T, H, Dh] (Dh even), see the top of this file.
 /// Differentiable in x; the resets are not differentiated. On traced tensors it traces
-/// x C + rotate_half(x) S with the cosines and sines as constants (host resets or none; traced
-/// resets throw trace_error).
+/// x C + rotate_half(x) S with the cosines and sines as constants, gathered by positions the
+/// program computes when there are resets (detail::rope_ops::traced).
 template <Real T>
 Tensor<T> rope(const Tensor<T>& x, const RopeOptions<T>& options = {}) {
     constexpr std::string_view op = "rope";
@@ -143,14 +178,7 @@ Tensor<T> rope(const Tensor<T>& x, const RopeOptions<T>& options = {}) {
     if (options.resets.defined())
         check<shape_error>(options.resets.rank() == 2 && options.resets.extent(0) == nb && options.resets.extent(1) == nt, op,
                            ": resets of shape ", to_string(options.resets.shape()), " does not match [batch, T] = [", nb, ", ", nt, "]");
-    return on.run_composed(
-        [&] {
-                check<trace_error>(!options.resets.traced(), op, ": traced resets (a per-call input) are not supported by the traced rope yet; ",
-                                   "pass host resets, or none");
-                const std::size_t rows = options.resets.defined() ? nb : 1;
-                return detail::rope_ops::traced(x, detail::rope_ops::positions(rows, nt, options.offset, options.resets), rows, options.base);
-            },
-            [&] {
+    return on.run_composed([&] { return detail::rope_ops::traced(x, options.offset, options.resets, options.base); }, [&] {
             auto pos = detail::rope_ops::positions(nb, nt, options.offset, options.resets);
             auto y = Tensor<T>::uninitialized(x.shape());
             detail::rope_ops::rotate(x.data(), y.data(), pos, nh, dim, options.base, 1.0);

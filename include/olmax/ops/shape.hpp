@@ -21,7 +21,7 @@ namespace olmax {
 namespace detail::shape_ops {
 
 /// A tensor handle over `t`'s buffer (same storage and offset) with another shape of the same size.
-template <Real T>
+template <Scalar T>
 Tensor<T> share_storage(const Tensor<T>& t, const Shape& shape) {
     return olmax::detail::TensorAccess<T>::alias(t, 0, shape);
 }
@@ -107,8 +107,9 @@ void record_unary(std::string_view name, const Tensor<T>& x, Tensor<T>& y, F&& b
 }  // namespace detail::shape_ops
 
 /// The same elements in another shape of equal element count (no copy: the result shares `x`'s
-/// buffer, so writing into one is seen through the other). The gradient is reshaped back.
-template <Real T>
+/// buffer, so writing into one is seen through the other). The gradient is reshaped back. Integer
+/// tensors (token ids) reshape too.
+template <Scalar T>
 Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
     backend::op_scope on("reshape", x);
     if (!(numel(shape) == x.size()))
@@ -116,9 +117,10 @@ Tensor<T> reshape(const Tensor<T>& x, Shape shape) {
                                                 " elements) to ", to_string(shape), " (", numel(shape), " elements)"));
     return on.run<op::reshape>({x}, {.shape = shape}, [&] {
         Tensor<T> y = detail::shape_ops::share_storage(x, shape);
-        detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-            sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
-        });
+        if constexpr (Real<T>)
+            detail::shape_ops::record_unary("reshape", x, y, [in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                sink.add(0, detail::shape_ops::share_storage(g[0], in_shape));
+            });
         return y;
     });
 }

@@ -740,13 +740,7 @@ void backward(const Geometry& geo, const Buffers<T>& in, const T* dO, const T* d
     });
 }
 
-/// A host tensor read by the traced program as a constant of type T (outside a trace, the tensor
-/// itself: the traced form then runs eagerly, op by op).
-template <Real T>
-Tensor<T> constant(const Tensor<T>& host) {
-    if (!olmax::detail::active_tracer()) return host;
-    return backend::trace::as_type<T>(backend::trace::as_float(host));
-}
+using backend::trace::in_program;
 
 /// 1 - min(x, 1) for counts x >= 0: 1 where no document starts in the range x counts.
 template <Real T>
@@ -772,7 +766,7 @@ Tensor<T> unit_lower_inverse(const Tensor<T>& A) {
         device_scope host(Device::host());
         D = Tensor<T>({L, P, 1, 1}, T{1});
     }
-    D = constant(D);
+    D = in_program(D);
     for (std::size_t s = 1; s < P; s *= 2) {
         const std::size_t pairs = P / (2 * s);
         Tensor<T> same;  // [pairs, 1, pairs, 1]: 1 where the two pair indices agree (picks the diagonal blocks)
@@ -784,7 +778,7 @@ Tensor<T> unit_lower_inverse(const Tensor<T>& A) {
         // A21 of each pair: rows of its second block, columns of its first, [L, pairs, s, s]
         const Tensor<T> blocks = reshape(Ap, Shape{L, pairs, 2, s, pairs, 2, s});
         const Tensor<T> lower_left = reshape(slice(slice(blocks, 2, 1, 2), 5, 0, 1), Shape{L, pairs, s, pairs, s});
-        const Tensor<T> A21 = sum(mul(lower_left, constant(same)), {3});
+        const Tensor<T> A21 = sum(mul(lower_left, in_program(same)), {3});
         const Tensor<T> halves = reshape(D, Shape{L, pairs, 2, s, s});
         const Tensor<T> D11 = reshape(slice(halves, 2, 0, 1), Shape{L, pairs, s, s});
         const Tensor<T> D22 = reshape(slice(halves, 2, 1, 2), Shape{L, pairs, s, s});
@@ -816,9 +810,9 @@ GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor
                 strict.data()[i * C + j] = i > j ? T{1} : T{0};
             }
     }
-    const Tensor<T> cumsum = constant(upper), causal = constant(lower), below = constant(strict);
-    const Tensor<T> h0 = h0_in.defined() && !h0_in.traced() ? constant(h0_in) : h0_in;
-    const Tensor<T> resets = !resets_in.defined() ? Tensor<T>() : resets_in.traced() ? resets_in.detach() : constant(resets_in);
+    const Tensor<T> cumsum = in_program(upper), causal = in_program(lower), below = in_program(strict);
+    const Tensor<T> h0 = in_program(h0_in);
+    const Tensor<T> resets = resets_in.defined() ? in_program(resets_in).detach() : Tensor<T>();
 
     // [batch, T, H, X] -> [batch, H, chunks, C, X] and [batch, T, H] -> [batch, H, chunks, C], zero-padded to chunks C steps:
     // a padded step (k = v = q = 0, g = 0, beta = 0) leaves the state as it is.
