@@ -46,18 +46,40 @@
 
 namespace olmax::backend::trace {
 
+/// A traced tensor of element type T on `device` naming the program's value `symbol`.
+template <Scalar T>
+Tensor<T> make_traced(Device device, Shape shape, std::shared_ptr<const olmax::detail::TracedValue> symbol) {
+    auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
+    impl->device = device;
+    impl->shape = std::move(shape);
+    impl->traced = true;
+    impl->symbol = std::move(symbol);
+    return olmax::detail::TensorAccess<T>::from_impl(std::move(impl));
+}
+
+/// A host tensor's elements as float32, row-major: how a program takes every value.
+template <Scalar T>
+std::vector<float> float_values(const Tensor<T>& t) {
+    std::vector<float> out(t.size());
+    const T* p = t.data();
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
+    return out;
+}
+
 namespace detail {
 
 /// A traced tensor of element type To naming `t`'s value (the program holds every value as float32).
 template <Scalar To, Scalar From>
 Tensor<To> retyped(const Tensor<From>& t) {
     const auto& from = olmax::detail::impl_of(t);
-    auto impl = std::make_shared<olmax::detail::TensorImpl<To>>();
-    impl->device = from.device;
-    impl->shape = from.shape;
-    impl->traced = true;
-    impl->symbol = from.symbol;
-    return olmax::detail::TensorAccess<To>::from_impl(std::move(impl));
+    return make_traced<To>(from.device, from.shape, from.symbol);
+}
+
+/// The tracer of this thread; trace_error naming `what` when no program is being traced.
+inline const olmax::detail::Tracer& tracer_for(std::string_view what) {
+    const olmax::detail::Tracer* tracer = olmax::detail::active_tracer();
+    check<trace_error>(tracer != nullptr, "olmax: ", what, " outside a trace");
+    return *tracer;
 }
 
 }  // namespace detail
@@ -67,17 +89,8 @@ Tensor<To> retyped(const Tensor<From>& t) {
 template <Scalar T>
 Tensor<float> as_float(const Tensor<T>& t) {
     if (t.defined() && !t.traced()) {  // a host tensor read by the program: captured as a constant
-        const olmax::detail::Tracer* tracer = olmax::detail::active_tracer();
-        check<trace_error>(tracer != nullptr, "olmax: trace::as_float outside a trace");
-        std::vector<float> values(t.size());
-        const T* p = t.data();
-        for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(p[i]);
-        auto impl = std::make_shared<olmax::detail::TensorImpl<float>>();
-        impl->device = tracer->device();
-        impl->shape = t.shape();
-        impl->traced = true;
-        impl->symbol = tracer->capture(std::move(values), t.shape());
-        return olmax::detail::TensorAccess<float>::from_impl(std::move(impl));
+        const olmax::detail::Tracer& tracer = detail::tracer_for("trace::as_float");
+        return make_traced<float>(tracer.device(), t.shape(), tracer.capture(float_values(t), t.shape()));
     }
     if constexpr (std::is_same_v<T, float>) return t;
     else return detail::retyped<float>(t);
@@ -113,14 +126,8 @@ void assign(Tensor<T>& dst, const Tensor<float>& value) {
 /// A [count] float32 input of the program being traced whose values `compute` gives on the host
 /// before each run (a schedule's learning rate for the step about to run).
 inline Tensor<float> host_values(std::size_t count, std::function<std::vector<float>()> compute) {
-    const olmax::detail::Tracer* tracer = olmax::detail::active_tracer();
-    check<trace_error>(tracer != nullptr, "olmax: trace::host_values outside a trace");
-    auto impl = std::make_shared<olmax::detail::TensorImpl<float>>();
-    impl->device = tracer->device();
-    impl->shape = {count};
-    impl->traced = true;
-    impl->symbol = tracer->host_values(count, std::move(compute));
-    return olmax::detail::TensorAccess<float>::from_impl(std::move(impl));
+    const olmax::detail::Tracer& tracer = detail::tracer_for("trace::host_values");
+    return make_traced<float>(tracer.device(), {count}, tracer.host_values(count, std::move(compute)));
 }
 
 /// Makes each run of the program being traced report the scalar `value` under `name`.
@@ -132,9 +139,7 @@ inline void report(std::string_view name, const Tensor<float>& value) {
 
 /// Runs `f` on the host after each run of the program being traced.
 inline void after_each_run(std::function<void()> f) {
-    const olmax::detail::Tracer* tracer = olmax::detail::active_tracer();
-    check<trace_error>(tracer != nullptr, "olmax: trace::after_each_run outside a trace");
-    tracer->after_each_run(std::move(f));
+    detail::tracer_for("trace::after_each_run").after_each_run(std::move(f));
 }
 
 /// Layers applied one after another inside a traced program, as ONE loop over their stacked

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -46,14 +47,27 @@ namespace detail {
 namespace p = primitives;
 using Tf = Tensor<float>;
 
-/// loop.body of layer `position`; a trace_error from inside names the stack too.
-inline Tf run_layer(const backend::trace::layer_loop& loop, const backend::trace::layer_loop::layer_fn& f, const Tf& h,
-                    std::span<const Tf> layer, std::span<const Tf> shared, std::size_t position) {
+/// f(), a trace_error from inside naming the stack too (`where`: "a layer", "the backward of a layer").
+template <class F>
+auto in_layer(const backend::trace::layer_loop& loop, std::string_view where, F&& f) {
     try {
-        return f(h, layer, shared, position);
+        return f();
     } catch (const trace_error& e) {
-        throw trace_error(olmax::detail::concat(e.what(), " (in a layer of ", loop.name, ")"));
+        throw trace_error(olmax::detail::concat(e.what(), " (in ", where, " of ", loop.name, ")"));
     }
+}
+
+/// loop.body of layer `position`.
+inline Tf run_layer(const backend::trace::layer_loop& loop, const Tf& h, std::span<const Tf> layer, std::span<const Tf> shared,
+                    std::size_t position) {
+    return in_layer(loop, "a layer", [&] { return loop.body(h, layer, shared, position); });
+}
+
+/// The program's values of `tensors`.
+inline std::vector<gx::var> vars_of(const std::vector<Tf>& tensors) {
+    std::vector<gx::var> out;
+    for (const auto& t : tensors) out.push_back(var_of(t));
+    return out;
 }
 
 /// `period` layers in a row on traced values of one body: `layer` holds [period, ...] slices
@@ -62,7 +76,7 @@ inline Tf run_period(const backend::trace::layer_loop& loop, Tf h, std::span<con
     for (std::size_t position = 0; position < loop.period; ++position) {
         std::vector<Tf> own;
         for (const auto& w : layer) own.push_back(loop.period > 1 ? p::take_leading(w, position) : w);
-        h = run_layer(loop, loop.body, h, own, shared, position);
+        h = run_layer(loop, h, own, shared, position);
     }
     return h;
 }
@@ -98,16 +112,6 @@ inline body_graph new_body(const Tf& carry, const std::vector<Tf>& layer_types, 
     return out;
 }
 
-/// loop.reverse of layer `position`; a trace_error from inside names the stack too.
-inline std::pair<Tf, Tf> reverse_layer(const backend::trace::layer_loop& loop, const Tf& y, const Tf& dy, std::span<const Tf> layer,
-                                       std::span<const Tf> shared, std::size_t position) {
-    try {
-        return loop.reverse(y, dy, layer, shared, position);
-    } catch (const trace_error& e) {
-        throw trace_error(olmax::detail::concat(e.what(), " (in the backward of a layer of ", loop.name, ")"));
-    }
-}
-
 /// The reverse loop's body: from the layer's input (or, reversible, its output), its parameters and
 /// the gradient of its output, the gradients of its input and parameters (and, reversible, the
 /// input itself first).
@@ -126,7 +130,8 @@ inline std::shared_ptr<gx::layer_body> gradient_body(const backend::trace::layer
         for (std::size_t position = 0; position < loop.period; ++position)
             for (const auto& w : b.layer) own[position].push_back(wrap(var_of(loop.period > 1 ? p::take_leading(w, position) : w)).set_requires_grad(true));
         Tf y = b.carry, dy = b.extra[0];
-        for (std::size_t position = loop.period; position-- > 0;) std::tie(y, dy) = reverse_layer(loop, y, dy, own[position], shared, position);
+        for (std::size_t position = loop.period; position-- > 0;)
+            std::tie(y, dy) = in_layer(loop, "the backward of a layer", [&] { return loop.reverse(y, dy, own[position], shared, position); });
         results = {var_of(y), var_of(dy)};
         for (std::size_t k = 0; k < b.layer.size(); ++k) {
             std::vector<Tf> per_position;
@@ -198,10 +203,7 @@ inline gx::var scan_node(const backend::trace::layer_loop& loop, const Tf& carry
     const gx::tensor_type& out = body->results.at(0).type();
     check<trace_error>(out == var_of(carry).type(), "olmax: ", loop.name, ": a layer changed the shape of its input (", var_of(carry).type().str(),
                        " to ", out.str(), "); a stack's layers keep it");
-    std::vector<gx::var> stacked, shared;
-    for (const auto& w : looped) stacked.push_back(var_of(w));
-    for (const auto& w : loop.shared) shared.push_back(var_of(w));
-    return gx::scan_layers(body, var_of(carry), stacked, shared);
+    return gx::scan_layers(body, var_of(carry), vars_of(looped), vars_of(loop.shared));
 }
 
 /// Records the loop `out` (a scan_layers node over `looped`) on the tape. Its gradient is one
@@ -214,10 +216,7 @@ inline Tf record_loop(const backend::trace::layer_loop& loop, const Tf& carry, c
     inputs.insert(inputs.end(), looped.begin(), looped.end());
     inputs.insert(inputs.end(), loop.shared.begin(), loop.shared.end());
     return p::detail::record("layer_loop", inputs, wrap(out), [loop, looped, out, backward, rebuild, saved](const Tf& gy, autodiff::GradientSink<float>& sink) {
-        std::vector<gx::var> stacked, shared;
-        for (const auto& w : looped) stacked.push_back(var_of(w));
-        for (const auto& w : loop.shared) shared.push_back(var_of(w));
-        const std::vector<gx::var> grads = gx::scan_layers_backward(var_of(gy), out, backward(), rebuild, stacked, shared, saved);
+        const std::vector<gx::var> grads = gx::scan_layers_backward(var_of(gy), out, backward(), rebuild, vars_of(looped), vars_of(loop.shared), saved);
         for (std::size_t k = 0; k < grads.size(); ++k)
             if (sink.needs(k)) sink.add(k, wrap(grads[k]));
     });
@@ -253,7 +252,7 @@ inline Tf lower_layer_loop(const backend::trace::layer_loop& loop) {
     check<trace_error>(loop.period >= 1 && loop.depth >= 1, "olmax: ", loop.name, ": a layer loop needs a depth and a period >= 1");
     Tf h = loop.input;
     if (loop.stacked.empty()) {  // layers without parameters of their own: nothing to loop over, so one after another
-        for (std::size_t l = 0; l < loop.depth; ++l) h = run_layer(loop, loop.body, h, {}, loop.shared, l % loop.period);
+        for (std::size_t l = 0; l < loop.depth; ++l) h = run_layer(loop, h, {}, loop.shared, l % loop.period);
         return h;
     }
     const std::size_t iterations = loop.depth / loop.period, rest = loop.depth % loop.period;
@@ -277,7 +276,7 @@ inline Tf lower_layer_loop(const backend::trace::layer_loop& loop) {
     for (std::size_t r = 0; r < rest; ++r) {  // the layers after the last whole period, recorded as they run
         std::vector<Tf> own;
         for (const auto& w : loop.stacked) own.push_back(p::take_leading(w, iterations * loop.period + r));
-        h = run_layer(loop, loop.body, h, own, loop.shared, r);
+        h = run_layer(loop, h, own, loop.shared, r);
     }
     return h;
 }

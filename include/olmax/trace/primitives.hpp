@@ -104,16 +104,6 @@ inline T sum(const T& x, const std::vector<std::int64_t>& axes, bool keepdims) {
     return reshape(detail::bind1(gx::sum(var_of(x), axes), {x}), out);
 }
 
-/// `g` summed down to `shape` (the gradient of a numpy broadcast to g's shape).
-inline T sum_to(const T& g, const Shape& shape) {
-    if (g.shape() == shape) return g;
-    const std::size_t rank = g.rank(), lead = rank - shape.size();
-    std::vector<std::int64_t> axes;
-    for (std::size_t a = 0; a < rank; ++a)
-        if (a < lead || (shape[a - lead] == 1 && g.shape()[a] != 1)) axes.push_back(std::int64_t(a));
-    return reshape(sum(g, axes, false), shape);
-}
-
 /// `x` broadcast to `shape` with numpy's rules (trailing alignment, size-1 axes stretched).
 inline T broadcast_to(const T& x, const Shape& shape) {
     if (x.shape() == shape) return x;

@@ -21,10 +21,7 @@ namespace olmax::trace {
 /// A caller's per-call input as the program takes it (float32 values, row-major).
 template <Scalar T>
 std::vector<float> input_values(const Tensor<T>& t) {
-    std::vector<float> out(t.size());
-    const T* p = t.data();
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
-    return out;
+    return backend::trace::float_values(t);
 }
 
 class compiled_program {

@@ -101,18 +101,11 @@ inline gx::dims_t dims_of(const Shape& shape) { return gx::dims_t(shape.begin(),
 /// A traced tensor of element type T holding `v` (not on the tape).
 template <Scalar T = float>
 Tensor<T> wrap(const gx::var& v) {
-    auto impl = std::make_shared<olmax::detail::TensorImpl<T>>();
-    impl->device = tracing_device();
-    impl->shape = Shape(v.dims().begin(), v.dims().end());
-    impl->traced = true;
-    impl->symbol = std::make_shared<traced_value>(v);
-    return olmax::detail::TensorAccess<T>::from_impl(std::move(impl));
+    return backend::trace::make_traced<T>(tracing_device(), Shape(v.dims().begin(), v.dims().end()), std::make_shared<traced_value>(v));
 }
 
 /// One tensor of the program's state: read from and written to its host buffer around runs.
 struct state_slot {
-    std::string what;  // e.g. "float32 [64, 256]"
-    Shape shape;
     std::function<std::vector<float>()> read;                // the host tensor's values
     std::function<void(const std::vector<float>&)> write;    // into the host tensor
 };
@@ -262,16 +255,9 @@ public:
             check<trace_error>(b.impl != impl.get(), "olmax: trace: a tensor is bound as state twice");
         const gx::var input = graph_->input(gx::f32(dims_of(t.shape())));
         state_slot slot;
-        slot.what = olmax::detail::concat(dtype_name<T>(), " ", to_string(t.shape()));
-        slot.shape = t.shape();
         // Handles, not the implementation: a handle keeps the host buffer alive after the caller's
         // own handles go (core/tensor.hpp frees a buffer that only non-handles still reach).
-        slot.read = [host = t] {
-            const T* p = host.data();
-            std::vector<float> out(host.size());
-            for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(p[i]);
-            return out;
-        };
+        slot.read = [host = t] { return backend::trace::float_values(host); };
         slot.write = [host = t](const std::vector<float>& values) mutable {
             T* p = host.data();
             for (std::size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);

@@ -73,29 +73,4 @@ inline const primitive_info* find_primitive(std::string_view name) {
     return nullptr;
 }
 
-// ---- convenience forms (compositions of the primitives; they need no rules of their own) -------
-
-/// x broadcast to `out_dims` with numpy's trailing alignment (x's dims match the last ones or are 1).
-inline var broadcast_to(const var& x, const dims_t& out_dims) {
-    if (x.dims() == out_dims) return x;
-    check<graph_error>(x.type().rank() <= out_dims.size(), "xla::graph: cannot broadcast ", x.type().str(), " to rank ", out_dims.size());
-    dims_t dims;
-    for (std::size_t i = 0; i < x.type().rank(); ++i) dims.push_back(static_cast<std::int64_t>(out_dims.size() - x.type().rank() + i));
-    return broadcast_in_dim(x, out_dims, dims);
-}
-inline var mean(const var& x, const dims_t& axes) {
-    double count = 1;
-    for (auto a : axes) count *= double(x.dims().at(static_cast<std::size_t>(a)));
-    return sum(x, axes) / count;
-}
-/// log(sum(exp(x))) over the last axis, stabilised by the (gradient-free) row maximum.
-inline var logsumexp_last(const var& x) {
-    const std::int64_t last = static_cast<std::int64_t>(x.type().rank()) - 1;
-    dims_t kept(x.dims().begin(), x.dims().end() - 1), keep_dims;
-    for (std::int64_t d = 0; d < last; ++d) keep_dims.push_back(d);
-    const var m = stop_gradient(max(x, {last}));
-    const var shifted = x - broadcast_in_dim(m, x.dims(), keep_dims);
-    return log(sum(exp(shifted), {last})) + m;
-}
-
 }  // namespace olmax::xla::graph

@@ -23,6 +23,7 @@
 // `static constexpr bool defined_outside_olmax = true` instead of an entry in prim::all: it is then
 // in no table (find_primitive, the registry's tests) and reached through its nodes like any other.
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -155,10 +156,9 @@ struct node {
     compare_direction direction = compare_direction::EQ;
     std::shared_ptr<const layer_body> body;  // scan_layers(_backward): the traced layer (or its gradient)
     std::size_t stacked = 0;                 // scan_layers(_backward): how many parameters are stacked [depth, ...]
-    /// scan_layers: the layer's reverse body (trace_reverse_layer), when it can rebuild its input
-    /// from its output; scan_layers_backward: set when `body` is that reverse body, so the loop walks
-    /// back from the final carry instead of reading stored carries.
-    std::shared_ptr<const layer_body> reverse;
+    /// scan_layers_backward: `body` rebuilds each layer's input from its output (a reversible
+    /// layer's backward), so the loop walks back from the final carry instead of reading stored ones.
+    bool rebuilds = false;
     /// scan_layers_backward of kept layers: values of `body`'s graph that each iteration reads from
     /// the forward loop's stacked outputs (the operands after the parameters, one per value, in
     /// this order) instead of computing them, so the body does not recompute the layer.
@@ -354,11 +354,6 @@ public:
     const node& at(std::uint32_t index) const { return nodes_.at(index); }
     /// Node indices of the inputs, in argument order.
     const std::vector<std::uint32_t>& inputs() const { return inputs_; }
-    std::vector<var> input_vars() {
-        std::vector<var> out;
-        for (auto i : inputs_) out.emplace_back(this, i, 0);
-        return out;
-    }
 
     /// Appends a node whose operands (all of this graph) and output types are set; returns output 0.
     var add(node n) {
@@ -437,75 +432,67 @@ const V* given_value(const std::vector<std::pair<var, V>>& given, const var& v) 
 }
 
 /// Which outputs of which nodes `results` need (a given value needs nothing of its node).
-inline std::vector<std::vector<bool>> needed_outputs(const graph& g, const std::vector<var>& results, const given_values& given = {}) {
+template <class V>
+std::vector<std::vector<bool>> needed_outputs(const graph& g, const std::vector<var>& results, const std::vector<std::pair<var, V>>& given) {
     std::vector<std::vector<bool>> needed(g.nodes().size());
     for (std::size_t i = 0; i < needed.size(); ++i) needed[i].assign(g.at(static_cast<std::uint32_t>(i)).outputs.size(), false);
     auto need = [&](const var& v) {
         if (!given_value(given, v)) needed[v.node()][v.output()] = true;
     };
     for (const auto& r : results) need(r);
-    for (std::size_t i = needed.size(); i-- > 0;) {
-        bool any = false;
-        for (bool b : needed[i]) any = any || b;
-        if (!any) continue;
-        for (const auto& operand : g.at(static_cast<std::uint32_t>(i)).operands) need(operand);
-    }
+    for (std::size_t i = needed.size(); i-- > 0;)
+        if (std::find(needed[i].begin(), needed[i].end(), true) != needed[i].end())
+            for (const auto& operand : g.at(static_cast<std::uint32_t>(i)).operands) need(operand);
     return needed;
 }
 
-/// `results` of `g` lowered into `b` from `args` (one per graph input): every node the results need,
-/// in order, by its primitive's `emit`.
-inline std::vector<value> emit_graph(function_builder& b, const graph& g, const std::vector<value>& args, const std::vector<var>& results,
-                                     const given_values& given = {}) {
-    check<graph_error>(args.size() == g.inputs().size(), "xla::graph: emitting a graph of ", g.inputs().size(), " inputs with ", args.size(),
-                       " arguments");
+/// The walk of the lowering and of the reference evaluation: `args` bind the graph's inputs
+/// (checked by count), then every node that `results` need, in order, gets its outputs from
+/// `apply(node, its operands' values, which of its outputs are needed)`.
+template <class V, class Apply>
+std::vector<V> walk_graph(const graph& g, const std::vector<V>& args, const std::vector<var>& results, const std::vector<std::pair<var, V>>& given,
+                          Apply&& apply) {
+    check<graph_error>(args.size() == g.inputs().size(), "xla::graph: ", args.size(), " inputs for a graph of ", g.inputs().size());
     const auto needed = needed_outputs(g, results, given);
-    std::vector<std::vector<value>> v(g.nodes().size());
-    auto value_of = [&](const var& x) {
-        const value* from_outside = given_value(given, x);
+    std::vector<std::vector<V>> v(g.nodes().size());
+    auto value_of = [&](const var& x) -> const V& {
+        const V* from_outside = given_value(given, x);
         return from_outside ? *from_outside : v[x.node()][x.output()];
     };
     for (std::size_t i = 0; i < args.size(); ++i) v[g.inputs()[i]] = {args[i]};
     for (std::uint32_t i = 0; i < g.nodes().size(); ++i) {
         const node& n = g.at(i);
-        bool any = false;
-        for (bool x : needed[i]) any = any || x;
-        if (!any || n.is<prim::input>()) continue;
-        std::vector<value> in;
-        for (const auto& operand : n.operands) in.push_back(value_of(operand));
-        v[i] = n.kind.info().emit(b, n, in, needed[i]);
+        if (n.is<prim::input>() || std::find(needed[i].begin(), needed[i].end(), true) == needed[i].end()) continue;
+        std::vector<const V*> in;
+        for (const auto& operand : n.operands) in.push_back(&value_of(operand));
+        v[i] = apply(n, in, needed[i]);
     }
-    std::vector<value> out;
+    std::vector<V> out;
     for (const auto& r : results) out.push_back(value_of(r));
     return out;
 }
 
-/// `results` of `g` evaluated in double precision from `args` (one per graph input, checked): every
-/// node in order, by its primitive's `evaluate`.
+/// `results` of `g` lowered into `b` from `args` (one per graph input), by each node's `emit`.
+inline std::vector<value> emit_graph(function_builder& b, const graph& g, const std::vector<value>& args, const std::vector<var>& results,
+                                     const given_values& given = {}) {
+    return walk_graph(g, args, results, given, [&](const node& n, const std::vector<const value*>& in, const std::vector<bool>& needed) {
+        std::vector<value> operands;
+        for (const value* x : in) operands.push_back(*x);
+        return n.kind.info().emit(b, n, operands, needed);
+    });
+}
+
+/// `results` of `g` evaluated in double precision from `args` (one per graph input, of its type),
+/// by each node's `evaluate`.
 inline std::vector<host_value> evaluate_graph(const graph& g, const std::vector<host_value>& args, const std::vector<var>& results,
                                               const given_host_values& given = {}) {
-    check<graph_error>(args.size() == g.inputs().size(), "xla::graph: evaluate: ", args.size(), " inputs for a graph of ", g.inputs().size());
-    std::vector<std::vector<host_value>> v(g.nodes().size());
-    auto value_of = [&](const var& x) -> const host_value& {
-        const host_value* from_outside = given_value(given, x);
-        return from_outside ? *from_outside : v[x.node()][x.output()];
-    };
-    for (std::size_t i = 0; i < args.size(); ++i) {
+    for (std::size_t i = 0; i < args.size() && i < g.inputs().size(); ++i) {
         const tensor_type& want = g.at(g.inputs()[i]).outputs[0];
         check<graph_error>(args[i].type == want && args[i].data.size() == std::size_t(want.elements()), "xla::graph: evaluate: input ", i,
                            " is ", args[i].type.str(), " with ", args[i].data.size(), " values, expected ", want.str());
-        v[g.inputs()[i]] = {args[i]};
     }
-    for (std::uint32_t i = 0; i < g.nodes().size(); ++i) {
-        const node& n = g.at(i);
-        if (n.is<prim::input>()) continue;
-        std::vector<const host_value*> in;
-        for (const auto& operand : n.operands) in.push_back(&value_of(operand));
-        v[i] = n.kind.info().evaluate(n, in);
-    }
-    std::vector<host_value> out;
-    for (const auto& r : results) out.push_back(value_of(r));
-    return out;
+    return walk_graph(g, args, results, given,
+                      [](const node& n, const std::vector<const host_value*>& in, const std::vector<bool>&) { return n.kind.info().evaluate(n, in); });
 }
 
 }  // namespace detail

@@ -164,8 +164,6 @@ public:
     value add(const value& a, const value& b) { return binary("add", a, b); }
     value sub(const value& a, const value& b) { return binary("subtract", a, b); }
     value mul(const value& a, const value& b) { return binary("multiply", a, b); }
-    value div(const value& a, const value& b) { return binary("divide", a, b); }
-    value max(const value& a, const value& b) { return binary("maximum", a, b); }
     /// Any same-shape unary op: negate, exponential, log, tanh, sqrt, abs, logistic, ...
     value unary(std::string_view op, const value& x) { return emit(quoted(op), {x}, x.type); }
     value compare(const value& a, const value& b, compare_direction d) {
@@ -181,13 +179,6 @@ public:
                            pred.type.str(), " does not match ", on_true.type.str());
         return emit("\"stablehlo.select\"", {pred, on_true, on_false}, on_true.type);
     }
-    /// clamp(lo, x, hi) with scalar bounds.
-    value clamp(double lo, const value& x, double hi) {
-        const value l = scalar(lo, x.type.elem), h = scalar(hi, x.type.elem);
-        return emit("\"stablehlo.clamp\"", {l, x, h}, x.type);
-    }
-    /// x op c for a scalar constant c broadcast to x's shape.
-    value with_constant(std::string_view op, const value& x, double c) { return binary(op, x, constant(c, x.type)); }
 
     // ---- shape ops ------------------------------------------------------------------------------
     value reshape(const value& x, dims_t dims) {

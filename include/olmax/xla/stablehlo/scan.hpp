@@ -19,12 +19,6 @@ namespace olmax::xla::stablehlo {
 
 namespace detail {
 
-inline std::int64_t ceil_log2(std::int64_t n) {
-    std::int64_t steps = 0;
-    while ((std::int64_t{1} << steps) < n) ++steps;
-    return steps;
-}
-
 /// x shifted by `d` towards higher indices along `axis` (the first d entries become `fill`).
 inline value shift_up(function_builder& b, const value& x, std::int64_t axis, std::int64_t d, double fill) {
     dims_t low(x.type.rank(), 0), high(x.type.rank(), 0);

@@ -36,7 +36,7 @@ struct layer_body {
 namespace detail {
 
 /// A layer body's graph with its leading arguments made: carry, per-layer parameters, shared
-/// parameters, layer index (what trace_layer and trace_reverse_layer both start from).
+/// parameters, layer index (what trace_layer and the tracer's loop bodies start from).
 struct layer_arguments {
     var carry;
     std::vector<var> layer, shared;
@@ -69,32 +69,6 @@ inline std::shared_ptr<const layer_body> trace_layer(
     body->results = {result};
     check<graph_error>(result.defined() && &result.owner() == &g && result.type() == carry,
                        "xla::graph: trace_layer: the body must return a value of its own graph of the carry's type ", carry.str());
-    return body;
-}
-
-/// The backward of an invertible layer, traced once: arguments (output carry, per-layer parameters...,
-/// shared parameters..., layer index, gradient of the output carry) -> results (input carry, its
-/// gradient, gradients of the per-layer and the shared parameters). With it the gradient of
-/// `scan_layers` walks back from the final carry, rebuilding each layer's input from its output as
-/// the eager reversible stack does: nothing per layer is stored, so the memory of forward and
-/// backward does not grow with depth (RevNet, Gomez et al. 2017).
-inline std::shared_ptr<const layer_body> trace_reverse_layer(
-    const tensor_type& carry, const std::vector<tensor_type>& per_layer, const std::vector<tensor_type>& shared,
-    const std::function<std::vector<var>(graph&, const var& output, const std::vector<var>& layer, const std::vector<var>& shared,
-                                         const var& index, const var& output_grad)>& f) {
-    const auto [body, a] = detail::new_layer_body(carry, per_layer, shared);
-    graph& g = *body->g;
-    const var gy = g.input(carry);
-    body->results = f(g, a.carry, a.layer, a.shared, a.index, gy);
-    check<graph_error>(body->results.size() == 2 + per_layer.size() + shared.size(), "xla::graph: trace_reverse_layer: the body must return ",
-                       2 + per_layer.size() + shared.size(), " values (input, its gradient, one gradient per parameter), got ",
-                       body->results.size());
-    for (std::size_t i = 0; i < body->results.size(); ++i) {
-        const var& r = body->results[i];
-        const tensor_type& want = i < 2 ? carry : body->argument(i - 1);
-        check<graph_error>(r.defined() && &r.owner() == &g && r.type() == want, "xla::graph: trace_reverse_layer: result ", i,
-                           " must be a value of its own graph of type ", want.str());
-    }
     return body;
 }
 
@@ -138,13 +112,10 @@ namespace prim {
 /// results than the new carry (kept layers: the values its gradient reads) gives one more output
 /// per extra result, its values of every iteration stacked [depth, ...]. Arguments of the body's
 /// graph after the layer index get no value: the results must not depend on them.
-/// With a `reverse` body (trace_reverse_layer, same carry and parameters) the gradient rebuilds the
-/// carries from the outputs instead of storing them.
 struct scan_layers {
     static constexpr std::string_view name = "scan_layers";
     static constexpr gradient_in_tracer gradient{};
-    static var make(const std::shared_ptr<const layer_body>& body, const var& carry, const std::vector<var>& stacked, const std::vector<var>& shared,
-                    std::shared_ptr<const layer_body> reverse) {
+    static var make(const std::shared_ptr<const layer_body>& body, const var& carry, const std::vector<var>& stacked, const std::vector<var>& shared) {
         check<graph_error>(body && stacked.size() == body->per_layer && shared.size() == body->shared, "xla::graph: scan_layers: the body takes ",
                            body ? body->per_layer : 0, " stacked and ", body ? body->shared : 0, " shared parameters, got ", stacked.size(),
                            " and ", shared.size());
@@ -181,12 +152,6 @@ struct scan_layers {
         }
         n.body = body;
         n.stacked = stacked.size();
-        if (reverse) {
-            bool same = reverse->per_layer == body->per_layer && reverse->shared == body->shared;
-            for (std::size_t i = 0; same && i < 1 + body->per_layer + body->shared; ++i) same = reverse->argument(i) == body->argument(i);
-            check<graph_error>(same, "xla::graph: scan_layers: the reverse body's carry and parameters differ from the layer body's");
-            n.reverse = std::move(reverse);
-        }
         return carry.owner().add(std::move(n));
     }
     /// `needed`: which of the node's outputs are used (the stored carries and the kept layers' saved
@@ -270,7 +235,7 @@ struct scan_layers_backward {
         n.kind = op::of<scan_layers_backward>();
         n.stacked = stacked.size();
         n.body = body;
-        if (rebuilds) n.reverse = std::move(body);
+        n.rebuilds = rebuilds;
         n.operands = {output_grad, rebuilds ? var(&g, forward.node(), 0) : var(&g, forward.node(), 1)};  // the final carry, or the stored carries
         n.outputs.push_back(carry);
         for (const auto& w : stacked) {
@@ -287,7 +252,7 @@ struct scan_layers_backward {
     }
     static std::vector<value> emit(function_builder& b, const node& n, const std::vector<value>& in, const std::vector<bool>&) {
         const layer_body& body = *n.body;
-        const bool rebuilds = n.reverse != nullptr;  // the body rebuilds the layer's input from its output
+        const bool rebuilds = n.rebuilds;  // the body rebuilds the layer's input from its output
         const std::int64_t depth = n.operands[2].dims()[0];  // the first stacked parameter
         // in: g_final, carries [depth, ...] (or the final carry), stacked..., shared..., saved values [depth, ...]...;
         // loop carry: [l, g, carries (or the current carry), stacked..., shared..., saved..., g_stacked..., g_shared...]
@@ -324,7 +289,7 @@ struct scan_layers_backward {
     static std::vector<host_value> evaluate(const node& n, const std::vector<const host_value*>& in) {
         // in: g_final, then the stored carries [depth, ...] or (reverse body) the final carry, then the parameters
         const layer_body& body = *n.body;
-        const bool rebuilds = n.reverse != nullptr;
+        const bool rebuilds = n.rebuilds;
         const std::int64_t depth = in[2]->type.dims[0];  // the first stacked parameter
         const std::size_t saved = n.saved.size(), params = in.size() - 2 - saved, first_grad = rebuilds ? 2 : 1;
         host_value g = *in[0], y = *in[1];
@@ -358,8 +323,8 @@ struct scan_layers_backward {
 
 /// carry_{l+1} = body(carry_l, stacked[.][l], shared..., l) for l = 0 .. depth-1, as ONE loop (prim::scan_layers).
 inline var scan_layers(const std::shared_ptr<const layer_body>& body, const var& carry, const std::vector<var>& stacked,
-                       const std::vector<var>& shared, std::shared_ptr<const layer_body> reverse = nullptr) {
-    return prim::scan_layers::make(body, carry, stacked, shared, std::move(reverse));
+                       const std::vector<var>& shared) {
+    return prim::scan_layers::make(body, carry, stacked, shared);
 }
 
 /// The gradient loop of the scan_layers loop `forward` (its final carry): prim::scan_layers_backward.

@@ -329,10 +329,4 @@ inline var shift(const var& x, std::int64_t axis, std::int64_t steps) {
     return pad(slice(x, start, limit), low, high);
 }
 
-/// x shifted `steps` (>= 0) positions later along `axis`, zeros entering at the front.
-inline var shift_later(const var& x, std::int64_t axis, std::int64_t steps) {
-    check<graph_error>(steps >= 0, "xla::graph: shift_later: axis ", axis, ", steps ", steps, " for ", x.type().str());
-    return shift(x, axis, steps);
-}
-
 }  // namespace olmax::xla::graph
