@@ -1,27 +1,13 @@
 #pragma once
-// How an op runs on traced tensors: one lowering rule per op, found by the op's typed KEY.
-//
-// An op whose inputs are traced (core/traced.hpp) returns what its rule
-// returns instead of running kernels. The op names its rule by a key, a struct that holds the op's
-// name and its typed attributes (olmax's own keys: `olmax::op::*`, listed in ops/op_keys.hpp and
-// defined next to their ops). `op_scope::run` (backend/dispatch.hpp) is where an op's two forms part:
-//
-//     template <Real T> Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t end) {
-//         backend::op_scope on("slice", x);
-//         ...                                                  // checks, for both forms
-//         return on.run<op::slice>({x}, {.axis = a, .begin = begin, .end = end}, [&] { ... kernels ... });
-//
-// A misspelt key does not compile, nor does a wrong attribute. The rules themselves live in
-// olmax/trace/ (above every op), which registers them when it is included (`register_rule<Key>`):
-// a program that never traces includes none of the tracer. A rule builds the op's value in the
-// tracer's primitives, which record their backward on the tape, so the op's gradient traces too.
-// Every key of op::all has its rule in trace/rules.hpp, or that header does not compile; a key of
-// an op outside olmax (yours) without a registered rule fails at trace time with a `trace_error`
-// naming the op (and, inside a stack, the layer).
-//
-// The registry is also the list of what to check: each entry carries its key's samples and its
-// eager form, so that one test (tests/unit/test_op_rules.cpp) compares every op's traced value
-// and gradient with its eager ones without a test of its own.
+// How an op runs on traced tensors (core/traced.hpp): it returns its lowering rule's value instead of
+// running kernels. The op names its rule by a typed KEY, a struct holding the op's name and typed
+// attributes (olmax's: `olmax::op::*`, listed in ops/op_keys.hpp), and its two forms part in
+// `op_scope::run<Key>` (backend/dispatch.hpp); a misspelt key or a wrong attribute does not compile.
+// The rules live in olmax/trace/ (above every op) and are registered when it is included, so a
+// program that never traces includes none of the tracer; an op without a registered rule fails at
+// trace time with a `trace_error` naming it. Each registry entry also carries its key's samples and
+// eager form, from which tests/unit/test_op_rules.cpp checks every op's traced value and gradient.
+// The whole recipe: docs/ARCHITECTURE.md, "Adding an op".
 
 #include <algorithm>
 #include <concepts>
@@ -143,12 +129,10 @@ inline void after_each_run(std::function<void()> f) {
 }
 
 /// Layers applied one after another inside a traced program, as ONE loop over their stacked
-/// parameters (nn::Stack under tracing), so the program does not grow with depth. The layer's
-/// behaviour may depend on its index only modulo `period` (each loop iteration runs `period`
-/// layers); `body` runs layer `position` (its index modulo `period`) on traced tensors: its input,
-/// its slices of the per-layer parameters and the shared ones. With `reverse` (a reversible layer's
-/// own memory-free backward), backward rebuilds each layer's input from its output instead of the
-/// loop storing them.
+/// parameters (nn::Stack under tracing; docs/xla.md, "Depth is a loop"). `body` runs layer
+/// `position` (its index modulo `period`: each iteration runs `period` layers) on its input, its
+/// slices of the per-layer parameters and the shared ones. With `reverse` (a reversible layer's own
+/// memory-free backward), backward rebuilds each layer's input from its output instead of storing it.
 struct layer_loop {
     using layer_fn = std::function<Tensor<float>(const Tensor<float>& input, std::span<const Tensor<float>> layer,
                                                  std::span<const Tensor<float>> shared, std::size_t position)>;
@@ -186,8 +170,7 @@ inline Tensor<float> loop_layers(const layer_loop& loop) {
 }
 
 /// Integer indices (token ids, row numbers) from a tensor holding them as values: the same traced
-/// value seen as int32 (a program holds them as float32), or a host copy converted. What a key's
-/// eager form passes to an op that takes indices.
+/// value seen as int32, or a host copy converted: what a key's eager form passes to an op taking them.
 template <Real T>
 Tensor<std::int32_t> as_indices(const Tensor<T>& t) {
     if (t.traced()) return as_type<std::int32_t>(as_float(t));
@@ -362,9 +345,8 @@ traced_outputs call(traced_inputs inputs, const typename K::attrs& attrs = {}) {
 }
 
 /// An operand of an op's lowering rule: a tensor of any element type, handed to the rule as the
-/// float32 traced value `as_float` makes of it (a host tensor becomes a constant of the program; an
-/// optional operand left undefined stays undefined). It only refers to the tensor: an op builds its
-/// list of operands in the expression that runs the rule (`op_scope::run`).
+/// float32 traced value `as_float` makes of it (undefined stays undefined). It only refers to the
+/// tensor: an op builds its operands in the expression that runs the rule (`op_scope::run`).
 class operand {
 public:
     template <Scalar S>
@@ -414,12 +396,11 @@ struct integer_tensor<Tensor<S>> : std::true_type {
 };
 }  // namespace detail
 
-/// The results of the rule of the op keyed by K on `operands`, as the op returns them: R is the
-/// op's result type, a tensor, a list of tensors or a struct of two (a scan's h and h_last). An
-/// integer tensor (a reshape of token ids) is the rule's float32 value seen as integers, the form
-/// in which the program holds them (as_float).
-/// Throws `trace_error` naming the op when it has no rule, when its rule gives another number of
-/// values, or when the op runs in another precision than float32.
+/// The results of the rule of the op keyed by K on `operands`, as the op returns them. R is the op's
+/// result type: a tensor, a list of tensors, a struct of two (a scan's h and h_last), or an integer
+/// tensor (a reshape of token ids: the rule's float32 value seen as integers). Throws `trace_error`
+/// naming the op when it has no rule, its rule gives another number of values, or the op runs in
+/// another precision than float32.
 template <class R, op_key K>
 R results(const operands& operands, const typename K::attrs& attrs) {
     auto lowered = [&](std::size_t expected) {  // expected 0: any number of values

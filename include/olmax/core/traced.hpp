@@ -1,13 +1,9 @@
 #pragma once
-// Traced tensors: what core knows of tracing (olmax/trace/ does the tracing itself).
-//
-// While a thread traces a program (olmax/trace/tracer.hpp), the tensors of that program hold no
-// elements: each holds a *symbol*, an opaque value of the tracer that names one SSA value of the
-// program being built. They live on the tracer's device, so every op that receives one runs its
-// lowering rule instead of its kernels (backend/trace_rules.hpp), and the tape records the rule's
-// ops like any others: a model's ordinary forward, backward and optimiser step, run on traced
-// tensors, write the whole training step as one program.
-//
+// Traced tensors: what core knows of tracing (olmax/trace/ does the tracing itself). While a thread
+// traces a program (olmax/trace/tracer.hpp), the tensors of that program hold no elements: each
+// holds a *symbol*, an opaque value of the tracer naming one SSA value of the program being built.
+// They live on the tracer's device, so every op that receives one runs its lowering rule instead of
+// its kernels (backend/trace_rules.hpp), and the tape records the rule's ops like any others.
 // Core's part is small: the symbol's type, the interface through which core and autodiff reach the
 // active tracer (constants for `fill`, the sum of two gradients), and the error that code reading
 // the elements of a traced tensor gets.

@@ -1,28 +1,12 @@
 #pragma once
-// Depth as a loop: the lowering of `backend::trace::layer_loop` (what nn::Stack asks for when it
-// runs on traced tensors). The layers' body is traced ONCE into a loop body (one `stablehlo.while`
-// over the stacked [depth, ...] parameters, each iteration's slice taken at the loop index), so the
-// program's size does not grow with depth.
-//
-// Its gradient is one reverse loop whose body is traced the same way. For a layer that is not
-// reversible the body re-runs the layer's forward from its input (the carries the forward loop
-// stored) with gradients on and calls backward() with the incoming gradient. A reversible layer's
-// body is its own memory-free backward (`reverse`, nn::Reversible::reverse, exactly what the eager
-// stack runs): it rebuilds the input from the output while it differentiates, so nothing per
-// layer is stored, memory stays flat in depth, and each function of the block runs once per layer
-// in the backward as on the CPU.
-//
-// Kept layers (nn::Stack::keep_activations, and every layer of a stack that is not reversible, as
-// on the CPU): the first `kept` layers (whole periods) run as a loop of their own whose body is the
-// gradient body's forward half. It stores, per layer, the products, reductions and scans the
-// backward half reads (found in the traced graph; the element-wise ops between them are recomputed
-// in the backward, fused there by XLA), and the reverse loop reads them instead of running the layer
-// again: the backward costs about what the CPU's taped backward costs, and the memory grows with
-// depth as the CPU's kept layers do.
-//
-// A layer whose behaviour depends on its index (the hierarchical mixer's mode) declares the period
-// after which it repeats; each iteration then runs `period` layers, and the depth % period layers
-// left over run after the loop.
+// Depth as a loop: the lowering of `backend::trace::layer_loop` (what nn::Stack asks for on traced
+// tensors). The layers' body is traced ONCE into one `stablehlo.while` over the stacked [depth, ...]
+// parameters, so the program's size does not grow with depth. Its gradient is one reverse loop: a
+// reversible layer's body is its own memory-free backward (rebuilding each input from the output),
+// any other's re-runs the layer from its stored input and calls backward(); kept layers loop apart,
+// storing what their backward reads. Each iteration runs `period` layers (a layer whose behaviour
+// depends on its index declares the period); the depth % period left over run after the loop.
+// How and why: docs/xla.md, "Depth is a loop" and "Kept layers skip the recompute, as on the CPU".
 
 #include <algorithm>
 #include <cstddef>
@@ -156,16 +140,12 @@ inline std::shared_ptr<gx::layer_body> gradient_body(const backend::trace::layer
     return b.body;
 }
 
-/// Values of a gradient body's forward half (computed from its arguments without the output's
-/// gradient, its last argument) that its backward half or its results read, directly or through
-/// element-wise and shape ops, and that depend on the layer's input: what a kept layer's forward
-/// loop stores. Only the results of products, reductions, scans, gathers and scatters are stored
-/// (JAX's "dots saveable" checkpoint policy, widened to the other ops that read more than they
-/// write); the element-wise and shape ops between them are recomputed in the backward, where XLA
-/// fuses them into their readers, and values of the parameters alone are recomputed too. Storing
-/// every intermediate instead made the small conv/mixer step on the CPU plugin slower than
-/// rebuilding the layers (127.5 against 98.8 ms, separate runs): each stored value is one more
-/// pass over memory that XLA's fusion had saved.
+/// Values of a gradient body's forward half (computed without the output's gradient, its last
+/// argument) that its backward half or its results read, directly or through element-wise and shape
+/// ops, and that depend on the layer's input: what a kept layer's forward loop stores. Only results
+/// of primitives marked saved_by_kept_layers are stored (JAX's "dots saveable" policy, widened); the
+/// ops between them are recomputed in the backward, fused by XLA into their readers. Storing every
+/// intermediate was slower than rebuilding the layers (benchmarks/RESULTS.md, "Kept layers on XLA").
 inline std::vector<gx::var> saved_for_backward(const gx::layer_body& body) {
     const gx::graph& g = *body.g;
     const std::uint32_t input = g.inputs().front(), output_grad = g.inputs().back();

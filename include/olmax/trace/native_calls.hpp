@@ -1,19 +1,12 @@
 #pragma once
-// olmax's own CPU kernels inside a traced program on the XLA CPU plugin. Some ops XLA's CPU backend
-// runs far slower than olmax does: Mamba's selective scan becomes a loop over time whose every
-// step is a handful of separate XLA kernels over the [B, E, N] state. Where the plugin lets
-// programs call host functions (XLA's typed FFI, xla/ffi.hpp), the op's lowering rule emits a
-// custom call instead, and the plugin runs the very kernels the eager op runs
-// (scan::selective_scan_forward / _backward), on its own buffers, with no copy.
-//
-//     auto client = std::make_shared<xla::pjrt::client>(xla::pjrt::plugin::load(path));
-//     trace::tracing t;
-//     t.set_target(client->platform_name());
-//     t.set_native_calls(trace::enable_native_calls(*client));   // false on a GPU or an older plugin
-//
-// A program traced with native calls compiles only on a plugin where they are registered; one
-// traced without them (the default) runs anywhere. The graph keeps the op's meaning either way, so
-// xla/graph's reference evaluator and the loop form stay the oracle of the kernels' form.
+// olmax's own CPU kernels inside a traced program on the XLA CPU plugin, where Mamba's selective scan
+// would be a loop over time of a handful of separate XLA kernels per step. Through the plugin's typed
+// FFI (xla/ffi.hpp) the op's rule emits a custom call instead, and the plugin runs the very kernels
+// the eager op runs (scan::selective_scan_forward / _backward) on its own buffers, with no copy.
+// Turned on by `t.set_native_calls(trace::enable_native_calls(*client))`. A program traced with them
+// compiles only on a plugin where they are registered; one traced without (the default) runs
+// anywhere. The graph keeps the op's meaning either way, so xla/graph's reference evaluator and the
+// loop form stay the oracle of the kernels' form.
 
 #include <cstddef>
 #include <cstdint>

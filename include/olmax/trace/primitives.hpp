@@ -1,15 +1,11 @@
 #pragma once
 // The traced primitives on tensors: the small set every lowering rule (rules.hpp) is built from.
 // Each makes values of the program (xla/graph) and records its node on the tape with the
-// primitive's own gradient rule (`detail::bind`; each primitive of xla/graph states its gradient
-// once, in the primitives, next to its shape rule, lowering and reference evaluation), so olmax's
-// one reverse mode (the tape) differentiates traced programs like any other: the program's
-// backward pass is what `backward()` records while it walks the tape, nodes of custom ops and
-// reversible blocks included. The forms here that are not one primitive (a numpy broadcast, a
-// sum keeping its axes, a gather of rows of any rank) are compositions of bound primitives.
-//
-// Element-wise primitives take operands of one shape; `broadcast_to` (whose gradient sums back)
-// makes them so. All values are float32.
+// primitive's own gradient rule (`detail::bind`), so olmax's one reverse mode differentiates traced
+// programs like any other, custom ops and reversible blocks included. The forms that are not one
+// primitive (a numpy broadcast, a sum keeping its axes, a gather of rows of any rank) are
+// compositions of bound primitives. Element-wise primitives take operands of one shape
+// (`broadcast_to`, whose gradient sums back, makes them so). All values are float32.
 
 #include <array>
 #include <cstddef>
@@ -38,10 +34,8 @@ T record(std::string_view name, std::vector<T> inputs, T y, Vjp vjp) {
     return y;
 }
 
-/// The node that made `first` as tensors (its outputs the tape differentiates), recorded on the tape
-/// with its primitive's gradient rule (xla/graph: each primitive states its own). `operands` are
-/// the node's operands as tensors, in order; a primitive without a gradient is not recorded (its
-/// outputs are constants of the tape).
+/// What `apply` (below) does. A primitive without a gradient is not recorded (its outputs are
+/// constants of the tape); only the outputs the tape differentiates are returned.
 inline std::vector<T> bind(const gx::var& first, const std::vector<T>& operands) {
     gx::graph& g = first.owner();
     const std::uint32_t index = first.node();
@@ -182,9 +176,8 @@ inline T sqrt(const T& x) { return detail::bind1(gx::sqrt(var_of(x)), {x}); }
 inline T tanh(const T& x) { return detail::bind1(gx::tanh(var_of(x)), {x}); }
 inline T logistic(const T& x) { return detail::bind1(gx::logistic(var_of(x)), {x}); }
 
-/// h_t = a_t h_{t-1} + x_t along axis 1 of [B, T, ...] (from the end with `reverse`:
-/// h_t = a_t h_{t+1} + x_t), lowered in the form `strategy` names (xla/graph's linear_scan; its
-/// gradient is the same scan run the other way).
+/// h_t = a_t h_{t-1} + x_t along axis 1 of [B, T, ...] (from the end with `reverse`), lowered in the
+/// form `strategy` names (xla/graph's linear_scan; its gradient is the same scan run the other way).
 inline T linear_scan(const T& a, const T& x, const xla::stablehlo::scan_strategy& strategy, bool reverse) {
     return detail::bind1(gx::linear_scan(var_of(a), var_of(x), strategy, reverse), {a, x});
 }
@@ -207,12 +200,10 @@ inline T scatter_add_rows(const T& src, const T& rows, std::size_t count) {
     return reshape(detail::bind1(gx::scatter_add_rows(var_of(flat), var_of(rows), std::int64_t(count)), {flat, rows}), out_shape);
 }
 
-/// Mamba's selective scan fused over time (xla/graph's selective_scan: the [B, T, E, N] states are
-/// never stored) from u, delta [B, T, E], A [E, N], B, C [B, T, N], keep [B, T] (0 where a document
-/// starts; no gradient) and h0 [B, E, N]: returns y [B, T, E] (without the D skip) and the last
-/// state [B, E, N]. Its gradient is one primitive too: chunks of `chunk` steps from last to first,
-/// each recomputed from the state the forward kept at its start. With `native_call` both run as
-/// olmax's own CPU kernels (a custom call; the XLA CPU plugin with trace/native_calls.hpp registered).
+/// Mamba's selective scan fused over time (xla/graph's selective_scan) from u, delta [B, T, E],
+/// A [E, N], B, C [B, T, N], keep [B, T] (0 where a document starts; no gradient) and h0 [B, E, N]:
+/// y [B, T, E] (without the D skip) and the last state [B, E, N]. Its gradient is one primitive too
+/// (chunks of `chunk` steps, each recomputed from its checkpoint); `native_call`: olmax's CPU kernels.
 inline std::array<T, 2> selective_scan(const T& u, const T& delta, const T& A, const T& B, const T& C, const T& keep, const T& h0, std::int64_t chunk,
                                        bool native_call = false) {
     const std::vector<gx::var> out =
@@ -221,9 +212,8 @@ inline std::array<T, 2> selective_scan(const T& u, const T& delta, const T& A, c
     return {ys[0], ys[1]};
 }
 
-/// [m, k] x [k, n], or [batch, m, k] x [batch, k, n] (the gradients are the same batched products).
-/// `bf16_operands`: both operands rounded to bfloat16 and f32 sums, forward and gradients (the bf16
-/// precision policy's GEMM; xla::graph::prim::dot).
+/// [m, k] x [k, n], or [batch, m, k] x [batch, k, n]. `bf16_operands`: both rounded to bfloat16,
+/// f32 sums, forward and gradients (the bf16 policy's GEMM; xla::graph::prim::dot).
 inline T matmul(const T& a, const T& b, bool bf16_operands = false) {
     return detail::bind1(gx::dot(var_of(a), var_of(b), 1, 0, bf16_operands), {a, b});
 }

@@ -1,10 +1,8 @@
 #pragma once
-// A traced program compiled once for a PJRT device and run with its state kept there: the runner
-// of what `tracing::finish` returns (tracer.hpp). Each `run` uploads the caller's inputs and the
-// values the host computes per call (an optimiser's learning rate), executes once, runs the
-// program's after-run hooks (the optimiser's step counter) and returns the reported values; the
-// state (parameters, moments) stays on the device until `download` writes it into the host
-// tensors it was traced from.
+// A traced program (what `tracing::finish` returns) compiled once for a PJRT device and run with its
+// state kept there. Each `run` uploads the caller's inputs and the values the host computes per call
+// (a learning rate), executes once, runs the after-run hooks and returns the reported values; the
+// state stays on the device until `download` writes it into the host tensors it was traced from.
 
 #include <cstddef>
 #include <memory>

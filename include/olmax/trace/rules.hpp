@@ -1,14 +1,9 @@
 #pragma once
 // The ops' lowering rules: for each op that can run inside a traced program, its value in the
-// traced primitives (primitives.hpp), whose recorded gradients make the op's backward. One rule per
-// op serves every program and every layer built from the op.
-//
-// A rule is one overload `Out lower(op::<name>, Ts inputs, const op::<name>::attrs&)`, found by the
-// op's typed key (ops/op_keys.hpp: the registry op::all, each key defined next to its op with its
-// attributes, samples and eager form). `register_all` registers the rule of every entry of op::all
-// when this header is included (a program that never traces includes none of it), and does not
-// compile when an entry has no rule here. tests/unit/test_op_rules.cpp checks every registered
-// rule against its op's eager form.
+// traced primitives (primitives.hpp), whose recorded gradients make the op's backward. A rule is one
+// overload `Out lower(op::<name>, Ts inputs, const op::<name>::attrs&)`; `register_all` registers
+// one per entry of op::all (ops/op_keys.hpp) when this header is included, and does not compile when
+// an entry has none (docs/ARCHITECTURE.md, "Adding an op").
 
 #include <algorithm>
 #include <cmath>
@@ -126,19 +121,15 @@ inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
 /// MoE routing (nn::MoE's eager detail::route) inside the program, without a gradient: from the
 /// router's probabilities p [N, E] of N = batch * sequence tokens (top k, capacity per expert and
 /// sequence) to
-///   keep [N, E]: 1 where token n's j-th choice (the j-th largest p, lowest index on ties) is
-///                expert e and fewer than `capacity` earlier assignments of its sequence went to e
-///                (earlier: a smaller position; at one position the choices are distinct experts);
+///   keep [N, E]: 1 where token n's j-th choice (the j-th largest p, lowest index on ties) is e and
+///                fewer than `capacity` earlier assignments (smaller positions) of its sequence went to e;
 ///   fraction [E]: the share of the k N choices that picked each expert, before capacity;
-///   slot_token [E B C]: for expert e's slot c in sequence b (C = min(capacity, S)), the token row
-///                n = b S + s it holds, the c-th kept assignment to e in that sequence (0 when
-///                fewer are kept: an empty slot, which no token reads back);
-///   token_slot [N E]: for each kept (n, e), its slot's row e B C + b C + c in the experts' [E B C]
-///                rows (0 where not kept, whose gate is 0).
-/// The count of earlier assignments is an exclusive running sum along the sequence, taken with the
-/// program's linear scan (a = 1); it is the assignment's slot c. The two row maps let nn::MoE run
-/// each expert on its C slots per sequence only (gather, batched GEMM, gather back) instead of on
-/// every token.
+///   slot_token [E B C]: the token row n = b S + s held by expert e's slot c in sequence b
+///                (C = min(capacity, S)); 0 for an empty slot, which no token reads back;
+///   token_slot [N E]: each kept (n, e)'s slot row e B C + b C + c (0 where not kept, gate 0).
+/// An assignment's slot c is its count of earlier assignments, an exclusive running sum along the
+/// sequence (the program's linear scan, a = 1). The row maps let nn::MoE run each expert on its C
+/// slots per sequence only (gather, batched GEMM, gather back) instead of on every token.
 inline Out lower(op::moe_route, Ts in, const op::moe_route::attrs& a) {
     const Tf& probabilities = in[0];
     const std::int64_t batch = std::int64_t(a.batch), sequence = std::int64_t(a.sequence), k = std::int64_t(a.k), capacity = std::int64_t(a.capacity);
@@ -182,12 +173,10 @@ inline Out lower(op::moe_route, Ts in, const op::moe_route::attrs& a) {
     return {wrap(keep), wrap(gx::sum(chosen, {0}) / double(k * batch * sequence)), wrap(slot_token), wrap(token_slot)};
 }
 
-/// Mamba's selective scan (scan/selective_scan.hpp). On CPUs (a sequential scan form) one
-/// primitive fused over time, which never stores the [B, T, E, N] states, as the eager op does not
-/// (run as the eager op's own kernels where the plugin has olmax's native calls registered);
-/// on devices with wide parallel units the recurrence as one linear scan over B E N rows, in the
-/// device's scan form, from the materialised abar = exp(delta A) (zeroed where a document starts)
-/// and drive delta u B.
+/// Mamba's selective scan (scan/selective_scan.hpp). In a sequential scan form (CPUs): one primitive
+/// fused over time that never stores the [B, T, E, N] states, as the eager op (its own kernels where
+/// native calls are registered). Otherwise one linear scan over B E N rows in the device's form, from
+/// the materialised abar = exp(delta A) (zeroed where a document starts) and drive delta u B.
 inline Out lower(op::selective_scan, Ts in, const op::selective_scan::attrs&) {
     const Tf &u = in[0], &delta = in[1], &A = in[2], &B = in[3], &C = in[4], &D = in[5], &h0 = in[6], &resets = in[7];
     const std::size_t nb = u.shape()[0], nt = u.shape()[1], ne = u.shape()[2], ns = A.shape()[1];

@@ -1,17 +1,10 @@
 #pragma once
-// The traced forms of olmax::scan's strategy tags. A scan written `scan::scan<Tag>` keeps its tag
-// when traced, where a StableHLO form computes what the tag names and suits the target device:
-//
-//     tag (olmax/scan/strategies.hpp)                  traced form (xla/stablehlo/scan.hpp)
-//     sequential, sequential_vectorized,               a while loop over time: on the CPU plugin;
-//       sequential_fp64 (in f32 when traced)           elsewhere T dependent device steps, so the device's form
-//     hillis_steele                                    log-depth doubling
-//     hillis_steele_chunked<K>                         chunks of K steps side by side, doubling over their carries
-//     chunked_matmul<C>                                C x C triangular matmuls per chunk
-//     two_pass, blelloch, log_space                    none: the device's form
-//
-// Where the tag's form is not taken, the program uses the device's (tracing::device_scan_form) and the
-// tracer records a notice naming both (tracing::notices; the XLA step prints them once).
+// The traced forms of olmax::scan's strategy tags (scan_form_of). A scan written `scan::scan<Tag>`
+// keeps its tag's form when traced where a StableHLO form computes what the tag names and suits the
+// target device: the sequential tags' loop over time (sequential_fp64 in f32) only on the CPU plugin,
+// since elsewhere its T steps run one after another; two_pass, blelloch and log_space have none.
+// Otherwise the program uses the device's form (tracing::device_scan_form) and the tracer records a
+// notice naming both (tracing::notices; the XLA step prints them once). docs/xla.md, "Scans".
 
 #include <cstddef>
 #include <cstdint>

@@ -1,9 +1,7 @@
 #pragma once
-// olmax::trace: a model's ordinary forward, backward and optimiser step traced into one program
-// (tracer.hpp), the ops' lowering rules (rules.hpp) over the traced primitives (primitives.hpp), and
-// the program compiled once for a PJRT device (program.hpp, which needs the PJRT runtime and so is
-// included on its own). Not part of olmax/olmax.hpp: a program that never traces does not compile
-// the tracer.
+// olmax::trace: a model's ordinary forward, backward and optimiser step traced into one program.
+// program.hpp (compiled and run on a PJRT device) needs the PJRT runtime and is included on its own.
+// Not part of olmax/olmax.hpp: a program that never traces does not compile the tracer.
 
 #include "olmax/trace/layer_loop.hpp"
 #include "olmax/trace/primitives.hpp"

@@ -1,15 +1,9 @@
 #pragma once
 // The tracer: while a `tracing` scope lives on a thread, tensors made there are values of one
-// program (a graph of StableHLO-level primitives, olmax/xla/graph/graph.hpp) instead of
-// arrays of elements. Ops on them run their lowering rules (rules.hpp), the tape records the rules'
-// primitives with their gradients (primitives.hpp), and so a model's ordinary forward, `backward()`
-// and optimiser step, run once inside the scope, write the whole training step as one program.
-//
-//     olmax::trace::tracing t;
-//     for (auto& p : model.parameters()) t.bind_state(p.tensor);   // parameters: the program's state
-//     auto ids = t.input<std::int32_t>({batch, sequence});          // per-call inputs
-//     auto loss = model.loss(ids, ...);  loss.backward();  optimizer.step();
-//     auto program = t.finish({loss});                              // one StableHLO module
+// program (olmax/xla/graph/graph.hpp) instead of arrays of elements. Ops on them run their lowering
+// rules (rules.hpp), the tape records the rules' primitives with their gradients (primitives.hpp),
+// and so a model's ordinary forward, `backward()` and optimiser step, run once inside the scope,
+// write the whole training step as one program (docs/xla.md, section 0, shows the calls).
 //
 // State is bound *in place*: every handle of a bound tensor (the layer's member, the optimiser's
 // list) sees the traced value while the scope lives, and gets its host buffer back when it ends.
@@ -190,28 +184,22 @@ public:
     }
 
     /// The device the program is traced for, as its PJRT plugin names its platform ("cpu", "cuda",
-    /// "tpu"; empty: unknown). Rules whose best form depends on the device read it: a scan is
-    /// chunked triangular matmuls where a matrix unit pays (TPU), a loop over time on the CPU, and
-    /// log-depth doubling elsewhere.
+    /// "tpu"; empty: unknown). Rules whose best form depends on the device read it (device_scan_form).
     void set_target(std::string platform) { target_ = std::move(platform); }
     const std::string& target() const { return target_; }
-    /// Whether the program may call olmax's own CPU kernels (custom calls the XLA CPU plugin runs
-    /// once trace/native_calls.hpp registered them: trace::enable_native_calls(client)). Off by default:
-    /// the program then runs on any plugin.
+    /// Whether the program may call olmax's own CPU kernels (custom calls the XLA CPU plugin runs once
+    /// trace::enable_native_calls(client) registered them). Off by default: it then runs on any plugin.
     void set_native_calls(bool on) { native_calls_ = on; }
     bool native_calls() const { return native_calls_; }
-    /// Whether the program's GEMMs (the ops' products: matmul, contract_axis, the convolution's, the
-    /// output head's) compute as the bf16 precision policy's do: operands rounded to bfloat16, f32
-    /// sums, forward and backward (docs/BF16.md). By default what the calling thread's host kernels
-    /// did when the trace began (Kernels::float_gemms_in_bf16: a backend::bf16_matmul_scope or a
-    /// train::PrecisionScope("bf16") around the trace); the program records it, since it is
-    /// compiled once.
+    /// Whether the program's GEMMs (matmul, contract_axis, the convolution's, the output head's) round
+    /// their operands to bfloat16 and sum in f32, forward and backward, as the bf16 policy's do
+    /// (docs/BF16.md). By default what the host kernels did when the trace began
+    /// (Kernels::float_gemms_in_bf16); the program records it, since it is compiled once.
     void set_bf16_gemms(bool on) { bf16_gemms_ = on; }
     bool bf16_gemms() const { return bf16_gemms_; }
-    /// The form every linear scan of the program takes, instead of its tag's or the target's; for
-    /// comparing forms on one device (benchmarks/xla/scan_bandwidth.cpp). Mamba's selective scan
-    /// follows it too: fused over time when it is sequential, else a linear scan of its
-    /// materialised states (trace/rules.hpp). std::nullopt: the tag's or the target's.
+    /// The form every linear scan of the program takes instead of its tag's or the target's (to
+    /// compare forms on one device; std::nullopt: none). Mamba's selective scan follows it too: fused
+    /// over time when it is sequential, else a linear scan of its materialised states.
     void set_scan_form(std::optional<scan_form> form) { scan_form_ = form; }
     /// The target device's form of a linear scan: the set_scan_form one when given, else a loop
     /// over time on the CPU, chunked triangular matmuls on a TPU, log-depth doubling elsewhere.
@@ -221,10 +209,9 @@ public:
         if (on_cpu()) return scan_form::sequential();
         return scan_form::hillis_steele();
     }
-    /// The form of a scan written with the strategy tag named `strategy` (empty: none, the device's)
-    /// and chunk `chunk`: the set_scan_form one when given; the tag's own (scan_forms.hpp) where it has
-    /// one that suits the target (a loop over time only on the CPU, where it is the fastest; on a
-    /// device its T steps run one after another); else the device's, with a notice naming both.
+    /// The form of a scan written with the strategy tag `strategy` (empty: none) and chunk `chunk`:
+    /// the set_scan_form one when given; else the tag's own (scan_forms.hpp) where it suits the target
+    /// (a loop over time only on the CPU); else the device's, with a notice naming both.
     scan_form scan_form_for(std::string_view strategy, std::size_t chunk) const {
         const scan_form device = device_scan_form();
         if (scan_form_ || strategy.empty()) return device;
@@ -300,10 +287,8 @@ public:
 
     /// Ends the trace: the module reports `results` (traced values of the program), then the named
     /// reported values (trace::report), then each state tensor's final value, and the bound tensors
-    /// get their host buffers back. With `devices` D > 1 the module is annotated for XLA's SPMD
-    /// partitioner: the caller's inputs are split along their first axis (one share per device),
-    /// the state and everything else replicated; the partitioner inserts the reductions the split
-    /// implies (a gradient's sum over the batch).
+    /// get their host buffers back. With `devices` > 1 the caller's inputs are split along their first
+    /// axis over the devices, the rest replicated (graph::spmd_partitioning, emit.hpp).
     traced_program finish(const std::vector<Tensor<float>>& results, std::string_view name = "olmax_step", std::size_t devices = 1) {
         check<trace_error>(!finished_, "olmax: trace: finish called twice");
         finished_ = true;

@@ -1,24 +1,18 @@
 #pragma once
-// A whole traced program (xla::graph, e.g. one training step: forward, gradients and optimiser
-// update) compiled once for a PJRT client, with its state kept in device buffers between calls.
+// A whole traced program (xla::graph, e.g. one training step) compiled once for a PJRT client, with
+// its state kept in device buffers between calls. Needs the PJRT runtime (target olmax::pjrt).
 //
-// The program's inputs are [state..., per-call inputs...] and its outputs [reported values...,
-// new state...] with the new state in the same order and types as the state inputs. `run` uploads
-// only the per-call inputs (the data batch), executes once, keeps the new state on the device in
-// place of the old and reads back only the reported values (the loss). A module emitted with its
-// state donated (graph::emit's `donated_state`) updates the state in place: the device never holds
-// the old and the new copy at once. Needs the PJRT runtime
-// (pjrt_runtime.hpp, target olmax::pjrt).
+// The program's inputs are [state..., per-call inputs...], its outputs [reported values..., new
+// state...] (the new state in the state inputs' order and types). `run` uploads only the per-call
+// inputs, executes once, keeps the new state on the device in place of the old (donated state is
+// written into the old buffers) and reads back only the reported values.
 //
 // Data parallelism inside one program, two ways:
-// - SPMD (XLA's partitioner; a module emitted with graph::spmd_partitioning over P devices): the
-//   module is the global program. `run` takes each per-call input whole; those the module splits
-//   (the batch) are cut along their first axis, device p getting share p, the others go whole to
-//   every device. The partitioner inserts the collectives (the gradients' all-reduce).
-// - Replicas (`replicas` = R > 1): the module is one replica's program with explicit collectives
-//   (graph::all_reduce_sum), compiled replicated over the client's first R devices. Its per-call
-//   input types are one replica's share, and `run` takes R shares back to back along the first
-//   axis: replica r gets the r-th share.
+// - SPMD (a module emitted with graph::spmd_partitioning, emit.hpp): `run` takes each per-call input
+//   whole and cuts those the module splits along their first axis, device p getting share p.
+// - Replicas (`replicas` = R > 1): one replica's program with explicit collectives
+//   (graph::all_reduce_sum), compiled over the client's first R devices; `run` takes R shares of
+//   each per-call input back to back along the first axis, replica r getting the r-th.
 // Either way the state is replicated: `set_state` uploads it to every device, and the program keeps
 // the copies equal. Reported values and `state` are read from device 0.
 

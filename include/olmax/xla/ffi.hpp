@@ -1,14 +1,12 @@
 #pragma once
 // XLA's typed FFI (foreign function interface) as a handler sees it: a program's
 // `stablehlo.custom_call` with api_version 4 calls a C function the plugin has registered under the
-// call's target name, with a call frame holding the operand and result buffers and the call's
-// attributes. olmax uses it to run its own CPU kernels inside a program on the XLA CPU plugin
-// (trace/native_calls.hpp); pjrt::plugin::register_ffi_handler registers one.
+// call's target name (pjrt::plugin::register_ffi_handler; olmax's: trace/native_calls.hpp), with a
+// call frame holding the operand and result buffers and the call's attributes.
 //
 // The structs below restate the layout of the subset of XLA's FFI C API that a handler reads
-// (xla/ffi/api/c_api.h of openxla/xla, Apache-2.0; version 0.1 of that API and every later one
-// seen so far keep these layouts and fields in this order). They are declared here, rather than by
-// including that header, because the PJRT plugin wheels ship only pjrt_c_api.h.
+// (xla/ffi/api/c_api.h of openxla/xla, Apache-2.0; version 0.1 and every later one seen so far keep
+// these layouts and fields in this order), because the PJRT plugin wheels ship only pjrt_c_api.h.
 
 #include <cstddef>
 #include <cstdint>

@@ -1,13 +1,7 @@
 #pragma once
 // PJRT runtime: loads a PJRT plugin at run time (libtpu.so on a TPU VM, the jax CUDA plugin
-// xla_cuda_plugin.so on NVIDIA), compiles olmax's StableHLO modules and runs them.
-//
-// Needs the PJRT C API header, which olmax does not ship: either as `xla/pjrt/c/pjrt_c_api.h` (the
-// openxla/xla tree pinned by your jax / libtpu release) or as a flat `pjrt_c_api.h` (the
-// `xla-cpu-pjrt` wheel's include/ folder). Point CMake at the folder that holds either
-// (-DOLMAX_PJRT_INCLUDE_DIR=..., then link olmax::pjrt), or compile with -I that folder,
-// -fpermissive (GCC) and -ldl (docs/xla.md, "Your own model on XLA"). The header must be at least
-// as new as the plugin (struct sizes; docs/xla.md).
+// xla_cuda_plugin.so on NVIDIA), compiles olmax's StableHLO modules and runs them. Needs the PJRT C
+// API header, at least as new as the plugin (docs/xla.md, "1. The PJRT C API header").
 //
 // Call sequence and ownership follow the PJRT C API: dlopen (RTLD_NOW | RTLD_LOCAL, never dlclose:
 // the API table points into the library) -> GetPjrtApi -> version check -> Plugin_Initialize once per
@@ -167,10 +161,9 @@ public:
     /// registered then, and programs calling `target` will not compile on this plugin.
     std::string register_ffi_handler(std::string_view target, std::string_view platform, void* handler) const {
         // PJRT_FFI_Extension and PJRT_FFI_Register_Handler_Args as declared in openxla/xla's
-        // xla/pjrt/c/pjrt_c_api_ffi_extension.h (Apache-2.0) since the registration dropped its
-        // api_version field. Earlier layouts differ (an int api_version before `handler`, with or
-        // without `traits`), and a plugin cannot tell which one it was given, so registration is
-        // tried only on plugins at least as new as the one it was checked on (PJRT API 0.81).
+        // xla/pjrt/c/pjrt_c_api_ffi_extension.h (Apache-2.0) since it dropped its api_version field.
+        // A plugin cannot tell an earlier layout from this one, so only plugins of PJRT API 0.81 (the
+        // version it was checked on) or later are tried.
         struct register_args {
             std::size_t struct_size;
             const char* target_name;
@@ -333,7 +326,6 @@ private:
     stablehlo::dims_t dims_;
 };
 
-/// A compiled module (owned by its client's cache).
 /// What XLA planned for one execution of a compiled program, in bytes
 /// (PJRT_Executable_GetCompiledMemoryStats, the device's default memory).
 struct memory_plan {
@@ -342,6 +334,7 @@ struct memory_plan {
     std::int64_t total() const { return arguments + outputs - aliased + temporaries; }
 };
 
+/// A compiled module (owned by its client's cache).
 struct executable {
     std::string key;
     PJRT_LoadedExecutable* loaded = nullptr;

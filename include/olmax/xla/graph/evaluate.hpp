@@ -1,8 +1,7 @@
 #pragma once
-// The reference semantics of a traced program: every primitive evaluated on the host in double
-// precision by its primitive's `evaluate` (straight loops, no device; detail::evaluate_graph in
-// ir.hpp). The tests check each gradient rule against finite differences of this evaluation, and
-// the emitted module's results (run by a PJRT plugin) against it.
+// The reference semantics of a traced program: every node evaluated on the host in double precision
+// by its primitive's `evaluate` (no device). The tests check each gradient rule against finite
+// differences of this evaluation, and the emitted module's results (run by a PJRT plugin) against it.
 
 #include <vector>
 

@@ -1,28 +1,12 @@
 #pragma once
 // The traced program: a graph of StableHLO-level primitives that a whole training step (forward,
-// gradients, optimiser update) is built into before it is emitted as ONE StableHLO module
-// (emit.hpp) and compiled once by a PJRT plugin.
+// gradients, optimiser update) is built into, then emitted as ONE StableHLO module (emit.hpp) and
+// compiled once by a PJRT plugin. The tracer (olmax/trace/) builds it from ordinary olmax code; a
+// graph built by hand: docs/xla.md, "2. Choosing the plugin".
 //
-//     graph g;
-//     var x = g.input(f32({8, 64})), w = g.input(f32({64, 32}));
-//     var loss = sum(tanh(matmul(x, w)), {0, 1});
-//     auto module = emit(g, "step", {loss});   // emit.hpp
-//
-// Programs are built by the tracer (olmax/trace/), which runs ordinary olmax code on traced
-// tensors and records each primitive on olmax's one tape with its gradient rule. Every primitive
-// is one struct (ir.hpp says what it holds) in its family's header, listed once in the registry
-// prim::all (ir.hpp):
-//   primitives/elementwise.hpp  constants, iota, arithmetic, exp / log / tanh / ..., compare, select
-//   primitives/structure.hpp    broadcast, reshape, transpose, slice, pad, concatenate, sum, max
-//   primitives/dot.hpp          matrix products, the cross-replica sum
-//   primitives/gather.hpp       rows by index and their scatter-add
-//   primitives/scans.hpp        the linear scan, Mamba's selective scan and its gradient
-//   primitives/layer_loop.hpp   depth as one loop (scan_layers) and its reverse loop
-// A new primitive is one struct in one of them (or a new header included here) and one entry in
-// prim::all; the lowering (emit.hpp), the reference evaluation (evaluate.hpp) and the tape
-// (trace/primitives.hpp) reach it through its node's descriptor.
-//
-// Values are f32 tensors with static shapes, plus i1 predicates (compare) for select.
+// This header includes every family of primitives in the registry prim::all (ir.hpp says what a
+// primitive holds; a new family's header is included here). Values are f32 tensors with static
+// shapes, plus i1 predicates (compare) for select.
 
 #include <array>
 #include <cstddef>

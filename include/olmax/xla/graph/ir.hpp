@@ -1,27 +1,16 @@
 #pragma once
-// The traced program's IR: values (`var`), nodes, the graph, and the registry of the primitives a
-// node applies. Each primitive is declared once, as one struct in its family's header under
-// xla/graph/primitives/ (listed in the registry below), holding everything about it:
-//
-//     struct exponential : detail::unary_elementwise<exponential> {
-//         static constexpr std::string_view name = "exponential";           // the StableHLO op it lowers to
-//         static double apply(double x) { return std::exp(x); }              // reference evaluation
-//         static void gradient(vjp& v) { v.dx[0] = v.gy[0] * v.y[0]; }      // in the primitives themselves
-//     };
-//     inline var exp(const var& x) { return prim::exponential::make(x); } // shape rule, node
-//
-// `make` checks the operands (a bad program fails while it is built, naming the primitive) and
-// appends the node; `emit` lowers it to StableHLO (function_builder); `evaluate` is its
-// double-precision reference (what the gradient tests and the device runs are checked against);
-// `gradient` is its reverse-mode rule, written in the primitives, or a marker saying it has none
-// (`no_gradient`: its outputs are constants of the tape) or that the tracer makes it
-// (`gradient_in_tracer`: the layer loop, whose gradient traces the layer's backward). A node points
-// at its primitive's descriptor (`op`, made from the struct by `describe`), so the emitter, the
-// reference evaluation and the tracer's tape (olmax/trace/primitives.hpp) dispatch through it and
-// hold no list of primitives of their own. A struct missing a part, or missing from the registry,
-// does not compile. A primitive defined outside olmax (a user's, a test's) declares
-// `static constexpr bool defined_outside_olmax = true` instead of an entry in prim::all: it is then
-// in no table (find_primitive, the registry's tests) and reached through its nodes like any other.
+// The traced program's IR: values (`var`), nodes, the graph, and the registry prim::all of the
+// primitives a node applies. Each primitive is one struct in its family's header under
+// xla/graph/primitives/ holding all of it: `make` (checks the operands, so a bad program fails while
+// it is built, naming the primitive, and appends the node), `emit` (its StableHLO lowering),
+// `evaluate` (its double-precision reference, what the gradient tests and the device runs are
+// checked against) and `gradient` (its reverse-mode rule, written in the primitives, or one of the
+// markers no_gradient and gradient_in_tracer below). A node points at its primitive's descriptor
+// (`op`, made by `describe`), so the emitter, the reference evaluation and the tape
+// (olmax/trace/primitives.hpp) hold no list of primitives. A struct missing a part, or missing from
+// the registry, does not compile. A primitive defined outside olmax (a user's, a test's) declares
+// `static constexpr bool defined_outside_olmax = true` instead of a registry entry: it is then in no
+// table (find_primitive, the registry's tests). Worked example: docs/ARCHITECTURE.md, "Adding a primitive".
 
 #include <algorithm>
 #include <concepts>
@@ -63,11 +52,10 @@ struct primitive_list {
 
 namespace prim {
 
-/// THE REGISTRY: every primitive of a traced program, one entry each. An entry declares its
-/// definition struct (the elaborated `struct name` declares it here, in olmax::xla::graph::prim),
-/// which its family's header under xla/graph/primitives/ defines; graph.hpp includes those headers
-/// and checks that every entry is defined with all its parts. Their semantics are StableHLO's
-/// (openxla.org/stablehlo/spec) restricted as each struct notes.
+/// THE REGISTRY: every primitive of a traced program, one entry each. An entry declares its struct
+/// here (the elaborated `struct name`), which its family's header (named on the right) defines;
+/// graph.hpp includes those headers and checks every entry. Semantics: StableHLO's
+/// (openxla.org/stablehlo/spec), restricted as each struct notes.
 using all = primitive_list<
     struct input,                                                                              // ir.hpp (below)
     struct constant, struct iota, struct add, struct subtract, struct multiply, struct divide,  // primitives/elementwise.hpp
@@ -178,10 +166,9 @@ struct node {
     }
 };
 
-/// What a gradient rule works with: a copy of the node (its attributes), its operands `x` and
-/// outputs `y`, the gradients `gy` of the outputs the tape differentiates, and which operands want
-/// a gradient. The rule sets `dx[i]` (in the primitives, in the node's graph) for the operands it
-/// has a gradient for; one it leaves undefined gets none (an index operand, a keep mask).
+/// What a gradient rule works with: a copy of the node (its attributes), its operands `x`, outputs
+/// `y`, the gradients `gy` of the outputs the tape differentiates, and which operands want one. The
+/// rule sets `dx[i]` (in the node's graph); one left undefined gets none (an index operand, a mask).
 struct vjp {
     node n;
     std::vector<var> x, y, gy;
@@ -544,9 +531,8 @@ void for_each_index(const dims_t& dims, F&& f) {
     }
 }
 
-/// Calls f(flat index in the block, flat index in the whole) for every element of a block of
-/// `block` dims placed at `start` inside a tensor of `whole` dims (slice reads such a block, pad and
-/// concatenate write one).
+/// Calls f(flat index in the block, flat index in the whole) for every element of a `block` placed
+/// at `start` inside `whole` (slice reads such a block, pad and concatenate write one).
 template <class F>
 void for_each_in_block(const dims_t& block, const dims_t& whole, const dims_t& start, F&& f) {
     const auto whole_strides = strides_of(whole);

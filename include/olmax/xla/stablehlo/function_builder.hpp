@@ -72,9 +72,8 @@ public:
     const std::vector<value>& args() const { return args_; }
     const value& arg(std::size_t i) const { return args_.at(i); }
 
-    /// Donates argument `arg` to result `result` (`tf.aliasing_output`, which XLA turns into an
-    /// input-output alias): the result is written into the argument's device buffer, which the
-    /// execution consumes. For state updated in place (parameters, optimiser moments).
+    /// Donates argument `arg` to result `result` (`tf.aliasing_output`, an input-output alias in XLA):
+    /// the result is written into the argument's device buffer, which the execution consumes.
     void alias_output(std::size_t arg, std::size_t result) {
         check<shape_error>(arg < args_.size(), "stablehlo: alias_output: no argument ", arg, " (", args_.size(), " arguments)");
         aliases_.resize(args_.size(), -1);
@@ -83,8 +82,7 @@ public:
 
     /// Marks the module for XLA's SPMD partitioner over `partitions` devices: arguments flagged in
     /// `split_leading` are sharded along their first axis (`mhlo.sharding = "{devices=[P,1,...]0,...}"`),
-    /// the others and all results replicated. The partitioner then inserts the collectives (e.g. the
-    /// all-reduce of a gradient summed over a split batch) itself.
+    /// the others and all results replicated; the partitioner inserts the collectives.
     void partition(std::size_t partitions, std::vector<bool> split_leading) {
         check<shape_error>(partitions >= 1 && split_leading.size() <= args_.size(), "stablehlo: partition: ", partitions, " partitions, ",
                            split_leading.size(), " flags for ", args_.size(), " arguments");
@@ -394,8 +392,6 @@ public:
         return {result, x.type};
     }
 
-    /// `stablehlo.while`: `cond(carry) -> tensor<i1>`, `body(carry) -> new carry`. Regions see only
-    /// their block arguments (outer values are carried in, as the reference advises for XLA).
     /// A call of a function the plugin has registered under `target` with XLA's typed FFI
     /// (api_version 4), whose results have `results`' types. `attributes` are i64 values the handler
     /// receives by name. Every operand and result is laid out row-major (the handler reads plain
@@ -431,6 +427,8 @@ public:
         return out;
     }
 
+    /// `stablehlo.while`: `cond(carry) -> tensor<i1>`, `body(carry) -> new carry`. Regions see only
+    /// their block arguments (outer values are carried in, as the reference advises for XLA).
     std::vector<value> while_loop(const std::vector<value>& init, const std::function<value(function_builder&, const std::vector<value>&)>& cond,
                                   const std::function<std::vector<value>(function_builder&, const std::vector<value>&)>& body) {
         const std::string result = next_name();

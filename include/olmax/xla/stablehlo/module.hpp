@@ -21,10 +21,9 @@ struct emitted_module {
     /// The first `donated` inputs are donated to the last `donated` outputs (updated in place on the
     /// device; an execution consumes those argument buffers).
     std::size_t donated = 0;
-    /// SPMD data parallelism (XLA's partitioner): with `partitions` P > 1 the module is ONE global
-    /// program compiled for P devices. Inputs flagged in `split_leading` are split along their first
-    /// axis into P equal shares (device p takes share p); every other input and every output is
-    /// replicated on all P devices.
+    /// SPMD (graph::spmd_partitioning): with `partitions` P > 1 the module is ONE global program for P
+    /// devices; inputs flagged in `split_leading` are split along their first axis into P equal shares
+    /// (device p takes share p), every other input and every output is replicated.
     std::size_t partitions = 1;
     std::vector<bool> split_leading{};
 

@@ -52,11 +52,10 @@ inline value sequential_scan(function_builder& b, const value& a, const value& x
     const std::int64_t steps = x.type.dims[1];
     std::int64_t run = 1;  // contiguous elements per leading index in one step's slice
     for (std::size_t d = 2; d < rank; ++d) run *= x.type.dims[d];
-    // A step's slice is B runs of `run` contiguous elements. Short runs (a [rows, T] scan: 1) make
-    // it a column strided by T, so the loop then runs time-major ([T, B, ...]: one contiguous slice
-    // per step); on the XLA CPU plugin at 1024 rows x 256 steps that took the scan from 3.3 to
-    // 1.6-2.6 ms, and unrolling 4 or 16 steps per iteration was no faster (benchmarks/RESULTS.md).
-    // Long runs ([B, T, E, N] of Mamba's states) are read in place, without transposes.
+    // A step's slice is B runs of `run` contiguous elements. Short runs (a [rows, T] scan: 1) make it
+    // a column strided by T, so the loop then runs time-major ([T, B, ...]: one contiguous slice per
+    // step; faster on the XLA CPU plugin, benchmarks/RESULTS.md, "One definition on XLA"). Long runs
+    // ([B, T, E, N] of Mamba's states) are read in place, without transposes.
     const bool time_major = run < 16;
     dims_t swap(rank);
     for (std::size_t d = 0; d < rank; ++d) swap[d] = std::int64_t(d);
@@ -130,14 +129,12 @@ inline std::int64_t block_steps(std::int64_t asked, std::int64_t steps) {
     return l;
 }
 
-/// The hillis_steele_chunked form along axis 1 of [B, T, ...] (blocks are its chunks): time is cut into nb blocks of L steps (padded at the
-/// end with a = 1, x = 0, which change nothing earlier). One stablehlo.while over the L positions
-/// of a block scans every block from a zero state at once, keeping h_local and the gates' running
-/// product P; the blocks' carries (the state after each block) follow by doubling over the nb
-/// block summaries (P_last, h_local_last), and one fix-up pass adds P * (the state entering the
-/// block): h = h_local + P * H_{c-1}. So L + log2(nb) dependent steps instead of T, and a few
-/// passes over memory instead of doubling's 2 log2(T). As in the sequential loop, a step's slice
-/// is made contiguous (block position outermost) when its contiguous runs are short.
+/// The hillis_steele_chunked form along axis 1 of [B, T, ...]: time cut into nb blocks (its chunks)
+/// of L steps, padded at the end with a = 1, x = 0. One stablehlo.while over a block's L positions
+/// scans every block from a zero state at once, keeping h_local and the gates' running product P;
+/// the carries follow by doubling over the block summaries (P_last, h_local_last), then one fix-up
+/// pass: h = h_local + P * H_{c-1}. L + log2(nb) dependent steps instead of T, a few passes over
+/// memory instead of doubling's 2 log2(T). Short runs: block position outermost (as sequential_scan).
 inline value hillis_steele_chunked_scan(function_builder& b, value a, value x, std::int64_t asked) {
     const std::size_t rank = x.type.rank();
     const std::int64_t batch = x.type.dims[0], steps = x.type.dims[1];

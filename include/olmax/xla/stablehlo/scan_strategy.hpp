@@ -24,9 +24,8 @@ struct scan_strategy {
         static_assert(Chunk >= 1, "chunked_matmul: chunk must be positive");
         return {kind::chunked_matmul, Chunk};
     }
-    /// Time cut into chunks of `steps` (0: about sqrt(T)); one loop runs every chunk's steps side
-    /// by side, so a scan of T steps takes `steps` iterations instead of T, each over T / steps times
-    /// as much data; the chunks' carries then follow by doubling and one fix-up pass.
+    /// Time cut into chunks of `steps` (0: about sqrt(T)) scanned side by side: `steps` iterations
+    /// instead of T, each over T / steps times the data; then doubling over the carries and a fix-up.
     static scan_strategy hillis_steele_chunked(std::int64_t steps = 0) { return {kind::hillis_steele_chunked, steps}; }
     /// The form's tag name and its chunk, as one identifier (module names use it): chunked_matmul128.
     std::string name() const {

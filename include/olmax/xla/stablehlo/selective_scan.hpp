@@ -1,7 +1,6 @@
 #pragma once
 // Mamba's selective scan as fused loops over time, the form for CPUs: the [B, T, E, N] states are
 // never stored, as in olmax's own CPU op (olmax/scan/selective_scan.hpp, which has the formulas).
-//
 //   forward   one stablehlo.while over time (nested in one over chunks of `chunk` steps when the
 //             gradient needs checkpoints): per step abar = exp(delta_t A) keep_t,
 //             h = abar h + (delta_t u_t) B_t, y_t = sum_n C_t h; the state entering every chunk
@@ -12,11 +11,9 @@
 //                 du_t = delta_t gB;  ddelta_t = u_t gB + sum_n A g abar h_{t-1};
 //                 dA += sum_b delta_t g abar h_{t-1};  dB_t = sum_e g delta_t u_t;  g = abar g
 //             and dh0 is g after step 0.
-// Memory: B E N (T/chunk + chunk) floats besides the [B, T, E] and [B, T, N] operands and
-// gradients (chunk ~ sqrt(T): 2 sqrt(T) states instead of T). When T is not a multiple of the
-// chunk, time is padded at the end with steps that change nothing (delta = 0, keep = 1: abar = 1,
-// no drive) and whose gradients are sliced off.
-//
+// Memory: B E N (T/chunk + chunk) floats besides the operands and gradients (chunk ~ sqrt(T):
+// 2 sqrt(T) states instead of T). Time is padded to a multiple of the chunk with steps that change
+// nothing (delta = 0, keep = 1: abar = 1, no drive), whose gradients are sliced off.
 // Operands: u, delta [B, T, E]; A [E, N]; Bm, C [B, T, N]; keep [B, T] (0 where a document
 // starts: the carried state is dropped there); h0 [B, E, N].
 

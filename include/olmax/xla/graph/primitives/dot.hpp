@@ -18,13 +18,11 @@ namespace prim {
 /// 1, counted within the matrix); result [lhs free, rhs free]. Rank-3 operands are batches of
 /// matrices with the same leading size, multiplied pairwise: result [batch, lhs free, rhs free].
 /// Lowered with `precision = HIGHEST`. Its gradients are two more products.
-///
 /// With `bf16_operands` (the bf16 precision policy, docs/BF16.md) both operands are rounded to
-/// bfloat16 (nearest, ties to even) and their exact products summed in f32, as bf16 matrix units
-/// and olmax's CPU policy (backend::Bf16MatmulKernels) compute: lowered as `stablehlo.convert` of
-/// each operand to bf16 and a dot_general bf16 x bf16 -> f32. Its gradient products are bf16 dots
-/// too (the output gradient and the other operand rounded, as the CPU policy's backward GEMMs
-/// round them); the rounding itself passes gradients straight through.
+/// bfloat16 (nearest, ties to even) and their exact products summed in f32, as bf16 matrix units and
+/// backend::Bf16MatmulKernels compute: a `stablehlo.convert` of each operand to bf16, then a
+/// dot_general bf16 x bf16 -> f32. Its gradient products are bf16 dots too, as the CPU policy's
+/// backward GEMMs; the rounding itself passes gradients straight through.
 struct dot {
     static constexpr std::string_view name = "dot";
     static constexpr bool saved_by_kept_layers = true;
@@ -120,10 +118,7 @@ struct all_reduce_sum {
 
 }  // namespace prim
 
-/// Product of two matrices contracting lhs dimension `lhs_contract` with rhs dimension `rhs_contract`
-/// (0 or 1, counted within the matrix); result [lhs free, rhs free]. Rank-3 operands are batches of
-/// matrices with the same leading size, multiplied pairwise: result [batch, lhs free, rhs free].
-/// matmul(a, b) = dot(a, b, 1, 0). `bf16_operands`: both rounded to bfloat16, f32 sums (prim::dot).
+/// prim::dot contracting lhs dimension `lhs_contract` with rhs dimension `rhs_contract`.
 inline var dot(const var& lhs, const var& rhs, std::int64_t lhs_contract, std::int64_t rhs_contract, bool bf16_operands = false) {
     return prim::dot::make(lhs, rhs, lhs_contract, rhs_contract, bf16_operands);
 }

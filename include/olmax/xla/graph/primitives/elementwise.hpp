@@ -1,7 +1,6 @@
 #pragma once
 // The element-wise primitives (and the values made from nothing: constants, iota). Values are f32;
-// compare makes i1 predicates for select. Element-wise primitives take operands of one type
-// (graph::broadcast_to, or the tracer's broadcast, makes them so).
+// compare makes i1 predicates for select. Operands are of one type (broadcast_in_dim makes them so).
 
 #include <algorithm>
 #include <cmath>
@@ -261,7 +260,6 @@ struct stop_gradient {
 
 }  // namespace prim
 
-/// A splat constant of `type` in `g`.
 inline var constant(graph& g, double value, tensor_type type) { return prim::constant::make(g, value, std::move(type)); }
 /// A constant holding `values` (row-major) of `type` (f32): a host tensor captured by a traced program.
 inline var dense_constant(graph& g, std::vector<float> values, tensor_type type) {
@@ -269,7 +267,6 @@ inline var dense_constant(graph& g, std::vector<float> values, tensor_type type)
 }
 /// A constant of x's type (x only gives the graph and the shape).
 inline var constant_like(const var& x, double value) { return constant(x.owner(), value, tensor_type(x.type())); }
-/// f32 indices 0, 1, ... along `axis` of `type`.
 inline var iota(graph& g, tensor_type type, std::int64_t axis) { return prim::iota::make(g, std::move(type), axis); }
 
 inline var operator+(const var& a, const var& b) { return prim::add::make(a, b); }

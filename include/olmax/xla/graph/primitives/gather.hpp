@@ -72,12 +72,10 @@ inline void gather_rows::gradient(vjp& v) { v.dx[0] = scatter_add_rows::make(v.g
 
 }  // namespace prim
 
-/// out[m, :] = x[rows[m], :] for x [R, W] and rows [M] (f32 values holding integers in [0, R), as
-/// all of a program's values are f32; exact below 2^24). The gradient is scatter_add_rows.
+/// prim::gather_rows: out[m, :] = x[rows[m], :].
 inline var gather_rows(const var& x, const var& rows) { return prim::gather_rows::make(x, rows); }
 
-/// out [count, W]: zeros with src[m, :] added to row rows[m] for every m (src [M, W], rows [M] as in
-/// gather_rows; repeated rows accumulate). The gradient is gather_rows.
+/// prim::scatter_add_rows: [count, W] zeros with src[m, :] added to row rows[m].
 inline var scatter_add_rows(const var& src, const var& rows, std::int64_t count) { return prim::scatter_add_rows::make(src, rows, count); }
 
 }  // namespace olmax::xla::graph

@@ -1,12 +1,10 @@
 #pragma once
-// Depth as a loop, not an unrolling: `scan_layers` runs one traced layer body over parameters
-// stacked along a leading [depth] axis as ONE `stablehlo.while` whose body slices layer l's
-// parameters out of the stacked tensors (`dynamic_slice`) and runs the layer body traced once;
-// `scan_layers_backward` is the same loop run from l = depth-1 down to 0, writing each layer's
-// parameter gradient into its slot (`dynamic_update_slice`). Depth appears only in tensor types, so
-// the program's size (and XLA's compile time) does not grow with it. The loop's gradient is traced
-// by olmax/trace/layer_loop.hpp (the layer's own backward, run on the tape, becomes the reverse
-// loop's body), so scan_layers has no gradient rule of the graph.
+// Depth as a loop, not an unrolling: `scan_layers` runs one layer body, traced once, over parameters
+// stacked along a leading [depth] axis as ONE `stablehlo.while` (layer l's parameters sliced out of
+// the stacks); `scan_layers_backward` is the same loop from l = depth-1 down to 0, writing each
+// layer's parameter gradients into their slots. Depth appears only in tensor types, so the program's
+// size and XLA's compile time do not grow with it. The reverse loop's body is the layer's own
+// backward, traced by olmax/trace/layer_loop.hpp, so scan_layers has no gradient rule of the graph.
 
 #include <cstddef>
 #include <cstdint>
@@ -81,8 +79,7 @@ inline std::vector<value> body_arguments(const layer_body& body, std::vector<val
     return args;
 }
 
-/// A body's arguments: those the loop gives, then zeros for the rest of its graph's inputs (a kept
-/// layer's forward runs its gradient's graph, whose last argument only the gradient reads).
+/// The same for the reference evaluation: zeros for the rest of the graph's inputs.
 inline std::vector<host_value> body_arguments(const layer_body& body, std::vector<host_value> args) {
     for (std::size_t i = args.size(); i < body.g->inputs().size(); ++i) {
         const tensor_type& type = body.argument(i);

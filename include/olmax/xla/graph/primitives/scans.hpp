@@ -23,10 +23,8 @@ namespace prim {
 /// The linear recurrence h_t = a_t h_{t-1} + x_t along dimension 1 of [B, T, ...] values from a zero
 /// state, or (`axis` 1) h_t = a_t h_{t+1} + x_t from the end (the direction of its adjoint). One
 /// primitive, so that its gradient is the exact adjoint (one scan in the other direction plus
-/// element-wise work, keeping only h: linear memory) and it lowers to a scan strategy (`scan`;
-/// stablehlo/scan.hpp: a while loop over time, log-depth doubling, or chunked_matmul<C>'s
-/// triangular matmuls on the matrix unit, the TPU form). The strategy changes how it lowers, not
-/// its values.
+/// element-wise work, keeping only h: linear memory). `scan` picks its lowering (stablehlo/scan.hpp),
+/// not its values.
 struct linear_scan {
     static constexpr std::string_view name = "linear_scan";
     static constexpr bool saved_by_kept_layers = true;
@@ -186,10 +184,9 @@ namespace prim {
 /// (keep [B, T] is 0 where a document starts), h_t = abar h_{t-1} + delta_t u_t B_t from h0,
 /// y_t = sum_n C_t h_t. Operands u, delta, A, B, C, keep, h0; outputs: y [B, T, E], the last state
 /// h [B, E, N], and the state entering every `axis` (the chunk) steps [B, ceil(T / chunk), E, N]
-/// for the gradient (emitted only when one uses it; not differentiated). It lowers to loops over
-/// time (stablehlo/selective_scan.hpp), the form for CPUs, or with `native_call` to a custom call
-/// of olmax's own CPU kernel (the XLA CPU plugin with olmax's native calls registered:
-/// trace/native_calls.hpp). Its gradient is one selective_scan_backward; keep gets none.
+/// for the gradient (emitted only when one uses it; not differentiated). Lowered to loops over time
+/// (stablehlo/selective_scan.hpp), or with `native_call` to a custom call of olmax's own CPU kernel
+/// (trace/native_calls.hpp). Its gradient is one selective_scan_backward; keep gets none.
 struct selective_scan {
     static constexpr std::string_view name = "selective_scan";
     static constexpr bool saved_by_kept_layers = true;
@@ -251,14 +248,12 @@ inline void selective_scan::gradient(vjp& v) {
 
 }  // namespace prim
 
-/// The linear recurrence h_t = a_t h_{t-1} + x_t along dimension 1 of [B, T, ...] values from a zero
-/// state, or with `reverse` h_t = a_t h_{t+1} + x_t from the end (prim::linear_scan).
+/// prim::linear_scan (`reverse`: from the end).
 inline var linear_scan(const var& a, const var& x, const stablehlo::scan_strategy& strategy, bool reverse = false) {
     return prim::linear_scan::make(a, x, strategy, reverse);
 }
 
-/// Mamba's selective scan fused over time (prim::selective_scan): y [B, T, E], the last state
-/// [B, E, N] and the chunk checkpoints [B, ceil(T / chunk), E, N].
+/// prim::selective_scan: (y, the last state, the chunk checkpoints).
 inline std::vector<var> selective_scan(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep, const var& h0,
                                        std::int64_t chunk, bool native_call = false) {
     return prim::selective_scan::make(u, delta, A, Bm, C, keep, h0, chunk, native_call);

@@ -294,20 +294,14 @@ inline void broadcast_in_dim::gradient(vjp& v) {  // summed over the result dime
 
 }  // namespace prim
 
-/// Sum over `axes` (increasing); the reduced axes disappear.
 inline var sum(const var& x, dims_t axes) { return prim::reduce_sum::make(x, std::move(axes)); }
-/// Maximum over `axes` (increasing). Its gradient is split evenly among tied maxima.
 inline var max(const var& x, dims_t axes) { return prim::reduce_max::make(x, std::move(axes)); }
 
-/// Operand dimension i becomes result dimension `dims[i]` (increasing; operand size 1 or equal).
 inline var broadcast_in_dim(const var& x, dims_t out_dims, dims_t dims) { return prim::broadcast_in_dim::make(x, std::move(out_dims), std::move(dims)); }
 inline var reshape(const var& x, dims_t dims) { return prim::reshape::make(x, std::move(dims)); }
 inline var transpose(const var& x, dims_t permutation) { return prim::transpose::make(x, std::move(permutation)); }
-/// x[start[d] : limit[d]] along every dimension d (unit strides).
 inline var slice(const var& x, const dims_t& start, const dims_t& limit) { return prim::slice::make(x, start, limit); }
-/// x with low[d] zeros before and high[d] zeros after it along every dimension d.
 inline var pad(const var& x, const dims_t& low, const dims_t& high) { return prim::pad::make(x, low, high); }
-/// The parts joined along `axis` (equal elsewhere).
 inline var concatenate(const std::vector<var>& parts, std::int64_t axis) { return prim::concatenate::make(parts, axis); }
 
 /// x moved |steps| positions along `axis`: later for steps > 0, zeros entering at the front (a
