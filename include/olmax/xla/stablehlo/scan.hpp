@@ -19,6 +19,21 @@ namespace olmax::xla::stablehlo {
 
 namespace detail {
 
+/// [B, T, X] (or [B, T]) padded at the end of time to `steps` with `fill`.
+inline value pad_time(function_builder& b, const value& x, std::int64_t steps, double fill) {
+    const std::int64_t extra = steps - x.type.dims[1];
+    if (extra == 0) return x;
+    dims_t low(x.type.rank(), 0), high(x.type.rank(), 0);
+    high[1] = extra;
+    return b.pad(x, fill, low, high);
+}
+inline value unpad_time(function_builder& b, const value& x, std::int64_t steps) {
+    if (x.type.dims[1] == steps) return x;
+    dims_t limit = x.type.dims;
+    limit[1] = steps;
+    return b.slice(x, dims_t(x.type.rank(), 0), limit);
+}
+
 /// x shifted by `d` towards higher indices along `axis` (the first d entries become `fill`).
 inline value shift_up(function_builder& b, const value& x, std::int64_t axis, std::int64_t d, double fill) {
     dims_t low(x.type.rank(), 0), high(x.type.rank(), 0);
@@ -87,10 +102,8 @@ inline value sequential_scan(function_builder& b, const value& a, const value& x
 inline value chunked_matmul_scan(function_builder& b, value a, value x, std::int64_t chunk) {
     const std::int64_t rows = x.type.dims[0], steps = x.type.dims[1];
     const std::int64_t chunks = (steps + chunk - 1) / chunk, padded = chunks * chunk;
-    if (padded != steps) {  // pad on the host side of time: later steps never affect earlier ones
-        a = b.pad(a, 1.0, {0, 0}, {0, padded - steps});
-        x = b.pad(x, 0.0, {0, 0}, {0, padded - steps});
-    }
+    a = pad_time(b, a, padded, 1.0);  // padded at the end of time: later steps never affect earlier ones
+    x = pad_time(b, x, padded, 0.0);
     const dims_t square{rows, chunks, chunk, chunk};
     const value a3 = b.reshape(a, {rows, chunks, chunk});
     const value x3 = b.reshape(x, {rows, chunks, chunk});
@@ -118,7 +131,7 @@ inline value chunked_matmul_scan(function_builder& b, value a, value x, std::int
     } else {
         x = b.reshape(local, {rows, padded});
     }
-    return padded == steps ? x : b.slice(x, {0, 0}, {rows, steps});
+    return unpad_time(b, x, steps);
 }
 
 /// The hillis_steele_chunked form's steps per chunk: `asked`, or about sqrt(T) when 0 (at most T).
@@ -145,12 +158,8 @@ inline value hillis_steele_chunked_scan(function_builder& b, value a, value x, s
         rest.push_back(x.type.dims[d]);
         run *= x.type.dims[d];
     }
-    if (padded != steps) {
-        dims_t low(rank, 0), high(rank, 0);
-        high[1] = padded - steps;
-        a = b.pad(a, 1.0, low, high);
-        x = b.pad(x, 0.0, low, high);
-    }
+    a = pad_time(b, a, padded, 1.0);
+    x = pad_time(b, x, padded, 0.0);
     dims_t blocks{batch, nb, L};  // [B, nb, L, ...]
     blocks.insert(blocks.end(), rest.begin(), rest.end());
     const bool position_major = run < 16;
@@ -198,10 +207,7 @@ inline value hillis_steele_chunked_scan(function_builder& b, value a, value x, s
     dims_t full{batch, padded};
     full.insert(full.end(), rest.begin(), rest.end());
     h = b.reshape(position_major ? b.transpose(h, from_layout) : h, full);
-    if (padded == steps) return h;
-    dims_t begin(rank, 0), end = full;
-    end[1] = steps;
-    return b.slice(h, begin, end);
+    return unpad_time(b, h, steps);
 }
 
 }  // namespace detail

@@ -25,6 +25,7 @@
 
 #include "olmax/xla/stablehlo/function_builder.hpp"
 #include "olmax/xla/stablehlo/ir.hpp"
+#include "olmax/xla/stablehlo/scan.hpp"
 
 namespace olmax::xla::stablehlo {
 
@@ -96,21 +97,6 @@ inline steps_result run_steps(function_builder& b, const value& first, std::int6
             return next;
         });
     return {done[2], done[3], std::vector<value>(done.begin() + 4, done.end())};
-}
-
-/// [B, T, X] (or [B, T]) padded at the end of time to `steps` with `fill`.
-inline value pad_time(function_builder& b, const value& x, std::int64_t steps, double fill) {
-    const std::int64_t extra = steps - x.type.dims[1];
-    if (extra == 0) return x;
-    dims_t low(x.type.rank(), 0), high(x.type.rank(), 0);
-    high[1] = extra;
-    return b.pad(x, fill, low, high);
-}
-inline value unpad_time(function_builder& b, const value& x, std::int64_t steps) {
-    if (x.type.dims[1] == steps) return x;
-    dims_t limit = x.type.dims;
-    limit[1] = steps;
-    return b.slice(x, dims_t(x.type.rank(), 0), limit);
 }
 
 }  // namespace detail
