@@ -61,6 +61,7 @@
 #include "olmax/backend/trace_rules.hpp"
 #include "olmax/core/device.hpp"
 #include "olmax/detail/simd.hpp"
+#include "olmax/ops/detail/documents.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/loss.hpp"
@@ -408,7 +409,7 @@ template <Real T>
 Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, double scale, std::size_t window, const Tensor<T>& resets) {
     const std::size_t nb = q.extent(0), nt = q.extent(1), nh = q.extent(2), dim = q.extent(3), nkv = k.extent(2), group = nh / nkv;
     constexpr double masked = -1e9;
-    Tensor<T> mask, upper;
+    Tensor<T> mask;
     {
         device_scope host(Device::host());  // the constants are built on the host, then captured
         const Dims d{1, nt, nh, nkv, dim, 1, 1, scale};
@@ -416,21 +417,14 @@ Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, dou
         mask = Tensor<T>({1, 1, 1, nt, nt});
         for (std::size_t t = 0; t < nt; ++t)
             for (std::size_t s = 0; s < nt; ++s) mask.data()[t * nt + s] = s >= lowest[t] && s <= t ? T{0} : T(masked);
-        if (resets.defined()) {
-            upper = Tensor<T>({nt, nt});
-            for (std::size_t s = 0; s < nt; ++s)
-                for (std::size_t t = s; t < nt; ++t) upper.data()[s * nt + t] = T{1};
-        }
     }
     // Query head h = g (H / Hkv) + j meets kv head g: the queries of a group become one [group T] block.
     const Tensor<T> qg = reshape(transpose(reshape(q, Shape{nb, nt, nkv, group, dim}), {0, 2, 3, 1, 4}), Shape{nb, nkv, group * nt, dim});
     const Tensor<T> kt = transpose(k, {0, 2, 3, 1});  // [B, Hkv, Dh, T]
     const Tensor<T> vh = transpose(v, {0, 2, 1, 3});  // [B, Hkv, T, Dh]
     Tensor<T> scores = add(reshape(olmax::scale(matmul(qg, kt), T(scale)), Shape{nb, nkv, group, nt, nt}), backend::trace::in_program(mask));
-    if (upper.defined()) {
-        const Tensor<T> doc = matmul(resets, backend::trace::in_program(upper));  // [B, T]: starts at or before t
-        const Tensor<T> later = relu(sub(reshape(doc, Shape{nb, nt, 1}), reshape(doc, Shape{nb, 1, nt})));  // d_t - d_s where >= 0
-        const Tensor<T> other_document = sub(later, relu(add_scalar(later, T{-1})));                         // min(., 1)
+    if (resets.defined()) {
+        const Tensor<T> other_document = document_ops::earlier(document_ops::ids(resets));
         scores = add(scores, reshape(olmax::scale(other_document, T(masked)), Shape{nb, 1, 1, nt, nt}));
     }
     const Tensor<T> p = reshape(softmax(scores, -1), Shape{nb, nkv, group * nt, nt});

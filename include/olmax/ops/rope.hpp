@@ -30,6 +30,7 @@
 #include "olmax/core/device.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/core/traced.hpp"
+#include "olmax/ops/detail/documents.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/gather.hpp"
 #include "olmax/ops/reduction.hpp"
@@ -115,7 +116,7 @@ Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets
     const std::size_t nb = x.extent(0), nt = x.extent(1), dim = x.extent(3), half = dim / 2;
     const bool gathered = resets.defined();
     const std::size_t rows = gathered ? 2 * nt : nt;  // the table's positions
-    Tensor<T> cosines, sines, swap, upper, step;
+    Tensor<T> cosines, sines, swap, lower, step;
     {
         device_scope host(Device::host());  // the constants are built on the host, then captured
         cosines = Tensor<T>({rows, dim});
@@ -132,23 +133,21 @@ Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets
         swap = Tensor<T>({dim, dim});
         for (std::size_t i = 0; i < half; ++i) swap.data()[(i + half) * dim + i] = swap.data()[i * dim + i + half] = T{1};
         if (gathered) {
-            upper = Tensor<T>({nt, nt});
-            step = Tensor<T>({nt});
-            for (std::size_t s = 0; s < nt; ++s) {
-                step.data()[s] = T(s);
-                for (std::size_t t = s; t < nt; ++t) upper.data()[s * nt + t] = T{1};
+            lower = Tensor<T>({1, nt, nt});  // [., t, s]: s <= t
+            step = Tensor<T>({1, nt});
+            for (std::size_t t = 0; t < nt; ++t) {
+                step.data()[t] = T(t);
+                for (std::size_t s = 0; s <= t; ++s) lower.data()[t * nt + s] = T{1};
             }
         }
     }
     using backend::trace::in_program;
     Tensor<T> c = in_program(cosines), s = in_program(sines);
     if (gathered) {
-        auto at_most_one = [](const Tensor<T>& v) { return sub(v, relu(add_scalar(v, T{-1}))); };  // min(v, 1) for v >= 0
-        const Tensor<T> doc = matmul(in_program(resets).detach(), in_program(upper));                 // [B, T]
-        const Tensor<T> apart = relu(sub(reshape(doc, Shape{nb, nt, 1}), reshape(doc, Shape{nb, 1, nt})));  // d_t - d_s for s <= t
-        const Tensor<T> same = mul(add_scalar(neg(at_most_one(apart)), T{1}), reshape(transpose(in_program(upper), {1, 0}), Shape{1, nt, nt}));
-        const Tensor<T> started = at_most_one(doc);
-        const Tensor<T> before_first = add_scalar(reshape(in_program(step), Shape{1, nt}), T(nt));  // T + t
+        const Tensor<T> doc = document_ops::ids(in_program(resets).detach());                             // [B, T]
+        const Tensor<T> same = mul(add_scalar(neg(document_ops::earlier(doc)), T{1}), in_program(lower));  // s <= t in t's document
+        const Tensor<T> started = document_ops::at_most_one(doc);
+        const Tensor<T> before_first = add_scalar(in_program(step), T(nt));  // T + t
         const Tensor<T> row = add(mul(started, add_scalar(sum(same, {2}), T{-1})), mul(add_scalar(neg(started), T{1}), before_first));
         const Tensor<std::int32_t> index = backend::trace::as_indices(reshape(row, Shape{nb * nt}));
         c = gather_rows(c, index);
