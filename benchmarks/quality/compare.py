@@ -147,7 +147,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--budget_s", type=float, default=300)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--blocks", default="", help="comma/space separated; empty: every --block choice train_lm lists (or its one model)")
+    p.add_argument("--blocks", default="", help="comma/space separated; empty: every --block choice train_lm lists (or its one model); "
+                                                 "none: only the baseline")
     p.add_argument("--torch_modes", default="recipe fill")
     p.add_argument("--torch_block_size", type=int, default=64,
                    help="the baseline's context (nanoGPT's block_size; its recipe's is 64); it is evaluated on rows of "
@@ -169,6 +170,12 @@ def main():
     flags = train_lm_flags(help_text)
     has_budget = "time_budget_s" in flags
     blocks = a.blocks.replace(",", " ").split()
+    # "none": the baseline alone, on the rows of train_lm's default block with the run's flags
+    baseline_only = blocks == ["none"]
+    if baseline_only:
+        if not a.torch_modes.split():
+            sys.exit("compare: BLOCKS=none runs only the baseline, but TORCH_MODES is empty: nothing to run")
+        blocks = ["default"]
     if not blocks:
         blocks = flags["block"][1] or [flags["block"][0]] if "block" in flags else ["default"]
     if "block" not in flags and blocks != ["default"]:
@@ -228,7 +235,7 @@ def main():
         results.append(r)
 
     # 4: olmax, every block
-    for block in blocks:
+    for block in [] if baseline_only else blocks:
         cfg, key = block_cfg[block]
         split_dir, split = splits[key]
         tokens_per_step = int(cfg["batch"]) * int(cfg["sequence"]) * int(cfg.get("grad_accumulation", 1))

@@ -10,12 +10,14 @@
 #     BUDGET_S=20 TORCH_MODES=recipe benchmarks/quality/run.sh build   # a functional check (seconds)
 #
 # Environment: BUDGET_S (300), THREADS (2), BLOCKS (comma/space separated train_lm --block values;
-# default: every choice train_lm --help lists, or its one model when it has no --block flag),
+# default: every choice train_lm --help lists, or its one model when it has no --block flag; none:
+# only the baseline, on the rows train_lm's flags give),
 # TORCH_MODES ("fill fill_compiled": cosine over the whole budget, eager and torch.compile'd; "recipe":
 # nanoGPT's max_iters 2000 or the budget, whichever ends first), CORPUS (fortunes, the default, or
 # python_docs: the reStructuredText sources of Python 3.11's documentation, 512 files, 11 MB, from
 # Debian's python3.11-doc package, fetched with apt-get download into benchmarks/results/corpora/, no
-# root needed), DATA (any other corpus for train_lm --data), EVAL_EVERY_S (30: both systems also
+# root needed; perl_docs: Perl 5.36's POD documentation, 206 files, 8.8 MB, from Debian's perl-doc, the
+# same way), DATA (any other corpus for train_lm --data), EVAL_EVERY_S (30: both systems also
 # evaluate every so many seconds of training, which gives the time to TARGET_BITS (2.6); 0: only at
 # the end), TRAIN_LM_FLAGS (more train_lm flags, e.g. --preset=small), TORCH_BLOCK_SIZE (the baseline's
 # context, nanoGPT's block_size: 64, its recipe's; give train_lm's --sequence to score both on the same
@@ -46,7 +48,15 @@ case "$corpus" in
       (cd "$corpora" && apt-get download python3.11-doc >/dev/null && dpkg-deb -x python3.11-doc_*.deb python3.11-doc) ||
         { echo "run.sh: could not fetch Debian's python3.11-doc (apt-get download python3.11-doc)" >&2; exit 1; }
     fi ;;
-  *) echo "run.sh: CORPUS must be fortunes or python_docs (or give DATA=path), got '$corpus'" >&2; exit 2 ;;
+  perl_docs)
+    corpora="$repo/benchmarks/results/corpora"
+    if ! compgen -G "$corpora/perl-doc/usr/share/perl/*/pod" > /dev/null; then
+      mkdir -p "$corpora"
+      (cd "$corpora" && apt-get download perl-doc >/dev/null && dpkg-deb -x perl-doc_*.deb perl-doc) ||
+        { echo "run.sh: could not fetch Debian's perl-doc (apt-get download perl-doc)" >&2; exit 1; }
+    fi
+    data="$(compgen -G "$corpora/perl-doc/usr/share/perl/*/pod" | head -1)" ;;
+  *) echo "run.sh: CORPUS must be fortunes, python_docs or perl_docs (or give DATA=path), got '$corpus'" >&2; exit 2 ;;
 esac
 [ -z "${DATA:-}" ] || corpus="$(basename "$DATA")"
 command="BUDGET_S=${BUDGET_S:-300} THREADS=${THREADS:-2}${BLOCKS:+ BLOCKS=\"$BLOCKS\"} TORCH_MODES=\"${TORCH_MODES-fill fill_compiled}\"${TORCH_BLOCK_SIZE:+ TORCH_BLOCK_SIZE=$TORCH_BLOCK_SIZE} CORPUS=$corpus${DATA:+ DATA=$DATA}${TRAIN_LM_FLAGS:+ TRAIN_LM_FLAGS=\"$TRAIN_LM_FLAGS\"} EVAL_EVERY_S=${EVAL_EVERY_S:-30} benchmarks/quality/run.sh ${1:-}"
