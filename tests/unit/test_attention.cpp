@@ -6,6 +6,7 @@
 
 #include "olmax/nn/attention.hpp"
 #include "olmax/ops/attention.hpp"
+#include "olmax/ops/masks.hpp"
 #include "olmax/ops/rope.hpp"
 #include "olmax/trace/trace.hpp"
 #include "olmax/xla/graph/evaluate.hpp"
@@ -553,6 +554,27 @@ TEST_CASE("nn::CausalSelfAttention: bad sizes and inputs throw, naming the layer
     CHECK_THROWS_WITH(layer.forward(Tensor<double>({2, 5, 7})), Contains("nn::CausalSelfAttention") && Contains("[2, 5, 7]"));
     CHECK_THROWS_WITH(layer.forward(Tensor<double>({2, 5, 8}), Tensor<double>({2, 4})), Contains("nn::CausalSelfAttention: resets of shape [2, 4]"));
     CHECK_THROWS_AS(layer.forward(Tensor<double>({2, 0, 8})), olmax::value_error);
+}
+
+TEST_CASE("masks: triangles, document ids, the earlier-document indicator and zero counts, on host tensors", "[attention][masks]") {
+    using olmax::masks::Triangle;
+    auto values = [](const olmax::Tensor<double>& t) { return std::vector<double>(t.data(), t.data() + t.size()); };
+    const auto upper = olmax::masks::triangle<double>(3, Triangle::upper), lower = olmax::masks::triangle<double>(3, Triangle::lower),
+               strict = olmax::masks::triangle<double>(3, Triangle::strictly_lower);
+    CHECK(values(upper) == std::vector<double>{1, 1, 1, 0, 1, 1, 0, 0, 1});
+    CHECK(values(lower) == std::vector<double>{1, 0, 0, 1, 1, 0, 1, 1, 1});
+    CHECK(values(strict) == std::vector<double>{0, 0, 0, 1, 0, 0, 1, 1, 0});
+    // Row 0: documents start at 0 and 2; row 1: no start until 3.
+    const auto resets = olmax::Tensor<double>::from({2, 4}, {1, 0, 1, 0, 0, 0, 0, 1});
+    const auto ids = olmax::masks::document_ids(resets);
+    CHECK(values(ids) == std::vector<double>{1, 1, 2, 2, 0, 0, 0, 1});
+    const auto earlier = olmax::masks::earlier_document(ids);  // [b, t, s]: s in an earlier document than t
+    CHECK(earlier.shape() == olmax::Shape{2, 4, 4});
+    CHECK(values(earlier) == std::vector<double>{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0,  //
+                                                     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0});
+    const auto counts = olmax::Tensor<double>::from({5}, {0, 1, 2, 3, 0});
+    CHECK(values(olmax::masks::is_zero_count(counts)) == std::vector<double>{1, 0, 0, 0, 1});
+    CHECK(values(olmax::masks::at_most_one(counts)) == std::vector<double>{0, 1, 1, 1, 0});
 }
 
 TEST_CASE("causal_attention and rope traced: the materialised program gives the eager op's values and gradients", "[attention][trace]") {

@@ -56,15 +56,15 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/backend/small_products.hpp"
-#include "olmax/core/tensor.hpp"
-#include "olmax/core/traced.hpp"
 #include "olmax/backend/trace_rules.hpp"
 #include "olmax/core/device.hpp"
+#include "olmax/core/tensor.hpp"
+#include "olmax/core/traced.hpp"
 #include "olmax/detail/simd.hpp"
-#include "olmax/ops/detail/documents.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/loss.hpp"
+#include "olmax/ops/masks.hpp"
 #include "olmax/ops/math_rules.hpp"
 #include "olmax/ops/shape.hpp"
 
@@ -424,7 +424,7 @@ Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, dou
     const Tensor<T> vh = transpose(v, {0, 2, 1, 3});  // [B, Hkv, T, Dh]
     Tensor<T> scores = add(reshape(olmax::scale(matmul(qg, kt), T(scale)), Shape{nb, nkv, group, nt, nt}), backend::trace::in_program(mask));
     if (resets.defined()) {
-        const Tensor<T> other_document = document_ops::earlier(document_ops::ids(resets));
+        const Tensor<T> other_document = masks::earlier_document(masks::document_ids(resets));
         scores = add(scores, reshape(olmax::scale(other_document, T(masked)), Shape{nb, 1, 1, nt, nt}));
     }
     const Tensor<T> p = reshape(softmax(scores, -1), Shape{nb, nkv, group * nt, nt});

@@ -13,3 +13,4 @@
 #include "olmax/ops/grouped_matmul.hpp"
 #include "olmax/ops/rope.hpp"
 #include "olmax/ops/attention.hpp"
+#include "olmax/ops/masks.hpp"

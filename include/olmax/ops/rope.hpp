@@ -30,12 +30,12 @@
 #include "olmax/core/device.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/core/traced.hpp"
-#include "olmax/ops/detail/documents.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/gather.hpp"
+#include "olmax/ops/linalg.hpp"
+#include "olmax/ops/masks.hpp"
 #include "olmax/ops/reduction.hpp"
 #include "olmax/ops/shape.hpp"
-#include "olmax/ops/linalg.hpp"
 
 namespace olmax {
 
@@ -133,20 +133,17 @@ Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets
         swap = Tensor<T>({dim, dim});
         for (std::size_t i = 0; i < half; ++i) swap.data()[(i + half) * dim + i] = swap.data()[i * dim + i + half] = T{1};
         if (gathered) {
-            lower = Tensor<T>({1, nt, nt});  // [., t, s]: s <= t
+            lower = reshape(masks::triangle<T>(nt, masks::Triangle::lower), Shape{1, nt, nt});  // [., t, s]: s <= t
             step = Tensor<T>({1, nt});
-            for (std::size_t t = 0; t < nt; ++t) {
-                step.data()[t] = T(t);
-                for (std::size_t s = 0; s <= t; ++s) lower.data()[t * nt + s] = T{1};
-            }
+            for (std::size_t t = 0; t < nt; ++t) step.data()[t] = T(t);
         }
     }
     using backend::trace::in_program;
     Tensor<T> c = in_program(cosines), s = in_program(sines);
     if (gathered) {
-        const Tensor<T> doc = document_ops::ids(in_program(resets).detach());                             // [B, T]
-        const Tensor<T> same = mul(add_scalar(neg(document_ops::earlier(doc)), T{1}), in_program(lower));  // s <= t in t's document
-        const Tensor<T> started = document_ops::at_most_one(doc);
+        const Tensor<T> doc = masks::document_ids(in_program(resets).detach());                             // [B, T]
+        const Tensor<T> same = mul(add_scalar(neg(masks::earlier_document(doc)), T{1}), in_program(lower));  // s <= t in t's document
+        const Tensor<T> started = masks::at_most_one(doc);
         const Tensor<T> before_first = add_scalar(in_program(step), T(nt));  // T + t
         const Tensor<T> row = add(mul(started, add_scalar(sum(same, {2}), T{-1})), mul(add_scalar(neg(started), T{1}), before_first));
         const Tensor<std::int32_t> index = backend::trace::as_indices(reshape(row, Shape{nb * nt}));

@@ -123,6 +123,7 @@
 #include "olmax/ops/shape.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
+#include "olmax/ops/masks.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 
 namespace olmax::scan {
@@ -742,12 +743,6 @@ void backward(const Geometry& geo, const Buffers<T>& in, const T* dO, const T* d
 
 using backend::trace::in_program;
 
-/// 1 - min(x, 1) for counts x >= 0: 1 where no document starts in the range x counts.
-template <Real T>
-Tensor<T> no_start(const Tensor<T>& x) {
-    return add_scalar(neg(sub(x, relu(add_scalar(x, T{-1})))), T{1});
-}
-
 /// (I + A)^-1 for a batch of strictly lower-triangular A [L, C, C], by block forward substitution
 /// in batched GEMMs: the inverses of the diagonal blocks of size s merge into those of size 2s as
 ///     [[D11, 0], [A21, D22]]^-1 = [[D11^-1, 0], [-D22^-1 A21 D11^-1, D22^-1]],
@@ -797,20 +792,9 @@ template <Real T>
 GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& g,
                            const Tensor<T>& beta, const Tensor<T>& h0_in, const Tensor<T>& resets_in) {
     const std::size_t nb = geo.batch, nt = geo.time, nh = geo.heads, C = geo.chunk, n = geo.chunks, extra = n * C - nt;
-    Tensor<T> upper, lower, strict;  // [C, C]: i <= j (cumulative sums), i >= j, i > j
-    {
-        device_scope host(Device::host());  // the constants are built on the host, then captured
-        upper = Tensor<T>({C, C});
-        lower = Tensor<T>({C, C});
-        strict = Tensor<T>({C, C});
-        for (std::size_t i = 0; i < C; ++i)
-            for (std::size_t j = 0; j < C; ++j) {
-                upper.data()[i * C + j] = i <= j ? T{1} : T{0};
-                lower.data()[i * C + j] = i >= j ? T{1} : T{0};
-                strict.data()[i * C + j] = i > j ? T{1} : T{0};
-            }
-    }
-    const Tensor<T> cumsum = in_program(upper), causal = in_program(lower), below = in_program(strict);
+    using masks::triangle, masks::Triangle;  // [C, C]: i <= j (cumulative sums), i >= j, i > j
+    const Tensor<T> cumsum = in_program(triangle<T>(C, Triangle::upper)), causal = in_program(triangle<T>(C, Triangle::lower)),
+                    below = in_program(triangle<T>(C, Triangle::strictly_lower));
     const Tensor<T> h0 = in_program(h0_in);
     const Tensor<T> resets = resets_in.defined() ? in_program(resets_in).detach() : Tensor<T>();
 
@@ -841,10 +825,10 @@ GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor
         const Tensor<T> starts = reshape(extra ? pad(resets, 1, 0, extra) : resets, Shape{nb, n, C});
         const Tensor<T> count = reshape(contract_axis(starts, cumsum, 2), Shape{nb, 1, n, C});  // starts in the chunk up to i
         const Tensor<T> count_last = slice(count, 3, C - 1, C);
-        Gamma = mul(Gamma, no_start(relu(sub(column(count), row(count)))));  // starts in (j, i]
-        decay_in = mul(decay_in, no_start(count));                           // starts in [0, i]
-        decay_out = mul(decay_out, no_start(sub(count_last, count)));        // starts in (i, C)
-        decay_all = mul(decay_all, no_start(count_last));
+        Gamma = mul(Gamma, masks::is_zero_count(relu(sub(column(count), row(count)))));  // starts in (j, i]
+        decay_in = mul(decay_in, masks::is_zero_count(count));                           // starts in [0, i]
+        decay_out = mul(decay_out, masks::is_zero_count(sub(count_last, count)));        // starts in (i, C)
+        decay_all = mul(decay_all, masks::is_zero_count(count_last));
     }
     const Tensor<T> Kt = transpose(Kc);  // [batch, H, chunks, K, C]
     // A = strict_tril(diag(beta) K K^T . Gamma); (I + A)^-1 by block forward substitution (unit_lower_inverse)

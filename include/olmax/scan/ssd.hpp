@@ -81,6 +81,7 @@
 #include "olmax/core/tensor.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
+#include "olmax/ops/masks.hpp"
 #include "olmax/ops/shape.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 
@@ -521,24 +522,6 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
     out.dD_part[b * H + h] = dD;
 }
 
-/// [n, n] constant: 1 where row <= column (upper, so that v U is the inclusive cumulative sum of
-/// the row vector v) or, transposed, 1 where column <= row (the causal mask).
-/// Made on the host: read by an op on traced tensors, it becomes a constant of the program.
-template <Real T>
-Tensor<T> triangle(std::size_t n, bool upper) {
-    device_scope on_host(Device::host());
-    Tensor<T> m({n, n});
-    for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t j = 0; j < n; ++j) m.data()[i * n + j] = (upper ? i <= j : j <= i) ? T{1} : T{0};
-    return m;
-}
-
-/// 1 where `count` (a difference of cumulative reset counts, >= 0 and whole) is 0, else 0.
-template <Real T>
-Tensor<T> is_zero_count(const Tensor<T>& count) {
-    return relu(add_scalar(neg(count), T{1}));
-}
-
 /// The same SSD written with ordinary differentiable ops (the paper's Listing 1 on chunks of Q
 /// steps, T padded to a multiple of Q with steps of dt = 0, which neither decay nor add to the
 /// state): what the op runs on traced tensors, where each op has a lowering rule and the gradient
@@ -552,7 +535,8 @@ SsdResult<T> composed(const Geometry& g, const Tensor<T>& x, const Tensor<T>& dt
     const std::size_t b = g.batch, T_ = g.time, H = g.heads, P = g.head_dim, G = g.groups, N = g.state, hpg = g.heads_per_group(),
                       Q = g.chunk, c = g.chunks, padding = c * Q - T_;
     auto padded = [&](const Tensor<T>& t) { return padding ? pad(t, 1, 0, padding) : t; };
-    const Tensor<T> upper = triangle<T>(Q, true), causal = triangle<T>(Q, false);
+    using masks::is_zero_count, masks::triangle, masks::Triangle;
+    const Tensor<T> upper = triangle<T>(Q, Triangle::upper), causal = triangle<T>(Q, Triangle::lower);
     // Heads as [G, hpg] (head h = grp hpg + j), chunks as [c, Q]; matrices last.
     const Tensor<T> X = transpose(reshape(padded(mul(x, reshape(dt, Shape{b, T_, H, 1}))), Shape{b, c, Q, G, hpg, P}), {0, 3, 4, 1, 2, 5});
     const Tensor<T> a = transpose(reshape(padded(mul(dt, A)), Shape{b, c, Q, G, hpg}), {0, 3, 4, 1, 2});
@@ -588,7 +572,7 @@ SsdResult<T> composed(const Geometry& g, const Tensor<T>& x, const Tensor<T>& dt
     const Tensor<T> states = matmul(transpose(mul(X, reshape(v, Shape{b, G, hpg, c, Q, 1}))), mul(Bg, ones));  // [b, G, hpg, c, P, N]
     // Inter-chunk: S[i] = sum_{k <= i} W[i, k] s_k over s = [h0, states...], W[i, k] = prod_{k <= m < i} delta_m.
     Tensor<T> log_delta = reshape(cum_last, Shape{b, G, hpg, c});
-    const Tensor<T> upper_c = triangle<T>(c + 1, true), causal_c = triangle<T>(c + 1, false);
+    const Tensor<T> upper_c = triangle<T>(c + 1, Triangle::upper), causal_c = triangle<T>(c + 1, Triangle::lower);
     const Tensor<T> dcum = matmul(pad(log_delta, 3, 1, 0), upper_c);  // [b, G, hpg, c + 1]
     Tensor<T> chunk_mask = causal_c;
     if (resets.defined()) {
