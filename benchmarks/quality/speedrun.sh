@@ -2,9 +2,10 @@
 # The CPU speedrun in one command (docs/QUALITY.md, "The CPU speedrun"): held-out bits/byte after
 # BUDGET_S (300) seconds of training on THREADS (2) threads, on any corpus, for olmax's speedrun
 # recipe against the nanoGPT-recipe transformer at its best. Two passes of run.sh:
-#   1. olmax's BLOCKS (default: hybrid and mamba2) with RECIPE (default `--lr_schedule=cosine
-#      --lr=0.008 --sequence=128`) and the baseline at block_size 128 (cosine over the budget, eager
-#      and torch.compile'd), all scored on the same 128-byte held-out rows;
+#   1. olmax's BLOCKS (default: hybrid and mamba2) with RECIPE (default `--preset=speedrun`:
+#      train_lm's tiny sizes with rows of 128 bytes and a cosine decay from lr 0.008 over the budget)
+#      and the baseline at block_size 128 (cosine over the budget, eager and torch.compile'd), all
+#      scored on the same 128-byte held-out rows;
 #   2. the baseline alone at its recipe's block_size 64, scored on 64-byte rows of the same held-out
 #      bytes (on some corpora its better length; BASELINE_64=0 skips this pass).
 # Then one summary: the best olmax run, the best baseline run at either length, and the margin.
@@ -17,19 +18,27 @@
 #     BUDGET_S=10 BASELINE_64=0 benchmarks/quality/speedrun.sh build   # a functional check (~2 minutes)
 #
 # Environment: as run.sh (BUDGET_S, THREADS, CORPUS, DATA, EVAL_EVERY_S, TARGET_BITS, TORCH_PYTHON),
-# and BLOCKS, RECIPE, BASELINE_64 above; OUT (default benchmarks/results/speedrun-<UTC time>: the
-# passes write OUT/rows128 and OUT/rows64, each with run.sh's JSON per run, and OUT/summary.json).
+# and BLOCKS, RECIPE, BASELINE_64 above; SUMMARY_ONLY (1: only the summary of an earlier OUT); OUT
+# (default benchmarks/results/speedrun-<UTC time>: the passes write OUT/rows128 and OUT/rows64, each
+# with run.sh's JSON per run, and OUT/summary.json).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
 out="${OUT:-$repo/benchmarks/results/speedrun-$(date -u +%Y%m%dT%H%M%SZ)}"
-recipe="${RECIPE:---lr_schedule=cosine --lr=0.008 --sequence=128}"
-mkdir -p "$out"
-OUT="$out/rows128" BLOCKS="${BLOCKS:-hybrid mamba2}" TRAIN_LM_FLAGS="$recipe" TORCH_BLOCK_SIZE=128 \
-  TORCH_MODES="fill fill_compiled" "$here/run.sh" "$build"
-if [ "${BASELINE_64:-1}" != 0 ]; then
-  OUT="$out/rows64" BLOCKS=none TRAIN_LM_FLAGS="$recipe" TORCH_BLOCK_SIZE=64 TORCH_MODES="fill fill_compiled" "$here/run.sh" "$build"
-fi
+recipe="${RECIPE:---preset=speedrun}"
+
+# Functions, then one compound command that ends in exit: bash has read all of it before anything
+# runs, so an edit of this file during a 35-minute run cannot change what the run does.
+passes() {
+  mkdir -p "$out"
+  OUT="$out/rows128" BLOCKS="${BLOCKS:-hybrid mamba2}" TRAIN_LM_FLAGS="$recipe" TORCH_BLOCK_SIZE=128 \
+    TORCH_MODES="fill fill_compiled" "$here/run.sh" "$build"
+  if [ "${BASELINE_64:-1}" != 0 ]; then
+    OUT="$out/rows64" BLOCKS=none TRAIN_LM_FLAGS="$recipe" TORCH_BLOCK_SIZE=64 TORCH_MODES="fill fill_compiled" "$here/run.sh" "$build"
+  fi
+}
+
+summarize() {
 /usr/bin/python3 - "$out" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
@@ -65,3 +74,6 @@ for r in summary["runs"]:
 print(f"best olmax: {best_o['block']} {best_o['bits_per_byte']:.3f}; best baseline: {best_b['system']} on {best_b['rows']} "
       f"{best_b['bits_per_byte']:.3f}; olmax ahead by {summary['margin_bits_per_byte']:.3f} bits/byte. {os.path.join(out, 'summary.json')}")
 PY
+}
+
+{ [ "${SUMMARY_ONLY:-0}" != 0 ] || passes; summarize; exit; }

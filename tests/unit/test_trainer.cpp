@@ -378,6 +378,31 @@ TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and
     CHECK(train::trainer_options(saved).checkpoint_every == 2);
 }
 
+TEST_CASE("train: a preset sets its keys and explicit flags win; speedrun is the speedrun's recipe", "[train][config]") {
+    using olmax::train::TrainConfig;
+    auto parsed = [](std::vector<const char*> flags) {
+        flags.insert(flags.begin(), "train_lm");
+        TrainConfig c;
+        olmax::train::parse_train_command_line(c, int(flags.size()), flags.data());
+        return c;
+    };
+    const TrainConfig small = parsed({"--preset=small", "--depth=3"});
+    CHECK(small.features == 128);
+    CHECK(small.depth == 3);  // given explicitly
+    CHECK(small.sequence == 128);
+    CHECK(small.block == TrainConfig{}.block);
+    const TrainConfig speedrun = parsed({"--preset=speedrun", "--block=mamba2"});
+    CHECK(speedrun.block == "mamba2");  // given explicitly
+    CHECK(speedrun.features == TrainConfig{}.features);
+    CHECK(speedrun.sequence == 128);
+    CHECK(speedrun.lr_schedule == "cosine");
+    CHECK(speedrun.lr == 0.008);
+    CHECK(speedrun.time_budget_s == 300);
+    CHECK(speedrun.steps > 1'000'000);  // the budget, not the steps, ends the run
+    CHECK(parsed({"--preset=speedrun"}).block == "hybrid");
+    CHECK_THROWS_WITH(TrainConfig::with_preset("huge"), Catch::Matchers::Contains("tiny, small, base or speedrun"));
+}
+
 TEST_CASE("train: the optimiser keys' defaults are optim::AdamWConfig::language_model(), the library's recipe", "[train][config]") {
     const olmax::optim::AdamWConfig made = olmax::train::optimizer_config(olmax::train::OptimizerConfig{});
     const auto recipe = olmax::optim::AdamWConfig::language_model();

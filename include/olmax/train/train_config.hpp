@@ -61,8 +61,11 @@ struct TrainConfig : DataConfig, models::ByteLMSettings, LoopConfig, OptimizerCo
         constexpr double steps_max = 1e12, size_max = 1 << 20;
         static const std::vector<Field<C>> f = config::concat_fields(
             section_fields<C, DataConfig>(),
-            std::vector<Field<C>>{Field<C>{"preset", &C::preset, "model and batch sizes: tiny (64 x 2, batch 8 x 64), small (128 x 4, batch 16 x 128), "
-                                                                 "base (256 x 8, batch 16 x 256); flags given explicitly win", {"tiny", "small", "base"}}},
+            std::vector<Field<C>>{Field<C>{"preset", &C::preset,
+                                           "model and batch sizes: tiny (64 x 2, batch 8 x 64), small (128 x 4, batch 16 x 128), base (256 x 8, "
+                                           "batch 16 x 256); speedrun: the 5-minute CPU speedrun's recipe (tiny sizes, block hybrid, rows of "
+                                           "128, cosine decay from lr 0.008 over a 300 s budget; docs/QUALITY.md); flags given explicitly win",
+                                           {"tiny", "small", "base", "speedrun"}}},
             section_fields<C, models::ByteLMSettings>(), section_fields<C, LoopConfig>(), section_fields<C, OptimizerConfig>(),
             section_fields<C, HostStepOptions>(),
             std::vector<Field<C>>{
@@ -111,8 +114,9 @@ struct TrainConfig : DataConfig, models::ByteLMSettings, LoopConfig, OptimizerCo
         ProcessConfig::validate();
     }
 
-    /// The sizes of a preset (keys preset, features, depth, batch, sequence) over the defaults;
-    /// a program applies it first and the explicit flags after it.
+    /// A preset's keys over the defaults: the sizes (features, depth, batch, sequence), and for
+    /// speedrun also the block, the schedule and the time budget. A program applies it first and
+    /// the explicit flags after it.
     static TrainConfig with_preset(const std::string& name) {
         TrainConfig c;
         c.preset = name;
@@ -125,7 +129,12 @@ struct TrainConfig : DataConfig, models::ByteLMSettings, LoopConfig, OptimizerCo
             c.features = 256, c.depth = 8, c.batch = 16, c.sequence = 256;
             return c;
         }
-        throw config::config_error(olmax::detail::concat("config: key 'preset' must be tiny, small or base, got '", name, "'"));
+        if (name == "speedrun") {  // the recipe of docs/QUALITY.md's speedrun tables, measured on 2 threads
+            c.block = "hybrid", c.sequence = 128, c.lr_schedule = "cosine", c.lr = 0.008, c.time_budget_s = 300;
+            c.steps = 1'000'000'000'000;  // the budget ends the run (and the cosine schedule), not a step count
+            return c;
+        }
+        throw config::config_error(olmax::detail::concat("config: key 'preset' must be tiny, small, base or speedrun, got '", name, "'"));
     }
 };
 
