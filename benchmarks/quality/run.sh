@@ -38,24 +38,21 @@ done
   { echo "run.sh: $torch_python cannot import torch and numpy; run benchmarks/quality/setup_torch_venv.sh" >&2; exit 77; }
 corpus="${CORPUS:-fortunes}"
 data="${DATA:-}"
+# A corpus from a Debian package: extracts package $1 into benchmarks/results/corpora/$1 (apt-get
+# download: no root) unless it is there, and prints the first path under it that matches $2.
+debian_corpus() {
+  local corpora="$repo/benchmarks/results/corpora"
+  if ! compgen -G "$corpora/$1/$2" > /dev/null; then
+    mkdir -p "$corpora"
+    (cd "$corpora" && apt-get download "$1" >/dev/null && dpkg-deb -x "$1"_*.deb "$1") ||
+      { echo "run.sh: could not fetch Debian's $1 (apt-get download $1)" >&2; exit 1; }
+  fi
+  compgen -G "$corpora/$1/$2" | head -1
+}
 case "$corpus" in
   fortunes) ;;
-  python_docs)
-    corpora="$repo/benchmarks/results/corpora"
-    data="$corpora/python3.11-doc/usr/share/doc/python3.11/html/_sources"
-    if [ ! -d "$data" ]; then
-      mkdir -p "$corpora"
-      (cd "$corpora" && apt-get download python3.11-doc >/dev/null && dpkg-deb -x python3.11-doc_*.deb python3.11-doc) ||
-        { echo "run.sh: could not fetch Debian's python3.11-doc (apt-get download python3.11-doc)" >&2; exit 1; }
-    fi ;;
-  perl_docs)
-    corpora="$repo/benchmarks/results/corpora"
-    if ! compgen -G "$corpora/perl-doc/usr/share/perl/*/pod" > /dev/null; then
-      mkdir -p "$corpora"
-      (cd "$corpora" && apt-get download perl-doc >/dev/null && dpkg-deb -x perl-doc_*.deb perl-doc) ||
-        { echo "run.sh: could not fetch Debian's perl-doc (apt-get download perl-doc)" >&2; exit 1; }
-    fi
-    data="$(compgen -G "$corpora/perl-doc/usr/share/perl/*/pod" | head -1)" ;;
+  python_docs) data="$(debian_corpus python3.11-doc usr/share/doc/python3.11/html/_sources)" ;;
+  perl_docs) data="$(debian_corpus perl-doc 'usr/share/perl/*/pod')" ;;
   *) echo "run.sh: CORPUS must be fortunes, python_docs or perl_docs (or give DATA=path), got '$corpus'" >&2; exit 2 ;;
 esac
 [ -z "${DATA:-}" ] || corpus="$(basename "$DATA")"
