@@ -1,9 +1,9 @@
 // backend::small_gemm and backend::SmallGemm (the register-blocked kernel of attention's tiles and
 // the gated delta rule's blocks) against a naive triple loop: random shapes with n off the SIMD
 // width, A and B transposed, alpha and beta (beta 0 must not read C), general strides of A, bands;
-// small_gemm_transpose; and backend::small_gemm_bf16 (operands rounded to bfloat16, fp32 sums), both
-// its VDPBF16PS kernel (where the CPU has AVX512-BF16) and its portable form, against the naive
-// product of the rounded operands.
+// small_gemm_transpose; and backend::small_gemm_bf16 (operands rounded to bfloat16, fp32 sums) in
+// each of its forms (the one it picks, its VDPBF16PS kernel where the CPU has AVX512-BF16, its
+// rounding form), against the naive product of the rounded operands.
 #include "test_helpers.hpp"
 
 #include "olmax/backend/small_gemm.hpp"
@@ -48,8 +48,9 @@ void naive(std::size_t m, std::size_t n, std::size_t k, double alpha, const std:
 }
 
 /// Which product check_random_products runs: small_gemm (and, for some trials, SmallGemm::product
-/// on general strides), or small_gemm_bf16 on its VDPBF16PS kernel or its portable form.
-enum class Kind { plain, bf16, bf16_portable };
+/// on general strides), or small_gemm_bf16 in the form it picks, on its VDPBF16PS kernel, or in its
+/// rounding form.
+enum class Kind { plain, bf16, bf16_dot, bf16_rounded };
 
 template <class T, Kind kind = Kind::plain>
 void check_random_products(double tol) {
@@ -102,7 +103,10 @@ void check_random_products(double tol) {
         }
         if constexpr (bf16) {
             olmax::backend::small_gemm_bf16(trans_a, trans_b, m, n, k, float(alpha), a.data(), lda, b.data(), ldb, float(beta), c.data(), ldc,
-                                            band, kind == Kind::bf16_portable);
+                                            band,
+                                            kind == Kind::bf16_dot       ? olmax::backend::Bf16GemmForm::dot
+                                            : kind == Kind::bf16_rounded ? olmax::backend::Bf16GemmForm::rounded
+                                                                         : olmax::backend::Bf16GemmForm::fastest);
         } else if (strided) {  // the strided core directly (B^T copied first)
             std::vector<T> bt(k * n);
             for (std::size_t p = 0; p < k; ++p)
@@ -151,18 +155,21 @@ TEST_CASE("small_gemm: random shapes, transposes, alpha, beta, strides and bands
 
 TEST_CASE("small_gemm_bf16: random shapes, transposes, alpha, beta and bands match the product of the rounded operands (1e-5)",
           "[small_gemm]") {
-    // The VDPBF16PS kernel runs where the CPU has AVX512-BF16; elsewhere both calls take the portable form.
-    INFO("AVX512-BF16: " << olmax::backend::small_gemm_bf16_detail::has_avx512_bf16());
+    // The VDPBF16PS kernel runs where the CPU has AVX512-BF16; elsewhere the dot form is the rounding form.
+    INFO("AVX512-BF16: " << olmax::backend::small_gemm_bf16_detail::has_avx512_bf16()
+                         << ", picked: " << (olmax::backend::small_gemm_bf16_detail::dot_kernel_pays() ? "dot" : "rounded"));
     small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16>(1e-5);
-    small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_portable>(1e-5);
+    small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_dot>(1e-5);
+    small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_rounded>(1e-5);
 }
 
 TEST_CASE("small_gemm_bf16: rounds its operands (a product the fp32 kernel computes differently)", "[small_gemm]") {
     // 1 + 2^-9 is not a bfloat16 (8 fraction bits): it rounds to 1 (tie to even), so the product is 1, not 1 + 2^-8.
     const float a = 1.0f + 0x1p-9f, b = 1.0f + 0x1p-9f;
-    for (bool portable : {false, true}) {
+    using olmax::backend::Bf16GemmForm;
+    for (Bf16GemmForm form : {Bf16GemmForm::fastest, Bf16GemmForm::dot, Bf16GemmForm::rounded}) {
         float c = -1.0f;
-        olmax::backend::small_gemm_bf16(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1, {}, portable);
+        olmax::backend::small_gemm_bf16(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1, {}, form);
         REQUIRE(c == 1.0f);
     }
 }

@@ -13,9 +13,11 @@
 // registers through the pairs, as in the fp32 kernel (Intel's intrinsics guide for VDPBF16PS and
 // VCVTNE2PS2BF16; the latter rounds to nearest even, as bfloat16(float) does).
 //
-// Elsewhere it rounds the operands into float copies and runs SmallGemm<float>: the same products,
-// at fp32 speed. Either way |C - the exact product of the rounded operands| is within about
-// k 2^-24 sum_p |a_p b_p| per element (fp32 sums in a different order).
+// Elsewhere, and on CPUs whose VDPBF16PS does no more multiply-adds a cycle than their fp32 FMA
+// (Intel's before AMX; see dot_kernel_pays), it rounds the operands into float copies and runs
+// SmallGemm<float>: the same products, at fp32 speed. Either way |C - the exact product of the
+// rounded operands| is within about k 2^-24 sum_p |a_p b_p| per element (fp32 sums in a different
+// order).
 
 #include <algorithm>
 #include <array>
@@ -43,21 +45,25 @@ namespace small_gemm_bf16_detail {
 struct Strided {
     const float* x;
     std::size_t rs, cs;
-    float operator()(std::size_t i, std::size_t p) const { return x[i * rs + p * cs]; }
 };
 
-/// The portable form: operands rounded into float copies, SmallGemm<float> on them.
-inline void portable(std::size_t m, std::size_t n, std::size_t k, float alpha, Strided a, Strided b, float beta, float* c, std::size_t ldc,
-                     SmallGemmBand band) {
+/// The rounding form: the operands rounded to bfloat16 into float copies (op(B) = B^T transposed on
+/// the way), then SmallGemm<float> on them. The copies are made row by row in the operands' own
+/// layout, so the rounding runs on whole SIMD vectors.
+inline void rounded(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
+                    const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc, SmallGemmBand band) {
     thread_local std::vector<float> ra, rb;
-    ra.resize(m * k);
-    rb.resize(k * n);
-    const auto round = [](float v) { return static_cast<float>(bfloat16(v)); };
-    for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t p = 0; p < k; ++p) ra[i * k + p] = round(a(i, p));
-    for (std::size_t p = 0; p < k; ++p)
-        for (std::size_t j = 0; j < n; ++j) rb[p * n + j] = round(b(p, j));
-    SmallGemm<float>::product(m, n, k, alpha, ra.data(), k, 1, rb.data(), n, beta, c, ldc, band);
+    const std::size_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;  // A as stored
+    ra.resize(a_rows * a_cols);
+    for (std::size_t r = 0; r < a_rows; ++r) round_to_bfloat16(a + r * lda, ra.data() + r * a_cols, a_cols);
+    rb.resize(k * n);  // op(B), row-major [k, n]
+    if (trans_b) {
+        SmallGemm<float>::transpose(n, k, b, ldb, rb.data(), n);
+        round_to_bfloat16(rb.data(), rb.data(), k * n);
+    } else {
+        for (std::size_t p = 0; p < k; ++p) round_to_bfloat16(b + p * ldb, rb.data() + p * n, n);
+    }
+    SmallGemm<float>::product(m, n, k, alpha, ra.data(), trans_a ? 1 : a_cols, trans_a ? a_cols : 1, rb.data(), n, beta, c, ldc, band);
 }
 
 #if OLMAX_SMALL_GEMM_BF16_X86
@@ -201,7 +207,7 @@ OLMAX_BF16_TARGET inline void avx512(std::size_t m, std::size_t n, std::size_t k
 #undef OLMAX_BF16_TARGET
 #endif
 
-/// Whether this CPU runs the VDPBF16PS kernel (checked once).
+/// Whether this CPU has AVX512-BF16 (checked once).
 inline bool has_avx512_bf16() {
 #if OLMAX_SMALL_GEMM_BF16_X86
     static const bool yes = cpu_bf16_features().avx512_bf16;
@@ -211,25 +217,42 @@ inline bool has_avx512_bf16() {
 #endif
 }
 
+/// Whether the VDPBF16PS kernel is the faster form here (checked once): where the CPU has
+/// AVX512-BF16 and either issues VDPBF16PS as often as a 512-bit FMA (AMD Zen 4 and 5: twice the
+/// FMA's multiply-adds; 175 against 110 GFLOPS at 64 x 64 x 64 on a Zen 5 core, packing included)
+/// or the fp32 kernel was compiled for vectors narrower than 16 floats. On an Emerald Rapids Xeon
+/// core (Intel, no AMX exposed) the VDPBF16PS register block alone, its operands packed and in L1,
+/// ran at 80 GFLOPS against 125-144 for the fp32 kernel's whole 64^3 product, and the rounding
+/// form's whole product at 84-114 against the dot kernel's 66-76.
+inline bool dot_kernel_pays() {
+    static const bool yes = has_avx512_bf16() && (cpu_bf16_features().dot_at_fma_rate || SmallGemm<float>::lanes < 16);
+    return yes;
+}
+
 }  // namespace small_gemm_bf16_detail
+
+/// Which form small_gemm_bf16 runs: the faster one on this CPU, the rounding form, or the VDPBF16PS
+/// kernel (where the CPU has AVX512-BF16, else the rounding form). The latter two are for tests and
+/// benchmarks; the results agree within the bound at the top of this file.
+enum class Bf16GemmForm { fastest, rounded, dot };
 
 /// C = alpha op(A) op(B) + beta C (row-major, BLAS's arguments, C not read when beta = 0) with A and
 /// B rounded to bfloat16 and the products summed in fp32, on the calling thread: on VDPBF16PS where
-/// the CPU has AVX512-BF16 (`portable` = false), else on rounded float copies. `band` as in
-/// small_gemm.
+/// that is the faster form (small_gemm_bf16_detail::dot_kernel_pays), else on rounded float copies.
+/// `band` as in small_gemm.
 inline void small_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
                             std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc, SmallGemmBand band = {},
-                            bool portable = false) {
+                            Bf16GemmForm form = Bf16GemmForm::fastest) {
     namespace d = small_gemm_bf16_detail;
     if (m == 0 || n == 0) return;
     if (k == 0) return SmallGemm<float>::product(m, n, 0, alpha, a, 1, 1, b, n, beta, c, ldc);  // beta C only
-    const d::Strided sa{a, trans_a ? 1 : lda, trans_a ? lda : 1}, sb{b, trans_b ? 1 : ldb, trans_b ? ldb : 1};
 #if OLMAX_SMALL_GEMM_BF16_X86
-    if (!portable && d::has_avx512_bf16()) return d::avx512(m, n, k, alpha, sa, sb, beta, c, ldc, band);
+    const bool dot = form == Bf16GemmForm::dot ? d::has_avx512_bf16() : form == Bf16GemmForm::fastest && d::dot_kernel_pays();
+    if (dot) return d::avx512(m, n, k, alpha, {a, trans_a ? 1 : lda, trans_a ? lda : 1}, {b, trans_b ? 1 : ldb, trans_b ? ldb : 1}, beta, c, ldc, band);
 #else
-    (void)portable;
+    (void)form;
 #endif
-    d::portable(m, n, k, alpha, sa, sb, beta, c, ldc, band);
+    d::rounded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, band);
 }
 
 }  // namespace olmax::backend
