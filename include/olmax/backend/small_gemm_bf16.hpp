@@ -222,7 +222,7 @@ inline bool has_avx512_bf16() {
 /// FMA's multiply-adds; 175 against 110 GFLOPS at 64 x 64 x 64 on a Zen 5 core, packing included)
 /// or the fp32 kernel was compiled for vectors narrower than 16 floats. On an Emerald Rapids Xeon
 /// core (Intel, no AMX exposed) the VDPBF16PS register block alone, its operands packed and in L1,
-/// ran at 80 GFLOPS against 125-144 for the fp32 kernel's whole 64^3 product, and the rounding
+/// ran at 80 GFLOPS against 125-154 for the fp32 kernel's whole 64^3 product A B, and the rounding
 /// form's whole product at 84-114 against the dot kernel's 66-76.
 inline bool dot_kernel_pays() {
     static const bool yes = has_avx512_bf16() && (cpu_bf16_features().dot_at_fma_rate || SmallGemm<float>::lanes < 16);
