@@ -14,10 +14,10 @@
 // VCVTNE2PS2BF16; the latter rounds to nearest even, as bfloat16(float) does).
 //
 // Elsewhere, and on CPUs whose VDPBF16PS does no more multiply-adds a cycle than their fp32 FMA
-// (Intel's before AMX; see dot_kernel_pays), it rounds the operands into float copies and runs
-// SmallGemm<float>: the same products, at fp32 speed. Either way |C - the exact product of the
-// rounded operands| is within about k 2^-24 sum_p |a_p b_p| per element (fp32 sums in a different
-// order).
+// (by dot_kernel_pays' rule, Intel's AVX-512 cores), it rounds the operands into float copies and
+// runs SmallGemm<float>: the same products, near fp32 speed. Either way |C - the exact product of
+// the rounded operands| is within about k 2^-24 sum_p |a_p b_p| per element (fp32 sums in a
+// different order).
 
 #include <algorithm>
 #include <array>

@@ -2,7 +2,7 @@
 // The small GEMM an op's per-chunk or per-tile products run on, chosen by the precision policy in
 // force: backend::small_gemm, or, where the policy rounds the operands of every float GEMM to
 // bfloat16 (Kernels::float_gemms_in_bf16: inside a bf16_matmul_scope), backend::small_gemm_bf16,
-// which rounds them the same way (on the CPU's VDPBF16PS where it has AVX512-BF16). Double
+// which rounds them the same way (on VDPBF16PS where that beats the fp32 kernel). Double
 // products are left exact, as the policy leaves double GEMMs.
 //
 // Taken once per op call on the calling thread (the policy is the calling thread's backend), then
