@@ -28,11 +28,14 @@
 // a ratio exp(cum_i) / exp(cum_j)). Costs per head and chunk:
 // 2 L^2 N + 2 L^2 P (intra), 2 L N P (output from the state), 2 L P N (state update).
 //
-// Backward, per chunk from last to first, carrying dS (the gradient of the state leaving the
-// chunk; dh_last for the last one). The chunk's M = (C B^T) o Lambda, X and cum are recomputed
-// from its inputs and the state S entering it (the only thing the forward keeps: one P x N state
-// per chunk, so memory is linear in T, B H P N T / Q for the checkpoints). With dY the gradient of
-// the chunk's outputs:
+// Backward, in two passes. The first, per (batch, head) from the last chunk to the first, carries
+// dS (the gradient of the state leaving a chunk; dh_last for the last one) back through every
+// chunk, dS_in = delta dS + dY^T diag(w) C, and keeps the dS of each chunk (as many elements as
+// the checkpoints). Given its S and dS, every chunk's gradients are then its own: the second pass
+// runs over (batch, group, chunk), in parallel. The chunk's M = (C B^T) o Lambda, X and cum are
+// recomputed from its inputs and the state S entering it (the only thing the forward keeps: one
+// P x N state per chunk, so memory is linear in T, B H P N T / Q for the checkpoints). With dY
+// the gradient of the chunk's outputs:
 //
 //     dX     = M^T dY + diag(v) B dS^T                      dM  = dY X^T (lower triangle)
 //     dC     = (dM o Lambda) B + diag(w) dY S               dB  = (dM o Lambda)^T C + diag(v) X dS
@@ -43,16 +46,17 @@
 //     dx_s   = dt_s dX_s + D dY_s,     dD = sum <dY_s, x_s>,           dh0 = dS_in of chunk 0
 //
 // All products above are small GEMMs (sizes Q, P, N of 64-256) on backend::small_gemm, the
-// register-blocked kernel that runs on the calling thread without packing its operands, parallel
-// over (batch, head); under the bf16 precision policy (a bf16_matmul_scope) on small_gemm_bf16, with
-// their operands rounded to bfloat16 and fp32 sums, as every float GEMM's are there. The products
-// with a triangular operand (M, dG) skip its zero triangle, and C B^T and dM, of which only the
-// lower triangle is read, stop at the diagonal: that halves the intra-chunk work. C B^T is the
-// same for the H / G heads of a group: with H > G it is computed once
-// per (batch, group, chunk) before the heads run (a temporary of batch G T Q elements, forward and
-// backward). dB and dC are sums over the heads of a group: each head writes its own partial
-// ([batch, T, H, N], only when H > G) and they are added in head order, so the gradients do not
-// depend on the thread count.
+// register-blocked kernel that runs on the calling thread without packing its operands; under the
+// bf16 precision policy (a bf16_matmul_scope) on small_gemm_bf16, with their operands rounded to
+// bfloat16 and fp32 sums, as every float GEMM's are there. The products with a triangular operand
+// (M, dG) skip its zero triangle, and C B^T and dM, of which only the lower triangle is read, stop
+// at the diagonal: that halves the intra-chunk work. C B^T is the same for the H / G heads of a
+// group: the forward (parallel over (batch, head)) computes it once per (batch, group, chunk)
+// before the heads run (a temporary of batch G T Q elements when H > G), the backward's second
+// pass once per task. dB and dC are sums over the heads of a group: that pass adds each head's
+// dG = dM o Lambda and diag(v) X dS, diag(w) dY S terms in head order, then runs the dG products
+// once for the group, so the gradients do not depend on the thread count and the intra-chunk dB,
+// dC products cost one head's, not H / G.
 //
 // Segments (packed documents): `resets[b, t] != 0` marks position t as the first of a new
 // sequence: the carried state is zeroed before that step (h_t = dt_t x_t B_t^T), and no gradient
@@ -208,7 +212,7 @@ struct Scratch {
     std::vector<double> cum;     // [Q] chunk-local cumulative sums of dt A
     std::vector<double> dcum;    // [Q]
     std::vector<long> last_reset;  // [Q] the last reset at or before i inside the chunk, -1 if none
-    Storage<T> X, Xv, M, Lam, dM, dX, Z, T1, Cw, S, dS;
+    Storage<T> X, Xv, M, Lam, dM, dX, Z, T1, Cw, S, dS, CB, dG;
     backend::SmallProducts<T> gemm;  // the products, under the precision policy of the op's caller
 
     Scratch(const Geometry& g, bool backward, backend::SmallProducts<T> products)
@@ -226,6 +230,8 @@ struct Scratch {
             Z.resize(Q * P);
             T1.resize(Q * N);
             dS.resize(P * N);
+            CB.resize(Q * Q);
+            dG.resize(Q * Q);
         }
     }
 };
@@ -268,13 +274,10 @@ void group_products(const Geometry& g, const Buffers<T>& in, const backend::Smal
     });
 }
 
-/// The chunk's cumulative sums, resets, X = dt x (contiguous [len, P]), the decay mask Lambda
-/// (lower triangle, zero elsewhere and across resets) and M = (C B^T) o Lambda (zero where Lambda
-/// is), with the lower triangle of C B^T from `products` (group_products) or, when null, computed
-/// here.
+/// The chunk's cumulative sums of dt A and its resets (all the backward's first pass reads).
 template <class T>
-Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, std::size_t b, std::size_t h, std::size_t c, Scratch<T>& s) {
-    const std::size_t H = g.heads, P = g.head_dim, N = g.state, GN = g.groups * N, T_ = g.time;
+Chunk chunk_decays(const Geometry& g, const Buffers<T>& in, std::size_t b, std::size_t h, std::size_t c, Scratch<T>& s) {
+    const std::size_t H = g.heads, T_ = g.time;
     Chunk ch{b, h, h / g.heads_per_group(), c * g.chunk, std::min(g.chunk, T_ - c * g.chunk), 0, -1};
     const std::size_t L = ch.len;
     const double A = double(in.A[h]);
@@ -283,27 +286,50 @@ Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, 
     ch.first_reset = long(L);
     for (std::size_t i = 0; i < L; ++i) {
         const std::size_t t = ch.t0 + i;
-        const T dt = in.dt[(b * T_ + t) * H + h];
-        acc += double(dt) * A;
+        acc += double(in.dt[(b * T_ + t) * H + h]) * A;
         s.cum[i] = acc;
         if (in.resets && in.resets[b * T_ + t] != T{0}) {
             last = long(i);
             if (ch.first_reset == long(L)) ch.first_reset = long(i);
         }
         s.last_reset[i] = last;
+    }
+    ch.end_reset = last;
+    return ch;
+}
+
+/// The chunk's decays and resets (chunk_decays), X = dt x (contiguous [len, P]), the decay mask
+/// Lambda (lower triangle, zero elsewhere and across resets) and M = (C B^T) o Lambda (zero where
+/// Lambda is), with the lower triangle of the chunk's C B^T ([len, len]) from `cb` or, when null,
+/// computed here.
+template <class T>
+Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* cb, std::size_t b, std::size_t h, std::size_t c, Scratch<T>& s) {
+    const std::size_t H = g.heads, P = g.head_dim, N = g.state, GN = g.groups * N, T_ = g.time;
+    const Chunk ch = chunk_decays(g, in, b, h, c, s);
+    const std::size_t L = ch.len;
+    for (std::size_t i = 0; i < L; ++i) {
+        const std::size_t t = ch.t0 + i;
+        const T dt = in.dt[(b * T_ + t) * H + h];
         const T* xr = in.x + ((b * T_ + t) * H + h) * P;
         T* Xr = s.X.data() + i * P;
 #pragma omp simd
         for (std::size_t p = 0; p < P; ++p) Xr[p] = dt * xr[p];
     }
-    ch.end_reset = last;
     // Lambda: row i holds exp(cum_i - cum_j) for max(last_reset_i, 0) <= j <= i, made row by row as
     // row i-1 times exp(a_i) (a_i = cum_i - cum_{i-1}): one exponential per row, not per entry. Each
     // entry is then a product of at most Q factors in (0, 1], within about Q rounding errors of the
-    // exponential of its sum (in float no worse than exp of the sum rounded to float).
-    T* lam = s.Lam.data();
+    // exponential of its sum (in float no worse than exp of the sum rounded to float). Each row of
+    // M = (C B^T) o Lambda is made with its row of Lambda, on the lower triangle (C B^T is not set
+    // above it).
+    T *lam = s.Lam.data(), *m = s.M.data();
+    if (!cb) {
+        const T* Cc = in.C + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
+        const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
+        chunk_product(s.gemm, L, N, Cc, Bc, GN, m);
+        cb = m;  // read row by row below before each row of M is written
+    }
     for (std::size_t i = 0; i < L; ++i) {
-        T* row = lam + i * L;
+        T *row = lam + i * L, *mr = m + i * L;
         if (i == 0 || s.last_reset[i] == long(i)) std::fill_n(row, i, T{0});  // a reset at i: no term before it
         else {
             const T decay = T(std::exp(s.cum[i] - s.cum[i - 1]));
@@ -313,22 +339,10 @@ Chunk prepare_chunk(const Geometry& g, const Buffers<T>& in, const T* products, 
         }
         row[i] = T{1};
         std::fill(row + i + 1, row + L, T{0});
-    }
-    // M = (C B^T) o Lambda, on the lower triangle (C B^T is not set above it).
-    T* m = s.M.data();
-    const T* cb = m;
-    if (products) cb = products + product_offset(g, b, ch.grp, c);
-    else {
-        const T* Cc = in.C + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
-        const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
-        chunk_product(s.gemm, L, N, Cc, Bc, GN, m);
-    }
-    for (std::size_t i = 0; i < L; ++i) {
-        T* row = m + i * L;
-        const T *cr = cb + i * L, *lr = lam + i * L;
+        const T* cr = cb + i * L;
 #pragma omp simd
-        for (std::size_t j = 0; j <= i; ++j) row[j] = cr[j] * lr[j];
-        std::fill(row + i + 1, row + L, T{0});
+        for (std::size_t j = 0; j <= i; ++j) mr[j] = cr[j] * row[j];
+        std::fill(mr + i + 1, mr + L, T{0});
     }
     return ch;
 }
@@ -345,7 +359,7 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
     const T Dh = in.D ? in.D[h] : T{0};
     for (std::size_t c = 0; c < g.chunks; ++c) {
         if (ckpt) std::copy_n(S, PN, ckpt + ((b * H + h) * g.chunks + c) * PN);
-        const Chunk ch = prepare_chunk(g, in, products, b, h, c, s);
+        const Chunk ch = prepare_chunk(g, in, products ? products + product_offset(g, b, h / g.heads_per_group(), c) : nullptr, b, h, c, s);
         const std::size_t L = ch.len;
         const T* Cc = in.C + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
         const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
@@ -388,12 +402,12 @@ void forward_task(const Geometry& g, const Buffers<T>& in, const T* products, st
     std::copy_n(S, PN, h_last + (b * H + h) * PN);
 }
 
-/// Where the backward writes. dB_part / dC_part: [batch, T, H, N] (each head's own term; the
-/// gradient itself when H == G); dA_part, dD_part [batch, H] in double (summed over batch
-/// afterwards, in batch order).
+/// Where the backward writes. dB, dC: [batch, T, G, N] (each chunk's rows written by one task);
+/// dA_part, dD_part [batch, H, chunks] in double (summed over batch and chunks afterwards, in
+/// that order).
 template <class T>
 struct Outputs {
-    T *dx, *ddt, *dB_part, *dC_part, *dh0;
+    T *dx, *ddt, *dB, *dC;
     double *dA_part, *dD_part;
 };
 
@@ -405,38 +419,80 @@ T dot(const T* a, const T* b, std::size_t n) {
     return acc;
 }
 
-/// Backward of one (batch, head) (the formulas at the top of this file).
+/// The backward's first pass, one (batch, head), from the last chunk to the first: the gradient dS
+/// of the state leaving every chunk ([batch, H, chunks, P, N] in `state_grads`; dh_last for the
+/// last chunk), carried back as dS_in = delta dS + dY^T diag(w) C over the rows before the chunk's
+/// first reset; dh0 (when not null) gets the carry out of chunk 0. The one sequential part of the
+/// backward: one product per chunk.
 template <class T>
-void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, const T* dy, const T* dh_last, const T* ckpt,
-                   const Outputs<T>& out, std::size_t b, std::size_t h, Scratch<T>& s) {
-    const std::size_t H = g.heads, P = g.head_dim, N = g.state, GN = g.groups * N, HP = H * P, HN = H * N, PN = g.plane(), T_ = g.time;
-    const T A = in.A[h], Dh = in.D ? in.D[h] : T{0};
+void state_gradient_task(const Geometry& g, const Buffers<T>& in, const T* dy, const T* dh_last, std::size_t b, std::size_t h, T* state_grads,
+                         T* dh0, Scratch<T>& s) {
+    const std::size_t H = g.heads, P = g.head_dim, N = g.state, GN = g.groups * N, HP = H * P, PN = g.plane(), T_ = g.time;
     T* dS = s.dS.data();
     std::copy_n(dh_last + (b * H + h) * PN, PN, dS);
-    double dA = 0, dD = 0;
     for (std::size_t c = g.chunks; c-- > 0;) {
-        const T* S = ckpt + ((b * H + h) * g.chunks + c) * PN;  // the state entering the chunk
-        const Chunk ch = prepare_chunk(g, in, products, b, h, c, s);
-        const std::size_t L = ch.len, nw = std::size_t(ch.first_reset), lo = std::size_t(std::max<long>(ch.end_reset, 0));
-        const T* Cc = in.C + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
-        const T* Bc = in.B + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
-        const T* dyc = dy + ((b * T_ + ch.t0) * H + h) * P;
-        T* dBc = out.dB_part + ((b * T_ + ch.t0) * H + h) * N;
-        T* dCc = out.dC_part + ((b * T_ + ch.t0) * H + h) * N;
-        double* dcum = s.dcum.data();
+        std::copy_n(dS, PN, state_grads + ((b * H + h) * g.chunks + c) * PN);
+        const Chunk ch = chunk_decays(g, in, b, h, c, s);
+        const std::size_t L = ch.len, nw = std::size_t(ch.first_reset);
+        const T delta = ch.end_reset < 0 ? T(std::exp(s.cum[L - 1])) : T{0};
+        if (nw > 0) {
+            const T* Cc = in.C + ((b * T_ + ch.t0) * g.groups + ch.grp) * N;
+            for (std::size_t i = 0; i < nw; ++i) {
+                const T w = T(std::exp(s.cum[i]));  // no reset before i < nw
+                const T* cr = Cc + i * GN;
+                T* cw = s.Cw.data() + i * N;
+#pragma omp simd
+                for (std::size_t n = 0; n < N; ++n) cw[n] = w * cr[n];
+            }
+            s.gemm(true, false, P, N, nw, T{1}, dy + ((b * T_ + ch.t0) * H + h) * P, HP, s.Cw.data(), N, delta, dS, N);
+        } else {
+            for (std::size_t i = 0; i < PN; ++i) dS[i] *= delta;
+        }
+    }
+    if (dh0) std::copy_n(dS, PN, dh0 + (b * H + h) * PN);
+}
+
+/// The backward's second pass, one chunk of one (batch, group): every head of the group on it, in
+/// head order, from the state entering the chunk (`ckpt`) and the gradient of the state leaving it
+/// (`state_grads`). Writes the chunk's rows of dx, ddt, dB and dC and its dA and dD terms. The
+/// heads' terms dG = dM o Lambda of dB and dC are summed first, so dC += (sum dG) B and
+/// dB += (sum dG)^T C are two products per group, not per head.
+template <class T>
+void chunk_backward_task(const Geometry& g, const Buffers<T>& in, const T* dy, const T* ckpt, const T* state_grads, const Outputs<T>& out,
+                         std::size_t b, std::size_t grp, std::size_t c, Scratch<T>& s) {
+    const std::size_t H = g.heads, P = g.head_dim, N = g.state, GN = g.groups * N, HP = H * P, PN = g.plane(), T_ = g.time, hpg = g.heads_per_group();
+    const std::size_t t0 = c * g.chunk, L = std::min(g.chunk, T_ - t0);
+    const T* Cc = in.C + ((b * T_ + t0) * g.groups + grp) * N;
+    const T* Bc = in.B + ((b * T_ + t0) * g.groups + grp) * N;
+    T* dBc = out.dB + ((b * T_ + t0) * g.groups + grp) * N;
+    T* dCc = out.dC + ((b * T_ + t0) * g.groups + grp) * N;
+    for (std::size_t i = 0; i < L; ++i) {
+        std::fill_n(dBc + i * GN, N, T{0});
+        std::fill_n(dCc + i * GN, N, T{0});
+    }
+    if (hpg > 1) chunk_product(s.gemm, L, N, Cc, Bc, GN, s.CB.data());
+    T* dG = s.dG.data();  // sum over the heads of dM o Lambda, lower triangle (zero above)
+    std::fill_n(dG, L * L, T{0});
+    double* dcum = s.dcum.data();
+    for (std::size_t h = grp * hpg; h < (grp + 1) * hpg; ++h) {
+        const Chunk ch = prepare_chunk(g, in, hpg > 1 ? s.CB.data() : nullptr, b, h, c, s);
+        const std::size_t nw = std::size_t(ch.first_reset), lo = std::size_t(std::max<long>(ch.end_reset, 0));
+        const T A = in.A[h], Dh = in.D ? in.D[h] : T{0};
+        const T* S = ckpt + ((b * H + h) * g.chunks + c) * PN;         // the state entering the chunk
+        const T* dS = state_grads + ((b * H + h) * g.chunks + c) * PN;  // the gradient of the state leaving it
+        const T* dyc = dy + ((b * T_ + t0) * H + h) * P;
         std::fill_n(dcum, L, 0.0);
 
-        // Intra-chunk: dX = M^T dY; dM = dY X^T; R = dM o M feeds dcum; dG = dM o Lambda.
+        // Intra-chunk: dX = M^T dY; dM = dY X^T; R = dM o M feeds dcum; dG += dM o Lambda.
         s.gemm(true, false, L, P, L, T{1}, s.M.data(), L, dyc, HP, T{0}, s.dX.data(), P, upper_triangle);
         // dM's lower triangle only: M is zero above it.
         s.gemm(false, true, L, L, P, T{1}, dyc, HP, s.X.data(), P, T{0}, s.dM.data(), L, backend::lower_c_only);
         {
-            T *dm = s.dM.data();
-            const T *m = s.M.data(), *lam = s.Lam.data();
+            const T *dm = s.dM.data(), *m = s.M.data(), *lam = s.Lam.data();
             for (std::size_t i = 0; i < L; ++i) {
                 const std::size_t j0 = std::size_t(std::max<long>(s.last_reset[i], 0));
-                T* dmr = dm + i * L;
-                const T *mr = m + i * L, *lr = lam + i * L;
+                const T *dmr = dm + i * L, *mr = m + i * L, *lr = lam + i * L;
+                T* dgr = dG + i * L;
                 double row = 0;
                 // The diagonal's R adds to and subtracts from dcum_i: no net term.
 #pragma omp simd reduction(+ : row)
@@ -447,13 +503,9 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
                 }
                 dcum[i] += row;
 #pragma omp simd
-                for (std::size_t j = 0; j <= i; ++j) dmr[j] *= lr[j];  // dG (zero off the mask)
-                std::fill(dmr + i + 1, dmr + L, T{0});
+                for (std::size_t j = 0; j <= i; ++j) dgr[j] += dmr[j] * lr[j];  // zero off the mask
             }
         }
-        // dC = dG B (+ the state term below); dB = dG^T C (+ the state-update term below).
-        s.gemm(false, false, L, N, L, T{1}, s.dM.data(), L, Bc, GN, T{0}, dCc, HN, lower_triangle);
-        s.gemm(true, false, L, N, L, T{1}, s.dM.data(), L, Cc, GN, T{0}, dBc, HN, upper_triangle);
 
         // The state leaving the chunk: S' = delta S + X^T diag(v) B.
         const T delta = ch.end_reset < 0 ? T(std::exp(s.cum[L - 1])) : T{0};
@@ -475,10 +527,10 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
                     xv[p] = v * xr[p];
                 }
             }
-            s.gemm(false, false, L - lo, N, P, T{1}, s.Xv.data() + lo * P, P, dS, N, T{1}, dBc + lo * HN, HN);
+            s.gemm(false, false, L - lo, N, P, T{1}, s.Xv.data() + lo * P, P, dS, N, T{1}, dBc + lo * GN, GN);
         }
         // The entering state's term Y[i] += w_i C_i S^T (rows before the first reset):
-        // T1 = dY S, dw_i = <T1_i, C_i>, dC_i += w_i T1_i, dS_in = delta dS + dY^T diag(w) C.
+        // T1 = dY S, dw_i = <T1_i, C_i>, dC_i += w_i T1_i (dS_in is the first pass's).
         if (nw > 0) {
             s.gemm(false, false, nw, N, P, T{1}, dyc, HP, S, N, T{0}, s.T1.data(), N);
             const T w0 = T(std::exp(s.cum[0]));
@@ -486,27 +538,20 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
                 const T w = s.Lam[i * L] * w0;  // exp(cum_i): no reset before i < nw
                 const T *t1 = s.T1.data() + i * N, *cr = Cc + i * GN;
                 dcum[i] += double(w) * double(dot(t1, cr, N));
-                T* dcr = dCc + i * HN;
-                T* cw = s.Cw.data() + i * N;
+                T* dcr = dCc + i * GN;
 #pragma omp simd
-                for (std::size_t n = 0; n < N; ++n) {
-                    dcr[n] += w * t1[n];
-                    cw[n] = w * cr[n];
-                }
+                for (std::size_t n = 0; n < N; ++n) dcr[n] += w * t1[n];
             }
-            s.gemm(true, false, P, N, nw, T{1}, dyc, HP, s.Cw.data(), N, delta, dS, N);
-        } else {
-            for (std::size_t i = 0; i < PN; ++i) dS[i] *= delta;
         }
 
         // da_s = sum_{i >= s} dcum_i (zero at a reset: its decay multiplies a zeroed state), then
         // dt, x, A and D.
-        double da = 0;
+        double da = 0, dA = 0, dD = 0;
         for (std::size_t i = L; i-- > 0;) {
             da += dcum[i];
             const bool reset = s.last_reset[i] == long(i);
             const double da_i = reset ? 0.0 : da;
-            const std::size_t t = ch.t0 + i;
+            const std::size_t t = t0 + i;
             const T dt = in.dt[(b * T_ + t) * H + h];
             const T *xr = in.x + ((b * T_ + t) * H + h) * P, *dyr = dyc + i * HP, *dxr = s.dX.data() + i * P;
             T* dx_out = out.dx + ((b * T_ + t) * H + h) * P;
@@ -516,10 +561,12 @@ void backward_task(const Geometry& g, const Buffers<T>& in, const T* products, c
             dA += double(dt) * da_i;
             if (in.D) dD += double(dot(dyr, xr, P));
         }
+        out.dA_part[(b * H + h) * g.chunks + c] = dA;
+        out.dD_part[(b * H + h) * g.chunks + c] = dD;
     }
-    if (out.dh0) std::copy_n(dS, PN, out.dh0 + (b * H + h) * PN);
-    out.dA_part[b * H + h] = dA;
-    out.dD_part[b * H + h] = dD;
+    // dC = dG B and dB = dG^T C, summed over the group's heads, on the terms above.
+    s.gemm(false, false, L, N, L, T{1}, dG, L, Bc, GN, T{1}, dCc, GN, lower_triangle);
+    s.gemm(true, false, L, N, L, T{1}, dG, L, Cc, GN, T{1}, dBc, GN, upper_triangle);
 }
 
 /// The same SSD written with ordinary differentiable ops (the paper's Listing 1 on chunks of Q
@@ -597,7 +644,7 @@ SsdResult<T> composed(const Geometry& g, const Tensor<T>& x, const Tensor<T>& dt
     return {y, h_last};
 }
 
-/// Work estimate per (batch, head) task for parallel_for.
+/// Work estimate per (batch, head) task of the forward for parallel_for.
 inline std::size_t task_work(const Geometry& g) {
     return g.time * (g.chunk * (g.head_dim + g.state) + 2 * g.head_dim * g.state) + 1;
 }
@@ -627,60 +674,39 @@ void ssd_forward(const SsdSizes& sizes, const SsdBuffers<T>& in, T* y, T* h_last
 }
 
 /// The op's exact backward on caller-owned buffers, from the forward's operands, its checkpoints
-/// and the gradients dy [batch, T, H, P] and dh_last [batch, H, P, N] of its outputs. The sums over
-/// batch (dA, dD) and over the heads of a group (dB, dC) run in a fixed order, so the result does
-/// not depend on the thread count.
+/// and the gradients dy [batch, T, H, P] and dh_last [batch, H, P, N] of its outputs. Two passes
+/// (the top of this file): the state gradients per (batch, head), kept in a temporary as large as
+/// the checkpoints, then every chunk's gradients, parallel over (batch, group, chunk). The sums over
+/// batch and chunks (dA, dD) and over the heads of a group (dB, dC) run in a fixed order, so the
+/// result does not depend on the thread count.
 template <Real T>
 void ssd_backward(const SsdSizes& sizes, const SsdBuffers<T>& in, const T* dy, const T* dh_last, const T* checkpoints,
                   const SsdGradients<T>& grads) {
     namespace sd = detail::ssd;
     const sd::Geometry g = sd::geometry_of(sizes);
-    const std::size_t hpg = g.heads_per_group(), part = hpg == 1 ? 0 : g.batch * g.time * g.heads * g.state;
-    // With one head per group each head's term is the gradient itself.
-    Storage<T> dB_part(part), dC_part(part);
-    Storage<double> dA_part(g.batch * g.heads), dD_part(g.batch * g.heads);
-    const sd::Outputs<T> out{grads.dx,      grads.ddt,      hpg == 1 ? grads.dB : dB_part.data(), hpg == 1 ? grads.dC : dC_part.data(),
-                             grads.dh0,     dA_part.data(), dD_part.data()};
     const auto gemm = backend::SmallProducts<T>::in_force();
-    Storage<T> products(hpg > 1 ? g.batch * g.groups * g.chunks * g.chunk * g.chunk : 0);
-    if (products.size()) sd::group_products(g, in, gemm, products.data());
-    const T* cb = products.size() ? products.data() : nullptr;
-    backend::current().parallel_for(g.tasks(), 3 * sd::task_work(g), [&](std::size_t lo, std::size_t hi) {
+    Storage<T> state_grads(g.tasks() * g.chunks * g.plane());
+    Storage<double> dA_part(g.tasks() * g.chunks), dD_part(g.tasks() * g.chunks);
+    backend::current().parallel_for(g.tasks(), g.chunks * 2 * g.chunk * g.plane() + 1, [&](std::size_t lo, std::size_t hi) {
         detail::denormal_guard guard;
         sd::Scratch<T> scratch(g, true, gemm);
         for (std::size_t task = lo; task < hi; ++task)
-            sd::backward_task(g, in, cb, dy, dh_last, checkpoints, out, task / g.heads, task % g.heads, scratch);
+            sd::state_gradient_task(g, in, dy, dh_last, task / g.heads, task % g.heads, state_grads.data(), grads.dh0, scratch);
     });
-    if (hpg > 1) {  // dB[b, t, grp] = sum of its heads' terms, in head order
-        const std::size_t N = g.state, G = g.groups, H = g.heads;
-        const T *pb = dB_part.data(), *pc = dC_part.data();
-        T *db = grads.dB, *dc = grads.dC;
-        backend::current().parallel_for(g.batch * g.time, H * N, [&](std::size_t lo, std::size_t hi) {
-            std::vector<double> sb(N), sc(N);
-            for (std::size_t r = lo; r < hi; ++r)
-                for (std::size_t grp = 0; grp < G; ++grp) {
-                    std::fill(sb.begin(), sb.end(), 0.0);
-                    std::fill(sc.begin(), sc.end(), 0.0);
-                    for (std::size_t j = 0; j < hpg; ++j) {
-                        const T *rb = pb + (r * H + grp * hpg + j) * N, *rc = pc + (r * H + grp * hpg + j) * N;
-#pragma omp simd
-                        for (std::size_t n = 0; n < N; ++n) {
-                            sb[n] += double(rb[n]);
-                            sc[n] += double(rc[n]);
-                        }
-                    }
-                    T *ob = db + (r * G + grp) * N, *oc = dc + (r * G + grp) * N;
-#pragma omp simd
-                    for (std::size_t n = 0; n < N; ++n) {
-                        ob[n] = T(sb[n]);
-                        oc[n] = T(sc[n]);
-                    }
-                }
-        });
-    }
-    for (std::size_t h = 0; h < g.heads; ++h) {  // dA, dD: sums over batch, in batch order
+    const sd::Outputs<T> out{grads.dx, grads.ddt, grads.dB, grads.dC, dA_part.data(), dD_part.data()};
+    const std::size_t chunk_tasks = g.batch * g.groups * g.chunks;
+    backend::current().parallel_for(chunk_tasks, 3 * g.heads_per_group() * sd::task_work(g) / g.chunks, [&](std::size_t lo, std::size_t hi) {
+        detail::denormal_guard guard;
+        sd::Scratch<T> scratch(g, true, gemm);
+        for (std::size_t task = lo; task < hi; ++task) {
+            const std::size_t c = task % g.chunks, grp = (task / g.chunks) % g.groups, b = task / (g.chunks * g.groups);
+            sd::chunk_backward_task(g, in, dy, checkpoints, state_grads.data(), out, b, grp, c, scratch);
+        }
+    });
+    for (std::size_t h = 0; h < g.heads; ++h) {  // dA, dD: sums over batch and chunks, in that order
         double a = 0, d = 0;
-        for (std::size_t b = 0; b < g.batch; ++b) a += dA_part[b * g.heads + h], d += dD_part[b * g.heads + h];
+        for (std::size_t b = 0; b < g.batch; ++b)
+            for (std::size_t c = 0; c < g.chunks; ++c) a += dA_part[(b * g.heads + h) * g.chunks + c], d += dD_part[(b * g.heads + h) * g.chunks + c];
         if (grads.dA) grads.dA[h] = T(a);
         if (grads.dD) grads.dD[h] = T(d);
     }
