@@ -125,6 +125,7 @@
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/masks.hpp"
 #include "olmax/scan/detail/denormals.hpp"
+#include "olmax/scan/detail/dot.hpp"
 
 namespace olmax::scan {
 
@@ -520,24 +521,6 @@ void forward_task(const Geometry& geo, const Buffers<T>& in, std::size_t b, std:
     }
     if (zero) std::fill_n(state_out + geo.state(b, h), KV, T{0});
     else std::copy_n(w.S, KV, state_out + geo.state(b, h));
-}
-
-/// sum_i a[i] b[i] over n values, in four vector-wide partial sums (independent FMA chains).
-template <class T>
-T dot(const T* a, const T* b, std::size_t n) {
-    constexpr std::size_t W = line<T>;
-    T part[4][W] = {};
-    std::size_t i = 0;
-    for (; i + 4 * W <= n; i += 4 * W)
-#pragma GCC unroll 4
-        for (std::size_t u = 0; u < 4; ++u)
-#pragma omp simd
-            for (std::size_t l = 0; l < W; ++l) part[u][l] += a[i + u * W + l] * b[i + u * W + l];
-    T sum{0};
-    for (; i < n; ++i) sum += a[i] * b[i];
-    for (std::size_t u = 0; u < 4; ++u)
-        for (std::size_t l = 0; l < W; ++l) sum += part[u][l];
-    return sum;
 }
 
 /// Backward of a prepared piece of (b, h) (see the top of this file). dS: the adjoint of the state

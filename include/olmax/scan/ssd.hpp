@@ -88,6 +88,7 @@
 #include "olmax/ops/masks.hpp"
 #include "olmax/ops/shape.hpp"
 #include "olmax/scan/detail/denormals.hpp"
+#include "olmax/scan/detail/dot.hpp"
 
 namespace olmax::scan {
 
@@ -410,14 +411,6 @@ struct Outputs {
     T *dx, *ddt, *dB, *dC;
     double *dA_part, *dD_part;
 };
-
-template <class T>
-T dot(const T* a, const T* b, std::size_t n) {
-    T acc{0};
-#pragma omp simd reduction(+ : acc)
-    for (std::size_t i = 0; i < n; ++i) acc += a[i] * b[i];
-    return acc;
-}
 
 /// The backward's first pass, one (batch, head), from the last chunk to the first: the gradient dS
 /// of the state leaving every chunk ([batch, H, chunks, P, N] in `state_grads`; dh_last for the
