@@ -3,6 +3,10 @@
 // scan::ssd (Mamba-2), on float tensors: fp32 (variant "fp32") and, with --precision bf16, under
 // the bf16 precision policy (variant "bf16": inside a backend::bf16_matmul_scope, where the ops'
 // products round their operands to bfloat16 and sum in fp32, as PyTorch's bf16 autocast does).
+// The bf16 rows name the form of those products ("bf16_gemm": "dot", the VDPBF16PS kernel, or
+// "rounded", rounded float copies on the fp32 kernel): the CPU's faster one, unless the
+// environment variable OLMAX_BF16_GEMM_FORM=dot|rounded picks one (to run, for instance, an AMD
+// core's VDPBF16PS path on an Intel core that has AVX512-BF16).
 //
 // One timed run: fresh leaves (clones of fixed inputs, every input requiring grad; not timed), then
 // out = op(inputs) [forward_ms stops here], loss = sum(out * dout) with a fixed random dout,
@@ -20,6 +24,7 @@
 // Usage: bench_mixers [--quick] [--runs N] [--warmups N] [--json FILE] [--no-memory] [--only attention|gated_delta|ssd]
 //                     [--precision fp32|bf16|fp32,bf16]   (default fp32,bf16; the time rows)
 #include <olmax/backend/bf16_matmul_kernels.hpp>
+#include <olmax/backend/small_gemm_bf16.hpp>
 #include <olmax/core/memory.hpp>
 #include <olmax/core/random.hpp>
 #include <olmax/ops/attention.hpp>
@@ -172,6 +177,7 @@ void time_case(const Case& c, const Settings& s, Output& out, const std::string&
     }
     std::ostringstream o;
     o << "{\"kind\": \"time\", " << common_fields(c, precision) << ", \"runs\": " << s.runs << ", \"warmups\": " << s.warmups
+      << (precision == "bf16" ? ", \"bf16_gemm\": \"" + std::string(olmax::backend::small_gemm_bf16_fastest_form()) + "\"" : std::string())
       << ", \"forward_ms\": " << 1e3 * olmax_bench::median(fwd) << ", \"forward_backward_ms\": " << 1e3 * olmax_bench::median(total)
       << ", \"loadavg\": \"" << load_average() << "\"}";
     out.line(o.str());
@@ -307,6 +313,12 @@ int main(int argc, char** argv) {
             std::cerr << "bench_mixers: unknown argument '" << a << "' (" << usage << ")\n";
             return 2;
         }
+    }
+    try {
+        (void)olmax::backend::small_gemm_bf16_fastest_form();  // a wrong OLMAX_BF16_GEMM_FORM is refused here, before any run
+    } catch (const olmax::value_error& e) {
+        std::cerr << "bench_mixers: " << e.what() << "\n";
+        return 2;
     }
     auto wanted = [&](const std::string& op) { return s.only.empty() || s.only == op; };
     Output out(s.json_path);

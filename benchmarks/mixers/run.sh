@@ -10,7 +10,8 @@
 # Environment: OMP_NUM_THREADS (2), RUNS (5 timed runs after 1 warm-up), VARIANTS (peer.py's, default
 # eager_fp32,eager_bf16,compile_fp32,compile_bf16), COMPILE_TIMEOUT (seconds per torch.compile row,
 # compile included; default 300), ONLY (attention, gated_delta or ssd: that op alone; MEMORY=0 skips the
-# memory rows), TORCH_PYTHON (default .venv-torch/bin/python), OUT (the JSON path).
+# memory rows), TORCH_PYTHON (default .venv-torch/bin/python), OUT (the JSON path),
+# OLMAX_BF16_GEMM_FORM (dot or rounded: the form of olmax's bf16 rows' products; default the CPU's faster one).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build
@@ -33,4 +34,4 @@ echo "run.sh: OMP_NUM_THREADS=$OMP_NUM_THREADS, load average $(cut -d' ' -f1-3 /
 "$torch_python" "$here/peer.py" --runs "${RUNS:-5}" --json "$tmp/peer.jsonl" \
   --variants "${VARIANTS:-eager_fp32,eager_bf16,compile_fp32,compile_bf16}" --compile-timeout "${COMPILE_TIMEOUT:-300}" ${only[@]+"${only[@]}"}
 /usr/bin/python3 "$here/summarize.py" --out "$out" \
-  --command "OMP_NUM_THREADS=$OMP_NUM_THREADS RUNS=${RUNS:-5}${ONLY:+ ONLY=$ONLY}${MEMORY:+ MEMORY=$MEMORY} benchmarks/mixers/run.sh ${1:-}" "$tmp/olmax.jsonl" "$tmp/peer.jsonl"
+  --command "OMP_NUM_THREADS=$OMP_NUM_THREADS RUNS=${RUNS:-5}${ONLY:+ ONLY=$ONLY}${MEMORY:+ MEMORY=$MEMORY}${OLMAX_BF16_GEMM_FORM:+ OLMAX_BF16_GEMM_FORM=$OLMAX_BF16_GEMM_FORM} benchmarks/mixers/run.sh ${1:-}" "$tmp/olmax.jsonl" "$tmp/peer.jsonl"

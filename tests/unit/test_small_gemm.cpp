@@ -11,7 +11,9 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -157,7 +159,7 @@ TEST_CASE("small_gemm_bf16: random shapes, transposes, alpha, beta and bands mat
           "[small_gemm]") {
     // The VDPBF16PS kernel runs where the CPU has AVX512-BF16; elsewhere the dot form is the rounding form.
     INFO("AVX512-BF16: " << olmax::backend::small_gemm_bf16_detail::has_avx512_bf16()
-                         << ", picked: " << (olmax::backend::small_gemm_bf16_detail::dot_kernel_pays() ? "dot" : "rounded"));
+                         << ", picked: " << olmax::backend::small_gemm_bf16_fastest_form());
     small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16>(1e-5);
     small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_dot>(1e-5);
     small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_rounded>(1e-5);
@@ -172,6 +174,25 @@ TEST_CASE("small_gemm_bf16: rounds its operands (a product the fp32 kernel compu
         olmax::backend::small_gemm_bf16(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1, {}, form);
         REQUIRE(c == 1.0f);
     }
+}
+
+TEST_CASE("small_gemm_bf16: OLMAX_BF16_GEMM_FORM names the form the fastest choice runs, and a wrong value is refused", "[small_gemm]") {
+    using olmax::backend::small_gemm_bf16_detail::requested_dot_form;
+    CHECK_FALSE(requested_dot_form(nullptr).has_value());
+    CHECK_FALSE(requested_dot_form("").has_value());
+    CHECK(requested_dot_form("dot") == std::optional<bool>(true));
+    CHECK(requested_dot_form("rounded") == std::optional<bool>(false));
+    CHECK_THROWS_AS(requested_dot_form("Dot"), olmax::value_error);
+    CHECK_THROWS_WITH(requested_dot_form("vdpbf16ps"), Catch::Matchers::Contains("OLMAX_BF16_GEMM_FORM=vdpbf16ps") &&
+                                                           Catch::Matchers::Contains("expected dot or rounded"));
+    // This process's choice follows the variable it was started with (CTest leaves it unset).
+    const char* env = std::getenv("OLMAX_BF16_GEMM_FORM");
+    const std::optional<bool> asked = requested_dot_form(env);
+    const bool dot = olmax::backend::small_gemm_bf16_fastest_form() == "dot";
+    if (!olmax::backend::small_gemm_bf16_detail::has_avx512_bf16()) CHECK_FALSE(dot);
+    else if (asked) CHECK(dot == *asked);
+    else  // unset: the CPU's rule (VDPBF16PS where it issues as often as a 512-bit FMA, or fp32 vectors are narrower)
+        CHECK(dot == (olmax::backend::cpu_bf16_features().dot_at_fma_rate || olmax::backend::SmallGemm<float>::lanes < 16));
 }
 
 TEST_CASE("small_gemm_transpose: whole register blocks and edges, leading dimensions past the extents", "[small_gemm]") {

@@ -14,21 +14,26 @@
 // VCVTNE2PS2BF16; the latter rounds to nearest even, as bfloat16(float) does).
 //
 // Elsewhere, and on CPUs whose VDPBF16PS does no more multiply-adds a cycle than their fp32 FMA
-// (by dot_kernel_pays' rule, Intel's AVX-512 cores), it rounds the operands into float copies and
-// runs SmallGemm<float>: the same products, near fp32 speed. Either way |C - the exact product of
-// the rounded operands| is within about k 2^-24 sum_p |a_p b_p| per element (fp32 sums in a
-// different order).
+// (by fastest_form_is_dot's rule, Intel's AVX-512 cores), it rounds the operands into float copies
+// and runs SmallGemm<float>: the same products, near fp32 speed. Either way |C - the exact product
+// of the rounded operands| is within about k 2^-24 sum_p |a_p b_p| per element (fp32 sums in a
+// different order). The environment variable OLMAX_BF16_GEMM_FORM=dot|rounded overrides that
+// choice for a process, so an Intel core can run (and time) an AMD core's code path.
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "olmax/backend/cpu_features.hpp"
 #include "olmax/backend/small_gemm.hpp"
 #include "olmax/core/bfloat16.hpp"
+#include "olmax/core/error.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -217,28 +222,49 @@ inline bool has_avx512_bf16() {
 #endif
 }
 
-/// Whether the VDPBF16PS kernel is the faster form here (checked once): where the CPU has
-/// AVX512-BF16 and either issues VDPBF16PS as often as a 512-bit FMA (AMD Zen 4 and 5: twice the
-/// FMA's multiply-adds; 175 against 110 GFLOPS at 64 x 64 x 64 on a Zen 5 core, packing included)
-/// or the fp32 kernel was compiled for vectors narrower than 16 floats. On an Emerald Rapids Xeon
+/// The form OLMAX_BF16_GEMM_FORM asks Bf16GemmForm::fastest to run, given its value: none when
+/// unset or empty (the CPU's faster form), true for "dot" (VDPBF16PS wherever the CPU has
+/// AVX512-BF16), false for "rounded". Any other value is a value_error.
+inline std::optional<bool> requested_dot_form(const char* value) {
+    if (value == nullptr || *value == '\0') return std::nullopt;
+    const std::string_view form(value);
+    if (form == "dot") return true;
+    if (form == "rounded") return false;
+    throw value_error(olmax::detail::concat("OLMAX_BF16_GEMM_FORM=", form,
+                                            ": expected dot or rounded (or unset: the faster form on this CPU)"));
+}
+
+/// Whether Bf16GemmForm::fastest runs the VDPBF16PS kernel (decided once per process). Unless
+/// OLMAX_BF16_GEMM_FORM says otherwise, where that is the faster form: the CPU has AVX512-BF16
+/// and either issues VDPBF16PS as often as a 512-bit FMA (AMD Zen 4 and 5: twice the FMA's
+/// multiply-adds; 175 against 110 GFLOPS at 64 x 64 x 64 on a Zen 5 core, packing included) or
+/// the fp32 kernel was compiled for vectors narrower than 16 floats. On an Emerald Rapids Xeon
 /// core (Intel, no AMX exposed) the VDPBF16PS register block alone, its operands packed and in L1,
 /// ran at 80 GFLOPS against 125-154 for the fp32 kernel's whole 64^3 product A B, and the rounding
 /// form's whole product at 84-114 against the dot kernel's 66-76.
-inline bool dot_kernel_pays() {
-    static const bool yes = has_avx512_bf16() && (cpu_bf16_features().dot_at_fma_rate || SmallGemm<float>::lanes < 16);
+inline bool fastest_form_is_dot() {
+    static const bool yes = [] {
+        if (const std::optional<bool> dot = requested_dot_form(std::getenv("OLMAX_BF16_GEMM_FORM"))) return *dot && has_avx512_bf16();
+        return has_avx512_bf16() && (cpu_bf16_features().dot_at_fma_rate || SmallGemm<float>::lanes < 16);
+    }();
     return yes;
 }
 
 }  // namespace small_gemm_bf16_detail
 
-/// Which form small_gemm_bf16 runs: the faster one on this CPU, the rounding form, or the VDPBF16PS
-/// kernel (where the CPU has AVX512-BF16, else the rounding form). The latter two are for tests and
-/// benchmarks; the results agree within the bound at the top of this file.
+/// Which form small_gemm_bf16 runs: the faster one on this CPU (or the one OLMAX_BF16_GEMM_FORM
+/// names), the rounding form, or the VDPBF16PS kernel (where the CPU has AVX512-BF16, else the
+/// rounding form). The latter two are for tests and benchmarks; the results agree within the bound
+/// at the top of this file.
 enum class Bf16GemmForm { fastest, rounded, dot };
+
+/// The form Bf16GemmForm::fastest runs in this process: "dot" (VDPBF16PS) or "rounded". Throws
+/// value_error when OLMAX_BF16_GEMM_FORM holds anything but dot, rounded or nothing.
+inline std::string_view small_gemm_bf16_fastest_form() { return small_gemm_bf16_detail::fastest_form_is_dot() ? "dot" : "rounded"; }
 
 /// C = alpha op(A) op(B) + beta C (row-major, BLAS's arguments, C not read when beta = 0) with A and
 /// B rounded to bfloat16 and the products summed in fp32, on the calling thread: on VDPBF16PS where
-/// that is the faster form (small_gemm_bf16_detail::dot_kernel_pays), else on rounded float copies.
+/// that is the faster form (small_gemm_bf16_detail::fastest_form_is_dot), else on rounded float copies.
 /// `band` as in small_gemm.
 inline void small_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
                             std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc, SmallGemmBand band = {},
@@ -247,7 +273,7 @@ inline void small_gemm_bf16(bool trans_a, bool trans_b, std::size_t m, std::size
     if (m == 0 || n == 0) return;
     if (k == 0) return SmallGemm<float>::product(m, n, 0, alpha, a, 1, 1, b, n, beta, c, ldc);  // beta C only
 #if OLMAX_SMALL_GEMM_BF16_X86
-    const bool dot = form == Bf16GemmForm::dot ? d::has_avx512_bf16() : form == Bf16GemmForm::fastest && d::dot_kernel_pays();
+    const bool dot = form == Bf16GemmForm::dot ? d::has_avx512_bf16() : form == Bf16GemmForm::fastest && d::fastest_form_is_dot();
     if (dot) return d::avx512(m, n, k, alpha, {a, trans_a ? 1 : lda, trans_a ? lda : 1}, {b, trans_b ? 1 : ldb, trans_b ? ldb : 1}, beta, c, ldc, band);
 #else
     (void)form;
