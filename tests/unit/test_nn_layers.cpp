@@ -113,6 +113,35 @@ TEST_CASE("gradient checks: every layer w.r.t. input and parameters", "[nn][grad
         c.balance_coefficient = 0;
         CHECK(check_layer(nn::MoE<double>(c, rng), x));
     }
+    SECTION("MoE on its dense and its slot dispatch") {
+        auto c = cfg;
+        c.balance_coefficient = 0;
+        for (const auto dispatch : {nn::MoEDispatch::dense, nn::MoEDispatch::slots}) {
+            INFO((dispatch == nn::MoEDispatch::dense ? "dense" : "slots"));
+            c.dispatch = dispatch;
+            nn::MoE<double> moe(c, rng);
+            REQUIRE(moe.dispatch() == dispatch);
+            CHECK(check_layer(moe, x));
+        }
+    }
+    SECTION("Stack of Reversible<TiedMoE, Linear>: one expert bank tied over depth") {
+        auto c = cfg;
+        c.balance_coefficient = 0;
+        nn::Stack<nn::Reversible<nn::TiedMoE<double>, nn::Linear<double>>> stack(c, 3);
+        CHECK(check_layer(stack, olmax::randn<double>({2, 2, 8, 4}, rng), {}, {.rtol = 1e-5, .atol = 1e-7}));
+    }
+    SECTION("Dropout in training: its mask is a function of the context's seed") {
+        nn::LayerContext ctx;
+        ctx.training = true;
+        ctx.random_seed = 1234;
+        nn::Dropout<double> dropout(0.4);
+        const auto y = dropout.forward(x, ctx);
+        std::size_t dropped = 0;
+        for (std::size_t i = 0; i < y.size(); ++i) dropped += y.data()[i] == 0.0;
+        CHECK(dropped > 0);  // the check below runs through a real mask
+        CHECK(dropped < y.size());
+        CHECK(check_layer(dropout, x, ctx));
+    }
     SECTION("activations") {
         CHECK(check_layer(nn::LeakyReLU<double>(cfg, rng), x));
         CHECK(check_layer(nn::Mish<double>(cfg, rng), x));

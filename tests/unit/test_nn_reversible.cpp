@@ -112,6 +112,48 @@ TEST_CASE("Reversible: gradient check of the memory-free backward", "[nn][revers
     INFO(result);
 }
 
+TEST_CASE("ReversibleChain: inverse, memory-free backward equal to the plain one, for odd and even lengths", "[nn][reversible]") {
+    using Chain3 = nn::ReversibleChain<DenseF, LinearG, DenseF>;            // odd: the streams end swapped
+    using Chain4 = nn::ReversibleChain<DenseF, LinearG, LinearG, DenseF>;   // even: in their order
+    olmax::Generator data(6);
+    const auto x = olmax::randn<double>({2, 2, 5, 4}, data), dy = olmax::randn<double>({2, 2, 5, 4}, data);
+    auto check_chain = [&]<class Chain>(std::type_identity<Chain>) {
+        olmax::Generator r1(9), r2(9);
+        Chain rev(small_config(true), r1), plain(small_config(false), r2);
+        REQUIRE(rev.memory_saving());
+        const auto y = rev.forward(x, {});
+        CHECK(max_abs_diff(y, plain.forward(x, {})) == 0);
+        CHECK(max_abs_diff(rev.inverse(y, {}), x) < 1e-12);
+        CHECK(max_abs_diff(input_grad(rev, x, dy), input_grad(plain, x, dy)) < 1e-10);
+        const auto p_rev = nn::parameters(rev), p_plain = nn::parameters(plain);
+        REQUIRE(p_rev.size() == p_plain.size());
+        for (std::size_t i = 0; i < p_rev.size(); ++i) {
+            INFO(p_rev[i].name);
+            REQUIRE(p_rev[i].tensor.grad().defined());
+            CHECK(max_abs_diff(p_rev[i].tensor.grad(), p_plain[i].tensor.grad()) < 1e-10);
+        }
+    };
+    SECTION("three functions") { check_chain(std::type_identity<Chain3>{}); }
+    SECTION("four functions") { check_chain(std::type_identity<Chain4>{}); }
+    CHECK(olmax::autodiff::tape_size() == 0);
+}
+
+TEST_CASE("Reversible couplings: finite-difference gradients of the input and every parameter in double", "[nn][reversible][gradcheck]") {
+    olmax::Generator rng(13);
+    const auto x = olmax::randn<double>({2, 1, 4, 4}, rng);
+    auto check = [&](const auto& block) {
+        REQUIRE(block.memory_saving());  // the custom, memory-free backward is the one checked
+        const auto result = olmax::testing::check_layer_gradients(block, x);
+        INFO(result);
+        CHECK(result.ok);
+    };
+    SECTION("Reversible (parameters too)") { check(Block(small_config(), rng)); }
+    SECTION("Reversible with MomentumCoupling") { check(nn::Reversible<DenseF, LinearG, nn::MomentumCoupling>(small_config(), rng)); }
+    SECTION("RevSwap") { check(nn::RevSwap<DenseF>(small_config(), rng)); }
+    SECTION("ReversibleChain of three") { check(nn::ReversibleChain<DenseF, LinearG, DenseF>(small_config(), rng)); }
+    SECTION("ReversibleChain of four") { check(nn::ReversibleChain<LinearG, DenseF, LinearG, DenseF>(small_config(), rng)); }
+}
+
 TEST_CASE("Stack of reversible blocks: equal gradients, O(1) recompute, names", "[nn][stack][reversible]") {
     const std::size_t depth = 5;
     olmax::Generator data(4);

@@ -140,6 +140,28 @@ TEST_CASE("concat joins along an axis and splits the gradient", "[ops][shape]") 
                           {olmax::randn<double>({2, 2}, rng), olmax::randn<double>({2, 3}, rng)}));
 }
 
+TEST_CASE("stack_leading stacks along a new leading axis and splits the gradient", "[ops][shape][gradcheck]") {
+    const auto a = iota({2, 3}), b = olmax::scale(iota({2, 3}), -1.0);
+    const auto y = olmax::stack_leading(std::vector<Tensor<double>>{a, b, a});
+    REQUIRE(y.shape() == Shape{3, 2, 3});
+    for (std::size_t i = 0; i < 2; ++i)
+        for (std::size_t k = 0; k < 3; ++k) {
+            CHECK(y(std::size_t{0}, i, k) == a(i, k));
+            CHECK(y(std::size_t{1}, i, k) == b(i, k));
+            CHECK(y(std::size_t{2}, i, k) == a(i, k));
+        }
+    CHECK_THROWS_AS(olmax::stack_leading(std::vector<Tensor<double>>{}), olmax::shape_error);
+    CHECK_THROWS_WITH(olmax::stack_leading(std::vector<Tensor<double>>{a, iota({3, 2})}),
+                      Catch::Contains("stack_leading") && Catch::Contains("[2, 3]") && Catch::Contains("[3, 2]"));
+
+    olmax::Generator rng(5);
+    // Two parts, and one part used twice (its gradient is the sum of both slices').
+    CHECK(check_gradients([](const Inputs& v) { return olmax::stack_leading(v); },
+                          {olmax::randn<double>({2, 3}, rng), olmax::randn<double>({2, 3}, rng)}));
+    CHECK(check_gradients([](const Inputs& v) { return olmax::stack_leading(std::vector<Tensor<double>>{v[0], v[1], v[0]}); },
+                          {olmax::randn<double>({4}, rng), olmax::randn<double>({4}, rng)}));
+}
+
 TEST_CASE("pad adds constants before and after along an axis", "[ops][shape]") {
     auto x = iota({2, 3});
     auto y = olmax::pad(x, 1, 2, 1, -7.0);

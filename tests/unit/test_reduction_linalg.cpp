@@ -75,6 +75,28 @@ TEST_CASE("sum and mean: rank-0 and size-1 inputs", "[ops][reduction][gradcheck]
     olmax_test::check_gradients([](const Inputs& v) { return olmax::mean(v[0], {-1}, true); }, ones);
 }
 
+TEST_CASE("sum_to_size: sums a broadcast back to its shape; values, gradients and refusals", "[ops][reduction][gradcheck]") {
+    olmax::Generator rng(3);
+    const auto x = olmax::randn<double>({2, 3, 4}, rng);
+    CHECK(olmax::sum_to_size(x, x.shape()).data() == x.data());  // nothing to sum: the tensor itself
+    const auto rows = olmax::sum_to_size(x, {3, 1});  // the leading axis dropped, the last summed
+    REQUIRE(rows.shape() == Shape{3, 1});
+    for (std::size_t j = 0; j < 3; ++j) {
+        double want = 0;
+        for (std::size_t i = 0; i < 2; ++i)
+            for (std::size_t k = 0; k < 4; ++k) want += x(i, j, k);
+        CHECK(rows(j, std::size_t{0}) == Approx(want).epsilon(1e-13));
+    }
+    for (const Shape& to : {Shape{4}, Shape{3, 1}, Shape{1, 3, 4}, Shape{2, 1, 4}, Shape{1}, Shape{}}) {
+        INFO("to " << olmax::to_string(to));
+        CHECK(olmax::sum_to_size(x, to).shape() == to);
+        olmax_test::check_gradients([&](const Inputs& v) { return olmax::sum_to_size(v[0], to); }, {x});
+    }
+    CHECK_THROWS_AS(olmax::sum_to_size(x, {3}), olmax::shape_error);           // 3 is not the last axis' 4
+    CHECK_THROWS_AS(olmax::sum_to_size(x, {5, 2, 3, 4}), olmax::shape_error);  // more axes than x
+    CHECK_THROWS_WITH(olmax::sum_to_size(x, {2, 2, 4}), Catch::Contains("sum_to_size") && Catch::Contains("[2, 3, 4]"));
+}
+
 TEST_CASE("sum/mean reject repeated and out-of-range axes", "[ops][reduction][errors]") {
     const auto x = Tensor<double>({2, 3});
     CHECK_THROWS_AS(olmax::sum(x, {0, 0}), olmax::shape_error);
