@@ -624,6 +624,32 @@ TEST_CASE("causal_attention and rope traced: the materialised program gives the 
     CHECK(olmax_test::max_abs_diff(traced_resets_rope[1], x.grad()) < 1e-6);
 }
 
+TEST_CASE("causal_attention and rope traced: no [T, T] constant in the program, the masks are computed in it", "[attention][trace]") {
+    // A [T, T] constant is T^2 numbers of program text: 16.7 M at T = 4096. The causal and window
+    // mask, the document ids and the positions within documents are made from O(T) constants.
+    namespace gx = olmax::xla::graph;
+    const std::size_t B = 2, T = 64, H = 2, Dh = 4;
+    auto largest_constant = [&](bool traced_resets) {
+        olmax::trace::tracing t;
+        const auto q = t.input<float>({B, T, H, Dh}).set_requires_grad(true), k = t.input<float>({B, T, H, Dh}).set_requires_grad(true);
+        const auto v = t.input<float>({B, T, H, Dh}).set_requires_grad(true);
+        const Tensor<float> resets = traced_resets ? t.input<float>({B, T}) : olmax::cast<float>(attn_resets(B, T, {{0, 5}, {1, 40}}));
+        const auto y = olmax::causal_attention(olmax::rope(q, {.resets = resets}), olmax::rope(k, {.resets = resets}), v,
+                                               {.window = 16, .resets = resets});
+        olmax::sum(y).backward();
+        std::size_t largest = 0;
+        for (const gx::node& n : t.graph().nodes())
+            if (n.is<gx::prim::constant>() && n.values) largest = std::max(largest, n.values->size());
+        return largest;
+    };
+    for (const bool traced_resets : {false, true}) {
+        INFO((traced_resets ? "traced resets" : "host resets"));
+        const std::size_t largest = largest_constant(traced_resets);
+        CHECK(largest > 0);  // RoPE's cosine table, at least
+        CHECK(largest < T * T);
+    }
+}
+
 TEST_CASE("nn::CausalSelfAttention traced: the program gives the eager layer's values and input gradient", "[attention][trace]") {
     olmax::Generator rng(92);
     auto config = attn_small_config();

@@ -401,30 +401,24 @@ Tensor<T> sum_groups(const Tensor<T>& per_head, std::size_t kv_heads) {
 
 /// The traced form, composed of traced ops with the scores materialised ([batch, Hkv, H/Hkv, T, T]):
 /// the same function, not the blocked algorithm. Masked scores get -1e9 added (exp underflows to 0;
-/// every row keeps its diagonal): outside the window by a constant mask, and across documents by
-/// document ids d = resets U (U[s, t] = 1 for s <= t, a running count of starts; resets read as 0/1
-/// values, host ones captured as constants, traced ones a per-call input) and the penalty
-/// -1e9 min(relu(d_t - d_s), 1) for keys of an earlier document.
+/// every row keeps its diagonal): future keys and keys outside the window by masks::hidden_keys,
+/// and keys of earlier documents by document ids d (masks::document_ids: a running count of the
+/// starts; resets read as 0/1 values, host ones captured as constants, traced ones a per-call
+/// input) and the penalty -1e9 min(relu(d_t - d_s), 1). Both masks are computed in the program,
+/// whose constants stay O(T).
 template <Real T>
 Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, double scale, std::size_t window, const Tensor<T>& resets) {
     const std::size_t nb = q.extent(0), nt = q.extent(1), nh = q.extent(2), dim = q.extent(3), nkv = k.extent(2), group = nh / nkv;
     constexpr double masked = -1e9;
-    Tensor<T> mask;
-    {
-        device_scope host(Device::host());  // the constants are built on the host, then captured
-        const Dims d{1, nt, nh, nkv, dim, 1, 1, scale};
-        const auto lowest = lowest_keys(d, window, Tensor<T>());
-        mask = Tensor<T>({1, 1, 1, nt, nt});
-        for (std::size_t t = 0; t < nt; ++t)
-            for (std::size_t s = 0; s < nt; ++s) mask.data()[t * nt + s] = s >= lowest[t] && s <= t ? T{0} : T(masked);
-    }
     // Query head h = g (H / Hkv) + j meets kv head g: the queries of a group become one [group T] block.
     const Tensor<T> qg = reshape(transpose(reshape(q, Shape{nb, nt, nkv, group, dim}), {0, 2, 3, 1, 4}), Shape{nb, nkv, group * nt, dim});
     const Tensor<T> kt = transpose(k, {0, 2, 3, 1});  // [B, Hkv, Dh, T]
     const Tensor<T> vh = transpose(v, {0, 2, 1, 3});  // [B, Hkv, T, Dh]
-    Tensor<T> scores = add(reshape(olmax::scale(matmul(qg, kt), T(scale)), Shape{nb, nkv, group, nt, nt}), backend::trace::in_program(mask));
+    Tensor<T> scores = add(reshape(olmax::scale(matmul(qg, kt), T(scale)), Shape{nb, nkv, group, nt, nt}),
+                           reshape(olmax::scale(masks::hidden_keys<T>(nt, window), T(masked)), Shape{1, 1, 1, nt, nt}));
     if (resets.defined()) {
-        const Tensor<T> other_document = masks::earlier_document(masks::document_ids(resets));
+        // in the program also for host resets: computed on the host, the [batch, T, T] mask would become a constant
+        const Tensor<T> other_document = masks::earlier_document(masks::document_ids(backend::trace::in_program(resets).detach()));
         scores = add(scores, reshape(olmax::scale(other_document, T(masked)), Shape{nb, 1, 1, nt, nt}));
     }
     const Tensor<T> p = reshape(softmax(scores, -1), Shape{nb, nkv, group * nt, nt});

@@ -1,8 +1,11 @@
 #pragma once
-// Masks for the composed (traced) forms of the sequence ops: triangles as constants of a program,
-// and packed-document masks computed inside it from resets [batch, T] (0/1 values, 1 where a
-// document starts). Traced attention masks keys of earlier documents, traced RoPE restarts its
-// positions, and the traced SSD and gated delta rule zero every decay that spans a start.
+// Masks for the composed (traced) forms of the sequence ops: triangles as constants of a program
+// (for chunk-sized squares), masks over a whole sequence computed inside it from positions (an
+// O(T) constant), and packed-document masks computed inside it from resets [batch, T] (0/1 values,
+// 1 where a document starts). Traced attention masks future keys and keys of earlier documents,
+// traced RoPE restarts its positions, and the traced SSD and gated delta rule zero every decay
+// that spans a start. Nothing here puts a [T, T] constant into a program: at T = 4096 such a
+// constant is 16.7 M numbers of program text.
 
 #include <cstddef>
 
@@ -48,10 +51,53 @@ Tensor<T> is_zero_count(const Tensor<T>& count) {
     return relu(add_scalar(neg(count), T{1}));
 }
 
-/// Document ids d [batch, T]: the number of document starts at or before t, d = resets U.
+/// 0, 1, ..., n - 1 as a [1, n] host tensor: read through trace::in_program, a constant of O(n).
+/// Whole numbers, exact in float up to 2^24.
+template <Real T>
+Tensor<T> positions(std::size_t n) {
+    device_scope on_host(Device::host());
+    Tensor<T> p({1, n});
+    for (std::size_t i = 0; i < n; ++i) p.data()[i] = T(i);
+    return p;
+}
+
+/// [n, n], 1 where key s is hidden from query t (row t, column s) under causal attention with a
+/// sliding window of `window` keys (0: none): s > t, or t - s >= window. Computed in the program
+/// from positions, so its only constant has n numbers.
+template <Real T>
+Tensor<T> hidden_keys(std::size_t n, std::size_t window) {
+    const Tensor<T> pos = backend::trace::in_program(positions<T>(n));
+    const Tensor<T> ahead = sub(pos, reshape(pos, Shape{n, 1}));  // [t, s]: s - t
+    Tensor<T> hidden = at_most_one(relu(ahead));
+    if (window > 0) hidden = add(hidden, at_most_one(relu(add_scalar(neg(ahead), T(1) - T(window)))));  // t - s >= window
+    return hidden;
+}
+
+/// Inclusive running sum (op = add) or maximum (op = maximum) along the last axis, in log2(n)
+/// rounds of y = op(y, y shifted by 2^k) (Hillis & Steele 1986: each round a slice, a pad and the
+/// op), so that a program holds no [n, n] constant. The shift fills with 0: for the maximum, the
+/// values must be >= 0. Exact for whole numbers below 2^24 in float.
+template <Real T, class Op>
+Tensor<T> running(const Tensor<T>& x, Op op) {
+    const std::size_t axis = x.rank() - 1, n = x.extent(axis);
+    Tensor<T> y = x;
+    for (std::size_t shift = 1; shift < n; shift *= 2) y = op(y, pad(slice(y, long(axis), 0, n - shift), long(axis), shift, 0));
+    return y;
+}
+
+/// Document ids d [batch, T]: the number of document starts at or before t (a running sum of the
+/// resets).
 template <Real T>
 Tensor<T> document_ids(const Tensor<T>& resets) {
-    return matmul(resets, backend::trace::in_program(triangle<T>(resets.extent(1), Triangle::upper)));
+    return running(resets, [](const Tensor<T>& a, const Tensor<T>& b) { return add(a, b); });
+}
+
+/// The first step of t's document [batch, T]: the last s <= t with a reset there (a running maximum
+/// of s resets_s), 0 when there is none.
+template <Real T>
+Tensor<T> document_starts(const Tensor<T>& resets) {
+    const Tensor<T> starts = mul(resets, backend::trace::in_program(positions<T>(resets.extent(1))));
+    return running(starts, [](const Tensor<T>& a, const Tensor<T>& b) { return maximum(a, b); });
 }
 
 /// [batch, T, T] from document ids: 1 where step s lies in an earlier document than step t,

@@ -108,15 +108,16 @@ void rotate(const T* x, T* y, const std::vector<double>& pos, std::size_t heads,
 /// offset .. offset + T - 1. With resets (host ones captured as constants, traced ones a per-call
 /// input; read as 0/1 values) the positions are computed in the program and C, S are rows of a
 /// constant table of the positions 0 .. T - 1 (after a start) and offset .. offset + T - 1 (before
-/// the first), gathered per (batch, t): with document ids d = resets U (U[s, t] = 1 for s <= t)
-/// and n_t the number of steps s <= t with d_s = d_t, t's row is n_t - 1 once a document has
-/// started (d_t >= 1) and T + t before.
+/// the first), gathered per (batch, t): t's row is t - start_t once a document has started (its
+/// document id, the running count of starts, is >= 1; start_t the step of the last start at or
+/// before t, masks::document_starts) and T + t before. Both are running sums or maxima in the
+/// program, so its constants stay O(T).
 template <Real T>
 Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets, double base) {
     const std::size_t nb = x.extent(0), nt = x.extent(1), dim = x.extent(3), half = dim / 2;
     const bool gathered = resets.defined();
     const std::size_t rows = gathered ? 2 * nt : nt;  // the table's positions
-    Tensor<T> cosines, sines, swap, lower, step;
+    Tensor<T> cosines, sines, swap;
     {
         device_scope host(Device::host());  // the constants are built on the host, then captured
         cosines = Tensor<T>({rows, dim});
@@ -132,20 +133,15 @@ Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets
         }
         swap = Tensor<T>({dim, dim});
         for (std::size_t i = 0; i < half; ++i) swap.data()[(i + half) * dim + i] = swap.data()[i * dim + i + half] = T{1};
-        if (gathered) {
-            lower = reshape(masks::triangle<T>(nt, masks::Triangle::lower), Shape{1, nt, nt});  // [., t, s]: s <= t
-            step = Tensor<T>({1, nt});
-            for (std::size_t t = 0; t < nt; ++t) step.data()[t] = T(t);
-        }
     }
     using backend::trace::in_program;
     Tensor<T> c = in_program(cosines), s = in_program(sines);
     if (gathered) {
-        const Tensor<T> doc = masks::document_ids(in_program(resets).detach());                             // [B, T]
-        const Tensor<T> same = mul(add_scalar(neg(masks::earlier_document(doc)), T{1}), in_program(lower));  // s <= t in t's document
-        const Tensor<T> started = masks::at_most_one(doc);
-        const Tensor<T> before_first = add_scalar(in_program(step), T(nt));  // T + t
-        const Tensor<T> row = add(mul(started, add_scalar(sum(same, {2}), T{-1})), mul(add_scalar(neg(started), T{1}), before_first));
+        const Tensor<T> starts = in_program(resets).detach();                                                      // [B, T]
+        const Tensor<T> started = masks::at_most_one(masks::document_ids(starts));
+        const Tensor<T> step = in_program(masks::positions<T>(nt));                                                // [1, T]: t
+        const Tensor<T> in_document = sub(step, masks::document_starts(starts));                                   // t - start_t
+        const Tensor<T> row = add(mul(started, in_document), mul(add_scalar(neg(started), T{1}), add_scalar(step, T(nt))));  // or T + t
         const Tensor<std::int32_t> index = backend::trace::as_indices(reshape(row, Shape{nb * nt}));
         c = gather_rows(c, index);
         s = gather_rows(s, index);
