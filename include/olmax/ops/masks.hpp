@@ -4,8 +4,8 @@
 // O(T) constant), and packed-document masks computed inside it from resets [batch, T] (0/1 values,
 // 1 where a document starts). Traced attention masks future keys and keys of earlier documents,
 // traced RoPE restarts its positions, and the traced SSD and gated delta rule zero every decay
-// that spans a start. Nothing here puts a [T, T] constant into a program: at T = 4096 such a
-// constant is 16.7 M numbers of program text.
+// that spans a start. The masks over a whole sequence put no [T, T] constant into a program: at
+// T = 4096 one would be 16.7 M numbers of program text (`triangle` is for chunk-sized squares).
 
 #include <cstddef>
 
