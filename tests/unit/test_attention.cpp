@@ -3,6 +3,7 @@
 // tiles that do and do not divide T, windows, grouped-query heads, resets), central-difference
 // gradient checks in double, causality, packed documents, bad shapes.
 #include "test_helpers.hpp"
+#include "traced_constants.hpp"
 
 #include "olmax/nn/attention.hpp"
 #include "olmax/ops/attention.hpp"
@@ -627,7 +628,6 @@ TEST_CASE("causal_attention and rope traced: the materialised program gives the 
 TEST_CASE("causal_attention and rope traced: no [T, T] constant in the program, the masks are computed in it", "[attention][trace]") {
     // A [T, T] constant is T^2 numbers of program text: 16.7 M at T = 4096. The causal and window
     // mask, the document ids and the positions within documents are made from O(T) constants.
-    namespace gx = olmax::xla::graph;
     const std::size_t B = 2, T = 64, H = 2, Dh = 4;
     auto largest_constant = [&](bool traced_resets) {
         olmax::trace::tracing t;
@@ -637,10 +637,7 @@ TEST_CASE("causal_attention and rope traced: no [T, T] constant in the program, 
         const auto y = olmax::causal_attention(olmax::rope(q, {.resets = resets}), olmax::rope(k, {.resets = resets}), v,
                                                {.window = 16, .resets = resets});
         olmax::sum(y).backward();
-        std::size_t largest = 0;
-        for (const gx::node& n : t.graph().nodes())
-            if (n.is<gx::prim::constant>() && n.values) largest = std::max(largest, n.values->size());
-        return largest;
+        return olmax_test::largest_constant(t.graph());
     };
     for (const bool traced_resets : {false, true}) {
         INFO((traced_resets ? "traced resets" : "host resets"));

@@ -2,6 +2,7 @@
 // recurrence with its hand-written adjoint, finite-difference gradients in double, causality,
 // packed-sequence resets, carried state, bad shapes.
 #include "test_helpers.hpp"
+#include "traced_constants.hpp"
 
 #include "olmax/backend/bf16_matmul_kernels.hpp"
 #include "olmax/nn/mamba2.hpp"
@@ -477,7 +478,6 @@ TEST_CASE("scan::ssd: traced, the program's values and tape gradients equal the 
 }
 
 TEST_CASE("scan::ssd: traced with host resets, the masks are computed in the program, not captured as constants", "[ssd][trace]") {
-    namespace gx = olmax::xla::graph;
     const std::size_t B = 2, T = 64, H = 2, Q = 8;
     auto in = ssd_make_inputs(B, T, H, 2, 1, 3, 15);
     in.resets(0, 5) = 1;
@@ -487,10 +487,7 @@ TEST_CASE("scan::ssd: traced with host resets, the masks are computed in the pro
     for (const Tensor<double>* x : {&in.x, &in.dt, &in.A, &in.B, &in.C}) v.push_back(t.input<float>(x->shape()).set_requires_grad(true));
     const auto r = sc::ssd(v[0], v[1], v[2], v[3], v[4], {}, {.resets = olmax::cast<float>(in.resets), .chunk = long(Q)});
     olmax::sum(r.y).backward();
-    std::size_t largest = 0;
-    for (const gx::node& n : t.graph().nodes())
-        if (n.is<gx::prim::constant>() && n.values) largest = std::max(largest, n.values->size());
-    CHECK(largest == B * T);  // the resets themselves; the [batch, chunks, Q, Q] masks (B T Q) are made from them in the program
+    CHECK(olmax_test::largest_constant(t.graph()) == B * T);  // the resets themselves; the [batch, chunks, Q, Q] masks (B T Q) are made from them in the program
 }
 
 TEST_CASE("nn::Mamba2: layer contract, parameters and the reference initialisation", "[ssd][mamba2]") {
