@@ -584,6 +584,28 @@ TEST_CASE("scan::gated_delta_rule traced: the chunked-GEMM program gives the eag
             }
 }
 
+TEST_CASE("scan::gated_delta_rule traced: the chunk-to-chunk recurrence is one loop, so the program does not grow with T",
+          "[gated_delta][trace]") {
+    // 4 and 16 chunks of 8, forward and backward: as many nodes either way, the recurrence one
+    // matrix_scan each way (unrolled, the chunks' products grew with T / chunk).
+    namespace gx = olmax::xla::graph;
+    std::vector<std::size_t> nodes;
+    for (std::size_t time : {std::size_t{32}, std::size_t{128}}) {
+        olmax::trace::tracing t;
+        std::vector<GdnFloat> x;
+        for (const olmax::Shape& s : {olmax::Shape{1, time, 2, 4}, olmax::Shape{1, time, 2, 4}, olmax::Shape{1, time, 2, 3}, olmax::Shape{1, time, 2},
+                                      olmax::Shape{1, time, 2}, olmax::Shape{1, 2, 4, 3}})
+            x.push_back(t.input<float>(s).set_requires_grad(true));
+        const auto r = gdn_sc::gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], GdnFloat(), {.chunk = 8});
+        olmax::add(olmax::sum(r.o), olmax::sum(r.state)).backward();
+        std::size_t scans = 0;
+        for (const auto& n : t.graph().nodes()) scans += n.is<gx::prim::matrix_scan>();
+        CHECK(scans == 2);
+        nodes.push_back(t.graph().nodes().size());
+    }
+    CHECK(nodes[0] == nodes[1]);
+}
+
 TEST_CASE("scan::gated_delta_rule traced: resets, as a host constant and as a program input, to 1e-12", "[gated_delta][trace]") {
     auto in = gdn_make_inputs(2, 19, 2, 4, 3, 80);
     in.resets(0, 5) = 1;

@@ -436,3 +436,78 @@ TEST_CASE("scan: kernels restore the caller's flush-to-zero mode", "[scan]") {
     CHECK(_mm_getcsr() == before);
 }
 #endif
+
+// ---- scan::matrix_scan: h_t = M_t h_{t-1} + X_t with a matrix gate --------------------------------
+
+namespace {
+
+/// h of the matrix recurrence by plain loops in double (the test's own reference).
+Tensor<double> matrix_scan_reference(const Tensor<double>& m, const Tensor<double>& x, const Tensor<double>& h0, bool reverse) {
+    const std::size_t B = x.extent(0), n = x.extent(1), K = x.extent(2), V = x.extent(3);
+    Tensor<double> h(x.shape(), 0.0);
+    for (std::size_t b = 0; b < B; ++b) {
+        std::vector<double> state(K * V, 0.0);
+        if (h0.defined())
+            for (std::size_t i = 0; i < K * V; ++i) state[i] = h0.data()[b * K * V + i];
+        for (std::size_t k = 0; k < n; ++k) {
+            const std::size_t t = reverse ? n - 1 - k : k;
+            std::vector<double> next(K * V);
+            for (std::size_t i = 0; i < K; ++i)
+                for (std::size_t j = 0; j < V; ++j) {
+                    double s = x.data()[((b * n + t) * K + i) * V + j];
+                    for (std::size_t l = 0; l < K; ++l) s += m.data()[((b * n + t) * K + i) * K + l] * state[l * V + j];
+                    next[i * V + j] = s;
+                }
+            state = next;
+            for (std::size_t i = 0; i < K * V; ++i) h.data()[(b * n + t) * K * V + i] = state[i];
+        }
+    }
+    return h;
+}
+
+}  // namespace
+
+TEST_CASE("scan::matrix_scan: values equal the recurrence, from the start and the end, with and without h0", "[scan][matrix_scan]") {
+    olmax::Generator rng(301);
+    const Tensor<double> m = uniform_pm1<double>({2, 7, 3, 3}, rng), x = uniform_pm1<double>({2, 7, 3, 2}, rng), h0 = uniform_pm1<double>({2, 3, 2}, rng);
+    for (bool reverse : {false, true})
+        for (bool with_h0 : {false, true}) {
+            INFO((reverse ? "from the end" : "from the start") << (with_h0 ? ", h0" : ", no h0"));
+            const Tensor<double> start = with_h0 ? h0 : Tensor<double>();
+            const auto r = sc::matrix_scan(m, x, start, {.reverse = reverse});
+            const Tensor<double> expected = matrix_scan_reference(m, x, start, reverse);
+            CHECK(olmax_test::max_abs_diff(r.h, expected) < 1e-14);
+            const std::size_t last = reverse ? 0 : 6;
+            for (std::size_t b = 0; b < 2; ++b)
+                for (std::size_t i = 0; i < 6; ++i) CHECK(r.h_last.data()[b * 6 + i] == r.h.data()[(b * 7 + last) * 6 + i]);
+            const auto f = sc::matrix_scan(olmax::cast<float>(m), olmax::cast<float>(x), with_h0 ? olmax::cast<float>(h0) : Tensor<float>(), {.reverse = reverse});
+            CHECK(olmax_test::max_abs_diff(olmax::cast<double>(f.h), expected) < 1e-5);
+        }
+}
+
+TEST_CASE("scan::matrix_scan: gradients (double) for gates, x and h0 through h and h_last, forward and reverse", "[scan][matrix_scan][grad]") {
+    olmax::Generator rng(302);
+    const Tensor<double> m = uniform_pm1<double>({2, 5, 3, 3}, rng), x = uniform_pm1<double>({2, 5, 3, 4}, rng), h0 = uniform_pm1<double>({2, 3, 4}, rng);
+    for (bool reverse : {false, true})
+        for (bool through_last : {false, true}) {
+            INFO((reverse ? "from the end" : "from the start") << (through_last ? ", through h_last" : ", through h"));
+            auto f = [&](const std::vector<Tensor<double>>& in) {
+                const auto r = sc::matrix_scan(in[0], in[1], in[2], {.reverse = reverse});
+                return through_last ? r.h_last : r.h;
+            };
+            olmax_test::check_gradients(f, {m, x, h0});
+        }
+    auto no_h0 = [&](const std::vector<Tensor<double>>& in) { return sc::matrix_scan(in[0], in[1]).h; };  // one step: no earlier state
+    olmax_test::check_gradients(no_h0, {uniform_pm1<double>({1, 1, 2, 2}, rng), uniform_pm1<double>({1, 1, 2, 3}, rng)});
+    olmax_test::check_gradients(no_h0, {m, x});
+}
+
+TEST_CASE("scan::matrix_scan: bad shapes are refused naming the op", "[scan][matrix_scan]") {
+    const Tensor<float> m({2, 4, 3, 3}, 0.5f), x({2, 4, 3, 2}, 1.0f);
+    CHECK_THROWS_WITH(sc::matrix_scan(Tensor<float>({2, 4, 3, 2}, 0.5f), x), Catch::Contains("matrix_scan") && Catch::Contains("[2, 4, 3, 2]"));
+    CHECK_THROWS_WITH(sc::matrix_scan(Tensor<float>({2, 5, 3, 3}, 0.5f), x), Catch::Contains("matrix_scan: gates [2, 5, 3, 3] do not match inputs"));
+    CHECK_THROWS_WITH(sc::matrix_scan(m, Tensor<float>({2, 4, 3}, 1.0f)), Catch::Contains("matrix_scan: takes gates [batch, n, K, K]"));
+    CHECK_THROWS_WITH(sc::matrix_scan(m, x, Tensor<float>({2, 2, 3}, 0.0f)), Catch::Contains("matrix_scan: h0 [2, 2, 3] does not match the state [2, 3, 2]"));
+    CHECK_THROWS_AS(sc::matrix_scan(Tensor<float>({2, 0, 3, 3}), Tensor<float>({2, 0, 3, 2})), olmax::value_error);
+    CHECK_THROWS_AS(sc::matrix_scan(Tensor<float>(), x), olmax::shape_error);
+}

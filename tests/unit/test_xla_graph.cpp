@@ -72,6 +72,8 @@ std::vector<graph_gradient_case> graph_gradient_cases() {
          [](gx::graph&, V x) { return one_output(gx::linear_scan(x[0], x[1], olmax::xla::stablehlo::scan_strategy::sequential())); }, 0.5, 1.0},
         {"linear_scan", {f32({1, 4, 2}), f32({1, 4, 2})},
          [](gx::graph&, V x) { return one_output(gx::linear_scan(x[0], x[1], olmax::xla::stablehlo::scan_strategy::sequential(), true)); }},
+        {"matrix_scan", {f32({2, 4, 3, 3}), f32({2, 4, 3, 2})}, [](gx::graph&, V x) { return one_output(gx::matrix_scan(x[0], x[1])); }, -0.8, 0.8},
+        {"matrix_scan", {f32({1, 3, 2, 2}), f32({1, 3, 2, 3})}, [](gx::graph&, V x) { return one_output(gx::matrix_scan(x[0], x[1], true)); }},
         {"selective_scan", {f32({1, 5, 2}), f32({1, 5, 2}), f32({2, 3}), f32({1, 5, 3}), f32({1, 5, 3}), f32({1, 2, 3})},
          [](gx::graph& g, V x) {  // u, delta, A, B, C, h0; keep resets at step 3
              const var keep = gx::dense_constant(g, {1, 1, 1, 0, 1}, f32({1, 5}));
@@ -195,6 +197,19 @@ TEST_CASE("xla graph: the linear_scan primitive evaluates the recurrence from th
         CHECK(r3[0].data == std::vector<double>{1, 1, 1.5, 3, 1.75, 1, 1.875, 2, 1.9375, 3});
         CHECK(r3[1].data == std::vector<double>{1.9375, 4, 1.875, 3, 1.75, 1, 1.5, 2, 1, 1});
     }
+}
+
+TEST_CASE("xla graph: the matrix_scan primitive evaluates h_t = M_t h_{t-1} + X_t from the start and from the end", "[xla_graph]") {
+    gx::graph g;
+    const var m = g.input(f32({1, 3, 2, 2})), x = g.input(f32({1, 3, 2, 1}));
+    // M_0 = M_1 = the swap [[0, 1], [1, 0]], M_2 = 2 I; every X_t = (1, 0)
+    const std::vector<gx::host_value> in{{f32({1, 3, 2, 2}), {0, 1, 1, 0, 0, 1, 1, 0, 2, 0, 0, 2}}, {f32({1, 3, 2, 1}), {1, 0, 1, 0, 1, 0}}};
+    const auto r = gx::evaluate(g, in, {gx::matrix_scan(m, x), gx::matrix_scan(m, x, true)});
+    CHECK(r[0].data == std::vector<double>{1, 0, 1, 1, 3, 2});  // (1, 0), swap + (1, 0), 2 (1, 1) + (1, 0)
+    CHECK(r[1].data == std::vector<double>{2, 1, 1, 1, 1, 0});  // from the end: (1, 0), swap + (1, 0), swap (1, 1) + (1, 0)
+    CHECK_THROWS_WITH(gx::matrix_scan(g.input(f32({1, 3, 2, 3})), x), Catch::Contains("matrix_scan takes gates [B, n, K, K]") &&
+                                                                          Catch::Contains("tensor<1x3x2x3xf32>"));
+    CHECK_THROWS_WITH(gx::matrix_scan(m, g.input(f32({1, 4, 2, 1}))), Catch::Contains("matrix_scan takes gates"));
 }
 
 TEST_CASE("xla graph: a dense constant (a host tensor a traced op reads) evaluates and emits its exact values", "[xla_graph]") {

@@ -53,6 +53,7 @@ using all = key_list<
     struct softmax, struct log_softmax, struct cross_entropy, struct chunked_cross_entropy,                  // ops/loss.hpp
     struct gather_rows, struct scatter_rows,                                                                 // ops/gather.hpp
     struct linear_scan,                                                                                      // scan/scan.hpp
+    struct matrix_scan,                                                                                      // scan/matrix_scan.hpp
     struct selective_scan,                                                                                   // scan/selective_scan.hpp
     struct take_leading,                                                                                     // nn/views.hpp
     struct moe_route>;                                                                                       // nn/moe.hpp

@@ -91,9 +91,11 @@
 //                 solve primitive, and stable where a power series of A is not)
 //     W, U      = (I + A)^-1 diag(beta)(K . e^gamma), (I + A)^-1 diag(beta) V
 //
-// and the chunk-to-chunk recurrence unrolled (the number of chunks is static), two GEMMs a chunk:
-// V_new = U - W S, S' = e^{gamma_C} S + (K . e^{gamma_C - gamma})^T V_new. The outputs then come
-// for all chunks at once from the stacked states and V_new: O = scale [(Q . e^gamma) S +
+// and the chunk-to-chunk recurrence, V_new = U - W S, S' = e^{gamma_C} S + Kout^T V_new with
+// Kout = K . e^{gamma_C - gamma}, which is linear in S: S' = (e^{gamma_C} I - Kout^T W) S + Kout^T U,
+// one matrix_scan over the chunks (scan/matrix_scan.hpp: one loop in the program, one K x K by
+// K x V product a chunk, so the program's size does not grow with T). The outputs then come for
+// all chunks at once from the entering states S and V_new = U - W S: O = scale [(Q . e^gamma) S +
 // (Q K^T . Gamma) V_new]. Resets (a host tensor, captured as a constant, or a traced 0/1 input,
 // not differentiated) act as exp(g_t) = 0 at a start: with count = resets U (the starts in the
 // chunk up to each step), every decay product is multiplied by 1 - min(starts it spans, 1) (Gamma_ij
@@ -126,6 +128,7 @@
 #include "olmax/ops/masks.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 #include "olmax/scan/detail/dot.hpp"
+#include "olmax/scan/matrix_scan.hpp"
 
 namespace olmax::scan {
 
@@ -768,9 +771,9 @@ Tensor<T> unit_lower_inverse(const Tensor<T>& A) {
 }
 
 /// The traced form (see the top of this file): the chunked WY / UT form over every chunk at once
-/// in batched GEMMs ([batch, H, chunks, C, ...]), (I + A)^-1 as a product of ceil(log2 C) factors,
-/// and the chunk-to-chunk state recurrence unrolled (2 GEMMs a chunk). Composed of traced ops, so
-/// the tape differentiates it.
+/// in batched GEMMs ([batch, H, chunks, C, ...]), (I + A)^-1 by block forward substitution, and
+/// the chunk-to-chunk state recurrence as one matrix_scan (a loop in the program). Composed of
+/// traced ops, so the tape differentiates it.
 template <Real T>
 GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& g,
                            const Tensor<T>& beta, const Tensor<T>& h0_in, const Tensor<T>& resets_in) {
@@ -820,32 +823,27 @@ GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor
     const Tensor<T> W = matmul(inverse, mul(Kc, column(mul(betas, decay_in))));  // [batch, H, chunks, C, K]
     const Tensor<T> U = matmul(inverse, mul(Vc, column(betas)));                 // [batch, H, chunks, C, V]
     const Tensor<T> Kout = transpose(mul(Kc, column(decay_out)));                // (K . e^{gamma_C - gamma})^T
-    auto chunk_of = [&](const Tensor<T>& x, std::size_t c) {  // [batch, H, chunks, R, S] -> chunk c's [batch, H, R, S]
-        return reshape(slice(x, 2, c, c + 1), Shape{nb, nh, x.extent(3), x.extent(4)});
-    };
-    std::vector<Tensor<T>> states, news;  // the state entering each chunk (none while it is zero), V_new of each chunk
-    Tensor<T> S = h0;                     // undefined: zeros
-    for (std::size_t c = 0; c < n; ++c) {
-        const Tensor<T> Uc = chunk_of(U, c);
-        const Tensor<T> vn = S.defined() ? sub(Uc, matmul(chunk_of(W, c), S)) : Uc;
-        if (S.defined()) states.push_back(S);
-        news.push_back(vn);
-        const Tensor<T> write = matmul(chunk_of(Kout, c), vn);
-        S = S.defined() ? add(mul(S, reshape(slice(decay_all, 2, c, c + 1), Shape{nb, nh, 1, 1})), write) : write;
+    // The chunk-to-chunk recurrence S_{c+1} = e^{gamma_C} S_c + Kout_c (U_c - W_c S_c) as one matrix scan
+    // (one loop in the program, not n chunks unrolled): gates e^{gamma_C} I - Kout_c W_c, inputs Kout_c U_c.
+    const std::size_t K = geo.key, V = geo.value;
+    Tensor<T> identity;
+    {
+        device_scope host(Device::host());
+        identity = Tensor<T>({K, K});
+        for (std::size_t i = 0; i < K; ++i) identity.data()[i * K + i] = T{1};
     }
-    auto stacked = [](const std::vector<Tensor<T>>& parts) {  // [chunks, batch, H, R, S] -> [batch, H, chunks, R, S]
-        return transpose(stack_leading(parts), {1, 2, 0, 3, 4});
-    };
-    Tensor<T> O = matmul(mul(matmul(Q, Kt), Gamma), stacked(news));  // tril(Q K^T . Gamma) V_new
-    if (!states.empty()) {                                          // + (Q . e^gamma) S, from the first chunk with a state
-        const std::size_t first = n - states.size();
-        const Tensor<T> Qe = mul(Q, column(decay_in));
-        const Tensor<T> inter = matmul(first ? slice(Qe, 2, first, n) : Qe, stacked(states));
-        O = add(O, first ? pad(inter, 2, first, 0) : inter);
-    }
+    const Tensor<T> transition = sub(mul(reshape(decay_all, Shape{nb, nh, n, 1, 1}), in_program(identity)), matmul(Kout, W));
+    const auto [after, last_state] = matrix_scan(reshape(transition, Shape{nb * nh, n, K, K}), reshape(matmul(Kout, U), Shape{nb * nh, n, K, V}),
+                                                 h0.defined() ? reshape(h0, Shape{nb * nh, K, V}) : Tensor<T>());
+    // the state entering each chunk: h0 (or zeros), then the state after each chunk but the last
+    Tensor<T> entering = slice(pad(reshape(after, Shape{nb, nh, n, K, V}), 2, 1, 0), 2, 0, n);
+    if (h0.defined()) entering = add(entering, pad(reshape(h0, Shape{nb, nh, 1, K, V}), 2, 0, n - 1));
+    const Tensor<T> news = sub(U, matmul(W, entering));  // V_new = U - W S
+    // O = tril(Q K^T . Gamma) V_new + (Q . e^gamma) S
+    Tensor<T> O = add(matmul(mul(matmul(Q, Kt), Gamma), news), matmul(mul(Q, column(decay_in)), entering));
     O = reshape(olmax::scale(O, T(geo.scale)), Shape{nb, nh, n * C, geo.value});
     if (extra) O = slice(O, 2, 0, nt);
-    return {transpose(O, {0, 2, 1, 3}), S};
+    return {transpose(O, {0, 2, 1, 3}), reshape(last_state, Shape{nb, nh, K, V})};
 }
 
 }  // namespace detail::gated_delta

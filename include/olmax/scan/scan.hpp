@@ -36,6 +36,7 @@
 #include "olmax/scan/selective_scan.hpp"  // Mamba's selective scan (fused discretisation, linear-memory backward)
 #include "olmax/scan/ssd.hpp"  // Mamba-2's SSD (chunked state-space duality, linear-memory backward)
 #include "olmax/scan/gated_delta.hpp"  // the gated delta rule (Gated DeltaNet: chunked WY forward, linear-memory backward)
+#include "olmax/scan/matrix_scan.hpp"  // h_t = M_t h_{t-1} + X_t with a matrix gate (chunk-to-chunk state passing)
 #include "olmax/scan/strategies.hpp"
 
 namespace olmax::scan {

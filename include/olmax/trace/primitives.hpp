@@ -182,6 +182,11 @@ inline T linear_scan(const T& a, const T& x, const xla::stablehlo::scan_strategy
     return detail::bind1(gx::linear_scan(var_of(a), var_of(x), strategy, reverse), {a, x});
 }
 
+/// h_t = m_t h_{t-1} + x_t along axis 1 of gates [B, n, K, K] and x [B, n, K, V] from a zero
+/// state (from the end with `reverse`): one loop in the program (xla/graph's matrix_scan; its
+/// gradient is the same scan run the other way with the gates transposed).
+inline T matrix_scan(const T& m, const T& x, bool reverse) { return detail::bind1(gx::matrix_scan(var_of(m), var_of(x), reverse), {m, x}); }
+
 /// Rows of x [R, ...] by `rows` [M] (the program's f32 values holding row indices): [M, ...]. Its
 /// gradient scatters dy back into the rows (repeated rows accumulate).
 inline T gather_rows(const T& x, const T& rows) {

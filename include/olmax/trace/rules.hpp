@@ -353,6 +353,25 @@ inline Out lower(op::linear_scan, Ts in, const op::linear_scan::attrs& a) {
     return linear_scan(in[0], in[1], in[2], a.reverse, a.log_gates, active().scan_form_for(a.strategy, a.chunk));
 }
 
+/// The matrix scan from h0: its first step processed (the last one with `reverse`) gets M h0 added
+/// to its input, then one matrix_scan primitive from a zero state; h_last is that scan's last step.
+inline Out lower(op::matrix_scan, Ts in, const op::matrix_scan::attrs& a) {
+    const std::int64_t B = std::int64_t(in[1].shape()[0]), n = std::int64_t(in[1].shape()[1]), K = std::int64_t(in[1].shape()[2]),
+                       V = std::int64_t(in[1].shape()[3]);
+    const std::int64_t first = a.reverse ? n - 1 : 0, last = a.reverse ? 0 : n - 1;
+    auto step = [&](const Tf& x, std::int64_t t) {  // x[:, t] of [B, n, R, S] as [B, R, S]
+        const std::int64_t R = std::int64_t(x.shape()[2]), S = std::int64_t(x.shape()[3]);
+        return p::reshape(p::slice(x, {0, t, 0, 0}, {B, t + 1, R, S}), {std::size_t(B), std::size_t(R), std::size_t(S)});
+    };
+    Tf drive = in[1];
+    if (in[2].defined()) {
+        const Tf entering = p::reshape(p::matmul(step(in[0], first), in[2]), {std::size_t(B), 1, std::size_t(K), std::size_t(V)});
+        drive = p::add(drive, p::pad(entering, {0, first, 0, 0}, {0, n - 1 - first, 0, 0}));
+    }
+    const Tf h = p::matrix_scan(in[0], drive, a.reverse);
+    return {h, step(h, last)};
+}
+
 // ---- registration -------------------------------------------------------------------------------
 
 /// Whether key K has its rule above.

@@ -65,7 +65,8 @@ using all = primitive_list<
     struct concatenate, struct reduce_sum, struct reduce_max,
     struct dot, struct all_reduce_sum,                                                          // primitives/dot.hpp
     struct gather_rows, struct scatter_add_rows,                                                // primitives/gather.hpp
-    struct linear_scan, struct selective_scan, struct selective_scan_backward,                  // primitives/scans.hpp
+    struct linear_scan, struct matrix_scan, struct selective_scan,                              // primitives/scans.hpp
+    struct selective_scan_backward,
     struct scan_layers, struct scan_layers_backward>;                                           // primitives/layer_loop.hpp
 
 }  // namespace prim
@@ -140,7 +141,7 @@ struct node {
     double scalar = 0;                      // constant: the value
     std::shared_ptr<const std::vector<float>> values;  // constant: its elements, row-major (null: every one is `scalar`)
     dims_t dims;                            // reduce axes, permutation, broadcast dims, dot's (lhs, rhs) contracting dims
-    std::int64_t axis = 0;                  // iota: the axis; all_reduce_sum: the replica count
+    std::int64_t axis = 0;                  // iota: the axis; all_reduce_sum: the replica count; linear_scan, matrix_scan: 1 from the end; selective_scan(_backward): the chunk
     compare_direction direction = compare_direction::EQ;
     std::shared_ptr<const layer_body> body;  // scan_layers(_backward): the traced layer (or its gradient)
     std::size_t stacked = 0;                 // scan_layers(_backward): how many parameters are stacked [depth, ...]

@@ -1,6 +1,7 @@
 #pragma once
-// The scans: the linear recurrence h_t = a_t h_{t-1} + x_t (linear_scan) and Mamba's selective
-// scan fused over time with its gradient (selective_scan, selective_scan_backward).
+// The scans: the linear recurrence h_t = a_t h_{t-1} + x_t (linear_scan), the same with a matrix
+// for a_t (matrix_scan) and Mamba's selective scan fused over time with its gradient
+// (selective_scan, selective_scan_backward).
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "olmax/xla/graph/ir.hpp"
+#include "olmax/xla/graph/primitives/dot.hpp"
 #include "olmax/xla/graph/primitives/elementwise.hpp"
 #include "olmax/xla/graph/primitives/structure.hpp"
 #include "olmax/xla/stablehlo/scan.hpp"
@@ -65,6 +67,82 @@ struct linear_scan {
         const var next_gate = shift(v.x[0], 1, toward);
         const var lambda = make(next_gate, v.gy[0], v.n.scan, !reverse);
         if (v.needs(0)) v.dx[0] = multiply::make(lambda, shift(v.y[0], 1, -toward));
+        v.dx[1] = lambda;
+    }
+};
+
+/// The linear recurrence with a matrix for the gate, h_t = M_t h_{t-1} + X_t, along dimension 1 of
+/// M [B, n, K, K] and X [B, n, K, V] from a zero state (`axis` 1: h_t = M_t h_{t+1} + X_t from the
+/// end): h [B, n, K, V], the state after every step. A chunked form's chunk-to-chunk state passing
+/// (the gated delta rule's) is one, so that a program holds one loop, not n steps unrolled: its size
+/// and compile time do not grow with n. Lowered to one `stablehlo.while` over n with one batched
+/// dot_general a step, in f32 under every precision policy (a recurrent state in bf16 would round
+/// at every step). Its gradient is the same scan run the other way with the transposed gates,
+/// lambda_t = g_t + M_{t+1}^T lambda_{t+1}, then dX = lambda and dM_t = lambda_t h_{t-1}^T (one
+/// batched product), keeping only h: linear memory.
+struct matrix_scan {
+    static constexpr std::string_view name = "matrix_scan";
+    static constexpr bool saved_by_kept_layers = true;
+    static var make(const var& m, const var& x, bool reverse) {
+        detail::require_f32(name, m);
+        detail::require_f32(name, x);
+        const dims_t& md = m.dims();
+        const dims_t& xd = x.dims();
+        check<graph_error>(md.size() == 4 && xd.size() == 4 && md[0] == xd[0] && md[1] == xd[1] && md[2] == md[3] && md[3] == xd[2],
+                           "xla::graph: matrix_scan takes gates [B, n, K, K] and inputs [B, n, K, V], got ", m.type().str(), " and ",
+                           x.type().str());
+        node n = detail::make_node<matrix_scan>({m, x}, x.type());
+        n.axis = reverse ? 1 : 0;
+        return detail::commit(std::move(n));
+    }
+    static value emit(function_builder& b, const node& n, const std::vector<value>& in) {
+        const bool reverse = n.axis != 0;
+        const value m = reverse ? b.reverse(in[0], {1}) : in[0], x = reverse ? b.reverse(in[1], {1}) : in[1];
+        const std::int64_t steps = x.type.dims[1];
+        const dims_t state{x.type.dims[0], x.type.dims[2], x.type.dims[3]};
+        // Each step's slice is read in place: B runs of K K (or K V) contiguous elements.
+        const auto results = b.while_loop(
+            {b.index(0), b.constant(0.0, f32(state)), b.constant(0.0, x.type), m, x},
+            [steps](function_builder& r, const std::vector<value>& c) { return r.compare(c[0], r.index(steps), compare_direction::LT); },
+            [](function_builder& r, const std::vector<value>& c) {
+                const value gate = r.dynamic_index(c[3], 1, c[0]), drive = r.dynamic_index(c[4], 1, c[0]);
+                const value h = r.add(r.dot_general(gate, c[1], {0}, {0}, {2}, {1}), drive);  // [B, K, K] x [B, K, V]
+                return std::vector<value>{r.add(c[0], r.index(1)), h, r.dynamic_index_update(c[2], 1, h, c[0]), c[3], c[4]};
+            });
+        return reverse ? b.reverse(results[2], {1}) : results[2];
+    }
+    static void evaluate(const node& n, const std::vector<const host_value*>& in, host_value& out) {
+        const auto& d = out.type.dims;
+        const std::size_t batch = std::size_t(d[0]), steps = std::size_t(d[1]), K = std::size_t(d[2]), V = std::size_t(d[3]);
+        std::vector<double> h(K * V), next(K * V);
+        for (std::size_t b = 0; b < batch; ++b) {
+            std::fill(h.begin(), h.end(), 0.0);
+            for (std::size_t k = 0; k < steps; ++k) {
+                const std::size_t t = n.axis ? steps - 1 - k : k;
+                const double* gate = in[0]->data.data() + (b * steps + t) * K * K;
+                const double* drive = in[1]->data.data() + (b * steps + t) * K * V;
+                for (std::size_t i = 0; i < K; ++i)
+                    for (std::size_t j = 0; j < V; ++j) {
+                        double s = drive[i * V + j];
+                        for (std::size_t l = 0; l < K; ++l) s += gate[i * K + l] * h[l * V + j];
+                        next[i * V + j] = s;
+                    }
+                h.swap(next);
+                std::copy(h.begin(), h.end(), out.data.begin() + std::ptrdiff_t((b * steps + t) * K * V));
+            }
+        }
+    }
+    static void gradient(vjp& v) {
+        const bool reverse = v.n.axis != 0;
+        const std::int64_t toward = reverse ? 1 : -1;  // the gates of the step the adjoint comes from
+        const var next_gate = shift(transpose::make(v.x[0], {0, 1, 3, 2}), 1, toward);
+        const var lambda = make(next_gate, v.gy[0], !reverse);
+        if (v.needs(0)) {  // dM_t = lambda_t h_{t-1}^T, one batched product over [B n]
+            const dims_t& d = v.y[0].dims();
+            const dims_t rows{d[0] * d[1], d[2], d[3]};
+            const var earlier = shift(v.y[0], 1, -toward);
+            v.dx[0] = reshape::make(dot::make(reshape::make(lambda, rows), reshape::make(earlier, rows), 1, 1), {d[0], d[1], d[2], d[2]});
+        }
         v.dx[1] = lambda;
     }
 };
@@ -252,6 +330,10 @@ inline void selective_scan::gradient(vjp& v) {
 inline var linear_scan(const var& a, const var& x, const stablehlo::scan_strategy& strategy, bool reverse = false) {
     return prim::linear_scan::make(a, x, strategy, reverse);
 }
+
+/// prim::matrix_scan: h_t = m_t h_{t-1} + x_t over [B, n, K, K] gates and [B, n, K, V] inputs
+/// (`reverse`: from the end).
+inline var matrix_scan(const var& m, const var& x, bool reverse = false) { return prim::matrix_scan::make(m, x, reverse); }
 
 /// prim::selective_scan: (y, the last state, the chunk checkpoints).
 inline std::vector<var> selective_scan(const var& u, const var& delta, const var& A, const var& Bm, const var& C, const var& keep, const var& h0,
