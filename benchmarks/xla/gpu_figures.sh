@@ -36,11 +36,12 @@ source "$here/gpu_parts.sh"  # out, cuda, budget, part
 grep -m1 "model name" /proc/cpuinfo; nproc
 
 step_time=("$here/step_time.sh" "$build")  # with NATIVE=0: the plugin's runs only
-shapes=${SHAPES:-64:2:8:64 128:4:16:128}
+source "$here/defaults.sh"  # default_blocks, default_shapes (step_time.sh's)
+shapes=${SHAPES:-$default_shapes}
 cpu_plugin=${CPU_PLUGIN:-}
 [ -z "$cpu_plugin" ] && [ -f "$build/../lib/xla_cpu_pjrt.so" ] && cpu_plugin=$(cd "$build/../lib" && pwd)/xla_cpu_pjrt.so
 # about 45 s a run on the GPU (its compile time is most of that), at least 240 s for the part
-runs=$(($(wc -w <<< "${BLOCKS:-conv_mixer qrnn mamba moe}") * $(wc -w <<< "$shapes") * $(wc -w <<< "${PRECISIONS:-fp32}")))
+runs=$(($(wc -w <<< "${BLOCKS:-$default_blocks}") * $(wc -w <<< "$shapes") * $(wc -w <<< "${PRECISIONS:-fp32}")))
 wanted steps && part "cuda plugin, $shapes" $((runs * 45 > 240 ? runs * 45 : 240)) env OUT="$out/cuda_steps" PLUGIN="$cuda" NATIVE=0 REPEATS=1 STEPS=60 \
   SHAPES="$shapes" "${step_time[@]}"
 wanted scan_bandwidth && part "scan bandwidth" 60 "$build/benchmarks/xla/bench_xla_scan_bandwidth" --plugin="$cuda" --rows=65536 --steps=1024 --runs=10

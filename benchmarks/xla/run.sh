@@ -26,6 +26,7 @@ source "$here/../build_folder.sh" "${1:-}"  # repo, build
 bench="$build/benchmarks/xla/bench_xla_whole_step"
 [ -x "$bench" ] || { echo "xla/run.sh: no $bench; build it: cmake --build $build --target bench_xla_whole_step" >&2; exit 1; }
 source "$here/cpu_plugin.sh" xla/run.sh
+source "$here/defaults.sh"  # default_blocks
 out="${OUT:-$repo/benchmarks/results/xla-whole-step-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"
 export TF_CPP_MIN_LOG_LEVEL=2
@@ -39,7 +40,7 @@ IFS=: read -r features batch sequence <<< "${SHAPE:-64:8:64}"
 shape=(--features "$features" --batch "$batch" --sequence "$sequence" --steps "${STEPS:-5}")
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for round in $(seq "${ROUNDS:-1}"); do
-  for block in $(tr ',' ' ' <<<"${BLOCKS:-conv_mixer,qrnn,mamba,moe}"); do
+  for block in $(tr ',' ' ' <<<"${BLOCKS:-$default_blocks}"); do
     for depth in $(tr ',' ' ' <<<"${DEPTHS:-4,16,64}"); do
       tag="$block-$depth-$round"
       "$bench" --plugin "$plugin" --depths "$depth" --blocks "$block" --repeats "${REPEATS:-3}" "${shape[@]}" --json "$out/olmax-$tag.json"

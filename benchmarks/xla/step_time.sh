@@ -31,8 +31,9 @@ source "$here/../build_folder.sh" "${1:-}"  # repo, build
 train_lm="$build/examples/train_lm"
 [ -x "$train_lm" ] || { echo "xla/step_time.sh: no $train_lm; build it: cmake --build $build --target train_lm" >&2; exit 1; }
 source "$here/cpu_plugin.sh" xla/step_time.sh
-shapes="${SHAPES:-64:2:8:64 128:4:16:128}"
-blocks="${BLOCKS:-conv_mixer qrnn mamba moe}"
+source "$here/defaults.sh"  # default_blocks, default_shapes
+shapes="${SHAPES:-$default_shapes}"
+blocks="${BLOCKS:-$default_blocks}"
 steps="${STEPS:-100}" repeats="${REPEATS:-3}" threads="${THREADS:-2}" precisions="${PRECISIONS:-fp32}"
 out="${OUT:-$repo/benchmarks/results/xla-step-time-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"

@@ -500,6 +500,8 @@ TEST_CASE("scan::matrix_scan: gradients (double) for gates, x and h0 through h a
     auto no_h0 = [&](const std::vector<Tensor<double>>& in) { return sc::matrix_scan(in[0], in[1]).h; };  // one step: no earlier state
     olmax_test::check_gradients(no_h0, {uniform_pm1<double>({1, 1, 2, 2}, rng), uniform_pm1<double>({1, 1, 2, 3}, rng)});
     olmax_test::check_gradients(no_h0, {m, x});
+    auto fixed_gates = [&](const std::vector<Tensor<double>>& in) { return sc::matrix_scan(m, in[0], in[1], {.reverse = true}).h; };  // no dM wanted
+    olmax_test::check_gradients(fixed_gates, {x, h0});
 }
 
 TEST_CASE("scan::matrix_scan: bad shapes are refused naming the op", "[scan][matrix_scan]") {

@@ -823,27 +823,42 @@ GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor
     const Tensor<T> W = matmul(inverse, mul(Kc, column(mul(betas, decay_in))));  // [batch, H, chunks, C, K]
     const Tensor<T> U = matmul(inverse, mul(Vc, column(betas)));                 // [batch, H, chunks, C, V]
     const Tensor<T> Kout = transpose(mul(Kc, column(decay_out)));                // (K . e^{gamma_C - gamma})^T
-    // The chunk-to-chunk recurrence S_{c+1} = e^{gamma_C} S_c + Kout_c (U_c - W_c S_c) as one matrix scan
-    // (one loop in the program, not n chunks unrolled): gates e^{gamma_C} I - Kout_c W_c, inputs Kout_c U_c.
-    const std::size_t K = geo.key, V = geo.value;
-    Tensor<T> identity;
-    {
-        device_scope host(Device::host());
-        identity = Tensor<T>({K, K});
-        for (std::size_t i = 0; i < K; ++i) identity.data()[i * K + i] = T{1};
+    // The chunk-to-chunk recurrence S_{c+1} = e^{gamma_C} S_c + Kout_c (U_c - W_c S_c), linear in S: one
+    // matrix scan (one loop in the program, not n chunks unrolled) with gates e^{gamma_C} I - Kout_c W_c
+    // and inputs Kout_c U_c. Without h0 the first chunk is entered with S = 0, so the state after it
+    // is its input and the scan starts at the second chunk (no products with a zero state).
+    const std::size_t K = geo.key, V = geo.value, first = h0.defined() ? 0 : 1;  // the first chunk entered with a state
+    auto from_first = [&](const Tensor<T>& x) { return first ? slice(x, 2, first, n) : x; };  // chunks first .. n-1
+    auto to_all = [&](const Tensor<T>& x) { return first ? pad(x, 2, first, 0) : x; };        // and back, zeros before
+    const Tensor<T> inputs = matmul(Kout, U);                                                   // [batch, H, chunks, K, V]
+    const Tensor<T> start = first ? reshape(slice(inputs, 2, 0, 1), Shape{nb, nh, K, V}) : h0;  // the state entering chunk `first`
+    Tensor<T> news = U, final_state = start, from_state;  // V_new, the state after the last chunk, (Q . e^gamma) S
+    if (n > first) {
+        const std::size_t m = n - first;
+        Tensor<T> identity;
+        {
+            device_scope host(Device::host());
+            identity = Tensor<T>({K, K});
+            for (std::size_t i = 0; i < K; ++i) identity.data()[i * K + i] = T{1};
+        }
+        const Tensor<T> W_on = from_first(W);
+        const Tensor<T> transition =
+            sub(mul(reshape(from_first(decay_all), Shape{nb, nh, m, 1, 1}), in_program(identity)), matmul(from_first(Kout), W_on));
+        const auto [after, last_state] = matrix_scan(reshape(transition, Shape{nb * nh, m, K, K}),
+                                                     reshape(from_first(inputs), Shape{nb * nh, m, K, V}), reshape(start, Shape{nb * nh, K, V}));
+        // the state entering each of those chunks: `start`, then the state after each but the last
+        const Tensor<T> entering =
+            add(slice(pad(reshape(after, Shape{nb, nh, m, K, V}), 2, 1, 0), 2, 0, m), pad(reshape(start, Shape{nb, nh, 1, K, V}), 2, 0, m - 1));
+        news = sub(U, to_all(matmul(W_on, entering)));  // V_new = U - W S
+        from_state = to_all(matmul(from_first(mul(Q, column(decay_in))), entering));
+        final_state = reshape(last_state, Shape{nb, nh, K, V});
     }
-    const Tensor<T> transition = sub(mul(reshape(decay_all, Shape{nb, nh, n, 1, 1}), in_program(identity)), matmul(Kout, W));
-    const auto [after, last_state] = matrix_scan(reshape(transition, Shape{nb * nh, n, K, K}), reshape(matmul(Kout, U), Shape{nb * nh, n, K, V}),
-                                                 h0.defined() ? reshape(h0, Shape{nb * nh, K, V}) : Tensor<T>());
-    // the state entering each chunk: h0 (or zeros), then the state after each chunk but the last
-    Tensor<T> entering = slice(pad(reshape(after, Shape{nb, nh, n, K, V}), 2, 1, 0), 2, 0, n);
-    if (h0.defined()) entering = add(entering, pad(reshape(h0, Shape{nb, nh, 1, K, V}), 2, 0, n - 1));
-    const Tensor<T> news = sub(U, matmul(W, entering));  // V_new = U - W S
     // O = tril(Q K^T . Gamma) V_new + (Q . e^gamma) S
-    Tensor<T> O = add(matmul(mul(matmul(Q, Kt), Gamma), news), matmul(mul(Q, column(decay_in)), entering));
+    Tensor<T> O = matmul(mul(matmul(Q, Kt), Gamma), news);
+    if (from_state.defined()) O = add(O, from_state);
     O = reshape(olmax::scale(O, T(geo.scale)), Shape{nb, nh, n * C, geo.value});
     if (extra) O = slice(O, 2, 0, nt);
-    return {transpose(O, {0, 2, 1, 3}), reshape(last_state, Shape{nb, nh, K, V})};
+    return {transpose(O, {0, 2, 1, 3}), final_state};
 }
 
 }  // namespace detail::gated_delta

@@ -83,8 +83,8 @@ void forward_row(const Geometry& g, std::size_t b, const T* gates, const T* x, c
     std::copy_n(previous, plane, h_last + b * plane);
 }
 
-/// The gradients of batch row b (see the top of this file); dh, dh_last may be null (zero), dh0
-/// null when not wanted. dx holds lambda, which the step before reads.
+/// The gradients of batch row b (see the top of this file); dh, dh_last may be null (zero), dgates
+/// and dh0 null when not wanted. dx holds lambda, which the step before reads.
 template <Real T>
 void backward_row(const Geometry& g, std::size_t b, const T* gates, const T* h, const T* h0, const T* dh, const T* dh_last, T* dgates, T* dx,
                   T* dh0) {
@@ -100,10 +100,12 @@ void backward_row(const Geometry& g, std::size_t b, const T* gates, const T* h, 
         if (later)  // + M_later^T lambda_later
             backend::small_gemm(true, false, g.key, g.value, g.key, T{1}, gates + g.gate_at(b, g.step(k + 1)), g.key, later, g.value, T{1}, lambda,
                                 g.value);
-        const T* earlier = k > 0 ? h + g.state_at(b, g.step(k - 1)) : (h0 ? h0 + b * plane : nullptr);
-        T* dm = dgates + g.gate_at(b, t);
-        if (earlier) backend::small_gemm(false, true, g.key, g.key, g.value, T{1}, lambda, g.value, earlier, g.value, T{0}, dm, g.key);
-        else std::fill_n(dm, g.key * g.key, T{0});
+        if (dgates) {
+            const T* earlier = k > 0 ? h + g.state_at(b, g.step(k - 1)) : (h0 ? h0 + b * plane : nullptr);
+            T* dm = dgates + g.gate_at(b, t);
+            if (earlier) backend::small_gemm(false, true, g.key, g.key, g.value, T{1}, lambda, g.value, earlier, g.value, T{0}, dm, g.key);
+            else std::fill_n(dm, g.key * g.key, T{0});
+        }
         later = lambda;
     }
     if (dh0) {
@@ -141,16 +143,17 @@ ScanResult<T> matrix_scan(const Tensor<T>& gates, const Tensor<T>& x, const Tens
                                 std::span<const Tensor<T>> grads, autodiff::GradientSink<T>& sink) {
                                 const Tensor<T>& dh = grads[0];
                                 const Tensor<T>& dh_last = grads[1];
-                                auto dgates = Tensor<T>::uninitialized(m.shape()), dx = Tensor<T>::uninitialized(h.shape());
+                                auto dgates = sink.needs(0) ? Tensor<T>::uninitialized(m.shape()) : Tensor<T>();
+                                auto dx = Tensor<T>::uninitialized(h.shape());
                                 const bool want_dh0 = start.defined() && sink.needs(2);
                                 auto dh0 = want_dh0 ? Tensor<T>::uninitialized(start.shape()) : Tensor<T>();
                                 backend::current().parallel_for(g.batch, 2 * g.steps * g.key * g.key * g.value + 1, [&](std::size_t lo, std::size_t hi) {
                                     for (std::size_t b = lo; b < hi; ++b)
                                         ms::backward_row(g, b, m.data(), h.data(), start.defined() ? start.data() : nullptr,
                                                          dh.defined() ? dh.data() : nullptr, dh_last.defined() ? dh_last.data() : nullptr,
-                                                         dgates.data(), dx.data(), want_dh0 ? dh0.data() : nullptr);
+                                                         dgates.defined() ? dgates.data() : nullptr, dx.data(), want_dh0 ? dh0.data() : nullptr);
                                 });
-                                if (sink.needs(0)) sink.add(0, dgates);
+                                if (dgates.defined()) sink.add(0, dgates);
                                 if (sink.needs(1)) sink.add(1, dx);
                                 if (want_dh0) sink.add(2, dh0);
                             });

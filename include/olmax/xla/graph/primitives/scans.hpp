@@ -76,7 +76,7 @@ struct linear_scan {
 /// end): h [B, n, K, V], the state after every step. A chunked form's chunk-to-chunk state passing
 /// (the gated delta rule's) is one, so that a program holds one loop, not n steps unrolled: its size
 /// and compile time do not grow with n. Lowered to one `stablehlo.while` over n with one batched
-/// dot_general a step, in f32 under every precision policy (a recurrent state in bf16 would round
+/// dot_general a step (n <= unrolled_steps: those steps one after another), in f32 under every precision policy (a recurrent state in bf16 would round
 /// at every step). Its gradient is the same scan run the other way with the transposed gates,
 /// lambda_t = g_t + M_{t+1}^T lambda_{t+1}, then dX = lambda and dM_t = lambda_t h_{t-1}^T (one
 /// batched product), keeping only h: linear memory.
@@ -95,11 +95,30 @@ struct matrix_scan {
         n.axis = reverse ? 1 : 0;
         return detail::commit(std::move(n));
     }
+    /// Up to this many steps are written out one after another instead of looped: a loop of one to
+    /// a few iterations (a chunked form at short T) costs XLA more than its copies of the step.
+    static constexpr std::int64_t unrolled_steps = 4;
     static value emit(function_builder& b, const node& n, const std::vector<value>& in) {
         const bool reverse = n.axis != 0;
         const value m = reverse ? b.reverse(in[0], {1}) : in[0], x = reverse ? b.reverse(in[1], {1}) : in[1];
-        const std::int64_t steps = x.type.dims[1];
-        const dims_t state{x.type.dims[0], x.type.dims[2], x.type.dims[3]};
+        const std::int64_t batch = x.type.dims[0], steps = x.type.dims[1], K = x.type.dims[2], V = x.type.dims[3];
+        const dims_t state{batch, K, V};
+        if (steps <= unrolled_steps) {
+            std::vector<value> parts;
+            value h;
+            for (std::int64_t t = 0; t < steps; ++t) {
+                const value drive = b.reshape(b.slice(x, {0, t, 0, 0}, {batch, t + 1, K, V}), state);
+                if (t == 0) {
+                    h = drive;  // from a zero state
+                } else {
+                    const value gate = b.reshape(b.slice(m, {0, t, 0, 0}, {batch, t + 1, K, K}), {batch, K, K});
+                    h = b.add(b.dot_general(gate, h, {0}, {0}, {2}, {1}), drive);
+                }
+                parts.push_back(b.reshape(h, {batch, 1, K, V}));
+            }
+            const value all = steps == 1 ? parts[0] : b.concatenate(parts, 1);
+            return reverse ? b.reverse(all, {1}) : all;
+        }
         // Each step's slice is read in place: B runs of K K (or K V) contiguous elements.
         const auto results = b.while_loop(
             {b.index(0), b.constant(0.0, f32(state)), b.constant(0.0, x.type), m, x},
