@@ -1,11 +1,12 @@
 #pragma once
-// Masks for the composed (traced) forms of the sequence ops: triangles as constants of a program
-// (for chunk-sized squares), masks over a whole sequence computed inside it from positions (an
-// O(T) constant), and packed-document masks computed inside it from resets [batch, T] (0/1 values,
-// 1 where a document starts). Traced attention masks future keys and keys of earlier documents,
-// traced RoPE restarts its positions, and the traced SSD and gated delta rule zero every decay
-// that spans a start. The masks over a whole sequence put no [T, T] constant into a program: at
-// T = 4096 one would be 16.7 M numbers of program text (`triangle` is for chunk-sized squares).
+// Masks for the composed (traced) forms of the sequence ops: triangles and the identity as
+// constants of a program (for chunk-sized squares), masks over a whole sequence computed inside it
+// from positions (an O(T) constant), and packed-document masks computed inside it from resets
+// [batch, T] (0/1 values, 1 where a document starts). Traced attention masks future keys and keys
+// of earlier documents, traced RoPE restarts its positions, and the traced SSD and gated delta rule
+// zero every decay that spans a start. The masks over a whole sequence put no [T, T] constant into
+// a program: at T = 4096 one would be 16.7 M numbers of program text (`triangle` is for chunk-sized
+// squares).
 
 #include <cstddef>
 
@@ -35,6 +36,15 @@ Tensor<T> triangle(std::size_t n, Triangle which) {
             const bool on = which == Triangle::upper ? i <= j : which == Triangle::lower ? j <= i : j < i;
             m.data()[i * n + j] = on ? T{1} : T{0};
         }
+    return m;
+}
+
+/// [n, n]: the identity, made on the host like `triangle`.
+template <Real T>
+Tensor<T> identity(std::size_t n) {
+    device_scope on_host(Device::host());
+    Tensor<T> m({n, n});
+    for (std::size_t i = 0; i < n; ++i) m.data()[i * n + i] = T{1};
     return m;
 }
 

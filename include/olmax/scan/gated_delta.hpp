@@ -750,12 +750,8 @@ Tensor<T> unit_lower_inverse(const Tensor<T>& A) {
     D = in_program(D);
     for (std::size_t s = 1; s < P; s *= 2) {
         const std::size_t pairs = P / (2 * s);
-        Tensor<T> same;  // [pairs, 1, pairs, 1]: 1 where the two pair indices agree (picks the diagonal blocks)
-        {
-            device_scope host(Device::host());
-            same = Tensor<T>({pairs, 1, pairs, 1});
-            for (std::size_t p = 0; p < pairs; ++p) same.data()[p * pairs + p] = T{1};
-        }
+        // [pairs, 1, pairs, 1]: 1 where the two pair indices agree (picks the diagonal blocks)
+        const Tensor<T> same = reshape(masks::identity<T>(pairs), Shape{pairs, 1, pairs, 1});
         // A21 of each pair: rows of its second block, columns of its first, [L, pairs, s, s]
         const Tensor<T> blocks = reshape(Ap, Shape{L, pairs, 2, s, pairs, 2, s});
         const Tensor<T> lower_left = reshape(slice(slice(blocks, 2, 1, 2), 5, 0, 1), Shape{L, pairs, s, pairs, s});
@@ -835,15 +831,9 @@ GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor
     Tensor<T> news = U, final_state = start, from_state;  // V_new, the state after the last chunk, (Q . e^gamma) S
     if (n > first) {
         const std::size_t m = n - first;
-        Tensor<T> identity;
-        {
-            device_scope host(Device::host());
-            identity = Tensor<T>({K, K});
-            for (std::size_t i = 0; i < K; ++i) identity.data()[i * K + i] = T{1};
-        }
         const Tensor<T> W_on = from_first(W);
         const Tensor<T> transition =
-            sub(mul(reshape(from_first(decay_all), Shape{nb, nh, m, 1, 1}), in_program(identity)), matmul(from_first(Kout), W_on));
+            sub(mul(reshape(from_first(decay_all), Shape{nb, nh, m, 1, 1}), in_program(masks::identity<T>(K))), matmul(from_first(Kout), W_on));
         const auto [after, last_state] = matrix_scan(reshape(transition, Shape{nb * nh, m, K, K}),
                                                      reshape(from_first(inputs), Shape{nb * nh, m, K, V}), reshape(start, Shape{nb * nh, K, V}));
         // the state entering each of those chunks: `start`, then the state after each but the last
