@@ -17,23 +17,6 @@
 
 namespace olmax {
 
-namespace op {
-/// Keys of element-wise ops without a lowering rule (yet): not entries of op::all, so on traced
-/// tensors they fail at trace time, naming the op.
-struct abs {
-    static constexpr std::string_view name = "abs";
-    struct attrs {};
-};
-struct mish {
-    static constexpr std::string_view name = "mish";
-    struct attrs {};
-};
-struct elephant {
-    static constexpr std::string_view name = "elephant";
-    struct attrs {};
-};
-}  // namespace op
-
 namespace detail {
 
 /// Iterates over every element of `out_shape`, calling f(out_index, a_offset, b_offset) where the
@@ -420,7 +403,8 @@ Tensor<T> elephant(const Tensor<T>& x, T a = T{1}, T d = T{4}) {
                                    if (u == T{0}) return T{0};
                                    // dy/dx = -d * u^(d-1) * sign(x) / a * y^2
                                    return -d * std::pow(u, d - T{1}) * (v < T{0} ? T{-1} : T{1}) / a * y * y;
-                               });
+                               },
+                               {.a = double(a), .d = double(d)});
 }
 
 /// Fused element-wise map into an existing tensor, not recorded on the tape:
@@ -546,6 +530,31 @@ struct softplus : elementwise_unary<softplus> {
     static constexpr std::string_view name = "softplus";
     static constexpr float lo = -30, hi = 30;  // where exp(x) under- and overflows in float
     template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::softplus(in[0]); }
+};
+struct abs : elementwise_unary<abs> {
+    static constexpr std::string_view name = "abs";
+    static constexpr float lo = -2, hi = 2;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::abs(in[0]); }
+};
+struct mish : elementwise_unary<mish> {
+    static constexpr std::string_view name = "mish";
+    static constexpr float lo = -5, hi = 5;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::mish(in[0]); }
+};
+/// 1 / (1 + |x / a|^d), a > 0, d > 0.
+struct elephant : registered<elephant> {
+    static constexpr std::string_view name = "elephant";
+    struct attrs {
+        double a = 1, d = 4;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto out = samples::unary<attrs>(rng, -3, 3, {1, 4});
+        for (const attrs a : {attrs{0.5, 2}, attrs{1.5, 3.5}, attrs{2, 0.75}}) out.push_back({{samples::uniform(rng, {3, 4}, -3, 3)}, a});
+        return out;
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::elephant(in[0], T(a.a), T(a.d));
+    }
 };
 
 /// x + value.

@@ -43,10 +43,11 @@ struct key_list {
 using all = key_list<
     struct add, struct sub, struct mul, struct div, struct maximum,                                          // ops/elementwise.hpp
     struct exp, struct log, struct sqrt, struct rsqrt, struct square, struct tanh, struct sigmoid, struct relu,
-    struct hard_sigmoid, struct silu, struct softplus, struct add_scalar, struct scale, struct leaky_relu,
-    struct sum, struct mean,                                                                                 // ops/reduction.hpp
+    struct hard_sigmoid, struct silu, struct softplus, struct abs, struct mish, struct elephant, struct add_scalar, struct scale,
+    struct leaky_relu,
+    struct sum, struct mean, struct max,                                                                     // ops/reduction.hpp
     struct matmul, struct contract_axis,                                                                     // ops/linalg.hpp
-    struct reshape, struct transpose, struct slice, struct pad, struct stack_leading,                        // ops/shape.hpp
+    struct reshape, struct transpose, struct slice, struct pad, struct concat, struct stack_leading,          // ops/shape.hpp
     struct embedding,                                                                                        // ops/embedding.hpp
     struct causal_conv1d,                                                                                    // ops/conv.hpp
     struct scale_norm, struct rms_norm,                                                                      // ops/norm.hpp

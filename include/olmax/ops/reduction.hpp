@@ -212,33 +212,35 @@ Tensor<T> max(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
     const std::size_t a = normalize_axis(axis, x.rank(), "max");
     const auto sp = detail::split_at(x.shape(), a);
     check<shape_error>(sp.n > 0, "max: axis ", axis, " of shape ", to_string(x.shape()), " has length 0");
-    auto y = Tensor<T>::uninitialized(detail::reduced_shape(x.shape(), a, keepdims));
-    std::vector<std::size_t> arg(sp.outer * sp.inner);
-    const T* xp = x.data();
-    T* yp = y.data();
-    backend::current().parallel_for(arg.size(), sp.n, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t r = lo; r < hi; ++r) {
-            const std::size_t o = r / sp.inner, i = r % sp.inner;
-            std::size_t best = 0;
-            T bv = xp[o * sp.n * sp.inner + i];
-            for (std::size_t k = 1; k < sp.n && !std::isnan(bv); ++k) {
-                const T v = xp[(o * sp.n + k) * sp.inner + i];
-                if (v > bv || std::isnan(v)) bv = v, best = k;
+    return on.run<op::max>({x}, {.axis = a, .keepdims = keepdims}, [&] {
+        auto y = Tensor<T>::uninitialized(detail::reduced_shape(x.shape(), a, keepdims));
+        std::vector<std::size_t> arg(sp.outer * sp.inner);
+        const T* xp = x.data();
+        T* yp = y.data();
+        backend::current().parallel_for(arg.size(), sp.n, [&](std::size_t lo, std::size_t hi) {
+            for (std::size_t r = lo; r < hi; ++r) {
+                const std::size_t o = r / sp.inner, i = r % sp.inner;
+                std::size_t best = 0;
+                T bv = xp[o * sp.n * sp.inner + i];
+                for (std::size_t k = 1; k < sp.n && !std::isnan(bv); ++k) {
+                    const T v = xp[(o * sp.n + k) * sp.inner + i];
+                    if (v > bv || std::isnan(v)) bv = v, best = k;
+                }
+                yp[r] = bv;
+                arg[r] = best;
             }
-            yp[r] = bv;
-            arg[r] = best;
-        }
+        });
+        autodiff::record<T>("max", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                            [shape = x.shape(), sp, arg = std::move(arg)](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                Tensor<T> dx(shape);
+                                for (std::size_t r = 0; r < arg.size(); ++r) {
+                                    const std::size_t o = r / sp.inner, i = r % sp.inner;
+                                    dx.data()[(o * sp.n + arg[r]) * sp.inner + i] += g[0].data()[r];
+                                }
+                                sink.add(0, std::move(dx));
+                            });
+        return y;
     });
-    autodiff::record<T>("max", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
-                        [shape = x.shape(), sp, arg = std::move(arg)](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                            Tensor<T> dx(shape);
-                            for (std::size_t r = 0; r < arg.size(); ++r) {
-                                const std::size_t o = r / sp.inner, i = r % sp.inner;
-                                dx.data()[(o * sp.n + arg[r]) * sp.inner + i] += g[0].data()[r];
-                            }
-                            sink.add(0, std::move(dx));
-                        });
-    return y;
 }
 
 namespace op {
@@ -268,6 +270,24 @@ struct mean : reduction<mean> {
     static constexpr std::string_view name = "mean";
     template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
         return olmax::mean(in[0], axes_of(a), a.keepdims);
+    }
+};
+/// The maximum over one axis (non-negative); the gradient goes to the first maximal element.
+struct max : registered<max> {
+    static constexpr std::string_view name = "max";
+    struct attrs {
+        std::size_t axis = 0;
+        bool keepdims = false;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        const Tensor<float> x = samples::uniform(rng, {2, 3, 4});
+        Tensor<float> ties({2, 5}, 0.5f);  // ties: the first maximum takes the gradient
+        ties.data()[1] = ties.data()[3] = ties.data()[7] = 1.25f;
+        return {{{x}, {0, false}}, {{x}, {1, true}}, {{x}, {2, false}}, {{samples::uniform(rng, {5})}, {0, false}}, {{ties}, {1, false}},
+                {{ties}, {0, true}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::max(in[0], long(a.axis), a.keepdims);
     }
 };
 

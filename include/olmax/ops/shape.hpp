@@ -217,31 +217,32 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, long axis) {
                                                     " does not match tensor 0 of shape ", to_string(first)));
         out_shape[a] += s[a];
     }
-    auto y = Tensor<T>::uninitialized(out_shape);
-    const auto lay = olmax::detail::split_at(out_shape, a);
-    std::vector<std::size_t> offsets;  // start of each input along the axis
-    std::size_t at = 0;
-    for (const auto& x : xs) {
-        offsets.push_back(at);
-        const std::size_t n = x.shape()[a];
-        detail::shape_ops::copy_along_axis(x.data(), n, 0, y.data(), lay.n, at, n, lay.outer, lay.inner);
-        at += n;
-    }
-    std::vector<Shape> shapes;
-    for (const auto& x : xs) shapes.push_back(x.shape());
-    autodiff::record<T>("concat", std::span<const Tensor<T>>(xs), std::span<Tensor<T>>(&y, 1),
-                        [lay, a, offsets = std::move(offsets), shapes = std::move(shapes)](std::span<const Tensor<T>> g,
-                                                                                           autodiff::GradientSink<T>& sink) {
-                            for (std::size_t i = 0; i < shapes.size(); ++i) {
-                                if (!sink.needs(i)) continue;
-                                const std::size_t n = shapes[i][a];
-                                auto dx = Tensor<T>::uninitialized(shapes[i]);
-                                detail::shape_ops::copy_along_axis(g[0].data(), lay.n, offsets[i], dx.data(), n, 0, n, lay.outer,
-                                                                      lay.inner);
-                                sink.add(i, std::move(dx));
-                            }
-                        });
-    return y;
+    return on.run<op::concat>(xs, {.axis = a}, [&] {
+        auto y = Tensor<T>::uninitialized(out_shape);
+        const auto lay = olmax::detail::split_at(out_shape, a);
+        std::vector<std::size_t> offsets;  // start of each input along the axis
+        std::size_t at = 0;
+        for (const auto& x : xs) {
+            offsets.push_back(at);
+            const std::size_t n = x.shape()[a];
+            detail::shape_ops::copy_along_axis(x.data(), n, 0, y.data(), lay.n, at, n, lay.outer, lay.inner);
+            at += n;
+        }
+        std::vector<Shape> shapes;
+        for (const auto& x : xs) shapes.push_back(x.shape());
+        autodiff::record<T>(
+            "concat", std::span<const Tensor<T>>(xs), std::span<Tensor<T>>(&y, 1),
+            [lay, a, offsets = std::move(offsets), shapes = std::move(shapes)](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                for (std::size_t i = 0; i < shapes.size(); ++i) {
+                    if (!sink.needs(i)) continue;
+                    const std::size_t n = shapes[i][a];
+                    auto dx = Tensor<T>::uninitialized(shapes[i]);
+                    detail::shape_ops::copy_along_axis(g[0].data(), lay.n, offsets[i], dx.data(), n, 0, n, lay.outer, lay.inner);
+                    sink.add(i, std::move(dx));
+                }
+            });
+        return y;
+    });
 }
 
 /// `concat({a, b, c}, axis)` with the element type deduced from a braced list.
@@ -349,6 +350,22 @@ struct pad : registered<pad> {
     }
     template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
         return olmax::pad(in[0], long(a.axis), a.before, a.after, T(a.value));
+    }
+};
+/// Its inputs joined along `axis` (non-negative); equal extents on the other axes.
+struct concat : registered<concat> {
+    static constexpr std::string_view name = "concat";
+    struct attrs {
+        std::size_t axis = 0;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        return {{{samples::uniform(rng, {2, 3}), samples::uniform(rng, {2, 1}), samples::uniform(rng, {2, 2})}, {1}},
+                {{samples::uniform(rng, {1, 3, 2}), samples::uniform(rng, {3, 3, 2})}, {0}},
+                {{samples::uniform(rng, {2, 2, 3}), samples::uniform(rng, {2, 2, 1})}, {2}},
+                {{samples::uniform(rng, {4})}, {0}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::concat(std::vector<Tensor<T>>(in.begin(), in.end()), long(a.axis));
     }
 };
 /// Its inputs (equal shapes) stacked along a new leading axis.

@@ -224,10 +224,30 @@ inline Out lower(op::hard_sigmoid, Ts in, const op::hard_sigmoid::attrs&) {
     return {p::neg(p::maximum(p::neg(p::maximum(y, p::full(y.shape(), 0.0))), p::full(y.shape(), -1.0)))};
 }
 /// max(x, 0) + log(1 + exp(-|x|)), without overflow.
-inline Out lower(op::softplus, Ts in, const op::softplus::attrs&) {
-    const Tf& x = in[0];
+inline Tf softplus_of(const Tf& x) {
     const Tf zero = p::full(x.shape(), 0.0), magnitude = p::maximum(x, p::neg(x));
-    return {p::add(p::maximum(x, zero), p::log(p::add_scalar(p::exp(p::neg(magnitude)), 1.0)))};
+    return p::add(p::maximum(x, zero), p::log(p::add_scalar(p::exp(p::neg(magnitude)), 1.0)));
+}
+inline Out lower(op::softplus, Ts in, const op::softplus::attrs&) { return {softplus_of(in[0])}; }
+/// sign(x) (1, 0 or -1) as a constant of the tape.
+inline Tf sign_detached(const Tf& x) {
+    const gx::var v = var_of(x), zero = gx::constant_like(v, 0.0);
+    return wrap(gx::select(gx::compare(v, zero, gx::compare_direction::GT), gx::constant_like(v, 1.0),
+                           gx::select(gx::compare(v, zero, gx::compare_direction::LT), gx::constant_like(v, -1.0), zero)));
+}
+/// x sign(x): the gradient is sign(x), 0 at 0 as the eager op's.
+inline Out lower(op::abs, Ts in, const op::abs::attrs&) { return {p::mul(in[0], sign_detached(in[0]))}; }
+inline Out lower(op::mish, Ts in, const op::mish::attrs&) { return {p::mul(in[0], p::tanh(softplus_of(in[0])))}; }
+/// 1 / (1 + u^d) with u = |x| / a and u^d = exp(d log u) where u > 0, else 0; at u = 0 the log is
+/// taken of 1 instead, so the gradient there is 0 (the eager op's), not NaN.
+inline Out lower(op::elephant, Ts in, const op::elephant::attrs& a) {
+    const Tf& x = in[0];
+    const Tf u = p::scale(p::mul(x, sign_detached(x)), 1.0 / a.a);
+    const gx::var uv = var_of(u);
+    const Tf positive = wrap(gx::select(gx::compare(uv, gx::constant_like(uv, 0.0), gx::compare_direction::GT), gx::constant_like(uv, 1.0),
+                                        gx::constant_like(uv, 0.0)));
+    const Tf power = p::mul(positive, p::exp(p::scale(p::log(p::add(u, p::add_scalar(p::neg(positive), 1.0))), a.d)));
+    return {p::div(p::full(x.shape(), 1.0), p::add_scalar(power, 1.0))};
 }
 inline Out lower(op::add_scalar, Ts in, const op::add_scalar::attrs& a) { return {p::add_scalar(in[0], a.value)}; }
 inline Out lower(op::scale, Ts in, const op::scale::attrs& a) { return {p::scale(in[0], a.factor)}; }
@@ -248,6 +268,32 @@ inline Out reduce(const Tf& x, const std::vector<std::size_t>& axes, bool keepdi
 }
 inline Out lower(op::sum, Ts in, const op::sum::attrs& a) { return reduce(in[0], a.axes, a.keepdims, false); }
 inline Out lower(op::mean, Ts in, const op::mean::attrs& a) { return reduce(in[0], a.axes, a.keepdims, true); }
+/// The maximum over one axis, its gradient to the first maximal element as the eager op's (XLA's
+/// reduce_max would split it among ties): the gradient is dy times the one-hot of the lowest index
+/// where x equals the maximum (or is NaN, which the maximum then is).
+inline Out lower(op::max, Ts in, const op::max::attrs& a) {
+    const Tf& x = in[0];
+    const gx::var v = var_of(x);
+    const gx::dims_t dims = v.dims();
+    const std::int64_t axis = std::int64_t(a.axis);
+    gx::dims_t others;
+    for (std::int64_t d = 0; d < std::int64_t(dims.size()); ++d)
+        if (d != axis) others.push_back(d);
+    const gx::var best = gx::max(v, {axis}), index = gx::iota(v.owner(), v.type(), axis);
+    const gx::var beyond = gx::constant_like(v, double(dims[std::size_t(axis)]));
+    const gx::var at_best = gx::select(gx::compare(v, gx::broadcast_in_dim(best, dims, others), gx::compare_direction::EQ), index,
+                                       gx::select(gx::compare(v, v, gx::compare_direction::NE), index, beyond));
+    const gx::var first = gx::broadcast_in_dim(-gx::max(-at_best, {axis}), dims, others);
+    const Tf pick = wrap(gx::select(gx::compare(index, first, gx::compare_direction::EQ), gx::constant_like(v, 1.0), gx::constant_like(v, 0.0)));
+    Shape kept = x.shape();
+    kept[a.axis] = 1;
+    Shape reduced = x.shape();
+    reduced.erase(reduced.begin() + std::ptrdiff_t(a.axis));
+    const Tf y = p::reshape(wrap(best), a.keepdims ? kept : reduced);
+    return {p::detail::record("max", {x}, y, [pick, kept](const Tf& dy, autodiff::GradientSink<float>& sink) {
+        sink.add(0, p::mul(p::broadcast_to(p::reshape(dy, kept), pick.shape()), pick));
+    })};
+}
 
 inline Out lower(op::reshape, Ts in, const op::reshape::attrs& a) { return {p::reshape(in[0], a.shape)}; }
 inline Out lower(op::transpose, Ts in, const op::transpose::attrs& a) {
@@ -268,6 +314,7 @@ inline Out lower(op::pad, Ts in, const op::pad::attrs& a) {
     if (a.value != 0) y = p::add_scalar(p::add(y, p::pad(p::full(in[0].shape(), -a.value), low, high)), a.value);
     return {y};
 }
+inline Out lower(op::concat, Ts in, const op::concat::attrs& a) { return {p::concatenate(std::vector<Tf>(in.begin(), in.end()), a.axis)}; }
 inline Out lower(op::stack_leading, Ts in, const op::stack_leading::attrs&) { return {p::stack_leading(std::vector<Tf>(in.begin(), in.end()))}; }
 inline Out lower(op::take_leading, Ts in, const op::take_leading::attrs& a) { return {p::take_leading(in[0], a.index)}; }
 
