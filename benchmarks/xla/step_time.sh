@@ -112,8 +112,16 @@ ratios = [(block, shape, statistics.median(r[0] for r in rows[(block, shape, "bf
           for block, shape, precision in rows if precision == "bf16" and (block, shape, "fp32") in rows and "xla" in rows[(block, shape, "bf16")]]
 for block, shape, ratio in ratios:
     print(f"{block} {shape}: XLA step bf16 / fp32 {ratio:.3f}")
-json.dump({"cpu": cpu, "plugin": os.environ.get("PLUGIN", ""), "load_before": before, "load_after": after, "threads": int(threads), "steps": int(steps),
-           "baseline": os.environ.get("BASELINE", ""), "rows": summary},
-          open(f"{out}/results.json", "w"), indent=1)
+def nan_to_null(v):  # JSON has no NaN: a figure this run did not measure (NATIVE=0, no baseline) is null
+    if isinstance(v, float) and v != v:
+        return None
+    if isinstance(v, dict):
+        return {k: nan_to_null(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [nan_to_null(x) for x in v]
+    return v
+json.dump(nan_to_null({"cpu": cpu, "plugin": os.environ.get("PLUGIN", ""), "load_before": before, "load_after": after, "threads": int(threads),
+                       "steps": int(steps), "baseline": os.environ.get("BASELINE", ""), "rows": summary}),
+          open(f"{out}/results.json", "w"), indent=1, allow_nan=False)
 PY
 echo "xla/step_time.sh: results in $out"

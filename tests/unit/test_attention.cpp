@@ -96,11 +96,13 @@ void attn_bind_parameters(nn::CausalSelfAttention<T>& layer, const std::vector<T
 
 /// Traces y = f(inputs) on float inputs shaped as `values`, differentiates sum(y * r) with the tape,
 /// and evaluates the program in double precision at `values` and `r`: {y, d/d input 0, ...}, as
-/// tensors of the inputs' shapes (zeros for an input without a gradient, such as resets).
+/// tensors of the inputs' shapes (zeros for an input without a gradient, such as resets). With
+/// `bf16_gemms` the trace's GEMMs round their operands to bfloat16 (the bf16 policy).
 std::vector<Tensor<double>> attn_traced(const std::function<Tensor<float>(const std::vector<Tensor<float>>&)>& f,
-                                        const std::vector<Tensor<double>>& values, const Tensor<double>& r) {
+                                        const std::vector<Tensor<double>>& values, const Tensor<double>& r, bool bf16_gemms = false) {
     namespace gx = olmax::xla::graph;
     olmax::trace::tracing t;
+    t.set_bf16_gemms(bf16_gemms);
     std::vector<Tensor<float>> inputs;
     for (const auto& v : values) inputs.push_back(t.input<float>(v.shape()).set_requires_grad(true));
     const Tensor<float> y = f(inputs);
@@ -644,6 +646,43 @@ TEST_CASE("causal_attention and rope traced: no [T, T] constant in the program, 
         const std::size_t largest = largest_constant(traced_resets);
         CHECK(largest > 0);  // RoPE's cosine table, at least
         CHECK(largest < T * T);
+    }
+}
+
+TEST_CASE("rope traced: the cosines and sines come from O(sqrt(T)) constants, and nothing is rounded to bf16", "[attention][trace]") {
+    // Captured whole, the tables would be [T, Dh] each (with resets [2T, Dh]): 0.5 M numbers of
+    // program text a call at T = 4096, Dh = 64. Now the largest constant is the positions, [1, T].
+    const std::size_t B = 2, T = 4096, Dh = 64;
+    for (const bool traced_resets : {false, true})
+        for (const std::size_t offset : {std::size_t{0}, std::size_t{7}}) {
+            INFO((traced_resets ? "traced resets" : "no resets") << ", offset " << offset);
+            olmax::trace::tracing t;
+            const auto x = t.input<float>({B, T, 1, Dh}).set_requires_grad(true);
+            const Tensor<float> resets = traced_resets ? t.input<float>({B, T}) : Tensor<float>();
+            olmax::sum(olmax::rope(x, {.offset = offset, .resets = resets})).backward();
+            const std::size_t largest = olmax_test::largest_constant(t.graph());
+            CHECK(largest > 0);
+            CHECK(largest <= T);
+        }
+    // The rotation is element-wise, so the bf16 policy (which rounds GEMM operands) leaves it as
+    // exact as the eager kernel: within float rounding of the tables, at T not a multiple of the
+    // table's block and with resets, host and traced.
+    olmax::Generator rng(93);
+    const std::size_t nb = 2, nt = 37;
+    const auto x = olmax::randn<double>({nb, nt, 2, 8}, rng), r = olmax::randn<double>({nb, nt, 2, 8}, rng);
+    const auto resets = attn_resets(nb, nt, {{0, 5}, {0, 30}, {1, 20}});
+    for (const bool with_resets : {false, true}) {
+        INFO((with_resets ? "resets" : "no resets"));
+        auto xp = olmax::parameter(x.clone());
+        const auto y = olmax::rope(xp, {.offset = 3, .resets = with_resets ? resets : Tensor<double>()});
+        olmax::sum(olmax::mul(y, r)).backward();
+        const auto traced = attn_traced(
+            [&](const std::vector<Tensor<float>>& in) {
+                return olmax::rope(in[0], {.offset = 3, .resets = with_resets ? olmax::cast<float>(resets) : Tensor<float>()});
+            },
+            {x}, r, /*bf16_gemms=*/true);
+        CHECK(olmax_test::max_abs_diff(traced[0], y.detach()) < 1e-6);
+        CHECK(olmax_test::max_abs_diff(traced[1], xp.grad()) < 1e-6);
     }
 }
 

@@ -14,7 +14,8 @@
 // rotated as if it began at 0. `offset` continues a sequence from an earlier call (carried state);
 // a reset at t = 0 starts a new document there, so the offset then has no effect on that row.
 // The backward is the inverse rotation (the rotation matrix is orthogonal): dx = R(-angle) dy.
-// Angles, cosines and sines are computed in double and rounded once to T.
+// The eager kernel computes angles, cosines and sines in double and rounds them once to T; the
+// traced form combines two small such tables in the program (detail::rope_ops::cosines_and_sines).
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "olmax/autodiff/tape.hpp"
@@ -32,7 +34,6 @@
 #include "olmax/core/traced.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/gather.hpp"
-#include "olmax/ops/linalg.hpp"
 #include "olmax/ops/masks.hpp"
 #include "olmax/ops/reduction.hpp"
 #include "olmax/ops/shape.hpp"
@@ -103,40 +104,71 @@ void rotate(const T* x, T* y, const std::vector<double>& pos, std::size_t heads,
     });
 }
 
-/// The traced form: y = x C + (x P) S with C = [cos, cos] and S = [-sin, sin] per row and P [Dh, Dh]
-/// the swap of the two halves. Without resets C and S are constants [1, T, 1, Dh] of the positions
-/// offset .. offset + T - 1. With resets (host ones captured as constants, traced ones a per-call
-/// input; read as 0/1 values) the positions are computed in the program and C, S are rows of a
-/// constant table of the positions 0 .. T - 1 (after a start) and offset .. offset + T - 1 (before
-/// the first), gathered per (batch, t): t's row is t - start_t once a document has started (its
-/// document id, the running count of starts, is >= 1; start_t the step of the last start at or
-/// before t, masks::document_starts) and T + t before. Both are running sums or maxima in the
-/// program, so its constants stay O(T).
+/// cos(p theta_i) and sin(p theta_i), each [count, Dh/2], for the positions p = first + t, t < count,
+/// computed in the program from O(sqrt(count)) constants instead of captured as a [count, Dh/2]
+/// table: at T = 4096 and Dh = 64 two such tables are 0.5 M numbers of program text a call, and a
+/// traced attention step calls RoPE four times or more (q and k, forward and rebuilt). With
+/// p = first + j L + l (L the power of two nearest above sqrt(count)), the host computes, in double and
+/// rounded once, the angles' cosines and sines of first + j L ([ceil(count / L), 1, Dh/2]) and of
+/// l ([1, L, Dh/2]); the program combines them by cos(a + b) = cos a cos b - sin a sin b and
+/// sin(a + b) = sin a cos b + cos a sin b, so each entry is within a few ulps of T of its rounded
+/// value.
 template <Real T>
-Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets, double base) {
-    const std::size_t nb = x.extent(0), nt = x.extent(1), dim = x.extent(3), half = dim / 2;
-    const bool gathered = resets.defined();
-    const std::size_t rows = gathered ? 2 * nt : nt;  // the table's positions
-    Tensor<T> cosines, sines, swap;
+std::pair<Tensor<T>, Tensor<T>> cosines_and_sines(double first, std::size_t count, std::size_t dim, double base) {
+    const std::size_t half = dim / 2;
+    std::size_t block = 1;
+    while (block * block < count) block *= 2;
+    const std::size_t blocks = (count + block - 1) / block;
+    Tensor<T> cos_block, sin_block, cos_step, sin_step;
     {
         device_scope host(Device::host());  // the constants are built on the host, then captured
-        cosines = Tensor<T>({rows, dim});
-        sines = Tensor<T>({rows, dim});
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double position = gathered && r < nt ? double(r) : double(offset) + double(gathered ? r - nt : r);
-            for (std::size_t i = 0; i < half; ++i) {
-                const double angle = position * std::pow(base, -2.0 * double(i) / double(dim));
-                cosines.data()[r * dim + i] = cosines.data()[r * dim + i + half] = T(std::cos(angle));
-                sines.data()[r * dim + i] = T(-std::sin(angle));
-                sines.data()[r * dim + i + half] = T(std::sin(angle));
+        cos_block = Tensor<T>({blocks, 1, half}), sin_block = Tensor<T>({blocks, 1, half});
+        cos_step = Tensor<T>({1, block, half}), sin_step = Tensor<T>({1, block, half});
+        for (std::size_t i = 0; i < half; ++i) {
+            const double theta = std::pow(base, -2.0 * double(i) / double(dim));
+            for (std::size_t j = 0; j < blocks; ++j) {
+                const double angle = (first + double(j * block)) * theta;
+                cos_block.data()[j * half + i] = T(std::cos(angle));
+                sin_block.data()[j * half + i] = T(std::sin(angle));
+            }
+            for (std::size_t l = 0; l < block; ++l) {
+                cos_step.data()[l * half + i] = T(std::cos(double(l) * theta));
+                sin_step.data()[l * half + i] = T(std::sin(double(l) * theta));
             }
         }
-        swap = Tensor<T>({dim, dim});
-        for (std::size_t i = 0; i < half; ++i) swap.data()[(i + half) * dim + i] = swap.data()[i * dim + i + half] = T{1};
     }
     using backend::trace::in_program;
-    Tensor<T> c = in_program(cosines), s = in_program(sines);
-    if (gathered) {
+    const Tensor<T> ca = in_program(cos_block), sa = in_program(sin_block), cb = in_program(cos_step), sb = in_program(sin_step);
+    const Shape flat{blocks * block, half};
+    const Tensor<T> cosines = reshape(sub(mul(ca, cb), mul(sa, sb)), flat), sines = reshape(add(mul(sa, cb), mul(ca, sb)), flat);
+    if (blocks * block == count) return {cosines, sines};
+    return {slice(cosines, 0, 0, count), slice(sines, 0, 0, count)};
+}
+
+/// The traced form: y = [x1 c - x2 s, x2 c + x1 s] for the halves x1, x2 of each head vector, with
+/// c, s [T, Dh/2] per row from cosines_and_sines (element-wise, so no product is rounded to bf16
+/// under the bf16 policy, as the eager kernel rounds none). Without resets c and s are those of the
+/// positions offset .. offset + T - 1, shared by every row. With resets (host ones captured as
+/// constants, traced ones a per-call input; read as 0/1 values) the positions are computed in the
+/// program and c, s are rows of a table of the positions 0 .. T - 1 (after a start) and
+/// offset .. offset + T - 1 (before the first), gathered per (batch, t): t's row is t - start_t once
+/// a document has started (its document id, the running count of starts, is >= 1; start_t the step
+/// of the last start at or before t, masks::document_starts) and T + t before. Both are running
+/// sums or maxima in the program, so its constants stay O(T) (the positions) and the tables' O(sqrt(T)).
+template <Real T>
+Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets, double base) {
+    using backend::trace::in_program;
+    const std::size_t nb = x.extent(0), nt = x.extent(1), dim = x.extent(3), half = dim / 2;
+    auto [c, s] = cosines_and_sines<T>(double(offset), nt, dim, base);
+    if (resets.defined()) {
+        if (offset != 0) {
+            auto [c_start, s_start] = cosines_and_sines<T>(0, nt, dim, base);
+            c = olmax::concat<T>({c_start, c}, 0);
+            s = olmax::concat<T>({s_start, s}, 0);
+        } else {
+            c = olmax::concat<T>({c, c}, 0);
+            s = olmax::concat<T>({s, s}, 0);
+        }
         const Tensor<T> starts = in_program(resets).detach();                                                      // [B, T]
         const Tensor<T> started = masks::at_most_one(masks::document_ids(starts));
         const Tensor<T> step = in_program(masks::positions<T>(nt));                                                // [1, T]: t
@@ -146,16 +178,19 @@ Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets
         c = gather_rows(c, index);
         s = gather_rows(s, index);
     }
-    const Shape table{gathered ? nb : 1, nt, 1, dim};
-    return add(mul(x, reshape(c, table)), mul(matmul(x, in_program(swap)), reshape(s, table)));
+    const Shape table{resets.defined() ? nb : 1, nt, 1, half};
+    c = reshape(c, table);
+    s = reshape(s, table);
+    const Tensor<T> x1 = slice(x, 3, 0, half), x2 = slice(x, 3, half, dim);
+    return olmax::concat<T>({sub(mul(x1, c), mul(x2, s)), add(mul(x2, c), mul(x1, s))}, 3);
 }
 
 }  // namespace detail::rope_ops
 
 /// Rotary position embedding of x [batch, T, H, Dh] (Dh even), see the top of this file.
-/// Differentiable in x; the resets are not differentiated. On traced tensors it traces
-/// x C + rotate_half(x) S with the cosines and sines as constants, gathered by positions the
-/// program computes when there are resets (detail::rope_ops::traced).
+/// Differentiable in x; the resets are not differentiated. On traced tensors it traces the
+/// rotation element-wise, with cosines and sines the program computes from O(sqrt(T)) constants,
+/// gathered by positions it computes when there are resets (detail::rope_ops::traced).
 template <Real T>
 Tensor<T> rope(const Tensor<T>& x, const RopeOptions<T>& options = {}) {
     constexpr std::string_view op = "rope";
