@@ -294,6 +294,36 @@ TEST_CASE("optim: unit-wise AGC clips each output unit against its own weight no
     CHECK_THROWS_AS(optim::adaptive_grad_clip(w, bad, agc), olmax::shape_error);
 }
 
+TEST_CASE("optim: AGC as tensor ops (a traced step's) equals the in-place clip on every layout", "[optim]") {
+    olmax::Generator rng(41);
+    struct Layout {
+        Shape shape;
+        std::size_t stacked;
+        long unit_axis;
+    };
+    const Layout layouts[] = {{{4, 6}, 0, -1}, {{4, 6}, 0, 0}, {{7}, 0, -1}, {{3, 4, 5}, 1, -1}, {{3, 4, 5}, 1, 1}, {{2, 3, 4, 5}, 1, 2},
+                              {{3, 5}, 1, -1}, {{2, 3}, 2, -1}};
+    for (const auto& l : layouts) {
+        INFO("shape " << olmax::to_string(l.shape) << ", stacked " << l.stacked << ", unit axis " << l.unit_axis);
+        auto w = olmax::randn<double>(l.shape, rng);
+        for (std::size_t i = 0; i < w.size(); i += 5) w.data()[i] *= 1e-4;  // some units under the parameter floor
+        const auto g = olmax::randn<double>(l.shape, rng);
+        for (const double clip : {0.05, 0.5, 5.0}) {
+            const optim::AgcConfig agc{.clip = clip};
+            auto in_place = g.clone();
+            const std::size_t clipped = optim::adaptive_grad_clip(w, in_place, agc, l.stacked, l.unit_axis);
+            const auto by_ops = optim::adaptive_grad_clip_ops(w, g, agc, l.stacked, l.unit_axis);
+            if (clip == 0.05) CHECK(clipped > 0);
+            CHECK(olmax_test::max_abs_diff(by_ops, in_place) < 1e-12);
+        }
+    }
+    // a limit that can fall below grad_floor is refused (there the min form would scale a unit the
+    // in-place clip leaves alone)
+    const auto w = olmax::randn<double>({2, 2}, rng);
+    CHECK_THROWS_WITH(optim::adaptive_grad_clip_ops(w, w, {.clip = 1e-14}), Catch::Contains("clip * param_floor"));
+    CHECK_THROWS_AS(optim::adaptive_grad_clip_ops(w, Tensor<double>({3}), {.clip = 0.1}), olmax::shape_error);
+}
+
 TEST_CASE("optim: global-norm clipping scales all gradients together", "[optim]") {
     auto a = olmax::parameter(Tensor<double>({2}));
     auto b = olmax::parameter(Tensor<double>({1}));

@@ -681,13 +681,12 @@ private:
     /// schedule's learning rate and the bias corrections are per-call inputs the host computes
     /// before each run, and the step counters advance after each run, so one compiled program
     /// serves every step. Every parameter must have a gradient; a traced step cannot refuse a
-    /// non-finite one (the caller watches the loss), and AGC has no rule yet.
+    /// non-finite one (the caller watches the loss). AGC runs as tensor ops (adaptive_grad_clip_ops);
+    /// the report has no count of clipped units.
     StepReport traced_step(const std::vector<Tensor<T>>& grads) {
         if constexpr (!std::is_same_v<T, float>) {
             throw trace_error("AdamW::step: traced programs compute in float32; trace a float model");
         } else {
-            check<trace_error>(config_.agc.clip == 0, "AdamW::step: adaptive gradient clipping (agc.clip ", config_.agc.clip,
-                               ") has no lowering rule yet; trace with agc.clip = 0");
             check<trace_error>(config_.moments != MomentPrecision::bfloat16,
                                "AdamW::step: bfloat16 moments (their stochastic rounding) have no lowering rule yet; trace with float32 "
                                "moments");
@@ -712,8 +711,12 @@ private:
                 ++step_;
                 for (auto& slot : slots_) ++slot.step;
             });
+            std::vector<Tensor<float>> clipped = grads;  // AGC first, as step() (the global norm is taken after it)
+            if (config_.agc.clip > 0)
+                for (std::size_t i = 0; i < params_.size(); ++i)
+                    clipped[i] = adaptive_grad_clip_ops(params_[i].tensor, grads[i], config_.agc, params_[i].stacked_axes, params_[i].unit_axis);
             Tensor<float> sum_sq = Tensor<float>::scalar(0.0f);
-            for (const auto& g : grads) sum_sq = sum_sq + sum(g * g);
+            for (const auto& g : clipped) sum_sq = sum_sq + sum(g * g);
             const Tensor<float> grad_norm = sqrt(sum_sq);
             backend::trace::report("grad_norm", grad_norm);  // each run reports it, as step() does (StepReport::grad_norm)
             Tensor<float> grad_scale = Tensor<float>::scalar(1.0f);
@@ -740,8 +743,8 @@ private:
                     if constexpr (!std::is_same_v<M, bfloat16>) {  // (bfloat16 was refused above)
                         auto [first, second] = slots_[i].template moments<M>();
                         Tensor<float> w = params_[i].tensor, m = backend::trace::as_float(first), v = backend::trace::as_float(second);
-                        if (decoupled) detail::adam_update_values<true>(w, grads[i], m, v, terms);
-                        else detail::adam_update_values<false>(w, grads[i], m, v, terms);
+                        if (decoupled) detail::adam_update_values<true>(w, clipped[i], m, v, terms);
+                        else detail::adam_update_values<false>(w, clipped[i], m, v, terms);
                         backend::trace::assign(params_[i].tensor, w);
                         backend::trace::assign(first, m);
                         backend::trace::assign(second, v);

@@ -14,6 +14,9 @@
 
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/core.hpp"
+#include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/reduction.hpp"
+#include "olmax/ops/shape.hpp"
 #include "olmax/optim/param.hpp"
 
 namespace olmax::optim {
@@ -142,6 +145,28 @@ std::size_t adaptive_grad_clip(const Tensor<P>& param, Tensor<G>& grad, const Ag
     check(config.clip >= 0, "adaptive_grad_clip: clip must be >= 0, got ", config.clip);
     if (config.clip == 0 || param.empty()) return 0;
     return detail::clip_units(param.data(), grad.data(), detail::unit_layout(param.shape(), stacked_axes, unit_axis), config);
+}
+
+/// AGC as tensor ops, for a traced step (whose tensors have no values to loop over): grad times
+/// min(1, clip max(||W_u||, param_floor) / max(||G_u||, grad_floor)) for each unit u (the tensors
+/// reshaped to [stack, before, units, after], the norms over the fan-in axes 1 and 3). This is
+/// adaptive_grad_clip's factor whenever clip param_floor >= grad_floor (then a unit within its limit
+/// has a ratio of at least 1), which it checks.
+template <Real T>
+Tensor<T> adaptive_grad_clip_ops(const Tensor<T>& param, const Tensor<T>& grad, const AgcConfig& config, std::size_t stacked_axes = 0,
+                                 long unit_axis = -1) {
+    check<shape_error>(param.shape() == grad.shape(), "adaptive_grad_clip: parameter shape ", olmax::to_string(param.shape()),
+                       " differs from gradient shape ", olmax::to_string(grad.shape()));
+    check<value_error>(config.clip > 0 && config.clip * config.param_floor >= config.grad_floor,
+                       "adaptive_grad_clip: as tensor ops (a traced step) it needs clip > 0 and clip * param_floor (",
+                       config.clip * config.param_floor, ") >= grad_floor (", config.grad_floor, ")");
+    const detail::UnitLayout l = detail::unit_layout(param.shape(), stacked_axes, unit_axis);
+    const Shape units{l.stack, l.before, l.units_per_stack, l.after};
+    const auto norm = [&](const Tensor<T>& x) { return sqrt(sum(square(reshape(x, units)), {1, 3}, true)); };
+    const auto at_least = [](const Tensor<T>& x, double floor) { return maximum(x, Tensor<T>::scalar(T(floor))); };
+    const Tensor<T> ratio = div(scale(at_least(norm(param), config.param_floor), T(config.clip)), at_least(norm(grad), config.grad_floor));
+    const Tensor<T> factor = neg(maximum(neg(ratio), Tensor<T>::scalar(T(-1))));  // min(1, ratio)
+    return reshape(mul(reshape(grad, units), factor), grad.shape());
 }
 
 namespace detail {

@@ -92,10 +92,9 @@ struct TrainConfig : DataConfig, models::ByteLMSettings, LoopConfig, OptimizerCo
         OptimizerConfig::validate();
         DeviceConfig::validate();
         if (device == "xla") {
-            check<config::config_error>(grad_accumulation == 1 && world_size == 1 && agc_clip == 0,
-                                        "config: --device=xla runs one whole step per batch in one process without AGC; it needs "
-                                        "grad_accumulation=1, world_size=1 and agc_clip=0 (got ", grad_accumulation, ", ", world_size,
-                                        " and ", agc_clip, ")");
+            check<config::config_error>(grad_accumulation == 1 && world_size == 1,
+                                        "config: --device=xla runs one whole step per batch in one process; it needs "
+                                        "grad_accumulation=1 and world_size=1 (got ", grad_accumulation, " and ", world_size, ")");
             check<config::config_error>(batch % xla_devices == 0, "config: key 'batch' (", batch, ") must be a multiple of 'xla_devices' (",
                                         xla_devices, ")");
             check<config::config_error>(adam_moments != "bf16", "config: --adam_moments=bf16 is for --device=cpu (its stochastic "
