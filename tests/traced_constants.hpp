@@ -16,4 +16,12 @@ inline std::size_t largest_constant(const olmax::xla::graph::graph& g) {
     return largest;
 }
 
+/// How many numbers the constants of a traced program hold in all (a splat holds none).
+inline std::size_t constant_numbers(const olmax::xla::graph::graph& g) {
+    std::size_t total = 0;
+    for (const auto& n : g.nodes())
+        if (n.is<olmax::xla::graph::prim::constant>() && n.values) total += n.values->size();
+    return total;
+}
+
 }  // namespace olmax_test

@@ -4,6 +4,7 @@
 // state, bad shapes; the traced (chunked-GEMM, composed of ops) form evaluated in double against
 // the eager op and layer.
 #include "test_helpers.hpp"
+#include "traced_constants.hpp"
 
 #include "olmax/backend/bf16_matmul_kernels.hpp"
 #include "olmax/nn/gated_deltanet.hpp"
@@ -586,10 +587,11 @@ TEST_CASE("scan::gated_delta_rule traced: the chunked-GEMM program gives the eag
 
 TEST_CASE("scan::gated_delta_rule traced: the chunk-to-chunk recurrence is one loop, so the program does not grow with T",
           "[gated_delta][trace]") {
-    // 4 and 16 chunks of 8, forward and backward: as many nodes either way, the recurrence one
-    // matrix_scan each way (unrolled, the chunks' products grew with T / chunk).
+    // 4 and 16 chunks of 8, forward and backward: as many nodes and constant numbers either way,
+    // the recurrence one matrix_scan each way (unrolled, the chunks' products grew with T / chunk;
+    // the block inverse's starting identity was a host tensor of T ones).
     namespace gx = olmax::xla::graph;
-    std::vector<std::size_t> nodes;
+    std::vector<std::size_t> nodes, numbers;
     for (std::size_t time : {std::size_t{32}, std::size_t{128}}) {
         olmax::trace::tracing t;
         std::vector<GdnFloat> x;
@@ -602,8 +604,10 @@ TEST_CASE("scan::gated_delta_rule traced: the chunk-to-chunk recurrence is one l
         for (const auto& n : t.graph().nodes()) scans += n.is<gx::prim::matrix_scan>();
         CHECK(scans == 2);
         nodes.push_back(t.graph().nodes().size());
+        numbers.push_back(olmax_test::constant_numbers(t.graph()));
     }
     CHECK(nodes[0] == nodes[1]);
+    CHECK(numbers[0] == numbers[1]);
 }
 
 TEST_CASE("scan::gated_delta_rule traced: resets, as a host constant and as a program input, to 1e-12", "[gated_delta][trace]") {

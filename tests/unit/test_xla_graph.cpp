@@ -220,6 +220,17 @@ TEST_CASE("xla graph: a dense constant (a host tensor a traced op reads) evaluat
     const std::string text = gx::emit(g, "constant", {c}).text;
     CHECK(text.find("dense<\"0x0000803F000020C0CDCCCC3D00004040\"> : tensor<2x2xf32>") != std::string::npos);  // little-endian float bytes
     CHECK_THROWS_WITH(gx::dense_constant(g, {1.0f}, f32({2})), Catch::Contains("1 values for tensor<2xf32>"));
+    // equal finite values are one splat (a host tensor of ones is one number of program text, not
+    // one per element); -0.0 is not 0.0, and NaN stays in the hex form
+    gx::graph h;
+    const var ones = gx::dense_constant(h, std::vector<float>(1000, 1.5f), f32({10, 100}));
+    CHECK_FALSE(h.at(ones.node()).values);
+    CHECK(gx::evaluate(h, {}, {ones})[0].data == std::vector<double>(1000, 1.5));
+    const std::string splat = gx::emit(h, "splat", {ones}).text;
+    CHECK(splat.find("dense<1.500000000e+00> : tensor<10x100xf32>") != std::string::npos);
+    CHECK(splat.size() < 1000);
+    CHECK(h.at(gx::dense_constant(h, {0.0f, -0.0f}, f32({2})).node()).values);
+    CHECK(h.at(gx::dense_constant(h, {std::nanf(""), std::nanf("")}, f32({2})).node()).values);
 }
 
 TEST_CASE("xla graph: all_reduce_sum lowers to one cross-replica sum and is the identity on one replica", "[xla_graph]") {

@@ -3,6 +3,7 @@
 // compare makes i1 predicates for select. Operands are of one type (broadcast_in_dim makes them so).
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -60,9 +61,15 @@ struct constant {
         n.outputs = {std::move(type)};
         return g.add(std::move(n));
     }
+    /// All values equal and finite (a host tensor of ones captured by a traced op): a splat, one
+    /// number of program text instead of one per element.
     static var make_dense(graph& g, std::vector<float> values, tensor_type type) {
         check<graph_error>(type.elem == element::f32 && std::int64_t(values.size()) == type.elements(), "xla::graph: a dense constant of ",
                            values.size(), " values for ", type.str());
+        const auto bits = [](float v) { return std::bit_cast<std::uint32_t>(v); };
+        if (!values.empty() && std::isfinite(values[0]) &&
+            std::all_of(values.begin(), values.end(), [&](float v) { return bits(v) == bits(values[0]); }))
+            return make(g, values[0], std::move(type));
         node n;
         n.kind = op::of<constant>();
         n.outputs = {std::move(type)};
