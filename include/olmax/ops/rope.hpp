@@ -50,6 +50,9 @@ struct RopeOptions {
 
 namespace detail::rope_ops {
 
+/// theta_i = base^(-2i / Dh), the angle per unit of position of plane i.
+inline double frequency(std::size_t i, std::size_t dim, double base) { return std::pow(base, -2.0 * double(i) / double(dim)); }
+
 /// Position of every (b, t) row, [batch * T].
 template <Real T>
 std::vector<double> positions(std::size_t batch, std::size_t time, std::size_t offset, const Tensor<T>& resets) {
@@ -70,7 +73,7 @@ template <Real T>
 void rotate(const T* x, T* y, const std::vector<double>& pos, std::size_t heads, std::size_t dim, double base, double sign) {
     const std::size_t half = dim / 2, rows = pos.size();
     std::vector<double> inv_freq(half);
-    for (std::size_t i = 0; i < half; ++i) inv_freq[i] = std::pow(base, -2.0 * double(i) / double(dim));
+    for (std::size_t i = 0; i < half; ++i) inv_freq[i] = frequency(i, dim, base);
     // The cosines and sines once per distinct position (the rows of a batch share them: without
     // resets every row has positions offset .. offset + T - 1), not once per row.
     std::vector<double> distinct(pos);
@@ -125,7 +128,7 @@ std::pair<Tensor<T>, Tensor<T>> cosines_and_sines(double first, std::size_t coun
         cos_block = Tensor<T>({blocks, 1, half}), sin_block = Tensor<T>({blocks, 1, half});
         cos_step = Tensor<T>({1, block, half}), sin_step = Tensor<T>({1, block, half});
         for (std::size_t i = 0; i < half; ++i) {
-            const double theta = std::pow(base, -2.0 * double(i) / double(dim));
+            const double theta = frequency(i, dim, base);
             for (std::size_t j = 0; j < blocks; ++j) {
                 const double angle = (first + double(j * block)) * theta;
                 cos_block.data()[j * half + i] = T(std::cos(angle));
@@ -160,15 +163,10 @@ Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets
     using backend::trace::in_program;
     const std::size_t nb = x.extent(0), nt = x.extent(1), dim = x.extent(3), half = dim / 2;
     auto [c, s] = cosines_and_sines<T>(double(offset), nt, dim, base);
-    if (resets.defined()) {
-        if (offset != 0) {
-            auto [c_start, s_start] = cosines_and_sines<T>(0, nt, dim, base);
-            c = olmax::concat<T>({c_start, c}, 0);
-            s = olmax::concat<T>({s_start, s}, 0);
-        } else {
-            c = olmax::concat<T>({c, c}, 0);
-            s = olmax::concat<T>({s, s}, 0);
-        }
+    if (resets.defined()) {  // rows 0 .. T - 1: positions from 0 (after a start); T .. 2T - 1: from the offset
+        const auto [c_start, s_start] = offset ? cosines_and_sines<T>(0, nt, dim, base) : std::pair{c, s};
+        c = olmax::concat<T>({c_start, c}, 0);
+        s = olmax::concat<T>({s_start, s}, 0);
         const Tensor<T> starts = in_program(resets).detach();                                                      // [B, T]
         const Tensor<T> started = masks::at_most_one(masks::document_ids(starts));
         const Tensor<T> step = in_program(masks::positions<T>(nt));                                                // [1, T]: t

@@ -242,10 +242,8 @@ inline Out lower(op::mish, Ts in, const op::mish::attrs&) { return {p::mul(in[0]
 /// taken of 1 instead, so the gradient there is 0 (the eager op's), not NaN.
 inline Out lower(op::elephant, Ts in, const op::elephant::attrs& a) {
     const Tf& x = in[0];
-    const Tf u = p::scale(p::mul(x, sign_detached(x)), 1.0 / a.a);
-    const gx::var uv = var_of(u);
-    const Tf positive = wrap(gx::select(gx::compare(uv, gx::constant_like(uv, 0.0), gx::compare_direction::GT), gx::constant_like(uv, 1.0),
-                                        gx::constant_like(uv, 0.0)));
+    const Tf sign = sign_detached(x), positive = p::mul(sign, sign);  // 1 where u > 0, else 0
+    const Tf u = p::scale(p::mul(x, sign), 1.0 / a.a);
     const Tf power = p::mul(positive, p::exp(p::scale(p::log(p::add(u, p::add_scalar(p::neg(positive), 1.0))), a.d)));
     return {p::div(p::full(x.shape(), 1.0), p::add_scalar(power, 1.0))};
 }
