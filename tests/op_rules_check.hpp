@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -194,6 +195,53 @@ inline op_rule_report check_op_rule(const olmax::backend::trace::op_entry& entry
         ++report.samples;
     }
     return report;
+}
+
+/// max over an axis and element-wise maximum on inputs with NaN, traced, their values and
+/// gradients (of sum(max(x, 1) w) + sum(maximum(a, b) w')) evaluated by `evaluate` against the eager
+/// ops': NaN propagates, and the gradient goes to the first NaN of a max's row and to a NaN
+/// operand of maximum (`a` when both are), as in the eager ops. Returns one line per element
+/// that differs (NaN must meet NaN; numbers must be equal).
+inline std::vector<std::string> check_nan_max(const op_rule_evaluator& evaluate) {
+    namespace gx = olmax::xla::graph;
+    namespace tr = olmax::trace;
+    using olmax::Tensor;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const Tensor<float> x = Tensor<float>::from({2, 4}, {1, nan, 7, nan, 3, 5, 2, 4});
+    const Tensor<float> a = Tensor<float>::from({4}, {1, nan, 3, nan}), b = Tensor<float>::from({4}, {nan, 2, -1, nan});
+    const Tensor<float> w = Tensor<float>::from({2}, {0.5f, -2}), wm = Tensor<float>::from({4}, {1, 2, 3, 4});
+    auto run = [&](Tensor<float> xs, Tensor<float> as, Tensor<float> bs) {
+        xs.set_requires_grad(true), as.set_requires_grad(true), bs.set_requires_grad(true);
+        const Tensor<float> m = olmax::max(xs, 1), e = olmax::maximum(as, bs);
+        olmax::add(olmax::sum(olmax::mul(m, w)), olmax::sum(olmax::mul(e, wm))).backward();
+        return std::vector<Tensor<float>>{m, e, xs.grad(), as.grad(), bs.grad()};
+    };
+    const std::vector<Tensor<float>> expected = run(x.clone(), a.clone(), b.clone());
+    std::vector<std::string> failures;
+    if (!std::isnan(expected[0].data()[0]) || expected[0].data()[1] != 5.0f) failures.push_back("the eager max is not the case meant");
+    tr::tracing t;
+    const Tensor<float> xt = t.input<float>(x.shape()), at = t.input<float>(a.shape()), bt = t.input<float>(b.shape());
+    const std::vector<Tensor<float>> traced = run(xt, at, bt);
+    auto host = [](const Tensor<float>& in, const Tensor<float>& v) { return gx::host_value{tr::var_of(in).type(), std::vector<double>(v.begin(), v.end())}; };
+    std::vector<gx::var> results;
+    for (const auto& r : traced) results.push_back(tr::var_of(r));
+    const auto got = evaluate(t.graph(), results, {host(xt, x), host(at, a), host(bt, b)});
+    const char* names[] = {"max(x, 1)", "maximum(a, b)", "dx", "da", "db"};
+    for (std::size_t k = 0; k < expected.size(); ++k) {
+        if (got.at(k).size() != expected[k].size()) {
+            failures.push_back(std::string(names[k]) + ": " + std::to_string(got[k].size()) + " elements, expected " + std::to_string(expected[k].size()));
+            continue;
+        }
+        for (std::size_t e = 0; e < expected[k].size(); ++e) {
+            const double want = double(expected[k].data()[e]), have = got[k][e];
+            if (std::isnan(want) ? !std::isnan(have) : have != want) {
+                std::ostringstream line;
+                line << names[k] << " element " << e << ": eager " << want << ", traced " << have;
+                failures.push_back(line.str());
+            }
+        }
+    }
+    return failures;
 }
 
 }  // namespace olmax_test

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 #include <olmax/olmax.hpp>
 #include <olmax/trace/trace.hpp>
 
+#include "op_rules_check.hpp"
 #include "test_helpers.hpp"
 #include "unruled_op.hpp"
 
@@ -153,6 +155,14 @@ TEST_CASE("trace: a fused olmax::pointwise chain traces op by op, its gradient m
     double worst = 0;
     for (std::size_t e = 0; e < eager.size(); ++e) worst = olmax_test::worse(worst, std::abs(out.data[e] - double(eager.data()[e])));
     CHECK(worst < 1e-5);
+}
+
+TEST_CASE("trace: max and maximum with NaN inputs give the eager ops' NaN values and gradients", "[trace]") {
+    const auto failures = olmax_test::check_nan_max(olmax_test::op_rule_reference);
+    std::string lines;
+    for (const auto& f : failures) lines += f + "\n";
+    INFO(lines);
+    CHECK(failures.empty());
 }
 
 TEST_CASE("trace: products, reductions, shapes, norms and losses match finite differences", "[trace]") {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -262,6 +263,25 @@ TEST_CASE("xla graph: slice, pad, concatenate and floor evaluate as StableHLO de
         INFO(op);
         CHECK(text.find(op) != std::string::npos);
     }
+}
+
+TEST_CASE("xla graph: maximum and reduce_max give NaN where an operand is NaN, in either position", "[xla_graph]") {
+    // stablehlo.maximum is IEEE 754's maximum, which propagates NaN, and so do the eager ops; the
+    // evaluation once used std::max, which returns its first operand when the second is NaN.
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    gx::graph g;
+    const var a = g.input(f32({4})), b = g.input(f32({4})), x = g.input(f32({2, 3}));
+    const auto r = gx::evaluate(g, {{f32({4}), {1, nan, 3, nan}}, {f32({4}), {nan, 2, -1, nan}}, {f32({2, 3}), {1, nan, 2, 5, 4, 3}}},
+                                {gx::maximum(a, b), gx::max(x, {1}), gx::max(x, {0})});
+    CHECK(std::isnan(r[0].data[0]));
+    CHECK(std::isnan(r[0].data[1]));
+    CHECK(r[0].data[2] == 3);
+    CHECK(std::isnan(r[0].data[3]));
+    CHECK(std::isnan(r[1].data[0]));  // NaN after a larger value: not dropped
+    CHECK(r[1].data[1] == 5);
+    CHECK(r[2].data[0] == 5);
+    CHECK(std::isnan(r[2].data[1]));  // NaN first, then 4
+    CHECK(r[2].data[2] == 3);
 }
 
 TEST_CASE("xla graph: bad programs fail while they are built, naming the primitive", "[xla_graph]") {

@@ -166,7 +166,8 @@ inline T neg(const T& x) { return detail::bind1(-var_of(x), {x}); }
 inline T sub(const T& a, const T& b) { return detail::bind1(var_of(a) - var_of(b), {a, b}); }
 inline T mul(const T& a, const T& b) { return detail::bind1(var_of(a) * var_of(b), {a, b}); }
 inline T div(const T& a, const T& b) { return detail::bind1(var_of(a) / var_of(b), {a, b}); }
-/// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b` (as the eager op).
+/// Element-wise maximum (NaN where either is NaN); the gradient goes to `a` where a >= b or a is
+/// NaN, else to `b` (as the eager op).
 inline T maximum(const T& a, const T& b) { return detail::bind1(gx::maximum(var_of(a), var_of(b)), {a, b}); }
 inline T scale(const T& x, double s) { return mul(x, constant(gx::constant_like(var_of(x), s))); }
 inline T add_scalar(const T& x, double s) { return add(x, constant(gx::constant_like(var_of(x), s))); }

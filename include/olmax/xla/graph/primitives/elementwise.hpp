@@ -196,15 +196,18 @@ struct select {
     }
 };
 
-/// Element-wise maximum; the gradient goes to `a` where a >= b, else to `b` (as the eager op).
+/// Element-wise maximum. A NaN in either operand gives NaN, as stablehlo.maximum (IEEE 754
+/// maximum) and the eager op do; std::max would return the other operand when the NaN is second.
+/// The gradient goes where the eager op's does: to `a` where a >= b or a is NaN, else to `b`.
 struct maximum : detail::binary_elementwise<maximum> {
     static constexpr std::string_view name = "maximum";
-    static double apply(double a, double b) { return std::max(a, b); }
+    static double apply(double a, double b) { return (a >= b || a != a) ? a : b; }
     static void gradient(vjp& v) {
-        const var first = compare::make(v.x[0], v.x[1], compare_direction::GE);
+        const var ge = compare::make(v.x[0], v.x[1], compare_direction::GE);
+        const var a_is_nan = compare::make(v.x[0], v.x[0], compare_direction::NE);  // a >= b is false there
         const var zero = constant::make(v.gy[0].owner(), 0.0, tensor_type(v.gy[0].type()));
-        v.dx[0] = select::make(first, v.gy[0], zero);
-        v.dx[1] = select::make(first, zero, v.gy[0]);
+        v.dx[0] = select::make(a_is_nan, v.gy[0], select::make(ge, v.gy[0], zero));
+        v.dx[1] = select::make(a_is_nan, zero, select::make(ge, zero, v.gy[0]));
     }
 };
 

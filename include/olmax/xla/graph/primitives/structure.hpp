@@ -265,12 +265,13 @@ struct reduce_sum : detail::reduction<reduce_sum> {
     static void gradient(vjp& v) { v.dx[0] = broadcast_in_dim::make(v.gy[0], dims_t(v.x[0].dims()), kept(v.n, v.x[0].type().rank())); }
 };
 
-/// Maximum over `dims` (increasing). Its gradient is split evenly among tied maxima.
+/// Maximum over `dims` (increasing); a NaN among the reduced elements gives NaN (its body is
+/// stablehlo.maximum). Its gradient is split evenly among tied maxima.
 struct reduce_max : detail::reduction<reduce_max> {
     static constexpr std::string_view name = "reduce_max", body = "maximum";
     static constexpr double init = -3.4028234663852886e38, start = -std::numeric_limits<double>::infinity();
     static constexpr bool saved_by_kept_layers = true;
-    static double apply(double acc, double x) { return std::max(acc, x); }
+    static double apply(double acc, double x) { return maximum::apply(acc, x); }
     static void gradient(vjp& v) {  // g / (number of maxima) where x is a maximum
         const dims_t x_dims = v.x[0].dims(), keep = kept(v.n, x_dims.size());
         const var at_max = compare::make(v.x[0], broadcast_in_dim::make(v.y[0], x_dims, keep), compare_direction::EQ);
