@@ -165,6 +165,56 @@ TEST_CASE("trace: max and maximum with NaN inputs give the eager ops' NaN values
     CHECK(failures.empty());
 }
 
+TEST_CASE("trace: every traced form reads any nonzero reset as a document start, as the eager ops do", "[trace]") {
+    // The composed forms count and compare starts in the program; fed starts marked 2.5, -1, 0.5 and
+    // 7 (each a start to the eager ops, which test resets != 0), they must compute what the eager ops
+    // compute from them. Before masks::start_flags they took the values as given.
+    olmax::Generator rng(17);
+    const std::size_t B = 2, T = 9;
+    Tensor<float> marks({B, T});
+    marks(0, 3) = 2.5f, marks(0, 4) = -1.0f, marks(1, 0) = 7.0f, marks(1, 6) = 0.5f;
+    const Tensor<float> x = olmax::randn<float>({B, T, 2, 4}, rng), dt = olmax::rand<float>({B, T, 2}, rng, 0.05f, 0.5f);
+    const Tensor<float> A = Tensor<float>::from({2}, {-0.5f, -1.5f}), Bm = olmax::randn<float>({B, T, 1, 3}, rng), C = olmax::randn<float>({B, T, 1, 3}, rng);
+    const Tensor<float> k = olmax::randn<float>({B, T, 2, 4}, rng), g = olmax::rand<float>({B, T, 2}, rng, -0.5f, -0.05f),
+                        beta = olmax::rand<float>({B, T, 2}, rng, 0.2f, 0.9f);
+    const Tensor<float> u = olmax::randn<float>({B, T, 3}, rng), delta = olmax::rand<float>({B, T, 3}, rng, 0.05f, 0.5f),
+                        As = Tensor<float>::from({3, 2}, {-0.5f, -1, -0.7f, -1.3f, -2, -0.2f}), Bs = olmax::randn<float>({B, T, 2}, rng),
+                        Cs = olmax::randn<float>({B, T, 2}, rng);
+    olmax::Generator layer_rng(5);
+    olmax::nn::Mamba2Config config;
+    config.features = 4, config.head_dim = 2, config.state = 3, config.groups = 1, config.conv_kernel = 3, config.chunk = 4;
+    const olmax::nn::Mamba2<float> mamba2(config, layer_rng);
+    const Tensor<float> features = olmax::randn<float>({B, T, 4}, rng);
+    // In a trace, the first operand becomes a constant of the program (in_program: the identity
+    // outside one), so that each form runs traced with host resets too.
+    const auto in = [](const Tensor<float>& t) { return olmax::backend::trace::in_program(t); };
+    const std::vector<std::pair<std::string, std::function<Tensor<float>(const Tensor<float>&)>>> forms{
+        {"scan::ssd", [&](const Tensor<float>& r) { return olmax::scan::ssd(in(x), dt, A, Bm, C, {}, {.resets = r, .chunk = 4}).y; }},
+        {"scan::gated_delta_rule", [&](const Tensor<float>& r) { return olmax::scan::gated_delta_rule(in(x), k, x, g, beta, {}, r, {.chunk = 4}).o; }},
+        {"causal_attention", [&](const Tensor<float>& r) { return olmax::causal_attention(in(x), k, x, {.resets = r}); }},
+        {"rope", [&](const Tensor<float>& r) { return olmax::rope(in(x), {.offset = 2, .resets = r}); }},
+        {"scan::selective_scan", [&](const Tensor<float>& r) { return olmax::scan::selective_scan(in(u), delta, As, Bs, Cs, {}, {.resets = r}).y; }},
+        {"nn::Mamba2 (its convolution)", [&](const Tensor<float>& r) { return mamba2.forward(in(features), r); }},
+    };
+    for (const auto& [name, form] : forms) {
+        INFO(name);
+        const Tensor<float> eager = form(marks);
+        for (bool as_input : {false, true}) {  // host resets (a constant of the program), traced resets (an input)
+            INFO((as_input ? "traced resets" : "host resets"));
+            trace::tracing t;
+            const Tensor<float> r = as_input ? t.input<float>(marks.shape()) : marks;
+            const Tensor<float> y = form(r);
+            std::vector<gx::host_value> values;
+            if (as_input) values.push_back({trace::var_of(r).type(), std::vector<double>(marks.begin(), marks.end())});
+            const auto out = gx::evaluate(t.graph(), values, {trace::var_of(y)})[0];
+            REQUIRE(out.data.size() == eager.size());
+            double worst = 0;
+            for (std::size_t e = 0; e < eager.size(); ++e) worst = olmax_test::worse(worst, std::abs(out.data[e] - double(eager.data()[e])));
+            CHECK(worst < 1e-4);
+        }
+    }
+}
+
 TEST_CASE("trace: products, reductions, shapes, norms and losses match finite differences", "[trace]") {
     CHECK_TRACED({{2, 3, 4}, {4, 5}}, [](const Traced& x) { return olmax::matmul(x[0], x[1]); });
     CHECK_TRACED({{2, 3, 4}, {2, 4, 5}}, [](const Traced& x) { return olmax::matmul(x[0], x[1]); });  // batched

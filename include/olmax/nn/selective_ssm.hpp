@@ -33,6 +33,7 @@
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/elementwise.hpp"
 #include "olmax/ops/linalg.hpp"
+#include "olmax/ops/masks.hpp"
 #include "olmax/ops/math_rules.hpp"
 #include "olmax/ops/pointwise.hpp"
 #include "olmax/ops/shape.hpp"
@@ -98,9 +99,10 @@ std::vector<Tensor<T>> depthwise_conv_silu(const Tensor<T>& x, const Tensor<T>& 
             check<trace_error>(!tail.defined(), op, ": a traced step takes no carried convolution state");
             Tensor<T> pre = add(mul(x, reshape(slice(w, 0, back, K), Shape{ne})), bias);  // tap K-1 reads x_t
             Tensor<T> open;  // 1 while no document started in (t - j, t]
+            const Tensor<T> starts = resets.defined() ? masks::start_flags(resets) : Tensor<T>();  // 0/1
             for (std::size_t j = 1; j <= back && j < nt; ++j) {
-                if (resets.defined()) {
-                    const Tensor<T> step = add_scalar(neg(slice(pad(resets, 1, j - 1, 0), 1, 0, nt)), T{1});  // 1 - resets[t - j + 1]
+                if (starts.defined()) {
+                    const Tensor<T> step = add_scalar(neg(slice(pad(starts, 1, j - 1, 0), 1, 0, nt)), T{1});  // 1 - starts[t - j + 1]
                     open = open.defined() ? mul(open, step) : step;
                 }
                 Tensor<T> tap = mul(slice(pad(x, 1, j, 0), 1, 0, nt), reshape(slice(w, 0, back - j, back - j + 1), Shape{ne}));

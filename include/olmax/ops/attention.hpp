@@ -403,8 +403,8 @@ Tensor<T> sum_groups(const Tensor<T>& per_head, std::size_t kv_heads) {
 /// the same function, not the blocked algorithm. Masked scores get -1e9 added (exp underflows to 0;
 /// every row keeps its diagonal): future keys and keys outside the window by masks::hidden_keys,
 /// and keys of earlier documents by document ids d (masks::document_ids: a running count of the
-/// starts; resets read as 0/1 values, host ones captured as constants, traced ones a per-call
-/// input) and the penalty -1e9 min(relu(d_t - d_s), 1). Both masks are computed in the program,
+/// starts; resets read as 0/1 flags by masks::start_flags, any nonzero a start, host ones captured
+/// as constants, traced ones a per-call input) and the penalty -1e9 min(relu(d_t - d_s), 1). Both masks are computed in the program,
 /// whose constants stay O(T).
 template <Real T>
 Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, double scale, std::size_t window, const Tensor<T>& resets) {
@@ -418,7 +418,7 @@ Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, dou
                            reshape(olmax::scale(masks::hidden_keys<T>(nt, window), T(masked)), Shape{1, 1, 1, nt, nt}));
     if (resets.defined()) {
         // in the program also for host resets: computed on the host, the [batch, T, T] mask would become a constant
-        const Tensor<T> other_document = masks::earlier_document(masks::document_ids(backend::trace::in_program(resets).detach()));
+        const Tensor<T> other_document = masks::earlier_document(masks::document_ids(masks::start_flags(resets)));
         scores = add(scores, reshape(olmax::scale(other_document, T(masked)), Shape{nb, 1, 1, nt, nt}));
     }
     const Tensor<T> p = reshape(softmax(scores, -1), Shape{nb, nkv, group * nt, nt});

@@ -374,6 +374,21 @@ Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
     return detail::unary_op<op::leaky_relu, detail::Reads::input>(x, [slope](T v) { return v < T{0} ? slope * v : v; },
                                                                   [slope](T v, T) { return v < T{0} ? slope : T{1}; }, {.slope = double(slope)});
 }
+/// 1 where x != 0 (NaN too), else 0: a flag, with no gradient (x does not reach the result
+/// continuously). Packed-document resets go through it (masks::start_flags) before a traced form
+/// computes with them as 0/1 values, so that any nonzero marks a document start on every device,
+/// as `resets[b, t] != 0` does in the eager ops.
+template <Real T>
+Tensor<T> nonzero(const Tensor<T>& x) {
+    backend::op_scope on("nonzero", x);
+    return on.run<op::nonzero>({x}, {}, [&] {
+        auto y = Tensor<T>::uninitialized(x.shape());
+        const T* xp = x.data();
+        T* yp = y.data();
+        for (std::size_t i = 0; i < x.size(); ++i) yp[i] = xp[i] != T{0} ? T{1} : T{0};
+        return y;
+    });
+}
 template <Real T>
 Tensor<T> softplus(const Tensor<T>& x) {
     return detail::unary_rule_op<math::rules::softplus, op::softplus, detail::Reads::input>(x);
@@ -515,6 +530,23 @@ struct relu : elementwise_unary<relu> {
     static constexpr std::string_view name = "relu";
     static constexpr float lo = -2, hi = 2;
     template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::relu(in[0]); }
+};
+/// Samples with zeros among the values (and -0.0), none differentiated.
+struct nonzero : registered<nonzero> {
+    static constexpr std::string_view name = "nonzero";
+    struct attrs {};
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        std::vector<sample<attrs>> out;
+        for (const Shape& shape : {Shape{7}, Shape{3, 4}}) {
+            Tensor<float> x = samples::signed_away_from_zero(rng, shape);
+            const Tensor<float> keep = samples::bits(rng, shape, 0.5);
+            for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] *= keep.data()[i];  // +-0.0 where not kept
+            x.data()[0] = 0.0f, x.data()[1] = 2.5f;
+            out.push_back({{x}, {}, {0}});
+        }
+        return out;
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::nonzero(in[0]); }
 };
 struct hard_sigmoid : elementwise_unary<hard_sigmoid> {
     static constexpr std::string_view name = "hard_sigmoid";

@@ -2,7 +2,7 @@
 // Masks for the composed (traced) forms of the sequence ops: triangles and the identity as
 // constants of a program (for chunk-sized squares), masks over a whole sequence computed inside it
 // from positions (an O(T) constant), and packed-document masks computed inside it from resets
-// [batch, T] (0/1 values, 1 where a document starts). Traced attention masks future keys and keys
+// [batch, T] (taken as 0/1 values by start_flags, 1 where a document starts). Traced attention masks future keys and keys
 // of earlier documents, traced RoPE restarts its positions, and the traced SSD and gated delta rule
 // zero every decay that spans a start. The masks over a whole sequence put no [T, T] constant into
 // a program: at T = 4096 one would be 16.7 M numbers of program text (`triangle` is for chunk-sized
@@ -93,6 +93,14 @@ Tensor<T> running(const Tensor<T>& x, Op op) {
     Tensor<T> y = x;
     for (std::size_t shift = 1; shift < n; shift *= 2) y = op(y, pad(slice(y, long(axis), 0, n - shift), long(axis), shift, 0));
     return y;
+}
+
+/// Resets [batch, T] as 0/1 values (1 where resets != 0), in the program (host resets become a
+/// constant of it): the traced forms count and compare starts, so a start marked 2 or -1, which
+/// the eager ops read as a start, must count once.
+template <Real T>
+Tensor<T> start_flags(const Tensor<T>& resets) {
+    return nonzero(backend::trace::in_program(resets)).detach();
 }
 
 /// Document ids d [batch, T]: the number of document starts at or before t (a running sum of the

@@ -152,7 +152,8 @@ std::pair<Tensor<T>, Tensor<T>> cosines_and_sines(double first, std::size_t coun
 /// c, s [T, Dh/2] per row from cosines_and_sines (element-wise, so no product is rounded to bf16
 /// under the bf16 policy, as the eager kernel rounds none). Without resets c and s are those of the
 /// positions offset .. offset + T - 1, shared by every row. With resets (host ones captured as
-/// constants, traced ones a per-call input; read as 0/1 values) the positions are computed in the
+/// constants, traced ones a per-call input; read as 0/1 flags by masks::start_flags, any nonzero a
+/// start) the positions are computed in the
 /// program and c, s are rows of a table of the positions 0 .. T - 1 (after a start) and
 /// offset .. offset + T - 1 (before the first), gathered per (batch, t): t's row is t - start_t once
 /// a document has started (its document id, the running count of starts, is >= 1; start_t the step
@@ -167,7 +168,7 @@ Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets
         const auto [c_start, s_start] = offset ? cosines_and_sines<T>(0, nt, dim, base) : std::pair{c, s};
         c = olmax::concat<T>({c_start, c}, 0);
         s = olmax::concat<T>({s_start, s}, 0);
-        const Tensor<T> starts = in_program(resets).detach();                                                      // [B, T]
+        const Tensor<T> starts = masks::start_flags(resets);                                                       // [B, T], 0/1
         const Tensor<T> started = masks::at_most_one(masks::document_ids(starts));
         const Tensor<T> step = in_program(masks::positions<T>(nt));                                                // [1, T]: t
         const Tensor<T> in_document = sub(step, masks::document_starts(starts));                                   // t - start_t

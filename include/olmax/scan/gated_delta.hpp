@@ -96,9 +96,10 @@
 // one matrix_scan over the chunks (scan/matrix_scan.hpp: one loop in the program, one K x K by
 // K x V product a chunk, so the program's size does not grow with T). The outputs then come for
 // all chunks at once from the entering states S and V_new = U - W S: O = scale [(Q . e^gamma) S +
-// (Q K^T . Gamma) V_new]. Resets (a host tensor, captured as a constant, or a traced 0/1 input,
-// not differentiated) act as exp(g_t) = 0 at a start: with count = resets U (the starts in the
-// chunk up to each step), every decay product is multiplied by 1 - min(starts it spans, 1) (Gamma_ij
+// (Q K^T . Gamma) V_new]. Resets (a host tensor, captured as a constant, or a traced input, read
+// as 0/1 flags by masks::start_flags, any nonzero a start; not differentiated) act as
+// exp(g_t) = 0 at a start: with count = resets U (the starts in the chunk up to each step), every
+// decay product is multiplied by 1 - min(starts it spans, 1) (Gamma_ij
 // by the starts in (j, i], e^gamma_i by those in [0, i], e^{gamma_C - gamma_i} by those in (i, C),
 // e^{gamma_C} by all of the chunk's). Memory: the [batch, H, chunks, C, C] matrices (Gamma, A,
 // the inverse), i.e. B H T C, besides the state entering every chunk.
@@ -778,7 +779,7 @@ GatedDeltaResult<T> traced(const Geometry& geo, const Tensor<T>& q, const Tensor
     const Tensor<T> cumsum = in_program(triangle<T>(C, Triangle::upper)), causal = in_program(triangle<T>(C, Triangle::lower)),
                     below = in_program(triangle<T>(C, Triangle::strictly_lower));
     const Tensor<T> h0 = in_program(h0_in);
-    const Tensor<T> resets = resets_in.defined() ? in_program(resets_in).detach() : Tensor<T>();
+    const Tensor<T> resets = resets_in.defined() ? masks::start_flags(resets_in) : Tensor<T>();  // 0/1
 
     // [batch, T, H, X] -> [batch, H, chunks, C, X] and [batch, T, H] -> [batch, H, chunks, C], zero-padded to chunks C steps:
     // a padded step (k = v = q = 0, g = 0, beta = 0) leaves the state as it is.

@@ -67,7 +67,7 @@
 // written with ordinary ops that each have a lowering rule (the paper's Listing 1 with T padded to
 // a multiple of Q and the inter-chunk states from its (chunks + 1)^2 decay matrix); its gradient
 // is the tape's through those ops. It materialises the [Q, Q] blocks, so its memory is O(T Q) per
-// head rather than the eager op's checkpoints, and it reads resets as 0/1 values.
+// head rather than the eager op's checkpoints; it reads resets as 0/1 flags (any nonzero a start).
 
 #include <algorithm>
 #include <cmath>
@@ -568,13 +568,13 @@ void chunk_backward_task(const Geometry& g, const Buffers<T>& in, const T* dy, c
 /// is the tape's. Inter-chunk states come from the (chunks + 1)^2 decay matrix of the paper
 /// (its "decay_chunk"), with h0 as state 0. Materialises [Q, Q] per (batch, head, chunk) and
 /// every intermediate, so its memory is O(T Q) per head (fine for a compiled program; the eager
-/// op keeps only chunk states). Resets here must be 0 or 1 (the eager op takes any nonzero); host
-/// ones become a constant of the program and its masks are computed in it (computed on the host,
-/// they would be constants of batch T Q elements).
+/// op keeps only chunk states). Resets are read as 0/1 flags (masks::start_flags: any nonzero is a
+/// start, as in the eager op); host ones become a constant of the program and its masks are
+/// computed in it (computed on the host, they would be constants of batch T Q elements).
 template <Real T>
 SsdResult<T> composed(const Geometry& g, const Tensor<T>& x, const Tensor<T>& dt, const Tensor<T>& A, const Tensor<T>& B, const Tensor<T>& C,
                       const Tensor<T>& D, const Tensor<T>& h0, const Tensor<T>& resets_in) {
-    const Tensor<T> resets = resets_in.defined() ? backend::trace::in_program(resets_in).detach() : Tensor<T>();
+    const Tensor<T> resets = resets_in.defined() ? masks::start_flags(resets_in) : Tensor<T>();  // 0/1
     const std::size_t b = g.batch, T_ = g.time, H = g.heads, P = g.head_dim, G = g.groups, N = g.state, hpg = g.heads_per_group(),
                       Q = g.chunk, c = g.chunks, padding = c * Q - T_;
     auto padded = [&](const Tensor<T>& t) { return padding ? pad(t, 1, 0, padding) : t; };

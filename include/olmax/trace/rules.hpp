@@ -173,6 +173,12 @@ inline Out lower(op::moe_route, Ts in, const op::moe_route::attrs& a) {
     return {wrap(keep), wrap(gx::sum(chosen, {0}) / double(k * batch * sequence)), wrap(slot_token), wrap(token_slot)};
 }
 
+/// 1 where x != 0 (NaN too), else 0, as a constant of the tape (the op has no gradient).
+inline Tf nonzero_flags(const Tf& x) {
+    const gx::var v = var_of(x);
+    return wrap(gx::select(gx::compare(v, gx::constant_like(v, 0.0), gx::compare_direction::NE), gx::constant_like(v, 1.0), gx::constant_like(v, 0.0)));
+}
+
 /// Mamba's selective scan (scan/selective_scan.hpp). In a sequential scan form (CPUs): one primitive
 /// fused over time that never stores the [B, T, E, N] states, as the eager op (its own kernels where
 /// native calls are registered). Otherwise one linear scan over B E N rows in the device's form, from
@@ -180,7 +186,7 @@ inline Out lower(op::moe_route, Ts in, const op::moe_route::attrs& a) {
 inline Out lower(op::selective_scan, Ts in, const op::selective_scan::attrs&) {
     const Tf &u = in[0], &delta = in[1], &A = in[2], &B = in[3], &C = in[4], &D = in[5], &h0 = in[6], &resets = in[7];
     const std::size_t nb = u.shape()[0], nt = u.shape()[1], ne = u.shape()[2], ns = A.shape()[1];
-    const Tf keep = resets.defined() ? p::add_scalar(p::neg(resets), 1.0) : Tf();  // 0 where a document starts
+    const Tf keep = resets.defined() ? p::add_scalar(p::neg(nonzero_flags(resets)), 1.0) : Tf();  // 0 where a document starts (resets != 0)
     Tf y, h_last;
     if (active().device_scan_form().strategy == scan_form::kind::sequential) {
         const auto out = p::selective_scan(u, delta, A, B, C, keep.defined() ? keep : p::full({nb, nt}, 1.0),
@@ -235,6 +241,7 @@ inline Tf sign_detached(const Tf& x) {
     return wrap(gx::select(gx::compare(v, zero, gx::compare_direction::GT), gx::constant_like(v, 1.0),
                            gx::select(gx::compare(v, zero, gx::compare_direction::LT), gx::constant_like(v, -1.0), zero)));
 }
+inline Out lower(op::nonzero, Ts in, const op::nonzero::attrs&) { return {nonzero_flags(in[0])}; }
 /// x sign(x): the gradient is sign(x), 0 at 0 as the eager op's.
 inline Out lower(op::abs, Ts in, const op::abs::attrs&) { return {p::mul(in[0], sign_detached(in[0]))}; }
 inline Out lower(op::mish, Ts in, const op::mish::attrs&) { return {p::mul(in[0], p::tanh(softplus_of(in[0])))}; }
