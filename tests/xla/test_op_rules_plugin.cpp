@@ -61,7 +61,7 @@ TEST_CASE("op rules: every registered op's program on the CPU plugin gives its e
 // XLA:CPU drops a NaN that is maximum's second operand unless xla_cpu_enable_fast_min_max is off
 // (docs/xla.md, section 3): CTest runs this case alone, as xla.pjrt_cpu_plugin_nan, with
 // XLA_FLAGS=--xla_cpu_enable_fast_min_max=false (XLA reads the flags once per process).
-TEST_CASE("op rules: max and maximum with NaN inputs on the CPU plugin give the eager ops' NaN values and gradients", "[cpu_plugin_nan]") {
+TEST_CASE("op rules: max and maximum with NaN inputs on the CPU plugin give the eager ops' NaN values and gradients", "[cpu_plugin][fast_min_max_off]") {
     const auto failures = olmax_test::check_nan_max(plugin_evaluator(olmax_test::cpu_client()));
     std::string lines;
     for (const auto& f : failures) lines += f + "\n";
