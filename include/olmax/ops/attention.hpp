@@ -404,8 +404,8 @@ Tensor<T> sum_groups(const Tensor<T>& per_head, std::size_t kv_heads) {
 /// every row keeps its diagonal): future keys and keys outside the window by masks::hidden_keys,
 /// and keys of earlier documents by document ids d (masks::document_ids: a running count of the
 /// starts; resets read as 0/1 flags by masks::start_flags, any nonzero a start, host ones captured
-/// as constants, traced ones a per-call input) and the penalty -1e9 min(relu(d_t - d_s), 1). Both masks are computed in the program,
-/// whose constants stay O(T).
+/// as constants, traced ones a per-call input) and the penalty -1e9 min(relu(d_t - d_s), 1). Both
+/// masks are computed in the program, whose constants stay O(T).
 template <Real T>
 Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, double scale, std::size_t window, const Tensor<T>& resets) {
     const std::size_t nb = q.extent(0), nt = q.extent(1), nh = q.extent(2), dim = q.extent(3), nkv = k.extent(2), group = nh / nkv;

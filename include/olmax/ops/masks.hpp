@@ -2,11 +2,11 @@
 // Masks for the composed (traced) forms of the sequence ops: triangles and the identity as
 // constants of a program (for chunk-sized squares), masks over a whole sequence computed inside it
 // from positions (an O(T) constant), and packed-document masks computed inside it from resets
-// [batch, T] (taken as 0/1 values by start_flags, 1 where a document starts). Traced attention masks future keys and keys
-// of earlier documents, traced RoPE restarts its positions, and the traced SSD and gated delta rule
-// zero every decay that spans a start. The masks over a whole sequence put no [T, T] constant into
-// a program: at T = 4096 one would be 16.7 M numbers of program text (`triangle` is for chunk-sized
-// squares).
+// [batch, T] (taken as 0/1 values by start_flags, 1 where a document starts). Traced attention
+// masks future keys and keys of earlier documents, traced RoPE restarts its positions, and the
+// traced SSD and gated delta rule zero every decay that spans a start. The masks over a whole
+// sequence put no [T, T] constant into a program: at T = 4096 one would be 16.7 M numbers of
+// program text (`triangle` is for chunk-sized squares).
 
 #include <cstddef>
 

@@ -153,12 +153,12 @@ std::pair<Tensor<T>, Tensor<T>> cosines_and_sines(double first, std::size_t coun
 /// under the bf16 policy, as the eager kernel rounds none). Without resets c and s are those of the
 /// positions offset .. offset + T - 1, shared by every row. With resets (host ones captured as
 /// constants, traced ones a per-call input; read as 0/1 flags by masks::start_flags, any nonzero a
-/// start) the positions are computed in the
-/// program and c, s are rows of a table of the positions 0 .. T - 1 (after a start) and
-/// offset .. offset + T - 1 (before the first), gathered per (batch, t): t's row is t - start_t once
-/// a document has started (its document id, the running count of starts, is >= 1; start_t the step
-/// of the last start at or before t, masks::document_starts) and T + t before. Both are running
-/// sums or maxima in the program, so its constants stay O(T) (the positions) and the tables' O(sqrt(T)).
+/// start) the positions are computed in the program and c, s are rows of a table of the positions
+/// 0 .. T - 1 (after a start) and offset .. offset + T - 1 (before the first), gathered per
+/// (batch, t): t's row is t - start_t once a document has started (its document id, the running
+/// count of starts, is >= 1; start_t the step of the last start at or before t,
+/// masks::document_starts) and T + t before. Both are running sums or maxima in the program, so its
+/// constants stay O(T) (the positions) and the tables' O(sqrt(T)).
 template <Real T>
 Tensor<T> traced(const Tensor<T>& x, std::size_t offset, const Tensor<T>& resets, double base) {
     using backend::trace::in_program;

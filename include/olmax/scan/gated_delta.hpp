@@ -94,15 +94,15 @@
 // and the chunk-to-chunk recurrence, V_new = U - W S, S' = e^{gamma_C} S + Kout^T V_new with
 // Kout = K . e^{gamma_C - gamma}, which is linear in S: S' = (e^{gamma_C} I - Kout^T W) S + Kout^T U,
 // one matrix_scan over the chunks (scan/matrix_scan.hpp: one loop in the program, one K x K by
-// K x V product a chunk, so the program's size does not grow with T). The outputs then come for
-// all chunks at once from the entering states S and V_new = U - W S: O = scale [(Q . e^gamma) S +
-// (Q K^T . Gamma) V_new]. Resets (a host tensor, captured as a constant, or a traced input, read
-// as 0/1 flags by masks::start_flags, any nonzero a start; not differentiated) act as
-// exp(g_t) = 0 at a start: with count = resets U (the starts in the chunk up to each step), every
-// decay product is multiplied by 1 - min(starts it spans, 1) (Gamma_ij
-// by the starts in (j, i], e^gamma_i by those in [0, i], e^{gamma_C - gamma_i} by those in (i, C),
-// e^{gamma_C} by all of the chunk's). Memory: the [batch, H, chunks, C, C] matrices (Gamma, A,
-// the inverse), i.e. B H T C, besides the state entering every chunk.
+// K x V product a chunk, so the program's size does not grow with T). The outputs then come for all
+// chunks at once from the entering states S and V_new = U - W S: O = scale [(Q . e^gamma) S +
+// (Q K^T . Gamma) V_new]. Resets (a host tensor, captured as a constant, or a traced input, read as
+// 0/1 flags by masks::start_flags, any nonzero a start; not differentiated) act as exp(g_t) = 0 at
+// a start: with count = resets U (the starts in the chunk up to each step), every decay product is
+// multiplied by 1 - min(starts it spans, 1) (Gamma_ij by the starts in (j, i], e^gamma_i by those
+// in [0, i], e^{gamma_C - gamma_i} by those in (i, C), e^{gamma_C} by all of the chunk's). Memory:
+// the [batch, H, chunks, C, C] matrices (Gamma, A, the inverse), i.e. B H T C, besides the state
+// entering every chunk.
 
 #include <algorithm>
 #include <cmath>
