@@ -37,6 +37,13 @@ struct op_rule_report {
     std::vector<std::string> failures;
 };
 
+/// The failures of a check, one per line (for INFO).
+inline std::string failure_lines(const std::vector<std::string>& failures) {
+    std::string out;
+    for (const auto& f : failures) out += f + "\n";
+    return out;
+}
+
 /// The graph's double-precision reference evaluation (xla/graph/evaluate.hpp).
 inline std::vector<std::vector<double>> op_rule_reference(const olmax::xla::graph::graph& g, const std::vector<olmax::xla::graph::var>& results,
                                                           const std::vector<olmax::xla::graph::host_value>& inputs) {

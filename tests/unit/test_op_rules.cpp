@@ -52,12 +52,6 @@ olmax_test::op_rule_report oprules_check(const bt::op_entry& entry) {
     return olmax_test::check_op_rule(entry, olmax_test::op_rule_reference, oprules_tolerance);
 }
 
-std::string oprules_lines(const std::vector<std::string>& failures) {
-    std::string out;
-    for (const auto& f : failures) out += f + "\n";
-    return out;
-}
-
 /// The entry of key K in `registry`.
 template <class K>
 bt::op_entry oprules_entry(const bt::rule_registry& registry) {
@@ -98,7 +92,7 @@ TEST_CASE("op rules: every registered op's traced value and gradient equal its e
     for (const bt::op_entry& entry : entries) {
         INFO("op " << entry.name);
         const auto report = oprules_check(entry);
-        INFO(oprules_lines(report.failures));
+        INFO(olmax_test::failure_lines(report.failures));
         CHECK(report.failures.empty());
         CHECK(report.samples >= 1);
         worst = std::max(worst, report.worst);
@@ -114,7 +108,7 @@ TEST_CASE("op rules: every entry of op::all has its rule, samples and eager form
     // Run time: the registry the ops' traced branches read holds each of them, with its samples.
     std::vector<std::string> missing;
     oprules_each_registered(olmax::op::all{}, missing);
-    INFO(oprules_lines(missing));
+    INFO(olmax_test::failure_lines(missing));
     CHECK(missing.empty());
     // The toy ops of docs/ARCHITECTURE.md registered themselves the same way.
     CHECK(bt::has_rule<toy_ops::softcap_key>());
@@ -136,9 +130,9 @@ TEST_CASE("op rules: the check reports a planted wrong rule, a wrong gradient an
         return bt::traced_outputs{p::mul(in[0], in[0])};  // planted: x^2 instead of x^3
     });
     const auto wrong_value = oprules_check(oprules_entry<toy_ops::cube_key>(local));
-    INFO(oprules_lines(wrong_value.failures));
+    INFO(olmax_test::failure_lines(wrong_value.failures));
     CHECK(!wrong_value.failures.empty());
-    CHECK_THAT(oprules_lines(wrong_value.failures), Catch::Contains("toy_cube: sample 0") && Catch::Contains("output 0 differs"));
+    CHECK_THAT(olmax_test::failure_lines(wrong_value.failures), Catch::Contains("toy_cube: sample 0") && Catch::Contains("output 0 differs"));
 
     local.add<toy_ops::cube_key>([](bt::traced_inputs in, const toy_ops::cube_key::attrs&) {
         // planted: the right value, recorded with the gradient of the identity
@@ -146,13 +140,13 @@ TEST_CASE("op rules: the check reports a planted wrong rule, a wrong gradient an
         return bt::traced_outputs{p::add(y, p::sub(in[0], olmax::trace::wrap(olmax::trace::var_of(in[0]))))};
     });
     const auto wrong_gradient = oprules_check(oprules_entry<toy_ops::cube_key>(local));
-    const std::string lines = oprules_lines(wrong_gradient.failures);
+    const std::string lines = olmax_test::failure_lines(wrong_gradient.failures);
     INFO(lines);
     CHECK(lines.find("output 0 differs") == std::string::npos);
     CHECK_THAT(lines, Catch::Contains("the gradient of input 0 differs"));
 
     local.add<oprules_unsampled_key>([](bt::traced_inputs in, const oprules_unsampled_key::attrs&) { return bt::traced_outputs{in[0]}; });
-    CHECK_THAT(oprules_lines(oprules_check(oprules_entry<oprules_unsampled_key>(local)).failures),
+    CHECK_THAT(olmax_test::failure_lines(oprules_check(oprules_entry<oprules_unsampled_key>(local)).failures),
                Catch::Contains("unsampled: the op has a rule but no samples"));
 }
 

@@ -159,9 +159,7 @@ TEST_CASE("trace: a fused olmax::pointwise chain traces op by op, its gradient m
 
 TEST_CASE("trace: max and maximum with NaN inputs give the eager ops' NaN values and gradients", "[trace]") {
     const auto failures = olmax_test::check_nan_max(olmax_test::op_rule_reference);
-    std::string lines;
-    for (const auto& f : failures) lines += f + "\n";
-    INFO(lines);
+    INFO(olmax_test::failure_lines(failures));
     CHECK(failures.empty());
 }
 

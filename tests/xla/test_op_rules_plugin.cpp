@@ -48,9 +48,7 @@ TEST_CASE("op rules: every registered op's program on the CPU plugin gives its e
     for (const auto& entry : entries) {
         INFO("op " << entry.name);
         const auto report = olmax_test::check_op_rule(entry, on_plugin, 1e-4, {"cpu"});
-        std::string lines;
-        for (const auto& f : report.failures) lines += f + "\n";
-        INFO(lines);
+        INFO(olmax_test::failure_lines(report.failures));
         CHECK(report.failures.empty());
         worst = std::max(worst, report.worst);
     }
@@ -63,8 +61,6 @@ TEST_CASE("op rules: every registered op's program on the CPU plugin gives its e
 // XLA_FLAGS=--xla_cpu_enable_fast_min_max=false (XLA reads the flags once per process).
 TEST_CASE("op rules: max and maximum with NaN inputs on the CPU plugin give the eager ops' NaN values and gradients", "[cpu_plugin][fast_min_max_off]") {
     const auto failures = olmax_test::check_nan_max(plugin_evaluator(olmax_test::cpu_client()));
-    std::string lines;
-    for (const auto& f : failures) lines += f + "\n";
-    INFO(lines);
+    INFO(olmax_test::failure_lines(failures));
     CHECK(failures.empty());
 }
