@@ -401,6 +401,45 @@ TEST_CASE("trace: what cannot be traced fails at trace time with one line naming
     CHECK_THROWS_WITH(trace::tracing(), Catch::Contains("already running"));
 }
 
+TEST_CASE("trace: indices an op reads from a per-call input are checked before each run, as the eager op checks them", "[trace]") {
+    trace::tracing t;
+    auto ids = t.input<std::int32_t>({2, 4});
+    auto targets = t.input<std::int32_t>({2, 4});
+    auto rows = t.input<std::int32_t>({3});
+    auto table = t.input<float>({6, 3});
+    const Tensor<float> logits = olmax::reshape(olmax::embedding(table, ids), {8, 3});
+    const Tensor<float> loss = olmax::cross_entropy(logits, olmax::reshape(targets, {8}));
+    const Tensor<float> picked = olmax::gather_rows(table, olmax::reshape(olmax::reshape(rows, {1, 3}), {3}));
+    // A constant holding an id out of range is refused while tracing, naming the op.
+    CHECK_THROWS_WITH(olmax::embedding(table, Tensor<std::int32_t>::from({2}, {1, 9})),
+                      Catch::Contains("embedding: id 9 at position 1 of a constant of the traced program is not an integer in [0, 6)"));
+    const trace::traced_program program = t.finish({loss, olmax::sum(picked)});
+    REQUIRE(program.inputs.size() == 4);
+    const auto& in = program.inputs;
+    REQUIRE(in[0].indices.size() == 1);
+    CHECK(in[0].indices[0].limit == 6);
+    REQUIRE(in[1].indices.size() == 1);
+    CHECK(in[1].indices[0].limit == 3);
+    REQUIRE(in[2].indices.size() == 1);  // through the two reshapes
+    CHECK(in[2].indices[0].op == "gather_rows");
+    CHECK(in[3].indices.empty());
+
+    const std::vector<float> good{0, 1, 2, 3, 4, 5, 0, 1};
+    CHECK_NOTHROW(trace::check_call_input(in[0], good, 0));
+    std::vector<float> bad = good;
+    bad[3] = 6;
+    CHECK_THROWS_WITH(trace::check_call_input(in[0], bad, 0),
+                      Catch::Contains("embedding: id 6 at position 3 of the program's input 0 (checked before the run) is not an integer in [0, 6)"));
+    bad[3] = -1;
+    CHECK_THROWS_WITH(trace::check_call_input(in[0], bad, 0), Catch::Contains("embedding: id -1 at position 3"));
+    bad[3] = 2.5f;
+    CHECK_THROWS_WITH(trace::check_call_input(in[0], bad, 0), Catch::Contains("embedding: id 2.5 at position 3"));
+    CHECK_THROWS_WITH(trace::check_call_input(in[1], good, 1), Catch::Contains("cross_entropy: target 3 at position 3 of the program's input 1"));
+    CHECK_THROWS_WITH(trace::check_call_input(in[2], std::vector<float>{0, 6, 1}, 2), Catch::Contains("gather_rows: index 6 at position 1"));
+    CHECK_THROWS_WITH(trace::check_call_input(in[0], std::vector<float>(7, 0.0f), 0), Catch::Contains("input 0 has 7 values for shape [2, 4]"));
+    CHECK_NOTHROW(trace::check_call_input(in[3], std::vector<float>(18, 100.0f), 3));
+}
+
 TEST_CASE("trace: AdamW with bfloat16 moments refuses a traced step", "[trace]") {
     auto w = olmax::parameter(Tensor<float>({3}, 1.0f));
     olmax::optim::AdamWConfig c;

@@ -249,6 +249,19 @@ TEST_CASE("xla model step: bad batches and settings are clear errors", "[cpu_plu
     olmax::optim::AdamW<float> opt(model.parameters(), adam_config());
     olmax::train::XlaTrainer<Model> trainer(model, opt, client, rows, sequence);
     CHECK_THROWS_WITH(trainer.step(text_batch(rows, 2 * sequence, 1)), Catch::Contains("compiled for batches of [4, 32]"));
+    // A byte id or target outside the vocabulary: refused before the run, as the CPU path refuses it
+    // (on the device an embedding's row of such an id would be zeros), and the state is untouched.
+    const std::vector<std::vector<float>> before = snapshot(model);
+    olmax::data::Batch bad = text_batch(rows, sequence, 1);
+    bad.inputs.data()[5] = 300;
+    CHECK_THROWS_WITH(trainer.step(bad), Catch::Contains("embedding: id 300 at position 5"));
+    bad = text_batch(rows, sequence, 1);
+    bad.targets.data()[7] = -1;
+    CHECK_THROWS_WITH(trainer.step(bad), Catch::Contains("chunked_cross_entropy: target -1 at position 7"));
+    CHECK(trainer.steps() == 0);
+    trainer.download();
+    CHECK(snapshot(model) == before);
+    CHECK(std::isfinite(trainer.step(text_batch(rows, sequence, 1)).loss));
     CHECK_THROWS_WITH(olmax::train::XlaTrainer<Model>(model, opt, client, 3, sequence, 2), Catch::Contains("does not split into 2"));
     CHECK_THROWS_WITH(olmax::train::XlaTrainer<Model>(model, opt, client, 16, sequence, 16), Catch::Contains("devices asked for"));
 }

@@ -40,25 +40,25 @@ public:
         for (std::size_t i = 0; i < program_.state.size(); ++i) program_.state[i].write(device_->state(i));
     }
 
-    /// One run: `inputs` are the caller's per-call inputs in the order they were made.
+    /// One run: `inputs` are the caller's per-call inputs in the order they were made. Each is checked
+    /// first (check_call_input: its size, and any index an op reads from it), so a refused run
+    /// leaves the device state as it was.
     std::vector<std::vector<float>> run(const std::vector<std::vector<float>>& inputs) {
         std::vector<std::vector<float>> host;
         std::vector<const float*> pointers;
         std::size_t next = 0;
         host.reserve(program_.inputs.size());
-        for (const auto& in : program_.inputs) {
+        for (std::size_t i = 0; i < program_.inputs.size(); ++i) {
+            const call_input& in = program_.inputs[i];
             if (in.host) {
                 host.push_back(in.host());
-                check<value_error>(host.back().size() == numel(in.shape), "trace::compiled_program: a host value of ", host.back().size(),
-                                   " elements for an input of shape ", to_string(in.shape));
-                pointers.push_back(host.back().data());
-                continue;
+            } else {
+                check<value_error>(next < inputs.size(), "trace::compiled_program::run: the program takes more per-call inputs than the ",
+                                   inputs.size(), " given");
             }
-            check<value_error>(next < inputs.size(), "trace::compiled_program::run: the program takes more per-call inputs than the ",
-                               inputs.size(), " given");
-            check<shape_error>(inputs[next].size() == numel(in.shape), "trace::compiled_program::run: input ", next, " has ",
-                               inputs[next].size(), " values for shape ", to_string(in.shape));
-            pointers.push_back(inputs[next++].data());
+            const std::vector<float>& values = in.host ? host.back() : inputs[next++];
+            check_call_input(in, values, i);
+            pointers.push_back(values.data());
         }
         check<value_error>(next == inputs.size(), "trace::compiled_program::run: ", inputs.size(), " inputs given, the program takes ", next);
         auto reported = device_->run(pointers);

@@ -359,6 +359,7 @@ inline Out lower(op::contract_axis, Ts in, const op::contract_axis::attrs& a) {
 inline Out lower(op::embedding, Ts in, const op::embedding::attrs&) {
     const Tf &table = in[0], &ids = in[1];
     const std::size_t vocab = table.shape()[0], features = table.shape()[1], n = ids.size();
+    active().require_indices(var_of(ids), vocab, "embedding", "id");
     const Tf rows = p::matmul(p::reshape(p::one_hot(ids, vocab), {n, vocab}), table);
     Shape out = ids.shape();
     out.push_back(features);
@@ -389,18 +390,28 @@ inline Out lower(op::scale_norm, Ts in, const op::scale_norm::attrs& a) { return
 inline Out lower(op::rms_norm, Ts in, const op::rms_norm::attrs& a) { return {normalize(in[0], in[1], a.eps, true)}; }
 inline Out lower(op::softmax, Ts in, const op::softmax::attrs& a) { return {softmax(in[0], a.axis, false)}; }
 inline Out lower(op::log_softmax, Ts in, const op::log_softmax::attrs& a) { return {softmax(in[0], a.axis, true)}; }
-inline Out lower(op::cross_entropy, Ts in, const op::cross_entropy::attrs& a) { return {cross_entropy(in[0], in[1], a.z_loss)}; }
+inline Out lower(op::cross_entropy, Ts in, const op::cross_entropy::attrs& a) {
+    active().require_indices(var_of(in[1]), in[0].shape()[1], "cross_entropy", "target");
+    return {cross_entropy(in[0], in[1], a.z_loss)};
+}
 /// hidden [N, F], w_out [F, V], targets [N]: the value leaves out the z-loss term that the
 /// gradient includes (ops/loss.hpp).
 inline Out lower(op::chunked_cross_entropy, Ts in, const op::chunked_cross_entropy::attrs& a) {
+    active().require_indices(var_of(in[2]), in[1].shape()[1], "chunked_cross_entropy", "target");
     const Tf logits = gemm(in[0], in[1]);
     const Tf full = cross_entropy(logits, in[2], a.z_loss);
     if (a.z_loss == 0) return {full};
     const Tf plain = cross_entropy(logits, in[2], 0.0);
     return {p::add(full, wrap(var_of(plain) - var_of(full)))};  // value: the plain loss; gradient: the full one's
 }
-inline Out lower(op::gather_rows, Ts in, const op::gather_rows::attrs&) { return {p::gather_rows(in[0], in[1])}; }
-inline Out lower(op::scatter_rows, Ts in, const op::scatter_rows::attrs& a) { return {p::scatter_add_rows(in[0], in[1], a.rows)}; }
+inline Out lower(op::gather_rows, Ts in, const op::gather_rows::attrs&) {
+    active().require_indices(var_of(in[1]), in[0].shape()[0], "gather_rows", "index");
+    return {p::gather_rows(in[0], in[1])};
+}
+inline Out lower(op::scatter_rows, Ts in, const op::scatter_rows::attrs& a) {
+    active().require_indices(var_of(in[1]), a.rows, "scatter_rows", "index");
+    return {p::scatter_add_rows(in[0], in[1], a.rows)};
+}
 inline Out lower(op::linear_scan, Ts in, const op::linear_scan::attrs& a) {
     return linear_scan(in[0], in[1], in[2], a.reverse, a.log_gates, active().scan_form_for(a.strategy, a.chunk));
 }

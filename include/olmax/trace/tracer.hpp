@@ -10,6 +10,7 @@
 // An in-place update of state inside the trace (the optimiser's) becomes the program's new value
 // of that state (`backend::trace::assign`).
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -104,13 +106,39 @@ struct state_slot {
     std::function<void(const std::vector<float>&)> write;    // into the host tensor
 };
 
+/// What an op reads from a per-call input as indices: integers in [0, limit) (tracing::require_indices).
+struct index_bound {
+    std::size_t limit = 0;
+    std::string op, noun;  // the op and what it calls one index: "embedding", "id"
+};
+
+/// Refuses `values` unless each is an integer in [0, b.limit), with the message of the eager op's
+/// check: the op, the value and its position, then `where` (which input holds it).
+inline void check_indices(std::span<const float> values, const index_bound& b, std::string_view where) {
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        const float v = values[i];
+        check<value_error>(v >= 0 && v < float(b.limit) && v == std::floor(v), b.op, ": ", b.noun, " ", v, " at position ", i, where,
+                           " is not an integer in [0, ", b.limit, ")");
+    }
+}
+
 /// One per-call input of a traced program: the caller's (`host` empty), or values the host computes
 /// before each run.
 struct call_input {
     Shape shape;
     std::function<std::vector<float>()> host;
-    gx::var value{};  // the program's input
+    gx::var value{};                   // the program's input
+    std::vector<index_bound> indices;  // what ops read from it as indices, checked before each run
 };
+
+/// Refuses a run's values of `in` (its per-call input `which`) of the wrong size, or holding an
+/// index an op of the program would read out of range (compiled_program::run calls it).
+inline void check_call_input(const call_input& in, std::span<const float> values, std::size_t which) {
+    check<shape_error>(values.size() == numel(in.shape), "trace::compiled_program::run: input ", which, " has ", values.size(),
+                       " values for shape ", to_string(in.shape));
+    const std::string where = olmax::detail::concat(" of the program's input ", which, " (checked before the run)");
+    for (const auto& b : in.indices) check_indices(values, b, where);
+}
 
 /// A traced program: its module and what a runner needs around it. Inputs are the state (in
 /// `state` order), then the per-call inputs in the order they were made; results are the reported
@@ -174,13 +202,37 @@ public:
     std::shared_ptr<const olmax::detail::TracedValue> host_values(std::size_t count, std::function<std::vector<float>()> compute) const override {
         check<trace_error>(graphs_.size() == 1, "olmax: trace: a per-call host value inside a loop body (make it before the loop)");
         const gx::var input = graph_->input(gx::f32({std::int64_t(count)}));
-        inputs_.push_back({{count}, std::move(compute), input});
+        inputs_.push_back({{count}, std::move(compute), input, {}});
         return std::make_shared<traced_value>(input);
     }
     void after_each_run(std::function<void()> f) const override { after_run_.push_back(std::move(f)); }
     void report(std::string_view name, const olmax::detail::TracedValue& value) const override {
         check<trace_error>(graphs_.size() == 1, "olmax: trace: a reported value inside a loop body");
         named_.emplace_back(std::string(name), as_traced(value).var);
+    }
+
+    /// An op reads `v` as indices into `limit` rows (embedding's ids, a loss's targets, a gather's
+    /// rows). Its eager form refuses an index out of range, but a program cannot throw (XLA clamps a
+    /// gather's index; a one-hot row of such an id is zeros), so the check moves to the host: where
+    /// `v` is a per-call input or a view of one (reshape, transpose, broadcast, slice), every run
+    /// checks that input's values first (compiled_program::run); a constant is checked now. Indices
+    /// the program computes itself (a router's slots) are not checked.
+    void require_indices(gx::var v, std::size_t limit, std::string_view op, std::string_view noun) const {
+        const index_bound bound{limit, std::string(op), std::string(noun)};
+        while (v.defined() && &v.owner() == graph_.get()) {
+            const gx::node& n = v.owner().at(v.node());
+            if (n.is<gx::prim::reshape>() || n.is<gx::prim::transpose>() || n.is<gx::prim::broadcast_in_dim>() || n.is<gx::prim::slice>() ||
+                n.is<gx::prim::stop_gradient>()) {
+                v = n.operands[0];
+            } else if (n.is<gx::prim::constant>()) {
+                const std::vector<float> values = n.values ? *n.values : std::vector<float>{float(n.scalar)};
+                return check_indices(values, bound, " of a constant of the traced program");
+            } else {
+                for (auto& in : inputs_)
+                    if (in.value == v) in.indices.push_back(bound);
+                return;
+            }
+        }
     }
 
     /// The device the program is traced for, as its PJRT plugin names its platform ("cpu", "cuda",
@@ -281,7 +333,7 @@ public:
     Tensor<T> input(const Shape& shape) {
         check<trace_error>(graphs_.size() == 1, "olmax: trace: a program input inside a loop body");
         const gx::var value = graph_->input(gx::f32(dims_of(shape)));
-        inputs_.push_back({shape, nullptr, value});
+        inputs_.push_back({shape, nullptr, value, {}});
         return wrap<T>(value);
     }
 
