@@ -204,51 +204,103 @@ inline op_rule_report check_op_rule(const olmax::backend::trace::op_entry& entry
     return report;
 }
 
-/// max over an axis and element-wise maximum on inputs with NaN, traced, their values and
-/// gradients (of sum(max(x, 1) w) + sum(maximum(a, b) w')) evaluated by `evaluate` against the eager
-/// ops': NaN propagates, and the gradient goes to the first NaN of a max's row and to a NaN
-/// operand of maximum (`a` when both are), as in the eager ops. Returns one line per element
-/// that differs (NaN must meet NaN; numbers must be equal).
-inline std::vector<std::string> check_nan_max(const op_rule_evaluator& evaluate) {
+/// `f` (eager ops on float tensors) on `inputs` that hold special values (NaN, infinities), run
+/// eagerly and traced: its outputs and the gradients of sum_k sum(output_k * W_k) (W_k = 1, 2, 3,
+/// ... over each output's elements) with respect to every input, the traced ones evaluated by
+/// `evaluate`. Returns one line per element that differs: NaN must meet NaN, an infinity the same
+/// infinity, a number the eager one within `tolerance` relative (at least 1 in the denominator).
+/// `expect_case` checks the eager outputs are the case the caller means (empty: they are).
+template <class F>
+std::vector<std::string> check_special_values(const op_rule_evaluator& evaluate, const std::vector<olmax::Tensor<float>>& inputs, F f,
+                                              const std::vector<std::string>& names, double tolerance,
+                                              const std::function<std::string(const std::vector<olmax::Tensor<float>>&)>& expect_case = {}) {
     namespace gx = olmax::xla::graph;
     namespace tr = olmax::trace;
     using olmax::Tensor;
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    const Tensor<float> x = Tensor<float>::from({2, 4}, {1, nan, 7, nan, 3, 5, 2, 4});
-    const Tensor<float> a = Tensor<float>::from({4}, {1, nan, 3, nan}), b = Tensor<float>::from({4}, {nan, 2, -1, nan});
-    const Tensor<float> w = Tensor<float>::from({2}, {0.5f, -2}), wm = Tensor<float>::from({4}, {1, 2, 3, 4});
-    auto run = [&](Tensor<float> xs, Tensor<float> as, Tensor<float> bs) {
-        xs.set_requires_grad(true), as.set_requires_grad(true), bs.set_requires_grad(true);
-        const Tensor<float> m = olmax::max(xs, 1), e = olmax::maximum(as, bs);
-        olmax::add(olmax::sum(olmax::mul(m, w)), olmax::sum(olmax::mul(e, wm))).backward();
-        return std::vector<Tensor<float>>{m, e, xs.grad(), as.grad(), bs.grad()};
+    auto run = [&](std::vector<Tensor<float>> xs) {
+        for (auto& x : xs) x.set_requires_grad(true);
+        std::vector<Tensor<float>> out = f(xs);
+        Tensor<float> loss;
+        for (const auto& y : out) {
+            Tensor<float> w(y.shape());
+            for (std::size_t e = 0; e < w.size(); ++e) w.data()[e] = float(e + 1);
+            const Tensor<float> term = olmax::sum(olmax::mul(y, w));
+            loss = loss.defined() ? olmax::add(loss, term) : term;
+        }
+        loss.backward();
+        for (const auto& x : xs) out.push_back(x.grad());
+        return out;
     };
-    const std::vector<Tensor<float>> expected = run(x.clone(), a.clone(), b.clone());
+    std::vector<Tensor<float>> copies;
+    for (const auto& x : inputs) copies.push_back(x.clone());
+    const std::vector<Tensor<float>> expected = run(copies);
     std::vector<std::string> failures;
-    if (!std::isnan(expected[0].data()[0]) || expected[0].data()[1] != 5.0f) failures.push_back("the eager max is not the case meant");
+    if (expect_case) {
+        const std::string wrong = expect_case(expected);
+        if (!wrong.empty()) failures.push_back("the eager ops are not the case meant: " + wrong);
+    }
     tr::tracing t;
-    const Tensor<float> xt = t.input<float>(x.shape()), at = t.input<float>(a.shape()), bt = t.input<float>(b.shape());
-    const std::vector<Tensor<float>> traced = run(xt, at, bt);
-    auto host = [](const Tensor<float>& in, const Tensor<float>& v) { return gx::host_value{tr::var_of(in).type(), std::vector<double>(v.begin(), v.end())}; };
+    std::vector<Tensor<float>> traced_in;
+    std::vector<gx::host_value> values;
+    for (const auto& x : inputs) {
+        traced_in.push_back(t.input<float>(x.shape()));
+        values.push_back(gx::host_value{tr::var_of(traced_in.back()).type(), std::vector<double>(x.begin(), x.end())});
+    }
+    const std::vector<Tensor<float>> traced = run(traced_in);
     std::vector<gx::var> results;
     for (const auto& r : traced) results.push_back(tr::var_of(r));
-    const auto got = evaluate(t.graph(), results, {host(xt, x), host(at, a), host(bt, b)});
-    const char* names[] = {"max(x, 1)", "maximum(a, b)", "dx", "da", "db"};
+    const auto got = evaluate(t.graph(), results, values);
     for (std::size_t k = 0; k < expected.size(); ++k) {
+        const std::string name = k < names.size() ? names[k] : "result " + std::to_string(k);
         if (got.at(k).size() != expected[k].size()) {
-            failures.push_back(std::string(names[k]) + ": " + std::to_string(got[k].size()) + " elements, expected " + std::to_string(expected[k].size()));
+            failures.push_back(name + ": " + std::to_string(got[k].size()) + " elements, expected " + std::to_string(expected[k].size()));
             continue;
         }
         for (std::size_t e = 0; e < expected[k].size(); ++e) {
             const double want = double(expected[k].data()[e]), have = got[k][e];
-            if (std::isnan(want) ? !std::isnan(have) : have != want) {
+            const bool same = std::isnan(want)   ? std::isnan(have)
+                              : std::isinf(want) ? have == want
+                                                 : std::abs(have - want) <= tolerance * std::max(1.0, std::abs(want));
+            if (!same) {
                 std::ostringstream line;
-                line << names[k] << " element " << e << ": eager " << want << ", traced " << have;
+                line << name << " element " << e << ": eager " << want << ", traced " << have;
                 failures.push_back(line.str());
             }
         }
     }
     return failures;
+}
+
+/// max over an axis and element-wise maximum on inputs with NaN (check_special_values, exact):
+/// NaN propagates, and the gradient goes to the first NaN of a max's row and to a NaN operand of
+/// maximum (`a` when both are), as in the eager ops.
+inline std::vector<std::string> check_nan_max(const op_rule_evaluator& evaluate) {
+    using olmax::Tensor;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<Tensor<float>> inputs{Tensor<float>::from({2, 4}, {1, nan, 7, nan, 3, 5, 2, 4}), Tensor<float>::from({4}, {1, nan, 3, nan}),
+                                            Tensor<float>::from({4}, {nan, 2, -1, nan})};
+    return check_special_values(
+        evaluate, inputs, [](const std::vector<Tensor<float>>& x) { return std::vector<Tensor<float>>{olmax::max(x[0], 1), olmax::maximum(x[1], x[2])}; },
+        {"max(x, 1)", "maximum(a, b)", "dx", "da", "db"}, 0.0,
+        [](const std::vector<Tensor<float>>& y) { return std::isnan(y[0].data()[0]) && y[0].data()[1] == 5.0f ? "" : "max(x, 1) is not [NaN, 5]"; });
+}
+
+/// softmax and log_softmax of lines with -inf entries (check_special_values, within 1e-6): a line
+/// that is all -inf (every entry masked) gives 0 / -inf with no gradient, as the eager ops; one
+/// with some -inf entries gives those 0 / -inf and its own values elsewhere.
+inline std::vector<std::string> check_masked_softmax(const op_rule_evaluator& evaluate) {
+    using olmax::Tensor;
+    const float inf = std::numeric_limits<float>::infinity();
+    const std::vector<Tensor<float>> inputs{Tensor<float>::from({3, 3}, {-inf, -inf, -inf, 1, -inf, 2, 0.5f, 1, 2}),
+                                            Tensor<float>::from({2, 3}, {-inf, 0.25f, -inf, -inf, -inf, -inf})};
+    return check_special_values(
+        evaluate, inputs,
+        [](const std::vector<Tensor<float>>& x) {
+            return std::vector<Tensor<float>>{olmax::softmax(x[0], 1), olmax::log_softmax(x[0], 1), olmax::softmax(x[1], 0),
+                                              olmax::log_softmax(x[1], 0)};
+        },
+        {"softmax(x, 1)", "log_softmax(x, 1)", "softmax(z, 0)", "log_softmax(z, 0)", "dx", "dz"}, 1e-6,
+        [](const std::vector<Tensor<float>>& y) { return y[0].data()[0] == 0.0f && y[4].data()[0] == 0.0f ? "" : "an all -inf line is not 0 / no gradient"; });
 }
 
 }  // namespace olmax_test

@@ -4,11 +4,14 @@
 // XLA are in tests/xla (label xla).
 
 #include <cctype>
+#include <cmath>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <olmax/xla/graph/evaluate.hpp>
 #include <olmax/xla/xla.hpp>
 
 #include "test_helpers.hpp"
@@ -89,6 +92,23 @@ TEST_CASE("xla emitter: golden text of an element-wise module (generic op form)"
           "    \"func.return\"(%0) : (tensor<2x3xf32>) -> ()\n"
           "  }\n"
           "}\n");
+}
+
+TEST_CASE("xla emitter: infinities and NaN are written as their f32 bits in hex; a max reduction starts from -inf", "[xla]") {
+    // "-inf" is no MLIR literal; before, reduce_max started from the lowest finite float, so on
+    // the device a line of -inf (a fully masked row) reduced to -3.4e38 instead of -inf.
+    gx::graph g;
+    const gx::var x = g.input(gx::f32({2, 3}));
+    const auto m = gx::emit(g, "special", {gx::max(x, {1}), gx::constant(g, std::numeric_limits<double>::infinity(), gx::f32({2})),
+                                           gx::constant(g, std::numeric_limits<double>::quiet_NaN(), gx::f32({2}))});
+    CHECK_THAT(m.text, Contains("dense<0xFF800000> : tensor<f32>"));
+    CHECK_THAT(m.text, Contains("dense<0x7F800000> : tensor<2xf32>"));
+    CHECK_THAT(m.text, Contains("dense<0x7FC00000> : tensor<2xf32>"));
+    CHECK(m.text.find("inf") == std::string::npos);
+    CHECK(m.text.find("nan") == std::string::npos);
+    CHECK(m.text.find("e+38") == std::string::npos);
+    const auto out = gx::evaluate(g, {gx::host_value{x.type(), {-INFINITY, -INFINITY, -INFINITY, 1, -INFINITY, 2}}}, {gx::max(x, {1})});
+    CHECK(out[0].data == std::vector<double>{-INFINITY, 2});
 }
 
 TEST_CASE("xla emitter: golden text of a matmul with HIGHEST precision", "[xla]") {

@@ -64,3 +64,9 @@ TEST_CASE("op rules: max and maximum with NaN inputs on the CPU plugin give the 
     INFO(olmax_test::failure_lines(failures));
     CHECK(failures.empty());
 }
+
+TEST_CASE("op rules: softmax and log_softmax of lines masked with -inf on the CPU plugin give the eager ops' values and gradients", "[cpu_plugin]") {
+    const auto failures = olmax_test::check_masked_softmax(plugin_evaluator(olmax_test::cpu_client()));
+    INFO(olmax_test::failure_lines(failures));
+    CHECK(failures.empty());
+}

@@ -169,6 +169,11 @@ inline T div(const T& a, const T& b) { return detail::bind1(var_of(a) / var_of(b
 /// Element-wise maximum (NaN where either is NaN); the gradient goes to `a` where a >= b or a is
 /// NaN, else to `b` (as the eager op).
 inline T maximum(const T& a, const T& b) { return detail::bind1(gx::maximum(var_of(a), var_of(b)), {a, b}); }
+/// on_true where `predicate` (an i1 value of the program, no gradient) holds, else on_false; the
+/// gradient goes to the operand chosen, element by element.
+inline T select(const gx::var& predicate, const T& on_true, const T& on_false) {
+    return detail::bind1(gx::select(predicate, var_of(on_true), var_of(on_false)), {constant(predicate), on_true, on_false});
+}
 inline T scale(const T& x, double s) { return mul(x, constant(gx::constant_like(var_of(x), s))); }
 inline T add_scalar(const T& x, double s) { return add(x, constant(gx::constant_like(var_of(x), s))); }
 inline T exp(const T& x) { return detail::bind1(gx::exp(var_of(x)), {x}); }

@@ -10,6 +10,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -112,10 +113,23 @@ inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const
 
 /// softmax (or log_softmax) along `axis`: x - max is exponentiated (the max carries no gradient,
 /// as the eager op's shift), divided by (or, logged, minus the log of) its sum along the axis.
+/// A line of -inf gives 0 (or -inf) and no gradient, as the eager op; PyTorch and JAX give NaN.
 inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
-    const Tf shifted = p::sub(x, p::broadcast_to(p::max_detached(x, axis), x.shape()));
-    const Tf total = p::sum(p::exp(shifted), {std::int64_t(axis)}, true);
-    return log ? p::sub(shifted, p::broadcast_to(p::log(total), x.shape())) : p::div(p::exp(shifted), p::broadcast_to(total, x.shape()));
+    // A line of -inf (every entry masked) gives 0 / -inf with no gradient, as the eager op: its
+    // stabiliser is 0 instead of -inf and its sum 1 instead of 0, so neither inf - inf nor 0 / 0 is
+    // formed (not even in the log's dropped branch, whose zero gradient would meet them).
+    const Tf m = p::max_detached(x, axis);
+    const gx::var mv = var_of(m);
+    const gx::var masked = gx::compare(mv, gx::constant_like(mv, -double(std::numeric_limits<float>::max())), gx::compare_direction::LT);
+    const Tf safe_max = p::constant(gx::select(masked, gx::constant_like(mv, 0.0), mv));
+    const Tf shifted = p::sub(x, p::broadcast_to(safe_max, x.shape()));
+    const Tf e = p::exp(shifted);
+    const Tf sum = p::sum(e, {std::int64_t(axis)}, true);
+    const Tf total = p::broadcast_to(p::select(masked, p::full(m.shape(), 1.0), sum), x.shape());
+    if (!log) return p::div(e, total);
+    const gx::var masked_wide = gx::compare(var_of(p::broadcast_to(m, x.shape())), gx::constant_like(var_of(x), -double(std::numeric_limits<float>::max())),
+                                            gx::compare_direction::LT);
+    return p::select(masked_wide, p::constant(var_of(shifted)), p::sub(shifted, p::log(total)));
 }
 
 /// MoE routing (nn::MoE's eager detail::route) inside the program, without a gradient: from the

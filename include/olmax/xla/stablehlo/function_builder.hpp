@@ -6,6 +6,7 @@
 // and TF32 on NVIDIA).
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -35,9 +36,12 @@ inline std::string list(const dims_t& v) {
 inline std::string i64_array(const dims_t& v) { return v.empty() ? "array<i64>" : "array<i64: " + list(v) + ">"; }
 
 /// An MLIR float literal that round-trips an f32 (the grammar needs a '.': "1.0e+00", not "1e+00").
+/// Infinities and NaN have no decimal literal: MLIR takes the f32's bits in hex ("0xFF800000" is
+/// -inf), as JAX writes a max reduction's initial value.
 inline std::string float_literal(double v) {
     char buf[40];
-    std::snprintf(buf, sizeof buf, "%.9e", v);
+    if (std::isfinite(v)) std::snprintf(buf, sizeof buf, "%.9e", v);
+    else std::snprintf(buf, sizeof buf, "0x%08X", static_cast<unsigned>(std::bit_cast<std::uint32_t>(static_cast<float>(v))));
     return buf;
 }
 

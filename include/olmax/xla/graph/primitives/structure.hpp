@@ -210,8 +210,8 @@ struct concatenate {
 
 namespace detail {
 
-/// A reduction over `dims`: P::apply folds each element into its result from P::start (the
-/// reference) and P::body is the StableHLO op of the reduce region from P::init.
+/// A reduction over `dims` from P::init: P::apply folds each element into its result (the
+/// reference) and P::body is the StableHLO op of the reduce region.
 template <class P>
 struct reduction {
     static var make(const var& x, dims_t axes) {
@@ -229,7 +229,7 @@ struct reduction {
     }
     static value emit(function_builder& b, const node& n, const std::vector<value>& in) { return b.reduce(in[0], P::init, n.dims, P::body); }
     static void evaluate(const node& n, const std::vector<const host_value*>& in, host_value& out) {
-        std::fill(out.data.begin(), out.data.end(), P::start);
+        std::fill(out.data.begin(), out.data.end(), P::init);
         const auto out_strides = strides_of(out.type.dims);
         const dims_t& x_dims = in[0]->type.dims;
         for_each_index(x_dims, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
@@ -259,7 +259,7 @@ namespace prim {
 /// Sum over `dims` (increasing); the reduced dimensions disappear. Its gradient broadcasts back.
 struct reduce_sum : detail::reduction<reduce_sum> {
     static constexpr std::string_view name = "reduce_sum", body = "add";
-    static constexpr double init = 0.0, start = 0.0;
+    static constexpr double init = 0.0;
     static constexpr bool saved_by_kept_layers = true;
     static double apply(double acc, double x) { return acc + x; }
     static void gradient(vjp& v) { v.dx[0] = broadcast_in_dim::make(v.gy[0], dims_t(v.x[0].dims()), kept(v.n, v.x[0].type().rank())); }
@@ -269,7 +269,8 @@ struct reduce_sum : detail::reduction<reduce_sum> {
 /// stablehlo.maximum). Its gradient is split evenly among tied maxima.
 struct reduce_max : detail::reduction<reduce_max> {
     static constexpr std::string_view name = "reduce_max", body = "maximum";
-    static constexpr double init = -3.4028234663852886e38, start = -std::numeric_limits<double>::infinity();
+    // -inf (written in hex: float_literal), so a line of -inf, a fully masked row, gives -inf.
+    static constexpr double init = -std::numeric_limits<double>::infinity();
     static constexpr bool saved_by_kept_layers = true;
     static double apply(double acc, double x) { return maximum::apply(acc, x); }
     static void gradient(vjp& v) {  // g / (number of maxima) where x is a maximum
