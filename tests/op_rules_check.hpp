@@ -303,4 +303,29 @@ inline std::vector<std::string> check_masked_softmax(const op_rule_evaluator& ev
         [](const std::vector<Tensor<float>>& y) { return y[0].data()[0] == 0.0f && y[4].data()[0] == 0.0f ? "" : "an all -inf line is not 0 / no gradient"; });
 }
 
+/// The element-wise ops whose eager and traced forms both come from one rule of math::rules
+/// (check_special_values, within 1e-5 relative) at the points where a second definition would
+/// drift: 0 and -0 (a ReLU's gradient there is 0), the kinks of hard_sigmoid (+-3), tiny and
+/// large values, +-inf and NaN.
+inline std::vector<std::string> check_math_rules_special(const op_rule_evaluator& evaluate) {
+    using olmax::Tensor;
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    const Tensor<float> x = Tensor<float>::from({13}, {0.0f, -0.0f, 1e-30f, -1, 1, 0.5f, -3, 3, 20, -20, inf, -inf, nan});
+    using F = Tensor<float> (*)(const Tensor<float>&);
+    const std::vector<std::pair<std::string, F>> ops{
+        {"exp", [](const Tensor<float>& v) { return olmax::exp(v); }},           {"log", [](const Tensor<float>& v) { return olmax::log(v); }},
+        {"sqrt", [](const Tensor<float>& v) { return olmax::sqrt(v); }},         {"square", [](const Tensor<float>& v) { return olmax::square(v); }},
+        {"tanh", [](const Tensor<float>& v) { return olmax::tanh(v); }},         {"sigmoid", [](const Tensor<float>& v) { return olmax::sigmoid(v); }},
+        {"hard_sigmoid", [](const Tensor<float>& v) { return olmax::hard_sigmoid(v); }},
+        {"relu", [](const Tensor<float>& v) { return olmax::relu(v); }},         {"softplus", [](const Tensor<float>& v) { return olmax::softplus(v); }},
+        {"silu", [](const Tensor<float>& v) { return olmax::silu(v); }},
+    };
+    std::vector<std::string> failures;
+    for (const auto& [name, f] : ops)
+        for (const auto& line : check_special_values(
+                 evaluate, {x}, [f = f](const std::vector<Tensor<float>>& in) { return std::vector<Tensor<float>>{f(in[0])}; }, {name, "d" + name}, 1e-5))
+            failures.push_back(name + ": " + line);
+    return failures;
+}
+
 }  // namespace olmax_test

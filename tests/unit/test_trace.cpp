@@ -163,6 +163,12 @@ TEST_CASE("trace: max and maximum with NaN inputs give the eager ops' NaN values
     CHECK(failures.empty());
 }
 
+TEST_CASE("trace: the element-wise ops of math::rules match the eager ops at 0, -0, their kinks, +-inf and NaN, values and gradients", "[trace]") {
+    const auto failures = olmax_test::check_math_rules_special(olmax_test::op_rule_reference);
+    INFO(olmax_test::failure_lines(failures));
+    CHECK(failures.empty());
+}
+
 TEST_CASE("trace: softmax and log_softmax of lines masked with -inf give the eager ops' values and gradients", "[trace]") {
     const auto failures = olmax_test::check_masked_softmax(olmax_test::op_rule_reference);
     INFO(olmax_test::failure_lines(failures));

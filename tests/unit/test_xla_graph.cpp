@@ -51,6 +51,7 @@ std::vector<graph_gradient_case> graph_gradient_cases() {
         {"negate", {m23}, [](gx::graph&, V x) { return one_output(-x[0]); }},
         {"exponential", {m23}, [](gx::graph&, V x) { return one_output(gx::exp(x[0])); }},
         {"log", {m23}, [](gx::graph&, V x) { return one_output(gx::log(x[0])); }, 0.5, 2.0},
+        {"log_plus_one", {m23}, [](gx::graph&, V x) { return one_output(gx::log1p(x[0])); }, -0.5, 2.0},
         {"tanh", {m23}, [](gx::graph&, V x) { return one_output(gx::tanh(x[0])); }},
         {"logistic", {m23}, [](gx::graph&, V x) { return one_output(gx::logistic(x[0])); }},
         {"sqrt", {m23}, [](gx::graph&, V x) { return one_output(gx::sqrt(x[0])); }, 0.5, 2.0},

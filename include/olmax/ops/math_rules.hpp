@@ -1,8 +1,10 @@
 #pragma once
 // The value and derivative of each element-wise function, written once: the tensor ops
-// (ops/elementwise.hpp: olmax::exp, olmax::tanh, ...) and the fused chains of olmax::pointwise
-// (ops/pointwise.hpp) both compute them from these rules. derivative(v, y) is dy/dv at the argument
-// v, given the value y = value(v).
+// (ops/elementwise.hpp: olmax::exp, olmax::tanh, ...), the fused chains of olmax::pointwise
+// (ops/pointwise.hpp) and the ops' traced forms (trace/rules.hpp, on trace::traced_number) all
+// compute them from these rules. derivative(v, y) is dy/dv at the argument v, given the value
+// y = value(v). A rule uses only + - * /, negation, < > <=, &&, choose and exp, log, log1p, sqrt,
+// tanh, abs: what a traced number has too.
 //
 // Each rule is written for a number V (float, double) and, with the same code, for a SIMD batch of
 // them (xsimd::batch: the maths functions are found by argument-dependent lookup, choices are

@@ -24,6 +24,7 @@
 #include "olmax/ops/gather.hpp"
 #include "olmax/ops/linalg.hpp"
 #include "olmax/ops/loss.hpp"
+#include "olmax/ops/math_rules.hpp"
 #include "olmax/ops/norm.hpp"
 #include "olmax/ops/op_keys.hpp"
 #include "olmax/ops/reduction.hpp"
@@ -31,6 +32,7 @@
 #include "olmax/scan/scan.hpp"
 #include "olmax/scan/selective_scan.hpp"
 #include "olmax/trace/primitives.hpp"
+#include "olmax/trace/traced_number.hpp"
 
 namespace olmax::trace {
 
@@ -222,6 +224,18 @@ inline Out lower(op::selective_scan, Ts in, const op::selective_scan::attrs&) {
     return {y, h_last};
 }
 
+/// An element-wise op whose value and derivative are a rule of math::rules (ops/math_rules.hpp),
+/// the eager op's own: both are built in the program by the rule's code on traced numbers
+/// (traced_number.hpp), and the tape records dy * derivative(x, y) as the op's gradient.
+template <class Rule>
+Tf from_math_rule(std::string_view name, const Tf& x) {
+    const gx::var v = var_of(x);
+    const gx::var y = Rule::value(traced_number(v)).value_like(v);
+    return p::detail::record(name, {x}, wrap(y), [v, y](const Tf& dy, autodiff::GradientSink<float>& sink) {
+        sink.add(0, p::mul(dy, wrap(Rule::derivative(traced_number(v), traced_number(y)).value_like(v))));
+    });
+}
+
 // ---- the rules, one per key of op::all ----------------------------------------------------------
 
 inline Out lower(op::add, Ts in, const op::add::attrs&) { return binary(in, p::add); }
@@ -229,26 +243,19 @@ inline Out lower(op::sub, Ts in, const op::sub::attrs&) { return binary(in, p::s
 inline Out lower(op::mul, Ts in, const op::mul::attrs&) { return binary(in, p::mul); }
 inline Out lower(op::div, Ts in, const op::div::attrs&) { return binary(in, p::div); }
 inline Out lower(op::maximum, Ts in, const op::maximum::attrs&) { return binary(in, p::maximum); }
-inline Out lower(op::exp, Ts in, const op::exp::attrs&) { return {p::exp(in[0])}; }
-inline Out lower(op::log, Ts in, const op::log::attrs&) { return {p::log(in[0])}; }
-inline Out lower(op::sqrt, Ts in, const op::sqrt::attrs&) { return {p::sqrt(in[0])}; }
+inline Out lower(op::exp, Ts in, const op::exp::attrs&) { return {from_math_rule<math::rules::exp>("exp", in[0])}; }
+inline Out lower(op::log, Ts in, const op::log::attrs&) { return {from_math_rule<math::rules::log>("log", in[0])}; }
+inline Out lower(op::sqrt, Ts in, const op::sqrt::attrs&) { return {from_math_rule<math::rules::sqrt>("sqrt", in[0])}; }
 inline Out lower(op::rsqrt, Ts in, const op::rsqrt::attrs&) { return {p::div(p::full(in[0].shape(), 1.0), p::sqrt(in[0]))}; }
-inline Out lower(op::square, Ts in, const op::square::attrs&) { return {p::mul(in[0], in[0])}; }
-inline Out lower(op::tanh, Ts in, const op::tanh::attrs&) { return {p::tanh(in[0])}; }
-inline Out lower(op::sigmoid, Ts in, const op::sigmoid::attrs&) { return {p::logistic(in[0])}; }
-inline Out lower(op::relu, Ts in, const op::relu::attrs&) { return {p::maximum(in[0], p::full(in[0].shape(), 0.0))}; }
-inline Out lower(op::silu, Ts in, const op::silu::attrs&) { return {p::mul(in[0], p::logistic(in[0]))}; }
-/// clip(x / 6 + 1/2, 0, 1) as the eager op (ops/elementwise.hpp).
+inline Out lower(op::square, Ts in, const op::square::attrs&) { return {from_math_rule<math::rules::square>("square", in[0])}; }
+inline Out lower(op::tanh, Ts in, const op::tanh::attrs&) { return {from_math_rule<math::rules::tanh>("tanh", in[0])}; }
+inline Out lower(op::sigmoid, Ts in, const op::sigmoid::attrs&) { return {from_math_rule<math::rules::sigmoid>("sigmoid", in[0])}; }
+inline Out lower(op::relu, Ts in, const op::relu::attrs&) { return {from_math_rule<math::rules::relu>("relu", in[0])}; }
+inline Out lower(op::silu, Ts in, const op::silu::attrs&) { return {from_math_rule<math::rules::silu>("silu", in[0])}; }
 inline Out lower(op::hard_sigmoid, Ts in, const op::hard_sigmoid::attrs&) {
-    const Tf y = p::add_scalar(p::scale(in[0], 1.0 / 6.0), 0.5);
-    return {p::neg(p::maximum(p::neg(p::maximum(y, p::full(y.shape(), 0.0))), p::full(y.shape(), -1.0)))};
+    return {from_math_rule<math::rules::hard_sigmoid>("hard_sigmoid", in[0])};
 }
-/// max(x, 0) + log(1 + exp(-|x|)), without overflow.
-inline Tf softplus_of(const Tf& x) {
-    const Tf zero = p::full(x.shape(), 0.0), magnitude = p::maximum(x, p::neg(x));
-    return p::add(p::maximum(x, zero), p::log(p::add_scalar(p::exp(p::neg(magnitude)), 1.0)));
-}
-inline Out lower(op::softplus, Ts in, const op::softplus::attrs&) { return {softplus_of(in[0])}; }
+inline Out lower(op::softplus, Ts in, const op::softplus::attrs&) { return {from_math_rule<math::rules::softplus>("softplus", in[0])}; }
 /// sign(x) (1, 0 or -1) as a constant of the tape.
 inline Tf sign_detached(const Tf& x) {
     const gx::var v = var_of(x), zero = gx::constant_like(v, 0.0);
@@ -258,7 +265,9 @@ inline Tf sign_detached(const Tf& x) {
 inline Out lower(op::nonzero, Ts in, const op::nonzero::attrs&) { return {nonzero_flags(in[0])}; }
 /// x sign(x): the gradient is sign(x), 0 at 0 as the eager op's.
 inline Out lower(op::abs, Ts in, const op::abs::attrs&) { return {p::mul(in[0], sign_detached(in[0]))}; }
-inline Out lower(op::mish, Ts in, const op::mish::attrs&) { return {p::mul(in[0], p::tanh(softplus_of(in[0])))}; }
+inline Out lower(op::mish, Ts in, const op::mish::attrs&) {
+    return {p::mul(in[0], p::tanh(from_math_rule<math::rules::softplus>("softplus", in[0])))};
+}
 /// 1 / (1 + u^d) with u = |x| / a and u^d = exp(d log u) where u > 0, else 0; at u = 0 the log is
 /// taken of 1 instead, so the gradient there is 0 (the eager op's), not NaN.
 inline Out lower(op::elephant, Ts in, const op::elephant::attrs& a) {

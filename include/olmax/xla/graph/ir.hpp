@@ -59,7 +59,7 @@ namespace prim {
 using all = primitive_list<
     struct input,                                                                              // ir.hpp (below)
     struct constant, struct iota, struct add, struct subtract, struct multiply, struct divide,  // primitives/elementwise.hpp
-    struct maximum, struct negate, struct exponential, struct log, struct tanh, struct logistic, struct sqrt, struct floor,
+    struct maximum, struct negate, struct exponential, struct log, struct log_plus_one, struct tanh, struct logistic, struct sqrt, struct floor,
     struct compare, struct select, struct stop_gradient,
     struct broadcast_in_dim, struct reshape, struct transpose, struct slice, struct pad,       // primitives/structure.hpp
     struct concatenate, struct reduce_sum, struct reduce_max,

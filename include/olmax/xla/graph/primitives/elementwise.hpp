@@ -223,6 +223,13 @@ struct log : detail::unary_elementwise<log> {
     static void gradient(vjp& v) { v.dx[0] = divide::make(v.gy[0], v.x[0]); }
 };
 
+/// log(1 + x), accurate where x is tiny (softplus's log1p(exp(-|x|)) far from 0).
+struct log_plus_one : detail::unary_elementwise<log_plus_one> {
+    static constexpr std::string_view name = "log_plus_one";
+    static double apply(double a) { return std::log1p(a); }
+    static void gradient(vjp& v) { v.dx[0] = divide::make(v.gy[0], add::make(v.x[0], constant::make(v.gy[0].owner(), 1.0, tensor_type(v.x[0].type())))); }
+};
+
 struct sqrt : detail::unary_elementwise<sqrt> {
     static constexpr std::string_view name = "sqrt";
     static double apply(double a) { return std::sqrt(a); }
@@ -294,6 +301,7 @@ inline var operator/(const var& a, double c) { return a / constant_like(a, c); }
 inline var maximum(const var& a, const var& b) { return prim::maximum::make(a, b); }
 inline var exp(const var& x) { return prim::exponential::make(x); }
 inline var log(const var& x) { return prim::log::make(x); }
+inline var log1p(const var& x) { return prim::log_plus_one::make(x); }
 inline var tanh(const var& x) { return prim::tanh::make(x); }
 inline var logistic(const var& x) { return prim::logistic::make(x); }
 inline var sqrt(const var& x) { return prim::sqrt::make(x); }
