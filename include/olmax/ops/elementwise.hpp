@@ -341,7 +341,7 @@ Tensor<T> sqrt(const Tensor<T>& x) {
 }
 template <Real T>
 Tensor<T> rsqrt(const Tensor<T>& x) {
-    return detail::unary_op<op::rsqrt>(x, [](T v) { return T{1} / std::sqrt(v); }, [](T v, T y) { return T{-0.5} * y / v; });
+    return detail::unary_rule_op<math::rules::rsqrt, op::rsqrt, detail::Reads::both>(x);
 }
 template <Real T>
 Tensor<T> square(const Tensor<T>& x) {
@@ -349,7 +349,7 @@ Tensor<T> square(const Tensor<T>& x) {
 }
 template <Real T>
 Tensor<T> abs(const Tensor<T>& x) {
-    return detail::unary_op<op::abs, detail::Reads::input>(x, [](T v) { return std::abs(v); }, [](T v, T) { return T((v > 0) - (v < 0)); });
+    return detail::unary_rule_op<math::rules::abs, op::abs, detail::Reads::input>(x);
 }
 template <Real T>
 Tensor<T> tanh(const Tensor<T>& x) {
@@ -401,12 +401,7 @@ Tensor<T> silu(const Tensor<T>& x) {
 /// Mish: x * tanh(softplus(x)) (Misra 2019).
 template <Real T>
 Tensor<T> mish(const Tensor<T>& x) {
-    return detail::unary_op<op::mish>(x, [](T v) { return v * std::tanh(math::rules::softplus::value(v)); },
-                               [](T v, T) {
-                                   const T t = std::tanh(math::rules::softplus::value(v));
-                                   const T s = T{1} / (T{1} + std::exp(-v));
-                                   return t + v * (T{1} - t * t) * s;
-                               });
+    return detail::unary_rule_op<math::rules::mish, op::mish, detail::Reads::input>(x);
 }
 /// Elephant activation 1 / (1 + |x / a|^d) (Lan & Mahmood 2023); a > 0, d > 0.
 template <Real T>

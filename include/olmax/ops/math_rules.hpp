@@ -87,6 +87,15 @@ struct sqrt {
     template <class V> static V value(V v) { using std::sqrt; return sqrt(v); }
     template <class V> static V derivative(V, V y) { return V(0.5) / y; }
 };
+struct rsqrt {
+    template <class V> static V value(V v) { using std::sqrt; return V(1) / sqrt(v); }
+    template <class V> static V derivative(V v, V y) { return V(-0.5) * y / v; }
+};
+/// |v|; its derivative is sign(v): 0 at 0 (and at NaN).
+struct abs {
+    template <class V> static V value(V v) { using std::abs; return abs(v); }
+    template <class V> static V derivative(V v, V) { return choose(v > V(0), V(1), choose(v < V(0), V(-1), V(0))); }
+};
 struct square {
     template <class V> static V value(V v) { return v * v; }
     template <class V> static V derivative(V v, V) { return V(2) * v; }
@@ -126,6 +135,16 @@ struct silu {
     template <class V> static V derivative(V v, V y) {
         const V s = sigmoid::value(v);
         return s + y * (V(1) - s);
+    }
+};
+
+/// Mish: v tanh(softplus(v)) (Misra 2019).
+struct mish {
+    template <class V> static V value(V v) { using std::tanh; return v * tanh(softplus::value(v)); }
+    template <class V> static V derivative(V v, V) {
+        using std::tanh;
+        const V t = tanh(softplus::value(v));
+        return t + v * (V(1) - t * t) * sigmoid::value(v);
     }
 };
 

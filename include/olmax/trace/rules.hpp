@@ -246,7 +246,7 @@ inline Out lower(op::maximum, Ts in, const op::maximum::attrs&) { return binary(
 inline Out lower(op::exp, Ts in, const op::exp::attrs&) { return {from_math_rule<math::rules::exp>("exp", in[0])}; }
 inline Out lower(op::log, Ts in, const op::log::attrs&) { return {from_math_rule<math::rules::log>("log", in[0])}; }
 inline Out lower(op::sqrt, Ts in, const op::sqrt::attrs&) { return {from_math_rule<math::rules::sqrt>("sqrt", in[0])}; }
-inline Out lower(op::rsqrt, Ts in, const op::rsqrt::attrs&) { return {p::div(p::full(in[0].shape(), 1.0), p::sqrt(in[0]))}; }
+inline Out lower(op::rsqrt, Ts in, const op::rsqrt::attrs&) { return {from_math_rule<math::rules::rsqrt>("rsqrt", in[0])}; }
 inline Out lower(op::square, Ts in, const op::square::attrs&) { return {from_math_rule<math::rules::square>("square", in[0])}; }
 inline Out lower(op::tanh, Ts in, const op::tanh::attrs&) { return {from_math_rule<math::rules::tanh>("tanh", in[0])}; }
 inline Out lower(op::sigmoid, Ts in, const op::sigmoid::attrs&) { return {from_math_rule<math::rules::sigmoid>("sigmoid", in[0])}; }
@@ -263,11 +263,8 @@ inline Tf sign_detached(const Tf& x) {
                            gx::select(gx::compare(v, zero, gx::compare_direction::LT), gx::constant_like(v, -1.0), zero)));
 }
 inline Out lower(op::nonzero, Ts in, const op::nonzero::attrs&) { return {nonzero_flags(in[0])}; }
-/// x sign(x): the gradient is sign(x), 0 at 0 as the eager op's.
-inline Out lower(op::abs, Ts in, const op::abs::attrs&) { return {p::mul(in[0], sign_detached(in[0]))}; }
-inline Out lower(op::mish, Ts in, const op::mish::attrs&) {
-    return {p::mul(in[0], p::tanh(from_math_rule<math::rules::softplus>("softplus", in[0])))};
-}
+inline Out lower(op::abs, Ts in, const op::abs::attrs&) { return {from_math_rule<math::rules::abs>("abs", in[0])}; }
+inline Out lower(op::mish, Ts in, const op::mish::attrs&) { return {from_math_rule<math::rules::mish>("mish", in[0])}; }
 /// 1 / (1 + u^d) with u = |x| / a and u^d = exp(d log u) where u > 0, else 0; at u = 0 the log is
 /// taken of 1 instead, so the gradient there is 0 (the eager op's), not NaN.
 inline Out lower(op::elephant, Ts in, const op::elephant::attrs& a) {
