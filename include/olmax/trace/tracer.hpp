@@ -10,6 +10,7 @@
 // An in-place update of state inside the trace (the optimiser's) becomes the program's new value
 // of that state (`backend::trace::assign`).
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -110,6 +111,7 @@ struct state_slot {
 struct index_bound {
     std::size_t limit = 0;
     std::string op, noun;  // the op and what it calls one index: "embedding", "id"
+    friend bool operator==(const index_bound&, const index_bound&) = default;
 };
 
 /// Refuses `values` unless each is an integer in [0, b.limit), with the message of the eager op's
@@ -229,7 +231,7 @@ public:
                 return check_indices(values, bound, " of a constant of the traced program");
             } else {
                 for (auto& in : inputs_)
-                    if (in.value == v) in.indices.push_back(bound);
+                    if (in.value == v && std::find(in.indices.begin(), in.indices.end(), bound) == in.indices.end()) in.indices.push_back(bound);
                 return;
             }
         }
