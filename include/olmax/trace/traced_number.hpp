@@ -20,7 +20,7 @@ class traced_number {
     using var = xla::graph::var;
 
 public:
-    traced_number(double constant) : constant_(constant) {}  // NOLINT: a rule's V(3)
+    explicit traced_number(double constant) : constant_(constant) {}  // a rule's V(3)
     explicit traced_number(var v) : var_(v) {}
 
     bool is_constant() const { return !var_.defined(); }
