@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "olmax/core/error.hpp"
+#include "olmax/core/traced.hpp"
 #include "olmax/xla/graph/graph.hpp"
 
 namespace olmax::trace {
