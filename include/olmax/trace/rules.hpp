@@ -122,16 +122,17 @@ inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
     // formed (not even in the log's dropped branch, whose zero gradient would meet them).
     const Tf m = p::max_detached(x, axis);
     const gx::var mv = var_of(m);
-    const gx::var masked = gx::compare(mv, gx::constant_like(mv, -double(std::numeric_limits<float>::max())), gx::compare_direction::LT);
+    const auto below_every_float = [](const gx::var& v) {  // -inf
+        return gx::compare(v, gx::constant_like(v, -double(std::numeric_limits<float>::max())), gx::compare_direction::LT);
+    };
+    const gx::var masked = below_every_float(mv);
     const Tf safe_max = p::constant(gx::select(masked, gx::constant_like(mv, 0.0), mv));
     const Tf shifted = p::sub(x, p::broadcast_to(safe_max, x.shape()));
     const Tf e = p::exp(shifted);
     const Tf sum = p::sum(e, {std::int64_t(axis)}, true);
     const Tf total = p::broadcast_to(p::select(masked, p::full(m.shape(), 1.0), sum), x.shape());
     if (!log) return p::div(e, total);
-    const gx::var masked_wide = gx::compare(var_of(p::broadcast_to(m, x.shape())), gx::constant_like(var_of(x), -double(std::numeric_limits<float>::max())),
-                                            gx::compare_direction::LT);
-    return p::select(masked_wide, p::constant(var_of(shifted)), p::sub(shifted, p::log(total)));
+    return p::select(below_every_float(var_of(p::broadcast_to(m, x.shape()))), p::constant(var_of(shifted)), p::sub(shifted, p::log(total)));
 }
 
 /// MoE routing (nn::MoE's eager detail::route) inside the program, without a gradient: from the

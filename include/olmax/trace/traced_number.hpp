@@ -103,12 +103,8 @@ inline traced_number operator&&(const traced_number& a, const traced_number& b) 
 inline traced_number choose(const traced_number& c, const traced_number& on_true, const traced_number& on_false) {
     if (c.is_constant()) return c.constant() != 0 ? on_true : on_false;
     const xla::graph::var& p = c.value();
-    const xla::graph::var like = !on_true.is_constant() ? on_true.value() : !on_false.is_constant() ? on_false.value() : xla::graph::var{};
-    if (!like.defined()) {  // both constants: splats of the predicate's shape
-        const auto type = xla::graph::f32(p.dims());
-        return traced_number(xla::graph::select(p, xla::graph::constant(p.owner(), on_true.constant(), type),
-                                                xla::graph::constant(p.owner(), on_false.constant(), type)));
-    }
+    // constants become splats of the other branch's value, or of the predicate's shape when both are
+    const xla::graph::var& like = !on_true.is_constant() ? on_true.value() : !on_false.is_constant() ? on_false.value() : p;
     return traced_number(xla::graph::select(p, on_true.value_like(like), on_false.value_like(like)));
 }
 
