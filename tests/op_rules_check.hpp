@@ -309,7 +309,7 @@ inline std::vector<std::string> check_masked_softmax(const op_rule_evaluator& ev
 /// The element-wise ops whose eager and traced forms both come from one rule of math::rules
 /// (check_special_values, within 1e-5 relative) at the points where a second definition would
 /// drift: 0 and -0 (a ReLU's gradient there is 0), the kinks of hard_sigmoid (+-3), tiny and
-/// large values, +-inf and NaN.
+/// large values (where elephant's |x|^d underflows or overflows), +-inf and NaN.
 inline std::vector<std::string> check_math_rules_special(const op_rule_evaluator& evaluate) {
     using olmax::Tensor;
     const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
@@ -323,6 +323,9 @@ inline std::vector<std::string> check_math_rules_special(const op_rule_evaluator
         {"relu", [](const Tensor<float>& v) { return olmax::relu(v); }},         {"softplus", [](const Tensor<float>& v) { return olmax::softplus(v); }},
         {"silu", [](const Tensor<float>& v) { return olmax::silu(v); }},         {"rsqrt", [](const Tensor<float>& v) { return olmax::rsqrt(v); }},
         {"abs", [](const Tensor<float>& v) { return olmax::abs(v); }},           {"mish", [](const Tensor<float>& v) { return olmax::mish(v); }},
+        {"leaky_relu(0.1)", [](const Tensor<float>& v) { return olmax::leaky_relu(v, 0.1f); }},
+        {"elephant", [](const Tensor<float>& v) { return olmax::elephant(v); }},
+        {"elephant(a=1.5, d=0.5)", [](const Tensor<float>& v) { return olmax::elephant(v, 1.5f, 0.5f); }},
     };
     std::vector<std::string> failures;
     for (const auto& [name, f] : ops)

@@ -245,6 +245,7 @@ const auto smooth_chain = [](auto a, auto b, auto c) {
 const auto kinked_chain = [](auto a, auto b, auto c) {
     return m::leaky_relu(b - a, 0.1) + 2 * m::relu(c - 1) + m::maximum(a, b) / c + m::hard_sigmoid(a * 4) * b;
 };
+const auto more_chain = [](auto a, auto b, auto c) { return m::mish(a) * m::rsqrt(c) - m::abs(a - b) + m::softplus(b) * m::log(c); };
 
 }  // namespace
 
@@ -279,6 +280,7 @@ TEST_CASE("pointwise: a fused chain equals the same chain op by op, in values an
     CHECK(compare(qrnn_input, Two{a, b}) < 1e-13);
     CHECK(compare(smooth_chain, Three{a, b, c}) < 1e-12);
     CHECK(compare(kinked_chain, Three{a, b, c}) < 1e-13);
+    CHECK(compare(more_chain, Three{a, b, c}) < 1e-12);
     // Broadcast inputs (suffixes of the output's shape): their gradients are summed over the leading axes.
     CHECK(compare(smooth_chain, Three{a, olmax::randn<double>({4}, rng), olmax_test::uniform({5, 4}, rng, 0.5, 2.0)}) < 1e-12);
     CHECK(compare(kinked_chain, Three{olmax::randn<double>({4}, rng), b, c}) < 1e-13);
@@ -291,6 +293,7 @@ TEST_CASE("pointwise: gradients match finite differences, broadcast inputs inclu
     const auto c = olmax_test::uniform({2, 3, 4}, rng, 0.5, 2.0);
     olmax_test::check_gradients([](const V& v) { return olmax::pointwise("qrnn_input", qrnn_input, v[0], v[1]); }, {a, b});
     olmax_test::check_gradients([](const V& v) { return olmax::pointwise("smooth", smooth_chain, v[0], v[1], v[2]); }, {a, b, c});
+    olmax_test::check_gradients([](const V& v) { return olmax::pointwise("more", more_chain, v[0], v[1], v[2]); }, {a, b, c});
     olmax_test::check_gradients([](const V& v) { return olmax::pointwise("smooth", smooth_chain, v[0], v[1], v[2]); },
                                 {olmax::randn<double>({4}, rng), b, olmax_test::uniform({3, 4}, rng, 0.5, 2.0)});
     // One input: a unary chain; the kinked functions away from their kinks (leaky_relu at 0, hard_sigmoid at +-3).

@@ -12,6 +12,7 @@
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/conv.hpp"
 #include "olmax/ops/elementwise.hpp"
+#include "olmax/ops/math_rules.hpp"
 #include "olmax/ops/norm.hpp"
 
 namespace olmax::nn {
@@ -57,9 +58,9 @@ namespace detail {
 
 /// leaky_relu(scale_norm(h, scale, eps), slope) over the last axis as one op, with the two ops'
 /// maths (olmax/ops/norm.hpp, olmax/ops/elementwise.hpp): r = 1 / max(||h||_2, eps) per row,
-/// z = h r w, out = z for z >= 0 and slope z below. Backward: dz = dout (slope where z < 0), then
-/// ScaleNorm's dh = r dzhat - r^3 h sum(dzhat h) with dzhat = dz w (dh = r dzhat on clamped rows)
-/// and dw = sum over rows of dz h r. It keeps only h and r for the backward (z is recomputed with
+/// z = h r w, out = z for z >= 0 and slope z below (math::rules::leaky_relu). Backward:
+/// dz = dout (slope where z < 0), then ScaleNorm's dh = r dzhat - r^3 h sum(dzhat h) with
+/// dzhat = dz w (dh = r dzhat on clamped rows) and dw = sum over rows of dz h r. It keeps only h and r for the backward (z is recomputed with
 /// the forward's expression, so its sign is the forward's): one [rows, F] tensor less on the tape
 /// than the two ops, and the element loops are branch-free so they vectorise.
 template <Real T>
@@ -89,12 +90,9 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
                     rp[i] = factor;
                     clamped[i] = clamp;
                     T* o = op + i * f;
-                    const T negative_slope = slope;  // a local: the select then needs no conditional load, so it vectorises
+                    const math::rules::leaky_relu leaky{double(slope)};  // a local: the select needs no conditional load, so it vectorises
     #pragma omp simd
-                    for (std::size_t j = 0; j < f; ++j) {
-                        const T z = row[j] * factor * wp[j], leaky = negative_slope * z;
-                        o[j] = z < T{0} ? leaky : z;
-                    }
+                    for (std::size_t j = 0; j < f; ++j) o[j] = leaky.value(T(row[j] * factor * wp[j]));
                 }
             });
         }
@@ -109,15 +107,15 @@ Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T ep
                                 T* dz = dz_tensor.data();
                                 backend::current().parallel_for(rows, 2 * f, [&](std::size_t lo, std::size_t hi) {
                                     const std::size_t n = f;
-                                    const T negative_slope = slope;
+                                    const math::rules::leaky_relu leaky{double(slope)};
                                     for (std::size_t i = lo; i < hi; ++i) {
                                         const T *row = hp + i * n, *grow = gp + i * n;
                                         T* dzr = dz + i * n;
                                         const T rr = rp[i];
     #pragma omp simd
                                         for (std::size_t j = 0; j < n; ++j) {
-                                            const T z = row[j] * rr * wp[j], dy = grow[j], leaky = dy * negative_slope;
-                                            dzr[j] = z < T{0} ? leaky : dy;
+                                            const T z = row[j] * rr * wp[j];
+                                            dzr[j] = grow[j] * leaky.derivative(z, z);
                                         }
                                     }
                                 });

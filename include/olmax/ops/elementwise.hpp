@@ -211,10 +211,12 @@ Tensor<T> unary_op(const Tensor<T>& x, F f, DF df, const typename Key::attrs& at
     });
 }
 
-/// A unary op whose value and derivative are a rule of ops/math_rules.hpp (on SIMD batches).
+/// A unary op whose value and derivative are a rule of ops/math_rules.hpp (on SIMD batches);
+/// `attrs` are the key's copy of a parameterised rule's parameters (its traced form builds the
+/// same rule from them).
 template <class Rule, class Key, Reads reads, Real T>
-Tensor<T> unary_rule_op(const Tensor<T>& x) {
-    return unary_op<Key, reads>(x, [](auto v) { return Rule::value(v); }, [](auto v, auto y) { return Rule::derivative(v, y); });
+Tensor<T> unary_rule_op(const Tensor<T>& x, Rule rule = {}, const typename Key::attrs& attrs = {}) {
+    return unary_op<Key, reads>(x, [rule](auto v) { return rule.value(v); }, [rule](auto v, auto y) { return rule.derivative(v, y); }, attrs);
 }
 
 /// Which of a, b and y a binary op's derivatives read (add's: none; mul's: a and b).
@@ -371,8 +373,7 @@ Tensor<T> relu(const Tensor<T>& x) {
 /// Leaky ReLU (Olmax default slope 0.01), gradient `slope` for x < 0.
 template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
-    return detail::unary_op<op::leaky_relu, detail::Reads::input>(x, [slope](T v) { return v < T{0} ? slope * v : v; },
-                                                                  [slope](T v, T) { return v < T{0} ? slope : T{1}; }, {.slope = double(slope)});
+    return detail::unary_rule_op<math::rules::leaky_relu, op::leaky_relu, detail::Reads::input>(x, {double(slope)}, {.slope = double(slope)});
 }
 /// 1 where x != 0 (NaN too), else 0: a flag, with no gradient (x does not reach the result
 /// continuously). Packed-document resets go through it (masks::start_flags) before a traced form
@@ -407,14 +408,7 @@ Tensor<T> mish(const Tensor<T>& x) {
 template <Real T>
 Tensor<T> elephant(const Tensor<T>& x, T a = T{1}, T d = T{4}) {
     check(a > T{0} && d > T{0}, "elephant: a and d must be positive, got a=", a, " d=", d);
-    return detail::unary_op<op::elephant>(x, [a, d](T v) { return T{1} / (T{1} + std::pow(std::abs(v / a), d)); },
-                               [a, d](T v, T y) {
-                                   const T u = std::abs(v / a);
-                                   if (u == T{0}) return T{0};
-                                   // dy/dx = -d * u^(d-1) * sign(x) / a * y^2
-                                   return -d * std::pow(u, d - T{1}) * (v < T{0} ? T{-1} : T{1}) / a * y * y;
-                               },
-                               {.a = double(a), .d = double(d)});
+    return detail::unary_rule_op<math::rules::elephant, op::elephant, detail::Reads::both>(x, {double(a), double(d)}, {.a = double(a), .d = double(d)});
 }
 
 /// Fused element-wise map into an existing tensor, not recorded on the tape:

@@ -4,7 +4,9 @@
 // (ops/pointwise.hpp) and the ops' traced forms (trace/rules.hpp, on trace::traced_number) all
 // compute them from these rules. derivative(v, y) is dy/dv at the argument v, given the value
 // y = value(v). A rule uses only + - * /, negation, < > <=, &&, choose and exp, log, log1p, sqrt,
-// tanh, abs: what a traced number has too.
+// tanh, abs: what a traced number has too. A rule is an object: most are empty, a parameterised
+// one (leaky_relu's slope, elephant's a and d) holds its parameters, and every caller takes an
+// instance (`Rule{}` for the empty ones).
 //
 // Each rule is written for a number V (float, double) and, with the same code, for a SIMD batch of
 // them (xsimd::batch: the maths functions are found by argument-dependent lookup, choices are
@@ -145,6 +147,35 @@ struct mish {
         using std::tanh;
         const V t = tanh(softplus::value(v));
         return t + v * (V(1) - t * t) * sigmoid::value(v);
+    }
+};
+
+/// v for v >= 0 (and NaN), slope v below; its derivative slope below 0, else 1.
+struct leaky_relu {
+    double slope = 0.01;
+    template <class V> V value(V v) const { return choose(v < V(0), V(slope) * v, v); }
+    template <class V> V derivative(V v, V) const { return choose(v < V(0), V(slope), V(1)); }
+};
+
+/// The elephant activation 1 / (1 + P), P = |v / a|^d (Lan & Mahmood 2023; a > 0, d > 0), with
+/// P = exp(d log |v / a|) (0 at v = 0; NaN stays NaN). Its derivative
+/// -d P |v / a|^-1 sign(v) / a y^2 is written -d (P y) y / v, and P y = P / (1 + P) is taken as 1
+/// where y has underflowed to 0 (P huge or infinite, where P y would be inf * 0): so the tails
+/// give 0, not NaN, and v = 0 gives 0 (the one-sided derivatives differ there when d <= 1).
+struct elephant {
+    double a = 1, d = 4;
+    template <class V> V power(V v) const {
+        using std::abs, std::exp, std::log;
+        const V u = abs(v) / V(a);
+        const auto zero = u <= V(0);
+        return choose(zero, V(0), exp(V(d) * log(choose(zero, V(1), u))));
+    }
+    template <class V> V value(V v) const { return V(1) / (V(1) + power(v)); }
+    template <class V> V derivative(V v, V y) const {
+        using std::abs;
+        const auto zero = abs(v) <= V(0);
+        const V py = choose(y > V(0), power(v) * y, V(1));
+        return choose(zero, V(0), V(-d) * py * y / choose(zero, V(1), v));
     }
 };
 

@@ -97,9 +97,9 @@ template <class V, std::size_t N, class Derivatives>
     return r;
 }
 template <class V, std::size_t N, class Rule>
-[[gnu::always_inline]] inline Dual<V, N> apply(const Dual<V, N>& x) {
-    const V y = Rule::value(x.value);
-    return chain(x, y, [&] { return Rule::derivative(x.value, y); });
+[[gnu::always_inline]] inline Dual<V, N> apply(const Dual<V, N>& x, const Rule& rule = {}) {
+    const V y = rule.value(x.value);
+    return chain(x, y, [&] { return rule.derivative(x.value, y); });
 }
 }  // namespace detail
 
@@ -165,15 +165,15 @@ OLMAX_POINTWISE_FUNCTION(hard_sigmoid)
 OLMAX_POINTWISE_FUNCTION(relu)
 OLMAX_POINTWISE_FUNCTION(softplus)
 OLMAX_POINTWISE_FUNCTION(silu)
+OLMAX_POINTWISE_FUNCTION(rsqrt)
+OLMAX_POINTWISE_FUNCTION(abs)
+OLMAX_POINTWISE_FUNCTION(mish)
 #undef OLMAX_POINTWISE_FUNCTION
 
 /// Leaky ReLU: v for v >= 0, slope v below.
 template <class V, std::size_t N>
 [[gnu::always_inline]] inline Dual<V, N> leaky_relu(const Dual<V, N>& x, detail::number_t<V, N> slope) {
-    const auto negative = x.value < V(0);
-    Dual<V, N> r{choose(negative, V(V(slope) * x.value), x.value), {}};
-    for (std::size_t k = 0; k < N; ++k) r.grad[k] = choose(negative, V(V(slope) * x.grad[k]), x.grad[k]);
-    return r;
+    return detail::apply<V, N>(x, rules::leaky_relu{double(slope)});
 }
 template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, std::type_identity_t<T> slope) { return ::olmax::leaky_relu(x, slope); }

@@ -229,11 +229,11 @@ inline Out lower(op::selective_scan, Ts in, const op::selective_scan::attrs&) {
 /// the eager op's own: both are built in the program by the rule's code on traced numbers
 /// (traced_number.hpp), and the tape records dy * derivative(x, y) as the op's gradient.
 template <class Rule>
-Tf from_math_rule(std::string_view name, const Tf& x) {
+Tf from_math_rule(std::string_view name, const Tf& x, Rule rule = {}) {
     const gx::var v = var_of(x);
-    const gx::var y = Rule::value(traced_number(v)).value_like(v);
-    return p::detail::record(name, {x}, wrap(y), [v, y](const Tf& dy, autodiff::GradientSink<float>& sink) {
-        sink.add(0, p::mul(dy, wrap(Rule::derivative(traced_number(v), traced_number(y)).value_like(v))));
+    const gx::var y = rule.value(traced_number(v)).value_like(v);
+    return p::detail::record(name, {x}, wrap(y), [v, y, rule](const Tf& dy, autodiff::GradientSink<float>& sink) {
+        sink.add(0, p::mul(dy, wrap(rule.derivative(traced_number(v), traced_number(y)).value_like(v))));
     });
 }
 
@@ -257,30 +257,16 @@ inline Out lower(op::hard_sigmoid, Ts in, const op::hard_sigmoid::attrs&) {
     return {from_math_rule<math::rules::hard_sigmoid>("hard_sigmoid", in[0])};
 }
 inline Out lower(op::softplus, Ts in, const op::softplus::attrs&) { return {from_math_rule<math::rules::softplus>("softplus", in[0])}; }
-/// sign(x) (1, 0 or -1) as a constant of the tape.
-inline Tf sign_detached(const Tf& x) {
-    const gx::var v = var_of(x), zero = gx::constant_like(v, 0.0);
-    return wrap(gx::select(gx::compare(v, zero, gx::compare_direction::GT), gx::constant_like(v, 1.0),
-                           gx::select(gx::compare(v, zero, gx::compare_direction::LT), gx::constant_like(v, -1.0), zero)));
-}
 inline Out lower(op::nonzero, Ts in, const op::nonzero::attrs&) { return {nonzero_flags(in[0])}; }
 inline Out lower(op::abs, Ts in, const op::abs::attrs&) { return {from_math_rule<math::rules::abs>("abs", in[0])}; }
 inline Out lower(op::mish, Ts in, const op::mish::attrs&) { return {from_math_rule<math::rules::mish>("mish", in[0])}; }
-/// 1 / (1 + u^d) with u = |x| / a and u^d = exp(d log u) where u > 0, else 0; at u = 0 the log is
-/// taken of 1 instead, so the gradient there is 0 (the eager op's), not NaN.
 inline Out lower(op::elephant, Ts in, const op::elephant::attrs& a) {
-    const Tf& x = in[0];
-    const Tf sign = sign_detached(x), positive = p::mul(sign, sign);  // 1 where u > 0, else 0
-    const Tf u = p::scale(p::mul(x, sign), 1.0 / a.a);
-    const Tf power = p::mul(positive, p::exp(p::scale(p::log(p::add(u, p::add_scalar(p::neg(positive), 1.0))), a.d)));
-    return {p::div(p::full(x.shape(), 1.0), p::add_scalar(power, 1.0))};
+    return {from_math_rule("elephant", in[0], math::rules::elephant{a.a, a.d})};
 }
 inline Out lower(op::add_scalar, Ts in, const op::add_scalar::attrs& a) { return {p::add_scalar(in[0], a.value)}; }
 inline Out lower(op::scale, Ts in, const op::scale::attrs& a) { return {p::scale(in[0], a.factor)}; }
-/// x times (slope where x < 0, else 1): that factor is also the gradient's.
 inline Out lower(op::leaky_relu, Ts in, const op::leaky_relu::attrs& a) {
-    const gx::var v = var_of(in[0]), negative = gx::compare(v, gx::constant_like(v, 0.0), gx::compare_direction::LT);
-    return {p::mul(in[0], wrap(gx::select(negative, gx::constant_like(v, a.slope), gx::constant_like(v, 1.0))))};
+    return {from_math_rule("leaky_relu", in[0], math::rules::leaky_relu{a.slope})};
 }
 
 /// sum or mean over the key's axes.
