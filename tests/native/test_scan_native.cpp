@@ -1,7 +1,8 @@
 // The scan kernels compiled for this machine's vector ISA (see CMakeLists.txt beside this file):
 // the vector blocks' bf16 loads and stores against the scalar conversions bit for bit, and
 // two_pass's in-register block path (rows whose steps are adjacent in memory) against the fp64
-// reference, in fp32 and in bf16 storage, forward and backward.
+// reference, in fp32 and in bf16 storage, forward and backward; and the streaming stores of the
+// widest vectors against ordinary stores.
 #include "test_helpers.hpp"
 
 #include <bit>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "olmax/scan/scan.hpp"
+#include "scan_streaming_check.hpp"
 
 namespace sc = olmax::scan;
 using olmax::bfloat16;
@@ -142,3 +144,5 @@ TEST_CASE("native: two_pass's block path in bf16 storage stays within bf16 round
     // carry that went wrong by one block would be off by O(1).
     check_block_path<bfloat16>(0x1p-6);
 }
+
+TEST_CASE("native: streaming stores give the ordinary stores' values bit for bit", "[scan]") { olmax_test::check_streaming_stores_bitwise(); }

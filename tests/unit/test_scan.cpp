@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "olmax/scan/scan.hpp"
+#include "scan_streaming_check.hpp"
 
 #if defined(__SSE2__)
 #include <xmmintrin.h>
@@ -207,6 +208,10 @@ TEMPLATE_TEST_CASE("scan: rows wider than a cache line, forward and backward in 
             if (with_h0) CHECK(rel_error(grads.h0, ref_grads.h0, ref_grads.x) <= 1e-5);
         }
 }
+
+// Large fp32 [B, T, C] scans write with streaming stores: SSE2's here (the baseline build),
+// AVX-512's in tests/native.
+TEST_CASE("scan: streaming stores give the ordinary stores' values bit for bit", "[scan]") { olmax_test::check_streaming_stores_bitwise(); }
 
 TEMPLATE_TEST_CASE("scan: gates shared per head (Mamba-2 style) equal the expanded per-channel scan", "[scan]", sc::sequential,
                    sc::sequential_vectorized, sc::two_pass, sc::chunked_matmul<128>, sc::blelloch) {
