@@ -60,9 +60,10 @@ namespace detail {
 /// maths (olmax/ops/norm.hpp, olmax/ops/elementwise.hpp): r = 1 / max(||h||_2, eps) per row,
 /// z = h r w, out = z for z >= 0 and slope z below (math::rules::leaky_relu). Backward:
 /// dz = dout (slope where z < 0), then ScaleNorm's dh = r dzhat - r^3 h sum(dzhat h) with
-/// dzhat = dz w (dh = r dzhat on clamped rows) and dw = sum over rows of dz h r. It keeps only h and r for the backward (z is recomputed with
-/// the forward's expression, so its sign is the forward's): one [rows, F] tensor less on the tape
-/// than the two ops, and the element loops are branch-free so they vectorise.
+/// dzhat = dz w (dh = r dzhat on clamped rows) and dw = sum over rows of dz h r. It keeps only h
+/// and r for the backward (z is recomputed with the forward's expression, so its sign is the
+/// forward's): one [rows, F] tensor less on the tape than the two ops, and the element loops are
+/// branch-free so they vectorise.
 template <Real T>
 Tensor<T> scale_norm_leaky_relu(const Tensor<T>& h, const Tensor<T>& scale, T eps, T slope) {
     backend::op_scope on("nn::DenseConv norm", h, scale);
