@@ -10,7 +10,8 @@
 // "never" to time both sides at every size.
 //
 //   cmake --build build --target scan_streaming_stores
-//   build/benchmarks/scan/scan_streaming_stores [--threads N] [--repeats N] [--json PATH]
+//   build/benchmarks/scan/scan_streaming_stores [--threads N] [--repeats N] [--reverse] [--json PATH]
+// (--reverse: reverse scans, whose time walks down in memory)
 #include <olmax/olmax.hpp>
 #include <olmax/scan/scan.hpp>
 
@@ -47,6 +48,7 @@ double median_seconds(int repeats, const std::function<void()>& f) {
 
 int main(int argc, char** argv) {
     int threads = 2, repeats = 9;
+    bool reverse = false;
     std::string json;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
@@ -60,8 +62,9 @@ int main(int argc, char** argv) {
         if (arg == "--threads") threads = std::atoi(value().c_str());
         else if (arg == "--repeats") repeats = std::atoi(value().c_str());
         else if (arg == "--json") json = value();
+        else if (arg == "--reverse") reverse = true;
         else {
-            std::printf("usage: scan_streaming_stores [--threads N] [--repeats N] [--json PATH]\n");
+            std::printf("usage: scan_streaming_stores [--threads N] [--repeats N] [--reverse] [--json PATH]\n");
             return arg == "--help" ? 0 : 2;
         }
     }
@@ -77,7 +80,9 @@ int main(int argc, char** argv) {
         double fwd[2], read[2], bwd[2];  // [ordinary, streaming]
     };
     std::vector<Row> rows;
-    std::printf("fp32 [B, T, %zu] sequential_vectorized, %d threads, median of %d; ordinary / streaming seconds\n", C, threads, repeats);
+    const sc::ScanOptions<float> options{.reverse = reverse};
+    std::printf("fp32 [B, T, %zu] sequential_vectorized%s, %d threads, median of %d; ordinary / streaming seconds\n", C,
+                reverse ? ", reverse" : "", threads, repeats);
     std::printf("%5s %6s %10s | %9s %9s %5s | %9s %9s %5s | %9s %9s %5s\n", "B", "T", "KiB/array", "fwd", "stream", "x", "fwd+read",
                 "stream", "x", "bwd", "stream", "x");
     olmax::Generator rng(1);
@@ -87,10 +92,10 @@ int main(int argc, char** argv) {
         double sink = 0;
         for (int side = 0; side < 2; ++side) {
             threshold = side == 0 ? std::numeric_limits<std::size_t>::max() : 0;
-            const Tensor<float> h = sc::scan<sc::sequential_vectorized>(a, x);
-            row.fwd[side] = median_seconds(repeats, [&] { sink += double(sc::scan<sc::sequential_vectorized>(a, x).data()[0]); });
-            row.read[side] = median_seconds(repeats, [&] { sink += double(olmax::sum(sc::scan<sc::sequential_vectorized>(a, x)).item()); });
-            row.bwd[side] = median_seconds(repeats, [&] { sink += double(sc::scan_backward<sc::sequential_vectorized>(a, h, dh).x.data()[0]); });
+            const Tensor<float> h = sc::scan<sc::sequential_vectorized>(a, x, options);
+            row.fwd[side] = median_seconds(repeats, [&] { sink += double(sc::scan<sc::sequential_vectorized>(a, x, options).data()[0]); });
+            row.read[side] = median_seconds(repeats, [&] { sink += double(olmax::sum(sc::scan<sc::sequential_vectorized>(a, x, options)).item()); });
+            row.bwd[side] = median_seconds(repeats, [&] { sink += double(sc::scan_backward<sc::sequential_vectorized>(a, h, dh, options).x.data()[0]); });
         }
         threshold = std::size_t(4) << 20;
         std::printf("%5zu %6zu %10zu | %9.3e %9.3e %5.2f | %9.3e %9.3e %5.2f | %9.3e %9.3e %5.2f%s\n", B, T, B * T * C * 4 / 1024, row.fwd[0],
@@ -102,7 +107,7 @@ int main(int argc, char** argv) {
     }
     if (!json.empty()) {
         std::ofstream out(json);
-        out << "{\"threads\": " << threads << ", \"repeats\": " << repeats << ", \"channels\": " << C << ", \"rows\": [";
+        out << "{\"threads\": " << threads << ", \"reverse\": " << (reverse ? "true" : "false") << ", \"repeats\": " << repeats << ", \"channels\": " << C << ", \"rows\": [";
         for (std::size_t i = 0; i < rows.size(); ++i) {
             const Row& r = rows[i];
             out << (i ? ", " : "") << "{\"B\": " << r.B << ", \"T\": " << r.T << ", \"bytes_per_array\": " << r.B * r.T * C * 4

@@ -33,8 +33,10 @@ void vectorized_btc_span(const Geometry& g, const ForwardArgs<T>& args, std::siz
         T* h = args.h + off;
         if constexpr (can_stream) {
             if (stream) {
+                for_lane_pieces<T>(n, g.reverse, [&](std::size_t begin, std::size_t end) __attribute__((always_inline)) {
 #pragma omp simd
-                for (std::size_t w = 0; w < n; ++w) state[w] = load_gate<Log, Acc>(a[w]) * state[w] + Acc(x[w]);
+                    for (std::size_t w = begin; w < end; ++w) state[w] = load_gate<Log, Acc>(a[w]) * state[w] + Acc(x[w]);
+                });
                 stream_copy(h, state, n);
                 continue;
             }
