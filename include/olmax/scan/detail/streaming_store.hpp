@@ -6,7 +6,7 @@
 // 2 threads, fp32 [B, T, 1024], 2026-11-30; benchmarks/RESULTS.md, "Streaming stores for large
 // scan outputs"): the forward scan 1.35-3.2x faster from 1 MiB per array up, the backward 1.25-1.8x.
 // The output is then not in the cache. That costs when the next op would have found it there: a
-// scan followed by a read of h was 0.50-1.09x at 256 KiB and 0.86-1.24x at 16 MiB, but
+// scan followed by a read of h was 0.50-1.09x at 256 KiB and 0.84-1.24x at 16 MiB, but
 // 1.27-1.38x at 4 MiB and 1.36-1.75x from 64 MiB. So outputs below streaming_store_threshold
 // (4 MiB) keep ordinary stores.
 
