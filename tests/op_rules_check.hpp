@@ -306,6 +306,23 @@ inline std::vector<std::string> check_masked_softmax(const op_rule_evaluator& ev
         [](const std::vector<Tensor<float>>& y) { return y[0].data()[0] == 0.0f && y[4].data()[0] == 0.0f ? "" : "an all -inf line is not 0 / no gradient"; });
 }
 
+/// cross_entropy, plain and with the z-loss, of logits with masked (-inf) entries that are not the
+/// target (check_special_values, within 1e-6): a finite loss and gradient, as the eager op, where
+/// picking the target's logit as logits * one_hot would make -inf * 0 = NaN.
+inline std::vector<std::string> check_masked_cross_entropy(const op_rule_evaluator& evaluate) {
+    using olmax::Tensor;
+    const float inf = std::numeric_limits<float>::infinity();
+    const Tensor<float> logits = Tensor<float>::from({3, 4}, {0.5f, -inf, 1.0f, 2.0f, 0.1f, 0.2f, 0.3f, 0.4f, -inf, 3.0f, -inf, 1.0f});
+    const Tensor<std::int32_t> targets = Tensor<std::int32_t>::from({3}, {2, 1, 3});
+    return check_special_values(
+        evaluate, {logits},
+        [&](const std::vector<Tensor<float>>& x) {
+            return std::vector<Tensor<float>>{olmax::cross_entropy(x[0], targets), olmax::cross_entropy(x[0], targets, 1e-3f)};
+        },
+        {"cross_entropy", "cross_entropy(z_loss)", "dlogits"}, 1e-6,
+        [](const std::vector<Tensor<float>>& y) { return std::isfinite(y[0].item()) && std::isfinite(y[1].item()) ? "" : "the eager loss is not finite"; });
+}
+
 /// The element-wise ops whose eager and traced forms both come from one rule of math::rules
 /// (check_special_values, within 1e-5 relative) at the points where a second definition would
 /// drift: 0 and -0 (a ReLU's gradient there is 0), the kinks of hard_sigmoid (+-3), tiny and

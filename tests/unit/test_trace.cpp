@@ -175,6 +175,12 @@ TEST_CASE("trace: softmax and log_softmax of lines masked with -inf give the eag
     CHECK(failures.empty());
 }
 
+TEST_CASE("trace: cross_entropy of logits with masked (-inf) entries gives the eager op's loss and gradient", "[trace]") {
+    const auto failures = olmax_test::check_masked_cross_entropy(olmax_test::op_rule_reference);
+    INFO(olmax_test::failure_lines(failures));
+    CHECK(failures.empty());
+}
+
 TEST_CASE("trace: every traced form reads any nonzero reset as a document start, as the eager ops do", "[trace]") {
     // The composed forms count and compare starts in the program; fed starts marked 2.5, -1, 0.5 and
     // 7 (each a start to the eager ops, which test resets != 0), they must compute what the eager ops

@@ -71,6 +71,12 @@ TEST_CASE("op rules: softmax and log_softmax of lines masked with -inf on the CP
     CHECK(failures.empty());
 }
 
+TEST_CASE("op rules: cross_entropy of logits with masked (-inf) entries on the CPU plugin gives the eager op's loss and gradient", "[cpu_plugin]") {
+    const auto failures = olmax_test::check_masked_cross_entropy(plugin_evaluator(olmax_test::cpu_client()));
+    INFO(olmax_test::failure_lines(failures));
+    CHECK(failures.empty());
+}
+
 TEST_CASE("op rules: the element-wise ops of math::rules on the CPU plugin match the eager ops at 0, -0, their kinks, +-inf and NaN", "[cpu_plugin]") {
     const auto failures = olmax_test::check_math_rules_special(plugin_evaluator(olmax_test::cpu_client()));
     INFO(olmax_test::failure_lines(failures));
