@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/core/tensor.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 #include "olmax/scan/detail/problem.hpp"

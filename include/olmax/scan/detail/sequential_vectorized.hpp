@@ -10,6 +10,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "olmax/backend/dispatch.hpp"
 #include "olmax/scan/detail/channel_span.hpp"
 #include "olmax/scan/detail/denormals.hpp"
 #include "olmax/scan/detail/problem.hpp"
