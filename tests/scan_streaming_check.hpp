@@ -21,12 +21,12 @@ inline void check_streaming_stores_bitwise() {
     auto& threshold = sc::detail::streaming_store_threshold();
     const std::size_t saved = threshold.load();
     olmax::Generator rng(12);
-    auto uniform_pm1 = [&](const Shape& shape) { return olmax::add_scalar(olmax::scale(olmax::rand<float>(shape, rng), 2.0f), -1.0f); };
     for (const Shape& shape : {Shape{2, 300, 37}, Shape{3, 20, 1029}})
         for (const bool reverse : {false, true})
             for (const bool log_gates : {false, true}) {
-                const Tensor<float> gates = log_gates ? olmax::scale(olmax::rand<float>(shape, rng), -1.0f) : olmax::rand<float>(shape, rng);
-                const Tensor<float> x = uniform_pm1(shape), dh = uniform_pm1(shape), h0 = uniform_pm1({shape[0], shape[2]});
+                const Tensor<float> gates = log_gates ? uniform<float>(shape, rng, -1, 0) : uniform<float>(shape, rng, 0, 1);
+                const Tensor<float> x = uniform<float>(shape, rng, -1, 1), dh = uniform<float>(shape, rng, -1, 1);
+                const Tensor<float> h0 = uniform<float>({shape[0], shape[2]}, rng, -1, 1);
                 const sc::ScanOptions<float> opt{.h0 = h0, .reverse = reverse, .log_gates = log_gates};
                 auto run = [&](std::size_t bytes) {
                     threshold = bytes;

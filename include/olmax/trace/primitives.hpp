@@ -236,16 +236,21 @@ inline T max_detached(const T& x, std::size_t axis) {
     return wrap(gx::reshape(gx::max(var_of(x), {std::int64_t(axis)}), dims_of(kept)));
 }
 
-/// One-hot rows: [ids..., classes] with 1 where the class equals the id (no gradient).
-inline T one_hot(const T& ids, std::size_t classes) {
+/// [ids..., classes]: true where the class equals the id (an i1 value, for select).
+inline gx::var class_hits(const T& ids, std::size_t classes) {
     Shape out = ids.shape();
     out.push_back(classes);
     const std::int64_t last = std::int64_t(out.size()) - 1;
-    gx::graph& g = var_of(ids).owner();
-    const gx::var iota = gx::iota(g, gx::f32(dims_of(out)), last);
+    const gx::var iota = gx::iota(var_of(ids).owner(), gx::f32(dims_of(out)), last);
     const gx::var wide = gx::broadcast_in_dim(var_of(ids), dims_of(out), detail::all_axes(ids.rank()));
-    const gx::var hit = gx::compare(iota, wide, gx::compare_direction::EQ);
-    return wrap(gx::select(hit, gx::constant(g, 1.0, gx::f32(dims_of(out))), gx::constant(g, 0.0, gx::f32(dims_of(out)))));
+    return gx::compare(iota, wide, gx::compare_direction::EQ);
+}
+
+/// One-hot rows: [ids..., classes] with 1 where the class equals the id (no gradient).
+inline T one_hot(const T& ids, std::size_t classes) {
+    const gx::var hit = class_hits(ids, classes);
+    const gx::tensor_type type = gx::f32(hit.dims());
+    return wrap(gx::select(hit, gx::constant(hit.owner(), 1.0, type), gx::constant(hit.owner(), 0.0, type)));
 }
 
 }  // namespace olmax::trace::primitives

@@ -71,9 +71,7 @@ inline Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<flo
     const Tensor<float> m = p::max_detached(logits, 1);
     const Tensor<float> shifted = p::sub(logits, p::broadcast_to(m, logits.shape()));
     const Tensor<float> lse = p::add(p::log(p::sum(p::exp(shifted), {1}, true)), m);  // [N, 1]
-    const gx::var hot = var_of(p::one_hot(targets, vocab));
-    const gx::var is_target = gx::compare(hot, gx::constant_like(hot, 0.5), gx::compare_direction::GT);
-    const Tensor<float> picked = p::sum(p::select(is_target, logits, p::full(logits.shape(), 0.0)), {1}, true);
+    const Tensor<float> picked = p::sum(p::select(p::class_hits(targets, vocab), logits, p::full(logits.shape(), 0.0)), {1}, true);
     Tensor<float> per_row = p::sub(lse, picked);
     if (z_loss != 0) per_row = p::add(per_row, p::scale(p::mul(lse, lse), z_loss));
     return p::scale(p::sum(per_row, {0, 1}, false), 1.0 / double(n));
