@@ -306,21 +306,36 @@ inline std::vector<std::string> check_masked_softmax(const op_rule_evaluator& ev
         [](const std::vector<Tensor<float>>& y) { return y[0].data()[0] == 0.0f && y[4].data()[0] == 0.0f ? "" : "an all -inf line is not 0 / no gradient"; });
 }
 
-/// cross_entropy, plain and with the z-loss, of logits with masked (-inf) entries that are not the
-/// target (check_special_values, within 1e-6): a finite loss and gradient, as the eager op, where
-/// picking the target's logit as logits * one_hot would make -inf * 0 = NaN.
+/// cross_entropy, plain and with the z-loss, of logits with masked (-inf) entries
+/// (check_special_values, within 1e-6):
+/// - entries that are not the target: a finite loss and gradient, as the eager op, where picking
+///   the target's logit as logits * one_hot would make -inf * 0 = NaN;
+/// - a row that is all -inf: a NaN loss (-inf - -inf) and the gradient -onehot(target) / N in that
+///   row (its lse has none), as the eager op, where exp(x - max) would make every gradient NaN.
 inline std::vector<std::string> check_masked_cross_entropy(const op_rule_evaluator& evaluate) {
     using olmax::Tensor;
     const float inf = std::numeric_limits<float>::infinity();
     const Tensor<float> logits = Tensor<float>::from({3, 4}, {0.5f, -inf, 1.0f, 2.0f, 0.1f, 0.2f, 0.3f, 0.4f, -inf, 3.0f, -inf, 1.0f});
     const Tensor<std::int32_t> targets = Tensor<std::int32_t>::from({3}, {2, 1, 3});
-    return check_special_values(
-        evaluate, {logits},
-        [&](const std::vector<Tensor<float>>& x) {
-            return std::vector<Tensor<float>>{olmax::cross_entropy(x[0], targets), olmax::cross_entropy(x[0], targets, 1e-3f)};
-        },
-        {"cross_entropy", "cross_entropy(z_loss)", "dlogits"}, 1e-6,
+    const auto both = [&](const Tensor<std::int32_t>& t) {
+        return [&t](const std::vector<Tensor<float>>& x) {
+            return std::vector<Tensor<float>>{olmax::cross_entropy(x[0], t), olmax::cross_entropy(x[0], t, 1e-3f)};
+        };
+    };
+    std::vector<std::string> failures = check_special_values(
+        evaluate, {logits}, both(targets), {"cross_entropy", "cross_entropy(z_loss)", "dlogits"}, 1e-6,
         [](const std::vector<Tensor<float>>& y) { return std::isfinite(y[0].item()) && std::isfinite(y[1].item()) ? "" : "the eager loss is not finite"; });
+    const Tensor<float> row_masked = Tensor<float>::from({2, 3}, {0.5f, -1.0f, 2.0f, -inf, -inf, -inf});
+    const Tensor<std::int32_t> row_targets = Tensor<std::int32_t>::from({2}, {0, 2});
+    for (const auto& line : check_special_values(
+             evaluate, {row_masked}, both(row_targets), {"cross_entropy", "cross_entropy(z_loss)", "dlogits"}, 1e-6,
+             [](const std::vector<Tensor<float>>& y) {
+                 const float* d = y[2].data();
+                 return std::isnan(y[0].item()) && d[3] == 0.0f && d[4] == 0.0f && d[5] < 0.0f && std::isfinite(d[0]) ? ""
+                        : "the eager loss is not NaN with a finite gradient, -onehot / N in the masked row";
+             }))
+        failures.push_back("a row of -inf: " + line);
+    return failures;
 }
 
 /// The element-wise ops whose eager and traced forms both come from one rule of math::rules

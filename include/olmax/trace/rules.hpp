@@ -62,15 +62,41 @@ Out binary(Ts in, F f) {
     return {f(p::broadcast_to(in[0], shape), p::broadcast_to(in[1], shape))};
 }
 
+/// exp(x - max) along `axis` and its sum, the max carrying no gradient (as the eager ops' shift),
+/// made safe for a line of -inf (every entry masked): its stabiliser is 0 instead of -inf and its
+/// sum 1 instead of 0, so neither inf - inf nor 0 / 0 is formed (not even in a dropped branch of a
+/// select, whose zero gradient would meet them). `masked` marks those lines ([.., 1, ..], i1).
+struct ShiftedExp {
+    gx::var masked;
+    Tf max, safe_max, shifted, e, total;  // max, safe_max and total (the sum) keep the axis, of extent 1
+};
+
+inline gx::var below_every_float(const gx::var& v) {  // -inf
+    return gx::compare(v, gx::constant_like(v, -double(std::numeric_limits<float>::max())), gx::compare_direction::LT);
+}
+
+inline ShiftedExp shifted_exp(const Tf& x, std::size_t axis) {
+    ShiftedExp r;
+    r.max = p::max_detached(x, axis);
+    const gx::var mv = var_of(r.max);
+    r.masked = below_every_float(mv);
+    r.safe_max = p::constant(gx::select(r.masked, gx::constant_like(mv, 0.0), mv));
+    r.shifted = p::sub(x, p::broadcast_to(r.safe_max, x.shape()));
+    r.e = p::exp(r.shifted);
+    r.total = p::select(r.masked, p::full(r.max.shape(), 1.0), p::sum(r.e, {std::int64_t(axis)}, true));
+    return r;
+}
+
 /// Mean softmax cross-entropy of logits [N, V] against targets [N] (float32 class ids), plus
 /// z_loss * mean(lse^2): the eager op's value, whose gradient the primitives' rules give. The
 /// target's logit is picked by a select, not a product with the one-hot row, so that a masked
-/// (-inf) logit elsewhere in the row does not make -inf * 0 = NaN.
+/// (-inf) logit elsewhere in the row does not make -inf * 0 = NaN. A row of -inf (every logit
+/// masked) has lse = -inf with no gradient, as in the eager op: its loss is NaN (-inf - -inf) and
+/// its gradient -onehot(target) / N.
 inline Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<float>& targets, double z_loss) {
     const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
-    const Tensor<float> m = p::max_detached(logits, 1);
-    const Tensor<float> shifted = p::sub(logits, p::broadcast_to(m, logits.shape()));
-    const Tensor<float> lse = p::add(p::log(p::sum(p::exp(shifted), {1}, true)), m);  // [N, 1]
+    const ShiftedExp s = shifted_exp(logits, 1);
+    const Tensor<float> lse = p::select(s.masked, p::full(s.max.shape(), -std::numeric_limits<double>::infinity()), p::add(p::log(s.total), s.safe_max));  // [N, 1]
     const Tensor<float> picked = p::sum(p::select(p::class_hits(targets, vocab), logits, p::full(logits.shape(), 0.0)), {1}, true);
     Tensor<float> per_row = p::sub(lse, picked);
     if (z_loss != 0) per_row = p::add(per_row, p::scale(p::mul(lse, lse), z_loss));
@@ -117,24 +143,13 @@ inline Out linear_scan(const Tensor<float>& gates, const Tensor<float>& x, const
 
 /// softmax (or log_softmax) along `axis`: x - max is exponentiated (the max carries no gradient,
 /// as the eager op's shift), divided by (or, logged, minus the log of) its sum along the axis.
-/// A line of -inf gives 0 (or -inf) and no gradient, as the eager op; PyTorch and JAX give NaN.
+/// A line of -inf gives 0 (or -inf) and no gradient, as the eager op (shifted_exp); PyTorch and
+/// JAX give NaN.
 inline Tf softmax(const Tf& x, std::size_t axis, bool log) {
-    // A line of -inf (every entry masked) gives 0 / -inf with no gradient, as the eager op: its
-    // stabiliser is 0 instead of -inf and its sum 1 instead of 0, so neither inf - inf nor 0 / 0 is
-    // formed (not even in the log's dropped branch, whose zero gradient would meet them).
-    const Tf m = p::max_detached(x, axis);
-    const gx::var mv = var_of(m);
-    const auto below_every_float = [](const gx::var& v) {  // -inf
-        return gx::compare(v, gx::constant_like(v, -double(std::numeric_limits<float>::max())), gx::compare_direction::LT);
-    };
-    const gx::var masked = below_every_float(mv);
-    const Tf safe_max = p::constant(gx::select(masked, gx::constant_like(mv, 0.0), mv));
-    const Tf shifted = p::sub(x, p::broadcast_to(safe_max, x.shape()));
-    const Tf e = p::exp(shifted);
-    const Tf sum = p::sum(e, {std::int64_t(axis)}, true);
-    const Tf total = p::broadcast_to(p::select(masked, p::full(m.shape(), 1.0), sum), x.shape());
-    if (!log) return p::div(e, total);
-    return p::select(below_every_float(var_of(p::broadcast_to(m, x.shape()))), p::constant(var_of(shifted)), p::sub(shifted, p::log(total)));
+    const ShiftedExp s = shifted_exp(x, axis);
+    const Tf total = p::broadcast_to(s.total, x.shape());
+    if (!log) return p::div(s.e, total);
+    return p::select(below_every_float(var_of(p::broadcast_to(s.max, x.shape()))), p::constant(var_of(s.shifted)), p::sub(s.shifted, p::log(total)));
 }
 
 /// MoE routing (nn::MoE's eager detail::route) inside the program, without a gradient: from the
