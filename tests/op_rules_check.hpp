@@ -355,6 +355,7 @@ inline std::vector<std::string> check_math_rules_special(const op_rule_evaluator
         {"relu", [](const Tensor<float>& v) { return olmax::relu(v); }},         {"softplus", [](const Tensor<float>& v) { return olmax::softplus(v); }},
         {"silu", [](const Tensor<float>& v) { return olmax::silu(v); }},         {"rsqrt", [](const Tensor<float>& v) { return olmax::rsqrt(v); }},
         {"abs", [](const Tensor<float>& v) { return olmax::abs(v); }},           {"mish", [](const Tensor<float>& v) { return olmax::mish(v); }},
+        {"gelu", [](const Tensor<float>& v) { return olmax::gelu(v); }},
         {"leaky_relu(0.1)", [](const Tensor<float>& v) { return olmax::leaky_relu(v, 0.1f); }},
         {"elephant", [](const Tensor<float>& v) { return olmax::elephant(v); }},
         {"elephant(a=1.5, d=0.5)", [](const Tensor<float>& v) { return olmax::elephant(v, 1.5f, 0.5f); }},

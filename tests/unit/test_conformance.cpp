@@ -74,6 +74,7 @@ std::vector<OpCase<T>> op_cases() {
         unary("leaky_relu", Domain::away_from_zero, [](const Tensor<T>& x) { return olmax::leaky_relu(x, T(0.1)); }),
         unary("softplus", Domain::normal, [](const Tensor<T>& x) { return olmax::softplus(x); }),
         unary("mish", Domain::normal, [](const Tensor<T>& x) { return olmax::mish(x); }),
+        unary("gelu", Domain::normal, [](const Tensor<T>& x) { return olmax::gelu(x); }),
         unary("elephant", Domain::away_from_zero, [](const Tensor<T>& x) { return olmax::elephant(x, T(1.5), T(3)); }),
         // reductions
         {"sum all", {big}, {odd}, Domain::normal, 64, [](V x) { return olmax::sum(x[0]); }},

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <string>
 
 using olmax::Shape;
@@ -122,6 +123,8 @@ const std::vector<UnaryCase> unary_cases = {
     {"softplus", [](const Tensor<double>& x) { return olmax::softplus(x); }, ref_softplus, UnaryCase::any},
     {"mish", [](const Tensor<double>& x) { return olmax::mish(x); }, [](double v) { return v * std::tanh(ref_softplus(v)); },
      UnaryCase::any},
+    {"gelu", [](const Tensor<double>& x) { return olmax::gelu(x); },
+     [](double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v))); }, UnaryCase::any},
     {"elephant", [](const Tensor<double>& x) { return olmax::elephant(x); }, [](double v) { return 1 / (1 + std::pow(std::abs(v), 4)); },
      UnaryCase::off_zero},
     {"elephant(a=2, d=3)", [](const Tensor<double>& x) { return olmax::elephant(x, 2.0, 3.0); },
@@ -212,6 +215,7 @@ TEST_CASE("elementwise ops in float agree with double", "[ops][elementwise]") {
          std::vector<std::tuple<std::string, Tensor<double> (*)(const Tensor<double>&), Tensor<float> (*)(const Tensor<float>&)>>{
              {"mish", [](const Tensor<double>& x) { return olmax::mish(x); }, [](const Tensor<float>& x) { return olmax::mish(x); }},
              {"softplus", [](const Tensor<double>& x) { return olmax::softplus(x); }, [](const Tensor<float>& x) { return olmax::softplus(x); }},
+             {"gelu", [](const Tensor<double>& x) { return olmax::gelu(x); }, [](const Tensor<float>& x) { return olmax::gelu(x); }},
              {"sigmoid", [](const Tensor<double>& x) { return olmax::sigmoid(x); }, [](const Tensor<float>& x) { return olmax::sigmoid(x); }},
              {"elephant", [](const Tensor<double>& x) { return olmax::elephant(x); }, [](const Tensor<float>& x) { return olmax::elephant(x); }},
          }) {
@@ -245,7 +249,9 @@ const auto smooth_chain = [](auto a, auto b, auto c) {
 const auto kinked_chain = [](auto a, auto b, auto c) {
     return m::leaky_relu(b - a, 0.1) + 2 * m::relu(c - 1) + m::maximum(a, b) / c + m::hard_sigmoid(a * 4) * b;
 };
-const auto more_chain = [](auto a, auto b, auto c) { return m::mish(a) * m::rsqrt(c) - m::abs(a - b) + m::softplus(b) * m::log(c); };
+const auto more_chain = [](auto a, auto b, auto c) {
+    return m::mish(a) * m::rsqrt(c) - m::abs(a - b) + m::softplus(b) * m::log(c) + m::gelu(b * 2) * c;
+};
 
 }  // namespace
 

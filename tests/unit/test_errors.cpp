@@ -150,7 +150,7 @@ TEST_CASE("NaN inputs propagate without crashing", "[errors][nan]") {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     auto x = olmax::parameter(Tensor<double>::from({4}, {1, nan, -2, 0.5}));
     SECTION("element-wise ops") {
-        for (const auto& y : {olmax::exp(x), olmax::tanh(x), olmax::sigmoid(x), olmax::mish(x), olmax::softplus(x), olmax::square(x),
+        for (const auto& y : {olmax::exp(x), olmax::tanh(x), olmax::sigmoid(x), olmax::mish(x), olmax::gelu(x), olmax::softplus(x), olmax::square(x),
                               olmax::abs(x), olmax::elephant(x), olmax::relu(x), olmax::leaky_relu(x), olmax::maximum(x, x * 0.0),
                               olmax::maximum(x * 0.0 + 0.25, x), olmax::sqrt(olmax::abs(x)), x + x, x * 2.0}) {
             CHECK(std::isnan(y(1)));

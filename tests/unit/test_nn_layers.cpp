@@ -67,6 +67,7 @@ TEST_CASE("layer contract holds for every layer", "[nn][contract]") {
     STATIC_REQUIRE(nn::Layer<nn::Sandwich<nn::HierarchicalMixer<512>>>);
     STATIC_REQUIRE(nn::Layer<nn::MoE<float>>);
     STATIC_REQUIRE(nn::Layer<nn::Mish<double>>);
+    STATIC_REQUIRE(nn::Layer<nn::GELU<double>>);
     STATIC_REQUIRE(nn::Layer<nn::Stack<nn::Reversible<nn::Sandwich<nn::DenseConv<5>>, nn::Sandwich<nn::HierarchicalMixer<512>>>>>);
     STATIC_REQUIRE(nn::InvertibleLayer<nn::Reversible<nn::Sandwich<nn::DenseConv<5>>, nn::Sandwich<nn::HierarchicalMixer<512>>>>);
     STATIC_REQUIRE_FALSE(nn::InvertibleLayer<nn::DenseConv<5>>);
@@ -145,6 +146,7 @@ TEST_CASE("gradient checks: every layer w.r.t. input and parameters", "[nn][grad
     SECTION("activations") {
         CHECK(check_layer(nn::LeakyReLU<double>(cfg, rng), x));
         CHECK(check_layer(nn::Mish<double>(cfg, rng), x));
+        CHECK(check_layer(nn::GELU<double>(cfg, rng), x));
         CHECK(check_layer(nn::Elephant<double>(cfg, rng), x));
     }
     SECTION("Sequential<Linear, Mish, Linear>") { CHECK(check_layer(nn::Sequential<nn::Linear<double>, nn::Mish<double>, nn::Linear<double>>(cfg, rng), x)); }

@@ -40,6 +40,20 @@ public:
     void visit_parameters(ParameterVisitor<T>&) {}
 };
 
+/// GELU, tanh form (olmax::gelu): the activation of GPT-2's and nanoGPT's MLPs.
+template <Real T = float>
+class GELU {
+public:
+    using value_type = T;
+    using config_type = Config;
+    static constexpr std::string_view name = "gelu";
+
+    GELU() = default;
+    GELU(const Config&, Generator&) {}
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return gelu(x); }
+    void visit_parameters(ParameterVisitor<T>&) {}
+};
+
 /// Elephant: 1 / (1 + |x/a|^d) (Lan & Mahmood 2023), a = 1, d = 4.
 template <Real T = float>
 class Elephant {

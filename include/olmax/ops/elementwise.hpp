@@ -404,6 +404,12 @@ template <Real T>
 Tensor<T> mish(const Tensor<T>& x) {
     return detail::unary_rule_op<math::rules::mish, op::mish, detail::Reads::input>(x);
 }
+/// GELU, tanh form: x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2 (GPT-2's; PyTorch's
+/// gelu(approximate="tanh")).
+template <Real T>
+Tensor<T> gelu(const Tensor<T>& x) {
+    return detail::unary_rule_op<math::rules::gelu, op::gelu, detail::Reads::input>(x);
+}
 /// Elephant activation 1 / (1 + |x / a|^d) (Lan & Mahmood 2023); a > 0, d > 0.
 template <Real T>
 Tensor<T> elephant(const Tensor<T>& x, T a = T{1}, T d = T{4}) {
@@ -561,6 +567,11 @@ struct mish : elementwise_unary<mish> {
     static constexpr std::string_view name = "mish";
     static constexpr float lo = -5, hi = 5;
     template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::mish(in[0]); }
+};
+struct gelu : elementwise_unary<gelu> {
+    static constexpr std::string_view name = "gelu";
+    static constexpr float lo = -5, hi = 5;
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::gelu(in[0]); }
 };
 /// 1 / (1 + |x / a|^d), a > 0, d > 0.
 struct elephant : registered<elephant> {

@@ -150,6 +150,27 @@ struct mish {
     }
 };
 
+/// GELU in its tanh form, v (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (v + 0.044715 v^3) (Hendrycks
+/// & Gimpel 2016; GPT-2's, and PyTorch's gelu(approximate="tanh")). u is formed from v clamped to
+/// [-10, 10], where tanh(u) is already +-1 in double, so v^3 cannot overflow: the value is v above
+/// 10 (+inf at +inf), 0 below -10 (also at -inf, where v (1 + tanh) would be -inf * 0), and the
+/// derivative 1 or 0 there; NaN stays NaN.
+struct gelu {
+    static constexpr double k = 0.7978845608028654;  // sqrt(2 / pi)
+    static constexpr double c = 0.044715;
+    template <class V> static V tanh_u(V v) {
+        using std::tanh;
+        const V w = choose(v > V(10), V(10), choose(v < V(-10), V(-10), v));
+        return tanh(V(k) * (w + V(c) * w * w * w));
+    }
+    template <class V> static V value(V v) { return choose(v < V(-10), V(0), V(0.5) * v * (V(1) + tanh_u(v))); }
+    template <class V> static V derivative(V v, V) {
+        const V t = tanh_u(v);
+        const V w = choose(v > V(10), V(10), choose(v < V(-10), V(-10), v));
+        return V(0.5) * (V(1) + t) + V(0.5) * w * (V(1) - t * t) * V(k) * (V(1) + V(3 * c) * w * w);
+    }
+};
+
 /// v for v >= 0 (and NaN), slope v below; its derivative slope below 0, else 1.
 struct leaky_relu {
     double slope = 0.01;

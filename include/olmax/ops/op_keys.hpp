@@ -43,7 +43,7 @@ struct key_list {
 using all = key_list<
     struct add, struct sub, struct mul, struct div, struct maximum,                                          // ops/elementwise.hpp
     struct exp, struct log, struct sqrt, struct rsqrt, struct square, struct tanh, struct sigmoid, struct relu,
-    struct hard_sigmoid, struct silu, struct softplus, struct abs, struct mish, struct elephant, struct add_scalar, struct scale,
+    struct hard_sigmoid, struct silu, struct softplus, struct abs, struct mish, struct gelu, struct elephant, struct add_scalar, struct scale,
     struct leaky_relu, struct nonzero,
     struct sum, struct mean, struct max,                                                                     // ops/reduction.hpp
     struct matmul, struct contract_axis,                                                                     // ops/linalg.hpp

@@ -277,6 +277,7 @@ inline Out lower(op::softplus, Ts in, const op::softplus::attrs&) { return {from
 inline Out lower(op::nonzero, Ts in, const op::nonzero::attrs&) { return {nonzero_flags(in[0])}; }
 inline Out lower(op::abs, Ts in, const op::abs::attrs&) { return {from_math_rule<math::rules::abs>("abs", in[0])}; }
 inline Out lower(op::mish, Ts in, const op::mish::attrs&) { return {from_math_rule<math::rules::mish>("mish", in[0])}; }
+inline Out lower(op::gelu, Ts in, const op::gelu::attrs&) { return {from_math_rule<math::rules::gelu>("gelu", in[0])}; }
 inline Out lower(op::elephant, Ts in, const op::elephant::attrs& a) {
     return {from_math_rule("elephant", in[0], math::rules::elephant{a.a, a.d})};
 }
