@@ -356,6 +356,7 @@ inline std::vector<std::string> check_math_rules_special(const op_rule_evaluator
         {"silu", [](const Tensor<float>& v) { return olmax::silu(v); }},         {"rsqrt", [](const Tensor<float>& v) { return olmax::rsqrt(v); }},
         {"abs", [](const Tensor<float>& v) { return olmax::abs(v); }},           {"mish", [](const Tensor<float>& v) { return olmax::mish(v); }},
         {"gelu", [](const Tensor<float>& v) { return olmax::gelu(v); }},
+        {"clamp(-1, 3)", [](const Tensor<float>& v) { return olmax::clamp(v, -1.0f, 3.0f); }},
         {"leaky_relu(0.1)", [](const Tensor<float>& v) { return olmax::leaky_relu(v, 0.1f); }},
         {"elephant", [](const Tensor<float>& v) { return olmax::elephant(v); }},
         {"elephant(a=1.5, d=0.5)", [](const Tensor<float>& v) { return olmax::elephant(v, 1.5f, 0.5f); }},

@@ -75,6 +75,7 @@ std::vector<OpCase<T>> op_cases() {
         unary("softplus", Domain::normal, [](const Tensor<T>& x) { return olmax::softplus(x); }),
         unary("mish", Domain::normal, [](const Tensor<T>& x) { return olmax::mish(x); }),
         unary("gelu", Domain::normal, [](const Tensor<T>& x) { return olmax::gelu(x); }),
+        unary("clamp", Domain::away_from_zero, [](const Tensor<T>& x) { return olmax::clamp(x, T(0), std::numeric_limits<T>::infinity()); }),
         unary("elephant", Domain::away_from_zero, [](const Tensor<T>& x) { return olmax::elephant(x, T(1.5), T(3)); }),
         // reductions
         {"sum all", {big}, {odd}, Domain::normal, 64, [](V x) { return olmax::sum(x[0]); }},

@@ -129,6 +129,8 @@ const std::vector<UnaryCase> unary_cases = {
      UnaryCase::off_zero},
     {"elephant(a=2, d=3)", [](const Tensor<double>& x) { return olmax::elephant(x, 2.0, 3.0); },
      [](double v) { return 1 / (1 + std::pow(std::abs(v / 2), 3)); }, UnaryCase::off_zero},
+    {"clamp(-3, 3)", [](const Tensor<double>& x) { return olmax::clamp(x, -3.0, 3.0); }, [](double v) { return std::clamp(v, -3.0, 3.0); },
+     UnaryCase::off_three},
 };
 
 Tensor<double> sample(UnaryCase::Domain domain, const Shape& shape, olmax::Generator& rng) {
@@ -185,6 +187,11 @@ TEST_CASE("kinks: the documented one-sided derivatives", "[ops][elementwise]") {
         const double expect[] = {0, 1.0 / 6, 0, 1.0 / 6, 1.0 / 6};
         for (std::size_t i = 0; i < 5; ++i) CHECK(x.grad()(i) == Approx(expect[i]));
     }
+    SECTION("clamp is 1 at its bounds (included) and 0 beyond them, as PyTorch's") {
+        olmax::sum(olmax::clamp(x, -1.0, 1.0)).backward();
+        const double expect[] = {0, 1, 0, 1, 1};
+        for (std::size_t i = 0; i < 5; ++i) CHECK(x.grad()(i) == expect[i]);
+    }
     SECTION("elephant'(0) = 0") {
         olmax::sum(olmax::elephant(x)).backward();
         CHECK(x.grad()(1) == 0);
@@ -196,6 +203,18 @@ TEST_CASE("elephant rejects non-positive a and d", "[ops][elementwise][errors]")
     const auto x = Tensor<double>::from({2}, {1, 2});
     CHECK_THROWS_AS(olmax::elephant(x, 0.0, 4.0), olmax::value_error);
     CHECK_THROWS_AS(olmax::elephant(x, 1.0, -1.0), olmax::value_error);
+}
+
+TEST_CASE("clamp: bounds may be infinite, NaN stays NaN, and lo > hi is refused", "[ops][elementwise][errors]") {
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    const auto x = Tensor<double>::from({4}, {-2, 0.5, 7, nan});
+    const auto above_zero = olmax::clamp(x, 0.0, inf);
+    CHECK(above_zero(0) == 0);
+    CHECK(above_zero(2) == 7);
+    CHECK(std::isnan(above_zero(3)));
+    CHECK(olmax::clamp(x, -inf, 1.0)(2) == 1);
+    CHECK(olmax::clamp(x, 0.5, 0.5)(0) == 0.5);
+    CHECK_THROWS_WITH(olmax::clamp(x, 1.0, 0.0), Catch::Matchers::Contains("clamp: lo (1) must not exceed hi (0)"));
 }
 
 TEST_CASE("map: fused, unrecorded element-wise chain", "[ops][elementwise]") {
@@ -247,7 +266,7 @@ const auto smooth_chain = [](auto a, auto b, auto c) {
     return m::exp(a * 0.5) / (1 + m::square(b)) - m::log(m::sqrt(c) + 1) * m::silu(a) + m::sigmoid(b) * m::tanh(c) - b / 3 + 2 * m::sqrt(c);
 };
 const auto kinked_chain = [](auto a, auto b, auto c) {
-    return m::leaky_relu(b - a, 0.1) + 2 * m::relu(c - 1) + m::maximum(a, b) / c + m::hard_sigmoid(a * 4) * b;
+    return m::leaky_relu(b - a, 0.1) + 2 * m::relu(c - 1) + m::maximum(a, b) / c + m::hard_sigmoid(a * 4) * b + m::clamp(a, -0.5, 0.75);
 };
 const auto more_chain = [](auto a, auto b, auto c) {
     return m::mish(a) * m::rsqrt(c) - m::abs(a - b) + m::softplus(b) * m::log(c) + m::gelu(b * 2) * c;

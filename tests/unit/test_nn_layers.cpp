@@ -147,6 +147,8 @@ TEST_CASE("gradient checks: every layer w.r.t. input and parameters", "[nn][grad
         CHECK(check_layer(nn::LeakyReLU<double>(cfg, rng), x));
         CHECK(check_layer(nn::Mish<double>(cfg, rng), x));
         CHECK(check_layer(nn::GELU<double>(cfg, rng), x));
+        CHECK(check_layer(nn::Elementwise<olmax::op::silu, double>(cfg, rng), x));  // any unary op key
+        STATIC_REQUIRE(nn::Elementwise<olmax::op::silu, double>::name == "silu");
         CHECK(check_layer(nn::Elephant<double>(cfg, rng), x));
     }
     SECTION("Sequential<Linear, Mish, Linear>") { CHECK(check_layer(nn::Sequential<nn::Linear<double>, nn::Mish<double>, nn::Linear<double>>(cfg, rng), x)); }

@@ -1,6 +1,7 @@
 #pragma once
 // Activations as parameter-free layers (for Sequential and as the non-linearity of other layers).
 
+#include <span>
 #include <string_view>
 
 #include "olmax/backend/dispatch.hpp"
@@ -26,46 +27,33 @@ private:
     T slope_;
 };
 
-/// Mish: x * tanh(softplus(x)) (Misra 2019).
-template <Real T = float>
-class Mish {
+/// A unary element-wise op as a parameter-free layer: Op is its key (olmax::op::mish, op::silu,
+/// ...; ops/op_keys.hpp), run with its default attributes. The layer's name is the op's.
+template <class Op, Real T = float>
+class Elementwise {
 public:
     using value_type = T;
     using config_type = Config;
-    static constexpr std::string_view name = "mish";
+    static constexpr std::string_view name = Op::name;
 
-    Mish() = default;
-    Mish(const Config&, Generator&) {}
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return mish(x); }
+    Elementwise() = default;
+    Elementwise(const Config&, Generator&) {}
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const {
+        return Op::eager(std::span<const Tensor<T>>(&x, 1), typename Op::attrs{});
+    }
     void visit_parameters(ParameterVisitor<T>&) {}
 };
+
+/// Mish: x * tanh(softplus(x)) (Misra 2019).
+template <Real T = float>
+using Mish = Elementwise<op::mish, T>;
 
 /// GELU, tanh form (olmax::gelu): the activation of GPT-2's and nanoGPT's MLPs.
 template <Real T = float>
-class GELU {
-public:
-    using value_type = T;
-    using config_type = Config;
-    static constexpr std::string_view name = "gelu";
-
-    GELU() = default;
-    GELU(const Config&, Generator&) {}
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return gelu(x); }
-    void visit_parameters(ParameterVisitor<T>&) {}
-};
+using GELU = Elementwise<op::gelu, T>;
 
 /// Elephant: 1 / (1 + |x/a|^d) (Lan & Mahmood 2023), a = 1, d = 4.
 template <Real T = float>
-class Elephant {
-public:
-    using value_type = T;
-    using config_type = Config;
-    static constexpr std::string_view name = "elephant";
-
-    Elephant() = default;
-    Elephant(const Config&, Generator&) {}
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return elephant(x); }
-    void visit_parameters(ParameterVisitor<T>&) {}
-};
+using Elephant = Elementwise<op::elephant, T>;
 
 }  // namespace olmax::nn

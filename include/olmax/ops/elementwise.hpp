@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -375,6 +376,14 @@ template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, T slope = T{0.01}) {
     return detail::unary_rule_op<math::rules::leaky_relu, op::leaky_relu, detail::Reads::input>(x, {double(slope)}, {.slope = double(slope)});
 }
+/// x limited to [lo, hi] (lo <= hi; either may be infinite), NaN kept; gradient 1 on [lo, hi], 0
+/// outside (PyTorch's clamp).
+template <Real T>
+Tensor<T> clamp(const Tensor<T>& x, std::type_identity_t<T> lo, std::type_identity_t<T> hi) {
+    check<value_error>(lo <= hi, "clamp: lo (", lo, ") must not exceed hi (", hi, ")");
+    return detail::unary_rule_op<math::rules::clamp, op::clamp, detail::Reads::input>(x, {double(lo), double(hi)},
+                                                                                      {.lo = double(lo), .hi = double(hi)});
+}
 /// 1 where x != 0 (NaN too), else 0: a flag, with no gradient (x does not reach the result
 /// continuously). Packed-document resets go through it (masks::start_flags) before a traced form
 /// computes with them as 0/1 values, so that any nonzero marks a document start on every device,
@@ -615,6 +624,19 @@ struct leaky_relu : registered<leaky_relu> {
     };
     static std::vector<sample<attrs>> samples(Generator& rng) { return samples::unary<attrs>(rng, -2, 2, {0.125}); }
     template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::leaky_relu(in[0], T(a.slope)); }
+};
+/// x limited to [lo, hi].
+struct clamp : registered<clamp> {
+    static constexpr std::string_view name = "clamp";
+    struct attrs {
+        double lo = 0, hi = 1;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        auto out = samples::unary<attrs>(rng, -2, 2, {-0.625, 0.75});
+        out.push_back({{samples::uniform(rng, {3, 4}, -2, 2)}, attrs{0, std::numeric_limits<double>::infinity()}});
+        return out;
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::clamp(in[0], T(a.lo), T(a.hi)); }
 };
 
 }  // namespace op

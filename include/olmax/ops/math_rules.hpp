@@ -171,6 +171,14 @@ struct gelu {
     }
 };
 
+/// v limited to [lo, hi] (NaN stays NaN); its derivative 1 on [lo, hi], bounds included, and 0
+/// outside and at NaN, as PyTorch's clamp.
+struct clamp {
+    double lo = 0, hi = 1;
+    template <class V> V value(V v) const { return choose(v < V(lo), V(lo), choose(V(hi) < v, V(hi), v)); }
+    template <class V> V derivative(V v, V) const { return choose(V(lo) <= v && v <= V(hi), V(1), V(0)); }
+};
+
 /// v for v >= 0 (and NaN), slope v below; its derivative slope below 0, else 1.
 struct leaky_relu {
     double slope = 0.01;

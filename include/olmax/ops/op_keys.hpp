@@ -44,7 +44,7 @@ using all = key_list<
     struct add, struct sub, struct mul, struct div, struct maximum,                                          // ops/elementwise.hpp
     struct exp, struct log, struct sqrt, struct rsqrt, struct square, struct tanh, struct sigmoid, struct relu,
     struct hard_sigmoid, struct silu, struct softplus, struct abs, struct mish, struct gelu, struct elephant, struct add_scalar, struct scale,
-    struct leaky_relu, struct nonzero,
+    struct leaky_relu, struct clamp, struct nonzero,
     struct sum, struct mean, struct max,                                                                     // ops/reduction.hpp
     struct matmul, struct contract_axis,                                                                     // ops/linalg.hpp
     struct reshape, struct transpose, struct slice, struct pad, struct concat, struct stack_leading,          // ops/shape.hpp

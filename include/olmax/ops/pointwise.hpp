@@ -179,6 +179,14 @@ template <class V, std::size_t N>
 template <Real T>
 Tensor<T> leaky_relu(const Tensor<T>& x, std::type_identity_t<T> slope) { return ::olmax::leaky_relu(x, slope); }
 
+/// v limited to [lo, hi] (olmax::clamp; here lo <= hi is the caller's to keep: a SIMD lane cannot throw).
+template <class V, std::size_t N>
+[[gnu::always_inline]] inline Dual<V, N> clamp(const Dual<V, N>& x, detail::number_t<V, N> lo, detail::number_t<V, N> hi) {
+    return detail::apply<V, N>(x, rules::clamp{double(lo), double(hi)});
+}
+template <Real T>
+Tensor<T> clamp(const Tensor<T>& x, std::type_identity_t<T> lo, std::type_identity_t<T> hi) { return ::olmax::clamp(x, lo, hi); }
+
 /// The larger of a and b; a where they tie and where a is NaN, as `olmax::maximum`.
 template <class V, std::size_t N>
 [[gnu::always_inline]] inline Dual<V, N> maximum(const Dual<V, N>& a, const Dual<V, N>& b) {

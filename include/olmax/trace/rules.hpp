@@ -283,6 +283,7 @@ inline Out lower(op::elephant, Ts in, const op::elephant::attrs& a) {
 }
 inline Out lower(op::add_scalar, Ts in, const op::add_scalar::attrs& a) { return {p::add_scalar(in[0], a.value)}; }
 inline Out lower(op::scale, Ts in, const op::scale::attrs& a) { return {p::scale(in[0], a.factor)}; }
+inline Out lower(op::clamp, Ts in, const op::clamp::attrs& a) { return {from_math_rule("clamp", in[0], math::rules::clamp{a.lo, a.hi})}; }
 inline Out lower(op::leaky_relu, Ts in, const op::leaky_relu::attrs& a) {
     return {from_math_rule("leaky_relu", in[0], math::rules::leaky_relu{a.slope})};
 }
