@@ -274,23 +274,27 @@ std::vector<std::string> check_special_values(const op_rule_evaluator& evaluate,
     return failures;
 }
 
-/// max over an axis and element-wise maximum on inputs with NaN (check_special_values, exact):
-/// NaN propagates, and the gradient goes to the first NaN of a max's row and to a NaN operand of
-/// maximum (`a` when both are), as in the eager ops.
+/// max over an axis and element-wise maximum and minimum on inputs with NaN and a tie
+/// (check_special_values, exact): NaN propagates, and the gradient goes to the first NaN of a max's
+/// row and to a NaN operand of maximum and minimum (`a` when both are, and at the tie), as in the
+/// eager ops.
 inline std::vector<std::string> check_nan_max(const op_rule_evaluator& evaluate) {
     using olmax::Tensor;
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    const std::vector<Tensor<float>> inputs{Tensor<float>::from({2, 4}, {1, nan, 7, nan, 3, 5, 2, 4}), Tensor<float>::from({4}, {1, nan, 3, nan}),
-                                            Tensor<float>::from({4}, {nan, 2, -1, nan})};
+    const std::vector<Tensor<float>> inputs{Tensor<float>::from({2, 4}, {1, nan, 7, nan, 3, 5, 2, 4}), Tensor<float>::from({5}, {1, nan, 3, nan, 2}),
+                                            Tensor<float>::from({5}, {nan, 2, -1, nan, 2})};
     return check_special_values(
-        evaluate, inputs, [](const std::vector<Tensor<float>>& x) { return std::vector<Tensor<float>>{olmax::max(x[0], 1), olmax::maximum(x[1], x[2])}; },
-        {"max(x, 1)", "maximum(a, b)", "dx", "da", "db"}, 0.0,
+        evaluate, inputs,
+        [](const std::vector<Tensor<float>>& x) {
+            return std::vector<Tensor<float>>{olmax::max(x[0], 1), olmax::maximum(x[1], x[2]), olmax::minimum(x[1], x[2])};
+        },
+        {"max(x, 1)", "maximum(a, b)", "minimum(a, b)", "dx", "da", "db"}, 0.0,
         [](const std::vector<Tensor<float>>& y) { return std::isnan(y[0].data()[0]) && y[0].data()[1] == 5.0f ? "" : "max(x, 1) is not [NaN, 5]"; });
 }
 
-/// softmax and log_softmax of lines with -inf entries (check_special_values, within 1e-6): a line
-/// that is all -inf (every entry masked) gives 0 / -inf with no gradient, as the eager ops; one
-/// with some -inf entries gives those 0 / -inf and its own values elsewhere.
+/// softmax, log_softmax and logsumexp of lines with -inf entries (check_special_values, within
+/// 1e-6): a line that is all -inf (every entry masked) gives 0 / -inf / -inf with no gradient, as
+/// the eager ops; one with some -inf entries gives those 0 / -inf and its own values elsewhere.
 inline std::vector<std::string> check_masked_softmax(const op_rule_evaluator& evaluate) {
     using olmax::Tensor;
     const float inf = std::numeric_limits<float>::infinity();
@@ -300,10 +304,14 @@ inline std::vector<std::string> check_masked_softmax(const op_rule_evaluator& ev
         evaluate, inputs,
         [](const std::vector<Tensor<float>>& x) {
             return std::vector<Tensor<float>>{olmax::softmax(x[0], 1), olmax::log_softmax(x[0], 1), olmax::softmax(x[1], 0),
-                                              olmax::log_softmax(x[1], 0)};
+                                              olmax::log_softmax(x[1], 0), olmax::logsumexp(x[0], 1)};
         },
-        {"softmax(x, 1)", "log_softmax(x, 1)", "softmax(z, 0)", "log_softmax(z, 0)", "dx", "dz"}, 1e-6,
-        [](const std::vector<Tensor<float>>& y) { return y[0].data()[0] == 0.0f && y[4].data()[0] == 0.0f ? "" : "an all -inf line is not 0 / no gradient"; });
+        {"softmax(x, 1)", "log_softmax(x, 1)", "softmax(z, 0)", "log_softmax(z, 0)", "logsumexp(x, 1)", "dx", "dz"}, 1e-6,
+        [](const std::vector<Tensor<float>>& y) {
+            return y[0].data()[0] == 0.0f && y[4].data()[0] == -std::numeric_limits<float>::infinity() && y[5].data()[0] == 0.0f
+                       ? ""
+                       : "an all -inf line is not 0 / -inf / no gradient";
+        });
 }
 
 /// cross_entropy, plain and with the z-loss, of logits with masked (-inf) entries

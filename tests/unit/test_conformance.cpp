@@ -57,6 +57,7 @@ std::vector<OpCase<T>> op_cases() {
         {"mul outer", {Shape{96, 1}, Shape{1, 400}}, {odd_col, Shape{1, 13}}, Domain::normal, 4, [](V x) { return olmax::mul(x[0], x[1]); }},
         {"div", {big, col}, {odd, odd_col}, Domain::positive, 4, [](V x) { return olmax::div(x[0], x[1]); }},
         {"maximum", {big, row}, {odd, odd_row}, Domain::normal, 1, [](V x) { return olmax::maximum(x[0], x[1]); }},
+        {"minimum", {big, row}, {odd, odd_row}, Domain::normal, 1, [](V x) { return olmax::minimum(x[0], x[1]); }},
         // scalar and unary
         {"add_scalar", {big}, {odd}, Domain::normal, 1, [](V x) { return olmax::add_scalar(x[0], T(0.5)); }},
         {"scale", {big}, {odd}, Domain::normal, 1, [](V x) { return olmax::scale(x[0], T(-1.5)); }},

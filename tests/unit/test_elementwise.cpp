@@ -47,6 +47,7 @@ TEST_CASE("binary ops: gradients with broadcasting in both directions", "[ops][e
             for (double& v : a_apart) v = std::floor(v * 2) + 0.25 + 0.1 * std::tanh(v);
             for (double& v : b_apart) v = std::floor(v * 2) + 0.75 + 0.1 * std::tanh(v);
             olmax_test::check_gradients([](const Inputs& v) { return olmax::maximum(v[0], v[1]); }, {a_apart, b_apart});
+            olmax_test::check_gradients([](const Inputs& v) { return olmax::minimum(v[0], v[1]); }, {a_apart, b_apart});
         }
     }
 }
@@ -62,12 +63,16 @@ TEST_CASE("binary ops: forward values follow NumPy broadcasting", "[ops][element
     CHECK(m(0) == 2.5);
     CHECK(m(1) == 5);
     CHECK(m(2) == 3);
+    auto lower = olmax::minimum(Tensor<double>::from({3}, {1, 5, 3}), Tensor<double>::scalar(2.5));
+    CHECK(lower(0) == 1);
+    CHECK(lower(1) == 2.5);
+    CHECK(lower(2) == 2.5);
     auto d = olmax::div(Tensor<double>::scalar(1.0), Tensor<double>::from({2}, {2, 4}));
     CHECK(d(0) == 0.5);
     CHECK(d(1) == 0.25);
 }
 
-TEST_CASE("maximum: a tie sends the whole gradient to the first operand", "[ops][elementwise]") {
+TEST_CASE("maximum and minimum: a tie sends the whole gradient to the first operand", "[ops][elementwise]") {
     auto a = olmax::parameter(Tensor<double>::from({2}, {1, 2}));
     auto b = olmax::parameter(Tensor<double>::from({2}, {1, 3}));
     olmax::sum(olmax::maximum(a, b)).backward();
@@ -75,6 +80,13 @@ TEST_CASE("maximum: a tie sends the whole gradient to the first operand", "[ops]
     CHECK(b.grad()(0) == 0);
     CHECK(a.grad()(1) == 0);
     CHECK(b.grad()(1) == 1);
+    a.zero_grad();
+    b.zero_grad();
+    olmax::sum(olmax::minimum(a, b)).backward();
+    CHECK(a.grad()(0) == 1);
+    CHECK(b.grad()(0) == 0);
+    CHECK(a.grad()(1) == 1);
+    CHECK(b.grad()(1) == 0);
 }
 
 TEST_CASE("scalar ops: add_scalar, scale, neg and the scalar operators", "[ops][elementwise][gradcheck]") {

@@ -47,6 +47,7 @@ TEST_CASE("shape mismatches throw shape_error naming the op and both shapes", "[
     expect_shape_error([&] { olmax::mul(b, a); }, "mul", {b.shape(), a.shape()});
     expect_shape_error([&] { olmax::div(d, a); }, "div", {d.shape(), a.shape()});
     expect_shape_error([&] { olmax::maximum(a, d); }, "maximum", {a.shape(), d.shape()});
+    expect_shape_error([&] { olmax::minimum(a, d); }, "minimum", {a.shape(), d.shape()});
     expect_shape_error([&] { a + b; }, "add", {a.shape(), b.shape()});
     expect_shape_error([&] { olmax::matmul(a, a); }, "matmul", {a.shape(), a.shape()});
     expect_shape_error([&] { olmax::matmul(d, a); }, "matmul", {d.shape(), a.shape()});
@@ -152,7 +153,7 @@ TEST_CASE("NaN inputs propagate without crashing", "[errors][nan]") {
     SECTION("element-wise ops") {
         for (const auto& y : {olmax::exp(x), olmax::tanh(x), olmax::sigmoid(x), olmax::mish(x), olmax::gelu(x), olmax::softplus(x), olmax::square(x),
                               olmax::abs(x), olmax::elephant(x), olmax::relu(x), olmax::leaky_relu(x), olmax::maximum(x, x * 0.0),
-                              olmax::maximum(x * 0.0 + 0.25, x), olmax::sqrt(olmax::abs(x)), x + x, x * 2.0}) {
+                              olmax::maximum(x * 0.0 + 0.25, x), olmax::minimum(x * 0.0 + 0.25, x), olmax::sqrt(olmax::abs(x)), x + x, x * 2.0}) {
             CHECK(std::isnan(y(1)));
             CHECK_FALSE(std::isnan(y(0)));
         }

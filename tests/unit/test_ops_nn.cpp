@@ -394,6 +394,43 @@ TEST_CASE("softmax with -inf entries and fully masked rows gives no NaN gradient
     CHECK_THROWS_AS(olmax::softmax(Tensor<double>({2, 3}), 2), olmax::shape_error);
 }
 
+TEST_CASE("logsumexp: values on any axis with and without keepdims, stability, gradients, masked lines", "[ops][nn][softmax]") {
+    olmax::Generator rng(24);
+    const auto x = olmax::randn<double>({3, 4, 2}, rng);
+    for (long axis : {0L, 1L, -1L}) {
+        INFO("axis " << axis);
+        const std::size_t a = std::size_t(axis < 0 ? axis + 3 : axis);
+        const auto kept = olmax::logsumexp(x, axis, true), dropped = olmax::logsumexp(x, axis);
+        Shape expect_kept = x.shape(), expect_dropped = x.shape();
+        expect_kept[a] = 1;
+        expect_dropped.erase(expect_dropped.begin() + std::ptrdiff_t(a));
+        CHECK(kept.shape() == expect_kept);
+        CHECK(dropped.shape() == expect_dropped);
+        // log(sum(exp)) written out, against both results (the same elements in the same order)
+        const auto direct = olmax::log(olmax::sum(olmax::exp(x), {axis}));
+        for (std::size_t i = 0; i < direct.size(); ++i) {
+            CHECK(dropped.data()[i] == Approx(direct.data()[i]).epsilon(1e-12));
+            CHECK(kept.data()[i] == dropped.data()[i]);
+        }
+        CHECK(check_gradients([axis](const Inputs& v) { return olmax::logsumexp(v[0], axis); }, {x}));
+        CHECK(check_gradients([axis](const Inputs& v) { return olmax::logsumexp(v[0], axis, true); }, {x}));
+    }
+    // shifted by a huge constant: log(e^1000 (1 + 3)) = 1000 + log 4
+    CHECK(olmax::logsumexp(Tensor<double>::from({2}, {1000.0, 1000.0 + std::log(3.0)})).item() == Approx(1000.0 + std::log(4.0)));
+    CHECK(olmax::logsumexp(Tensor<float>::from({3}, {-1e4f, 0.f, 1e4f})).item() == 1e4f);
+    // a line of -inf: -inf with no gradient; a line with some -inf entries: the others' lse
+    auto masked = olmax::parameter(Tensor<double>::from({2, 3}, {-inf, -inf, -inf, 0.5, -inf, -0.5}));
+    const auto lse = olmax::logsumexp(masked, 1);
+    CHECK(lse(0) == -inf);
+    CHECK(lse(1) == Approx(std::log(std::exp(0.5) + std::exp(-0.5))));
+    olmax::sum(lse * Tensor<double>::from({2}, {1, 1})).backward();
+    CHECK(all_finite(masked.grad()));
+    for (std::size_t j = 0; j < 3; ++j) CHECK(masked.grad()(0, j) == 0.0);
+    CHECK(masked.grad()(1, 0) + masked.grad()(1, 2) == Approx(1.0));  // softmax of the line
+    CHECK(masked.grad()(1, 1) == 0.0);
+    CHECK_THROWS_AS(olmax::logsumexp(Tensor<double>({2, 3}), 2), olmax::shape_error);
+}
+
 // ---- cross-entropy -----------------------------------------------------------------------------
 
 TEST_CASE("cross_entropy: value, z-loss and gradients", "[ops][nn][loss]") {

@@ -157,7 +157,7 @@ TEST_CASE("trace: a fused olmax::pointwise chain traces op by op, its gradient m
     CHECK(worst < 1e-5);
 }
 
-TEST_CASE("trace: max and maximum with NaN inputs give the eager ops' NaN values and gradients", "[trace]") {
+TEST_CASE("trace: max, maximum and minimum with NaN inputs and a tie give the eager ops' values and gradients", "[trace]") {
     const auto failures = olmax_test::check_nan_max(olmax_test::op_rule_reference);
     INFO(olmax_test::failure_lines(failures));
     CHECK(failures.empty());
@@ -169,7 +169,7 @@ TEST_CASE("trace: the element-wise ops of math::rules match the eager ops at 0, 
     CHECK(failures.empty());
 }
 
-TEST_CASE("trace: softmax and log_softmax of lines masked with -inf give the eager ops' values and gradients", "[trace]") {
+TEST_CASE("trace: softmax, log_softmax and logsumexp of lines masked with -inf give the eager ops' values and gradients", "[trace]") {
     const auto failures = olmax_test::check_masked_softmax(olmax_test::op_rule_reference);
     INFO(olmax_test::failure_lines(failures));
     CHECK(failures.empty());

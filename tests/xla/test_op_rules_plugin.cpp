@@ -59,13 +59,13 @@ TEST_CASE("op rules: every registered op's program on the CPU plugin gives its e
 // XLA:CPU drops a NaN that is maximum's second operand unless xla_cpu_enable_fast_min_max is off
 // (docs/xla.md, section 3): CTest runs this case alone, as xla.pjrt_cpu_plugin_nan, with
 // XLA_FLAGS=--xla_cpu_enable_fast_min_max=false (XLA reads the flags once per process).
-TEST_CASE("op rules: max and maximum with NaN inputs on the CPU plugin give the eager ops' NaN values and gradients", "[cpu_plugin][fast_min_max_off]") {
+TEST_CASE("op rules: max, maximum and minimum with NaN inputs and a tie on the CPU plugin give the eager ops' values and gradients", "[cpu_plugin][fast_min_max_off]") {
     const auto failures = olmax_test::check_nan_max(plugin_evaluator(olmax_test::cpu_client()));
     INFO(olmax_test::failure_lines(failures));
     CHECK(failures.empty());
 }
 
-TEST_CASE("op rules: softmax and log_softmax of lines masked with -inf on the CPU plugin give the eager ops' values and gradients", "[cpu_plugin]") {
+TEST_CASE("op rules: softmax, log_softmax and logsumexp of lines masked with -inf on the CPU plugin give the eager ops' values and gradients", "[cpu_plugin]") {
     const auto failures = olmax_test::check_masked_softmax(plugin_evaluator(olmax_test::cpu_client()));
     INFO(olmax_test::failure_lines(failures));
     CHECK(failures.empty());

@@ -301,6 +301,12 @@ Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) {
     return detail::binary_op<op::maximum, detail::BinaryReads{true, true, false}>(a, b, [](T x, T y) { return (x >= y || x != x) ? x : y; },
                                 [](T x, T y, T) { return T(x >= y || x != x); }, [](T x, T y, T) { return T(!(x >= y || x != x)); });
 }
+/// Element-wise minimum; the gradient goes to `a` where a <= b, else to `b`. NaN as in `maximum`.
+template <Real T>
+Tensor<T> minimum(const Tensor<T>& a, const Tensor<T>& b) {
+    return detail::binary_op<op::minimum, detail::BinaryReads{true, true, false}>(a, b, [](T x, T y) { return (x <= y || x != x) ? x : y; },
+                                [](T x, T y, T) { return T(x <= y || x != x); }, [](T x, T y, T) { return T(!(x <= y || x != x)); });
+}
 
 // ---- scalar arithmetic -------------------------------------------------------------------------
 
@@ -493,6 +499,10 @@ struct div : elementwise_binary<div> {
 struct maximum : elementwise_binary<maximum> {
     static constexpr std::string_view name = "maximum";
     template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::maximum(in[0], in[1]); }
+};
+struct minimum : elementwise_binary<minimum> {
+    static constexpr std::string_view name = "minimum";
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs&) { return olmax::minimum(in[0], in[1]); }
 };
 
 struct exp : elementwise_unary<exp> {

@@ -169,6 +169,45 @@ Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
     });
 }
 
+/// log(sum(exp(x))) along `axis`, max-shifted for stability: the axis dropped, or kept with extent
+/// 1 (`keepdims`). Its gradient is softmax(x) along the axis. A line of -inf gives -inf with no
+/// gradient (as softmax's lines of -inf); a NaN or +inf entry gives NaN, as in softmax.
+template <Real T>
+Tensor<T> logsumexp(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
+    backend::op_scope on("logsumexp", x);
+    const std::size_t a = normalize_axis(axis, x.rank(), "logsumexp");
+    return on.run<op::logsumexp>({x}, {.axis = a, .keepdims = keepdims}, [&] {
+        Shape shape = x.shape();
+        if (keepdims) shape[a] = 1;
+        else shape.erase(shape.begin() + std::ptrdiff_t(a));
+        auto y = Tensor<T>::uninitialized(shape);
+        const T* xp = x.data();
+        T* yp = y.data();
+        const std::size_t extent = x.shape()[a];
+        // Line `line` starts at base = (line / inner) extent inner + line % inner; its result is element `line`.
+        detail::loss_ops::for_each_line(x.shape(), a, [&](std::size_t base, std::size_t inner, std::size_t n) {
+            yp[(base / (extent * inner)) * inner + base % inner] = T(detail::loss_ops::line_logsumexp(xp + base, inner, n));
+        });
+        autodiff::record<T>("logsumexp", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
+                            [x = x.detach(), y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                                // dx = dy exp(x - lse) along each line; 0 on a line of -inf
+                                auto dx = Tensor<T>::uninitialized(x.shape());
+                                const T *xp = x.data(), *yp = y.data(), *gp = g[0].data();
+                                T* dp = dx.data();
+                                const std::size_t extent = x.shape()[a];
+                                detail::loss_ops::for_each_line(x.shape(), a, [&](std::size_t base, std::size_t inner, std::size_t n) {
+                                    const std::size_t line = (base / (extent * inner)) * inner + base % inner;
+                                    const double lse = double(yp[line]), dy = double(gp[line]);
+                                    const bool masked = lse == -std::numeric_limits<double>::infinity();
+                                    for (std::size_t k = 0; k < n; ++k)
+                                        dp[base + k * inner] = masked ? T{0} : T(dy * std::exp(double(xp[base + k * inner]) - lse));
+                                });
+                                sink.add(0, std::move(dx));
+                            });
+        return y;
+    });
+}
+
 /// log(softmax(x)) along `axis`, computed as x - logsumexp(x). See the file comment for -inf rows.
 template <Real T>
 Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
@@ -328,6 +367,22 @@ struct softmax : softmax_along<softmax> {
 struct log_softmax : softmax_along<log_softmax> {
     static constexpr std::string_view name = "log_softmax";
     template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) { return olmax::log_softmax(in[0], long(a.axis)); }
+};
+
+/// log(sum(exp(x))) along `axis` (non-negative), the axis dropped unless `keepdims`.
+struct logsumexp : registered<logsumexp> {
+    static constexpr std::string_view name = "logsumexp";
+    struct attrs {
+        std::size_t axis = 0;
+        bool keepdims = false;
+    };
+    static std::vector<sample<attrs>> samples(Generator& rng) {
+        const Tensor<float> x = samples::uniform(rng, {2, 3, 4}, -3, 3);
+        return {{{x}, {2, false}}, {{x}, {1, true}}, {{x}, {0, false}}, {{samples::uniform(rng, {5}, -3, 3)}, {0, false}}};
+    }
+    template <Real T> static Tensor<T> eager(std::span<const Tensor<T>> in, const attrs& a) {
+        return olmax::logsumexp(in[0], long(a.axis), a.keepdims);
+    }
 };
 
 /// logits [N, V], targets [N] (class ids as values): the mean cross-entropy plus z_loss * mean(lse^2).

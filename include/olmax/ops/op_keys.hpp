@@ -41,7 +41,7 @@ struct key_list {
 /// THE REGISTRY: every op of olmax that has a lowering rule, one entry each. An entry declares its
 /// key (the elaborated `struct name` declares olmax::op::name here), which the op's header defines.
 using all = key_list<
-    struct add, struct sub, struct mul, struct div, struct maximum,                                          // ops/elementwise.hpp
+    struct add, struct sub, struct mul, struct div, struct maximum, struct minimum,                          // ops/elementwise.hpp
     struct exp, struct log, struct sqrt, struct rsqrt, struct square, struct tanh, struct sigmoid, struct relu,
     struct hard_sigmoid, struct silu, struct softplus, struct abs, struct mish, struct gelu, struct elephant, struct add_scalar, struct scale,
     struct leaky_relu, struct clamp, struct nonzero,
@@ -51,7 +51,7 @@ using all = key_list<
     struct embedding,                                                                                        // ops/embedding.hpp
     struct causal_conv1d,                                                                                    // ops/conv.hpp
     struct scale_norm, struct rms_norm,                                                                      // ops/norm.hpp
-    struct softmax, struct log_softmax, struct cross_entropy, struct chunked_cross_entropy,                  // ops/loss.hpp
+    struct softmax, struct logsumexp, struct log_softmax, struct cross_entropy, struct chunked_cross_entropy,                  // ops/loss.hpp
     struct gather_rows, struct scatter_rows,                                                                 // ops/gather.hpp
     struct linear_scan,                                                                                      // scan/scan.hpp
     struct matrix_scan,                                                                                      // scan/matrix_scan.hpp

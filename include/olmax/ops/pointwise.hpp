@@ -187,16 +187,31 @@ template <class V, std::size_t N>
 template <Real T>
 Tensor<T> clamp(const Tensor<T>& x, std::type_identity_t<T> lo, std::type_identity_t<T> hi) { return ::olmax::clamp(x, lo, hi); }
 
-/// The larger of a and b; a where they tie and where a is NaN, as `olmax::maximum`.
-template <class V, std::size_t N>
-[[gnu::always_inline]] inline Dual<V, N> maximum(const Dual<V, N>& a, const Dual<V, N>& b) {
-    const auto take_a = a.value >= b.value || a.value != a.value;
+namespace detail {
+/// a where `take_a` holds (lane by lane), else b: value and gradients.
+template <class V, std::size_t N, class Mask>
+[[gnu::always_inline]] inline Dual<V, N> pick(const Mask& take_a, const Dual<V, N>& a, const Dual<V, N>& b) {
     Dual<V, N> r{choose(take_a, a.value, b.value), {}};
     for (std::size_t k = 0; k < N; ++k) r.grad[k] = choose(take_a, a.grad[k], b.grad[k]);
     return r;
 }
+}  // namespace detail
+
+/// The larger of a and b; a where they tie and where a is NaN, as `olmax::maximum`.
+template <class V, std::size_t N>
+[[gnu::always_inline]] inline Dual<V, N> maximum(const Dual<V, N>& a, const Dual<V, N>& b) {
+    return detail::pick(a.value >= b.value || a.value != a.value, a, b);
+}
 template <Real T>
 Tensor<T> maximum(const Tensor<T>& a, const Tensor<T>& b) { return ::olmax::maximum(a, b); }
+
+/// The smaller of a and b; a where they tie and where a is NaN, as `olmax::minimum`.
+template <class V, std::size_t N>
+[[gnu::always_inline]] inline Dual<V, N> minimum(const Dual<V, N>& a, const Dual<V, N>& b) {
+    return detail::pick(a.value <= b.value || a.value != a.value, a, b);
+}
+template <Real T>
+Tensor<T> minimum(const Tensor<T>& a, const Tensor<T>& b) { return ::olmax::minimum(a, b); }
 
 }  // namespace math
 

@@ -87,6 +87,13 @@ inline ShiftedExp shifted_exp(const Tf& x, std::size_t axis) {
     return r;
 }
 
+/// log(sum(exp(x))) along `axis`, kept with extent 1: -inf with no gradient on a line of -inf,
+/// as the eager op.
+inline Tf logsumexp(const Tf& x, std::size_t axis) {
+    const ShiftedExp s = shifted_exp(x, axis);
+    return p::select(s.masked, p::full(s.max.shape(), -std::numeric_limits<double>::infinity()), p::add(p::log(s.total), s.safe_max));
+}
+
 /// Mean softmax cross-entropy of logits [N, V] against targets [N] (float32 class ids), plus
 /// z_loss * mean(lse^2): the eager op's value, whose gradient the primitives' rules give. The
 /// target's logit is picked by a select, not a product with the one-hot row, so that a masked
@@ -95,8 +102,7 @@ inline ShiftedExp shifted_exp(const Tf& x, std::size_t axis) {
 /// its gradient -onehot(target) / N.
 inline Tensor<float> cross_entropy(const Tensor<float>& logits, const Tensor<float>& targets, double z_loss) {
     const std::size_t n = logits.shape()[0], vocab = logits.shape()[1];
-    const ShiftedExp s = shifted_exp(logits, 1);
-    const Tensor<float> lse = p::select(s.masked, p::full(s.max.shape(), -std::numeric_limits<double>::infinity()), p::add(p::log(s.total), s.safe_max));  // [N, 1]
+    const Tensor<float> lse = logsumexp(logits, 1);  // [N, 1]
     const Tensor<float> picked = p::sum(p::select(p::class_hits(targets, vocab), logits, p::full(logits.shape(), 0.0)), {1}, true);
     Tensor<float> per_row = p::sub(lse, picked);
     if (z_loss != 0) per_row = p::add(per_row, p::scale(p::mul(lse, lse), z_loss));
@@ -261,6 +267,10 @@ inline Out lower(op::sub, Ts in, const op::sub::attrs&) { return binary(in, p::s
 inline Out lower(op::mul, Ts in, const op::mul::attrs&) { return binary(in, p::mul); }
 inline Out lower(op::div, Ts in, const op::div::attrs&) { return binary(in, p::div); }
 inline Out lower(op::maximum, Ts in, const op::maximum::attrs&) { return binary(in, p::maximum); }
+/// min(a, b) = -max(-a, -b): the same ties (to a where a <= b) and NaN routing as the eager op.
+inline Out lower(op::minimum, Ts in, const op::minimum::attrs&) {
+    return binary(in, [](const Tf& a, const Tf& b) { return p::neg(p::maximum(p::neg(a), p::neg(b))); });
+}
 inline Out lower(op::exp, Ts in, const op::exp::attrs&) { return {from_math_rule<math::rules::exp>("exp", in[0])}; }
 inline Out lower(op::log, Ts in, const op::log::attrs&) { return {from_math_rule<math::rules::log>("log", in[0])}; }
 inline Out lower(op::sqrt, Ts in, const op::sqrt::attrs&) { return {from_math_rule<math::rules::sqrt>("sqrt", in[0])}; }
@@ -416,6 +426,13 @@ inline Out lower(op::scale_norm, Ts in, const op::scale_norm::attrs& a) { return
 inline Out lower(op::rms_norm, Ts in, const op::rms_norm::attrs& a) { return {normalize(in[0], in[1], a.eps, true)}; }
 inline Out lower(op::softmax, Ts in, const op::softmax::attrs& a) { return {softmax(in[0], a.axis, false)}; }
 inline Out lower(op::log_softmax, Ts in, const op::log_softmax::attrs& a) { return {softmax(in[0], a.axis, true)}; }
+inline Out lower(op::logsumexp, Ts in, const op::logsumexp::attrs& a) {
+    Tf lse = logsumexp(in[0], a.axis);
+    if (a.keepdims) return {lse};
+    Shape dropped = lse.shape();
+    dropped.erase(dropped.begin() + std::ptrdiff_t(a.axis));
+    return {p::reshape(lse, dropped)};
+}
 inline Out lower(op::cross_entropy, Ts in, const op::cross_entropy::attrs& a) {
     active().require_indices(var_of(in[1]), in[0].shape()[1], "cross_entropy", "target");
     return {cross_entropy(in[0], in[1], a.z_loss)};
