@@ -158,15 +158,14 @@ struct mish {
 struct gelu {
     static constexpr double k = 0.7978845608028654;  // sqrt(2 / pi)
     static constexpr double c = 0.044715;
-    template <class V> static V tanh_u(V v) {
+    template <class V> static V clamped(V v) { return choose(v > V(10), V(10), choose(v < V(-10), V(-10), v)); }
+    template <class V> static V tanh_u(V w) {
         using std::tanh;
-        const V w = choose(v > V(10), V(10), choose(v < V(-10), V(-10), v));
         return tanh(V(k) * (w + V(c) * w * w * w));
     }
-    template <class V> static V value(V v) { return choose(v < V(-10), V(0), V(0.5) * v * (V(1) + tanh_u(v))); }
+    template <class V> static V value(V v) { return choose(v < V(-10), V(0), V(0.5) * v * (V(1) + tanh_u(clamped(v)))); }
     template <class V> static V derivative(V v, V) {
-        const V t = tanh_u(v);
-        const V w = choose(v > V(10), V(10), choose(v < V(-10), V(-10), v));
+        const V w = clamped(v), t = tanh_u(w);
         return V(0.5) * (V(1) + t) + V(0.5) * w * (V(1) - t * t) * V(k) * (V(1) + V(3 * c) * w * w);
     }
 };
