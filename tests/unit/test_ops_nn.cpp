@@ -428,6 +428,12 @@ TEST_CASE("logsumexp: values on any axis with and without keepdims, stability, g
     for (std::size_t j = 0; j < 3; ++j) CHECK(masked.grad()(0, j) == 0.0);
     CHECK(masked.grad()(1, 0) + masked.grad()(1, 2) == Approx(1.0));  // softmax of the line
     CHECK(masked.grad()(1, 1) == 0.0);
+    // an empty axis: the log of an empty sum, -inf, per line (as torch.logsumexp); empty lines: no elements
+    const auto empty_axis = olmax::logsumexp(Tensor<double>({2, 0}), 1);
+    REQUIRE(empty_axis.shape() == Shape{2});
+    CHECK(empty_axis(0) == -inf);
+    CHECK(empty_axis(1) == -inf);
+    CHECK(olmax::logsumexp(Tensor<double>({0, 4}), 1, true).shape() == Shape{0, 1});
     CHECK_THROWS_AS(olmax::logsumexp(Tensor<double>({2, 3}), 2), olmax::shape_error);
 }
 

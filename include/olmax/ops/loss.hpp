@@ -29,7 +29,9 @@ namespace olmax {
 
 namespace detail::loss_ops {
 
-/// Calls f(base, stride, n) for every 1-D line of `shape` along `axis` (rows of the softmax).
+/// Calls f(line, base, stride, n) for every 1-D line of `shape` along `axis` (rows of the
+/// softmax): `line` numbers the lines in the row-major order of the shape without the axis (where
+/// a reduction along it writes the line's result), `base` is the line's first element.
 template <class F>
 void for_each_line(const Shape& shape, std::size_t axis, F&& f) {
     std::size_t outer = 1, inner = 1;
@@ -37,7 +39,7 @@ void for_each_line(const Shape& shape, std::size_t axis, F&& f) {
     for (std::size_t i = axis + 1; i < shape.size(); ++i) inner *= shape[i];
     const std::size_t n = shape[axis];
     backend::current().parallel_for(outer * inner, n, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t line = lo; line < hi; ++line) f((line / inner) * n * inner + line % inner, inner, n);
+        for (std::size_t line = lo; line < hi; ++line) f(line, (line / inner) * n * inner + line % inner, inner, n);
     });
 }
 
@@ -128,7 +130,7 @@ Tensor<T> softmax_lines(const Tensor<T>& x, std::size_t a) {
     auto y = Tensor<T>::uninitialized(x.shape());
     const T* xp = x.data();
     T* yp = y.data();
-    for_each_line(x.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+    for_each_line(x.shape(), a, [&](std::size_t, std::size_t base, std::size_t stride, std::size_t n) {
         const double lse = line_logsumexp(xp + base, stride, n);
         const bool masked = lse == -std::numeric_limits<double>::infinity();
         for (std::size_t k = 0; k < n; ++k) {
@@ -155,7 +157,7 @@ Tensor<T> softmax(const Tensor<T>& x, long axis = -1) {
                                 auto dx = Tensor<T>::uninitialized(y.shape());
                                 const T *yp = y.data(), *gp = g[0].data();
                                 T* dp = dx.data();
-                                detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+                                detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t, std::size_t base, std::size_t stride, std::size_t n) {
                                     double dot = 0;
                                     for (std::size_t k = 0; k < n; ++k) dot += double(gp[base + k * stride]) * double(yp[base + k * stride]);
                                     for (std::size_t k = 0; k < n; ++k) {
@@ -183,10 +185,8 @@ Tensor<T> logsumexp(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
         auto y = Tensor<T>::uninitialized(shape);
         const T* xp = x.data();
         T* yp = y.data();
-        const std::size_t extent = x.shape()[a];
-        // Line `line` starts at base = (line / inner) extent inner + line % inner; its result is element `line`.
-        detail::loss_ops::for_each_line(x.shape(), a, [&](std::size_t base, std::size_t inner, std::size_t n) {
-            yp[(base / (extent * inner)) * inner + base % inner] = T(detail::loss_ops::line_logsumexp(xp + base, inner, n));
+        detail::loss_ops::for_each_line(x.shape(), a, [&](std::size_t line, std::size_t base, std::size_t stride, std::size_t n) {
+            yp[line] = T(detail::loss_ops::line_logsumexp(xp + base, stride, n));
         });
         autodiff::record<T>("logsumexp", std::span<const Tensor<T>>(&x, 1), std::span<Tensor<T>>(&y, 1),
                             [x = x.detach(), y = y.detach(), a](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
@@ -194,13 +194,11 @@ Tensor<T> logsumexp(const Tensor<T>& x, long axis = -1, bool keepdims = false) {
                                 auto dx = Tensor<T>::uninitialized(x.shape());
                                 const T *xp = x.data(), *yp = y.data(), *gp = g[0].data();
                                 T* dp = dx.data();
-                                const std::size_t extent = x.shape()[a];
-                                detail::loss_ops::for_each_line(x.shape(), a, [&](std::size_t base, std::size_t inner, std::size_t n) {
-                                    const std::size_t line = (base / (extent * inner)) * inner + base % inner;
+                                detail::loss_ops::for_each_line(x.shape(), a, [&](std::size_t line, std::size_t base, std::size_t stride, std::size_t n) {
                                     const double lse = double(yp[line]), dy = double(gp[line]);
                                     const bool masked = lse == -std::numeric_limits<double>::infinity();
                                     for (std::size_t k = 0; k < n; ++k)
-                                        dp[base + k * inner] = masked ? T{0} : T(dy * std::exp(double(xp[base + k * inner]) - lse));
+                                        dp[base + k * stride] = masked ? T{0} : T(dy * std::exp(double(xp[base + k * stride]) - lse));
                                 });
                                 sink.add(0, std::move(dx));
                             });
@@ -221,7 +219,7 @@ Tensor<T> log_softmax(const Tensor<T>& x, long axis = -1) {
                                 auto dx = Tensor<T>::uninitialized(y.shape());
                                 const T *yp = y.data(), *gp = g[0].data();
                                 T* dp = dx.data();
-                                detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t base, std::size_t stride, std::size_t n) {
+                                detail::loss_ops::for_each_line(y.shape(), a, [&](std::size_t, std::size_t base, std::size_t stride, std::size_t n) {
                                     double total = 0, mass = 0;
                                     for (std::size_t k = 0; k < n; ++k) {
                                         total += double(gp[base + k * stride]);
