@@ -2,12 +2,13 @@
 //     build/examples/generate --checkpoint_dir=runs/train_lm --prompt="The meaning of life"
 //         --sample_bytes=400 --temperature=0.8 --top_k=40 --top_p=0.95
 // The model's shape comes from the config stored in the checkpoint; sampling keys given on the
-// command line (prompt, sample_bytes, temperature, top_k, top_p, seed) override it. A positional
-// argument names a checkpoint file instead of the newest one in --checkpoint_dir. The text is
-// printed as it is sampled. Ctrl-C (SIGINT) or SIGTERM stops after the byte being drawn: the text
+// command line (prompt, sample_bytes, temperature, top_k, top_p, seed, decode) override it. A
+// positional argument names a checkpoint file instead of the newest one in --checkpoint_dir. The
+// text is printed as it is sampled; stderr ends with the bytes drawn per second. Ctrl-C (SIGINT) or SIGTERM stops after the byte being drawn: the text
 // so far, a line saying so on stderr, exit status 128 + the signal (130, 143).
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 
 #include <olmax/olmax.hpp>
@@ -23,17 +24,17 @@ int run(int argc, char** argv) {
     auto cl = config::parse_command_line(flags, argc, argv);
     if (cl.help) {
         std::cout << "usage: generate [CHECKPOINT_FILE] [--checkpoint_dir=DIR] [--prompt=TEXT] [--sample_bytes=N] [--temperature=T]"
-                     " [--top_k=K] [--top_p=P] [--seed=S]\n";
+                     " [--top_k=K] [--top_p=P] [--seed=S] [--decode=stepwise|window]\n";
         return 0;
     }
     olmax::check<config::config_error>(cl.positional.size() <= 1, "at most one checkpoint file may be given");
     // The model's shape and training keys come from the checkpoint; changing them here could only
     // fail to load or silently mean nothing.
-    static const std::vector<std::string> sampling_keys{"checkpoint_dir", "prompt", "sample_bytes", "temperature", "top_k", "top_p", "seed"};
+    static const std::vector<std::string> sampling_keys{"checkpoint_dir", "prompt", "sample_bytes", "temperature", "top_k", "top_p", "seed", "decode"};
     for (const auto& key : cl.keys)
         olmax::check<config::config_error>(std::find(sampling_keys.begin(), sampling_keys.end(), key) != sampling_keys.end(), "--", key,
                                            " is fixed by the checkpoint; generate takes --checkpoint_dir, --prompt, --sample_bytes,"
-                                           " --temperature, --top_k, --top_p and --seed");
+                                           " --temperature, --top_k, --top_p, --seed and --decode");
     std::filesystem::path path;
     io::Archive archive;
     if (!cl.positional.empty()) {
@@ -74,11 +75,19 @@ int run(int argc, char** argv) {
         olmax::Generator sampler(std::uint64_t(c.seed) + 1);
         const olmax::data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
         std::cout << c.prompt << std::flush;
-        const std::size_t drawn = model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler, [](char byte) {
-            std::cout << byte << std::flush;
-            return !olmax::stop_requested();
-        });
+        const auto start = std::chrono::steady_clock::now();
+        const std::size_t drawn = model.sample(
+            c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler,
+            [](char byte) {
+                std::cout << byte << std::flush;
+                return !olmax::stop_requested();
+            },
+            olmax::train::decoding(c));
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::cout << "\n" << std::flush;
+        const bool stepwise = olmax::models::ByteLM<Recipe>::decodes_stepwise && c.decode == "stepwise";
+        std::cerr << "generate: " << drawn << " bytes in " << seconds << " s (" << (seconds > 0 ? double(drawn) / seconds : 0.0)
+                  << " bytes/s, decode " << (stepwise ? "stepwise" : "window") << ", window " << c.sequence << ")\n";
         if (olmax::stop_requested()) {
             std::cerr << "generate: stopped by " << olmax::signal_name(olmax::stop_signal()) << " after " << drawn << " of " << c.sample_bytes
                       << " bytes" << std::endl;

@@ -122,7 +122,7 @@ int train_model(const train::TrainConfig& c, olmax::distributed::Communicator& c
     const olmax::data::SamplingConfig sampling{c.temperature, std::size_t(c.top_k), c.top_p};
     for (int i = 0; i < 2 && c.sample_bytes > 0; ++i)  // at the run's precision, as it trained
         std::cout << "\n--- sample " << i + 1 << " (temperature " << c.temperature << ", top_p " << c.top_p << ") ---\n" << c.prompt
-                  << trainer.with_precision([&] { return model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler); }) << "\n";
+                  << trainer.with_precision([&] { return model.sample(c.prompt, std::size_t(c.sample_bytes), std::size_t(c.sequence), sampling, sampler, olmax::train::decoding(c)); }) << "\n";
     return 0;
 }
 

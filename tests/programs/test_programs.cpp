@@ -450,3 +450,24 @@ TEST_CASE("train_lm: a checkpoint folder of another --block is refused before an
     CHECK(same.code == 0);
     CHECK_THAT(same.out, Catch::Contains("resumed from"));
 }
+
+TEST_CASE("generate --decode: stepwise where the block carries its state, window otherwise, said on stderr", "[programs]") {
+    const Program train_lm = train_lm_program(), generate = generate_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    const std::vector<std::pair<std::string, std::string>> blocks{{"hybrid", "stepwise"}, {"conv_mixer", "window"}};
+    for (const auto& [block, stepwise_as] : blocks) {
+        const fs::path run_dir = dir.path / block;
+        REQUIRE(run(train_lm, with(tiny_run(dir.path / "corpus.txt", run_dir), {"--block=" + block}), dir.path).code == 0);
+        for (const std::string decode : {"stepwise", "window"}) {
+            const Outcome o = run(generate, {"--checkpoint_dir=" + run_dir.string(), "--sample_bytes=40", "--decode=" + decode}, dir.path);
+            INFO(block << " --decode=" << decode << "\n" << o.describe());
+            check_contract(o, generate);
+            CHECK(o.code == 0);
+            const std::string said = decode == "stepwise" ? stepwise_as : "window";
+            CHECK_THAT(o.err, Catch::Matches("(.|\n)*generate: [0-9]+ bytes in [0-9.e+-]+ s \\([0-9.e+-]+ bytes/s, decode " + said +
+                                             ", window 16\\)\n(.|\n)*"));
+        }
+    }
+    expect_usage_error(generate, {"--checkpoint_dir=" + (dir.path / "hybrid").string(), "--decode=cached"}, dir.path, "decode");
+}

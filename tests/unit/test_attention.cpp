@@ -400,7 +400,8 @@ TEST_CASE("causal_attention: bad shapes and options throw, naming the op", "[att
     CHECK_THROWS_WITH(call(olmax::reshape(q, {10, 4, 3}), k, v), Contains("causal_attention") && Contains("[10, 4, 3]"));
     REQUIRE_THROWS_AS(call(q, Tensor<double>({2, 5, 3, 3}), Tensor<double>({2, 5, 3, 3})), olmax::shape_error);  // 3 does not divide 4
     CHECK_THROWS_WITH(call(q, Tensor<double>({2, 5, 3, 3}), Tensor<double>({2, 5, 3, 3})), Contains("causal_attention") && Contains("kv_heads"));
-    CHECK_THROWS_AS(call(q, Tensor<double>({2, 6, 2, 3}), Tensor<double>({2, 6, 2, 3})), olmax::shape_error);  // T
+    CHECK_THROWS_AS(call(q, Tensor<double>({2, 4, 2, 3}), Tensor<double>({2, 4, 2, 3})), olmax::shape_error);  // fewer keys than queries
+    CHECK_THROWS_WITH(call(q, Tensor<double>({2, 4, 2, 3}), Tensor<double>({2, 4, 2, 3})), Contains("at least q's 5 steps"));
     CHECK_THROWS_AS(call(q, Tensor<double>({2, 5, 2, 4}), Tensor<double>({2, 5, 2, 4})), olmax::shape_error);  // head_dim
     CHECK_THROWS_AS(call(q, Tensor<double>({1, 5, 2, 3}), Tensor<double>({1, 5, 2, 3})), olmax::shape_error);  // batch
     CHECK_THROWS_WITH(call(q, k, Tensor<double>({2, 5, 1, 3})), Contains("causal_attention: v of shape [2, 5, 1, 3]"));
@@ -411,6 +412,49 @@ TEST_CASE("causal_attention: bad shapes and options throw, naming the op", "[att
     CHECK_THROWS_WITH(call(q, k, v, {.scale = 0.0}), Contains("causal_attention") && Contains("scale"));
     CHECK_THROWS_AS(call(Tensor<double>({2, 0, 4, 3}), Tensor<double>({2, 0, 2, 3}), Tensor<double>({2, 0, 2, 3})), olmax::value_error);
     CHECK_THROWS_WITH(call(Tensor<double>(), k, v), Contains("causal_attention"));
+}
+
+TEST_CASE("causal_attention: queries of the last steps over all the keys (decoding) give those rows of the whole call", "[attention]") {
+    olmax::Generator rng(67);
+    const std::size_t B = 2, T = 11, H = 4, Hkv = 2, Dh = 5;
+    const auto q = olmax::randn<double>({B, T, H, Dh}, rng), k = olmax::randn<double>({B, T, Hkv, Dh}, rng), v = olmax::randn<double>({B, T, Hkv, Dh}, rng);
+    const auto resets = attn_resets(B, T, {{0, 4}, {1, 7}, {1, 9}});
+    olmax::autodiff::no_grad off;
+    for (std::size_t window : {std::size_t{0}, std::size_t{4}})
+        for (bool with_resets : {false, true})
+            for (std::size_t tile : {std::size_t{3}, std::size_t{64}}) {
+                INFO("window " << window << ", resets " << with_resets << ", tiles " << tile);
+                const olmax::AttentionOptions<double> opt{.window = window, .resets = with_resets ? resets : Tensor<double>(), .query_tile = tile,
+                                                          .key_tile = tile + 1};
+                const auto whole = olmax::causal_attention(q, k, v, opt);
+                for (std::size_t last : {std::size_t{1}, std::size_t{2}, std::size_t{5}, T}) {
+                    INFO("last " << last << " queries");
+                    const auto rows = olmax::causal_attention(olmax::slice(q, 1, T - last, T), k, v, opt);
+                    REQUIRE(rows.shape() == olmax::Shape{B, last, H, Dh});
+                    CHECK(olmax_test::max_abs_diff(rows, olmax::slice(whole, 1, T - last, T)) < 1e-12);
+                }
+            }
+    // float: the same rows to float rounding
+    const auto qf = olmax::cast<float>(q), kf = olmax::cast<float>(k), vf = olmax::cast<float>(v);
+    CHECK(olmax_test::max_abs_diff(olmax::causal_attention(olmax::slice(qf, 1, T - 2, T), kf, vf),
+                                   olmax::slice(olmax::causal_attention(qf, kf, vf), 1, T - 2, T)) < 1e-5);
+}
+
+TEST_CASE("causal_attention: fewer queries than keys is refused where a gradient would be recorded, and when traced", "[attention]") {
+    using Catch::Matchers::Contains;
+    olmax::Generator rng(68);
+    const auto q = olmax::parameter(olmax::randn<double>({1, 2, 2, 4}, rng)), k = olmax::randn<double>({1, 6, 2, 4}, rng),
+               v = olmax::randn<double>({1, 6, 2, 4}, rng);
+    REQUIRE_THROWS_AS(olmax::causal_attention(q, k, v), olmax::value_error);
+    CHECK_THROWS_WITH(olmax::causal_attention(q, k, v), Contains("causal_attention") && Contains("no_grad"));
+    {
+        olmax::autodiff::no_grad off;
+        CHECK_NOTHROW(olmax::causal_attention(q, k, v));
+    }
+    olmax::trace::tracing t;
+    const auto tq = t.input<float>({1, 2, 2, 4}), tk = t.input<float>({1, 6, 2, 4}), tv = t.input<float>({1, 6, 2, 4});
+    REQUIRE_THROWS_AS(olmax::causal_attention(tq, tk, tv), olmax::trace_error);
+    CHECK_THROWS_WITH(olmax::causal_attention(tq, tk, tv), Contains("no traced form"));
 }
 
 TEST_CASE("rope: rotates pairs (i, i + Dh/2) by position times base^(-2i/Dh), positions restarting at resets", "[attention][rope]") {

@@ -10,6 +10,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +24,7 @@
 #include "olmax/data/sampling.hpp"
 #include "olmax/data/tokenizer.hpp"
 #include "olmax/models/recipes.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/embedding.hpp"
 #include "olmax/nn/reversible.hpp"
 #include "olmax/nn/stack.hpp"
@@ -67,6 +69,11 @@ concept ByteLMRunConfig = std::derived_from<C, ByteLMSettings> && requires(const
     { c.batch } -> std::convertible_to<std::int64_t>;
     { c.sequence } -> std::convertible_to<std::int64_t>;
 };
+
+/// How ByteLM::sample runs the model for each byte: `stepwise`, each byte once through the layers,
+/// every block carrying its state (ByteLM::Decoder; a block that cannot continue a sequence runs
+/// the window instead), or `window`, the whole window of `sequence` bytes again (next_logits).
+enum class Decoding { stepwise, window };
 
 /// The model's own settings (a program reads them from its config: ByteLMConfig::from).
 struct ByteLMConfig {
@@ -246,14 +253,80 @@ public:
         return std::vector<T>(last, last + V);
     }
 
+    /// Whether the blocks continue a sequence from a carried state (nn::ContinuableLayer: the
+    /// qrnn, mamba, mamba2, gated_deltanet, attention and hybrid recipes): then `sample` decodes with a
+    /// Decoder; otherwise it runs the window again for every byte (`next_logits`).
+    static constexpr bool decodes_stepwise = nn::ContinuableLayer<nn::Stack<block_type>>;
+
+    /// Next-byte logits over a growing context, each byte run through the layers once: the blocks
+    /// carry their state from one byte to the next (nn::continue_sequence: recurrent states,
+    /// convolution tails, attention's keys and values), so a byte costs one step of every layer
+    /// instead of a window of `sequence` steps. The layers see the bytes appended since the
+    /// decoder's last start (`window()`), and the logits are those of the whole model run on that
+    /// window (up to rounding). The window holds at most `sequence` bytes, the length the model was
+    /// trained on: a byte that would overflow it starts the decoder again from the last
+    /// ceil(sequence / 2) bytes of the context, as a training row starts from zero state anywhere in
+    /// the stream. So every byte is predicted from between sequence / 2 and sequence of the bytes
+    /// before it (next_logits: always `sequence`, padded), at about two steps per byte.
+    class Decoder {
+    public:
+        Decoder(const ByteLM& model, std::size_t sequence)
+            requires decodes_stepwise
+            : model_(&model), sequence_(sequence) {
+            check<value_error>(sequence > 0, "models::ByteLM::Decoder: the window (sequence) must be positive");
+        }
+
+        /// Appends `bytes` (at least one) to the context; returns the logits of the byte after them.
+        std::vector<T> append(std::span<const std::uint8_t> bytes) {
+            check<value_error>(!bytes.empty(), "models::ByteLM::Decoder::append: no bytes given");
+            context_.insert(context_.end(), bytes.begin(), bytes.end());
+            if (window_.size() + bytes.size() <= sequence_) {
+                window_.insert(window_.end(), bytes.begin(), bytes.end());
+                return run(bytes);
+            }
+            const std::size_t keep = std::min(context_.size(), (sequence_ + 1) / 2);
+            const std::vector<std::uint8_t> restart(context_.end() - std::ptrdiff_t(keep), context_.end());
+            states_ = {};
+            window_ = restart;
+            if (context_.size() > sequence_) context_.erase(context_.begin(), context_.end() - std::ptrdiff_t(sequence_));
+            return run(restart);
+        }
+        std::vector<T> append(std::uint8_t byte) { return append(std::span<const std::uint8_t>(&byte, 1)); }
+
+        /// The bytes the layers have run since the decoder's last start, oldest first.
+        const std::vector<std::uint8_t>& window() const { return window_; }
+
+    private:
+        std::vector<T> run(std::span<const std::uint8_t> bytes) {
+            autodiff::no_grad guard;
+            auto ids = Tensor<std::int32_t>::uninitialized({1, bytes.size()});
+            std::copy(bytes.begin(), bytes.end(), ids.data());
+            const auto& m = *model_;
+            const Tensor<T> x = m.embedding(ids);
+            Tensor<T> h;
+            if constexpr (nn::InvertibleLayer<block_type>) h = nn::merge_streams(m.stack.continue_sequence(nn::two_streams(x), states_));
+            else h = m.stack.continue_sequence(x, states_);
+            const auto logits = m.head.logits(slice(h, 1, bytes.size() - 1, bytes.size()));
+            return std::vector<T>(logits.data(), logits.data() + logits.size());
+        }
+
+        const ByteLM* model_;
+        std::size_t sequence_;
+        std::vector<std::uint8_t> context_, window_;  // context_: the last `sequence` bytes at most
+        typename nn::Stack<block_type>::sequence_state states_;
+    };
+
     /// `count` sampled bytes continuing `prompt` (stops early at an end-of-document byte).
     std::string sample(const std::string& prompt, std::size_t count, std::size_t sequence, const data::SamplingConfig& sampling,
-                       Generator& sampler) const {
+                       Generator& sampler, Decoding decoding = Decoding::stepwise) const {
         std::string out;
-        sample(prompt, count, sequence, sampling, sampler, [&](char byte) {
-            out.push_back(byte);
-            return true;
-        });
+        sample(
+            prompt, count, sequence, sampling, sampler,
+            [&](char byte) {
+                out.push_back(byte);
+                return true;
+            },
+            decoding);
         return out;
     }
 
@@ -262,17 +335,23 @@ public:
     template <class OnByte>
         requires std::predicate<OnByte&, char>
     std::size_t sample(const std::string& prompt, std::size_t count, std::size_t sequence, const data::SamplingConfig& sampling,
-                       Generator& sampler, OnByte&& on_byte) const {
+                       Generator& sampler, OnByte&& on_byte, Decoding decoding = Decoding::stepwise) const {
         std::vector<std::uint8_t> context = data::ByteTokenizer::encode(prompt);
         context.insert(context.begin(), data::ByteTokenizer::end_of_document);
+        std::optional<Decoder> decoder;  // stepwise; else the window runs again for every byte
+        std::vector<T> logits;
+        if constexpr (decodes_stepwise)
+            if (decoding == Decoding::stepwise) logits = decoder.emplace(*this, sequence).append(context);
         std::size_t drawn = 0;
         for (std::size_t i = 0; i < count; ++i) {
-            const auto logits = next_logits(context, sequence);
+            if (!decoder) logits = next_logits(context, sequence);
             const auto byte = std::uint8_t(data::sample_token(std::span<const T>(logits), sampling, sampler));
             if (byte == data::ByteTokenizer::end_of_document) break;
             context.push_back(byte);
             ++drawn;
             if (!on_byte(char(byte))) break;
+            if constexpr (decodes_stepwise)
+                if (decoder && i + 1 < count) logits = decoder->append(byte);
         }
         return drawn;
     }

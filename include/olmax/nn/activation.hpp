@@ -17,6 +17,7 @@ public:
     using value_type = T;
     using config_type = Config;
     static constexpr std::string_view name = "leaky_relu";
+    static constexpr bool position_wise = true;
 
     explicit LeakyReLU(T slope = T(0.01)) : slope_(slope) {}
     LeakyReLU(const Config& config, Generator&) : slope_(T(config.leaky_slope)) {}
@@ -35,6 +36,7 @@ public:
     using value_type = T;
     using config_type = Config;
     static constexpr std::string_view name = Op::name;
+    static constexpr bool position_wise = true;
 
     Elementwise() = default;
     Elementwise(const Config&, Generator&) {}

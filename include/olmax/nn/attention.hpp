@@ -11,6 +11,12 @@
 // the rotary positions there, so a packed row gives each document the outputs it would get alone.
 // Traced (a program for XLA) it runs the ops' traced forms: attention with its T x T scores
 // materialised, and RoPE with its positions computed in the program from host or traced resets.
+//
+// Decoding (continue_sequence, nn::continue_sequence): the state is the keys and values of every
+// step seen so far (after qk-norm and RoPE, a KV cache); the new steps' queries attend to them and
+// to their own keys (causal_attention with fewer queries than keys), at RoPE positions that go on
+// from the cache's length. Inference only: causal_attention refuses that form where a gradient
+// would be recorded.
 
 #include <cmath>
 #include <cstddef>
@@ -44,6 +50,13 @@ struct AttentionConfig {
     std::size_t head_count() const { return heads ? heads : (features >= 64 && features % 64 == 0 ? features / 64 : 1); }
     std::size_t kv_head_count() const { return kv_heads ? kv_heads : head_count(); }
     std::size_t head_size() const { return head_dim ? head_dim : features / head_count(); }
+};
+
+/// The keys and values nn::CausalSelfAttention has seen (undefined: none), [batch, steps, Hkv, Dh].
+template <Real T>
+struct AttentionCache {
+    Tensor<T> k, v;
+    std::size_t steps() const { return k.defined() ? k.extent(1) : 0; }
 };
 
 /// Causal self-attention with RoPE, D -> D (see the top of this file). Parameters (names as
@@ -89,6 +102,11 @@ public:
     /// Packed rows: resets [batch, T] is nonzero at the first position of every document.
     Tensor<T> forward(const Tensor<T>& x, const Tensor<T>& resets, const LayerContext& = {}) const { return run(x, resets); }
 
+    /// The next steps of a sequence (see the top of this file): x [batch, t, D] after the
+    /// cache's steps; the cache gains x's keys and values.
+    using sequence_state = AttentionCache<T>;
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& cache, const LayerContext& = {}) const { return run(x, {}, &cache); }
+
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit("qkv/weight", qkv_, Role::weight);
         if (config_.qk_norm) {
@@ -101,7 +119,7 @@ public:
     const AttentionConfig& config() const { return config_; }
 
 private:
-    Tensor<T> run(const Tensor<T>& x, const Tensor<T>& resets) const {
+    Tensor<T> run(const Tensor<T>& x, const Tensor<T>& resets, AttentionCache<T>* cache = nullptr) const {
         const std::size_t D = config_.features, H = config_.head_count(), Hkv = config_.kv_head_count(), Dh = config_.head_size();
         check<shape_error>(x.defined() && x.rank() == 3 && x.extent(2) == D, "nn::CausalSelfAttention: expected input [batch, T, ", D,
                            "], got ", x.defined() ? to_string(x.shape()) : std::string("an undefined tensor"));
@@ -113,15 +131,29 @@ private:
         const Tensor<T> qkv = matmul(x, qkv_);  // [batch, T, (H + 2 Hkv) Dh]
         Tensor<T> q = reshape(slice(qkv, 2, 0, H * Dh), Shape{nb, nt, H, Dh});
         Tensor<T> k = reshape(slice(qkv, 2, H * Dh, (H + Hkv) * Dh), Shape{nb, nt, Hkv, Dh});
-        const Tensor<T> v = reshape(slice(qkv, 2, (H + Hkv) * Dh, (H + 2 * Hkv) * Dh), Shape{nb, nt, Hkv, Dh});
+        Tensor<T> v = reshape(slice(qkv, 2, (H + Hkv) * Dh, (H + 2 * Hkv) * Dh), Shape{nb, nt, Hkv, Dh});
+        const std::size_t seen = cache ? cache->steps() : 0;
+        if (seen > 0)
+            check<shape_error>(cache->k.rank() == 4 && cache->k.extent(0) == nb && cache->k.extent(2) == Hkv && cache->k.extent(3) == Dh &&
+                                   cache->v.shape() == cache->k.shape(),
+                               "nn::CausalSelfAttention: cached keys of shape ", to_string(cache->k.shape()), " and values of shape ",
+                               to_string(cache->v.shape()), " do not match [batch, steps, kv_heads, head_dim] = [", nb, ", steps, ", Hkv, ", ",
+                               Dh, "]");
         if (config_.qk_norm) {
             q = rms_norm(q, q_norm_, T(config_.qk_norm_eps));
             k = rms_norm(k, k_norm_, T(config_.qk_norm_eps));
         }
         if (config_.rope_base > 0) {
-            const RopeOptions<T> rope_options{.base = config_.rope_base, .resets = resets};
+            const RopeOptions<T> rope_options{.base = config_.rope_base, .offset = seen, .resets = resets};
             q = rope(q, rope_options);
             k = rope(k, rope_options);
+        }
+        if (cache) {
+            if (seen > 0) {
+                k = concat({cache->k, k}, 1);
+                v = concat({cache->v, v}, 1);
+            }
+            cache->k = k, cache->v = v;
         }
         const Tensor<T> a = causal_attention(
             q, k, v, {.window = config_.window, .resets = resets, .query_tile = config_.query_tile, .key_tile = config_.key_tile});

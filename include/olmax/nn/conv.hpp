@@ -8,6 +8,7 @@
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/conv.hpp"
@@ -43,6 +44,15 @@ public:
         check<shape_error>(x.rank() == 3 && x.shape()[2] == weight_.shape()[1] * groups_, "nn::CausalConv<", K, ">: expected input [B, T, ",
                            weight_.shape()[1] * groups_, "], got ", to_string(x.shape()));
         return bias_.defined() ? causal_conv1d(x, weight_, bias_, groups_) : causal_conv1d(x, weight_, groups_);
+    }
+
+    /// The next steps of a sequence (nn::continue_sequence): the state is the last K-1 inputs
+    /// [batch, K-1, Cin] (undefined: zeros, as before a sequence's first step); the convolution runs
+    /// over them and x, and the outputs of x's steps are returned.
+    using sequence_state = Tensor<T>;
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& tail, const LayerContext& ctx = {}) const {
+        return detail::continue_taps(x, tail, K, [&](const Tensor<T>& seen) { return forward(seen, ctx); },
+                                     olmax::detail::concat("nn::CausalConv<", K, ">"));
     }
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit("weight", weight_, Role::weight);
@@ -150,6 +160,16 @@ public:
         Tensor<T> h = conv0_.forward(x, ctx);
         h = detail::scale_norm_leaky_relu(h, mid_scale_, eps_, slope_);  // = leaky_relu(scale_norm(h, scale, eps), slope)
         return conv1_.forward(h, ctx);
+    }
+
+    /// The next steps of a sequence (nn::continue_sequence): the two convolutions' carried inputs.
+    struct sequence_state {
+        Tensor<T> conv0, conv1;
+    };
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& ctx = {}) const {
+        Tensor<T> h = conv0_.continue_sequence(x, state.conv0, ctx);
+        h = detail::scale_norm_leaky_relu(h, mid_scale_, eps_, slope_);
+        return conv1_.continue_sequence(h, state.conv1, ctx);
     }
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit.child("conv0", conv0_);

@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "olmax/core/random.hpp"
@@ -119,6 +120,15 @@ public:
     /// Continues from `state` (the previous call's, or empty for zeros) and returns the new one.
     GatedDeltaNetOutput<T> forward_with_state(const Tensor<T>& x, const GatedDeltaNetState<T>& state, const Tensor<T>& resets = {}) const {
         return run(x, resets, state);
+    }
+
+    /// The next steps of a sequence (nn::continue_sequence; empty state: from the start): forward_with_state
+    /// with its state carried in `state`.
+    using sequence_state = GatedDeltaNetState<T>;
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& = {}) const {
+        auto out = run(x, {}, state);
+        state = std::move(out.state);
+        return std::move(out.y);
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {

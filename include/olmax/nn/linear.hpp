@@ -17,6 +17,7 @@ public:
     using value_type = T;
     using config_type = Config;
     static constexpr std::string_view name = "linear";
+    static constexpr bool position_wise = true;
 
     /// features -> features, orthogonal init (the original's default for weights).
     Linear(const Config& config, Generator& rng) : Linear(config.checked_features("nn::Linear"), config.features, rng, config.bias) {}

@@ -30,6 +30,7 @@
 #include <numeric>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "olmax/core/random.hpp"
 #include "olmax/nn/contract.hpp"
@@ -133,6 +134,15 @@ public:
     /// Continues from `state` (the previous call's, or empty for zeros) and returns the new one.
     Mamba2Output<T> forward_with_state(const Tensor<T>& x, const Mamba2State<T>& state, const Tensor<T>& resets = {}) const {
         return run(x, resets, state);
+    }
+
+    /// The next steps of a sequence (nn::continue_sequence; empty state: from the start): forward_with_state
+    /// with its state carried in `state`.
+    using sequence_state = Mamba2State<T>;
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& = {}) const {
+        auto out = run(x, {}, state);
+        state = std::move(out.state);
+        return std::move(out.y);
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {

@@ -2,6 +2,7 @@
 // Module header: layers as template types, reversible blocks and depth stacking.
 #include "olmax/nn/role.hpp"
 #include "olmax/nn/contract.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/parameters.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/nn/views.hpp"

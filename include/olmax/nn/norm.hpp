@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "olmax/backend/dispatch.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/ops/norm.hpp"
 
@@ -16,6 +17,7 @@ public:
     using value_type = T;
     using config_type = Config;
     static constexpr std::string_view name = "scale_norm";
+    static constexpr bool position_wise = true;
 
     ScaleNorm(const Config& config, Generator&) : ScaleNorm(config.checked_features("nn::ScaleNorm"), config.norm_eps) {}
     /// `with_scale = false` gives the original's final output norm (no learned scale).
@@ -41,6 +43,7 @@ public:
     using value_type = T;
     using config_type = Config;
     static constexpr std::string_view name = "rms_norm";
+    static constexpr bool position_wise = true;
 
     RMSNorm(const Config& config, Generator&) : RMSNorm(config.checked_features("nn::RMSNorm"), config.rms_eps) {}
     explicit RMSNorm(std::size_t features, double eps = 1e-6) : scale_(parameter(Tensor<T>({features}, T{1}))), eps_(T(eps)) {
@@ -65,12 +68,20 @@ public:
     using value_type = typename Inner::value_type;
     using config_type = typename Inner::config_type;
     static constexpr std::string_view name = Inner::name;
+    static constexpr bool position_wise = PositionWiseLayer<Inner>;
+    using sequence_state = sequence_state_t<Inner>;
 
     Sandwich(const config_type& config, Generator& rng)
         : norm_in_(config.checked_features("nn::Sandwich"), config.norm_eps), inner_(config, rng), norm_out_(config.features, config.norm_eps) {}
 
     Tensor<value_type> forward(const Tensor<value_type>& x, const LayerContext& ctx = {}) const {
         return norm_out_.forward(inner_.forward(norm_in_.forward(x, ctx), ctx), ctx);
+    }
+    /// The next steps of a sequence (nn::continue_sequence): the inner layer's state is the sandwich's.
+    Tensor<value_type> continue_sequence(const Tensor<value_type>& x, sequence_state& state, const LayerContext& ctx = {}) const
+        requires ContinuableLayer<Inner>
+    {
+        return norm_out_.forward(nn::continue_sequence(inner_, norm_in_.forward(x, ctx), state, ctx), ctx);
     }
     void visit_parameters(ParameterVisitor<value_type>& visit) {
         visit.child("norm_in", norm_in_);

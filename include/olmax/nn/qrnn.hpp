@@ -9,13 +9,16 @@
 //   fo        c = f c + (1 - f) tanh(z),  h = sigmoid(o) c
 //   ifo       c = f c + sigmoid(i) tanh(z), h = sigmoid(o) c
 // The recurrence runs through olmax::scan::scan<Strategy>, whose custom backward is exact
-// (da_t = g_t h_{t-1}); everything else is ordinary differentiable ops.
+// (da_t = g_t h_{t-1}); everything else is ordinary differentiable ops. Decoding
+// (continue_sequence) carries the convolution's last K-1 inputs and the cell c.
 
 #include <cmath>
 #include <string_view>
+#include <utility>
 
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/random.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/ops/conv.hpp"
 #include "olmax/ops/elementwise.hpp"
@@ -48,19 +51,20 @@ public:
     }
 
     /// x [batch, time, in_features] -> h [batch, time, hidden].
-    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const {
-        const Tensor<T> z = causal_conv1d(x, weight_, bias_);
-        auto part = [&](std::size_t i) { return slice(z, 2, i * hidden_, (i + 1) * hidden_); };
-        const Tensor<T> forget_pre = part(1), forget = hard_sigmoid(forget_pre);
-        if (pooling_ == QrnnPooling::original) return scan::scan<Strategy>(forget, part(0));
-        // The gate chains as single ops (olmax::pointwise): one pass each, and no tensor per step.
-        const Tensor<T> input =
-            pooling_ == QrnnPooling::ifo
-                ? pointwise("qrnn_input", [](auto i, auto z) { return math::sigmoid(i) * math::tanh(z); }, part(3), part(0))
-                : pointwise("qrnn_input", [](auto f, auto z) { return (1 - math::hard_sigmoid(f)) * math::tanh(z); }, forget_pre, part(0));
-        const Tensor<T> c = scan::scan<Strategy>(forget, input);
-        if (pooling_ == QrnnPooling::f) return c;
-        return pointwise("qrnn_output", [](auto o, auto cell) { return math::sigmoid(o) * cell; }, part(2), c);
+    Tensor<T> forward(const Tensor<T>& x, const LayerContext& = {}) const { return pool(causal_conv1d(x, weight_, bias_), {}, nullptr); }
+
+    /// The next steps of a sequence (nn::continue_sequence): the convolution's last K-1 inputs
+    /// [batch, K-1, in_features] and the cell c [batch, hidden] (undefined: zeros) carried on.
+    struct sequence_state {
+        Tensor<T> conv, cell;
+    };
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& = {}) const {
+        const Tensor<T> z = detail::continue_taps(x, state.conv, weight_.extent(0), [&](const Tensor<T>& seen) { return causal_conv1d(seen, weight_, bias_); },
+                                                  "nn::QRNN");
+        if (state.cell.defined())
+            check<shape_error>(state.cell.shape() == Shape{x.extent(0), hidden_}, "nn::QRNN: carried cell of shape ", to_string(state.cell.shape()),
+                               " does not match [batch, hidden] = [", x.extent(0), ", ", hidden_, "]");
+        return pool(z, state.cell, &state.cell);
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {
@@ -72,6 +76,27 @@ public:
     QrnnPooling pooling() const { return pooling_; }
 
 private:
+    /// The pooling of the convolution's output z [batch, time, gates x hidden] from cell h0
+    /// (undefined: zeros); the last cell goes to *cell_out when given.
+    Tensor<T> pool(const Tensor<T>& z, const Tensor<T>& h0, Tensor<T>* cell_out) const {
+        auto part = [&](std::size_t i) { return slice(z, 2, i * hidden_, (i + 1) * hidden_); };
+        const Tensor<T> forget_pre = part(1), forget = hard_sigmoid(forget_pre);
+        auto cells = [&](const Tensor<T>& input) {
+            auto s = scan::scan_with_state<Strategy>(forget, input, {.h0 = h0});
+            if (cell_out) *cell_out = std::move(s.h_last);
+            return std::move(s.h);
+        };
+        if (pooling_ == QrnnPooling::original) return cells(part(0));
+        // The gate chains as single ops (olmax::pointwise): one pass each, and no tensor per step.
+        const Tensor<T> input =
+            pooling_ == QrnnPooling::ifo
+                ? pointwise("qrnn_input", [](auto i, auto z) { return math::sigmoid(i) * math::tanh(z); }, part(3), part(0))
+                : pointwise("qrnn_input", [](auto f, auto z) { return (1 - math::hard_sigmoid(f)) * math::tanh(z); }, forget_pre, part(0));
+        const Tensor<T> c = cells(input);
+        if (pooling_ == QrnnPooling::f) return c;
+        return pointwise("qrnn_output", [](auto o, auto cell) { return math::sigmoid(o) * cell; }, part(2), c);
+    }
+
     /// Channels of the projection: candidate and forget, plus output and input gates as needed.
     std::size_t gate_count() const {
         switch (pooling_) {

@@ -27,6 +27,7 @@
 
 #include "olmax/autodiff/custom_op.hpp"
 #include "olmax/autodiff/tape.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/views.hpp"
 #include "olmax/ops/elementwise.hpp"
@@ -187,6 +188,19 @@ public:
     }
 
     /// Rebuilds the input state from the output state (no grad).
+    /// The next steps of a sequence (nn::continue_sequence) on the two streams [2, batch, t, F]:
+    /// the coupling's steps as in forward, each function continuing its own state. Ordinary ops
+    /// (recorded when gradients are on), as forward_recorded.
+    using sequence_state = std::tuple<sequence_state_t<Fs>...>;
+    Tensor<T> continue_sequence(const Tensor<T>& state, sequence_state& carried, const LayerContext& ctx = {}) const
+        requires(ContinuableLayer<Fs> && ...)
+    {
+        detail::check_state(state, "Reversible");
+        Tensor<T> s0 = take_leading(state, 0), s1 = take_leading(state, 1);
+        continue_steps(s0, s1, carried, ctx, std::index_sequence_for<Fs...>{});
+        return stack_leading<T>({s0, s1});
+    }
+
     Tensor<T> inverse(const Tensor<T>& y, const LayerContext& ctx = {}) const {
         detail::check_state(y, "Reversible");
         autodiff::no_grad guard;
@@ -233,6 +247,12 @@ private:
     template <std::size_t... I>
     void forward_steps(Tensor<T>& s0, Tensor<T>& s1, const LayerContext& ctx, std::index_sequence<I...>) const {
         ((std::tie(s0, s1) = Coupling::forward(std::get<I>(fs_), s0, s1, child_context(ctx, I), beta_)), ...);
+    }
+    template <std::size_t... I>
+    void continue_steps(Tensor<T>& s0, Tensor<T>& s1, sequence_state& carried, const LayerContext& ctx, std::index_sequence<I...>) const {
+        ((std::tie(s0, s1) = Coupling::forward(detail::continuing<std::tuple_element_t<I, std::tuple<Fs...>>>{std::get<I>(fs_), std::get<I>(carried)},
+                                               s0, s1, child_context(ctx, I), beta_)),
+         ...);
     }
     template <std::size_t... I>
     void inverse_steps(Tensor<T>& s0, Tensor<T>& s1, const LayerContext& ctx, std::index_sequence<I...>) const {

@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
@@ -317,6 +318,15 @@ public:
     /// Continues from `state` (the previous call's, or empty for zeros) and returns the new one.
     SelectiveSSMOutput<T> forward_with_state(const Tensor<T>& x, const SelectiveSSMState<T>& state, const Tensor<T>& resets = {}) const {
         return run(x, resets, state);
+    }
+
+    /// The next steps of a sequence (nn::continue_sequence; empty state: from the start): forward_with_state
+    /// with its state carried in `state`.
+    using sequence_state = SelectiveSSMState<T>;
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& = {}) const {
+        auto out = run(x, {}, state);
+        state = std::move(out.state);
+        return std::move(out.y);
     }
 
 

@@ -15,6 +15,7 @@
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/memory.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/parameters.hpp"
 #include "olmax/nn/views.hpp"
@@ -130,6 +131,25 @@ public:
         });
     }
     Tensor<T> operator()(const Tensor<T>& x, const LayerContext& ctx = {}) const { return forward(x, ctx); }
+
+    /// The next steps of a sequence (nn::continue_sequence): every layer continues its own state,
+    /// one after the other (an empty state starts all `depth` of them). Ordinary ops, recorded
+    /// when gradients are on (as a plain stack's forward, not the reversible custom op).
+    using sequence_state = std::vector<sequence_state_t<Block>>;
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& states, const LayerContext& ctx = {}) const
+        requires ContinuableLayer<Block>
+    {
+        if (states.empty()) states.resize(depth_);
+        check<value_error>(states.size() == depth_, "nn::Stack: a sequence state of ", states.size(), " layers for a stack of ", depth_);
+        Block block = worker_;
+        const Binding how = autodiff::is_grad_enabled() ? Binding::recorded : Binding::plain;
+        Tensor<T> h = x;
+        for (std::size_t l = 0; l < depth_; ++l) {
+            bind(block, l, how);
+            h = nn::continue_sequence(block, h, states[l], layer_context(ctx, l, depth_));
+        }
+        return h;
+    }
 
     /// Stacked and tied parameters (the trainable leaves), named "<prefix>/*/<block names>" and
     /// "<prefix>/<block names>" for tied ones.
@@ -361,10 +381,24 @@ public:
     }
     void visit_parameters(ParameterVisitor<T>& visit) { visit_each(visit, std::index_sequence_for<Ls...>{}); }
 
+    /// The next steps of a sequence (nn::continue_sequence): each layer continues its own state.
+    using sequence_state = std::tuple<sequence_state_t<Ls>...>;
+    Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& states, const LayerContext& ctx = {}) const
+        requires(ContinuableLayer<Ls> && ...)
+    {
+        return continue_each(x, states, ctx, std::index_sequence_for<Ls...>{});
+    }
+
     template <std::size_t I>
     auto& get() { return std::get<I>(layers_); }
 
 private:
+    template <std::size_t... I>
+    Tensor<T> continue_each(const Tensor<T>& x, sequence_state& states, const LayerContext& ctx, std::index_sequence<I...>) const {
+        Tensor<T> h = x;
+        ((h = nn::continue_sequence(std::get<I>(layers_), h, std::get<I>(states), child_context(ctx, I))), ...);
+        return h;
+    }
     template <std::size_t... I>
     void visit_each(ParameterVisitor<T>& visit, std::index_sequence<I...>) {
         (visit.child(std::to_string(I) + "/" + std::string(std::tuple_element_t<I, std::tuple<Ls...>>::name), std::get<I>(layers_)), ...);

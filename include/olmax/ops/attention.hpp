@@ -85,6 +85,10 @@ namespace detail::attention_ops {
 struct Dims {
     std::size_t batch, time, heads, kv_heads, dim, query_tile, key_tile;
     double scale;
+    /// Queries per row: the last `queries` of the `time` positions (a continued sequence's new
+    /// steps over its cached keys); `time` in a training call. Only the forward takes fewer.
+    std::size_t queries = time;
+    std::size_t offset() const { return time - queries; }
 };
 
 /// lo(t) for every (b, t) row: the first key the query may see (see the top of this file).
@@ -224,21 +228,22 @@ void transpose_rows(std::size_t rows, std::size_t dim, const T* from, std::size_
     for (std::size_t i = 0; i < dim; ++i) std::fill(to + i * ld + rows, to + i * ld + padded, T{0});
 }
 
-/// out [batch, T, H, Dh] and lse [batch, H, T] from q [batch, T, H, Dh], k and v [batch, T, Hkv, Dh].
+/// out [batch, Tq, H, Dh] and lse [batch, H, Tq] from q [batch, Tq, H, Dh], k and v [batch, T, Hkv, Dh],
+/// query row i at position d.offset() + i (Tq = d.queries; Tq = T in training).
 /// Each thread copies the keys of its items' (batch, kv head): k transposed, [Dh, T] (the score
 /// products read key columns as vectors), and v with contiguous rows padded to whole vectors.
 template <Real T>
 void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, const T* v, T* out, T* lse) {
     using rows_of = tile_rows<T>;
     constexpr std::size_t lanes = rows_of::lanes;
-    const std::size_t tiles = (d.time + d.query_tile - 1) / d.query_tile, group = d.heads / d.kv_heads;
+    const std::size_t tiles = (d.queries + d.query_tile - 1) / d.query_tile, offset = d.offset(), group = d.heads / d.kv_heads;
     const std::size_t ldq = d.heads * d.dim, ldk = d.kv_heads * d.dim;
     const std::size_t dp = round_up(d.dim, lanes), tp = d.time + lanes, kc = round_up(d.key_tile, lanes);
     const backend::Kernels& kernels = backend::current();
     const Products<T> product = Products<T>::in_force();
     const T scale = T(d.scale);
 
-    const std::size_t work = d.query_tile * std::min(d.time, d.key_tile * 2) * d.dim * 2;
+    const std::size_t work = std::min(d.query_tile, d.queries) * std::min(d.time, d.key_tile * 2) * d.dim * 2;
     kernels.parallel_for(d.batch * d.heads * tiles, work, [&](std::size_t first, std::size_t last) {
         // The keys of the current (batch, kv head), k transposed [Dh, tp] and v [T, dp]: copied once
         // per chunk of items (consecutive items share them), up to the last key its items reach.
@@ -248,18 +253,20 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
         std::vector<T> row_max(d.query_tile), row_sum(d.query_tile);
         for (std::size_t item = first; item < last; ++item) {
             const std::size_t b = item / (d.heads * tiles), h = item / tiles % d.heads, g = h / group;
-            const std::size_t t0 = item % tiles * d.query_tile, t1 = std::min(d.time, t0 + d.query_tile), rows = t1 - t0;
+            // Query rows [i0, i0 + rows) of q, at positions [t0, t1).
+            const std::size_t i0 = item % tiles * d.query_tile, rows = std::min(d.queries, i0 + d.query_tile) - i0;
+            const std::size_t t0 = offset + i0, t1 = t0 + rows;
             const std::size_t* lo = lowest + b * d.time;
             if (b * d.kv_heads + g != packed) {
                 packed = b * d.kv_heads + g;
                 std::size_t reach = t1;  // the items of this chunk that read these keys follow this one
                 for (std::size_t next = item + 1; next < last && next / (d.heads * tiles) == b && next / tiles % d.heads / group == g; ++next)
-                    reach = std::max(reach, std::min(d.time, next % tiles * d.query_tile + d.query_tile));
+                    reach = std::max(reach, offset + std::min(d.queries, next % tiles * d.query_tile + d.query_tile));
                 const std::size_t at = (b * d.time * d.kv_heads + g) * d.dim;
                 transpose_rows(reach, d.dim, k + at, ldk, kt.get(), tp, std::min(tp, reach + lanes));
                 copy_rows(reach, d.dim, v + at, ldk, T{1}, vr.get(), dp);
             }
-            copy_rows(rows, d.dim, q + ((b * d.time + t0) * d.heads + h) * d.dim, ldq, scale, qs.get(), dp);  // scale q
+            copy_rows(rows, d.dim, q + ((b * d.queries + i0) * d.heads + h) * d.dim, ldq, scale, qs.get(), dp);  // scale q
             std::fill_n(acc.get(), rows * dp, T{0});
             std::fill_n(row_max.begin(), rows, rows_of::minus_infinity);
             std::fill_n(row_sum.begin(), rows, T{0});
@@ -285,10 +292,10 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
             }
             for (std::size_t r = 0; r < rows; ++r) {
                 const T inv = T{1} / row_sum[r];
-                T* orow = out + ((b * d.time + t0 + r) * d.heads + h) * d.dim;
+                T* orow = out + ((b * d.queries + i0 + r) * d.heads + h) * d.dim;
                 const T* ar = acc.get() + r * dp;
                 for (std::size_t i = 0; i < d.dim; ++i) orow[i] = ar[i] * inv;
-                lse[(b * d.heads + h) * d.time + t0 + r] = row_max[r] + std::log(row_sum[r]);
+                lse[(b * d.heads + h) * d.queries + i0 + r] = row_max[r] + std::log(row_sum[r]);
             }
         }
     });
@@ -432,18 +439,25 @@ Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, dou
 /// returning [batch, T, H, Dh]; see the top of this file for the masks and the algorithm.
 /// Differentiable in q, k and v (the resets are not differentiated). On traced tensors it traces
 /// the materialised form (detail::attention_ops::traced: the same function, T x T scores).
+///
+/// A continued sequence (decoding with cached keys): q may hold fewer steps than k and v,
+/// [batch, Tq, H, Dh] with Tq < T, the last Tq of the T positions (query i at position T - Tq + i;
+/// resets, when given, are [batch, T], the keys' positions). Its rows are those of the call on all
+/// T queries. That form is for inference: it is refused where a gradient would be recorded and in
+/// a traced program.
 template <Real T>
 Tensor<T> causal_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const AttentionOptions<T>& options = {}) {
     constexpr std::string_view op = "causal_attention";
     backend::op_scope on(op, q, k, v, options.resets);
     check<value_error>(q.defined() && k.defined() && v.defined(), op, ": q, k and v must all be defined tensors");
     check<shape_error>(q.rank() == 4, op, ": q must be [batch, T, heads, head_dim], got shape ", to_string(q.shape()));
-    const std::size_t nb = q.extent(0), nt = q.extent(1), nh = q.extent(2), dim = q.extent(3);
-    check<value_error>(nb > 0 && nt > 0 && nh > 0 && dim > 0, op, ": q of shape ", to_string(q.shape()), " is empty");
-    check<shape_error>(k.rank() == 4 && k.extent(0) == nb && k.extent(1) == nt && k.extent(3) == dim && k.extent(2) > 0 && nh % k.extent(2) == 0,
-                       op, ": k of shape ", to_string(k.shape()), " must be [batch, T, kv_heads, head_dim] = [", nb, ", ", nt,
-                       ", kv_heads, ", dim, "] with kv_heads dividing the ", nh, " query heads");
-    const std::size_t nkv = k.extent(2);
+    const std::size_t nb = q.extent(0), nq = q.extent(1), nh = q.extent(2), dim = q.extent(3);
+    check<value_error>(nb > 0 && nq > 0 && nh > 0 && dim > 0, op, ": q of shape ", to_string(q.shape()), " is empty");
+    check<shape_error>(k.rank() == 4 && k.extent(0) == nb && k.extent(1) >= nq && k.extent(3) == dim && k.extent(2) > 0 && nh % k.extent(2) == 0,
+                       op, ": k of shape ", to_string(k.shape()), " must be [batch, T, kv_heads, head_dim] = [", nb, ", ", nq,
+                       ", kv_heads, ", dim, "] with kv_heads dividing the ", nh,
+                       " query heads (or, continuing a sequence, hold at least q's ", nq, " steps)");
+    const std::size_t nkv = k.extent(2), nt = k.extent(1);
     check<shape_error>(v.shape() == k.shape(), op, ": v of shape ", to_string(v.shape()), " must match k of shape ", to_string(k.shape()));
     if (options.resets.defined())
         check<shape_error>(options.resets.rank() == 2 && options.resets.extent(0) == nb && options.resets.extent(1) == nt, op,
@@ -452,15 +466,25 @@ Tensor<T> causal_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<
     check<value_error>(std::isfinite(scale) && scale != 0, op, ": scale must be finite and nonzero, got ", scale);
     check<value_error>(options.query_tile > 0 && options.key_tile > 0, op, ": query_tile (", options.query_tile, ") and key_tile (",
                        options.key_tile, ") must be positive");
-    return on.run_composed([&] { return detail::attention_ops::traced(q, k, v, scale, options.window, options.resets); }, [&] {
-
-        const detail::attention_ops::Dims d{nb, nt, nh, nkv, dim, std::min(options.query_tile, nt), std::min(options.key_tile, nt), scale};
+    const bool continued = nq < nt;
+    return on.run_composed([&] {
+        if (continued)
+            throw trace_error(olmax::detail::concat(op, ": q of ", nq, " steps over ", nt,
+                                                    " keys (a continued sequence) has no traced form; trace the whole sequence"));
+        return detail::attention_ops::traced(q, k, v, scale, options.window, options.resets);
+    }, [&] {
+        const Tensor<T> inputs[3] = {q, k, v};
+        check<value_error>(!continued || !autodiff::should_record<T>(inputs), op,
+                           ": q of ", nq, " steps over ", nt, " keys (a continued sequence) is for inference and has no gradient; "
+                           "run it under autodiff::no_grad or pass all T queries");
+        detail::attention_ops::Dims d{nb, nt, nh, nkv, dim, std::min(options.query_tile, nq), std::min(options.key_tile, nt), scale};
+        d.queries = nq;
         auto lowest = detail::attention_ops::lowest_keys(d, options.window, options.resets);
         auto out = Tensor<T>::uninitialized(q.shape());
-        auto lse = Tensor<T>::uninitialized({nb, nh, nt});
+        auto lse = Tensor<T>::uninitialized({nb, nh, nq});
         detail::attention_ops::forward(d, lowest.data(), q.data(), k.data(), v.data(), out.data(), lse.data());
+        if (continued) return out;
 
-        const std::vector<Tensor<T>> inputs{q, k, v};
         autodiff::record<T>(op, inputs, std::span<Tensor<T>>(&out, 1),
                             [d, lowest = std::move(lowest), q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse](
                                 std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {

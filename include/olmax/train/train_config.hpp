@@ -43,6 +43,7 @@ struct TrainConfig : DataConfig, models::ByteLMSettings, LoopConfig, OptimizerCo
     std::int64_t top_k = 0;
     double top_p = 0.95;
     std::string prompt = "The ";
+    std::string decode = "stepwise";
 
     /// Keys of earlier versions, read as their new names: a checkpoint keeps its run's config text.
     /// xla_replicas (replicated data parallelism over the plugin's devices) became xla_devices (the
@@ -81,6 +82,12 @@ struct TrainConfig : DataConfig, models::ByteLMSettings, LoopConfig, OptimizerCo
                 Field<C>{"top_k", &C::top_k, "sample among the k most likely bytes (0: all)"}.in(0, 256),
                 Field<C>{"top_p", &C::top_p, "nucleus sampling mass"}.greater_than(0).at_most(1),
                 Field<C>{"prompt", &C::prompt, "text the samples start from"},
+                Field<C>{"decode", &C::decode,
+                         "how samples run the model: stepwise (each byte once through the layers, every block carrying its state: "
+                         "recurrent states, convolution tails, attention's keys and values; the context is the last sequence/2 to "
+                         "sequence bytes; conv_mixer and moe run the window instead) or window (the last sequence bytes again "
+                         "for every byte)",
+                         {"stepwise", "window"}},
             });
         return f;
     }
@@ -147,6 +154,9 @@ inline config::CommandLine parse_train_command_line(TrainConfig& c, int argc, co
     return config::parse_command_line(c, argc, argv);
 }
 
+/// The config's --decode, how ByteLM::sample runs the model.
+inline models::Decoding decoding(const TrainConfig& c) { return c.decode == "window" ? models::Decoding::window : models::Decoding::stepwise; }
+
 /// The Trainer's settings for the main job: its loop keys, batch, precision and threads, the config
 /// text stored and compared, the keys that may differ between ranks, and the resume's checks that a
 /// checkpoint was trained with the same --block (and a note when by another --world_size).
@@ -160,7 +170,7 @@ inline TrainerOptions trainer_options(const TrainConfig& c) {
         "data", "checkpoint_dir", "rendezvous", "rank", "collective_timeout_s", "xla_plugin",     // files and peers
         "threads", "data_parallel", "kept_layers",                                              // this process's resources
         "checkpoint_every", "keep_checkpoints", "resume", "log_every", "plot", "time_budget_s",  // rank 0's
-        "sample_bytes", "temperature", "top_k", "top_p", "prompt"};                             // (docs/DISTRIBUTED.md)
+        "sample_bytes", "temperature", "top_k", "top_p", "prompt", "decode"};                   // (docs/DISTRIBUTED.md)
     o.check_resumed_config = [block = c.block, world_size = c.world_size, dir = c.checkpoint_dir](std::string_view text) {
         TrainConfig saved;
         config::load_text(saved, text, "the checkpoint's config");

@@ -1,0 +1,205 @@
+// Continuing a sequence (nn::continue_sequence, olmax/nn/continuation.hpp): every continuable
+// layer and container run on a sequence cut into pieces, its state carried, gives the outputs of
+// one forward call on the whole (double, 1e-10); which layers and recipes continue; bad states are
+// refused naming the layer; models::ByteLM::Decoder's logits are the model's on its window, and
+// its window restarts from the last half when full.
+#include "test_helpers.hpp"
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace nn = olmax::nn;
+namespace models = olmax::models;
+using olmax::Tensor;
+
+namespace {
+
+/// Runs `layer` on x cut along `axis` into `pieces`, the state carried, and compares the joined
+/// outputs with one forward call on the whole x.
+template <class L>
+double continued_against_whole(const L& layer, const Tensor<double>& x, const std::vector<std::size_t>& pieces, long axis = 1) {
+    olmax::autodiff::no_grad off;
+    const Tensor<double> whole = layer.forward(x);
+    nn::sequence_state_t<L> state{};
+    std::vector<Tensor<double>> outputs;
+    std::size_t t = 0;
+    for (std::size_t n : pieces) {
+        outputs.push_back(nn::continue_sequence(layer, olmax::slice(x, axis, t, t + n), state));
+        t += n;
+    }
+    REQUIRE(t == x.shape()[std::size_t(axis)]);
+    return olmax_test::max_abs_diff(olmax::concat(outputs, axis), whole);
+}
+
+const std::vector<std::size_t> continuation_pieces{1, 1, 3, 2, 4, 1};  // 12 steps
+
+nn::Config continuation_config(std::size_t features) {
+    nn::Config c;
+    c.features = features;
+    c.seed = 5;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("continue_sequence: which layers and recipes continue a sequence", "[continuation]") {
+    STATIC_REQUIRE(nn::PositionWiseLayer<nn::ScaleNorm<double>>);
+    STATIC_REQUIRE(nn::PositionWiseLayer<nn::Linear<double>>);
+    STATIC_REQUIRE(nn::PositionWiseLayer<nn::GELU<double>>);
+    STATIC_REQUIRE(nn::StatefulLayer<nn::CausalConv<3, double>>);
+    STATIC_REQUIRE(nn::StatefulLayer<nn::Mamba2<double>>);
+    STATIC_REQUIRE(nn::StatefulLayer<nn::CausalSelfAttention<double>>);
+    STATIC_REQUIRE(nn::ContinuableLayer<nn::Sandwich<nn::GatedDeltaNet<double>>>);
+    STATIC_REQUIRE(nn::ContinuableLayer<nn::Sequential<nn::Linear<double>, nn::CausalConv<2, double>>>);
+    // the hierarchical mixer's strided modes read later steps of a group; the MoE's capacity counts a whole sequence
+    STATIC_REQUIRE_FALSE(nn::ContinuableLayer<nn::HierarchicalMixer<4, double>>);
+    STATIC_REQUIRE_FALSE(nn::ContinuableLayer<nn::Sandwich<nn::MoE<double>>>);
+    STATIC_REQUIRE_FALSE(nn::ContinuableLayer<nn::Stack<models::ConvMixer::block<double>>>);
+    STATIC_REQUIRE(models::ByteLM<models::Hybrid>::decodes_stepwise);
+    STATIC_REQUIRE(models::ByteLM<models::Mamba2Pair>::decodes_stepwise);
+    STATIC_REQUIRE(models::ByteLM<models::GatedDeltaNetMlp>::decodes_stepwise);
+    STATIC_REQUIRE(models::ByteLM<models::AttentionMlp>::decodes_stepwise);
+    STATIC_REQUIRE(models::ByteLM<models::Mamba>::decodes_stepwise);
+    STATIC_REQUIRE(models::ByteLM<models::QrnnMlp>::decodes_stepwise);
+    STATIC_REQUIRE_FALSE(models::ByteLM<models::ConvMixer>::decodes_stepwise);
+    STATIC_REQUIRE_FALSE(models::ByteLM<models::SwitchMoE>::decodes_stepwise);
+}
+
+TEST_CASE("continue_sequence: each layer in pieces equals one call on the whole (double, 1e-10)", "[continuation]") {
+    olmax::Generator rng(11);
+    const std::size_t B = 2, T = 12, F = 8;
+    const auto x = olmax::randn<double>({B, T, F}, rng);
+    SECTION("convolutions") {
+        CHECK(continued_against_whole(nn::CausalConv<3, double>(continuation_config(F), rng), x, continuation_pieces) < 1e-10);
+        CHECK(continued_against_whole(nn::CausalConv<1, double>(continuation_config(F), rng), x, continuation_pieces) < 1e-10);
+        CHECK(continued_against_whole(nn::DenseConv<2, double>(continuation_config(F), rng), x, continuation_pieces) < 1e-10);
+        // a piece shorter than the carried taps, and one longer than the whole kernel
+        CHECK(continued_against_whole(nn::CausalConv<5, double>(continuation_config(F), rng), x, {2, 1, 9}) < 1e-10);
+    }
+    SECTION("recurrent mixers (chunks of 4 cut across the pieces)") {
+        nn::Mamba2Config m{.features = F, .head_dim = 4, .state = 3, .groups = 2, .chunk = 4};
+        CHECK(continued_against_whole(nn::Mamba2<double>(m, rng), x, continuation_pieces) < 1e-10);
+        CHECK(continued_against_whole(nn::Sandwich<nn::Mamba2<double>>(continuation_config(F), rng), x, continuation_pieces) < 1e-10);
+        CHECK(continued_against_whole(nn::Sandwich<nn::GatedDeltaNet<double>>(continuation_config(F), rng), x, continuation_pieces) < 1e-10);
+        CHECK(continued_against_whole(nn::SelectiveSSM<double>(continuation_config(F), rng), x, continuation_pieces) < 1e-10);
+        for (auto pooling : {nn::QrnnPooling::original, nn::QrnnPooling::f, nn::QrnnPooling::fo, nn::QrnnPooling::ifo}) {
+            INFO("QRNN pooling " << int(pooling));
+            CHECK(continued_against_whole(nn::QRNN<olmax::scan::sequential_vectorized, double>(F, 6, 3, pooling, rng), x, continuation_pieces) < 1e-10);
+        }
+        CHECK(continued_against_whole(nn::QRNNBlock<olmax::scan::sequential_vectorized, double>(continuation_config(F), rng), x, continuation_pieces) < 1e-10);
+    }
+    SECTION("attention: grouped heads, qk-norm, RoPE, a sliding window") {
+        for (std::size_t window : {std::size_t{0}, std::size_t{3}}) {
+            INFO("window " << window);
+            const nn::AttentionConfig a{.features = F, .heads = 4, .kv_heads = 2, .head_dim = 4, .window = window, .qk_norm = true,
+                                        .query_tile = 3, .key_tile = 4};
+            CHECK(continued_against_whole(nn::CausalSelfAttention<double>(a, rng), x, continuation_pieces) < 1e-10);
+        }
+    }
+    SECTION("containers: Sequential, a reversible chain, a stack of the hybrid block") {
+        CHECK(continued_against_whole(nn::Sequential<nn::Linear<double>, nn::CausalConv<2, double>, nn::RMSNorm<double>>(continuation_config(F), rng),
+                                      x, continuation_pieces) < 1e-10);
+        const Tensor<double> streams = nn::two_streams(x);  // [2, B, T, F]: time is axis 2
+        CHECK(continued_against_whole(models::GatedDeltaNetMlp::block<double>(continuation_config(F), rng), streams, continuation_pieces, 2) < 1e-10);
+        nn::Config c = continuation_config(F);
+        c.depth = 2;
+        const nn::Stack<models::Hybrid::block<double>> stack(c, rng);
+        CHECK(continued_against_whole(stack, streams, continuation_pieces, 2) < 1e-10);
+        CHECK(continued_against_whole(stack, streams, {T}, 2) < 1e-10);
+    }
+}
+
+TEST_CASE("continue_sequence: a stack records its parameters' gradients when gradients are on", "[continuation]") {
+    olmax::Generator rng(12);
+    nn::Config c = continuation_config(6);
+    c.depth = 2;
+    nn::Stack<models::Mamba2Pair::block<double>> stack(c, rng);
+    const auto x = nn::two_streams(olmax::randn<double>({1, 5, 6}, rng));
+    const auto r = olmax::randn<double>(x.shape(), rng);
+    auto gradients = [&](auto&& run) {
+        for (auto& p : olmax::optim::parameters_of(stack)) p.tensor.zero_grad();
+        olmax::sum(olmax::mul(run(), r)).backward();
+        std::vector<Tensor<double>> g;
+        for (auto& p : olmax::optim::parameters_of(stack)) g.push_back(p.tensor.grad().clone());
+        return g;
+    };
+    const auto by_forward = gradients([&] { return stack.forward(x); });
+    decltype(stack)::sequence_state state;
+    const auto continued = gradients([&] { return stack.continue_sequence(x, state); });
+    REQUIRE(by_forward.size() == continued.size());
+    for (std::size_t i = 0; i < continued.size(); ++i) {
+        INFO("parameter " << i);
+        REQUIRE(continued[i].defined());
+        CHECK(olmax_test::max_abs_diff(continued[i], by_forward[i]) < 1e-10);
+    }
+}
+
+TEST_CASE("continue_sequence: a state that does not fit the layer is refused, naming it", "[continuation]") {
+    using Catch::Matchers::Contains;
+    olmax::Generator rng(13);
+    olmax::autodiff::no_grad off;
+    const auto x = olmax::randn<double>({2, 3, 4}, rng);
+    nn::CausalConv<3, double> conv(continuation_config(4), rng);
+    Tensor<double> tail({1, 2, 4});  // batch 1 for an input of batch 2
+    CHECK_THROWS_WITH(conv.continue_sequence(x, tail), Contains("nn::CausalConv<3>") && Contains("[1, 2, 4]"));
+    nn::CausalSelfAttention<double> attention(continuation_config(4), rng);
+    nn::AttentionCache<double> cache{Tensor<double>({2, 5, 3, 4}), Tensor<double>({2, 5, 3, 4})};  // 3 kv heads, not 1
+    CHECK_THROWS_WITH(attention.continue_sequence(x, cache), Contains("nn::CausalSelfAttention") && Contains("[2, 5, 3, 4]"));
+    nn::Config c = continuation_config(4);
+    c.depth = 2;
+    const nn::Stack<models::GatedDeltaNetMlp::block<double>> stack(c, rng);
+    decltype(stack)::sequence_state three(3);
+    CHECK_THROWS_WITH(stack.continue_sequence(nn::two_streams(x), three), Contains("nn::Stack") && Contains("3 layers for a stack of 2"));
+}
+
+TEST_CASE("ByteLM::Decoder: logits of the model on its window, restarting from the last half of the context when full", "[continuation]") {
+    const models::ByteLM<models::Hybrid, double> model(models::ByteLMConfig{.features = 8, .depth = 1, .seed = 3});
+    const std::size_t window = 8;
+    models::ByteLM<models::Hybrid, double>::Decoder decoder(model, window);
+    const std::string text = "\x04The quick brown fox";
+    std::vector<std::uint8_t> context;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const auto byte = std::uint8_t(text[i]);
+        context.push_back(byte);
+        const std::vector<double> logits = decoder.append(byte);
+        const auto& w = decoder.window();
+        INFO("byte " << i);
+        // the window: every byte so far while it fits, else the last ceil(8 / 2) = 4 to 8 bytes of the context
+        REQUIRE(w.size() <= window);
+        REQUIRE(std::equal(w.begin(), w.end(), context.end() - std::ptrdiff_t(w.size())));
+        if (i < window) CHECK(w.size() == i + 1);
+        else CHECK(w.size() == 4 + (i - window) % 5);  // 4, 5, 6, 7, 8, then 4 again
+        Tensor<std::int32_t> ids({1, w.size()});
+        std::copy(w.begin(), w.end(), ids.data());
+        olmax::autodiff::no_grad off;
+        const auto expected = olmax::slice(model.head.logits(model.hidden(ids)), 1, w.size() - 1, w.size());
+        REQUIRE(logits.size() == expected.size());
+        double worst = 0;
+        for (std::size_t v = 0; v < logits.size(); ++v) worst = std::max(worst, std::abs(logits[v] - expected.data()[v]));
+        CHECK(worst < 1e-10);
+    }
+    // several bytes at once, and a prompt longer than the window: its last half
+    models::ByteLM<models::Hybrid, double>::Decoder long_prompt(model, window);
+    const std::vector<std::uint8_t> prompt(context.begin(), context.end());
+    long_prompt.append(prompt);
+    CHECK(long_prompt.window() == std::vector<std::uint8_t>(prompt.end() - 4, prompt.end()));
+    CHECK_THROWS_AS(long_prompt.append(std::span<const std::uint8_t>()), olmax::value_error);
+    CHECK_THROWS_AS((models::ByteLM<models::Hybrid, double>::Decoder(model, 0)), olmax::value_error);
+}
+
+TEST_CASE("ByteLM::sample: a stepwise model draws the bytes asked for, the same for the same seed", "[continuation]") {
+    const models::ByteLM<models::GatedDeltaNetMlp> model(models::ByteLMConfig{.features = 8, .depth = 2, .seed = 4});
+    olmax::data::SamplingConfig sampling;
+    sampling.temperature = 2.0;  // a nearly uniform draw: no end-of-document byte for a while
+    olmax::Generator a(9), b(9);
+    std::string first, second;
+    const std::size_t drawn = model.sample("ab", 40, 16, sampling, a, [&](char byte) {
+        first.push_back(byte);
+        return true;
+    });
+    second = model.sample("ab", 40, 16, sampling, b);
+    CHECK(drawn == first.size());
+    CHECK(first == second);
+    CHECK(first.size() > 0);
+}
