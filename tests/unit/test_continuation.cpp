@@ -143,6 +143,10 @@ TEST_CASE("continue_sequence: a state that does not fit the layer is refused, na
     nn::CausalConv<3, double> conv(continuation_config(4), rng);
     Tensor<double> tail({1, 2, 4});  // batch 1 for an input of batch 2
     CHECK_THROWS_WITH(conv.continue_sequence(x, tail), Contains("nn::CausalConv<3>") && Contains("[1, 2, 4]"));
+    nn::QRNN<olmax::scan::sequential_vectorized, double> qrnn(continuation_config(4), rng);
+    nn::QRNN<olmax::scan::sequential_vectorized, double>::sequence_state cell{{}, Tensor<double>({2, 5})};  // hidden 4, not 5
+    CHECK_THROWS_WITH(qrnn.continue_sequence(x, cell), Contains("nn::QRNN") && Contains("[2, 5]"));
+    CHECK_FALSE(cell.conv.defined());  // refused before anything moved
     nn::CausalSelfAttention<double> attention(continuation_config(4), rng);
     nn::AttentionCache<double> cache{Tensor<double>({2, 5, 3, 4}), Tensor<double>({2, 5, 3, 4})};  // 3 kv heads, not 1
     CHECK_THROWS_WITH(attention.continue_sequence(x, cache), Contains("nn::CausalSelfAttention") && Contains("[2, 5, 3, 4]"));

@@ -11,7 +11,8 @@
 //  - with a state: `using sequence_state = ...;` (default-constructed means "nothing seen yet") and
 //        Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& ctx) const
 //    which returns for the steps x [batch, t, ...] what forward returns for them when given the
-//    whole sequence so far (up to rounding), and moves the state past them.
+//    whole sequence so far (up to rounding), and moves the state past them. A call that throws
+//    (a shape that does not fit) may leave the state partly moved: start a new one.
 // Containers (nn::Sandwich, nn::Reversible and nn::ReversibleChain, nn::Stack, nn::Sequential)
 // take part when every part does. A layer that does neither (the hierarchical mixer, whose strided
 // modes read later steps of a group; the MoE, whose capacity counts a whole sequence) is not a
@@ -101,8 +102,9 @@ Tensor<T> continue_taps(const Tensor<T>& x, Tensor<T>& tail, std::size_t taps, C
         check<shape_error>(tail.shape() == Shape{nb, taps - 1, nc}, layer, ": carried inputs of shape ", to_string(tail.shape()),
                            " do not match [batch, taps - 1, features] = [", nb, ", ", taps - 1, ", ", nc, "]");
     const Tensor<T> seen = concat({tail.defined() ? tail : Tensor<T>({nb, taps - 1, nc}), x}, 1);
+    const Tensor<T> out = slice(conv(seen), 1, taps - 1, taps - 1 + nt);
     tail = slice(seen, 1, nt, nt + taps - 1);
-    return slice(conv(seen), 1, taps - 1, taps - 1 + nt);
+    return out;
 }
 
 }  // namespace detail
