@@ -1,4 +1,5 @@
 #pragma once
+#include <charconv>
 #include <cstddef>
 #include <initializer_list>
 #include <limits>
@@ -17,11 +18,16 @@ namespace olmax {
 using Shape = xt::svector<std::size_t, 6>;
 
 inline std::string to_string(const Shape& shape) {
-    std::ostringstream out;
-    out << '[';
-    for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-    out << ']';
-    return out.str();
+    // std::to_chars, not an ostringstream: many ops' argument checks form this string on every
+    // call, and an ostringstream's construction (its locale) cost more than a small op's work.
+    std::string out(1, '[');
+    char digits[std::numeric_limits<std::size_t>::digits10 + 2];
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (i) out += ", ";
+        out.append(digits, std::to_chars(digits, digits + sizeof(digits), shape[i]).ptr);
+    }
+    out += ']';
+    return out;
 }
 
 /// Number of elements of a tensor of this shape (1 for a scalar of rank 0, 0 if any extent is 0).

@@ -2,6 +2,7 @@
 // Causal convolutions along time (axis -2 of [B, T, F]) and the original's dense block.
 
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -51,8 +52,8 @@ public:
     /// over them and x, and the outputs of x's steps are returned.
     using sequence_state = Tensor<T>;
     Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& tail, const LayerContext& ctx = {}) const {
-        return detail::continue_taps(x, tail, K, [&](const Tensor<T>& seen) { return forward(seen, ctx); },
-                                     olmax::detail::concat("nn::CausalConv<", K, ">"));
+        static const std::string layer = olmax::detail::concat("nn::CausalConv<", K, ">");  // formed once, not per call
+        return detail::continue_taps(x, tail, K, [&](const Tensor<T>& seen) { return forward(seen, ctx); }, layer);
     }
     void visit_parameters(ParameterVisitor<T>& visit) {
         visit("weight", weight_, Role::weight);

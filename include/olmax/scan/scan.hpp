@@ -99,7 +99,7 @@ template <class Strategy, ScanElement T>
 ScanResult<T> scan_with_state(const Tensor<T>& gates, const Tensor<T>& x, const ScanOptions<T>& opt = {}) {
     static_assert(detail::is_strategy<Strategy>,
                   "olmax::scan: unknown strategy tag; use one of the types in olmax/scan/strategies.hpp");
-    const std::string op = olmax::detail::concat("scan<", Strategy::name, ">");
+    static const std::string op = olmax::detail::concat("scan<", Strategy::name, ">");  // formed once, not per call
     backend::op_scope on(op, gates, x, opt.h0);
     const detail::Geometry g = detail::make_geometry(op, gates, x, opt);
     const std::size_t chunk = opt.chunk ? static_cast<std::size_t>(*opt.chunk) : detail::default_chunk<Strategy>();
@@ -151,7 +151,7 @@ ScanGradients<T> scan_backward(const Tensor<T>& gates, const Tensor<T>& h, const
                                const Tensor<T>& dh_last = {}) {
     static_assert(detail::is_strategy<Strategy>,
                   "olmax::scan: unknown strategy tag; use one of the types in olmax/scan/strategies.hpp");
-    const std::string op = olmax::detail::concat("scan_backward<", Strategy::name, ">");
+    static const std::string op = olmax::detail::concat("scan_backward<", Strategy::name, ">");
     backend::op_scope on(op, gates, h, dh, dh_last, opt.h0);
     const detail::Geometry g = detail::make_geometry(op, gates, h, opt);
     check<shape_error>(dh.defined() && dh.shape() == h.shape(), op, ": dh of shape ", dh.defined() ? to_string(dh.shape()) : "(undefined)",
