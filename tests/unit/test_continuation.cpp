@@ -150,6 +150,15 @@ TEST_CASE("continue_sequence: a state that does not fit the layer is refused, na
     nn::CausalSelfAttention<double> attention(continuation_config(4), rng);
     nn::AttentionCache<double> cache{Tensor<double>({2, 5, 3, 4}), Tensor<double>({2, 5, 3, 4})};  // 3 kv heads, not 1
     CHECK_THROWS_WITH(attention.continue_sequence(x, cache), Contains("nn::CausalSelfAttention") && Contains("[2, 5, 3, 4]"));
+    // with gradients on, the cached form is refused by the op, and the cache keeps its steps
+    nn::AttentionCache<double> seen;
+    attention.continue_sequence(x, seen);
+    {
+        olmax::autodiff::enable_grad on;
+        const auto xp = olmax::parameter(x.clone());
+        CHECK_THROWS_WITH(attention.continue_sequence(xp, seen), Contains("causal_attention") && Contains("no_grad"));
+    }
+    CHECK(seen.steps() == 3);
     nn::Config c = continuation_config(4);
     c.depth = 2;
     const nn::Stack<models::GatedDeltaNetMlp::block<double>> stack(c, rng);

@@ -148,15 +148,13 @@ private:
             q = rope(q, rope_options);
             k = rope(k, rope_options);
         }
-        if (cache) {
-            if (seen > 0) {
-                k = concat({cache->k, k}, 1);
-                v = concat({cache->v, v}, 1);
-            }
-            cache->k = k, cache->v = v;
+        if (seen > 0) {
+            k = concat({cache->k, k}, 1);
+            v = concat({cache->v, v}, 1);
         }
         const Tensor<T> a = causal_attention(
             q, k, v, {.window = config_.window, .resets = resets, .query_tile = config_.query_tile, .key_tile = config_.key_tile});
+        if (cache) cache->k = k, cache->v = v;  // after the attention: a refused call leaves the cache as it was
         return matmul(reshape(a, Shape{nb, nt, H * Dh}), out_proj_);
     }
 

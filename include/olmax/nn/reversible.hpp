@@ -187,7 +187,6 @@ public:
         return stack_leading<T>({s0, s1});
     }
 
-    /// Rebuilds the input state from the output state (no grad).
     /// The next steps of a sequence (nn::continue_sequence) on the two streams [2, batch, t, F]:
     /// the coupling's steps as in forward, each function continuing its own state. Ordinary ops
     /// (recorded when gradients are on), as forward_recorded.
@@ -201,6 +200,7 @@ public:
         return stack_leading<T>({s0, s1});
     }
 
+    /// Rebuilds the input state from the output state (no grad).
     Tensor<T> inverse(const Tensor<T>& y, const LayerContext& ctx = {}) const {
         detail::check_state(y, "Reversible");
         autodiff::no_grad guard;
