@@ -340,7 +340,7 @@ TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and
     using olmax::train::TrainConfig;
     std::vector<std::string> keys;
     for (const auto& f : TrainConfig::fields()) keys.push_back(f.key);
-    CHECK(keys.size() == 55);
+    CHECK(keys.size() == 56);
     auto sorted = keys;
     std::sort(sorted.begin(), sorted.end());
     CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
@@ -372,6 +372,7 @@ TEST_CASE("train: TrainConfig composes the modules' sections, each key once, and
     CHECK(saved.checkpoint_dir == "/tmp/tl0");
     CHECK(saved.prompt == "The ");
     CHECK(saved.lr_schedule == "exponential");  // stored before the key existed: the schedule it ran with
+    CHECK(saved.decode == "stepwise");  // stored before the key existed: its default
     TrainConfig again;
     config::load_text(again, config::to_text(saved));
     CHECK(config::to_text(again) == config::to_text(saved));
