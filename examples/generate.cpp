@@ -4,8 +4,9 @@
 // The model's shape comes from the config stored in the checkpoint; sampling keys given on the
 // command line (prompt, sample_bytes, temperature, top_k, top_p, seed, decode) override it. A
 // positional argument names a checkpoint file instead of the newest one in --checkpoint_dir. The
-// text is printed as it is sampled; stderr ends with the bytes drawn per second. Ctrl-C (SIGINT) or SIGTERM stops after the byte being drawn: the text
-// so far, a line saying so on stderr, exit status 128 + the signal (130, 143).
+// text is printed as it is sampled; stderr then says how many bytes were drawn per second.
+// Ctrl-C (SIGINT) or SIGTERM stops after the byte being drawn: the text so far, a line saying so
+// on stderr, exit status 128 + the signal (130, 143).
 
 #include <algorithm>
 #include <chrono>
@@ -85,7 +86,7 @@ int run(int argc, char** argv) {
             olmax::train::decoding(c));
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::cout << "\n" << std::flush;
-        const bool stepwise = olmax::models::ByteLM<Recipe>::decodes_stepwise && c.decode == "stepwise";
+        const bool stepwise = olmax::models::ByteLM<Recipe>::steps_with(olmax::train::decoding(c));
         std::cerr << "generate: " << drawn << " bytes in " << seconds << " s (" << (seconds > 0 ? double(drawn) / seconds : 0.0)
                   << " bytes/s, decode " << (stepwise ? "stepwise" : "window") << ", window " << c.sequence << ")\n";
         if (olmax::stop_requested()) {

@@ -257,6 +257,8 @@ public:
     /// qrnn, mamba, mamba2, gated_deltanet, attention and hybrid recipes): then `sample` decodes with a
     /// Decoder; otherwise it runs the window again for every byte (`next_logits`).
     static constexpr bool decodes_stepwise = nn::ContinuableLayer<nn::Stack<block_type>>;
+    /// Whether `sample` with `decoding` runs a Decoder (else the window, for every byte).
+    static constexpr bool steps_with(Decoding decoding) { return decodes_stepwise && decoding == Decoding::stepwise; }
 
     /// Next-byte logits over a growing context, each byte run through the layers once: the blocks
     /// carry their state from one byte to the next (nn::continue_sequence: recurrent states,
@@ -341,7 +343,7 @@ public:
         std::optional<Decoder> decoder;  // stepwise; else the window runs again for every byte
         std::vector<T> logits;
         if constexpr (decodes_stepwise)
-            if (decoding == Decoding::stepwise) logits = decoder.emplace(*this, sequence).append(context);
+            if (steps_with(decoding)) logits = decoder.emplace(*this, sequence).append(context);
         std::size_t drawn = 0;
         for (std::size_t i = 0; i < count; ++i) {
             if (!decoder) logits = next_logits(context, sequence);

@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "olmax/nn/contract.hpp"
 #include "olmax/ops/shape.hpp"
@@ -87,6 +88,15 @@ struct continuing {
         return nn::continue_sequence(layer, x, state, ctx);
     }
 };
+
+/// The continuation of a layer that has `forward_with_state(x, state)` returning {y, state}
+/// (the recurrent mixers): its state moves to the returned one.
+template <class L, class State>
+Tensor<typename L::value_type> continue_with_state(const L& layer, const Tensor<typename L::value_type>& x, State& state) {
+    auto out = layer.forward_with_state(x, state);
+    state = std::move(out.state);
+    return std::move(out.y);
+}
 
 /// The continuation of a causal convolution of `taps` taps along axis 1 of x [batch, t, C]
 /// (`conv`: x -> its outputs, zero inputs before the first step): runs conv on the carried last

@@ -26,10 +26,10 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "olmax/core/random.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/nn/selective_ssm.hpp"  // detail::depthwise_conv_silu
@@ -126,9 +126,7 @@ public:
     /// with its state carried in `state`.
     using sequence_state = GatedDeltaNetState<T>;
     Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& = {}) const {
-        auto out = run(x, {}, state);
-        state = std::move(out.state);
-        return std::move(out.y);
+        return detail::continue_with_state(*this, x, state);
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {

@@ -30,9 +30,9 @@
 #include <numeric>
 #include <string>
 #include <string_view>
-#include <utility>
 
 #include "olmax/core/random.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/nn/selective_ssm.hpp"  // detail::depthwise_conv_silu, shared with nn::SelectiveSSM
@@ -140,9 +140,7 @@ public:
     /// with its state carried in `state`.
     using sequence_state = Mamba2State<T>;
     Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& = {}) const {
-        auto out = run(x, {}, state);
-        state = std::move(out.state);
-        return std::move(out.y);
+        return detail::continue_with_state(*this, x, state);
     }
 
     void visit_parameters(ParameterVisitor<T>& visit) {

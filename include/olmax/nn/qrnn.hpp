@@ -59,10 +59,9 @@ public:
         Tensor<T> conv, cell;
     };
     Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& = {}) const {
-        if (state.cell.defined())
-            check<shape_error>(x.defined() && x.rank() == 3 && state.cell.shape() == Shape{x.extent(0), hidden_}, "nn::QRNN: carried cell of shape ",
-                               to_string(state.cell.shape()), " does not match [batch, hidden] = [", x.defined() && x.rank() > 0 ? x.extent(0) : 0,
-                               ", ", hidden_, "]");
+        if (state.cell.defined() && x.defined() && x.rank() == 3)  // (other inputs: continue_taps says what is wrong)
+            check<shape_error>(state.cell.shape() == Shape{x.extent(0), hidden_}, "nn::QRNN: carried cell of shape ", to_string(state.cell.shape()),
+                               " does not match [batch, hidden] = [", x.extent(0), ", ", hidden_, "]");
         const Tensor<T> z = detail::continue_taps(x, state.conv, weight_.extent(0), [&](const Tensor<T>& seen) { return causal_conv1d(seen, weight_, bias_); },
                                                   "nn::QRNN");
         return pool(z, state.cell, &state.cell);

@@ -25,11 +25,11 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#include <utility>
 
 #include "olmax/autodiff/tape.hpp"
 #include "olmax/backend/dispatch.hpp"
 #include "olmax/core/random.hpp"
+#include "olmax/nn/continuation.hpp"
 #include "olmax/nn/contract.hpp"
 #include "olmax/nn/init.hpp"
 #include "olmax/ops/elementwise.hpp"
@@ -324,9 +324,7 @@ public:
     /// with its state carried in `state`.
     using sequence_state = SelectiveSSMState<T>;
     Tensor<T> continue_sequence(const Tensor<T>& x, sequence_state& state, const LayerContext& = {}) const {
-        auto out = run(x, {}, state);
-        state = std::move(out.state);
-        return std::move(out.y);
+        return detail::continue_with_state(*this, x, state);
     }
 
 
