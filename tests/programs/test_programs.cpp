@@ -471,3 +471,41 @@ TEST_CASE("generate --decode: stepwise where the block carries its state, window
     }
     expect_usage_error(generate, {"--checkpoint_dir=" + (dir.path / "hybrid").string(), "--decode=cached"}, dir.path, "decode");
 }
+
+TEST_CASE("generate --score: a text's and the held-out part's bits per byte on one line of stdout", "[programs]") {
+    const Program train_lm = train_lm_program(), generate = generate_program();
+    TempDir dir;
+    write_file(dir.path / "corpus.txt", fortune_corpus());
+    write_file(dir.path / "two.txt", "the cat sat\n%\non a mat\n");  // two documents of 11 and 8 bytes
+    const fs::path run_dir = dir.path / "hybrid";
+    REQUIRE(run(train_lm, with(tiny_run(dir.path / "corpus.txt", run_dir), {"--block=hybrid"}), dir.path).code == 0);
+    const auto bits_of = [](const std::string& out) {
+        const auto at = out.find(": ", out.find("score: ") + 7);
+        return std::stod(out.substr(at + 2));
+    };
+    double stepwise = 0;
+    for (const std::string decode : {"stepwise", "window"}) {
+        const Outcome o = run(generate, {"--checkpoint_dir=" + run_dir.string(), "--score=" + (dir.path / "two.txt").string(), "--decode=" + decode},
+                              dir.path);
+        INFO(decode << "\n" << o.describe());
+        check_contract(o, generate);
+        REQUIRE(o.code == 0);
+        // each byte and each document's end: 11 + 8 + 2 predictions
+        CHECK_THAT(o.out, Catch::Matches("score: .*two.txt: [0-9.e+-]+ bits/byte \\([0-9.e+-]+ nats/byte\\), 21 predictions in 2 documents, "
+                                         "decode " + decode + ", window 16, [0-9.e+-]+ s\n"));
+        const double bits = bits_of(o.out);
+        CHECK(bits > 0);
+        CHECK(bits < 16);  // an untrained model spends about 8 bits on a byte
+        if (decode == "stepwise") stepwise = bits;
+        else CHECK(bits != stepwise);  // the two read different contexts
+    }
+    // the checkpoint's own held-out documents, from its --data
+    const Outcome held = run(generate, {"--checkpoint_dir=" + run_dir.string(), "--score=held_out"}, dir.path);
+    INFO(held.describe());
+    check_contract(held, generate);
+    CHECK(held.code == 0);
+    CHECK_THAT(held.out, Catch::Matches("score: held_out: [0-9.e+-]+ bits/byte (.|\n)*decode stepwise, window 16, (.|\n)*"));
+    CHECK_THAT(held.err, Catch::Contains("held out"));
+    expect_usage_error(generate, {"--checkpoint_dir=" + run_dir.string(), "--score=" + (dir.path / "missing.txt").string()}, dir.path,
+                       "'score'");
+}

@@ -216,3 +216,79 @@ TEST_CASE("ByteLM::sample: a stepwise model draws the bytes asked for, the same 
     CHECK(first == second);
     CHECK(first.size() > 0);
 }
+
+namespace {
+
+/// Rows of a batch for ByteLM::masked_nll, every target real unless `last_only` (then only each
+/// row's last).
+olmax::data::Batch rows_of(const std::vector<std::vector<std::uint8_t>>& inputs, const std::vector<std::vector<std::uint8_t>>& targets,
+                           bool last_only) {
+    const std::size_t n = inputs.size(), s = inputs[0].size();
+    olmax::data::Batch batch;
+    batch.inputs = Tensor<std::int32_t>({n, s});
+    batch.targets = Tensor<std::int32_t>({n, s});
+    batch.mask = Tensor<float>({n, s}, last_only ? 0.0f : 1.0f);
+    for (std::size_t r = 0; r < n; ++r) {
+        std::copy(inputs[r].begin(), inputs[r].end(), batch.inputs.data() + r * s);
+        std::copy(targets[r].begin(), targets[r].end(), batch.targets.data() + r * s);
+        batch.mask.data()[r * s + s - 1] = 1.0f;
+    }
+    return batch;
+}
+
+}  // namespace
+
+TEST_CASE("ByteLM::score: a document's loss as sample reads it, stepwise and by the window", "[continuation]") {
+    using Model = models::ByteLM<models::Hybrid, double>;
+    const Model model(models::ByteLMConfig{.features = 8, .depth = 1, .seed = 3});
+    constexpr std::uint8_t end = olmax::data::ByteTokenizer::end_of_document;
+    const std::string text = "Hello, world";
+    const std::vector<std::uint8_t> document(text.begin(), text.end());
+    std::vector<std::uint8_t> input{end}, target(document);  // [EOD doc] -> [doc EOD]
+    input.insert(input.end(), document.begin(), document.end());
+    target.push_back(end);
+    const std::size_t n = input.size();  // 13 predictions
+
+    // Within the window, stepwise is the loss of one forward over the row, as evaluation scores a
+    // row that starts at a document's start.
+    const auto [row_nats, row_count] = model.masked_nll(rows_of({input}, {target}, false));
+    const models::TextScore stepwise = model.score(document, 16, models::Decoding::stepwise);
+    CHECK(stepwise.predictions == n);
+    CHECK(row_count == double(n));
+    CHECK(std::abs(stepwise.nats - row_nats) < 1e-9);
+    CHECK(std::abs(stepwise.bits_per_byte() - row_nats / double(n) / std::log(2.0)) < 1e-12);
+
+    // The window: prediction i from the last `window` bytes before it, padded on the left with
+    // end-of-document bytes, i.e. the last position of one padded row per prediction.
+    const std::size_t window = 6;
+    std::vector<std::vector<std::uint8_t>> padded_inputs, padded_targets;
+    for (std::size_t i = 0; i < n; ++i) {
+        std::vector<std::uint8_t> row(window, end), next(window, end);
+        for (std::size_t k = 0; k < window && k <= i; ++k) row[window - 1 - k] = input[i - k];
+        next[window - 1] = target[i];
+        padded_inputs.push_back(row);
+        padded_targets.push_back(next);
+    }
+    const auto [window_nats, window_count] = model.masked_nll(rows_of(padded_inputs, padded_targets, true));
+    const models::TextScore windowed = model.score(document, window, models::Decoding::window);
+    CHECK(windowed.predictions == n);
+    CHECK(window_count == double(n));
+    CHECK(std::abs(windowed.nats - window_nats) < 1e-9);
+
+    // Longer than the window: the decoder restarts, one prediction per byte still; scores add.
+    const models::TextScore restarted = model.score(document, 4, models::Decoding::stepwise);
+    CHECK(restarted.predictions == n);
+    CHECK(std::isfinite(restarted.nats));
+    CHECK(restarted.nats != stepwise.nats);
+    models::TextScore both = stepwise;
+    both += restarted;
+    CHECK(both.predictions == 2 * n);
+    CHECK(both.nats == stepwise.nats + restarted.nats);
+
+    // A model that cannot continue a sequence scores by the window whatever it is asked; an empty
+    // document is one prediction (its end); no window is refused.
+    const models::ByteLM<models::ConvMixer, double> conv(models::ByteLMConfig{.features = 16, .depth = 1, .seed = 3});
+    CHECK(conv.score(document, 16, models::Decoding::stepwise).nats == conv.score(document, 16, models::Decoding::window).nats);
+    CHECK(model.score({}, 16).predictions == 1);
+    CHECK_THROWS_WITH(model.score(document, 0), Catch::Matchers::Contains("models::ByteLM::score") && Catch::Matchers::Contains("window"));
+}

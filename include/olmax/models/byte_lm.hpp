@@ -75,6 +75,20 @@ concept ByteLMRunConfig = std::derived_from<C, ByteLMSettings> && requires(const
 /// the window instead), or `window`, the whole window of `sequence` bytes again (next_logits).
 enum class Decoding { stepwise, window };
 
+/// ByteLM::score's result: the summed next-byte loss of a text and how many bytes it predicted.
+struct TextScore {
+    double nats = 0;
+    std::size_t predictions = 0;
+
+    double nats_per_byte() const { return predictions ? nats / double(predictions) : 0.0; }
+    double bits_per_byte() const { return nats_per_byte() / std::log(2.0); }
+    TextScore& operator+=(const TextScore& other) {
+        nats += other.nats;
+        predictions += other.predictions;
+        return *this;
+    }
+};
+
 /// The model's own settings (a program reads them from its config: ByteLMConfig::from).
 struct ByteLMConfig {
     std::size_t features = 64;
@@ -219,12 +233,7 @@ public:
         double total = 0, count = 0;
         for (std::size_t i = 0; i < n; ++i) {
             if (batch.mask.data()[i] == 0.0f) continue;
-            const T* row = logits.data() + i * V;
-            double top = row[0];
-            for (std::size_t v = 1; v < V; ++v) top = std::max(top, double(row[v]));
-            double sum = 0;
-            for (std::size_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - top);
-            total += top + std::log(sum) - double(row[batch.targets.data()[i]]);
+            total += next_byte_loss(logits.data() + i * V, V, std::size_t(batch.targets.data()[i]));
             count += 1;
         }
         return {total, count};
@@ -358,7 +367,46 @@ public:
         return drawn;
     }
 
+    /// How well the model predicts `document` the way `sample` reads a text: each of its bytes, then
+    /// the end-of-document byte after it, from the end-of-document byte that starts every document
+    /// and the bytes before it, run as `decoding` says (the Decoder's context of sequence / 2 to
+    /// `sequence` bytes, or the window's `sequence`, padded). Cross-entropy of the softmax, without
+    /// the training loss's z-loss term; the logits are computed as `sample`'s are.
+    TextScore score(std::span<const std::uint8_t> document, std::size_t sequence, Decoding decoding = Decoding::stepwise) const {
+        check<value_error>(sequence > 0, "models::ByteLM::score: the window (sequence) must be positive");
+        constexpr auto end = data::ByteTokenizer::end_of_document;
+        std::vector<std::uint8_t> context{end};
+        std::optional<Decoder> decoder;  // as in sample: stepwise, else the window for every byte
+        std::vector<T> logits;
+        if constexpr (decodes_stepwise)
+            if (steps_with(decoding)) logits = decoder.emplace(*this, sequence).append(context);
+        TextScore total;
+        for (std::size_t i = 0; i <= document.size(); ++i) {
+            const std::uint8_t target = i < document.size() ? document[i] : end;
+            if (!decoder) logits = next_logits(context, sequence);
+            total.nats += next_byte_loss(logits.data(), logits.size(), target);
+            ++total.predictions;
+            if (i == document.size()) break;
+            if constexpr (decodes_stepwise)
+                if (decoder) logits = decoder->append(target);
+            if (!decoder) {
+                context.push_back(target);
+                if (context.size() >= 2 * sequence) context.erase(context.begin(), context.end() - std::ptrdiff_t(sequence));
+            }
+        }
+        return total;
+    }
+
 private:
+    /// -log softmax(logits)[target] of one row of `vocab_size` logits, in double.
+    static double next_byte_loss(const T* logits, std::size_t vocab_size, std::size_t target) {
+        double top = double(logits[0]);
+        for (std::size_t v = 1; v < vocab_size; ++v) top = std::max(top, double(logits[v]));
+        double sum = 0;
+        for (std::size_t v = 0; v < vocab_size; ++v) sum += std::exp(double(logits[v]) - top);
+        return top + std::log(sum) - double(logits[target]);
+    }
+
     template <ByteLMRunConfig C>
     static ByteLMConfig checked(const C& c) {
         const auto model = ByteLMConfig::from(c);
