@@ -112,6 +112,56 @@ TEST_CASE("slice copies a range along an axis", "[ops][shape]") {
     CHECK(check_gradients([](const Inputs& v) { return olmax::slice(v[0], 0, 1, 2); }, {olmax::randn<double>({3, 4}, rng)}));
 }
 
+TEST_CASE("slice: the gradients of several slices of one tensor land in place, whatever arrives first", "[ops][shape][gradcheck]") {
+    // A projection cut into pieces along its last axis, as the mixers cut theirs: pieces that
+    // overlap, one used twice, a part no slice reads (gradient 0), and an empty slice.
+    olmax::Generator rng(4);
+    const auto pieces = [](const Tensor<double>& x) {
+        const auto along_last = olmax::concat({olmax::slice(x, 2, 0, 3), olmax::slice(x, 2, 2, 5), olmax::slice(x, 2, 2, 5)}, 2);
+        return olmax::add(olmax::sum(olmax::square(along_last)), olmax::sum(olmax::square(olmax::slice(x, 1, 1, 3))));
+    };
+    CHECK(check_gradients([&](const Inputs& v) { return olmax::concat({olmax::slice(v[0], 2, 0, 3), olmax::slice(v[0], 2, 2, 5)}, 2); },
+                          {olmax::randn<double>({2, 3, 7}, rng)}));
+    auto x = olmax::parameter(olmax::randn<double>({2, 3, 7}, rng));
+    const auto weights = olmax::randn<double>({2, 3, 7}, rng);
+    // The expected gradient by hand: each element once per slice that reads it, times the weight the
+    // loss gives it. Then the same with the whole tensor's gradient arriving first and last.
+    for (const bool whole_first : {false, true}) {
+        x.zero_grad();
+        const auto a = olmax::slice(x, 2, 0, 3), b = olmax::slice(x, 2, 2, 5), e = olmax::slice(x, 2, 4, 4);
+        auto loss = olmax::sum(olmax::mul(a, olmax::slice(weights, 2, 0, 3)));
+        loss = olmax::add(loss, olmax::scale(olmax::sum(olmax::mul(b, olmax::slice(weights, 2, 2, 5))), 2.0));
+        loss = olmax::add(loss, olmax::sum(e));
+        loss = whole_first ? olmax::add(olmax::sum(x), loss) : olmax::add(loss, olmax::sum(x));
+        loss.backward();
+        for (std::size_t i = 0; i < 2; ++i)
+            for (std::size_t j = 0; j < 3; ++j)
+                for (std::size_t k = 0; k < 7; ++k) {
+                    double expected = 1.0;  // sum(x)
+                    if (k < 3) expected += weights(i, j, k);
+                    if (k >= 2 && k < 5) expected += 2.0 * weights(i, j, k);
+                    INFO("whole first " << whole_first << " at " << i << ", " << j << ", " << k);
+                    CHECK(std::abs(x.grad()(i, j, k) - expected) < 1e-12);
+                }
+    }
+    // Only slices, one of them empty: the elements no slice reads get a gradient of zero.
+    x.zero_grad();
+    olmax::add(olmax::sum(olmax::slice(x, 1, 3, 3)), olmax::sum(olmax::slice(x, 2, 6, 7))).backward();
+    for (std::size_t i = 0; i < x.size(); ++i) CHECK(x.grad().data()[i] == (i % 7 == 6 ? 1.0 : 0.0));
+    // Threaded runs give the serial gradients.
+    olmax_test::ForceThreading force;
+    const auto big = olmax::randn<double>({3, 37, 21}, rng);
+    const auto gradient_with = [&]<class Kernels>() {
+        return olmax_test::with_kernels<Kernels>([&] {
+            const auto v = olmax::parameter(big.detach());
+            pieces(v).backward();
+            return v.grad();
+        });
+    };
+    CHECK(olmax_test::max_abs_diff(gradient_with.template operator()<olmax::backend::cpu_openmp>(),
+                                   gradient_with.template operator()<olmax::backend::cpu_serial>()) == 0);
+}
+
 TEST_CASE("concat joins along an axis and splits the gradient", "[ops][shape]") {
     auto a = iota({2, 1, 3});
     auto b = olmax::scale(iota({2, 2, 3}), -1.0);

@@ -138,29 +138,49 @@ void accumulate_grad(olmax::detail::TensorImpl<T>& impl, Tensor<T>&& grad, std::
     accumulate_grad(impl, static_cast<const Tensor<T>&>(grad), op);
 }
 
+/// Adds `grad` into `impl`'s gradient buffer (zero-filled on first use) as runs of `run` contiguous
+/// elements, run r at element offset + r * stride. A slice hands back its gradient this way: a slice
+/// along any axis without a full-size zero tensor of its own, and without the full-size add that
+/// would follow for every further slice of the same tensor (a projection cut into six pieces: one
+/// pass over its gradient, not eleven). The first run to arrive is copied, not added to zeros.
+template <Real T>
+void accumulate_grad_strided(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::size_t offset, std::size_t run,
+                             std::size_t stride) {
+    const std::size_t total = numel(impl.shape), n = grad.size(), runs = run == 0 ? 0 : n / run;
+    check<trace_error>(!impl.traced && !grad.traced(), "olmax: a gradient added into a slice of a tensor (accumulate_grad_slice) has no "
+                                                       "lowering rule yet");
+    check<autodiff_error>(n == 0 || (runs * run == n && (runs == 1 || stride >= run) && offset + (runs - 1) * stride + run <= total),
+                          "slice gradient of ", n, " elements in runs of ", run, " every ", stride, " from offset ", offset,
+                          " does not fit a tensor of shape ", to_string(impl.shape));
+    device_scope on(impl.device);
+    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);  // this thread's, see data_parallel_backward
+    const bool first = !buffer;
+    if (first) buffer = std::make_shared<Storage<T>>(total);
+    T* dst = buffer->data();
+    const T* src = grad.data();
+    if (first) std::fill_n(dst, n == 0 ? total : offset, T{0});
+    backend::current().parallel_for(runs, first ? std::max(stride, run) : run, [=](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = lo; r < hi; ++r) {
+            T* to = dst + offset + r * stride;
+            const T* from = src + r * run;
+            if (!first) {
+#pragma omp simd
+                for (std::size_t i = 0; i < run; ++i) to[i] += from[i];
+                continue;
+            }
+            std::copy_n(from, run, to);
+            const std::size_t gap_end = r + 1 < runs ? offset + (r + 1) * stride : total;  // zeros up to the next run
+            std::fill(to + run, dst + gap_end, T{0});
+        }
+    });
+}
+
 /// Adds `grad` into elements [offset, offset + grad.size()) of `impl`'s gradient buffer (zero-filled
 /// on first use), so a slice hands back its gradient without a full-size tensor of its own (a layer's
 /// slice of a stacked parameter, nn::Stack; one stream of a reversible state, nn::take_leading).
 template <Real T>
 void accumulate_grad_slice(olmax::detail::TensorImpl<T>& impl, std::size_t offset, const Tensor<T>& grad) {
-    const std::size_t total = numel(impl.shape);
-    check<trace_error>(!impl.traced && !grad.traced(), "olmax: a gradient added into a slice of a tensor (accumulate_grad_slice) has no "
-                                                       "lowering rule yet");
-    check<autodiff_error>(offset + grad.size() <= total, "slice gradient of ", grad.size(), " elements at offset ", offset,
-                          " does not fit a tensor of shape ", to_string(impl.shape));
-    std::shared_ptr<Storage<T>>& buffer = private_gradients<T>::buffer_of(impl);  // this thread's, see data_parallel_backward
-    const T* src = grad.data();
-    const std::size_t n = grad.size();
-    if (!buffer) {  // the first slice is copied, not added to zeros: one pass less over it
-        buffer = std::make_shared<Storage<T>>(total);
-        std::fill(buffer->begin(), buffer->begin() + std::ptrdiff_t(offset), T{0});
-        std::copy_n(src, n, buffer->begin() + std::ptrdiff_t(offset));
-        std::fill(buffer->begin() + std::ptrdiff_t(offset + n), buffer->end(), T{0});
-        return;
-    }
-    T* dst = buffer->data() + offset;
-#pragma omp simd
-    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+    accumulate_grad_strided(impl, grad, offset, grad.size(), grad.size());
 }
 
 /// What a backward closure writes into: one slot per op input, in the order they were recorded.
@@ -183,6 +203,12 @@ public:
     void add(std::size_t i, Tensor<T>&& grad) {
         if (!needs(i)) return;
         accumulate_grad(*inputs_[i], std::move(grad), op_);
+    }
+    /// Adds `grad` into part of input `i`'s gradient: runs of `run` elements, run r at element
+    /// offset + r * stride (accumulate_grad_strided; a slice's backward).
+    void add_strided(std::size_t i, const Tensor<T>& grad, std::size_t offset, std::size_t run, std::size_t stride) {
+        if (!needs(i)) return;
+        accumulate_grad_strided(*inputs_[i], grad, offset, run, stride);
     }
 
     /// Whether this is the closure's last run: the graph is not retained, so the node frees the

@@ -190,10 +190,9 @@ Tensor<T> slice(const Tensor<T>& x, long axis, std::size_t begin, std::size_t en
         auto y = Tensor<T>::uninitialized(out_shape);
         detail::shape_ops::copy_along_axis(x.data(), lay.n, begin, y.data(), end - begin, 0, end - begin, lay.outer, lay.inner);
         detail::shape_ops::record_unary(
-            "slice", x, y, [lay, begin, end, in_shape = x.shape()](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
-                Tensor<T> dx(in_shape);
-                detail::shape_ops::copy_along_axis(g[0].data(), end - begin, 0, dx.data(), lay.n, begin, end - begin, lay.outer, lay.inner);
-                sink.add(0, std::move(dx));
+            "slice", x, y, [lay, begin, end](std::span<const Tensor<T>> g, autodiff::GradientSink<T>& sink) {
+                // one run of the slice's extent per outer index, into the input's gradient in place
+                sink.add_strided(0, g[0], begin * lay.inner, (end - begin) * lay.inner, lay.n * lay.inner);
             });
         return y;
     });
