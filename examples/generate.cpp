@@ -52,7 +52,7 @@ olmax::data::Documents documents_to_score(const GenerateConfig& c) {
 }
 
 int run(int argc, char** argv) {
-    olmax::stop_on_signals stop("generate", "stopping after this byte");
+    olmax::stop_on_signals stop("generate", "stopping after this byte (with --score: after this document)");
     GenerateConfig flags;
     auto cl = config::parse_command_line(flags, argc, argv);
     if (cl.help) {
