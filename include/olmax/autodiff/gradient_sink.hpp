@@ -147,7 +147,7 @@ template <Real T>
 void accumulate_grad_strided(olmax::detail::TensorImpl<T>& impl, const Tensor<T>& grad, std::size_t offset, std::size_t run,
                              std::size_t stride) {
     const std::size_t total = numel(impl.shape), n = grad.size(), runs = run == 0 ? 0 : n / run;
-    check<trace_error>(!impl.traced && !grad.traced(), "olmax: a gradient added into a slice of a tensor (accumulate_grad_slice) has no "
+    check<trace_error>(!impl.traced && !grad.traced(), "olmax: a gradient added into a slice of a tensor (accumulate_grad_strided) has no "
                                                        "lowering rule yet");
     check<autodiff_error>(n == 0 || (runs * run == n && (runs == 1 || stride >= run) && offset + (runs - 1) * stride + run <= total),
                           "slice gradient of ", n, " elements in runs of ", run, " every ", stride, " from offset ", offset,
