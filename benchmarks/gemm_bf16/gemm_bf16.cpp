@@ -9,6 +9,10 @@
 //   onednn_bf16       the oneDNN bf16 matmul primitive itself; only where the CPU has bf16 units
 //   onednn_bf16_api   olmax::backend::onednn::gemm_bf16: the primitive above, or on CPUs without
 //                     bf16 units the fp32 fallback (widen, then oneDNN fp32)
+//   small_fp32        backend::small_gemm on the calling thread (the mixers' per-chunk products)
+//   small_bf16_*      backend::small_gemm_bf16 on float operands in each of its forms: rounded
+//                     (float copies, fp32 kernel), dot (VDPBF16PS), amx (AMX's tiles); a form the
+//                     CPU lacks is skipped. Only at the chunk shapes (128x128x64 and 64x64x64).
 // Each row's label names the oneDNN implementation ("gemm:jit", "brg:avx512_core_amx").
 // Threads: OMP_NUM_THREADS (both olmax's pool and oneDNN follow it).
 //
@@ -19,6 +23,7 @@
 #include <benchmark/benchmark.h>
 
 #include <olmax/backend/bf16_gemm.hpp>
+#include <olmax/backend/small_gemm_bf16.hpp>
 #include <olmax/olmax.hpp>
 #if defined(OLMAX_BENCH_WITH_ONEDNN)
 #include <olmax/backend/onednn_gemm.hpp>
@@ -57,7 +62,7 @@ void report(benchmark::State& state, const Shape3& s) {
                                                    benchmark::Counter::kIsRate);
 }
 
-enum class Path { eigen_fp32, kernels_fp32, portable_bf16, onednn_fp32, onednn_bf16, onednn_bf16_api };
+enum class Path { eigen_fp32, kernels_fp32, portable_bf16, onednn_fp32, onednn_bf16, onednn_bf16_api, small_fp32, small_bf16_rounded, small_bf16_dot, small_bf16_amx };
 
 void bm_gemm(benchmark::State& state, Shape3 s, Path path, std::string label) {
     const Operands x(s);
@@ -68,6 +73,16 @@ void bm_gemm(benchmark::State& state, Shape3 s, Path path, std::string label) {
             case Path::eigen_fp32: c = olmax::matmul(x.a, x.b); break;
             case Path::kernels_fp32: backend::current().gemm(false, false, s.m, s.n, s.k, 1.0f, x.a.data(), s.k, x.b.data(), s.n, 0.0f, c.data(), s.n); break;
             case Path::portable_bf16: c = backend::matmul_bf16(x.a16, x.b16); break;
+            case Path::small_fp32: backend::small_gemm(false, false, s.m, s.n, s.k, 1.0f, x.a.data(), s.k, x.b.data(), s.n, 0.0f, c.data(), s.n); break;
+            case Path::small_bf16_rounded:
+            case Path::small_bf16_dot:
+            case Path::small_bf16_amx: {
+                const backend::Bf16GemmForm form = path == Path::small_bf16_amx   ? backend::Bf16GemmForm::amx
+                                                   : path == Path::small_bf16_dot ? backend::Bf16GemmForm::dot
+                                                                                  : backend::Bf16GemmForm::rounded;
+                backend::small_gemm_bf16(false, false, s.m, s.n, s.k, 1.0f, x.a.data(), s.k, x.b.data(), s.n, 0.0f, c.data(), s.n, {}, form);
+                break;
+            }
 #if defined(OLMAX_BENCH_WITH_ONEDNN)
             case Path::onednn_fp32:
                 backend::onednn::gemm(false, false, s.m, s.n, s.k, 1.0f, x.a.data(), s.k, x.b.data(), s.n, 0.0f, c.data(), s.n);
@@ -99,7 +114,8 @@ void bm_gemm(benchmark::State& state, Shape3 s, Path path, std::string label) {
 int main(int argc, char** argv) {
     std::vector<Shape3> shapes = {{512, 512, 512},   {1024, 1024, 1024}, {2048, 2048, 2048},
                                   {4096, 4096, 4096}, {2048, 2048, 512},  {2048, 512, 2048},
-                                  {128, 64, 128}};  // m x n x k: chunked_matmul<128>'s chunk of a 64-channel head
+                                  {128, 64, 128},   // m x n x k: chunked_matmul<128>'s chunk of a 64-channel head
+                                  {64, 64, 64}};    // an SSD chunk of 64 steps, head dim and state 64
     std::vector<char*> args;
     for (int i = 0; i < argc; ++i) {
         if (std::strcmp(argv[i], "--olmax_quick") == 0) shapes = {{64, 64, 64}};
@@ -124,6 +140,13 @@ int main(int argc, char** argv) {
         add("eigen_fp32", Path::eigen_fp32, "");
         add("kernels_fp32", Path::kernels_fp32, "");
         add("portable_bf16", Path::portable_bf16, "");
+        if (s.m <= 128 && s.n <= 128 && s.k <= 128) {
+            namespace d = backend::small_gemm_bf16_detail;
+            add("small_fp32", Path::small_fp32, "");
+            add("small_bf16_rounded", Path::small_bf16_rounded, "");
+            if (d::runnable(backend::Bf16GemmForm::dot) == backend::Bf16GemmForm::dot) add("small_bf16_dot", Path::small_bf16_dot, "");
+            if (d::runnable(backend::Bf16GemmForm::amx) == backend::Bf16GemmForm::amx) add("small_bf16_amx", Path::small_bf16_amx, "");
+        }
 #if defined(OLMAX_BENCH_WITH_ONEDNN)
         add("onednn_fp32", Path::onednn_fp32, backend::onednn::implementation(false, false, false, s.m, s.n, s.k));
         const std::string bf16_impl = backend::onednn::implementation(true, false, false, s.m, s.n, s.k);

@@ -3,10 +3,10 @@
 // scan::ssd (Mamba-2), on float tensors: fp32 (variant "fp32") and, with --precision bf16, under
 // the bf16 precision policy (variant "bf16": inside a backend::bf16_matmul_scope, where the ops'
 // products round their operands to bfloat16 and sum in fp32, as PyTorch's bf16 autocast does).
-// The bf16 rows name the form of those products ("bf16_gemm": "dot", the VDPBF16PS kernel, or
-// "rounded", rounded float copies on the fp32 kernel): the CPU's faster one, unless the
-// environment variable OLMAX_BF16_GEMM_FORM=dot|rounded picks one (to run, for instance, an AMD
-// core's VDPBF16PS path on an Intel core that has AVX512-BF16).
+// The bf16 rows name the form of those products ("bf16_gemm": "amx", AMX's tiles; "dot", the
+// VDPBF16PS kernel; or "rounded", rounded float copies on the fp32 kernel): the CPU's fastest one,
+// unless the environment variable OLMAX_BF16_GEMM_FORM=amx|dot|rounded picks one (to run, for
+// instance, an AMD core's VDPBF16PS path on an Intel core that has AVX512-BF16).
 //
 // One timed run: fresh leaves (clones of fixed inputs, every input requiring grad; not timed), then
 // out = op(inputs) [forward_ms stops here], loss = sum(out * dout) with a fixed random dout,

@@ -11,7 +11,7 @@
 # eager_fp32,eager_bf16,compile_fp32,compile_bf16), COMPILE_TIMEOUT (seconds per torch.compile row,
 # compile included; default 300), ONLY (attention, gated_delta or ssd: that op alone; MEMORY=0 skips the
 # memory rows), TORCH_PYTHON (default .venv-torch/bin/python), OUT (the JSON path),
-# OLMAX_BF16_GEMM_FORM (dot or rounded: the form of olmax's bf16 rows' products; default the CPU's faster one).
+# OLMAX_BF16_GEMM_FORM (amx, dot or rounded: the form of olmax's bf16 rows' products; default the CPU's fastest one).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../build_folder.sh" "${1:-}"  # repo, build

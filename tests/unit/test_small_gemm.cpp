@@ -52,14 +52,17 @@ void naive(std::size_t m, std::size_t n, std::size_t k, double alpha, const std:
 /// Which product check_random_products runs: small_gemm (and, for some trials, SmallGemm::product
 /// on general strides), or small_gemm_bf16 in the form it picks, on its VDPBF16PS kernel, or in its
 /// rounding form.
-enum class Kind { plain, bf16, bf16_dot, bf16_rounded };
+enum class Kind { plain, bf16, bf16_dot, bf16_rounded, bf16_amx };
 
 template <class T, Kind kind = Kind::plain>
 void check_random_products(double tol) {
     constexpr bool bf16 = kind != Kind::plain;
     std::mt19937 rng(20261128);
     std::uniform_real_distribution<double> unit(-1.0, 1.0);
-    std::uniform_int_distribution<std::size_t> rows(1, 20), cols(1, 75), depth(0, 40), pad(0, 3);
+    // AMX's tiles are 16 rows by 32 of k: its shapes reach past two row blocks and three k-steps, so
+    // that bands skip whole steps.
+    constexpr bool tiles = kind == Kind::bf16_amx;
+    std::uniform_int_distribution<std::size_t> rows(1, tiles ? 70 : 20), cols(1, 75), depth(0, tiles ? 100 : 40), pad(0, 3);
     std::uniform_int_distribution<int> pick(0, 3), offset(-3, 4);
     constexpr std::size_t lanes = SmallGemm<T>::lanes;
     const T sentinel = T(12345);
@@ -108,6 +111,7 @@ void check_random_products(double tol) {
                                             band,
                                             kind == Kind::bf16_dot       ? olmax::backend::Bf16GemmForm::dot
                                             : kind == Kind::bf16_rounded ? olmax::backend::Bf16GemmForm::rounded
+                                            : kind == Kind::bf16_amx     ? olmax::backend::Bf16GemmForm::amx
                                                                          : olmax::backend::Bf16GemmForm::fastest);
         } else if (strided) {  // the strided core directly (B^T copied first)
             std::vector<T> bt(k * n);
@@ -157,19 +161,22 @@ TEST_CASE("small_gemm: random shapes, transposes, alpha, beta, strides and bands
 
 TEST_CASE("small_gemm_bf16: random shapes, transposes, alpha, beta and bands match the product of the rounded operands (1e-5)",
           "[small_gemm]") {
-    // The VDPBF16PS kernel runs where the CPU has AVX512-BF16; elsewhere the dot form is the rounding form.
+    // The VDPBF16PS kernel runs where the CPU has AVX512-BF16 and AMX's tiles where the process may
+    // use them; elsewhere those forms are the rounding form.
     INFO("AVX512-BF16: " << olmax::backend::small_gemm_bf16_detail::has_avx512_bf16()
+                         << ", AMX: " << olmax::backend::small_gemm_bf16_detail::amx_usable()
                          << ", picked: " << olmax::backend::small_gemm_bf16_fastest_form());
     small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16>(1e-5);
     small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_dot>(1e-5);
     small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_rounded>(1e-5);
+    small_gemm_test::check_random_products<float, small_gemm_test::Kind::bf16_amx>(1e-5);
 }
 
 TEST_CASE("small_gemm_bf16: rounds its operands (a product the fp32 kernel computes differently)", "[small_gemm]") {
     // 1 + 2^-9 is not a bfloat16 (8 fraction bits): it rounds to 1 (tie to even), so the product is 1, not 1 + 2^-8.
     const float a = 1.0f + 0x1p-9f, b = 1.0f + 0x1p-9f;
     using olmax::backend::Bf16GemmForm;
-    for (Bf16GemmForm form : {Bf16GemmForm::fastest, Bf16GemmForm::dot, Bf16GemmForm::rounded}) {
+    for (Bf16GemmForm form : {Bf16GemmForm::fastest, Bf16GemmForm::dot, Bf16GemmForm::rounded, Bf16GemmForm::amx}) {
         float c = -1.0f;
         olmax::backend::small_gemm_bf16(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1, {}, form);
         REQUIRE(c == 1.0f);
@@ -177,22 +184,28 @@ TEST_CASE("small_gemm_bf16: rounds its operands (a product the fp32 kernel compu
 }
 
 TEST_CASE("small_gemm_bf16: OLMAX_BF16_GEMM_FORM names the form the fastest choice runs, and a wrong value is refused", "[small_gemm]") {
-    using olmax::backend::small_gemm_bf16_detail::requested_dot_form;
-    CHECK_FALSE(requested_dot_form(nullptr).has_value());
-    CHECK_FALSE(requested_dot_form("").has_value());
-    CHECK(requested_dot_form("dot") == std::optional<bool>(true));
-    CHECK(requested_dot_form("rounded") == std::optional<bool>(false));
-    CHECK_THROWS_AS(requested_dot_form("Dot"), olmax::value_error);
-    CHECK_THROWS_WITH(requested_dot_form("vdpbf16ps"), Catch::Matchers::Contains("OLMAX_BF16_GEMM_FORM=vdpbf16ps") &&
-                                                           Catch::Matchers::Contains("expected dot or rounded"));
+    using olmax::backend::Bf16GemmForm;
+    namespace d = olmax::backend::small_gemm_bf16_detail;
+    CHECK_FALSE(d::requested_form(nullptr).has_value());
+    CHECK_FALSE(d::requested_form("").has_value());
+    CHECK(d::requested_form("amx") == Bf16GemmForm::amx);
+    CHECK(d::requested_form("dot") == Bf16GemmForm::dot);
+    CHECK(d::requested_form("rounded") == Bf16GemmForm::rounded);
+    CHECK_THROWS_AS(d::requested_form("Dot"), olmax::value_error);
+    CHECK_THROWS_WITH(d::requested_form("vdpbf16ps"), Catch::Matchers::Contains("OLMAX_BF16_GEMM_FORM=vdpbf16ps") &&
+                                                          Catch::Matchers::Contains("expected amx, dot or rounded"));
+    // A form the CPU lacks runs as the rounding form.
+    CHECK(d::runnable(Bf16GemmForm::amx) == (d::amx_usable() ? Bf16GemmForm::amx : Bf16GemmForm::rounded));
+    CHECK(d::runnable(Bf16GemmForm::dot) == (d::has_avx512_bf16() ? Bf16GemmForm::dot : Bf16GemmForm::rounded));
     // This process's choice follows the variable it was started with (CTest leaves it unset).
-    const char* env = std::getenv("OLMAX_BF16_GEMM_FORM");
-    const std::optional<bool> asked = requested_dot_form(env);
-    const bool dot = olmax::backend::small_gemm_bf16_fastest_form() == "dot";
-    if (!olmax::backend::small_gemm_bf16_detail::has_avx512_bf16()) CHECK_FALSE(dot);
-    else if (asked) CHECK(dot == *asked);
-    else  // unset: the CPU's rule (VDPBF16PS where it issues as often as a 512-bit FMA, or fp32 vectors are narrower)
-        CHECK(dot == (olmax::backend::cpu_bf16_features().dot_at_fma_rate || olmax::backend::SmallGemm<float>::lanes < 16));
+    const std::optional<Bf16GemmForm> asked = d::requested_form(std::getenv("OLMAX_BF16_GEMM_FORM"));
+    const std::string_view picked = olmax::backend::small_gemm_bf16_fastest_form();
+    if (asked) CHECK(picked == d::form_name(d::runnable(*asked)));
+    else if (d::amx_usable()) CHECK(picked == "amx");
+    else  // the CPU's rule (VDPBF16PS where it issues as often as a 512-bit FMA, or fp32 vectors are narrower)
+        CHECK(picked == (d::has_avx512_bf16() && (olmax::backend::cpu_bf16_features().dot_at_fma_rate || olmax::backend::SmallGemm<float>::lanes < 16)
+                             ? "dot"
+                             : "rounded"));
 }
 
 TEST_CASE("small_gemm_transpose: whole register blocks and edges, leading dimensions past the extents", "[small_gemm]") {
