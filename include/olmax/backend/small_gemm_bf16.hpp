@@ -317,7 +317,8 @@ OLMAX_AMX_TARGET inline void amx(std::size_t m, std::size_t n, std::size_t k, fl
     pack_interleaved(k, n, bx, ldb, pb.data(), np);
     std::fill(pb.data() + used * np, pb.data() + kw * np, 0u);
     const bool direct = alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
-    if (!direct || mp != m || np != n) sums.resize(mp * np);
+    const bool all_in_c = direct && mp == m && np == n;  // every block is stored straight into C
+    if (!all_in_c) sums.resize(mp * np);
     const auto clamp = [k](std::ptrdiff_t p) { return std::size_t(std::clamp<std::ptrdiff_t>(p, 0, std::ptrdiff_t(k))); };
     _tile_loadconfig(&tile_config);
     for (std::size_t i = 0; i < mp; i += 32) {
@@ -342,6 +343,7 @@ OLMAX_AMX_TARGET inline void amx(std::size_t m, std::size_t n, std::size_t k, fl
         }
     }
     _tile_release();  // back to the initial state: no tile data to save on a context switch
+    if (all_in_c) return;  // (sums may be empty: no pointer into it is formed)
     // The blocks summed in the buffer: C = alpha sums + beta C.
     const __m512 al = _mm512_set1_ps(alpha), be = _mm512_set1_ps(beta);
     for (std::size_t i = 0; i < m; ++i) {
