@@ -440,6 +440,38 @@ TEST_CASE("causal_attention: queries of the last steps over all the keys (decodi
                                    olmax::slice(olmax::causal_attention(qf, kf, vf), 1, T - 2, T)) < 1e-5);
 }
 
+TEST_CASE("causal_attention: options.keys reads the first keys of buffers with room to spare (a KV cache), as the keys alone", "[attention]") {
+    using Catch::Matchers::Contains;
+    olmax::Generator rng(69);
+    const std::size_t B = 2, T = 9, room = 14, H = 4, Hkv = 2, Dh = 5;
+    const auto q = olmax::randn<double>({B, T, H, Dh}, rng);
+    // k and v in buffers of `room` steps: the first T are the keys, the rest must never be read (NaN)
+    auto kb = olmax::randn<double>({B, room, Hkv, Dh}, rng), vb = olmax::randn<double>({B, room, Hkv, Dh}, rng);
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t i = T * Hkv * Dh; i < room * Hkv * Dh; ++i)
+            kb.data()[b * room * Hkv * Dh + i] = vb.data()[b * room * Hkv * Dh + i] = std::nan("");
+    const auto k = olmax::slice(kb, 1, 0, T), v = olmax::slice(vb, 1, 0, T);
+    const auto resets = attn_resets(B, T, {{1, 5}});
+    olmax::autodiff::no_grad off;
+    for (std::size_t window : {std::size_t{0}, std::size_t{3}})
+        for (std::size_t last : {std::size_t{1}, std::size_t{4}, T}) {
+            INFO("window " << window << ", last " << last << " queries");
+            olmax::AttentionOptions<double> opt{.window = window, .resets = resets, .query_tile = 2, .key_tile = 3};
+            const auto expected = olmax::causal_attention(olmax::slice(q, 1, T - last, T), k, v, opt);
+            opt.keys = T;
+            const auto rows = olmax::causal_attention(olmax::slice(q, 1, T - last, T), kb, vb, opt);
+            REQUIRE(rows.shape() == olmax::Shape{B, last, H, Dh});
+            CHECK(olmax_test::max_abs_diff(rows, expected) < 1e-14);
+        }
+    // keys beyond the buffers, or fewer than the queries, are refused
+    CHECK_THROWS_WITH(olmax::causal_attention(q, kb, vb, {.keys = room + 1}), Contains("causal_attention") && Contains("keys = 15"));
+    CHECK_THROWS_AS(olmax::causal_attention(q, kb, vb, {.keys = T - 1}), olmax::shape_error);
+    // inference only, like fewer queries than keys: refused where a gradient would be recorded
+    olmax::autodiff::enable_grad on;
+    const auto qp = olmax::parameter(q.clone());
+    CHECK_THROWS_WITH(olmax::causal_attention(qp, kb, vb, {.keys = T}), Contains("causal_attention") && Contains("no_grad"));
+}
+
 TEST_CASE("causal_attention: fewer queries than keys is refused where a gradient would be recorded, and when traced", "[attention]") {
     using Catch::Matchers::Contains;
     olmax::Generator rng(68);

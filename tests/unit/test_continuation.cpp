@@ -148,7 +148,7 @@ TEST_CASE("continue_sequence: a state that does not fit the layer is refused, na
     CHECK_THROWS_WITH(qrnn.continue_sequence(x, cell), Contains("nn::QRNN") && Contains("[2, 5]"));
     CHECK_FALSE(cell.conv.defined());  // refused before anything moved
     nn::CausalSelfAttention<double> attention(continuation_config(4), rng);
-    nn::AttentionCache<double> cache{Tensor<double>({2, 5, 3, 4}), Tensor<double>({2, 5, 3, 4})};  // 3 kv heads, not 1
+    nn::AttentionCache<double> cache(Tensor<double>({2, 5, 3, 4}), Tensor<double>({2, 5, 3, 4}));  // 3 kv heads, not 1
     CHECK_THROWS_WITH(attention.continue_sequence(x, cache), Contains("nn::CausalSelfAttention") && Contains("[2, 5, 3, 4]"));
     // with gradients on, the cached form is refused by the op, and the cache keeps its steps
     nn::AttentionCache<double> seen;
@@ -164,6 +164,55 @@ TEST_CASE("continue_sequence: a state that does not fit the layer is refused, na
     const nn::Stack<models::GatedDeltaNetMlp::block<double>> stack(c, rng);
     decltype(stack)::sequence_state three(3);
     CHECK_THROWS_WITH(stack.continue_sequence(nn::two_streams(x), three), Contains("nn::Stack") && Contains("3 layers for a stack of 2"));
+}
+
+TEST_CASE("nn::AttentionCache: steps written in place with room to grow, copies independent of the original", "[continuation]") {
+    olmax::Generator rng(17);
+    olmax::autodiff::no_grad off;
+    const std::size_t B = 2, F = 8, T = 40;
+    const nn::AttentionConfig a{.features = F, .heads = 4, .kv_heads = 2, .head_dim = 4, .query_tile = 3, .key_tile = 4};
+    const nn::CausalSelfAttention<double> layer(a, rng);
+    const auto x = olmax::randn<double>({B, T, F}, rng);
+    const Tensor<double> whole = layer.forward(x);
+    // one step at a time: the room grows geometrically, so the buffers are replaced O(log T) times
+    nn::AttentionCache<double> cache;
+    std::size_t growths = 0, room = 0;
+    std::vector<Tensor<double>> outputs;
+    for (std::size_t t = 0; t < T; ++t) {
+        outputs.push_back(layer.continue_sequence(olmax::slice(x, 1, t, t + 1), cache));
+        CHECK(cache.steps() == t + 1);
+        CHECK(cache.capacity() >= cache.steps());
+        CHECK(cache.capacity() <= 2 * cache.steps());
+        growths += cache.capacity() != room;
+        room = cache.capacity();
+    }
+    CHECK(growths <= 7);  // 1, 2, 4, 8, 16, 32, 64 for 40 steps
+    CHECK(olmax_test::max_abs_diff(olmax::concat(outputs, 1), whole) < 1e-10);
+    REQUIRE(cache.keys().shape() == olmax::Shape{B, T, 2, 4});
+    REQUIRE(cache.values().shape() == olmax::Shape{B, T, 2, 4});
+    // the keys and values are those of one call on the whole sequence
+    nn::AttentionCache<double> at_once;
+    layer.continue_sequence(x, at_once);
+    CHECK(olmax_test::max_abs_diff(cache.keys(), at_once.keys()) < 1e-12);
+    CHECK(olmax_test::max_abs_diff(cache.values(), at_once.values()) < 1e-12);
+    // a copy continues on its own: two branches from the same prefix each equal a fresh run on theirs
+    const std::size_t prefix = 20;
+    nn::AttentionCache<double> trunk;
+    layer.continue_sequence(olmax::slice(x, 1, 0, prefix), trunk);
+    layer.continue_sequence(olmax::slice(x, 1, prefix, prefix + 1), trunk);  // room past the steps
+    REQUIRE(trunk.capacity() > trunk.steps());
+    nn::AttentionCache<double> branch = trunk;
+    const auto other = olmax::randn<double>({B, 3, F}, rng);
+    const auto from_branch = layer.continue_sequence(other, branch);
+    const auto from_trunk = layer.continue_sequence(olmax::slice(x, 1, prefix + 1, prefix + 4), trunk);
+    CHECK(olmax_test::max_abs_diff(from_trunk, olmax::slice(whole, 1, prefix + 1, prefix + 4)) < 1e-10);
+    const auto branched = layer.forward(olmax::concat({olmax::slice(x, 1, 0, prefix + 1), other}, 1));
+    CHECK(olmax_test::max_abs_diff(from_branch, olmax::slice(branched, 1, prefix + 1, prefix + 4)) < 1e-10);
+    // a cache started from given keys and values continues from them
+    nn::AttentionCache<double> given(at_once.keys(), at_once.values());
+    CHECK(given.steps() == T);
+    CHECK(layer.continue_sequence(other, given).shape() == olmax::Shape{B, 3, F});
+    CHECK(given.steps() == T + 3);
 }
 
 TEST_CASE("ByteLM::Decoder: logits of the model on its window, restarting from the last half of the context when full", "[continuation]") {

@@ -16,7 +16,10 @@
 // step seen so far (after qk-norm and RoPE, a KV cache); the new steps' queries attend to them and
 // to their own keys (causal_attention with fewer queries than keys), at RoPE positions that go on
 // from the cache's length. Inference only: causal_attention refuses that form where a gradient
-// would be recorded.
+// would be recorded. The cache keeps its keys and values in buffers with room to grow (the room
+// doubles when it runs out, like std::vector's), so a step writes its own keys and values and
+// copies none of the earlier ones: with a copy of every cached key per step, decoding T steps
+// would move O(T^2) bytes and allocate a buffer of a new size every step.
 
 #include <cmath>
 #include <cstddef>
@@ -52,11 +55,72 @@ struct AttentionConfig {
     std::size_t head_size() const { return head_dim ? head_dim : features / head_count(); }
 };
 
-/// The keys and values nn::CausalSelfAttention has seen (undefined: none), [batch, steps, Hkv, Dh].
 template <Real T>
-struct AttentionCache {
-    Tensor<T> k, v;
-    std::size_t steps() const { return k.defined() ? k.extent(1) : 0; }
+class CausalSelfAttention;
+
+/// The keys and values nn::CausalSelfAttention has seen, [batch, steps, Hkv, Dh] each (a KV cache;
+/// default-constructed: none). It holds them in buffers [batch, capacity, Hkv, Dh] with room for
+/// later steps; a copy of a cache copies its keys and values (decoding from it does not change the
+/// original), a move does not.
+template <Real T>
+class AttentionCache {
+public:
+    AttentionCache() = default;
+    /// A cache that starts from these keys and values [batch, steps, Hkv, Dh] (they are not
+    /// written to: the first step after them moves them into a larger buffer).
+    AttentionCache(Tensor<T> keys, Tensor<T> values) : k_(std::move(keys)), v_(std::move(values)), steps_(k_.defined() ? k_.extent(1) : 0) {}
+    AttentionCache(const AttentionCache& other) : steps_(other.steps_) {
+        if (other.k_.defined()) k_ = other.k_.clone(), v_ = other.v_.clone();
+    }
+    AttentionCache(AttentionCache&&) noexcept = default;
+    AttentionCache& operator=(const AttentionCache& other) {
+        if (this != &other) *this = AttentionCache(other);
+        return *this;
+    }
+    AttentionCache& operator=(AttentionCache&&) noexcept = default;
+
+    std::size_t steps() const { return steps_; }
+    /// Room for steps before the buffers grow.
+    std::size_t capacity() const { return k_.defined() ? k_.extent(1) : 0; }
+    /// The cached keys and values, [batch, steps, Hkv, Dh] (undefined when none).
+    Tensor<T> keys() const { return seen(k_); }
+    Tensor<T> values() const { return seen(v_); }
+
+private:
+    friend class CausalSelfAttention<T>;
+    Tensor<T> seen(const Tensor<T>& buffer) const { return steps_ == capacity() ? buffer : slice(buffer, 1, 0, steps_); }
+    /// The keys' shape as [batch, steps, Hkv, Dh] (the buffer's, with steps for its room).
+    Shape shape() const {
+        Shape shape = k_.shape();
+        if (shape.size() > 1) shape[1] = steps_;
+        return shape;
+    }
+
+    /// Writes the new steps' keys and values [batch, t, Hkv, Dh] after the cached ones, growing the
+    /// buffers (twice the room, or what the steps need) when they are full, and returns the steps
+    /// then held; steps() moves on only with commit(), so that a refused call changes nothing.
+    std::size_t write(const Tensor<T>& k, const Tensor<T>& v) {
+        const std::size_t nb = k.extent(0), nt = k.extent(1), held = steps_ + nt;
+        if (held > capacity()) {
+            const Shape shape{nb, std::max(held, 2 * capacity()), k.extent(2), k.extent(3)};
+            Tensor<T> k2 = Tensor<T>::uninitialized(shape), v2 = Tensor<T>::uninitialized(shape);
+            if (steps_ > 0) copy_steps(k_, 0, steps_, k2), copy_steps(v_, 0, steps_, v2);
+            k_ = std::move(k2), v_ = std::move(v2);
+        }
+        copy_steps(k, 0, nt, k_, steps_), copy_steps(v, 0, nt, v_, steps_);
+        return held;
+    }
+    void commit(std::size_t held) { steps_ = held; }
+
+    /// Steps [first, first + n) of every batch row of `from` to steps [at, at + n) of `to`.
+    static void copy_steps(const Tensor<T>& from, std::size_t first, std::size_t n, Tensor<T>& to, std::size_t at = 0) {
+        const std::size_t row = from.extent(2) * from.extent(3), from_rows = from.extent(1), to_rows = to.extent(1);
+        for (std::size_t b = 0; b < from.extent(0); ++b)
+            std::copy_n(from.data() + (b * from_rows + first) * row, n * row, to.data() + (b * to_rows + at) * row);
+    }
+
+    Tensor<T> k_, v_;  // [batch, capacity, Hkv, Dh]; steps [0, steps_) are the cache's
+    std::size_t steps_ = 0;
 };
 
 /// Causal self-attention with RoPE, D -> D (see the top of this file). Parameters (names as
@@ -134,10 +198,10 @@ private:
         Tensor<T> v = reshape(slice(qkv, 2, (H + Hkv) * Dh, (H + 2 * Hkv) * Dh), Shape{nb, nt, Hkv, Dh});
         const std::size_t seen = cache ? cache->steps() : 0;
         if (seen > 0)
-            check<shape_error>(cache->k.rank() == 4 && cache->k.extent(0) == nb && cache->k.extent(2) == Hkv && cache->k.extent(3) == Dh &&
-                                   cache->v.shape() == cache->k.shape(),
-                               "nn::CausalSelfAttention: cached keys of shape ", to_string(cache->k.shape()), " and values of shape ",
-                               to_string(cache->v.shape()), " do not match [batch, steps, kv_heads, head_dim] = [", nb, ", steps, ", Hkv, ", ",
+            check<shape_error>(cache->k_.rank() == 4 && cache->k_.extent(0) == nb && cache->k_.extent(2) == Hkv && cache->k_.extent(3) == Dh &&
+                                   cache->v_.shape() == cache->k_.shape(),
+                               "nn::CausalSelfAttention: cached keys of shape ", to_string(cache->shape()), " and values of shape ",
+                               to_string(cache->v_.shape()), " do not match [batch, steps, kv_heads, head_dim] = [", nb, ", steps, ", Hkv, ", ",
                                Dh, "]");
         if (config_.qk_norm) {
             q = rms_norm(q, q_norm_, T(config_.qk_norm_eps));
@@ -148,13 +212,18 @@ private:
             q = rope(q, rope_options);
             k = rope(k, rope_options);
         }
-        if (seen > 0) {
-            k = concat({cache->k, k}, 1);
-            v = concat({cache->v, v}, 1);
+        AttentionOptions<T> options{.window = config_.window, .resets = resets, .query_tile = config_.query_tile, .key_tile = config_.key_tile};
+        Tensor<T> a;
+        if (seen == 0) {
+            a = causal_attention(q, k, v, options);
+            if (cache) cache->k_ = k, cache->v_ = v, cache->commit(nt);  // after the attention: a refused call leaves the cache as it was
+        } else {
+            check<trace_error>(!k.traced(), "nn::CausalSelfAttention: continuing a sequence from its cached keys has no traced form; "
+                                            "trace the whole sequence");
+            options.keys = cache->write(k, v);  // the new steps' keys and values after the cached ones
+            a = causal_attention(q, cache->k_, cache->v_, options);
+            cache->commit(options.keys);  // only now: a refused call leaves the cache's steps as they were
         }
-        const Tensor<T> a = causal_attention(
-            q, k, v, {.window = config_.window, .resets = resets, .query_tile = config_.query_tile, .key_tile = config_.key_tile});
-        if (cache) cache->k = k, cache->v = v;  // after the attention: a refused call leaves the cache as it was
         return matmul(reshape(a, Shape{nb, nt, H * Dh}), out_proj_);
     }
 

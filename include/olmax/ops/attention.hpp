@@ -78,6 +78,9 @@ struct AttentionOptions {
     Tensor<T> resets = {};         ///< [batch, T], nonzero at a document start: no query sees a key before its document's start
     std::size_t query_tile = 64;   ///< queries per tile (rows of the score tile)
     std::size_t key_tile = 128;    ///< keys per tile (columns of the score tile)
+    /// Continuing a sequence from a KV cache kept with room to grow: only the first `keys` steps
+    /// of k and v are keys (0: all of them). Inference only, like fewer queries than keys.
+    std::size_t keys = 0;
 };
 
 namespace detail::attention_ops {
@@ -88,6 +91,9 @@ struct Dims {
     /// Queries per row: the last `queries` of the `time` positions (a continued sequence's new
     /// steps over its cached keys); `time` in a training call. Only the forward takes fewer.
     std::size_t queries = time;
+    /// Steps per batch row in k's and v's buffers: `time`, or more in a KV cache with room to
+    /// grow (the forward only, like `queries`).
+    std::size_t key_rows = time;
     std::size_t offset() const { return time - queries; }
 };
 
@@ -203,6 +209,18 @@ std::unique_ptr<T[]> scratch(std::size_t n) {
     return std::make_unique_for_overwrite<T[]>(n);
 }
 
+/// A buffer of at least n elements that this thread keeps for its next call (`Slot` tells a caller's
+/// buffers apart; each is written before it is read). The forward's copies of a (batch, kv head)'s
+/// keys and values are O(T Dh) each, and allocated afresh on every call (a decoding step makes one
+/// per layer) they cost more in page faults than in copying. A thread keeps the largest it has
+/// needed.
+template <Real T, int Slot>
+T* kept_scratch(std::size_t n) {
+    thread_local std::vector<T> buffer;
+    if (buffer.size() < n) buffer.resize(n);
+    return buffer.data();
+}
+
 /// rows x dim values with row stride `stride` (times `factor`) -> rows x padded (the columns past
 /// dim zero).
 template <Real T>
@@ -247,7 +265,8 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
     kernels.parallel_for(d.batch * d.heads * tiles, work, [&](std::size_t first, std::size_t last) {
         // The keys of the current (batch, kv head), k transposed [Dh, tp] and v [T, dp]: copied once
         // per chunk of items (consecutive items share them), up to the last key its items reach.
-        const auto kt = scratch<T>(d.dim * tp), vr = scratch<T>(d.time * dp);
+        T* const kt = kept_scratch<T, 0>(d.dim * tp);
+        T* const vr = kept_scratch<T, 1>(d.time * dp);
         std::size_t packed = std::numeric_limits<std::size_t>::max();
         const auto qs = scratch<T>(d.query_tile * dp), scores = scratch<T>(d.query_tile * kc), acc = scratch<T>(d.query_tile * dp);
         std::vector<T> row_max(d.query_tile), row_sum(d.query_tile);
@@ -262,9 +281,9 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
                 std::size_t reach = t1;  // the items of this chunk that read these keys follow this one
                 for (std::size_t next = item + 1; next < last && next / (d.heads * tiles) == b && next / tiles % d.heads / group == g; ++next)
                     reach = std::max(reach, offset + std::min(d.queries, next % tiles * d.query_tile + d.query_tile));
-                const std::size_t at = (b * d.time * d.kv_heads + g) * d.dim;
-                transpose_rows(reach, d.dim, k + at, ldk, kt.get(), tp, std::min(tp, reach + lanes));
-                copy_rows(reach, d.dim, v + at, ldk, T{1}, vr.get(), dp);
+                const std::size_t at = (b * d.key_rows * d.kv_heads + g) * d.dim;
+                transpose_rows(reach, d.dim, k + at, ldk, kt, tp, std::min(tp, reach + lanes));
+                copy_rows(reach, d.dim, v + at, ldk, T{1}, vr, dp);
             }
             copy_rows(rows, d.dim, q + ((b * d.queries + i0) * d.heads + h) * d.dim, ldq, scale, qs.get(), dp);  // scale q
             std::fill_n(acc.get(), rows * dp, T{0});
@@ -272,7 +291,7 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
             std::fill_n(row_sum.begin(), rows, T{0});
             for (std::size_t s0 = lo[t0]; s0 < t1; s0 += d.key_tile) {
                 const std::size_t s1 = std::min(t1, s0 + d.key_tile), cols = s1 - s0, nc = round_up(cols, lanes);
-                product(false, rows, nc, d.dim, qs.get(), dp, kt.get() + s0, tp, false, scores.get(), nc);  // scale q k^T
+                product(false, rows, nc, d.dim, qs.get(), dp, kt + s0, tp, false, scores.get(), nc);  // scale q k^T
                 // Every row sees every key of the tile: no row's interval needs cutting.
                 const bool whole = s0 >= lo[t1 - 1] && s1 <= t0 + 1;
                 for (std::size_t r = 0; r < rows; ++r) {
@@ -288,7 +307,7 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
                     if (correction != T{1}) rows_of::scale(acc.get() + r * dp, dp, correction);
                 }
                 // += P v; P[r][c] = 0 for key s0 + c > query t0 + r
-                product(false, rows, dp, cols, scores.get(), nc, vr.get() + s0 * dp, dp, true, acc.get(), dp, std::ptrdiff_t(t0) - std::ptrdiff_t(s0));
+                product(false, rows, dp, cols, scores.get(), nc, vr + s0 * dp, dp, true, acc.get(), dp, std::ptrdiff_t(t0) - std::ptrdiff_t(s0));
             }
             for (std::size_t r = 0; r < rows; ++r) {
                 const T inv = T{1} / row_sum[r];
@@ -443,8 +462,9 @@ Tensor<T> traced(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, dou
 /// A continued sequence (decoding with cached keys): q may hold fewer steps than k and v,
 /// [batch, Tq, H, Dh] with Tq < T, the last Tq of the T positions (query i at position T - Tq + i;
 /// resets, when given, are [batch, T], the keys' positions). Its rows are those of the call on all
-/// T queries. That form is for inference: it is refused where a gradient would be recorded and in
-/// a traced program.
+/// T queries. k and v may hold more steps than T, a KV cache with room to grow: options.keys = T
+/// says how many are keys. That form is for inference: it is refused where a gradient would be
+/// recorded and in a traced program.
 template <Real T>
 Tensor<T> causal_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const AttentionOptions<T>& options = {}) {
     constexpr std::string_view op = "causal_attention";
@@ -457,8 +477,10 @@ Tensor<T> causal_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<
                        op, ": k of shape ", to_string(k.shape()), " must be [batch, T, kv_heads, head_dim] = [", nb, ", ", nq,
                        ", kv_heads, ", dim, "] with kv_heads dividing the ", nh,
                        " query heads (or, continuing a sequence, hold at least q's ", nq, " steps)");
-    const std::size_t nkv = k.extent(2), nt = k.extent(1);
+    const std::size_t nkv = k.extent(2), nt = options.keys ? options.keys : k.extent(1);
     check<shape_error>(v.shape() == k.shape(), op, ": v of shape ", to_string(v.shape()), " must match k of shape ", to_string(k.shape()));
+    check<shape_error>(nt >= nq && nt <= k.extent(1), op, ": keys = ", options.keys, " must be at least q's ", nq, " steps and at most the ",
+                       k.extent(1), " steps k and v hold");
     if (options.resets.defined())
         check<shape_error>(options.resets.rank() == 2 && options.resets.extent(0) == nb && options.resets.extent(1) == nt, op,
                            ": resets of shape ", to_string(options.resets.shape()), " does not match [batch, T] = [", nb, ", ", nt, "]");
@@ -466,7 +488,7 @@ Tensor<T> causal_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<
     check<value_error>(std::isfinite(scale) && scale != 0, op, ": scale must be finite and nonzero, got ", scale);
     check<value_error>(options.query_tile > 0 && options.key_tile > 0, op, ": query_tile (", options.query_tile, ") and key_tile (",
                        options.key_tile, ") must be positive");
-    const bool continued = nq < nt;
+    const bool continued = nq < nt || nt < k.extent(1);
     return on.run_composed([&] {
         if (continued)
             throw trace_error(olmax::detail::concat(op, ": q of ", nq, " steps over ", nt,
@@ -479,6 +501,7 @@ Tensor<T> causal_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<
                            "run it under autodiff::no_grad or pass all T queries");
         detail::attention_ops::Dims d{nb, nt, nh, nkv, dim, std::min(options.query_tile, nq), std::min(options.key_tile, nt), scale};
         d.queries = nq;
+        d.key_rows = k.extent(1);
         auto lowest = detail::attention_ops::lowest_keys(d, options.window, options.resets);
         auto out = Tensor<T>::uninitialized(q.shape());
         auto lse = Tensor<T>::uninitialized({nb, nh, nq});
