@@ -221,6 +221,47 @@ T* kept_scratch(std::size_t n) {
     return buffer.data();
 }
 
+/// A decoding step's query rows (a continued sequence with at most `decode_rows` new steps, outside
+/// the bf16 policy): each row's scores, softmax and output straight from the rows of k and v where
+/// they lie. The tile form copies every key of a (batch, kv head) (k transposed) before its
+/// products, which a tile of many query rows repays but one row does not: at 4096 cached keys that
+/// copy was most of a decoding step. Rows t0 + r of the (batch, head) whose keys start at k, v (key
+/// s at s ldk); writes out's rows (ldq apart) and lse.
+inline constexpr std::size_t decode_rows = 4;
+
+template <Real T>
+void forward_rows_from_cache(std::size_t rows, std::size_t t0, const std::size_t* lo, std::size_t dim, T scale, const T* q, std::size_t ldq,
+                             const T* k, const T* v, std::size_t ldk, T* out, T* lse, std::size_t lse_stride) {
+    using rows_of = tile_rows<T>;
+    constexpr std::size_t lanes = rows_of::lanes;
+    T* const acc = kept_scratch<T, 2>(dim);
+    for (std::size_t r = 0; r < rows; ++r) {
+        const std::size_t t = t0 + r, first = lo[t], n = t + 1 - first, np = round_up(n, lanes);
+        T* const p = kept_scratch<T, 3>(np);
+        const T* qr = q + r * ldq;
+        for (std::size_t s = 0; s < n; ++s) {
+            const T* kr = k + (first + s) * ldk;
+            T dot{0};
+#pragma omp simd reduction(+ : dot)
+            for (std::size_t i = 0; i < dim; ++i) dot += qr[i] * kr[i];
+            p[s] = scale * dot;
+        }
+        T m = rows_of::minus_infinity, l{0};
+        rows_of::online_softmax(p, np, 0, n, m, l);  // p: exp(score - m), 0 past n
+        std::fill_n(acc, dim, T{0});
+        for (std::size_t s = 0; s < n; ++s) {
+            const T* vr = v + (first + s) * ldk;
+            const T w = p[s];
+#pragma omp simd
+            for (std::size_t i = 0; i < dim; ++i) acc[i] += w * vr[i];
+        }
+        T* o = out + r * ldq;
+        const T inv = T{1} / l;
+        for (std::size_t i = 0; i < dim; ++i) o[i] = acc[i] * inv;
+        lse[r * lse_stride] = m + std::log(l);
+    }
+}
+
 /// rows x dim values with row stride `stride` (times `factor`) -> rows x padded (the columns past
 /// dim zero).
 template <Real T>
@@ -262,6 +303,16 @@ void forward(const Dims& d, const std::size_t* lowest, const T* q, const T* k, c
     const T scale = T(d.scale);
 
     const std::size_t work = std::min(d.query_tile, d.queries) * std::min(d.time, d.key_tile * 2) * d.dim * 2;
+    if (offset > 0 && d.queries <= decode_rows && !product.gemm.bf16) {  // a decoding step (see forward_rows_from_cache)
+        kernels.parallel_for(d.batch * d.heads, d.queries * d.time * d.dim * 4, [&](std::size_t first, std::size_t last) {
+            for (std::size_t item = first; item < last; ++item) {
+                const std::size_t b = item / d.heads, h = item % d.heads, at = (b * d.key_rows * d.kv_heads + h / group) * d.dim;
+                forward_rows_from_cache(d.queries, offset, lowest + b * d.time, d.dim, scale, q + (b * d.queries * d.heads + h) * d.dim, ldq,
+                                        k + at, v + at, ldk, out + (b * d.queries * d.heads + h) * d.dim, lse + item * d.queries, 1);
+            }
+        });
+        return;
+    }
     kernels.parallel_for(d.batch * d.heads * tiles, work, [&](std::size_t first, std::size_t last) {
         // The keys of the current (batch, kv head), k transposed [Dh, tp] and v [T, dp]: copied once
         // per chunk of items (consecutive items share them), up to the last key its items reach.

@@ -1,0 +1,93 @@
+// Decoding steps of nn::CausalSelfAttention over a KV cache of a given length: the time of one
+// step (one new token per sequence, nn::AttentionCache carried) after a cache of `keys` steps.
+// Per run: a fresh cache filled with `keys` steps in one call (not timed), then `steps` one-step
+// calls, timed together; reported: the median over --runs runs of microseconds per step.
+//
+//     build/benchmarks/decoding/attention_steps [--keys 1024,4096] [--steps 256] [--runs 5]
+//         [--batch 1] [--features 256] [--json FILE] [--quick]
+//
+// Threads: OpenMP's setting (OMP_NUM_THREADS). --features 256 is 4 heads of 64 (the layer's
+// defaults); --quick is a seconds-long smoke run.
+#include <olmax/olmax.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../timing.hpp"
+
+namespace {
+
+std::vector<std::size_t> parse_list(const std::string& text) {
+    std::vector<std::size_t> values;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');) values.push_back(std::stoul(item));
+    return values;
+}
+
+std::string load_average() {
+    std::ifstream in("/proc/loadavg");
+    std::string a, b, c;
+    in >> a >> b >> c;
+    return a + " " + b + " " + c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::vector<std::size_t> key_counts{1024, 4096};
+    std::size_t steps = 256, runs = 5, batch = 1, features = 256;
+    std::string json_path;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        const bool has_value = i + 1 < argc;
+        if (a == "--keys" && has_value) key_counts = parse_list(argv[++i]);
+        else if (a == "--steps" && has_value) steps = std::stoul(argv[++i]);
+        else if (a == "--runs" && has_value) runs = std::stoul(argv[++i]);
+        else if (a == "--batch" && has_value) batch = std::stoul(argv[++i]);
+        else if (a == "--features" && has_value) features = std::stoul(argv[++i]);
+        else if (a == "--json" && has_value) json_path = argv[++i];
+        else if (a == "--quick") key_counts = {64}, steps = 8, runs = 1;
+        else {
+            std::fprintf(stderr, "attention_steps: unknown argument '%s' (see the top of attention_steps.cpp)\n", a.c_str());
+            return 2;
+        }
+    }
+    if (steps == 0 || runs == 0 || batch == 0 || features == 0) {
+        std::fprintf(stderr, "attention_steps: --steps, --runs, --batch and --features must be positive\n");
+        return 2;
+    }
+    olmax::Generator rng(1);
+    olmax::autodiff::no_grad off;
+    const olmax::nn::CausalSelfAttention<float> layer(olmax::nn::AttentionConfig{.features = features}, rng);
+    std::ostringstream rows;
+    std::printf("%10s %8s %14s\n", "keys", "batch", "us per step");
+    for (std::size_t keys : key_counts) {
+        const auto prefix = olmax::randn<float>({batch, keys, features}, rng);
+        const auto token = olmax::randn<float>({batch, 1, features}, rng);
+        std::vector<double> per_step;
+        for (std::size_t r = 0; r < runs + 1; ++r) {  // the first run is not timed
+            olmax::nn::AttentionCache<float> cache;
+            layer.continue_sequence(prefix, cache);
+            const auto start = std::chrono::steady_clock::now();
+            for (std::size_t s = 0; s < steps; ++s) layer.continue_sequence(token, cache);
+            if (r > 0) per_step.push_back(olmax_bench::seconds_since(start) / double(steps) * 1e6);
+        }
+        const double us = olmax_bench::median(per_step);
+        std::printf("%10zu %8zu %14.1f\n", keys, batch, us);
+        rows << (rows.tellp() > 0 ? ",\n" : "") << "  {\"keys\": " << keys << ", \"steps\": " << steps << ", \"batch\": " << batch
+             << ", \"features\": " << features << ", \"us_per_step\": " << us << ", \"runs\": " << runs << ", \"loadavg\": \"" << load_average()
+             << "\"}";
+    }
+    if (!json_path.empty()) {
+        std::ofstream out(json_path);
+        out << "[\n" << rows.str() << "\n]\n";
+        if (!out) {
+            std::fprintf(stderr, "attention_steps: could not write %s\n", json_path.c_str());
+            return 1;
+        }
+    }
+}
