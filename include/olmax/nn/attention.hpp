@@ -218,8 +218,8 @@ private:
             a = causal_attention(q, k, v, options);
             if (cache) cache->k_ = k, cache->v_ = v, cache->commit(nt);  // after the attention: a refused call leaves the cache as it was
         } else {
-            check<trace_error>(!k.traced(), "nn::CausalSelfAttention: continuing a sequence from its cached keys has no traced form; "
-                                            "trace the whole sequence");
+            check<trace_error>(!k.traced() && !cache->k_.traced(),
+                               "nn::CausalSelfAttention: continuing a sequence from its cached keys has no traced form; trace the whole sequence");
             options.keys = cache->write(k, v);  // the new steps' keys and values after the cached ones
             a = causal_attention(q, cache->k_, cache->v_, options);
             cache->commit(options.keys);  // only now: a refused call leaves the cache's steps as they were
