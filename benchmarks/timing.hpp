@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <fstream>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,6 +37,15 @@ inline double median_seconds(std::size_t runs, std::size_t warmups, const std::f
         seconds.push_back(seconds_since(start));
     }
     return median(std::move(seconds));
+}
+
+/// The 1-, 5- and 15-minute load averages of /proc/loadavg ("0.52 0.61 0.70"), which every figure
+/// reports beside it; empty where that file is missing.
+inline std::string load_average() {
+    std::ifstream in("/proc/loadavg");
+    std::string one, five, fifteen;
+    if (!(in >> one >> five >> fifteen)) return "";
+    return one + " " + five + " " + fifteen;
 }
 
 }  // namespace olmax_bench

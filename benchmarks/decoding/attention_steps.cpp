@@ -28,13 +28,6 @@ std::vector<std::size_t> parse_list(const std::string& text) {
     return values;
 }
 
-std::string load_average() {
-    std::ifstream in("/proc/loadavg");
-    std::string a, b, c;
-    in >> a >> b >> c;
-    return a + " " + b + " " + c;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,7 +72,7 @@ int main(int argc, char** argv) {
         const double us = olmax_bench::median(per_step);
         std::printf("%10zu %8zu %14.1f\n", keys, batch, us);
         rows << (rows.tellp() > 0 ? ",\n" : "") << "  {\"keys\": " << keys << ", \"steps\": " << steps << ", \"batch\": " << batch
-             << ", \"features\": " << features << ", \"us_per_step\": " << us << ", \"runs\": " << runs << ", \"loadavg\": \"" << load_average()
+             << ", \"features\": " << features << ", \"us_per_step\": " << us << ", \"runs\": " << runs << ", \"loadavg\": \"" << olmax_bench::load_average()
              << "\"}";
     }
     if (!json_path.empty()) {

@@ -75,13 +75,6 @@ std::string cpu_model() {
     return "unknown";
 }
 
-std::string load_average() {
-    std::ifstream in("/proc/loadavg");
-    std::string a, b, c;
-    in >> a >> b >> c;
-    return a + " " + b + " " + c;
-}
-
 /// A line "Key:   1234 kB" of /proc/self/status, in bytes (0 when absent).
 std::size_t status_bytes(const std::string& key) {
     std::ifstream in("/proc/self/status");
@@ -179,7 +172,7 @@ void time_case(const Case& c, const Settings& s, Output& out, const std::string&
     o << "{\"kind\": \"time\", " << common_fields(c, precision) << ", \"runs\": " << s.runs << ", \"warmups\": " << s.warmups
       << (precision == "bf16" ? ", \"bf16_gemm\": \"" + std::string(olmax::backend::small_gemm_bf16_fastest_form()) + "\"" : std::string())
       << ", \"forward_ms\": " << 1e3 * olmax_bench::median(fwd) << ", \"forward_backward_ms\": " << 1e3 * olmax_bench::median(total)
-      << ", \"loadavg\": \"" << load_average() << "\"}";
+      << ", \"loadavg\": \"" << olmax_bench::load_average() << "\"}";
     out.line(o.str());
 }
 
@@ -207,7 +200,7 @@ void memory_case(const Case& c, Output& out) {
     std::ostringstream o;
     o << "{\"kind\": \"memory\", " << common_fields(c) << ", \"peak_tensor_bytes\": " << tensor_peak
       << ", \"peak_rss_bytes\": " << (rss_ok && rss_peak > rss_before ? rss_peak - rss_before : 0) << ", \"input_bytes\": " << input_bytes
-      << ", \"seconds\": " << seconds << ", \"loadavg\": \"" << load_average() << "\"}";
+      << ", \"seconds\": " << seconds << ", \"loadavg\": \"" << olmax_bench::load_average() << "\"}";
     out.line(o.str());
 }
 
