@@ -215,6 +215,49 @@ TEST_CASE("nn::AttentionCache: steps written in place with room to grow, copies 
     CHECK(given.steps() == T + 3);
 }
 
+TEST_CASE("nn::AttentionCache: under a sliding window only the last W - 1 steps are kept, so decoding holds O(W) keys", "[continuation]") {
+    olmax::Generator rng(19);
+    olmax::autodiff::no_grad off;
+    const std::size_t B = 2, F = 8, T = 60, W = 5;
+    const nn::AttentionConfig a{.features = F, .heads = 2, .kv_heads = 1, .head_dim = 4, .window = W, .query_tile = 3, .key_tile = 4};
+    const nn::CausalSelfAttention<double> layer(a, rng);
+    const auto x = olmax::randn<double>({B, T, F}, rng);
+    const Tensor<double> whole = layer.forward(x);
+    SECTION("one step at a time") {
+        nn::AttentionCache<double> cache;
+        std::vector<Tensor<double>> outputs;
+        for (std::size_t t = 0; t < T; ++t) {
+            outputs.push_back(layer.continue_sequence(olmax::slice(x, 1, t, t + 1), cache));
+            CHECK(cache.steps() == t + 1);  // RoPE's positions go on from every step seen
+            CHECK(cache.held() >= std::min(t + 1, W - 1));
+            CHECK(cache.held() <= cache.capacity());
+            CHECK(cache.capacity() <= 2 * (W - 1));  // 1, 2, 4, 8, then drops instead of growth
+        }
+        CHECK(olmax_test::max_abs_diff(olmax::concat(outputs, 1), whole) < 1e-10);
+        // the held keys are the last ones of a call on the whole sequence
+        nn::AttentionCache<double> at_once;
+        layer.continue_sequence(x, at_once);
+        REQUIRE(at_once.held() == T);
+        const std::size_t held = cache.held();
+        REQUIRE(cache.keys().shape() == olmax::Shape{B, held, 1, 4});
+        CHECK(olmax_test::max_abs_diff(cache.keys(), olmax::slice(at_once.keys(), 1, T - held, T)) < 1e-12);
+        CHECK(olmax_test::max_abs_diff(cache.values(), olmax::slice(at_once.values(), 1, T - held, T)) < 1e-12);
+    }
+    SECTION("a prompt, then pieces of several steps, some longer than the window") {
+        nn::AttentionCache<double> cache;
+        std::vector<Tensor<double>> outputs;
+        std::size_t t = 0;
+        for (const std::size_t n : {23, 1, 7, 2, 1, 1, 12, 3, 10}) {
+            outputs.push_back(layer.continue_sequence(olmax::slice(x, 1, t, t + n), cache));
+            t += n;
+            CHECK(cache.steps() == t);
+            CHECK(cache.capacity() <= std::max<std::size_t>(23, 2 * (W - 1 + 12)));
+        }
+        REQUIRE(t == T);
+        CHECK(olmax_test::max_abs_diff(olmax::concat(outputs, 1), whole) < 1e-10);
+    }
+}
+
 TEST_CASE("ByteLM::Decoder: logits of the model on its window, restarting from the last half of the context when full", "[continuation]") {
     const models::ByteLM<models::Hybrid, double> model(models::ByteLMConfig{.features = 8, .depth = 1, .seed = 3});
     const std::size_t window = 8;

@@ -19,8 +19,13 @@
 // would be recorded. The cache keeps its keys and values in buffers with room to grow (the room
 // doubles when it runs out, like std::vector's), so a step writes its own keys and values and
 // copies none of the earlier ones: with a copy of every cached key per step, decoding T steps
-// would move O(T^2) bytes and allocate a buffer of a new size every step.
+// would move O(T^2) bytes and allocate a buffer of a new size every step. With a sliding window W
+// no later query sees a key more than W - 1 steps back, so when the buffers are full the cache
+// first drops all but its last W - 1 keys (moving them to the front: W - 1 rows once per at
+// least W steps) and grows only if the new steps still do not fit: decoding with a window holds at
+// most about 2 W keys (or the prompt's, if longer), however long it runs.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -58,18 +63,20 @@ struct AttentionConfig {
 template <Real T>
 class CausalSelfAttention;
 
-/// The keys and values nn::CausalSelfAttention has seen, [batch, steps, Hkv, Dh] each (a KV cache;
-/// default-constructed: none). It holds them in buffers [batch, capacity, Hkv, Dh] with room for
-/// later steps; a copy of a cache copies its keys and values (decoding from it does not change the
-/// original), a move does not.
+/// The keys and values nn::CausalSelfAttention has seen, [batch, held, Hkv, Dh] each (a KV cache;
+/// default-constructed: none): every step's, or under a sliding window W at least the last W - 1
+/// steps' (older ones, which no later query can see, are dropped when the buffers are full). It
+/// holds them in buffers [batch, capacity, Hkv, Dh] with room for later steps; a copy of a cache
+/// copies its keys and values (decoding from it does not change the original), a move does not.
 template <Real T>
 class AttentionCache {
 public:
     AttentionCache() = default;
     /// A cache that starts from these keys and values [batch, steps, Hkv, Dh] (they are not
     /// written to: the first step after them moves them into a larger buffer).
-    AttentionCache(Tensor<T> keys, Tensor<T> values) : k_(std::move(keys)), v_(std::move(values)), steps_(k_.defined() ? k_.extent(1) : 0) {}
-    AttentionCache(const AttentionCache& other) : steps_(other.steps_) {
+    AttentionCache(Tensor<T> keys, Tensor<T> values)
+        : k_(std::move(keys)), v_(std::move(values)), steps_(k_.defined() ? k_.extent(1) : 0), held_(steps_) {}
+    AttentionCache(const AttentionCache& other) : steps_(other.steps_), held_(other.held_) {
         if (other.k_.defined()) k_ = other.k_.clone(), v_ = other.v_.clone();
     }
     AttentionCache(AttentionCache&&) noexcept = default;
@@ -79,38 +86,65 @@ public:
     }
     AttentionCache& operator=(AttentionCache&&) noexcept = default;
 
+    /// Steps seen: the RoPE position of the next step.
     std::size_t steps() const { return steps_; }
+    /// Steps whose keys and values are held: steps(), or fewer under a sliding window.
+    std::size_t held() const { return held_; }
     /// Room for steps before the buffers grow.
     std::size_t capacity() const { return k_.defined() ? k_.extent(1) : 0; }
-    /// The cached keys and values, [batch, steps, Hkv, Dh] (undefined when none).
+    /// The held keys and values, [batch, held, Hkv, Dh] (undefined when none).
     Tensor<T> keys() const { return seen(k_); }
     Tensor<T> values() const { return seen(v_); }
 
 private:
     friend class CausalSelfAttention<T>;
-    Tensor<T> seen(const Tensor<T>& buffer) const { return steps_ == capacity() ? buffer : slice(buffer, 1, 0, steps_); }
-    /// The keys' shape as [batch, steps, Hkv, Dh] (the buffer's, with steps for its room).
+    Tensor<T> seen(const Tensor<T>& buffer) const { return held_ == capacity() ? buffer : slice(buffer, 1, 0, held_); }
+    /// The keys' shape as [batch, held, Hkv, Dh] (the buffer's, with the held steps for its room).
     Shape shape() const {
         Shape shape = k_.shape();
-        if (shape.size() > 1) shape[1] = steps_;
+        if (shape.size() > 1) shape[1] = held_;
         return shape;
     }
 
-    /// Writes the new steps' keys and values [batch, t, Hkv, Dh] after the cached ones, growing the
-    /// buffers (twice the room, or what the steps need) when they are full, and returns the steps
-    /// then held; steps() moves on only with commit(), so that a refused call changes nothing.
-    std::size_t write(const Tensor<T>& k, const Tensor<T>& v) {
-        const std::size_t nb = k.extent(0), nt = k.extent(1), held = steps_ + nt;
-        if (held > capacity()) {
-            const Shape shape{nb, std::max(held, 2 * capacity()), k.extent(2), k.extent(3)};
+    /// Writes the new steps' keys and values [batch, t, Hkv, Dh] after the held ones and returns
+    /// the steps then held. When the buffers are full, a sliding window (> 0) first drops all but
+    /// the last window - 1 held steps (they are all a later query can see); if the steps still do
+    /// not fit, the buffers grow to twice their room, or twice what is kept when that is less.
+    /// held() and steps() move on only with commit(), so that a refused call changes no result
+    /// (a drop is done at once: it changes only which unseeable keys are held).
+    std::size_t write(const Tensor<T>& k, const Tensor<T>& v, std::size_t window) {
+        const std::size_t nb = k.extent(0), nt = k.extent(1);
+        if (held_ + nt > capacity() && window > 0 && held_ > window - 1) {
+            const std::size_t keep = window - 1;
+            move_steps(k_, held_ - keep, keep), move_steps(v_, held_ - keep, keep);
+            held_ = keep;
+        }
+        const std::size_t need = held_ + nt;
+        if (need > capacity()) {
+            const Shape shape{nb, std::max(need, 2 * std::min(capacity(), need)), k.extent(2), k.extent(3)};
             Tensor<T> k2 = Tensor<T>::uninitialized(shape), v2 = Tensor<T>::uninitialized(shape);
-            if (steps_ > 0) copy_steps(k_, 0, steps_, k2), copy_steps(v_, 0, steps_, v2);
+            if (held_ > 0) copy_steps(k_, 0, held_, k2), copy_steps(v_, 0, held_, v2);
             k_ = std::move(k2), v_ = std::move(v2);
         }
-        copy_steps(k, 0, nt, k_, steps_), copy_steps(v, 0, nt, v_, steps_);
-        return held;
+        copy_steps(k, 0, nt, k_, held_), copy_steps(v, 0, nt, v_, held_);
+        return need;
     }
-    void commit(std::size_t held) { steps_ = held; }
+    void commit(std::size_t held, std::size_t new_steps) { held_ = held, steps_ += new_steps; }
+    /// The first call's keys and values, held as they are.
+    void start(Tensor<T> k, Tensor<T> v) {
+        const std::size_t nt = k.extent(1);
+        k_ = std::move(k), v_ = std::move(v), held_ = steps_ = nt;
+    }
+
+    /// Steps [first, first + n) of every batch row of `buffer` to its steps [0, n). The ranges may
+    /// overlap: the rows move towards the front, where std::copy's front-to-back order is safe.
+    static void move_steps(Tensor<T>& buffer, std::size_t first, std::size_t n) {
+        const std::size_t row = buffer.extent(2) * buffer.extent(3), rows = buffer.extent(1);
+        for (std::size_t b = 0; b < buffer.extent(0); ++b) {
+            T* base = buffer.data() + b * rows * row;
+            std::copy(base + first * row, base + (first + n) * row, base);
+        }
+    }
 
     /// Steps [first, first + n) of every batch row of `from` to steps [at, at + n) of `to`.
     static void copy_steps(const Tensor<T>& from, std::size_t first, std::size_t n, Tensor<T>& to, std::size_t at = 0) {
@@ -119,8 +153,9 @@ private:
             std::copy_n(from.data() + (b * from_rows + first) * row, n * row, to.data() + (b * to_rows + at) * row);
     }
 
-    Tensor<T> k_, v_;  // [batch, capacity, Hkv, Dh]; steps [0, steps_) are the cache's
-    std::size_t steps_ = 0;
+    Tensor<T> k_, v_;  // [batch, capacity, Hkv, Dh]; steps [0, held_) are the cache's
+    std::size_t steps_ = 0;  // steps seen (RoPE's next position)
+    std::size_t held_ = 0;   // steps held: the last held_ of the steps_ seen
 };
 
 /// Causal self-attention with RoPE, D -> D (see the top of this file). Parameters (names as
@@ -216,13 +251,13 @@ private:
         Tensor<T> a;
         if (seen == 0) {
             a = causal_attention(q, k, v, options);
-            if (cache) cache->k_ = k, cache->v_ = v, cache->commit(nt);  // after the attention: a refused call leaves the cache as it was
+            if (cache) cache->start(k, v);  // after the attention: a refused call leaves the cache as it was
         } else {
             check<trace_error>(!k.traced() && !cache->k_.traced(),
                                "nn::CausalSelfAttention: continuing a sequence from its cached keys has no traced form; trace the whole sequence");
-            options.keys = cache->write(k, v);  // the new steps' keys and values after the cached ones
+            options.keys = cache->write(k, v, config_.window);  // the new steps' keys and values after the held ones
             a = causal_attention(q, cache->k_, cache->v_, options);
-            cache->commit(options.keys);  // only now: a refused call leaves the cache's steps as they were
+            cache->commit(options.keys, nt);  // only now: a refused call leaves the cache's steps as they were
         }
         return matmul(reshape(a, Shape{nb, nt, H * Dh}), out_proj_);
     }
