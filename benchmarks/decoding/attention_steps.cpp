@@ -4,10 +4,11 @@
 // calls, timed together; reported: the median over --runs runs of microseconds per step.
 //
 //     build/benchmarks/decoding/attention_steps [--keys 1024,4096] [--steps 256] [--runs 5]
-//         [--batch 1] [--features 256] [--json FILE] [--quick]
+//         [--batch 1] [--features 256] [--window 0] [--json FILE] [--quick]
 //
 // Threads: OpenMP's setting (OMP_NUM_THREADS). --features 256 is 4 heads of 64 (the layer's
-// defaults); --quick is a seconds-long smoke run.
+// defaults); --window W > 0 is a sliding window (the cache then keeps O(W) keys: the keys held and
+// the buffers' room after the last run are reported); --quick is a seconds-long smoke run.
 #include <olmax/olmax.hpp>
 
 #include <cstdio>
@@ -32,7 +33,7 @@ std::vector<std::size_t> parse_list(const std::string& text) {
 
 int main(int argc, char** argv) {
     std::vector<std::size_t> key_counts{1024, 4096};
-    std::size_t steps = 256, runs = 5, batch = 1, features = 256;
+    std::size_t steps = 256, runs = 5, batch = 1, features = 256, window = 0;
     std::string json_path;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
         else if (a == "--runs" && has_value) runs = std::stoul(argv[++i]);
         else if (a == "--batch" && has_value) batch = std::stoul(argv[++i]);
         else if (a == "--features" && has_value) features = std::stoul(argv[++i]);
+        else if (a == "--window" && has_value) window = std::stoul(argv[++i]);
         else if (a == "--json" && has_value) json_path = argv[++i];
         else if (a == "--quick") key_counts = {64}, steps = 8, runs = 1;
         else {
@@ -55,24 +57,27 @@ int main(int argc, char** argv) {
     }
     olmax::Generator rng(1);
     olmax::autodiff::no_grad off;
-    const olmax::nn::CausalSelfAttention<float> layer(olmax::nn::AttentionConfig{.features = features}, rng);
+    const olmax::nn::CausalSelfAttention<float> layer(olmax::nn::AttentionConfig{.features = features, .window = window}, rng);
     std::ostringstream rows;
-    std::printf("%10s %8s %14s\n", "keys", "batch", "us per step");
+    std::printf("%10s %8s %8s %14s %10s %10s\n", "keys", "batch", "window", "us per step", "held", "capacity");
     for (std::size_t keys : key_counts) {
         const auto prefix = olmax::randn<float>({batch, keys, features}, rng);
         const auto token = olmax::randn<float>({batch, 1, features}, rng);
         std::vector<double> per_step;
+        std::size_t held = 0, capacity = 0;  // the last run's cache
         for (std::size_t r = 0; r < runs + 1; ++r) {  // the first run is not timed
             olmax::nn::AttentionCache<float> cache;
             layer.continue_sequence(prefix, cache);
             const auto start = std::chrono::steady_clock::now();
             for (std::size_t s = 0; s < steps; ++s) layer.continue_sequence(token, cache);
             if (r > 0) per_step.push_back(olmax_bench::seconds_since(start) / double(steps) * 1e6);
+            held = cache.held(), capacity = cache.capacity();
         }
         const double us = olmax_bench::median(per_step);
-        std::printf("%10zu %8zu %14.1f\n", keys, batch, us);
+        std::printf("%10zu %8zu %8zu %14.1f %10zu %10zu\n", keys, batch, window, us, held, capacity);
         rows << (rows.tellp() > 0 ? ",\n" : "") << "  {\"keys\": " << keys << ", \"steps\": " << steps << ", \"batch\": " << batch
-             << ", \"features\": " << features << ", \"us_per_step\": " << us << ", \"runs\": " << runs << ", \"loadavg\": \"" << olmax_bench::load_average()
+             << ", \"features\": " << features << ", \"window\": " << window << ", \"held_keys\": " << held << ", \"capacity\": " << capacity
+             << ", \"us_per_step\": " << us << ", \"runs\": " << runs << ", \"loadavg\": \"" << olmax_bench::load_average()
              << "\"}";
     }
     if (!json_path.empty()) {

@@ -22,8 +22,8 @@
 // would move O(T^2) bytes and allocate a buffer of a new size every step. With a sliding window W
 // no later query sees a key more than W - 1 steps back, so when the buffers are full the cache
 // first drops all but its last W - 1 keys (moving them to the front: W - 1 rows once per at
-// least W steps) and grows only if the new steps still do not fit: decoding with a window holds at
-// most about 2 W keys (or the prompt's, if longer), however long it runs.
+// least W steps) and grows only if the new steps still do not fit; a long prompt's buffers shrink
+// at the first drop. Decoding with a window holds about 2 W keys however long it runs.
 
 #include <algorithm>
 #include <cmath>
@@ -108,24 +108,27 @@ private:
 
     /// Writes the new steps' keys and values [batch, t, Hkv, Dh] after the held ones and returns
     /// the steps then held. When the buffers are full, a sliding window (> 0) first drops all but
-    /// the last window - 1 held steps (they are all a later query can see); if the steps still do
-    /// not fit, the buffers grow to twice their room, or twice what is kept when that is less.
-    /// held() and steps() move on only with commit(), so that a refused call changes no result
-    /// (a drop is done at once: it changes only which unseeable keys are held).
+    /// the last window - 1 held steps (they are all a later query can see). If the steps still do
+    /// not fit, the buffers grow to twice their room, or twice what is kept when that is less; if
+    /// they fit in a quarter of the room after a drop (a long prompt's buffers), the buffers
+    /// shrink to twice what they need. held() and steps() move on only with commit(), so that a
+    /// refused call changes no result (a drop is done at once: it only forgets unseeable keys).
     std::size_t write(const Tensor<T>& k, const Tensor<T>& v, std::size_t window) {
-        const std::size_t nb = k.extent(0), nt = k.extent(1);
-        if (held_ + nt > capacity() && window > 0 && held_ > window - 1) {
-            const std::size_t keep = window - 1;
-            move_steps(k_, held_ - keep, keep), move_steps(v_, held_ - keep, keep);
-            held_ = keep;
-        }
-        const std::size_t need = held_ + nt;
-        if (need > capacity()) {
-            const Shape shape{nb, std::max(need, 2 * std::min(capacity(), need)), k.extent(2), k.extent(3)};
+        const std::size_t nb = k.extent(0), nt = k.extent(1), room = capacity();
+        const bool full = held_ + nt > room;
+        const std::size_t keep = full && window > 0 ? std::min(held_, window - 1) : held_, first = held_ - keep, need = keep + nt;
+        std::size_t new_room = room;
+        if (need > room) new_room = std::max(need, 2 * std::min(room, need));
+        else if (first > 0 && room > 4 * need) new_room = 2 * need;
+        if (new_room != room) {
+            const Shape shape{nb, new_room, k.extent(2), k.extent(3)};
             Tensor<T> k2 = Tensor<T>::uninitialized(shape), v2 = Tensor<T>::uninitialized(shape);
-            if (held_ > 0) copy_steps(k_, 0, held_, k2), copy_steps(v_, 0, held_, v2);
+            if (keep > 0) copy_steps(k_, first, keep, k2), copy_steps(v_, first, keep, v2);
             k_ = std::move(k2), v_ = std::move(v2);
+        } else if (first > 0) {
+            move_steps(k_, first, keep), move_steps(v_, first, keep);
         }
+        held_ = keep;
         copy_steps(k, 0, nt, k_, held_), copy_steps(v, 0, nt, v_, held_);
         return need;
     }
