@@ -1,32 +1,36 @@
 #pragma once
-// The dot product the scans' element-wise passes share (scan::ssd, scan::gated_delta_rule). Long
-// sums (a whole state, K V or P N values) run in four vector-wide partial sums: one FMA chain is
-// bound by the FMA's latency (4 cycles a 16-float vector on AVX-512), ~1,000 cycles over a 64 x 64
-// state against ~150 for the loads. Short ones (a row of 64) run in one chain: there the extra
-// partial sums' set-up and final adds cost more than the latency they hide.
+// The dot product the scans' element-wise passes share (scan::ssd, scan::gated_delta_rule), most
+// often over a row of 64 values (a head's P or N), tens of thousands of times per call. It runs in
+// four vector-wide partial sums (one FMA chain would wait on the FMA's latency, 4 cycles a vector
+// on AVX-512) and ends in one horizontal add of vectors. An `omp simd reduction` ended GCC 12's
+// loop in a chain of one scalar add per lane through the stack, which perf showed as most of the
+// product's time at 64 values (about 100 cycles a row).
 
 #include <cstddef>
+
+#include "olmax/detail/simd.hpp"
 
 namespace olmax::scan::detail {
 
 /// sum_i a[i] b[i] over n values.
 template <class T>
 T dot(const T* a, const T* b, std::size_t n) {
-    constexpr std::size_t W = 64 / sizeof(T);  // one cache line: a vector on AVX-512
-    T sum{0};
+    using batch = xsimd::batch<T>;
+    constexpr std::size_t W = batch::size;
     std::size_t i = 0;
-    if (n >= 16 * W) {
-        T part[4][W] = {};
-        for (; i + 4 * W <= n; i += 4 * W)
-#pragma GCC unroll 4
-            for (std::size_t u = 0; u < 4; ++u)
-#pragma omp simd
-                for (std::size_t l = 0; l < W; ++l) part[u][l] += a[i + u * W + l] * b[i + u * W + l];
-#pragma omp simd reduction(+ : sum)
-        for (std::size_t l = 0; l < W; ++l) sum += (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
+    T sum{0};
+    if (n >= W) {
+        batch s0(T{0}), s1(T{0}), s2(T{0}), s3(T{0});
+        for (; i + 4 * W <= n; i += 4 * W) {
+            s0 = xsimd::fma(batch::load_unaligned(a + i), batch::load_unaligned(b + i), s0);
+            s1 = xsimd::fma(batch::load_unaligned(a + i + W), batch::load_unaligned(b + i + W), s1);
+            s2 = xsimd::fma(batch::load_unaligned(a + i + 2 * W), batch::load_unaligned(b + i + 2 * W), s2);
+            s3 = xsimd::fma(batch::load_unaligned(a + i + 3 * W), batch::load_unaligned(b + i + 3 * W), s3);
+        }
+        for (; i + W <= n; i += W) s0 = xsimd::fma(batch::load_unaligned(a + i), batch::load_unaligned(b + i), s0);
+        sum = xsimd::hadd((s0 + s1) + (s2 + s3));
     }
-#pragma omp simd reduction(+ : sum)
-    for (std::size_t j = i; j < n; ++j) sum += a[j] * b[j];
+    for (; i < n; ++i) sum += a[i] * b[i];
     return sum;
 }
 
