@@ -260,6 +260,19 @@ TEST_CASE("nn::AttentionCache: under a sliding window only the last W - 1 steps 
         REQUIRE(t == T);
         CHECK(olmax_test::max_abs_diff(olmax::concat(outputs, 1), whole) < 1e-10);
     }
+    SECTION("keys the cache did not allocate are never written: given ones, and the first call's") {
+        nn::AttentionCache<double> first;
+        layer.continue_sequence(olmax::slice(x, 1, 0, 20), first);
+        const Tensor<double> k = first.keys(), v = first.values(), k_before = k.clone(), v_before = v.clone();
+        nn::AttentionCache<double> given(k, v);
+        for (std::size_t t = 20; t < 23; ++t) {
+            const auto step = olmax::slice(x, 1, t, t + 1);
+            CHECK(olmax_test::max_abs_diff(layer.continue_sequence(step, first), olmax::slice(whole, 1, t, t + 1)) < 1e-10);
+            CHECK(olmax_test::max_abs_diff(layer.continue_sequence(step, given), olmax::slice(whole, 1, t, t + 1)) < 1e-10);
+        }
+        CHECK(olmax_test::max_abs_diff(k, k_before) == 0);
+        CHECK(olmax_test::max_abs_diff(v, v_before) == 0);
+    }
 }
 
 TEST_CASE("ByteLM::Decoder: logits of the model on its window, restarting from the last half of the context when full", "[continuation]") {

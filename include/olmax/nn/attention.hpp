@@ -76,7 +76,7 @@ public:
     /// written to: the first step after them moves them into a larger buffer).
     AttentionCache(Tensor<T> keys, Tensor<T> values)
         : k_(std::move(keys)), v_(std::move(values)), steps_(k_.defined() ? k_.extent(1) : 0), held_(steps_) {}
-    AttentionCache(const AttentionCache& other) : steps_(other.steps_), held_(other.held_) {
+    AttentionCache(const AttentionCache& other) : steps_(other.steps_), held_(other.held_), owned_(true) {
         if (other.k_.defined()) k_ = other.k_.clone(), v_ = other.v_.clone();
     }
     AttentionCache(AttentionCache&&) noexcept = default;
@@ -120,11 +120,13 @@ private:
         std::size_t new_room = room;
         if (need > room) new_room = std::max(need, 2 * std::min(room, need));
         else if (first > 0 && room > 4 * need) new_room = 2 * need;
-        if (new_room != room) {
+        // Buffers the cache did not make (given keys, the first call's own k and v, which its
+        // gradient may have saved) are never written: a drop moves their rows into new ones.
+        if (new_room != room || (first > 0 && !owned_)) {
             const Shape shape{nb, new_room, k.extent(2), k.extent(3)};
             Tensor<T> k2 = Tensor<T>::uninitialized(shape), v2 = Tensor<T>::uninitialized(shape);
             if (keep > 0) copy_steps(k_, first, keep, k2), copy_steps(v_, first, keep, v2);
-            k_ = std::move(k2), v_ = std::move(v2);
+            k_ = std::move(k2), v_ = std::move(v2), owned_ = true;
         } else if (first > 0) {
             move_steps(k_, first, keep), move_steps(v_, first, keep);
         }
@@ -136,7 +138,7 @@ private:
     /// The first call's keys and values, held as they are.
     void start(Tensor<T> k, Tensor<T> v) {
         const std::size_t nt = k.extent(1);
-        k_ = std::move(k), v_ = std::move(v), held_ = steps_ = nt;
+        k_ = std::move(k), v_ = std::move(v), held_ = steps_ = nt, owned_ = false;
     }
 
     /// Steps [first, first + n) of every batch row of `buffer` to its steps [0, n). The ranges may
@@ -159,6 +161,7 @@ private:
     Tensor<T> k_, v_;  // [batch, capacity, Hkv, Dh]; steps [0, held_) are the cache's
     std::size_t steps_ = 0;  // steps seen (RoPE's next position)
     std::size_t held_ = 0;   // steps held: the last held_ of the steps_ seen
+    bool owned_ = false;     // k_ and v_ were allocated by the cache, so it may write all of them
 };
 
 /// Causal self-attention with RoPE, D -> D (see the top of this file). Parameters (names as
