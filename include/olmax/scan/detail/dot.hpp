@@ -3,8 +3,8 @@
 // often over a row of 64 values (a head's P or N), tens of thousands of times per call. It runs in
 // four vector-wide partial sums (one FMA chain would wait on the FMA's latency, 4 cycles a vector
 // on AVX-512) and ends in one horizontal add of vectors. An `omp simd reduction` ended GCC 12's
-// loop in a chain of one scalar add per lane through the stack, which perf showed as most of the
-// product's time at 64 values (about 100 cycles a row).
+// loop in a chain of one scalar add per lane through the stack: a third of this function's
+// samples under perf, in scan::ssd's backward on a Zen 4.
 
 #include <cstddef>
 
