@@ -128,7 +128,7 @@ private:
             if (keep > 0) copy_steps(k_, first, keep, k2), copy_steps(v_, first, keep, v2);
             k_ = std::move(k2), v_ = std::move(v2), owned_ = true;
         } else if (first > 0) {
-            move_steps(k_, first, keep), move_steps(v_, first, keep);
+            copy_steps(k_, first, keep, k_), copy_steps(v_, first, keep, v_);  // in place, to the front
         }
         held_ = keep;
         copy_steps(k, 0, nt, k_, held_), copy_steps(v, 0, nt, v_, held_);
@@ -141,21 +141,15 @@ private:
         k_ = std::move(k), v_ = std::move(v), held_ = steps_ = nt, owned_ = false;
     }
 
-    /// Steps [first, first + n) of every batch row of `buffer` to its steps [0, n). The ranges may
-    /// overlap: the rows move towards the front, where std::copy's front-to-back order is safe.
-    static void move_steps(Tensor<T>& buffer, std::size_t first, std::size_t n) {
-        const std::size_t row = buffer.extent(2) * buffer.extent(3), rows = buffer.extent(1);
-        for (std::size_t b = 0; b < buffer.extent(0); ++b) {
-            T* base = buffer.data() + b * rows * row;
-            std::copy(base + first * row, base + (first + n) * row, base);
-        }
-    }
-
-    /// Steps [first, first + n) of every batch row of `from` to steps [at, at + n) of `to`.
+    /// Steps [first, first + n) of every batch row of `from` to steps [at, at + n) of `to`. `to` may
+    /// be `from` with at <= first: each row's steps then move towards its front, which std::copy's
+    /// front-to-back order allows where the ranges overlap.
     static void copy_steps(const Tensor<T>& from, std::size_t first, std::size_t n, Tensor<T>& to, std::size_t at = 0) {
         const std::size_t row = from.extent(2) * from.extent(3), from_rows = from.extent(1), to_rows = to.extent(1);
-        for (std::size_t b = 0; b < from.extent(0); ++b)
-            std::copy_n(from.data() + (b * from_rows + first) * row, n * row, to.data() + (b * to_rows + at) * row);
+        for (std::size_t b = 0; b < from.extent(0); ++b) {
+            const T* source = from.data() + (b * from_rows + first) * row;
+            std::copy(source, source + n * row, to.data() + (b * to_rows + at) * row);
+        }
     }
 
     Tensor<T> k_, v_;  // [batch, capacity, Hkv, Dh]; steps [0, held_) are the cache's
